@@ -1,0 +1,45 @@
+# The two commands of README.md, and the CI steps. Each target installs missing Debian packages first.
+#   make run    -- build, then run the main job (pdlink run)
+#   make test   -- build, then every test (ctest)
+#   make ci     -- test + ASan/UBSan build + TSan build + a short run of every fuzz target
+BUILD      ?= build
+JOBS       ?= 2
+FUZZ_SECONDS ?= 15
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build run test asan tsan fuzz ci clean
+
+all: build
+
+deps:
+	@./scripts/install-deps
+
+build: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	$(BUILD)/pdlink run
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+asan: deps
+	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=address >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+tsan: deps
+	@cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=thread >/dev/null
+	@cmake --build build-tsan -j $(JOBS)
+	ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
+
+fuzz: deps
+	@CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_FUZZ=ON >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	./tools/run-fuzzers build-fuzz $(FUZZ_SECONDS)
+
+ci: test asan tsan fuzz
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz
