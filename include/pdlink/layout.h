@@ -76,6 +76,17 @@ pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv
                                     uint64_t local_base, uint64_t remote_base, pdl_descv_t *out, pdl_error_t *err);
 
 /*
+ * Append to `out` the ranges, before any merging, that move one piece for one K/V half (0 = K, 1 = V)
+ * of one block pair. HND on both sides gives one range; NHD on both sides one range per token; mixed
+ * orders one range per (head, token). Same checks and errors as pdl_layout_build_descs. `pdlink plan`
+ * uses it to show where a head slice lies inside a block.
+ */
+pdl_status_t pdl_layout_piece_ranges(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,
+                                     pdl_dir_t dir, const pdl_plan_piece_t *piece, int half, uint32_t local_block,
+                                     uint32_t remote_block, uint64_t local_base, uint64_t remote_base,
+                                     pdl_descv_t *out, pdl_error_t *err);
+
+/*
  * Merge in place: sort by local offset (stable) if not already sorted, then join neighbours that are
  * adjacent on both sides. Covers exactly the same bytes as the input.
  */

@@ -105,7 +105,10 @@ typedef struct pdl_write_plan {
 pdl_status_t pdl_topo_write_plan(int prefill_tp, int decode_tp, int total_heads, bool is_mla, int producer_rank,
                                  pdl_write_plan_t *out, pdl_error_t *err);
 
-/* Port offset of a rank: dp_rank*tp_size + tp_rank (injective over DP x TP; MoRIIO's dp+tp is not). */
+/*
+ * Port offset of a rank: dp_rank*tp_size + tp_rank (injective over DP x TP; MoRIIO's dp+tp is not).
+ * Returns -1 for a negative rank, tp_size <= 0, tp_rank >= tp_size, or an offset above 65535.
+ */
 int pdl_topo_port_offset(int dp_rank, int tp_size, int tp_rank);
 
 #ifdef __cplusplus
