@@ -61,7 +61,8 @@ typedef struct pdl_connector_config {
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg);
 
 /*
- * Parse a whole --kv-transfer-config JSON text ({"kv_connector": "MoRIIOConnector", "kv_role":
+ * Parse a whole --kv-transfer-config JSON text, after resetting cfg to the defaults
+ * ({"kv_connector": "MoRIIOConnector", "kv_role":
  * "kv_producer"|"kv_consumer"|"kv_both", "kv_connector_extra_config": {...}}). Unknown keys are logged
  * as warnings; a wrong value fails with an error naming the key and the value.
  */
@@ -158,10 +159,37 @@ typedef struct pdl_rank_counters {
     uint64_t handshakes;
     uint64_t handshake_failures;
     uint64_t read_failures;
+    /* added with the runtime (issue 5) */
+    uint64_t releases_parked_dropped; /* parked releases dropped unused: too old, or the park was full */
+    uint64_t keepalives_received;     /* keepalives that extended a lease */
+    uint64_t keepalives_sent;
+    uint64_t send_failures;           /* notify messages libzmq refused (the cached DEALER is evicted) */
 } pdl_rank_counters_t;
 
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
 int pdl_instance_tp_size(const pdl_instance_t *inst);
+
+/*
+ * Events of held transfers, for programs that want to react (metrics, tests). RANK_REPORTED: a producer
+ * rank's fan-in completed; RANK_EXPIRED: a rank reaped it after defer_timeout; FREED: every rank
+ * resolved it and its blocks went back to the allocator. The function runs on a connector thread
+ * (a rank's service thread, or the caller of pdl_instance_hold) with no connector lock held; it must
+ * be quick and must not call pdl_instance_destroy.
+ */
+typedef enum pdl_instance_event {
+    PDL_EVENT_RANK_REPORTED = 1,
+    PDL_EVENT_RANK_EXPIRED = 2,
+    PDL_EVENT_FREED = 3,
+} pdl_instance_event_t;
+typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
+
+/* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank). */
+int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
+int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
+
+/* Monotonic time (pdl_now_ns) at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
+uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,39 @@
+/*
+ * strmap.h -- a small chained hash map from NUL-terminated strings to pointers (internal).
+ *
+ * The connector keys most of its state by transfer id (held transfers, finished transfers, remote
+ * peers). Ids come from the network, so lookups must stay O(1) under a flood of distinct ids; a
+ * linear list would let a hostile sender make every release cost a scan. FNV-1a, power-of-two bucket
+ * count, grows when the load passes 2. Not thread-safe: the owner guards it.
+ */
+#ifndef PDL_CONNECTOR_STRMAP_H
+#define PDL_CONNECTOR_STRMAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pdl_strmap_entry {
+    struct pdl_strmap_entry *next;
+    uint64_t hash;
+    void *value;
+    char key[];
+} pdl_strmap_entry_t;
+
+typedef struct pdl_strmap {
+    pdl_strmap_entry_t **buckets;
+    size_t nbuckets; /* power of two, 0 before the first insert */
+    size_t count;
+} pdl_strmap_t;
+
+/* A zeroed struct is an empty map. */
+void pdl__strmap_free(pdl_strmap_t *m); /* frees entries, not the values */
+void *pdl__strmap_get(const pdl_strmap_t *m, const char *key);
+/* 0 inserted; 1 the key exists (nothing changed); -1 out of memory. */
+int pdl__strmap_put(pdl_strmap_t *m, const char *key, void *value);
+/* Removes the key and returns its value (NULL if absent). */
+void *pdl__strmap_remove(pdl_strmap_t *m, const char *key);
+/* Calls fn for each entry; fn may not modify the map. */
+void pdl__strmap_foreach(const pdl_strmap_t *m, void (*fn)(void *arg, const char *key, void *value), void *arg);
+
+#endif /* PDL_CONNECTOR_STRMAP_H */
