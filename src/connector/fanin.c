@@ -98,8 +98,10 @@ void pdl__fanin_destroy(pdl_fanin_t *f)
     pdl__strmap_free(&f->held);
     for (size_t i = 0; i < f->ring_len; i++) {
         fanin_terminal_t *t = f->ring[(f->ring_head + i) % f->cfg.max_terminal];
-        free(t->id);
-        free(t);
+        if (t) {
+            free(t->id);
+            free(t);
+        }
     }
     pdl__strmap_free(&f->terminal);
     free(f->ring);
