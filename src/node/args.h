@@ -1,0 +1,50 @@
+/*
+ * args.h -- pdlink-node's command line, modelled on `vllm serve` so the seed's commands translate line by
+ * line (see docs/node.md). The parser never exits: a usage error comes back as PDL_ERR_INVALID naming the
+ * flag and the value, and main() turns it into exit status 2.
+ */
+#ifndef PDL_NODE_ARGS_H
+#define PDL_NODE_ARGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pdlink/layout.h"
+#include "pdlink/status.h"
+
+typedef struct pdl_node_args {
+    const char *model;              /* preset (or HF-style name of a preset) */
+    const char *served_model_name;  /* NULL: the name given on the command line */
+    const char *positional_model;   /* `serve MODEL`: the served name when --model also names a preset */
+    const char *host;               /* default "0.0.0.0" */
+    int port;                       /* default 8000; 0 = ephemeral (see port_file) */
+    const char *port_file;          /* pdlink extension: write the bound port here */
+    int tp_size;
+    int dp_size;
+    int dp_rank;
+    int block_size;                 /* default 16, like vLLM */
+    int elem_size;                  /* fp8 = 1, bf16/auto = 2 */
+    const char *kv_cache_dtype;
+    uint32_t num_gpu_blocks;        /* 0: derive from kv_cache_memory */
+    uint64_t kv_cache_memory;       /* bytes per rank; default 32 MiB */
+    uint64_t seed;
+    int max_model_len;              /* 0: the preset's */
+    const char *kv_transfer_config; /* NULL: serve alone */
+    const char *log_level;
+    pdl_kv_order_t kv_layout;       /* pdlink extension --kv-layout hnd|nhd; default hnd */
+    bool kv_interleaved;            /* pdlink extension --kv-interleaved: [blocks][2] instead of [2][blocks] */
+    int kv_wait_ms;                 /* pdlink extension --kv-wait-timeout SECONDS: wait for free blocks */
+    int max_tokens_default;         /* default max_tokens when a request has none (vLLM: 16) */
+    bool help;
+    bool version;
+} pdl_node_args_t;
+
+void pdl_node_args_defaults(pdl_node_args_t *a);
+
+/* Parse argv (argv[0] is the program). Pointers in *a point into argv. */
+pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_error_t *err);
+
+/* The --help text. */
+const char *pdl_node_args_usage(void);
+
+#endif /* PDL_NODE_ARGS_H */

@@ -1,0 +1,242 @@
+/*
+ * main.c -- pdlink-node: an emulated `vllm serve` instance (SPEC §9, docs/node.md).
+ *
+ * Start-up: parse the command line, find the model preset, read --kv-transfer-config (the seed's JSON
+ * verbatim) into the connector config, size the KV cache, create the KV store (a connector instance for
+ * kv_producer/kv_consumer, local memory when serving alone), start the HTTP server, log one line naming
+ * the model, TP, KV bytes per rank and ports, then wait for SIGTERM/SIGINT. The signals are blocked in
+ * every thread and taken with sigwait() in main, so no handler and no global flag are needed. Shutdown
+ * stops HTTP first (no new requests), then destroys the instance, and exits 0.
+ */
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "node/node.h"
+#include "pdlink/log.h"
+#include "pdlink/topo.h"
+
+static void human_bytes(uint64_t b, char *out, size_t cap)
+{
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(out, cap, "%.1f %s", v, unit[u]);
+}
+
+/*
+ * Read --kv-transfer-config. kv_both (or no config) means "serve alone": pdlink's connector has only the
+ * producer and consumer roles, and a kv_both vLLM instance serving a whole request does no transfer.
+ */
+static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_error_t *err)
+{
+    node->role = PDL_NODE_ALONE;
+    node->role_label = "both";
+    const char *text = node->args.kv_transfer_config;
+    if (text == NULL)
+        return PDL_OK;
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    if (root == NULL)
+        return pdl_error_set(err, PDL_ERR_PARSE, "--kv-transfer-config: invalid JSON at line %d column %d: %s",
+                             jerr.line, jerr.column, jerr.text);
+    const json_t *role = json_object_get(root, "kv_role");
+    bool both = json_is_string(role) && strcmp(json_string_value(role), "kv_both") == 0;
+    json_decref(root);
+    if (both) {
+        pdl_info("kv_role kv_both: serving whole requests alone, no KV transfer");
+        return PDL_OK;
+    }
+    pdl_status_t st = pdl_connector_config_parse(text, &node->conn, err);
+    if (st != PDL_OK) {
+        pdl_error_prefix(err, "--kv-transfer-config");
+        return st;
+    }
+    if (node->conn.role == PDL_ROLE_PRODUCER) {
+        node->role = PDL_NODE_PRODUCER;
+        node->role_label = "prefill";
+    } else {
+        node->role = PDL_NODE_CONSUMER;
+        node->role_label = "decode";
+    }
+    if (node->conn.http_port <= 0) {
+        node->conn.http_port = http_port;
+    } else if (node->conn.http_port != http_port && http_port != 0) {
+        pdl_warn("kv_connector_extra_config.http_port %d differs from --port %d; the router will be told %d",
+                 node->conn.http_port, http_port, node->conn.http_port);
+    }
+    if (node->conn.backend_mapped_from_rdma)
+        pdl_info("backend \"rdma\" mapped to \"%s\" (no RDMA fabric in this build)",
+                 pdl_backend_name(node->conn.backend));
+    return PDL_OK;
+}
+
+static int run(pdl_node_t *node)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_node_args_t *a = &node->args;
+
+    node->preset = pdl_node_preset_find(a->model);
+    if (node->preset == NULL) {
+        char names[256];
+        pdl_node_preset_names(names, sizeof(names));
+        pdl_error("--model '%s': unknown model preset (known: %s)", a->model, names);
+        return 2;
+    }
+    node->served_name = a->served_model_name ? a->served_model_name : a->model;
+    node->max_model_len = a->max_model_len > 0 ? a->max_model_len : pdl_node_preset_max_len(node->preset);
+    node->started = time(NULL);
+
+    if (load_transfer_config(node, a->port, &err) != PDL_OK) {
+        pdl_error("%s", err.msg);
+        return 2;
+    }
+
+    pdl_node_kv_config_t kc;
+    memset(&kc, 0, sizeof(kc));
+    kc.model.num_layers = node->preset->num_layers;
+    kc.model.total_kv_heads = node->preset->total_kv_heads;
+    kc.model.head_dim = node->preset->head_dim;
+    kc.model.is_mla = node->preset->is_mla;
+    kc.model.elem_size = a->elem_size;
+    kc.model.block_size = a->block_size;
+    kc.model.order = a->kv_layout;
+    kc.model.kv_separate = !a->kv_interleaved;
+    kc.tp_size = a->tp_size;
+    kc.dp_rank = a->dp_rank;
+    kc.dp_size = a->dp_size;
+    kc.conn = node->role == PDL_NODE_ALONE ? NULL : &node->conn;
+    if (a->dp_rank >= a->dp_size) {
+        pdl_error("--data-parallel-rank %d: must be below --data-parallel-size %d", a->dp_rank, a->dp_size);
+        return 2;
+    }
+    uint64_t block_bytes = pdl_node_kv_block_bytes(&kc.model, a->tp_size, &err);
+    if (block_bytes == 0) {
+        pdl_error("model %s with --tensor-parallel-size %d: %s", node->preset->name, a->tp_size, err.msg);
+        return 2;
+    }
+    if (a->num_gpu_blocks > 0) {
+        kc.num_blocks = a->num_gpu_blocks;
+    } else {
+        uint64_t nb = a->kv_cache_memory / block_bytes;
+        if (nb == 0) {
+            pdl_error("--kv-cache-memory %llu bytes holds no block of %llu bytes (model %s, TP %d, block size %d)",
+                      (unsigned long long)a->kv_cache_memory, (unsigned long long)block_bytes, node->preset->name,
+                      a->tp_size, a->block_size);
+            return 2;
+        }
+        kc.num_blocks = nb > (1u << 24) ? (1u << 24) : (uint32_t)nb;
+    }
+
+    node->metrics = pdl_node_metrics_create();
+    if (node->metrics == NULL) {
+        pdl_error("out of memory");
+        return 1;
+    }
+    if (pdl_node_kv_create(&kc, &node->kv, &err) != PDL_OK) {
+        pdl_error("cannot create the KV cache: %s", err.msg);
+        pdl_node_metrics_destroy(node->metrics);
+        return 1;
+    }
+
+    pdl_node_http_t *http = NULL;
+    int port = 0;
+    if (pdl_node_http_start(node, &http, &port, &err) != PDL_OK) {
+        pdl_error("%s", err.msg);
+        pdl_node_kv_destroy(node->kv);
+        pdl_node_metrics_destroy(node->metrics);
+        return 1;
+    }
+    if (a->port_file != NULL) {
+        char tmp[4096];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", a->port_file);
+        FILE *f = fopen(tmp, "w");
+        if (f == NULL || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, a->port_file) != 0)
+            pdl_warn("--port-file %s: cannot write: %m", a->port_file);
+    }
+
+    char kvb[32];
+    human_bytes(pdl_node_kv_rank_bytes(node->kv), kvb, sizeof(kvb));
+    int first = 0, heads = 0;
+    pdl_node_kv_heads(node->kv, 0, &first, &heads);
+    if (node->role == PDL_NODE_ALONE)
+        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
+                 "block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, serving alone",
+                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
+                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
+                 a->tp_size, heads, a->block_size, kc.num_blocks, kvb, (unsigned long long)a->seed, a->host, port);
+    else
+        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
+                 "DP %d/%d, block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, role %s (%s mode), "
+                 "engine %s, handshake %d+, notify %d+, backend %s%s%s",
+                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
+                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
+                 a->tp_size, heads, a->dp_rank, a->dp_size, a->block_size, kc.num_blocks, kvb,
+                 (unsigned long long)a->seed, a->host, port, node->role_label, node->conn.read_mode ? "READ" : "WRITE",
+                 pdl_instance_engine_id(pdl_node_kv_instance(node->kv)), node->conn.handshake_port,
+                 node->conn.notify_port, pdl_backend_name(node->conn.backend),
+                 node->conn.proxy_ip[0] ? ", discovery " : "", node->conn.proxy_ip);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    while (sigwait(&set, &sig) != 0) {
+    }
+    pdl_info("signal %d: shutting down", sig);
+    pdl_node_http_stop(http);
+    pdl_node_kv_destroy(node->kv);
+    pdl_node_metrics_destroy(node->metrics);
+    pdl_info("stopped");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    /* Block the shutdown signals (and SIGPIPE) before any thread exists, so every thread inherits it. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+
+    pdl_log_set_ident("pdlink-node");
+    const char *env = getenv("PDLINK_LOG_LEVEL");
+    if (env != NULL && pdl_log_level_parse(env) >= 0)
+        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(env));
+    /* --log-level is applied before parsing the rest, so ignored-flag debug lines honour it. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--log-level") == 0 && pdl_log_level_parse(argv[i + 1]) >= 0)
+            pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(argv[i + 1]));
+        else if (strncmp(argv[i], "--log-level=", 12) == 0 && pdl_log_level_parse(argv[i] + 12) >= 0)
+            pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(argv[i] + 12));
+
+    pdl_node_t node;
+    memset(&node, 0, sizeof(node));
+    pdl_node_args_defaults(&node.args);
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (pdl_node_args_parse(argc, argv, &node.args, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink-node: %s\n", err.msg);
+        return 2;
+    }
+    if (node.args.help) {
+        fputs(pdl_node_args_usage(), stdout);
+        return 0;
+    }
+    if (node.args.version) {
+        printf("pdlink-node %s\n", PDL_VERSION_STRING);
+        return 0;
+    }
+    return run(&node);
+}

@@ -1,0 +1,27 @@
+/*
+ * metrics.h -- pdlink-node's Prometheus /metrics: the names of /work/notes/metrics.md (the contract with
+ * `pdlink run`), per-rank connector counters plus instance gauges, verification counters, request
+ * outcomes and the per-pull transfer histograms.
+ */
+#ifndef PDL_NODE_METRICS_H
+#define PDL_NODE_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "node/kvstore.h"
+
+typedef struct pdl_node_metrics pdl_node_metrics_t;
+
+pdl_node_metrics_t *pdl_node_metrics_create(void);
+void pdl_node_metrics_destroy(pdl_node_metrics_t *m);
+
+void pdl_node_metrics_request(pdl_node_metrics_t *m, bool ok);
+void pdl_node_metrics_verified(pdl_node_metrics_t *m, uint64_t verified, uint64_t mismatched);
+/* One observation per pull (successful or not). */
+void pdl_node_metrics_pull(pdl_node_metrics_t *m, double seconds, uint64_t bytes);
+
+/* Prometheus text 0.0.4; `role` is "prefill", "decode" or "both". Returns malloc'd text or NULL. */
+char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const char *role);
+
+#endif /* PDL_NODE_METRICS_H */

@@ -1,0 +1,102 @@
+/*
+ * node.h -- pdlink-node's instance state and its request engine: what one completion request does.
+ *
+ * A request is parsed and checked (pdl_node_request_parse), then executed (pdl_node_request_run):
+ *   serve alone       allocate blocks → synthetic prefill → verify → generate → free blocks
+ *   producer leg      (kv_producer, do_remote_decode) prefill → verify → generate (max_tokens, normally 1)
+ *                     → pdl_instance_hold(transfer_id) → finish_reason "length" + kv_transfer_params
+ *   consumer leg      (kv_consumer, do_remote_prefill) allocate → pdl_instance_pull (READ mode) → verify
+ *                     every received byte → generate → free blocks
+ * The HTTP layer (http.c) then formats the result as a JSON body or an SSE stream. Every failure carries
+ * an HTTP status and a message naming the field or the cause; the blocks of a failed request are freed.
+ */
+#ifndef PDL_NODE_NODE_H
+#define PDL_NODE_NODE_H
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "node/args.h"
+#include "node/kvstore.h"
+#include "node/metrics.h"
+#include "node/presets.h"
+#include "pdlink/connector.h"
+#include "pdlink/params.h"
+
+typedef enum pdl_node_role {
+    PDL_NODE_ALONE = 0,    /* no connector, or kv_both: serves whole requests */
+    PDL_NODE_PRODUCER = 1, /* kv_producer: prefill */
+    PDL_NODE_CONSUMER = 2, /* kv_consumer: decode */
+} pdl_node_role_t;
+
+typedef struct pdl_node {
+    pdl_node_args_t args;
+    const pdl_model_preset_t *preset;
+    const char *served_name;
+    int max_model_len;
+    pdl_node_role_t role;
+    const char *role_label;       /* "prefill" | "decode" | "both" (metrics label) */
+    pdl_connector_config_t conn;  /* valid when role != ALONE */
+    pdl_node_kv_t *kv;
+    pdl_node_metrics_t *metrics;
+    time_t started;
+} pdl_node_t;
+
+#define PDL_NODE_RID_MAX 600
+
+typedef enum pdl_node_mode {
+    PDL_NODE_MODE_LOCAL = 0,
+    PDL_NODE_MODE_PREFILL_HOLD = 1,
+    PDL_NODE_MODE_PULL = 2,
+} pdl_node_mode_t;
+
+typedef struct pdl_node_request {
+    bool chat;
+    char request_id[PDL_NODE_RID_MAX + 1];
+    char *prompt;                 /* owned, NUL-terminated */
+    size_t prompt_len;
+    int max_tokens;
+    bool stream;
+    bool include_usage;
+    pdl_node_mode_t mode;
+    pdl_kv_params_t params;       /* owned */
+} pdl_node_request_t;
+
+typedef struct pdl_node_result {
+    int http_status;              /* 200 on success */
+    const char *error_type;       /* "BadRequestError", ... */
+    char error[PDL_ERR_MSG_LEN + 200];
+    size_t prompt_tokens;
+    uint32_t *tokens;             /* owned; generated tokens */
+    size_t num_tokens;
+    const char *finish_reason;
+    json_t *kv_transfer_params;   /* owned reference or NULL */
+} pdl_node_result_t;
+
+/*
+ * Parse a request body (already JSON-decoded) for /v1/completions (chat = false) or
+ * /v1/chat/completions. On failure fills res with a 4xx and returns false. `request_id` is the
+ * X-Request-Id header or NULL (then one is generated).
+ */
+bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
+                            pdl_node_request_t *req, pdl_node_result_t *res);
+void pdl_node_request_clear(pdl_node_request_t *req);
+
+/* Execute a parsed request; fills res (success or a 4xx/5xx with a message). */
+void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res);
+void pdl_node_result_clear(pdl_node_result_t *res);
+
+/* Set an error result. */
+void pdl_node_result_error(pdl_node_result_t *res, int http_status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- http.c ---- */
+typedef struct pdl_node_http pdl_node_http_t;
+pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_node_http_t **http_out, int *port_out, pdl_error_t *err);
+void pdl_node_http_stop(pdl_node_http_t *http);
+
+#endif /* PDL_NODE_NODE_H */

@@ -1,0 +1,482 @@
+/*
+ * request.c -- what one completion request does on a pdlink-node (see node.h for the three flows).
+ *
+ * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string (or an array
+ * holding one string), chat `messages` are rendered with a fixed template, `n` must be 1, `max_tokens`
+ * defaults to 16, and `kv_transfer_params` is a top-level object whose semantics are MoRIIO's (SPEC §4,
+ * moriio-spec §6.1). Input is hostile: every field is type-checked and a wrong one is a 400 naming it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "node/node.h"
+#include "node/synth.h"
+#include "pdlink/log.h"
+#include "pdlink/wire.h"
+
+static const char *error_type_of(int status)
+{
+    switch (status) {
+    case 400: return "BadRequestError";
+    case 404: return "NotFoundError";
+    case 413: return "RequestEntityTooLarge";
+    case 503: return "ServiceUnavailableError";
+    default: return status >= 500 ? "InternalServerError" : "BadRequestError";
+    }
+}
+
+void pdl_node_result_error(pdl_node_result_t *res, int http_status, const char *fmt, ...)
+{
+    res->http_status = http_status;
+    res->error_type = error_type_of(http_status);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->error, sizeof(res->error), fmt, ap);
+    va_end(ap);
+}
+
+void pdl_node_result_clear(pdl_node_result_t *res)
+{
+    free(res->tokens);
+    if (res->kv_transfer_params != NULL)
+        json_decref(res->kv_transfer_params);
+    memset(res, 0, sizeof(*res));
+}
+
+void pdl_node_request_clear(pdl_node_request_t *req)
+{
+    free(req->prompt);
+    pdl_kv_params_clear(&req->params);
+    memset(req, 0, sizeof(*req));
+}
+
+/* Append text to a growing prompt buffer; false when memory runs out. */
+static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t ncap = (*cap ? *cap * 2 : 256) + n + 1;
+        char *nb = realloc(*buf, ncap);
+        if (nb == NULL)
+            return false;
+        *buf = nb;
+        *cap = ncap;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return true;
+}
+
+static bool parse_prompt(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    if (p == NULL || json_is_null(p)) {
+        pdl_node_result_error(res, 400, "prompt: required");
+        return false;
+    }
+    if (json_is_array(p)) {
+        if (json_array_size(p) != 1) {
+            pdl_node_result_error(res, 400, "prompt: an array must hold exactly one string (batched prompts "
+                                            "are not supported), got %zu elements", json_array_size(p));
+            return false;
+        }
+        p = json_array_get(p, 0);
+        if (!json_is_string(p)) {
+            pdl_node_result_error(res, 400, "prompt[0]: expected a string (token id prompts are not supported)");
+            return false;
+        }
+    }
+    if (!json_is_string(p)) {
+        pdl_node_result_error(res, 400, "prompt: expected a string");
+        return false;
+    }
+    size_t n = json_string_length(p);
+    req->prompt = malloc(n + 1);
+    if (req->prompt == NULL) {
+        pdl_node_result_error(res, 500, "out of memory for a %zu-byte prompt", n);
+        return false;
+    }
+    memcpy(req->prompt, json_string_value(p), n);
+    req->prompt[n] = '\0';
+    req->prompt_len = n;
+    return true;
+}
+
+/* Chat template: "<|role|>\ncontent\n" per message, then "<|assistant|>\n". */
+static bool parse_messages(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    const json_t *msgs = json_object_get(body, "messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        pdl_node_result_error(res, 400, "messages: expected a non-empty array");
+        return false;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    size_t i;
+    const json_t *m;
+    json_array_foreach(msgs, i, m)
+    {
+        const json_t *role = json_object_get(m, "role");
+        const json_t *content = json_object_get(m, "content");
+        if (!json_is_object(m) || !json_is_string(role)) {
+            free(buf);
+            pdl_node_result_error(res, 400, "messages[%zu].role: expected a string", i);
+            return false;
+        }
+        bool ok = append(&buf, &len, &cap, "<|", 2) &&
+                  append(&buf, &len, &cap, json_string_value(role), json_string_length(role)) &&
+                  append(&buf, &len, &cap, "|>\n", 3);
+        if (json_is_string(content)) {
+            ok = ok && append(&buf, &len, &cap, json_string_value(content), json_string_length(content));
+        } else if (json_is_array(content)) {
+            size_t j;
+            const json_t *part;
+            json_array_foreach(content, j, part)
+            {
+                const json_t *type = json_object_get(part, "type");
+                const json_t *text = json_object_get(part, "text");
+                if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 || !json_is_string(text)) {
+                    free(buf);
+                    pdl_node_result_error(res, 400,
+                                          "messages[%zu].content[%zu]: expected {\"type\": \"text\", \"text\": string}",
+                                          i, j);
+                    return false;
+                }
+                ok = ok && append(&buf, &len, &cap, json_string_value(text), json_string_length(text)) &&
+                     append(&buf, &len, &cap, "\n", 1);
+            }
+        } else if (!json_is_null(content) && content != NULL) {
+            free(buf);
+            pdl_node_result_error(res, 400, "messages[%zu].content: expected a string, an array of parts or null", i);
+            return false;
+        }
+        ok = ok && append(&buf, &len, &cap, "\n", 1);
+        if (!ok) {
+            free(buf);
+            pdl_node_result_error(res, 500, "out of memory rendering messages");
+            return false;
+        }
+    }
+    if (!append(&buf, &len, &cap, "<|assistant|>\n", 14)) {
+        free(buf);
+        pdl_node_result_error(res, 500, "out of memory rendering messages");
+        return false;
+    }
+    req->prompt = buf;
+    req->prompt_len = len;
+    return true;
+}
+
+/* An optional positive integer field; *out untouched when absent or null. */
+static bool opt_positive_int(const json_t *body, const char *key, int *out, pdl_node_result_t *res)
+{
+    const json_t *v = json_object_get(body, key);
+    if (v == NULL || json_is_null(v))
+        return true;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24)) {
+        pdl_node_result_error(res, 400, "%s: expected a positive integer", key);
+        return false;
+    }
+    *out = (int)json_integer_value(v);
+    return true;
+}
+
+static bool opt_type(const json_t *body, const char *key, int (*is)(const json_t *), const char *what,
+                     pdl_node_result_t *res)
+{
+    const json_t *v = json_object_get(body, key);
+    if (v == NULL || json_is_null(v) || is(v))
+        return true;
+    pdl_node_result_error(res, 400, "%s: expected %s", key, what);
+    return false;
+}
+
+static int is_number(const json_t *v) { return json_is_number(v); }
+static int is_bool(const json_t *v) { return json_is_boolean(v); }
+static int is_object(const json_t *v) { return json_is_object(v); }
+
+static void make_request_id(char *out, size_t cap)
+{
+    uint8_t rnd[16];
+    if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+        uint64_t t = pdl_now_ns();
+        for (size_t i = 0; i < sizeof(rnd); i++)
+            rnd[i] = (uint8_t)(t >> ((i % 8) * 8)) ^ (uint8_t)(i * 37);
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(rnd) && n + 2 < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, "%02x", rnd[i]);
+}
+
+static const char *role_name(pdl_node_role_t r)
+{
+    return r == PDL_NODE_PRODUCER ? "kv_producer" : r == PDL_NODE_CONSUMER ? "kv_consumer" : "a node serving alone";
+}
+
+bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
+                            pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    memset(req, 0, sizeof(*req));
+    pdl_kv_params_init(&req->params);
+    req->chat = chat;
+    req->max_tokens = node->args.max_tokens_default;
+
+    if (request_id != NULL && request_id[0] != '\0') {
+        size_t n = strlen(request_id);
+        if (n > PDL_NODE_RID_MAX) {
+            pdl_node_result_error(res, 400, "X-Request-Id: longer than %d bytes", PDL_NODE_RID_MAX);
+            return false;
+        }
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)request_id[i] < 0x21 || (unsigned char)request_id[i] > 0x7e) {
+                pdl_node_result_error(res, 400, "X-Request-Id: byte %zu is not printable ASCII", i);
+                return false;
+            }
+        memcpy(req->request_id, request_id, n + 1);
+    } else {
+        make_request_id(req->request_id, sizeof(req->request_id));
+    }
+
+    if (!json_is_object(body)) {
+        pdl_node_result_error(res, 400, "request body: expected a JSON object");
+        return false;
+    }
+    const json_t *model = json_object_get(body, "model");
+    if (model != NULL && !json_is_null(model)) {
+        if (!json_is_string(model)) {
+            pdl_node_result_error(res, 400, "model: expected a string");
+            return false;
+        }
+        const char *m = json_string_value(model);
+        if (strcmp(m, node->served_name) != 0 && strcmp(m, node->preset->name) != 0 &&
+            strcmp(m, node->args.model) != 0) {
+            pdl_node_result_error(res, 400, "model: the model `%.200s` does not exist; this node serves `%s`", m,
+                                  node->served_name);
+            return false;
+        }
+    }
+    if (!(chat ? parse_messages(body, req, res) : parse_prompt(body, req, res)))
+        return false;
+    if (!opt_positive_int(body, "max_tokens", &req->max_tokens, res))
+        return false;
+    if (chat && !opt_positive_int(body, "max_completion_tokens", &req->max_tokens, res))
+        return false;
+    const json_t *n = json_object_get(body, "n");
+    if (n != NULL && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
+        pdl_node_result_error(res, 400, "n: only n = 1 is supported");
+        return false;
+    }
+    if (!opt_type(body, "stream", is_bool, "a boolean", res) ||
+        !opt_type(body, "temperature", is_number, "a number", res) ||
+        !opt_type(body, "top_p", is_number, "a number", res) ||
+        !opt_type(body, "stream_options", is_object, "an object", res) ||
+        !opt_type(body, "kv_transfer_params", is_object, "an object", res))
+        return false;
+    req->stream = json_is_true(json_object_get(body, "stream"));
+    const json_t *so = json_object_get(body, "stream_options");
+    if (json_is_object(so)) {
+        const json_t *iu = json_object_get(so, "include_usage");
+        if (iu != NULL && !json_is_null(iu) && !json_is_boolean(iu)) {
+            pdl_node_result_error(res, 400, "stream_options.include_usage: expected a boolean");
+            return false;
+        }
+        req->include_usage = json_is_true(iu);
+    }
+
+    const json_t *kp = json_object_get(body, "kv_transfer_params");
+    if (json_is_object(kp)) {
+        pdl_error_t perr;
+        pdl_error_clear(&perr);
+        if (pdl_kv_params_from_json(kp, &req->params, &perr) != PDL_OK) {
+            pdl_node_result_error(res, 400, "%s", perr.msg);
+            return false;
+        }
+    }
+    const pdl_kv_params_t *p = &req->params;
+    req->mode = PDL_NODE_MODE_LOCAL;
+    if (p->do_remote_prefill && p->do_remote_decode) {
+        pdl_node_result_error(res, 400,
+                              "kv_transfer_params: do_remote_prefill and do_remote_decode cannot both be true");
+        return false;
+    }
+    if (node->role == PDL_NODE_ALONE) {
+        if (p->do_remote_prefill || p->do_remote_decode)
+            pdl_debug("request %s: kv_transfer_params ignored, this node serves alone", req->request_id);
+        return true;
+    }
+    if (p->do_remote_decode) {
+        if (node->role != PDL_NODE_PRODUCER) {
+            pdl_node_result_error(res, 400, "kv_transfer_params.do_remote_decode: this node is %s, not kv_producer",
+                                  role_name(node->role));
+            return false;
+        }
+        if (p->transfer_id[0] == '\0') {
+            pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with do_remote_decode");
+            return false;
+        }
+        if (!node->conn.read_mode) {
+            pdl_node_result_error(res, 400,
+                                  "kv_transfer_params.do_remote_decode: this node runs WRITE mode (read_mode false), "
+                                  "which pdlink-node does not serve yet");
+            return false;
+        }
+        req->mode = PDL_NODE_MODE_PREFILL_HOLD;
+    } else if (p->do_remote_prefill) {
+        if (node->role != PDL_NODE_CONSUMER) {
+            pdl_node_result_error(res, 400, "kv_transfer_params.do_remote_prefill: this node is %s, not kv_consumer",
+                                  role_name(node->role));
+            return false;
+        }
+        if (p->transfer_id[0] == '\0') {
+            pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with do_remote_prefill");
+            return false;
+        }
+        if (!p->has_remote_block_ids || p->num_remote_blocks == 0) {
+            pdl_node_result_error(res, 400, "kv_transfer_params.remote_block_ids: required (a non-empty array) "
+                                            "with do_remote_prefill in READ mode");
+            return false;
+        }
+        if (p->remote_engine_id[0] == '\0') {
+            pdl_node_result_error(res, 400,
+                                  "kv_transfer_params.remote_engine_id: required with do_remote_prefill in READ mode");
+            return false;
+        }
+        if (p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) {
+            /* Upstream falls back to the addresses embedded in the request id (moriio-spec §3.6). */
+            pdl_zmq_addr_t pa, da;
+            if (pdl_wire_parse_request_id(req->request_id, &pa, &da, NULL) != PDL_OK) {
+                pdl_node_result_error(res, 400,
+                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
+                                      "remote_notify_port are required unless X-Request-Id carries the prefill "
+                                      "address");
+                return false;
+            }
+        }
+        if (!node->conn.read_mode) {
+            pdl_node_result_error(res, 400,
+                                  "kv_transfer_params.do_remote_prefill: this node runs WRITE mode (read_mode false), "
+                                  "which pdlink-node does not serve yet");
+            return false;
+        }
+        req->mode = PDL_NODE_MODE_PULL;
+    }
+    return true;
+}
+
+/* Prefill locally or pull from the producer; on failure the blocks are freed by the caller. */
+static bool fill_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
+                    const uint32_t *blocks, size_t nblocks, pdl_node_result_t *res)
+{
+    if (req->mode != PDL_NODE_MODE_PULL) {
+        pdl_synth_prefill(node->kv, node->args.seed, prompt, blocks);
+        return true;
+    }
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_pull_t *pull = NULL;
+    uint64_t t0 = pdl_now_ns();
+    pdl_status_t st = pdl_instance_pull(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks,
+                                        nblocks, &pull, &err);
+    if (st == PDL_OK) {
+        double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
+        st = pdl_pull_wait(pull, (int)(budget_s * 1000.0), &err);
+    }
+    double secs = (double)(pdl_now_ns() - t0) / 1e9;
+    uint64_t bytes = pull != NULL && st == PDL_OK ? pdl_pull_bytes(pull) : 0;
+    if (pull != NULL || st == PDL_OK)
+        pdl_node_metrics_pull(node->metrics, secs, bytes);
+    pdl_pull_free(pull);
+    if (st != PDL_OK) {
+        pdl_node_result_error(res, 500, "KV transfer of %s from %s failed: %s", req->params.transfer_id,
+                              req->params.remote_engine_id, err.msg[0] ? err.msg : pdl_status_string(st));
+        return false;
+    }
+    pdl_debug("request %s: pulled %llu bytes in %.3f ms", req->request_id, (unsigned long long)bytes, secs * 1e3);
+    return true;
+}
+
+void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_synth_prompt_t prompt;
+    if (pdl_synth_tokenize(node->args.seed, req->prompt, req->prompt_len, &prompt, &err) != PDL_OK) {
+        pdl_node_result_error(res, 500, "%s", err.msg);
+        return;
+    }
+    res->prompt_tokens = prompt.n;
+    if ((long long)prompt.n + req->max_tokens > node->max_model_len) {
+        pdl_node_result_error(res, 400,
+                              "max_tokens: this model's maximum context length is %d tokens; you requested %lld "
+                              "tokens (%zu in the prompt, %d in the completion)",
+                              node->max_model_len, (long long)prompt.n + req->max_tokens, prompt.n, req->max_tokens);
+        pdl_synth_prompt_free(&prompt);
+        return;
+    }
+    size_t nblocks = pdl_synth_blocks_needed(prompt.n, node->args.block_size);
+    if (req->mode == PDL_NODE_MODE_PULL && req->params.num_remote_blocks != nblocks) {
+        pdl_node_result_error(res, 400,
+                              "kv_transfer_params.remote_block_ids: %zu blocks, but this prompt of %zu tokens needs "
+                              "%zu with block size %d (same prompt, model and --block-size as the prefill?)",
+                              req->params.num_remote_blocks, prompt.n, nblocks, node->args.block_size);
+        pdl_synth_prompt_free(&prompt);
+        return;
+    }
+    uint32_t *blocks = malloc(nblocks * sizeof(uint32_t));
+    res->tokens = malloc((size_t)req->max_tokens * sizeof(uint32_t));
+    if (blocks == NULL || res->tokens == NULL) {
+        free(blocks);
+        pdl_synth_prompt_free(&prompt);
+        pdl_node_result_error(res, 500, "out of memory for a request of %zu tokens", prompt.n);
+        return;
+    }
+    if (pdl_node_kv_alloc(node->kv, nblocks, blocks, node->args.kv_wait_ms, &err) != PDL_OK) {
+        free(blocks);
+        pdl_synth_prompt_free(&prompt);
+        pdl_node_result_error(res, 503, "%s", err.msg);
+        return;
+    }
+    bool ok = fill_kv(node, req, &prompt, blocks, nblocks, res);
+    pdl_synth_check_t check;
+    if (ok) {
+        pdl_synth_verify(node->kv, node->args.seed, &prompt, blocks, &check);
+        if (req->mode == PDL_NODE_MODE_PULL)
+            pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
+        if (check.mismatched_bytes != 0) {
+            pdl_node_result_error(res, 500, "KV verification failed: %llu of %llu bytes mismatched; first at %s",
+                                  (unsigned long long)check.mismatched_bytes,
+                                  (unsigned long long)check.verified_bytes, check.first_mismatch);
+            pdl_error("request %s: %s", req->request_id, res->error);
+            ok = false;
+        }
+    }
+    if (ok) {
+        pdl_synth_generate(check.digest, (size_t)req->max_tokens, res->tokens);
+        res->num_tokens = (size_t)req->max_tokens;
+        res->finish_reason = "length";
+    }
+    if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD) {
+        pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
+        res->kv_transfer_params = pdl_instance_params_json(inst, req->params.transfer_id, blocks, nblocks);
+        if (res->kv_transfer_params == NULL) {
+            pdl_node_result_error(res, 500, "kv_transfer_params: could not build the params of %s",
+                                  req->params.transfer_id);
+            ok = false;
+        } else if (pdl_instance_hold(inst, req->params.transfer_id, blocks, nblocks, &err) != PDL_OK) {
+            pdl_node_result_error(res, 500, "holding the KV of transfer %s failed: %s", req->params.transfer_id,
+                                  err.msg);
+            ok = false;
+        } else {
+            pdl_debug("request %s: holding %zu blocks under %s", req->request_id, nblocks, req->params.transfer_id);
+            nblocks = 0; /* the instance owns them now */
+        }
+    }
+    pdl_node_kv_free(node->kv, blocks, nblocks);
+    free(blocks);
+    pdl_synth_prompt_free(&prompt);
+    if (ok)
+        res->http_status = 200;
+}

@@ -1,0 +1,63 @@
+/*
+ * synth.h -- the deterministic synthetic model of pdlink-node.
+ *
+ * Tokenizer: a BOS token, then one token per whitespace-separated word (id from a hash of the word).
+ * Prefill: every KV "row" -- one (layer, K/V half, global head, token) -- gets head_dim*elem_size bytes
+ *   that are a function of the model seed, the row's coordinates and a rolling hash of the whole token
+ *   prefix up to that token. Each TP rank writes only the heads it holds, at the offsets its layout gives.
+ *   A byte that is wrong, missing, misplaced (wrong block, head, token, half or layer) or stale therefore
+ *   never matches.
+ * Verify: recompute every expected row of the prompt on every rank and compare; count verified and
+ *   mismatched bytes and name the first bad (rank, layer, half, head, token).
+ * Digest: a sum over the rows of the prompt in global coordinates, each row hashed from the bytes in
+ *   memory; a replicated head counts once (only the lowest rank holding it contributes). The sum is
+ *   commutative over rows with global coordinates mixed in, so it is independent of the TP layout and of
+ *   the order ranks are visited: a P/D pair and a single node of any TP size agree.
+ * Generate: token i = f(digest, tokens before it) over a small fixed vocabulary of words, so a shorter
+ *   max_tokens gives a prefix of a longer one.
+ */
+#ifndef PDL_NODE_SYNTH_H
+#define PDL_NODE_SYNTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/kvstore.h"
+#include "pdlink/status.h"
+
+#define PDL_SYNTH_BOS 1u
+
+typedef struct pdl_synth_prompt {
+    uint32_t *tokens;     /* n token ids, tokens[0] == BOS */
+    uint64_t *prefix;     /* prefix[t]: rolling hash of tokens[0..t] and the seed */
+    size_t n;
+} pdl_synth_prompt_t;
+
+/* Tokenize `text` (not necessarily NUL-terminated). PDL_ERR_NOMEM only. */
+pdl_status_t pdl_synth_tokenize(uint64_t seed, const char *text, size_t len, pdl_synth_prompt_t *out,
+                                pdl_error_t *err);
+void pdl_synth_prompt_free(pdl_synth_prompt_t *p);
+
+/* Blocks a prompt of n tokens needs: ceil(n / block_size). */
+size_t pdl_synth_blocks_needed(size_t n_tokens, int block_size);
+
+/* Write the prompt's KV into `blocks` (ceil(n/block_size) ids) on every rank. */
+void pdl_synth_prefill(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks);
+
+typedef struct pdl_synth_check {
+    uint64_t verified_bytes;
+    uint64_t mismatched_bytes;
+    uint64_t digest;
+    char first_mismatch[200]; /* "" when none */
+} pdl_synth_check_t;
+
+/* Verify every byte of the prompt's KV on every rank and compute the digest. */
+void pdl_synth_verify(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                      pdl_synth_check_t *out);
+
+/* Generate n tokens from a digest (ids index the vocabulary). */
+void pdl_synth_generate(uint64_t digest, size_t n, uint32_t *out);
+/* The word of a generated token id (never NULL). */
+const char *pdl_synth_word(uint32_t id);
+
+#endif /* PDL_NODE_SYNTH_H */
