@@ -1,12 +1,1381 @@
-/* run.c -- placeholder until the `pdlink run` sub-command lands; says so and fails. */
+/*
+ * run.c -- `pdlink run`, the main job: a whole local P/D cluster per seed topology, driven through the
+ * router, every response compared with a single node's and every KV byte accounted for.
+ *
+ * How it works, per run:
+ *   1. Options; the executables pdlink-node and pdlink-router are taken from the directory of this
+ *      binary (/proc/self/exe), so a build tree or an install prefix works without PATH games.
+ *   2. SIGINT/SIGTERM/SIGHUP are blocked and read from a signalfd, which every waiting loop polls, so a
+ *      Ctrl-C turns into an orderly stop (no global flag, no work in a signal handler).
+ *   3. The same-run ceiling for the backend is measured (memcpy for shm, a loopback TCP stream for tcp).
+ *   4. A non-disaggregated reference node answers the fixed workload once; its texts are the truth.
+ *   5. For each topology: ports are found by binding, a router and the nodes are started (MoRIIO READ
+ *      mode, kv-transfer-config JSON as in the seed), we wait for every node's /health and for the
+ *      router's /workers to list them all, drive the workload through the router, wait for held blocks
+ *      to drain, scrape every node's /metrics, stop everything, and judge the figures.
+ *   6. One report (text, and JSON with --json); exit 0 only if every topology passed.
+ *
+ * Children are watched in every loop; one that dies unexpectedly ends its topology, is named with its
+ * exit status and last log lines, and fails the run. Every exit path stops all children (SIGTERM to
+ * each process group, then SIGKILL), and PR_SET_PDEATHSIG covers the case where we are killed.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/run_ceiling.h"
+#include "cli/run_http.h"
+#include "cli/run_metrics.h"
+#include "cli/run_netns.h"
+#include "cli/run_ports.h"
+#include "cli/run_proc.h"
+#include "cli/run_report.h"
+#include "pdlink/log.h"
+
+#define RUN_DEFAULT_MODEL "tiny"
+enum {
+    RUN_MAX_TOPOS = 16,
+    RUN_MAX_NODES = 2 * PDL_RUN_MAX_INST,
+    RUN_STARTUP_TIMEOUT_MS = 120000,
+    RUN_REQUEST_TIMEOUT_MS = 120000,
+    RUN_DRAIN_TIMEOUT_MS = 15000,
+    RUN_STOP_GRACE_MS = 5000,
+    RUN_TAIL_LINES = 12,
+};
+
+/* The seed's deployments (issue 6/7). */
+static const pdl_run_topo_t seed_topos[] = {
+    {"1p1d", 1, 1, {8}, {8}},
+    {"2p1d", 2, 1, {4, 4}, {8}},
+    {"1p2d", 1, 2, {8}, {4, 4}},
+    {"p4d8", 1, 1, {4}, {8}},
+    {"p8d4", 1, 1, {8}, {4}},
+};
+#define N_SEED_TOPOS ((int)(sizeof(seed_topos) / sizeof(seed_topos[0])))
+
+typedef struct run_opts {
+    pdl_run_topo_t topos[RUN_MAX_TOPOS];
+    int ntopos;
+    const char *prefill_tp, *decode_tp; /* custom topology */
+    const char *model;
+    int requests, concurrency, prompt_min, prompt_max, max_tokens;
+    const char *backend;                /* "shm" | "tcp" */
+    const char *mode;                   /* "read" | "write" */
+    bool netns, keep, quiet;
+    const char *json_path;
+    const char *log_dir;
+    int reference_tp;
+    int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
+} run_opts_t;
+
+typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
+
+typedef struct run_node {
+    pdl_run_child_t child;
+    node_role_t role;
+    int tp;
+    int http_port, hs_base, notify_base;
+    char host[32];
+    char *metrics;                      /* last /metrics body */
+} run_node_t;
+
+typedef struct run_ctx {
+    run_opts_t o;
+    char exe_dir[PATH_MAX];
+    char node_exe[PATH_MAX + 32], router_exe[PATH_MAX + 32];
+    char log_dir[384];                  /* short enough for every log path to fit */
+    bool log_dir_is_temp;
+    int sigfd;
+    sigset_t child_mask;
+    bool interrupted;
+    bool tty;
+    pdl_run_ports_t ports;
+    char model_id[128];
+    double ceiling_gbps;
+    int ceiling_threads;
+    bool fault_done;
+    /* the workload and its truth */
+    pdl_run_req_t *reqs;
+    char **bodies;
+    char **ref_text;
+    /* the cluster being run */
+    const char *phase_name;             /* progress prefix */
+    pdl_run_result_t *cur;              /* result being filled */
+    run_node_t nodes[RUN_MAX_NODES];
+    int nnodes;
+    pdl_run_child_t router;
+    char router_host[32];
+    int router_port, disc_port, prom_port;
+    bool child_died;
+    int last_progress;
+} run_ctx_t;
+
+/* ---------------------------------------------------------------- progress and messages */
+
+static void progress(run_ctx_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void progress(run_ctx_t *c, const char *fmt, ...)
+{
+    if (c->o.quiet)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (c->tty)
+        fprintf(stderr, "\r\033[K[%s] %s\n", c->phase_name, msg);
+    else
+        fprintf(stderr, "[%s] %s\n", c->phase_name, msg);
+}
+
+static void progress_requests(run_ctx_t *c, int done, int total)
+{
+    if (c->o.quiet || done == c->last_progress)
+        return;
+    if (c->tty) {
+        fprintf(stderr, "\r\033[K[%s] requests %d/%d", c->phase_name, done, total);
+        if (done == total)
+            fprintf(stderr, "\n");
+    } else {
+        /* A log file gets a line per quarter, not per request. */
+        int q_prev = c->last_progress < 0 ? -1 : c->last_progress * 4 / (total > 0 ? total : 1);
+        int q_now = done * 4 / (total > 0 ? total : 1);
+        if (q_now != q_prev || done == total)
+            fprintf(stderr, "[%s] requests %d/%d\n", c->phase_name, done, total);
+    }
+    c->last_progress = done;
+}
+
+/* ---------------------------------------------------------------- options */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pdlink run [OPTIONS]\n"
+            "\n"
+            "Start a pdlink-router and pdlink-node processes on this machine for each topology, send a fixed\n"
+            "workload through the router, compare every response with a single non-disaggregated node's,\n"
+            "account for every KV byte from the nodes' /metrics, and print one report. Exit status: 0 all\n"
+            "passed, 1 a check failed (response differs, byte mismatched, transfer expired, block held,\n"
+            "request failed, process died), 2 usage or set-up error.\n"
+            "\n"
+            "topologies (default: all five seed topologies):\n"
+            "  --topology NAME         1p1d (TP8->TP8), 2p1d (TP4+TP4->TP8), 1p2d (TP8->TP4+TP4),\n"
+            "                          p4d8 (TP4->TP8), p8d4 (TP8->TP4); repeatable\n"
+            "  --prefill-tp LIST       a custom topology, e.g. --prefill-tp 4,4 --decode-tp 8\n"
+            "  --decode-tp LIST\n"
+            "workload:\n"
+            "  --model PRESET          model preset of the nodes (default %s)\n"
+            "  --requests N            requests per topology (default 48); every 4th streams\n"
+            "  --concurrency C         requests in flight (default 8)\n"
+            "  --prompt-tokens MIN-MAX prompt lengths (default 16-256)\n"
+            "  --max-tokens N          tokens generated per request (default 16)\n"
+            "transfer:\n"
+            "  --backend shm|tcp       transfer backend of the nodes (default shm)\n"
+            "  --mode read|write       MoRIIO mode (default read)\n"
+            "  --netns                 each instance in its own network namespace over veth (tcp backend;\n"
+            "                          needs root)\n"
+            "output and control:\n"
+            "  --json FILE             write the whole report as JSON\n"
+            "  --log-dir DIR           keep the children's logs in DIR (default: a temporary directory,\n"
+            "                          removed on success, kept and printed on failure)\n"
+            "  --keep                  run the first topology, then leave its cluster up and print the\n"
+            "                          router URL and a curl command; Ctrl-C stops it\n"
+            "  --quiet                 no progress display on stderr\n"
+            "  --help\n",
+            RUN_DEFAULT_MODEL);
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *e = NULL;
+    errno = 0;
+    long v = strtol(s, &e, 10);
+    if (errno != 0 || e == s || *e != '\0' || v < lo || v > hi)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* "4,4" → {4,4}. */
+static int parse_tp_list(const char *s, int *v, int *n)
+{
+    *n = 0;
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", s);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= PDL_RUN_MAX_INST || parse_int(t, 1, 64, &v[*n]) != 0)
+            return -1;
+        (*n)++;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+static int parse_opts(run_ctx_t *c, int argc, char **argv)
+{
+    run_opts_t *o = &c->o;
+    memset(o, 0, sizeof(*o));
+    o->model = RUN_DEFAULT_MODEL;
+    o->requests = 48;
+    o->concurrency = 8;
+    o->prompt_min = 16;
+    o->prompt_max = 256;
+    o->max_tokens = 16;
+    o->backend = "shm";
+    o->mode = "read";
+    o->reference_tp = 2;
+    o->fault_kill_decode_after = -1;
+    bool backend_given = false;
+    enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP };
+    static const struct option longopts[] = {
+        {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
+        {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
+        {"requests", required_argument, NULL, O_REQ},    {"concurrency", required_argument, NULL, O_CONC},
+        {"prompt-tokens", required_argument, NULL, O_PROMPT}, {"max-tokens", required_argument, NULL, O_MAXTOK},
+        {"backend", required_argument, NULL, O_BACKEND}, {"mode", required_argument, NULL, O_MODE},
+        {"netns", no_argument, NULL, O_NETNS},           {"keep", no_argument, NULL, O_KEEP},
+        {"json", required_argument, NULL, O_JSON},       {"log-dir", required_argument, NULL, O_LOGDIR},
+        {"quiet", no_argument, NULL, O_QUIET},           {"help", no_argument, NULL, O_HELP},
+        /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
+        {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
+        {NULL, 0, NULL, 0},
+    };
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case O_TOPO: {
+            int k = 0;
+            for (; k < N_SEED_TOPOS; k++)
+                if (strcasecmp(optarg, seed_topos[k].name) == 0)
+                    break;
+            if (k == N_SEED_TOPOS) {
+                fprintf(stderr, "pdlink run: unknown topology '%s' (1p1d, 2p1d, 1p2d, p4d8, p8d4, or --prefill-tp/--decode-tp)\n", optarg);
+                return -1;
+            }
+            if (o->ntopos >= RUN_MAX_TOPOS) {
+                fprintf(stderr, "pdlink run: at most %d topologies\n", RUN_MAX_TOPOS);
+                return -1;
+            }
+            o->topos[o->ntopos++] = seed_topos[k];
+            break;
+        }
+        case O_PTP: o->prefill_tp = optarg; break;
+        case O_DTP: o->decode_tp = optarg; break;
+        case O_MODEL: o->model = optarg; break;
+        case O_REQ:
+            if (parse_int(optarg, 1, 100000, &o->requests) != 0) {
+                fprintf(stderr, "pdlink run: --requests must be 1..100000, not '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case O_CONC:
+            if (parse_int(optarg, 1, 1024, &o->concurrency) != 0) {
+                fprintf(stderr, "pdlink run: --concurrency must be 1..1024, not '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case O_PROMPT: {
+            char a[32] = "", b[32] = "";
+            const char *dash = strchr(optarg, '-');
+            if (dash != NULL && (size_t)(dash - optarg) < sizeof(a)) {
+                memcpy(a, optarg, (size_t)(dash - optarg));
+                snprintf(b, sizeof(b), "%s", dash + 1);
+            } else {
+                snprintf(a, sizeof(a), "%s", optarg);
+                snprintf(b, sizeof(b), "%s", optarg);
+            }
+            if (parse_int(a, 1, 1000000, &o->prompt_min) != 0 || parse_int(b, 1, 1000000, &o->prompt_max) != 0 ||
+                o->prompt_min > o->prompt_max) {
+                fprintf(stderr, "pdlink run: --prompt-tokens wants MIN-MAX with 1 <= MIN <= MAX, not '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        }
+        case O_MAXTOK:
+            if (parse_int(optarg, 1, 100000, &o->max_tokens) != 0) {
+                fprintf(stderr, "pdlink run: --max-tokens must be 1..100000, not '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        case O_BACKEND:
+            if (strcmp(optarg, "shm") != 0 && strcmp(optarg, "tcp") != 0) {
+                fprintf(stderr, "pdlink run: --backend must be shm or tcp, not '%s'\n", optarg);
+                return -1;
+            }
+            o->backend = optarg;
+            backend_given = true;
+            break;
+        case O_MODE:
+            if (strcmp(optarg, "read") != 0 && strcmp(optarg, "write") != 0) {
+                fprintf(stderr, "pdlink run: --mode must be read or write, not '%s'\n", optarg);
+                return -1;
+            }
+            o->mode = optarg;
+            break;
+        case O_NETNS: o->netns = true; break;
+        case O_KEEP: o->keep = true; break;
+        case O_JSON: o->json_path = optarg; break;
+        case O_LOGDIR: o->log_dir = optarg; break;
+        case O_QUIET: o->quiet = true; break;
+        case O_HELP:
+        case 'h': usage(stdout); return 1;
+        case O_FAULT:
+            if (strncmp(optarg, "kill-decode-after=", 18) != 0 ||
+                parse_int(optarg + 18, 0, 1000000, &o->fault_kill_decode_after) != 0) {
+                fprintf(stderr, "pdlink run: --fault wants kill-decode-after=N\n");
+                return -1;
+            }
+            break;
+        case O_REFTP:
+            if (parse_int(optarg, 1, 64, &o->reference_tp) != 0) {
+                fprintf(stderr, "pdlink run: --reference-tp must be 1..64\n");
+                return -1;
+            }
+            break;
+        case ':':
+            fprintf(stderr, "pdlink run: option '%s' needs a value\n", argv[optind - 1]);
+            return -1;
+        default:
+            fprintf(stderr, "pdlink run: unknown option '%s' (see pdlink run --help)\n", argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdlink run: unexpected argument '%s' (see pdlink run --help)\n", argv[optind]);
+        return -1;
+    }
+    if ((o->prefill_tp != NULL) != (o->decode_tp != NULL)) {
+        fprintf(stderr, "pdlink run: --prefill-tp and --decode-tp go together\n");
+        return -1;
+    }
+    if (o->prefill_tp != NULL) {
+        pdl_run_topo_t t;
+        memset(&t, 0, sizeof(t));
+        if (parse_tp_list(o->prefill_tp, t.ptp, &t.np) != 0 || parse_tp_list(o->decode_tp, t.dtp, &t.nd) != 0) {
+            fprintf(stderr, "pdlink run: --prefill-tp/--decode-tp want comma-separated TP sizes (1..64), at most "
+                            "%d instances each\n", PDL_RUN_MAX_INST);
+            return -1;
+        }
+        snprintf(t.name, sizeof(t.name), "custom");
+        if (o->ntopos >= RUN_MAX_TOPOS)
+            return -1;
+        o->topos[o->ntopos++] = t;
+    }
+    if (o->ntopos == 0) {
+        memcpy(o->topos, seed_topos, sizeof(seed_topos));
+        o->ntopos = N_SEED_TOPOS;
+    }
+    if (o->netns) {
+        if (backend_given && strcmp(o->backend, "tcp") != 0) {
+            fprintf(stderr, "pdlink run: --netns needs --backend tcp (shm cannot cross hosts)\n");
+            return -1;
+        }
+        o->backend = "tcp";
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- small helpers */
+
+static bool wait_ms(run_ctx_t *c, int ms)
+{
+    /* Sleep, but wake for a signal; returns false once interrupted. */
+    struct pollfd pfd = {.fd = c->sigfd, .events = POLLIN};
+    poll(&pfd, 1, ms);
+    int sig = pdl_run_signals_check(c->sigfd);
+    if (sig != 0 && !c->interrupted) {
+        c->interrupted = true;
+        if (c->tty && !c->o.quiet)
+            fprintf(stderr, "\n");
+        fprintf(stderr, "pdlink run: %s received, stopping\n", strsignal(sig));
+    }
+    return !c->interrupted;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void str_argv_free(char **v)
+{
+    for (int i = 0; v[i] != NULL; i++)
+        free(v[i]);
+}
+
+/* Append a printf-formatted argument to a NULL-terminated argv of capacity cap. */
+static void argv_add(char **v, int cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void argv_add(char **v, int cap, const char *fmt, ...)
+{
+    int n = 0;
+    while (v[n] != NULL)
+        n++;
+    if (n + 1 >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&v[n], fmt, ap) < 0)
+        v[n] = NULL;
+    va_end(ap);
+    v[n + 1] = NULL;
+}
+
+/* Report a child that died: a note in the result, and its exit and last log lines on stderr. */
+static void report_death(run_ctx_t *c, pdl_run_child_t *ch)
+{
+    char how[160];
+    pdl_run_child_exit_text(ch, how, sizeof(how));
+    if (c->tty && !c->o.quiet)
+        fprintf(stderr, "\n");
+    fprintf(stderr, "pdlink run: %s (%s) %s; last lines of %s:\n", ch->name, ch->what, how, ch->log_path);
+    pdl_run_log_tail(stderr, ch->log_path, RUN_TAIL_LINES, "    | ");
+    if (c->cur != NULL)
+        pdl_run_result_note(c->cur, "%s (%s) %s unexpectedly; log %s", ch->name, ch->what, how, ch->log_path);
+    c->child_died = true;
+}
+
+/* Poll every child of the current cluster; false if one died (reported once). */
+static bool children_alive(run_ctx_t *c)
+{
+    if (c->child_died)
+        return false;
+    bool ok = true;
+    if (c->router.started && pdl_run_child_died(&c->router)) {
+        report_death(c, &c->router);
+        ok = false;
+    }
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].child.started && pdl_run_child_died(&c->nodes[i].child)) {
+            report_death(c, &c->nodes[i].child);
+            ok = false;
+        }
+    return ok;
+}
+
+/* Stop the cluster's children; returns how many did not exit cleanly on SIGTERM (each noted). */
+static int stop_cluster(run_ctx_t *c)
+{
+    pdl_run_child_t *all[RUN_MAX_NODES + 1];
+    int n = 0;
+    /* The router first, so nothing new reaches the nodes while they stop. */
+    if (c->router.started)
+        all[n++] = &c->router;
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].child.started)
+            all[n++] = &c->nodes[i].child;
+    if (n == 0)
+        return 0;
+    children_alive(c); /* a death before the stop is still a death */
+    int unclean = pdl_run_children_stop(all, n, RUN_STOP_GRACE_MS);
+    if (unclean > 0 && c->cur != NULL) {
+        for (int i = 0; i < n; i++) {
+            pdl_run_child_t *ch = all[i];
+            bool clean = (WIFEXITED(ch->wstatus) && WEXITSTATUS(ch->wstatus) == 0) ||
+                         (WIFSIGNALED(ch->wstatus) && WTERMSIG(ch->wstatus) == SIGTERM);
+            if (ch->stopping && !clean) {
+                char how[160];
+                pdl_run_child_exit_text(ch, how, sizeof(how));
+                pdl_run_result_note(c->cur, "%s (%s) %s when stopped with SIGTERM; log %s", ch->name, ch->what,
+                                    how, ch->log_path);
+            }
+        }
+    }
+    for (int i = 0; i < c->nnodes; i++) {
+        free(c->nodes[i].metrics);
+        c->nodes[i].metrics = NULL;
+    }
+    return unclean;
+}
+
+/* ---------------------------------------------------------------- the workload */
+
+/* Deterministic PRNG (splitmix64): the same prompts in every run and every topology. */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static const char *const vocab[] = {
+    "the",    "prefill", "decode", "cache",  "tensor", "parallel", "block",  "head",    "layer",  "token",
+    "rank",   "memory",  "read",   "write",  "release", "transfer", "router", "model",  "stream", "batch",
+    "query",  "key",     "value",  "split",  "group",  "engine",   "notify", "handshake", "moves", "quickly",
+    "across", "nodes",   "and",    "every",  "byte",   "is",       "checked", "twice",  "before", "serving",
+};
+
+static int build_workload(run_ctx_t *c)
+{
+    int n = c->o.requests;
+    c->reqs = calloc((size_t)n, sizeof(*c->reqs));
+    c->bodies = calloc((size_t)n, sizeof(char *));
+    c->ref_text = calloc((size_t)n, sizeof(char *));
+    if (c->reqs == NULL || c->bodies == NULL || c->ref_text == NULL)
+        return -1;
+    uint64_t seed = 0x706466696e6b31ULL; /* fixed: the workload is part of the test */
+    int span = c->o.prompt_max - c->o.prompt_min + 1;
+    for (int i = 0; i < n; i++) {
+        /* Spread lengths evenly over the range so short and long prompts are both in every run. */
+        int len = c->o.prompt_min + (n > 1 ? (int)((int64_t)span * ((i * 7) % n) / n) : 0);
+        if (len > c->o.prompt_max)
+            len = c->o.prompt_max;
+        size_t cap = (size_t)len * 12 + 64;
+        char *p = malloc(cap);
+        if (p == NULL)
+            return -1;
+        size_t off = (size_t)snprintf(p, cap, "request %d:", i);
+        for (int w = 1; w < len && off < cap; w++)
+            off += (size_t)snprintf(p + off, cap - off, " %s", vocab[rng_next(&seed) % (sizeof(vocab) / sizeof(vocab[0]))]);
+        pdl_run_req_t *r = &c->reqs[i];
+        r->index = i;
+        r->stream = (i % 4) == 3;
+        r->chat = (i % 3) == 2;
+        json_t *body;
+        if (r->chat)
+            body = json_pack("{s:s, s:[{s:s, s:s}], s:i, s:f, s:b}", "model", c->model_id, "messages", "role", "user",
+                             "content", p, "max_tokens", c->o.max_tokens, "temperature", 0.0, "stream", r->stream);
+        else
+            body = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", c->model_id, "prompt", p, "max_tokens",
+                             c->o.max_tokens, "temperature", 0.0, "stream", r->stream);
+        free(p);
+        if (body == NULL)
+            return -1;
+        c->bodies[i] = json_dumps(body, JSON_COMPACT);
+        json_decref(body);
+        if (c->bodies[i] == NULL)
+            return -1;
+        r->body = c->bodies[i];
+    }
+    return 0;
+}
+
+static void free_workload(run_ctx_t *c)
+{
+    for (int i = 0; c->reqs != NULL && i < c->o.requests; i++) {
+        pdl_run_req_clear(&c->reqs[i]);
+        free(c->bodies[i]);
+        free(c->ref_text[i]);
+    }
+    free(c->reqs);
+    free(c->bodies);
+    free(c->ref_text);
+}
+
+static bool load_tick(void *ctx, int done, int total)
+{
+    run_ctx_t *c = ctx;
+    progress_requests(c, done, total);
+    if (!wait_ms(c, 0))
+        return false;
+    if (!children_alive(c))
+        return false;
+    if (c->o.fault_kill_decode_after >= 0 && !c->fault_done && done >= c->o.fault_kill_decode_after) {
+        for (int i = 0; i < c->nnodes; i++)
+            if (c->nodes[i].role == ROLE_DECODE) {
+                fprintf(stderr, "pdlink run: fault injection: killing %s (%s) after %d requests\n",
+                        c->nodes[i].child.name, c->nodes[i].child.what, done);
+                pdl_run_child_signal(&c->nodes[i].child, SIGKILL);
+                c->fault_done = true;
+                break;
+            }
+    }
+    return true;
+}
+
+static pdl_status_t drive(run_ctx_t *c, const char *base_url, pdl_error_t *err)
+{
+    pdl_run_load_t ld = {.base_url = base_url,
+                         .concurrency = c->o.concurrency,
+                         .timeout_ms = RUN_REQUEST_TIMEOUT_MS,
+                         .tick = load_tick,
+                         .tick_ctx = c};
+    c->last_progress = -1;
+    return pdl_run_load_drive(&ld, c->reqs, c->o.requests, err);
+}
+
+/* ---------------------------------------------------------------- starting processes */
+
+static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *proxy_ip, char *out, size_t len)
+{
+    json_t *extra = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:s, s:i, s:i}", "host_ip", nd->host, "proxy_ip",
+                              proxy_ip, "proxy_ping_port", c->disc_port, "http_port", nd->http_port,
+                              "handshake_port", nd->hs_base, "notify_port", nd->notify_base, "read_mode",
+                              strcmp(c->o.mode, "read") == 0, "backend", c->o.backend, "qp_per_transfer", 1,
+                              "num_workers", 1);
+    json_t *cfg = json_pack("{s:s, s:s, s:o}", "kv_connector", "MoRIIOConnector", "kv_role",
+                            nd->role == ROLE_PREFILL ? "kv_producer" : "kv_consumer", "kv_connector_extra_config",
+                            extra);
+    char *s = json_dumps(cfg, JSON_COMPACT);
+    snprintf(out, len, "%s", s ? s : "{}");
+    free(s);
+    json_decref(cfg);
+}
+
+static pdl_status_t start_node(run_ctx_t *c, run_node_t *nd, const char *proxy_ip, int netns_fd, pdl_error_t *err)
+{
+    char *argv[40] = {NULL};
+    argv_add(argv, 40, "%s", c->node_exe);
+    argv_add(argv, 40, "--model");
+    argv_add(argv, 40, "%s", c->o.model);
+    argv_add(argv, 40, "--host");
+    argv_add(argv, 40, "%s", nd->host);
+    argv_add(argv, 40, "--port");
+    argv_add(argv, 40, "%d", nd->http_port);
+    argv_add(argv, 40, "--tensor-parallel-size");
+    argv_add(argv, 40, "%d", nd->tp);
+    if (nd->role != ROLE_REFERENCE) {
+        char cfg[1024];
+        kv_config(c, nd, proxy_ip, cfg, sizeof(cfg));
+        argv_add(argv, 40, "--kv-transfer-config");
+        argv_add(argv, 40, "%s", cfg);
+    }
+    argv_add(argv, 40, "--log-level");
+    argv_add(argv, 40, "info");
+    pdl_status_t st = pdl_run_child_start(&nd->child, argv, &c->child_mask, netns_fd, err);
+    str_argv_free(argv);
+    return st;
+}
+
+static pdl_status_t start_router(run_ctx_t *c, int netns_fd, pdl_error_t *err)
+{
+    char *argv[40] = {NULL};
+    argv_add(argv, 40, "%s", c->router_exe);
+    argv_add(argv, 40, "--host");
+    argv_add(argv, 40, "%s", c->router_host);
+    argv_add(argv, 40, "--port");
+    argv_add(argv, 40, "%d", c->router_port);
+    argv_add(argv, 40, "--vllm-pd-disaggregation");
+    argv_add(argv, 40, "--kv-connector");
+    argv_add(argv, 40, "moriio");
+    argv_add(argv, 40, "--vllm-discovery-address");
+    argv_add(argv, 40, "%s:%d", c->router_host, c->disc_port);
+    /* round_robin spreads a fixed workload over both instances of 2p1d/1p2d for sure. */
+    argv_add(argv, 40, "--policy");
+    argv_add(argv, 40, "round_robin");
+    argv_add(argv, 40, "--prometheus-port");
+    argv_add(argv, 40, "%d", c->prom_port);
+    argv_add(argv, 40, "--log-level");
+    argv_add(argv, 40, "info");
+    pdl_status_t st = pdl_run_child_start(&c->router, argv, &c->child_mask, netns_fd, err);
+    str_argv_free(argv);
+    return st;
+}
+
+static void node_url(const run_node_t *nd, const char *path, char *out, size_t len)
+{
+    snprintf(out, len, "http://%s:%d%s", nd->host, nd->http_port, path);
+}
+
+/* Wait until GET url returns 200 (or a child dies, a signal arrives, the deadline passes). */
+static pdl_status_t wait_http_ok(run_ctx_t *c, const char *url, uint64_t deadline_ms, pdl_error_t *err)
+{
+    for (;;) {
+        long code = 0;
+        pdl_error_t e;
+        pdl_error_clear(&e);
+        pdl_run_http_get(url, 2000, &code, NULL, &e);
+        if (code == 200)
+            return PDL_OK;
+        if (!children_alive(c))
+            return pdl_error_set(err, PDL_ERR_PEER_GONE, "a process died during start-up");
+        if (pdl_now_ms() >= deadline_ms)
+            return pdl_error_set(err, PDL_ERR_TIMEOUT, "%s did not return 200 within %d s (last: %s)", url,
+                                 RUN_STARTUP_TIMEOUT_MS / 1000, code ? "non-200 status" : e.msg);
+        if (!wait_ms(c, 100))
+            return pdl_error_set(err, PDL_ERR_BAD_STATE, "interrupted");
+    }
+}
+
+/* Count the router's registered workers of each role from GET /workers. */
+static int workers_count(const char *body, const char *role)
+{
+    json_t *root = json_loads(body, 0, NULL);
+    int n = -1;
+    if (json_is_object(root)) {
+        json_t *a = json_object_get(root, role);
+        if (json_is_array(a))
+            n = (int)json_array_size(a);
+    }
+    json_decref(root);
+    return n;
+}
+
+static pdl_status_t wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadline_ms, pdl_error_t *err)
+{
+    char url[128];
+    snprintf(url, sizeof(url), "http://%s:%d/workers", c->router_host, c->router_port);
+    int lp = -2, ld = -2;
+    for (;;) {
+        long code = 0;
+        char *body = NULL;
+        pdl_run_http_get(url, 2000, &code, &body, NULL);
+        int p = -1, d = -1;
+        if (code == 200 && body != NULL) {
+            p = workers_count(body, "prefill");
+            d = workers_count(body, "decode");
+        }
+        free(body);
+        if (p != lp || d != ld) {
+            if (p >= 0)
+                progress(c, "registered at the router: %d/%d prefill, %d/%d decode", p, np, d, nd);
+            lp = p;
+            ld = d;
+        }
+        if (p == np && d == nd)
+            return PDL_OK;
+        if (!children_alive(c))
+            return pdl_error_set(err, PDL_ERR_PEER_GONE, "a process died during registration");
+        if (pdl_now_ms() >= deadline_ms)
+            return pdl_error_set(err, PDL_ERR_TIMEOUT,
+                                 "router %s lists %d/%d prefill and %d/%d decode workers after %d s", url, p, np, d,
+                                 nd, RUN_STARTUP_TIMEOUT_MS / 1000);
+        if (!wait_ms(c, 100))
+            return pdl_error_set(err, PDL_ERR_BAD_STATE, "interrupted");
+    }
+}
+
+/* ---------------------------------------------------------------- the reference */
+
+static int run_reference(run_ctx_t *c)
+{
+    c->phase_name = "reference";
+    c->nnodes = 1;
+    c->cur = NULL;
+    run_node_t *nd = &c->nodes[0];
+    memset(nd, 0, sizeof(*nd));
+    nd->role = ROLE_REFERENCE;
+    nd->tp = c->o.reference_tp;
+    snprintf(nd->host, sizeof(nd->host), "127.0.0.1");
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (pdl_run_ports_take(&c->ports, "127.0.0.1", 1, &nd->http_port, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        return 2;
+    }
+    snprintf(nd->child.name, sizeof(nd->child.name), "reference");
+    snprintf(nd->child.what, sizeof(nd->child.what), "pdlink-node TP%d, no KV transfer, port %d", nd->tp, nd->http_port);
+    snprintf(nd->child.log_path, sizeof(nd->child.log_path), "%s/reference.log", c->log_dir);
+    progress(c, "starting the single-node reference (%s)", nd->child.what);
+    int rc = 0;
+    char url[160];
+    if (start_node(c, nd, NULL, -1, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        rc = 2;
+        goto out;
+    }
+    node_url(nd, "/health", url, sizeof(url));
+    if (wait_http_ok(c, url, pdl_now_ms() + RUN_STARTUP_TIMEOUT_MS, &err) != PDL_OK) {
+        if (!c->interrupted && !c->child_died)
+            fprintf(stderr, "pdlink run: reference node: %s\n", err.msg);
+        rc = c->interrupted ? 2 : 1;
+        goto out;
+    }
+    /* The model id the nodes answer to: the first of /v1/models, else the preset name. */
+    node_url(nd, "/v1/models", url, sizeof(url));
+    {
+        long code = 0;
+        char *body = NULL;
+        snprintf(c->model_id, sizeof(c->model_id), "%s", c->o.model);
+        if (pdl_run_http_get(url, 5000, &code, &body, NULL) == PDL_OK && code == 200) {
+            json_t *root = json_loads(body, 0, NULL);
+            json_t *id = json_object_get(json_array_get(json_object_get(root, "data"), 0), "id");
+            if (json_is_string(id))
+                snprintf(c->model_id, sizeof(c->model_id), "%s", json_string_value(id));
+            json_decref(root);
+        }
+        free(body);
+    }
+    if (build_workload(c) != 0) {
+        fprintf(stderr, "pdlink run: out of memory building the workload\n");
+        rc = 2;
+        goto out;
+    }
+    char base[96];
+    node_url(nd, "", base, sizeof(base));
+    pdl_status_t st = drive(c, base, &err);
+    if (st != PDL_OK) {
+        if (!c->interrupted && !c->child_died)
+            fprintf(stderr, "pdlink run: reference workload: %s\n", err.msg);
+        rc = c->interrupted ? 2 : 1;
+        goto out;
+    }
+    int bad = 0;
+    for (int i = 0; i < c->o.requests; i++) {
+        if (c->reqs[i].ok) {
+            c->ref_text[i] = c->reqs[i].text;
+            c->reqs[i].text = NULL;
+        } else if (bad++ < 3) {
+            fprintf(stderr, "pdlink run: reference request %d failed: %s\n", i, c->reqs[i].error);
+        }
+    }
+    if (bad > 0) {
+        fprintf(stderr, "pdlink run: %d of %d requests failed on the single-node reference; nothing to compare "
+                        "with (log %s)\n", bad, c->o.requests, nd->child.log_path);
+        rc = 1;
+    }
+out:
+    stop_cluster(c);
+    c->nnodes = 0;
+    c->child_died = false;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- one topology */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of a sorted array. */
+static double percentile(const double *v, int n, double p)
+{
+    if (n <= 0)
+        return -1;
+    int k = (int)((p / 100.0) * n + 0.999999);
+    if (k < 1)
+        k = 1;
+    if (k > n)
+        k = n;
+    return v[k - 1];
+}
+
+static const char *const per_rank_metrics[] = {
+    "pdlink_transfers_total",          "pdlink_kv_bytes_total",         "pdlink_descriptors_total",
+    "pdlink_releases_sent_total",      "pdlink_releases_received_total", "pdlink_expired_total",
+    "pdlink_held_blocks",              "pdlink_kv_bytes_verified_total", "pdlink_kv_bytes_mismatched_total",
+    "pdlink_transfer_seconds_sum",     "pdlink_transfer_seconds_count",  "pdlink_requests_total",
+};
+
+static uint64_t msum(const run_node_t *nd, const char *name)
+{
+    double v = pdl_run_metrics_sum(nd->metrics ? nd->metrics : "", name, NULL, NULL, NULL);
+    return v > 0 ? (uint64_t)(v + 0.5) : 0;
+}
+
+/* Scrape every node; returns the number of nodes scraped. */
+static int scrape_all(run_ctx_t *c)
+{
+    int got = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        run_node_t *nd = &c->nodes[i];
+        char url[160];
+        node_url(nd, "/metrics", url, sizeof(url));
+        long code = 0;
+        char *body = NULL;
+        if (pdl_run_http_get(url, 5000, &code, &body, NULL) == PDL_OK && code == 200) {
+            free(nd->metrics);
+            nd->metrics = body;
+            got++;
+        } else {
+            free(body);
+        }
+    }
+    return got;
+}
+
+static uint64_t total_held(const run_ctx_t *c)
+{
+    uint64_t h = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        h += msum(&c->nodes[i], "pdlink_held_blocks");
+    return h;
+}
+
+static void collect(run_ctx_t *c, pdl_run_result_t *r)
+{
+    r->metrics_ok = true;
+    for (int i = 0; i < c->nnodes; i++) {
+        run_node_t *nd = &c->nodes[i];
+        if (nd->metrics == NULL) {
+            pdl_run_result_note(r, "%s: /metrics could not be scraped", nd->child.name);
+            r->metrics_ok = false;
+            continue;
+        }
+        for (size_t k = 0; k < sizeof(per_rank_metrics) / sizeof(per_rank_metrics[0]); k++) {
+            int found = 0;
+            pdl_run_metrics_sum(nd->metrics, per_rank_metrics[k], NULL, NULL, &found);
+            if (found == 0) {
+                pdl_run_result_note(r, "%s: metric %s missing from /metrics", nd->child.name, per_rank_metrics[k]);
+                r->metrics_ok = false;
+            }
+        }
+        r->verified += msum(nd, "pdlink_kv_bytes_verified_total");
+        r->mismatched += msum(nd, "pdlink_kv_bytes_mismatched_total");
+        r->expired += msum(nd, "pdlink_expired_total");
+        r->held_blocks += msum(nd, "pdlink_held_blocks");
+        r->node_failed_requests += (uint64_t)pdl_run_metrics_sum(nd->metrics, "pdlink_requests_total", "status",
+                                                                 "failed", NULL);
+        if (nd->role == ROLE_DECODE) {
+            r->kv_bytes += msum(nd, "pdlink_kv_bytes_total");
+            r->descriptors += msum(nd, "pdlink_descriptors_total");
+            r->releases_sent += msum(nd, "pdlink_releases_sent_total");
+            r->pulls += msum(nd, "pdlink_transfer_seconds_count");
+            r->pull_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
+        } else if (nd->role == ROLE_PREFILL) {
+            r->releases_received += msum(nd, "pdlink_releases_received_total");
+        }
+    }
+    r->gbps = (r->kv_bytes > 0 && r->pull_seconds > 0) ? (double)r->kv_bytes / r->pull_seconds / 1e9 : -1;
+    r->ceiling_gbps = c->ceiling_gbps;
+    if (r->mismatched > 0)
+        pdl_run_result_note(r, "%llu KV bytes mismatched at decode verification", (unsigned long long)r->mismatched);
+    if (r->expired > 0)
+        pdl_run_result_note(r, "%llu transfers expired (releases never came; reaped)", (unsigned long long)r->expired);
+    if (r->held_blocks > 0)
+        pdl_run_result_note(r, "%llu blocks still held %d s after the last response", (unsigned long long)r->held_blocks,
+                            RUN_DRAIN_TIMEOUT_MS / 1000);
+    if (r->verified < r->kv_bytes)
+        pdl_run_result_note(r, "only %llu of %llu KV bytes moved were verified", (unsigned long long)r->verified,
+                            (unsigned long long)r->kv_bytes);
+    if (r->releases_received != r->releases_expected || r->releases_sent != r->releases_expected)
+        pdl_run_result_note(r, "releases: %llu sent, %llu received, %llu expected (max(P,D) per request)",
+                            (unsigned long long)r->releases_sent, (unsigned long long)r->releases_received,
+                            (unsigned long long)r->releases_expected);
+}
+
+/* Fill in the request-side figures of a result. */
+static void judge_requests(run_ctx_t *c, pdl_run_result_t *r)
+{
+    int n = c->o.requests;
+    double *ttft = calloc((size_t)n, sizeof(double));
+    int nt = 0, shown = 0;
+    r->requests = n;
+    for (int i = 0; i < n; i++) {
+        pdl_run_req_t *q = &c->reqs[i];
+        r->streaming += q->stream;
+        if (!q->ok) {
+            r->failed++;
+            if (shown++ < 3)
+                pdl_run_result_note(r, "request %d (%s%s) failed: %s", i, q->chat ? "chat" : "completion",
+                                    q->stream ? ", streaming" : "", q->done ? q->error : "not completed");
+            continue;
+        }
+        r->ok++;
+        if (ttft != NULL && q->ttft_ms >= 0)
+            ttft[nt++] = q->ttft_ms;
+        if (c->ref_text[i] != NULL && strcmp(q->text, c->ref_text[i]) == 0) {
+            r->parity_ok++;
+        } else if (shown++ < 3) {
+            pdl_run_result_note(r, "request %d: response differs from the reference: \"%.60s\" vs \"%.60s\"", i,
+                                q->text, c->ref_text[i] ? c->ref_text[i] : "(none)");
+        }
+    }
+    if (shown > 3)
+        pdl_run_result_note(r, "... and %d more failed or differing requests", shown - 3);
+    if (ttft != NULL && nt > 0) {
+        qsort(ttft, (size_t)nt, sizeof(double), cmp_double);
+        r->ttft_p50_ms = percentile(ttft, nt, 50);
+        r->ttft_p99_ms = percentile(ttft, nt, 99);
+    } else {
+        r->ttft_p50_ms = r->ttft_p99_ms = -1;
+    }
+    free(ttft);
+    int pmax = 0, dmax = 0;
+    for (int k = 0; k < r->topo.np; k++)
+        pmax = r->topo.ptp[k] > pmax ? r->topo.ptp[k] : pmax;
+    for (int k = 0; k < r->topo.nd; k++)
+        dmax = r->topo.dtp[k] > dmax ? r->topo.dtp[k] : dmax;
+    /* Exact only when all instances of a side have one TP size (the seed topologies); see collect(). */
+    r->releases_expected = (uint64_t)r->ok * (uint64_t)(pmax > dmax ? pmax : dmax);
+}
+
+static void wait_for_keep(run_ctx_t *c)
+{
+    printf("\ncluster %s is up (--keep). Router: http://%s:%d\n", c->cur->topo.name, c->router_host, c->router_port);
+    printf("try:\n  curl -s http://%s:%d/v1/completions -H 'Content-Type: application/json' \\\n"
+           "    -d '{\"model\": \"%s\", \"prompt\": \"the prefill moves the cache\", \"max_tokens\": %d}'\n",
+           c->router_host, c->router_port, c->model_id, c->o.max_tokens);
+    for (int i = 0; i < c->nnodes; i++)
+        printf("  %-10s http://%s:%d  (%s, log %s)\n", c->nodes[i].child.name, c->nodes[i].host,
+               c->nodes[i].http_port, c->nodes[i].child.what, c->nodes[i].child.log_path);
+    printf("press Ctrl-C to stop it\n");
+    fflush(stdout);
+    while (wait_ms(c, 500))
+        if (!children_alive(c))
+            break;
+}
+
+/* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. */
+static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
+{
+    const pdl_run_topo_t *t = &r->topo;
+    c->phase_name = t->name;
+    c->cur = r;
+    c->child_died = false;
+    c->nnodes = 0;
+    memset(&c->router, 0, sizeof(c->router));
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    int rc = 0;
+    bool failed_note = false;
+    pdl_run_netns_t *ns = NULL;
+    char desc[96];
+    pdl_run_topo_describe(t, desc, sizeof(desc));
+    progress(c, "%s: starting a router and %d nodes", desc, t->np + t->nd);
+
+    /* Addresses: loopback, or one namespace per instance (router = 0, nodes 1..). */
+    int ninst = t->np + t->nd;
+    if (c->o.netns) {
+        char nslog[sizeof(c->log_dir) + 48];
+        snprintf(nslog, sizeof(nslog), "%s/%s-netns.log", c->log_dir, t->name);
+        if (pdl_run_netns_create(ninst + 1, nslog, &ns, &err) != PDL_OK) {
+            fprintf(stderr, "pdlink run: %s\n", err.msg);
+            return 2;
+        }
+        snprintf(c->router_host, sizeof(c->router_host), "%s", pdl_run_netns_ip(ns, 0));
+    } else {
+        snprintf(c->router_host, sizeof(c->router_host), "127.0.0.1");
+    }
+
+    /* Ports: one contiguous free run, carved up. */
+    int need = 3;
+    for (int i = 0; i < t->np; i++)
+        need += 1 + 2 * t->ptp[i];
+    for (int i = 0; i < t->nd; i++)
+        need += 1 + 2 * t->dtp[i];
+    int port = 0;
+    if (pdl_run_ports_take(&c->ports, "127.0.0.1", need, &port, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        pdl_run_netns_destroy(ns);
+        return 2;
+    }
+    c->router_port = port++;
+    c->disc_port = port++;
+    c->prom_port = port++;
+    snprintf(c->router.name, sizeof(c->router.name), "router");
+    snprintf(c->router.what, sizeof(c->router.what), "pdlink-router, port %d, discovery %d", c->router_port, c->disc_port);
+    snprintf(c->router.log_path, sizeof(c->router.log_path), "%s/%s-router.log", c->log_dir, t->name);
+    for (int i = 0; i < ninst; i++) {
+        run_node_t *nd = &c->nodes[c->nnodes++];
+        memset(nd, 0, sizeof(*nd));
+        bool pre = i < t->np;
+        int k = pre ? i : i - t->np;
+        nd->role = pre ? ROLE_PREFILL : ROLE_DECODE;
+        nd->tp = pre ? t->ptp[k] : t->dtp[k];
+        nd->http_port = port++;
+        nd->hs_base = port;
+        port += nd->tp;
+        nd->notify_base = port;
+        port += nd->tp;
+        snprintf(nd->host, sizeof(nd->host), "%s", ns ? pdl_run_netns_ip(ns, i + 1) : "127.0.0.1");
+        snprintf(nd->child.name, sizeof(nd->child.name), "%s-%d", pre ? "prefill" : "decode", k);
+        snprintf(nd->child.what, sizeof(nd->child.what), "pdlink-node TP%d, port %d", nd->tp, nd->http_port);
+        char cname[sizeof(nd->child.name)];
+        memcpy(cname, nd->child.name, sizeof(cname));
+        snprintf(nd->child.log_path, sizeof(nd->child.log_path), "%s/%s-%s.log", c->log_dir, t->name, cname);
+    }
+
+    uint64_t deadline = pdl_now_ms() + RUN_STARTUP_TIMEOUT_MS;
+    if (start_router(c, ns ? pdl_run_netns_fd(ns, 0) : -1, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        rc = 2;
+        goto out;
+    }
+    for (int i = 0; i < c->nnodes; i++) {
+        if (start_node(c, &c->nodes[i], c->router_host, ns ? pdl_run_netns_fd(ns, i + 1) : -1, &err) != PDL_OK) {
+            fprintf(stderr, "pdlink run: %s\n", err.msg);
+            rc = 2;
+            goto out;
+        }
+    }
+    progress(c, "waiting for %d nodes to be healthy", c->nnodes);
+    for (int i = 0; i < c->nnodes; i++) {
+        char url[160];
+        node_url(&c->nodes[i], "/health", url, sizeof(url));
+        if (wait_http_ok(c, url, deadline, &err) != PDL_OK) {
+            if (!c->interrupted && !c->child_died) {
+                pdl_run_result_note(r, "%s (%s): %s", c->nodes[i].child.name, c->nodes[i].child.what, err.msg);
+                failed_note = true;
+            }
+            goto out;
+        }
+    }
+    if (wait_registered(c, t->np, t->nd, deadline, &err) != PDL_OK) {
+        if (!c->interrupted && !c->child_died) {
+            pdl_run_result_note(r, "%s", err.msg);
+            failed_note = true;
+        }
+        goto out;
+    }
+
+    char base[96];
+    snprintf(base, sizeof(base), "http://%s:%d", c->router_host, c->router_port);
+    progress(c, "all registered; sending %d requests through the router at concurrency %d", c->o.requests,
+             c->o.concurrency);
+    r->ran = true;
+    pdl_status_t st = drive(c, base, &err);
+    judge_requests(c, r);
+    if (st != PDL_OK) {
+        if (!c->interrupted && !c->child_died) {
+            pdl_run_result_note(r, "workload: %s", err.msg);
+            failed_note = true;
+        }
+        goto out;
+    }
+
+    /* Releases are asynchronous: give the held blocks a moment to drain before the final scrape. */
+    uint64_t drain_deadline = pdl_now_ms() + RUN_DRAIN_TIMEOUT_MS;
+    for (;;) {
+        int got = scrape_all(c);
+        if (got == c->nnodes && total_held(c) == 0)
+            break;
+        if (!children_alive(c) || pdl_now_ms() >= drain_deadline || !wait_ms(c, 100))
+            break;
+    }
+    if (!c->child_died && !c->interrupted) {
+        collect(c, r);
+        progress(c, "done: %d/%d ok, parity %d/%d, %llu KV bytes, %llu mismatched", r->ok, r->requests,
+                 r->parity_ok, r->requests, (unsigned long long)r->kv_bytes, (unsigned long long)r->mismatched);
+    }
+    if (keep && !c->interrupted && !c->child_died) {
+        pdl_run_result_judge(r, failed_note || c->child_died);
+        wait_for_keep(c);
+        c->interrupted = false; /* Ctrl-C was the expected way out of --keep */
+    }
+out:
+    if (c->interrupted)
+        pdl_run_result_note(r, "interrupted by a signal");
+    /* A node that crashes on SIGTERM is a failure too: it would lose work in a real deployment. */
+    if (stop_cluster(c) > 0)
+        failed_note = true;
+    pdl_run_netns_destroy(ns);
+    /* Notes about release accounting alone are remarks; the judged figures and these flags decide. */
+    pdl_run_result_judge(r, failed_note || c->child_died || c->interrupted);
+    c->nnodes = 0;
+    c->cur = NULL;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- entry */
+
+static int find_executables(run_ctx_t *c)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "pdlink run: readlink /proc/self/exe: %s\n", strerror(errno));
+        return -1;
+    }
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    snprintf(c->exe_dir, sizeof(c->exe_dir), "%s", self);
+    snprintf(c->node_exe, sizeof(c->node_exe), "%s/pdlink-node", c->exe_dir);
+    snprintf(c->router_exe, sizeof(c->router_exe), "%s/pdlink-router", c->exe_dir);
+    const char *missing[2];
+    int nm = 0;
+    if (access(c->node_exe, X_OK) != 0)
+        missing[nm++] = c->node_exe;
+    if (access(c->router_exe, X_OK) != 0)
+        missing[nm++] = c->router_exe;
+    for (int i = 0; i < nm; i++)
+        fprintf(stderr, "pdlink run: %s not found or not executable (it is built next to pdlink: "
+                        "cmake --build <build dir>)\n", missing[i]);
+    return nm > 0 ? -1 : 0;
+}
+
+static int make_log_dir(run_ctx_t *c)
+{
+    if (c->o.log_dir != NULL) {
+        if (strlen(c->o.log_dir) >= sizeof(c->log_dir)) {
+            fprintf(stderr, "pdlink run: --log-dir path is longer than %zu characters\n", sizeof(c->log_dir) - 1);
+            return -1;
+        }
+        if (mkdir(c->o.log_dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "pdlink run: --log-dir %s: %s\n", c->o.log_dir, strerror(errno));
+            return -1;
+        }
+        snprintf(c->log_dir, sizeof(c->log_dir), "%s", c->o.log_dir);
+        c->log_dir_is_temp = false;
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (tmp != NULL && strlen(tmp) > 300)
+        tmp = "/tmp";
+    snprintf(c->log_dir, sizeof(c->log_dir), "%s/pdlink-run-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(c->log_dir) == NULL) {
+        fprintf(stderr, "pdlink run: mkdtemp %s: %s\n", c->log_dir, strerror(errno));
+        return -1;
+    }
+    c->log_dir_is_temp = true;
+    return 0;
+}
+
+static void measure_ceiling(run_ctx_t *c)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    /* The nodes pull with num_workers = 1 per rank (kv_config); compare with the same single thread. */
+    c->ceiling_threads = 1;
+    c->ceiling_gbps = 0;
+    pdl_status_t st = strcmp(c->o.backend, "tcp") == 0
+                          ? pdl_run_ceiling_tcp(c->ceiling_threads, (size_t)512 << 20, &c->ceiling_gbps, &err)
+                          : pdl_run_ceiling_memcpy(c->ceiling_threads, (size_t)32 << 20, (size_t)512 << 20,
+                                                   &c->ceiling_gbps, &err);
+    if (st != PDL_OK) {
+        pdl_warn("ceiling measurement failed: %s", err.msg);
+        c->ceiling_gbps = 0;
+    }
+}
 
 int pdl_cli_run(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "pdlink run: not built yet\n");
-    return 2;
+    run_ctx_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        fprintf(stderr, "pdlink run: out of memory\n");
+        return 2;
+    }
+    c->sigfd = -1;
+    int prc = parse_opts(c, argc, argv);
+    if (prc != 0) {
+        free(c);
+        return prc > 0 ? 0 : 2;
+    }
+    if (strcmp(c->o.mode, "write") == 0) {
+        fprintf(stderr, "pdlink run: WRITE mode is not built yet (pdlink-node serves READ mode only); use --mode read\n");
+        free(c);
+        return 2;
+    }
+    if (c->o.netns) {
+        pdl_error_t err;
+        pdl_error_clear(&err);
+        if (pdl_run_netns_check(&err) != PDL_OK) {
+            fprintf(stderr, "pdlink run: %s\n", err.msg);
+            free(c);
+            return 2;
+        }
+    }
+    if (find_executables(c) != 0) {
+        free(c);
+        return 2;
+    }
+    c->tty = isatty(STDERR_FILENO) == 1;
+    uint64_t t_start = pdl_now_ms();
+    pdl_run_ports_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
+
+    /* Signals are blocked before libcurl can start a thread, so every thread inherits the mask. */
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    sigset_t old_mask;
+    c->sigfd = pdl_run_signals_open(&old_mask, &err);
+    if (c->sigfd < 0) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        free(c);
+        return 2;
+    }
+    c->child_mask = old_mask;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        fprintf(stderr, "pdlink run: curl_global_init failed\n");
+        pdl_run_signals_close(c->sigfd, &old_mask);
+        free(c);
+        return 2;
+    }
+    int rc = 0;
+    pdl_run_result_t *results = NULL;
+    int nres = 0;
+    if (make_log_dir(c) != 0) {
+        rc = 2;
+        goto done;
+    }
+    c->phase_name = "ceiling";
+    measure_ceiling(c);
+    if (c->ceiling_gbps > 0)
+        progress(c, "%s: %.2f GB/s with %d thread", strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+                 c->ceiling_gbps, c->ceiling_threads);
+
+    rc = run_reference(c);
+    if (rc != 0)
+        goto done;
+
+    int ntopo = c->o.keep ? 1 : c->o.ntopos;
+    results = calloc((size_t)ntopo, sizeof(*results));
+    if (results == NULL) {
+        rc = 2;
+        goto done;
+    }
+    for (int i = 0; i < ntopo && !c->interrupted; i++) {
+        results[i].topo = c->o.topos[i];
+        nres++;
+        int trc = run_topology(c, &results[i], c->o.keep && i == 0);
+        if (trc != 0) {
+            rc = trc;
+            goto done;
+        }
+    }
+
+    int passed = 0;
+    for (int i = 0; i < nres; i++)
+        passed += results[i].pass;
+    bool all_pass = nres == ntopo && passed == nres && !c->interrupted;
+    rc = all_pass ? 0 : (c->interrupted ? 2 : 1);
+    if (c->interrupted)
+        fprintf(stderr, "pdlink run: interrupted; children stopped\n");
+    bool remove_logs = all_pass && c->log_dir_is_temp;
+    pdl_run_report_info_t info = {
+        .model = c->o.model,
+        .backend = c->o.backend,
+        .mode = c->o.mode,
+        .requests = c->o.requests,
+        .concurrency = c->o.concurrency,
+        .prompt_min = c->o.prompt_min,
+        .prompt_max = c->o.prompt_max,
+        .max_tokens = c->o.max_tokens,
+        .ceiling_threads = c->ceiling_threads,
+        .ceiling_kind = strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+        .ceiling_gbps = c->ceiling_gbps,
+        .elapsed_s = (double)(pdl_now_ms() - t_start) / 1000.0,
+        .log_dir = remove_logs ? NULL : c->log_dir,
+    };
+    pdl_run_report_print(stdout, &info, results, nres);
+    fflush(stdout);
+    if (c->o.json_path != NULL) {
+        json_t *j = pdl_run_report_json(&info, results, nres);
+        if (j == NULL || json_dump_file(j, c->o.json_path, JSON_INDENT(2)) != 0) {
+            fprintf(stderr, "pdlink run: cannot write the JSON report to %s\n", c->o.json_path);
+            if (rc == 0)
+                rc = 2;
+        }
+        json_decref(j);
+    }
+    if (remove_logs)
+        nftw(c->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    goto cleanup;
+
+done:
+    /* Early exits: say where the logs are. */
+    if (c->log_dir[0] != '\0')
+        fprintf(stderr, "pdlink run: logs in %s\n", c->log_dir);
+cleanup:
+    stop_cluster(c);
+    free(results);
+    free_workload(c);
+    curl_global_cleanup();
+    pdl_run_signals_close(c->sigfd, &old_mask);
+    free(c);
+    return rc;
 }

@@ -1,0 +1,196 @@
+/*
+ * run_report.c -- verdict rules and the text/JSON report of `pdlink run` (see run_report.h).
+ *
+ * The text table has one row per figure and one column per topology: five seed topologies fit an
+ * 80-100 column terminal that way, while a row per topology would need twenty columns. Notes (a dead
+ * child, a failed request's reason, a missing metric) follow the table per topology, then one verdict
+ * line that a script can grep ("PASS" / "FAIL").
+ */
+#include "cli/run_report.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < t->np && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%sTP%d", i ? "+" : "", t->ptp[i]);
+    if (off < len)
+        off += (size_t)snprintf(buf + off, len - off, " -> ");
+    for (int i = 0; i < t->nd && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%sTP%d", i ? "+" : "", t->dtp[i]);
+}
+
+void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...)
+{
+    if (r->nnotes >= PDL_RUN_MAX_NOTES)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->notes[r->nnotes], sizeof(r->notes[0]), fmt, ap);
+    va_end(ap);
+    r->nnotes++;
+}
+
+void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note)
+{
+    r->pass = r->ran && !had_failure_note && r->requests > 0 && r->failed == 0 && r->ok == r->requests &&
+              r->parity_ok == r->requests && r->mismatched == 0 && r->expired == 0 && r->held_blocks == 0 &&
+              r->metrics_ok;
+}
+
+static void fmt_bytes(char *b, size_t n, uint64_t v)
+{
+    if (v >= 10000000000ULL)
+        snprintf(b, n, "%.2f GB", (double)v / 1e9);
+    else if (v >= 10000000ULL)
+        snprintf(b, n, "%.1f MB", (double)v / 1e6);
+    else
+        snprintf(b, n, "%llu", (unsigned long long)v);
+}
+
+void pdl_run_report_verdict(FILE *out, const pdl_run_result_t *rs, int n)
+{
+    int pass = 0;
+    for (int i = 0; i < n; i++)
+        pass += rs[i].pass;
+    if (n > 0 && pass == n) {
+        fprintf(out, "PASS: %d/%d topologies: every response equals the single-node reference, every KV byte "
+                     "verified, no expired transfer, no block left held\n", pass, n);
+        return;
+    }
+    fprintf(out, "FAIL: %d/%d topologies passed; failed:", pass, n);
+    for (int i = 0; i < n; i++)
+        if (!rs[i].pass)
+            fprintf(out, " %s", rs[i].topo.name);
+    fprintf(out, "\n");
+}
+
+#define ROW(label, ...)                                                    \
+    do {                                                                   \
+        fprintf(out, "  %-24s", label);                                    \
+        for (int i_ = 0; i_ < n; i_++) {                                   \
+            const pdl_run_result_t *r = &rs[i_];                           \
+            char cell[64];                                                 \
+            __VA_ARGS__;                                                   \
+            fprintf(out, " %16s", cell);                                   \
+        }                                                                  \
+        fprintf(out, "\n");                                                \
+    } while (0)
+
+void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
+{
+    fprintf(out, "\npdlink run: model %s, backend %s, %s mode, %d requests per topology at concurrency %d, "
+                 "prompts %d-%d tokens, max_tokens %d\n",
+            info->model, info->backend, info->mode, info->requests, info->concurrency, info->prompt_min,
+            info->prompt_max, info->max_tokens);
+    if (info->ceiling_gbps > 0)
+        fprintf(out, "ceiling (measured in this run): %s %.2f GB/s with %d thread%s\n", info->ceiling_kind,
+                info->ceiling_gbps, info->ceiling_threads, info->ceiling_threads == 1 ? "" : "s");
+    else
+        fprintf(out, "ceiling: not measured\n");
+    fprintf(out, "\n  %-24s", "topology");
+    for (int i = 0; i < n; i++)
+        fprintf(out, " %16s", rs[i].topo.name);
+    fprintf(out, "\n");
+    ROW("prefill -> decode", pdl_run_topo_describe(&r->topo, cell, sizeof(cell)));
+    ROW("requests (streaming)", snprintf(cell, sizeof(cell), "%d (%d)", r->requests, r->streaming));
+    ROW("ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->ok, r->failed));
+    ROW("output parity", snprintf(cell, sizeof(cell), "%d/%d", r->parity_ok, r->requests));
+    ROW("KV bytes moved", fmt_bytes(cell, sizeof(cell), r->kv_bytes));
+    ROW("bytes verified", fmt_bytes(cell, sizeof(cell), r->verified));
+    ROW("mismatched bytes", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->mismatched));
+    ROW("descriptors", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->descriptors));
+    ROW("releases sent / recv", snprintf(cell, sizeof(cell), "%llu / %llu", (unsigned long long)r->releases_sent,
+                                         (unsigned long long)r->releases_received));
+    ROW("expired", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->expired));
+    ROW("blocks held at end", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->held_blocks));
+    ROW("TTFT p50 / p99 (ms)", r->ttft_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
+                                                  : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->ttft_p50_ms,
+                                                             r->ttft_p99_ms));
+    ROW("pulls, seconds", snprintf(cell, sizeof(cell), "%llu, %.3f", (unsigned long long)r->pulls, r->pull_seconds));
+    ROW("transfer GB/s", r->gbps < 0 ? snprintf(cell, sizeof(cell), "-") : snprintf(cell, sizeof(cell), "%.2f", r->gbps));
+    ROW("of ceiling", (r->gbps < 0 || r->ceiling_gbps <= 0)
+                          ? snprintf(cell, sizeof(cell), "-")
+                          : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->gbps / r->ceiling_gbps));
+    ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
+    for (int i = 0; i < n; i++) {
+        if (rs[i].nnotes == 0)
+            continue;
+        fprintf(out, "\n%s:\n", rs[i].topo.name);
+        for (int k = 0; k < rs[i].nnotes; k++)
+            fprintf(out, "  - %s\n", rs[i].notes[k]);
+    }
+    fprintf(out, "\n(%.1f s", info->elapsed_s);
+    if (info->log_dir != NULL)
+        fprintf(out, "; logs in %s", info->log_dir);
+    fprintf(out, ")\n");
+    pdl_run_report_verdict(out, rs, n);
+}
+
+json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
+{
+    json_t *tops = json_array();
+    int pass = 0;
+    for (int i = 0; i < n; i++) {
+        const pdl_run_result_t *r = &rs[i];
+        pass += r->pass;
+        char desc[96];
+        pdl_run_topo_describe(&r->topo, desc, sizeof(desc));
+        json_t *ptp = json_array(), *dtp = json_array(), *notes = json_array();
+        for (int k = 0; k < r->topo.np; k++)
+            json_array_append_new(ptp, json_integer(r->topo.ptp[k]));
+        for (int k = 0; k < r->topo.nd; k++)
+            json_array_append_new(dtp, json_integer(r->topo.dtp[k]));
+        for (int k = 0; k < r->nnotes; k++)
+            json_array_append_new(notes, json_string(r->notes[k]));
+        json_t *t = json_pack("{s:s, s:s, s:o, s:o, s:b, s:i, s:i, s:i, s:i, s:i}", "name", r->topo.name,
+                              "description", desc, "prefill_tp", ptp, "decode_tp", dtp, "ran", r->ran,
+                              "requests", r->requests, "streaming", r->streaming, "ok", r->ok, "failed",
+                              r->failed, "parity_ok", r->parity_ok);
+        json_object_set_new(t, "parity_total", json_integer(r->requests));
+        json_object_set_new(t, "kv_bytes", json_integer((json_int_t)r->kv_bytes));
+        json_object_set_new(t, "bytes_verified", json_integer((json_int_t)r->verified));
+        json_object_set_new(t, "bytes_mismatched", json_integer((json_int_t)r->mismatched));
+        json_object_set_new(t, "descriptors", json_integer((json_int_t)r->descriptors));
+        json_object_set_new(t, "releases_sent", json_integer((json_int_t)r->releases_sent));
+        json_object_set_new(t, "releases_received", json_integer((json_int_t)r->releases_received));
+        json_object_set_new(t, "releases_expected", json_integer((json_int_t)r->releases_expected));
+        json_object_set_new(t, "expired", json_integer((json_int_t)r->expired));
+        json_object_set_new(t, "held_blocks", json_integer((json_int_t)r->held_blocks));
+        json_object_set_new(t, "node_failed_requests", json_integer((json_int_t)r->node_failed_requests));
+        json_object_set_new(t, "pulls", json_integer((json_int_t)r->pulls));
+        json_object_set_new(t, "pull_seconds", json_real(r->pull_seconds));
+        json_object_set_new(t, "ttft_p50_ms", r->ttft_p50_ms < 0 ? json_null() : json_real(r->ttft_p50_ms));
+        json_object_set_new(t, "ttft_p99_ms", r->ttft_p99_ms < 0 ? json_null() : json_real(r->ttft_p99_ms));
+        json_object_set_new(t, "transfer_gbps", r->gbps < 0 ? json_null() : json_real(r->gbps));
+        json_object_set_new(t, "ceiling_gbps", r->ceiling_gbps <= 0 ? json_null() : json_real(r->ceiling_gbps));
+        json_object_set_new(t, "ceiling_ratio", (r->gbps < 0 || r->ceiling_gbps <= 0)
+                                                    ? json_null()
+                                                    : json_real(r->gbps / r->ceiling_gbps));
+        json_object_set_new(t, "metrics_complete", json_boolean(r->metrics_ok));
+        json_object_set_new(t, "notes", notes);
+        json_object_set_new(t, "pass", json_boolean(r->pass));
+        json_array_append_new(tops, t);
+    }
+    json_t *root = json_object();
+    json_object_set_new(root, "model", json_string(info->model));
+    json_object_set_new(root, "backend", json_string(info->backend));
+    json_object_set_new(root, "mode", json_string(info->mode));
+    json_object_set_new(root, "requests_per_topology", json_integer(info->requests));
+    json_object_set_new(root, "concurrency", json_integer(info->concurrency));
+    json_object_set_new(root, "prompt_tokens", json_pack("[i,i]", info->prompt_min, info->prompt_max));
+    json_object_set_new(root, "max_tokens", json_integer(info->max_tokens));
+    json_object_set_new(root, "ceiling", json_pack("{s:s, s:i, s:o}", "kind", info->ceiling_kind, "threads",
+                                                   info->ceiling_threads, "gbps",
+                                                   info->ceiling_gbps > 0 ? json_real(info->ceiling_gbps)
+                                                                          : json_null()));
+    json_object_set_new(root, "elapsed_seconds", json_real(info->elapsed_s));
+    json_object_set_new(root, "log_dir", info->log_dir ? json_string(info->log_dir) : json_null());
+    json_object_set_new(root, "topologies", tops);
+    json_object_set_new(root, "passed", json_integer(pass));
+    json_object_set_new(root, "pass", json_boolean(n > 0 && pass == n));
+    return root;
+}

@@ -1,0 +1,81 @@
+/*
+ * run_report.h -- the figures `pdlink run` collects per topology, its verdict rules, and the two ways
+ * it shows them: a text table on stdout (one column per topology) and a JSON document (jansson).
+ */
+#ifndef PDL_CLI_RUN_REPORT_H
+#define PDL_CLI_RUN_REPORT_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12 };
+
+/* One topology: prefill instances' TP sizes → decode instances' TP sizes. */
+typedef struct pdl_run_topo {
+    char name[32];                   /* "2p1d" */
+    int np, nd;
+    int ptp[PDL_RUN_MAX_INST];
+    int dtp[PDL_RUN_MAX_INST];
+} pdl_run_topo_t;
+
+/* "TP4+TP4 -> TP8" */
+void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len);
+
+/* What one topology's run produced. All byte counts are summed over instances and TP ranks. */
+typedef struct pdl_run_result {
+    pdl_run_topo_t topo;
+    bool ran;                        /* the workload was started */
+    int requests, ok, failed;
+    int parity_ok;                   /* responses equal to the reference node's */
+    int streaming;                   /* how many of the requests streamed */
+    uint64_t kv_bytes;               /* pdlink_kv_bytes_total on decode instances */
+    uint64_t verified, mismatched;   /* pdlink_kv_bytes_verified/mismatched_total */
+    uint64_t descriptors;            /* pdlink_descriptors_total on decode instances */
+    uint64_t releases_sent;          /* by decode ranks */
+    uint64_t releases_received;      /* by prefill ranks */
+    uint64_t releases_expected;      /* max(P, D) per successful request */
+    uint64_t expired;                /* pdlink_expired_total, all instances */
+    uint64_t held_blocks;            /* pdlink_held_blocks at the end, all instances */
+    uint64_t node_failed_requests;   /* pdlink_requests_total{status="failed"} */
+    uint64_t pulls;                  /* pdlink_transfer_seconds_count on decode instances */
+    double pull_seconds;             /* pdlink_transfer_seconds_sum on decode instances */
+    double ttft_p50_ms, ttft_p99_ms; /* through the router; -1 when no request succeeded */
+    double gbps;                     /* kv_bytes / pull_seconds / 1e9; -1 when nothing moved */
+    double ceiling_gbps;             /* same-run ceiling for the backend; <= 0 when unknown */
+    bool metrics_ok;                 /* every contract metric was present on every node */
+    bool pass;
+    int nnotes;
+    char notes[PDL_RUN_MAX_NOTES][400]; /* failures and remarks, in order of discovery */
+} pdl_run_result_t;
+
+/* Append a note (printf-style); silently drops notes past PDL_RUN_MAX_NOTES. */
+void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Apply the verdict rules (issue 7): any failed request, differing response, mismatched byte, expired
+ * transfer or held block, missing metric, or any note marked as a failure fails the topology. */
+void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note);
+
+/* Settings shown in the report header and the JSON. */
+typedef struct pdl_run_report_info {
+    const char *model;
+    const char *backend;
+    const char *mode;
+    int requests, concurrency, prompt_min, prompt_max, max_tokens;
+    int ceiling_threads;
+    const char *ceiling_kind;        /* "memcpy" or "tcp stream" */
+    double ceiling_gbps;
+    double elapsed_s;
+    const char *log_dir;             /* NULL when removed */
+} pdl_run_report_info_t;
+
+void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n);
+
+/* The verdict line alone ("PASS: 5/5 topologies ..."). */
+void pdl_run_report_verdict(FILE *out, const pdl_run_result_t *rs, int n);
+
+/* The whole report as a JSON object (new reference). */
+json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n);
+
+#endif
