@@ -1,0 +1,51 @@
+/*
+ * config.h -- pdlink-router's command line, modelled on vllm-router's flags (router-spec §6, §7.1).
+ *
+ * The parser fills a pdl_router_config_t and never exits: a usage error comes back as PDL_ERR_INVALID
+ * with a message naming the flag and the value, and main() turns it into exit status 2.
+ */
+#ifndef PDL_ROUTER_CONFIG_H
+#define PDL_ROUTER_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pdlink/status.h"
+
+typedef enum pdl_policy_kind {
+    PDL_POLICY_CONSISTENT_HASH = 0,
+    PDL_POLICY_ROUND_ROBIN = 1,
+    PDL_POLICY_RANDOM = 2,
+} pdl_policy_kind_t;
+
+typedef struct pdl_router_config {
+    char host[256];
+    int port;                      /* 0 = ephemeral (tests), read back with --port-file */
+    bool pd_disaggregation;
+    char kv_connector[32];         /* "moriio" (the only one implemented) */
+    char discovery_host[256];
+    int discovery_port;            /* 0 = ephemeral */
+    bool has_discovery;
+    pdl_policy_kind_t prefill_policy;
+    pdl_policy_kind_t decode_policy;
+    int log_level;                 /* pdl_log_level_t, -1 = leave as is */
+    int prometheus_port;           /* -1 = no separate listener; 0 = ephemeral */
+    char prometheus_host[256];
+    uint32_t worker_ttl_ms;        /* hidden: registration TTL, default 5000 (vllm-router's 5 s) */
+    char port_file[1024];          /* hidden: write "http=P discovery=P prometheus=P" here once bound */
+    int intra_node_dp_size;        /* --intra-node-data-parallel-size, default 1 */
+    bool help;
+} pdl_router_config_t;
+
+/* Defaults: host 127.0.0.1, port 30000, consistent_hash policies, TTL 5000 ms, no prometheus port. */
+void pdl_router_config_init(pdl_router_config_t *c);
+
+/* Parse argv (argv[0] skipped). On PDL_ERR_INVALID err->msg names the offending flag/value. */
+pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **argv, pdl_error_t *err);
+
+/* The --help text. */
+const char *pdl_router_usage(void);
+
+const char *pdl_policy_kind_name(pdl_policy_kind_t k);
+
+#endif /* PDL_ROUTER_CONFIG_H */

@@ -1,0 +1,191 @@
+/*
+ * discovery.c -- the discovery socket: a ZeroMQ ROUTER that instances' DEALERs ping (router-spec §2).
+ *
+ * Receive only; it never replies. Each message arrives as [identity, payload]; like vllm-router we
+ * take the part after the identity and ignore any further parts. The payload is decoded by the wire
+ * layer (G2, and G1 for compatibility) and put into the registry. Anything that does not decode is
+ * dropped, counted (vllm_router_discovery_malformed_total) and logged at a limited rate; the loop
+ * never stops for bad input. ZMQ_MAXMSGSIZE makes libzmq drop absurdly large frames (and their
+ * sender's connection) before we ever copy them. The loop polls with a 100 ms timeout so that it
+ * sweeps expired entries and notices the stop flag.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zmq.h>
+
+#include "pdlink/log.h"
+#include "pdlink/wire.h"
+#include "router/router.h"
+
+/* A registration is ~200 bytes; anything near this is not one. */
+#define DISCOVERY_MAX_MSG 65536
+
+struct pdl_discovery {
+    pdl_router_t *rt;
+    void *ctx;
+    void *sock;
+    pthread_t thread;
+    bool started;
+    pdl_ratelimit_t bad_rl;
+};
+
+static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len)
+{
+    pdl_router_t *rt = d->rt;
+    pdl_registration_t reg;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    uint64_t suppressed = 0;
+    if (pdl_wire_decode_registration(buf, len, &reg, &err) != PDL_OK) {
+        pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MALFORMED, 1);
+        if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
+            pdl_warn("discovery: dropped a malformed frame of %zu bytes: %s (%llu similar suppressed)", len,
+                     err.msg, (unsigned long long)suppressed);
+        return;
+    }
+    bool added = false;
+    pdl_status_t st = pdl_registry_upsert(rt->reg, &reg, pdl_now_ms(), &added, &err);
+    if (st == PDL_ERR_MISMATCH) {
+        pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MODE_MISMATCH, 1);
+        if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
+            pdl_warn("discovery: %s", err.msg);
+        return;
+    }
+    if (st != PDL_OK) {
+        pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_REJECTED, 1);
+        if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
+            pdl_warn("discovery: registration rejected: %s", err.msg);
+        return;
+    }
+    pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_REGISTRATIONS, 1);
+    if (added)
+        pdl_info("discovery: %s instance %s registered (zmq %s, tp %lld, dp %lld%s)",
+                 reg.type == 'P' ? "prefill" : "decode", reg.http_address, reg.zmq_address, (long long)reg.tp_size,
+                 (long long)reg.dp_size, reg.is_g1 ? ", G1 format" : "");
+}
+
+static void *discovery_main(void *arg)
+{
+    pdl_discovery_t *d = arg;
+    pdl_router_t *rt = d->rt;
+    char *payload = malloc(DISCOVERY_MAX_MSG);
+    if (payload == NULL) {
+        pdl_error("discovery: out of memory; no instance can register");
+        return NULL;
+    }
+    while (!atomic_load(&rt->stop)) {
+        zmq_pollitem_t item = {.socket = d->sock, .events = ZMQ_POLLIN};
+        int rc = zmq_poll(&item, 1, 100);
+        size_t expired = pdl_registry_sweep(rt->reg, pdl_now_ms());
+        if (expired)
+            pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_EXPIRED, expired);
+        if (rc <= 0)
+            continue;
+        /* Drain what is queued, one multipart message at a time. */
+        for (int burst = 0; burst < 1000; burst++) {
+            int part = 0, more = 0;
+            size_t plen = 0;
+            bool have = false, truncated = false;
+            do {
+                zmq_msg_t msg;
+                zmq_msg_init(&msg);
+                if (zmq_msg_recv(&msg, d->sock, ZMQ_DONTWAIT) < 0) {
+                    zmq_msg_close(&msg);
+                    if (part == 0)
+                        goto drained;
+                    break; /* parts of one message arrive atomically; defensive only */
+                }
+                if (part == 1) {
+                    size_t n = zmq_msg_size(&msg);
+                    if (n > DISCOVERY_MAX_MSG) {
+                        truncated = true;
+                    } else {
+                        memcpy(payload, zmq_msg_data(&msg), n);
+                        plen = n;
+                        have = true;
+                    }
+                }
+                more = zmq_msg_more(&msg);
+                zmq_msg_close(&msg);
+                part++;
+            } while (more);
+            pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MESSAGES, 1);
+            if (!have || truncated) {
+                pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MALFORMED, 1);
+                continue;
+            }
+            handle_payload(d, payload, plen);
+        }
+    drained:;
+    }
+    free(payload);
+    return NULL;
+}
+
+pdl_status_t pdl_discovery_start(pdl_router_t *rt, const char *host, int port, pdl_discovery_t **d_p,
+                                 int *bound_port_p, pdl_error_t *err)
+{
+    pdl_discovery_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "discovery: out of memory");
+    d->rt = rt;
+    pdl_ratelimit_init(&d->bad_rl, 10000, 5);
+    d->ctx = zmq_ctx_new();
+    if (d->ctx == NULL) {
+        free(d);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "discovery: zmq_ctx_new: %s", zmq_strerror(errno));
+    }
+    d->sock = zmq_socket(d->ctx, ZMQ_ROUTER);
+    if (d->sock == NULL) {
+        pdl_discovery_destroy(d);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "discovery: zmq_socket(ROUTER): %s", zmq_strerror(errno));
+    }
+    int linger = 0, ipv6 = strchr(host, ':') != NULL;
+    int64_t maxmsg = DISCOVERY_MAX_MSG;
+    zmq_setsockopt(d->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(d->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    zmq_setsockopt(d->sock, ZMQ_IPV6, &ipv6, sizeof(ipv6));
+    char ep[600];
+    if (port == 0)
+        snprintf(ep, sizeof(ep), ipv6 ? "tcp://[%s]:*" : "tcp://%s:*", host);
+    else
+        snprintf(ep, sizeof(ep), ipv6 ? "tcp://[%s]:%d" : "tcp://%s:%d", host, port);
+    if (zmq_bind(d->sock, ep) != 0) {
+        int e = errno;
+        pdl_discovery_destroy(d);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "discovery: cannot bind %s: %s", ep, zmq_strerror(e));
+    }
+    char last[600];
+    size_t ll = sizeof(last);
+    int bound = port;
+    if (zmq_getsockopt(d->sock, ZMQ_LAST_ENDPOINT, last, &ll) == 0) {
+        const char *c = strrchr(last, ':');
+        if (c != NULL)
+            bound = atoi(c + 1);
+    }
+    if (pthread_create(&d->thread, NULL, discovery_main, d) != 0) {
+        pdl_discovery_destroy(d);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "discovery: cannot start its thread");
+    }
+    d->started = true;
+    *bound_port_p = bound;
+    *d_p = d;
+    return PDL_OK;
+}
+
+void pdl_discovery_destroy(pdl_discovery_t *d)
+{
+    if (d == NULL)
+        return;
+    if (d->started)
+        pthread_join(d->thread, NULL);
+    if (d->sock)
+        zmq_close(d->sock);
+    if (d->ctx)
+        zmq_ctx_term(d->ctx);
+    free(d);
+}

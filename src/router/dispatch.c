@@ -1,0 +1,561 @@
+/*
+ * dispatch.c -- one P/D completion through the router (router-spec §3.2-§3.4).
+ *
+ *   parse + validate body ──400──▶ client
+ *   snapshot P and D ──503 when either is empty──▶ client
+ *   pick P, D (policies); request id "___prefill_addr_{P}___decode_addr_{D}_{hex32}"; transfer_id "tx-{hex32}"
+ *   READ : prefill leg (max_tokens 1, stream false, params) ─wait─▶ decode leg (original body +
+ *          the prefill's kv_transfer_params verbatim)
+ *   WRITE: prefill leg and decode leg at once (both on one curl multi); wait for the whole prefill
+ *          and the decode's headers
+ *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode)
+ *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
+ *   passed through, the body pulled by MHD's content reader as the client drains it.
+ *
+ * The stream object owns the decode leg; MHD frees it when the response ends or the client goes
+ * away, which removes the leg from curl and closes an unfinished backend connection (vLLM then
+ * aborts the request).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "pdlink/log.h"
+#include "pdlink/wire.h"
+#include "router/router.h"
+
+#define RT_REQUEST_ID_MAX (4 * PDL_WIRE_HOST_MAX + 128)
+
+void pdl_router_uuid4(uint8_t out[16])
+{
+    size_t got = 0;
+    while (got < 16) {
+        ssize_t n = getrandom(out + got, 16 - got, 0);
+        if (n <= 0) {
+            /* getrandom only fails before the pool is seeded on ancient kernels; ids must still differ. */
+            uint64_t t = pdl_now_ns() ^ ((uint64_t)(uintptr_t)out << 17);
+            for (size_t i = got; i < 16; i++) {
+                t = t * 6364136223846793005ull + 1442695040888963407ull;
+                out[i] = (uint8_t)(t >> 56);
+            }
+            break;
+        }
+        got += (size_t)n;
+    }
+    out[6] = (uint8_t)((out[6] & 0x0f) | 0x40);
+    out[8] = (uint8_t)((out[8] & 0x3f) | 0x80);
+}
+
+static void hex32(const uint8_t u[16], char out[33])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[u[i] >> 4];
+        out[2 * i + 1] = digits[u[i] & 15];
+    }
+    out[32] = '\0';
+}
+
+typedef struct rt_stream {
+    pdl_router_t *rt;
+    pdl_leg_t *dleg;
+    pdl_rt_route_t route;
+    uint64_t start_ns;
+    uint64_t size; /* Content-Length passed to MHD, or MHD_SIZE_UNKNOWN */
+    bool ended;
+} rt_stream_t;
+
+static void finish_request(pdl_router_t *rt, pdl_rt_route_t route, uint64_t start_ns)
+{
+    pdl_rt_metrics_duration(rt->metrics, route, (double)(pdl_now_ns() - start_ns) / 1e9);
+    pdl_rt_metrics_active(rt->metrics, -1);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    rt_stream_t *s = cls;
+    bool eof = false;
+    long n = pdl_leg_read(s->rt->up, s->dleg, buf, max, &eof);
+    if (n > 0) {
+        /* With a known length MHD stops calling once it has all bytes: that is the normal end. */
+        if (s->size != MHD_SIZE_UNKNOWN && pos + (uint64_t)n >= s->size)
+            s->ended = true;
+        return (ssize_t)n;
+    }
+    if (n < 0)
+        return MHD_CONTENT_READER_END_WITH_ERROR; /* router stopping */
+    if (s->dleg->result != CURLE_OK) {
+        pdl_warn("decode %s broke off mid-response: %s", s->dleg->url, pdl_leg_error(s->dleg));
+        pdl_rt_metrics_error(s->rt->metrics, PDL_RTERR_DECODE);
+        s->ended = true; /* counted; do not count it again as a client disconnect */
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    s->ended = true;
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+static void stream_free(void *cls)
+{
+    rt_stream_t *s = cls;
+    if (!s->ended) {
+        pdl_debug("client went away before the end of the response from %s", s->dleg->url);
+        pdl_rt_metrics_error(s->rt->metrics, PDL_RTERR_CLIENT_GONE);
+    }
+    pdl_leg_release(s->rt->up, s->dleg);
+    finish_request(s->rt, s->route, s->start_ns);
+    free(s);
+}
+
+static bool hop_by_hop(const char *h)
+{
+    static const char *const skip[] = {"content-length:", "transfer-encoding:", "connection:", "keep-alive:",
+                                       "date:", "server:", NULL};
+    for (int i = 0; skip[i]; i++)
+        if (strncasecmp(h, skip[i], strlen(skip[i])) == 0)
+            return true;
+    return false;
+}
+
+/* Queue the decode's response: its status and headers, and its body pulled through stream_read. */
+static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *dleg, pdl_rt_route_t route,
+                        uint64_t start_ns)
+{
+    rt_stream_t *s = calloc(1, sizeof(*s));
+    if (s == NULL) {
+        pdl_leg_release(rt->up, dleg);
+        finish_request(rt, route, start_ns);
+        return pdl_server_reply(c, 500, NULL, "out of memory", 13);
+    }
+    s->rt = rt;
+    s->dleg = dleg;
+    s->route = route;
+    s->start_ns = start_ns;
+    uint64_t size = MHD_SIZE_UNKNOWN;
+    const char *cl = pdl_leg_header(dleg, "content-length");
+    if (cl != NULL) {
+        char *end = NULL;
+        unsigned long long v = strtoull(cl, &end, 10);
+        if (end != cl && *end == '\0' && v < (1ull << 40))
+            size = v;
+    }
+    s->size = size;
+    struct MHD_Response *r = MHD_create_response_from_callback(size, 16384, &stream_read, s, &stream_free);
+    if (r == NULL) {
+        stream_free(s);
+        return MHD_NO;
+    }
+    for (size_t i = 0; i < dleg->nheaders; i++) {
+        const char *h = dleg->headers[i];
+        const char *colon = strchr(h, ':');
+        if (colon == NULL || hop_by_hop(h))
+            continue;
+        char name[128];
+        size_t nl = (size_t)(colon - h);
+        if (nl == 0 || nl >= sizeof(name))
+            continue;
+        memcpy(name, h, nl);
+        name[nl] = '\0';
+        const char *v = colon + 1;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        MHD_add_response_header(r, name, v);
+    }
+    unsigned status = dleg->status >= 200 && dleg->status <= 599 ? (unsigned)dleg->status : 502;
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                pdl_rt_error_t kind, unsigned status, const char *msg, size_t len)
+{
+    pdl_rt_metrics_error(rt->metrics, kind);
+    finish_request(rt, route, start_ns);
+    return pdl_server_reply(c, status, NULL, msg, len);
+}
+
+static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                 pdl_rt_error_t kind, unsigned status, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                 pdl_rt_error_t kind, unsigned status, const char *fmt, ...)
+{
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(buf))
+        n = (int)sizeof(buf) - 1;
+    return fail(rt, c, route, start_ns, kind, status, buf, (size_t)n);
+}
+
+/* Type checks a typed request parser (vllm-router's serde structs) would do; NULL when fine. */
+static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf, size_t cap)
+{
+    const json_t *v;
+    if ((v = json_object_get(body, "stream")) != NULL && !json_is_boolean(v) && !json_is_null(v))
+        return "field 'stream' must be a boolean";
+    static const char *const ints[] = {"max_tokens", "max_completion_tokens", "min_tokens", NULL};
+    for (int i = 0; ints[i]; i++)
+        if ((v = json_object_get(body, ints[i])) != NULL && !json_is_integer(v) && !json_is_null(v)) {
+            snprintf(buf, cap, "field '%s' must be an integer", ints[i]);
+            return buf;
+        }
+    if ((v = json_object_get(body, "kv_transfer_params")) != NULL && !json_is_object(v) && !json_is_null(v))
+        return "field 'kv_transfer_params' must be an object";
+    if (route == PDL_ROUTE_CHAT) {
+        v = json_object_get(body, "messages");
+        if (!json_is_array(v))
+            return "field 'messages' is required and must be an array";
+    } else {
+        v = json_object_get(body, "prompt");
+        if (v == NULL || json_is_null(v))
+            return "field 'prompt' is required";
+        if (!json_is_string(v) && !json_is_array(v))
+            return "field 'prompt' must be a string or an array";
+    }
+    return NULL;
+}
+
+/* Prefill leg body: the client's body with router-spec §3.2 step 6 edits and the given params. */
+static json_t *prefill_body(const json_t *body, json_t *params)
+{
+    json_t *p = json_deep_copy(body);
+    if (p == NULL)
+        return NULL;
+    json_object_set_new(p, "max_tokens", json_integer(1));
+    if (json_object_get(p, "max_completion_tokens") != NULL)
+        json_object_set_new(p, "max_completion_tokens", json_integer(1));
+    const json_t *mt = json_object_get(p, "min_tokens");
+    if (json_is_integer(mt) && json_integer_value(mt) > 1)
+        json_object_set_new(p, "min_tokens", json_integer(1));
+    json_object_set_new(p, "stream", json_false());
+    json_object_del(p, "stream_options");
+    json_object_set_new(p, "kv_transfer_params", params);
+    return p;
+}
+
+static char *dump(const json_t *j, size_t *len)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    *len = s ? strlen(s) : 0;
+    return s;
+}
+
+static const pdl_worker_t *pick(pdl_policy_t *pol, const pdl_worker_t *w, size_t n, const char *key)
+{
+    const char **urls = calloc(n, sizeof(*urls));
+    char (*store)[600] = calloc(n, sizeof(*store));
+    size_t idx = 0;
+    if (urls != NULL && store != NULL) {
+        for (size_t i = 0; i < n; i++) {
+            snprintf(store[i], sizeof(store[i]), "http://%s", w[i].http_address);
+            urls[i] = store[i];
+        }
+        idx = pdl_policy_pick(pol, urls, n, key);
+    }
+    free(urls);
+    free(store);
+    return &w[idx < n ? idx : 0];
+}
+
+int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, const char *body,
+                            size_t len, const char *const *trace_headers, size_t ntrace)
+{
+    uint64_t start_ns = pdl_now_ns();
+    const char *path = pdl_rt_route_path(route);
+    pdl_rt_metrics_request(rt->metrics, route);
+    pdl_rt_metrics_active(rt->metrics, +1);
+
+    json_error_t jerr;
+    json_t *req = json_loadb(body, len, 0, &jerr);
+    if (req == NULL)
+        return failf(rt, c, route, start_ns, PDL_RTERR_BAD_REQUEST, 400,
+                     "invalid JSON in request body: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+    if (!json_is_object(req)) {
+        json_decref(req);
+        return failf(rt, c, route, start_ns, PDL_RTERR_BAD_REQUEST, 400, "request body must be a JSON object");
+    }
+    char vbuf[128];
+    const char *bad = validate(req, route, vbuf, sizeof(vbuf));
+    if (bad != NULL) {
+        json_decref(req);
+        return failf(rt, c, route, start_ns, PDL_RTERR_BAD_REQUEST, 400, "invalid request: %s", bad);
+    }
+
+    int ret;
+    uint64_t now = pdl_now_ms();
+    pdl_worker_t *pw = NULL, *dw = NULL;
+    size_t np = 0, nd = 0;
+    pdl_leg_t *pleg = NULL, *dleg = NULL;
+    json_t *pbody = NULL, *dbody = NULL, *presp = NULL;
+    char *ptext = NULL, *dtext = NULL, *key = NULL;
+    pdl_registry_snapshot(rt->reg, 'P', now, &pw, &np);
+    pdl_registry_snapshot(rt->reg, 'D', now, &dw, &nd);
+    if (np == 0 || nd == 0) {
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_NO_WORKERS, 503,
+                    "No workers available via service discovery: %zu prefill, %zu decode", np, nd);
+        goto out;
+    }
+    pdl_transfer_mode_t mode = pdl_registry_mode(rt->reg);
+    if (mode == PDL_MODE_UNKNOWN) {
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_NO_MODE, 500,
+                    "No MoRI-IO instances have registered a transfer mode (READ or WRITE) yet");
+        goto out;
+    }
+
+    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers. */
+    size_t tlen = 0;
+    char *text = dump(req, &tlen);
+    key = pdl_policy_hash_key(req, text ? text : "", tlen);
+    free(text);
+    const pdl_worker_t *P = pick(rt->prefill_policy, pw, np, key);
+    const pdl_worker_t *D = pick(rt->decode_policy, dw, nd, key);
+
+    uint8_t u[16];
+    char request_id[RT_REQUEST_ID_MAX], transfer_id[40], hex[33];
+    pdl_router_uuid4(u);
+    if (pdl_wire_format_request_id(P->zmq_address, D->zmq_address, u, request_id, sizeof(request_id)) < 0) {
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
+                    "Request processing failed: cannot build a request id from %s and %s", P->zmq_address,
+                    D->zmq_address);
+        goto out;
+    }
+    pdl_router_uuid4(u);
+    hex32(u, hex);
+    snprintf(transfer_id, sizeof(transfer_id), "tx-%s", hex);
+
+    char rid_header[RT_REQUEST_ID_MAX + 32];
+    snprintf(rid_header, sizeof(rid_header), "X-Request-Id: %s", request_id);
+    const char *headers[8];
+    size_t nh = 0;
+    headers[nh++] = "Content-Type: application/json";
+    headers[nh++] = rid_header;
+    for (size_t i = 0; i < ntrace && nh < 8; i++)
+        headers[nh++] = trace_headers[i];
+
+    char purl[700], durl[700], pbase[600], dbase[600];
+    snprintf(pbase, sizeof(pbase), "http://%s", P->http_address);
+    snprintf(dbase, sizeof(dbase), "http://%s", D->http_address);
+    snprintf(purl, sizeof(purl), "%s%s", pbase, path);
+    snprintf(durl, sizeof(durl), "%s%s", dbase, path);
+    pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", request_id, P->http_address,
+              D->http_address, pdl_transfer_mode_name(mode), transfer_id);
+
+    json_t *pparams;
+    if (mode == PDL_MODE_READ)
+        pparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I}", "do_remote_decode", 1, "do_remote_prefill", 0,
+                            "remote_engine_id", "remote_block_ids", "transfer_id", transfer_id, "remote_dp_size",
+                            (json_int_t)rt->cfg.intra_node_dp_size);
+    else
+        pparams = json_pack("{s:b, s:b, s:n, s:n, s:I, s:I, s:s}", "do_remote_decode", 1, "do_remote_prefill", 0,
+                            "remote_engine_id", "remote_block_ids", "remote_dp_size", (json_int_t)D->dp_size,
+                            "remote_tp_size", (json_int_t)D->tp_size, "transfer_id", transfer_id);
+    pbody = pparams ? prefill_body(req, pparams) : NULL;
+    size_t plen = 0;
+    ptext = pbody ? dump(pbody, &plen) : NULL;
+    pleg = pdl_leg_acquire(rt->up);
+    dleg = pdl_leg_acquire(rt->up);
+    if (ptext == NULL || pleg == NULL || dleg == NULL) {
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: out of memory");
+        goto out;
+    }
+    pdl_error_t err;
+    pdl_error_clear(&err);
+
+    if (mode == PDL_MODE_WRITE) {
+        /* Decode params for WRITE (router-spec §3.4), plus the prefill's explicit address. */
+        json_t *dparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I, s:I}", "do_remote_decode", 0,
+                                    "do_remote_prefill", 1, "remote_engine_id", "remote_block_ids", "transfer_id",
+                                    transfer_id, "remote_dp_size", (json_int_t)P->dp_size, "remote_tp_size",
+                                    (json_int_t)P->tp_size);
+        if (dparams != NULL && P->dp_size > 1)
+            json_object_set_new(dparams, "remote_dp_rank", json_integer(0));
+        pdl_zmq_addr_t pz;
+        if (dparams != NULL && pdl_wire_parse_zmq_address(P->zmq_address, &pz, NULL) == PDL_OK) {
+            json_object_set_new(dparams, "remote_host", json_string(pz.host));
+            json_object_set_new(dparams, "remote_handshake_port", json_integer(pz.handshake_port));
+            json_object_set_new(dparams, "remote_notify_port", json_integer(pz.notify_port));
+        }
+        dbody = json_deep_copy(req);
+        if (dbody == NULL || dparams == NULL) {
+            json_decref(dparams);
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
+            goto out;
+        }
+        json_object_set_new(dbody, "kv_transfer_params", dparams);
+        size_t dlen = 0;
+        dtext = dump(dbody, &dlen);
+        /* Both legs on the decode leg's multi, so one thread drives them at the same time. */
+        if (dtext == NULL ||
+            pdl_leg_start(pleg, dleg->own_multi, "POST", purl, ptext, plen, headers, nh, true, &err) != PDL_OK ||
+            pdl_leg_start(dleg, NULL, "POST", durl, dtext, dlen, headers, nh, false, &err) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
+                        err.msg[0] ? err.msg : "out of memory");
+            goto out;
+        }
+        pdl_leg_t *both[2] = {pleg, dleg};
+        const bool headers_only[2] = {false, true};
+        if (pdl_leg_wait(rt->up, dleg->own_multi, both, headers_only, 2) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
+            goto out;
+        }
+        bool pok = pdl_leg_ok(pleg);
+        pdl_rt_metrics_leg(rt->metrics, 'P', pbase, !pok);
+        if (!pok)
+            goto prefill_failed;
+    } else {
+        if (pdl_leg_start(pleg, NULL, "POST", purl, ptext, plen, headers, nh, true, &err) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s", err.msg);
+            goto out;
+        }
+        if (pdl_leg_wait(rt->up, pleg->own_multi, &pleg, NULL, 1) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
+            goto out;
+        }
+        bool pok = pdl_leg_ok(pleg);
+        pdl_rt_metrics_leg(rt->metrics, 'P', pbase, !pok);
+        if (!pok)
+            goto prefill_failed;
+        /* READ: the decode gets the prefill's kv_transfer_params verbatim (router-spec §3.3). */
+        json_error_t perr;
+        presp = json_loadb(pleg->buf + pleg->rpos, pleg->len - pleg->rpos, 0, &perr);
+        if (!json_is_object(presp)) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
+                        "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
+                        P->http_address, presp ? "wrong type" : perr.text);
+            goto out;
+        }
+        json_t *kv = json_object_get(presp, "kv_transfer_params");
+        if (kv == NULL || json_is_null(kv))
+            pdl_debug("request %s: prefill %s returned no kv_transfer_params; the decode will prefill locally",
+                      request_id, P->http_address);
+        dbody = json_deep_copy(req);
+        if (dbody == NULL) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
+            goto out;
+        }
+        json_object_set(dbody, "kv_transfer_params", kv ? kv : json_null());
+        size_t dlen = 0;
+        dtext = dump(dbody, &dlen);
+        if (dtext == NULL ||
+            pdl_leg_start(dleg, NULL, "POST", durl, dtext, dlen, headers, nh, false, &err) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: %s",
+                        err.msg[0] ? err.msg : "out of memory");
+            goto out;
+        }
+        pdl_leg_release(rt->up, pleg); /* its connection goes back to the pool before the decode streams */
+        pleg = NULL;
+        const bool headers_only = true;
+        if (pdl_leg_wait(rt->up, dleg->own_multi, &dleg, &headers_only, 1) != PDL_OK) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 503, "router is shutting down");
+            goto out;
+        }
+    }
+
+    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. */
+    if (dleg->done && dleg->result != CURLE_OK && dleg->status == 0) {
+        pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500,
+                    "Request processing failed: Decode server error: %s: %s", D->http_address, pdl_leg_error(dleg));
+        goto out;
+    }
+    bool dfail = dleg->status < 200 || dleg->status >= 300;
+    pdl_rt_metrics_leg(rt->metrics, 'D', dbase, dfail);
+    if (dfail) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_DECODE);
+        pdl_warn("request %s: decode %s answered %ld; passing it through", request_id, D->http_address,
+                 dleg->status);
+    }
+    pdl_leg_release(rt->up, pleg);
+    pleg = NULL;
+    ret = relay_decode(rt, c, dleg, route, start_ns); /* owns dleg and the request's end from here */
+    dleg = NULL;
+    goto out;
+
+prefill_failed : {
+    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. */
+    size_t blen = pleg->len - pleg->rpos;
+    if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
+        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
+                    "Request processing failed: Prefill server error: %s: %s", P->http_address, pdl_leg_error(pleg));
+    } else {
+        char head[128];
+        int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
+        char *msg = malloc((size_t)hl + blen + 1);
+        if (msg == NULL) {
+            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "%s", head);
+        } else {
+            memcpy(msg, head, (size_t)hl);
+            memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
+            ret = fail(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, msg, (size_t)hl + blen);
+            free(msg);
+        }
+    }
+    pdl_warn("request %s: prefill %s failed (status %ld, %s)", request_id, P->http_address, pleg->status,
+             pdl_leg_error(pleg));
+}
+
+out:
+    pdl_leg_release(rt->up, pleg);
+    pdl_leg_release(rt->up, dleg);
+    json_decref(req);
+    json_decref(pbody);
+    json_decref(dbody);
+    json_decref(presp);
+    free(ptext);
+    free(dtext);
+    free(key);
+    free(pw);
+    free(dw);
+    return ret;
+}
+
+int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const char *path)
+{
+    pdl_worker_t *w = NULL;
+    size_t n = 0;
+    uint64_t now = pdl_now_ms();
+    pdl_registry_snapshot(rt->reg, 'P', now, &w, &n);
+    if (n == 0) {
+        free(w);
+        w = NULL;
+        pdl_registry_snapshot(rt->reg, 'D', now, &w, &n);
+    }
+    if (n == 0) {
+        free(w);
+        const char *msg = "No workers available via service discovery";
+        return pdl_server_reply(c, 503, NULL, msg, strlen(msg));
+    }
+    char url[700];
+    snprintf(url, sizeof(url), "http://%s%s", w[0].http_address, path);
+    free(w);
+    pdl_leg_t *leg = pdl_leg_acquire(rt->up);
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, NULL, 0, true, &err) != PDL_OK ||
+        pdl_leg_wait(rt->up, leg->own_multi, &leg, NULL, 1) != PDL_OK) {
+        pdl_leg_release(rt->up, leg);
+        return pdl_server_reply(c, 503, NULL, "router is shutting down or out of memory", 40);
+    }
+    int ret;
+    if (leg->result != CURLE_OK || leg->status < 100) {
+        char msg[1024];
+        int m = snprintf(msg, sizeof(msg), "GET %s failed: %s", url, pdl_leg_error(leg));
+        ret = pdl_server_reply(c, 502, NULL, msg, m > 0 && (size_t)m < sizeof(msg) ? (size_t)m : strlen(msg));
+    } else {
+        const char *ct = pdl_leg_header(leg, "content-type");
+        ret = pdl_server_reply(c, (unsigned)leg->status, ct ? ct : "application/json", leg->buf + leg->rpos,
+                               leg->len - leg->rpos);
+    }
+    pdl_leg_release(rt->up, leg);
+    return ret;
+}
