@@ -109,6 +109,8 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *batch, int timeout_ms, pdl_error_t *err
 /* Frees a batch; waits for a running batch to stop touching memory first. */
 void pdl_batch_free(pdl_batch_t *batch);
 uint64_t pdl_batch_bytes(const pdl_batch_t *batch);
+/* Descriptors of the batch after merging runs adjacent on both sides (what the backend executes). */
+size_t pdl_batch_num_descs(const pdl_batch_t *batch);
 
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;

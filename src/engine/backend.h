@@ -1,0 +1,198 @@
+/*
+ * backend.h -- internal structures of the transfer engine and the table of operations every backend
+ * fills (UCX uct_iface_ops_t style). Only src/engine/ sources include this file.
+ *
+ * How a batch runs: pdl_session_post (engine.c) checks every descriptor against the local region and
+ * against the remote region's size from its descriptor, merges descriptors adjacent on both sides,
+ * asks the backend how many chunks to cut the batch into (ops->plan), cuts the descriptor list at
+ * byte boundaries into that many chunks and queues them on the engine's worker pool. A worker runs
+ * ops->run_chunk for one chunk; the last chunk to finish sets the batch's final status and wakes
+ * waiters. The first error of any chunk is the batch's error.
+ *
+ * Object lifetimes: a pdl_mem_t is referenced by the engine's registration table (one reference) and
+ * by every server request in flight (tcp); deregistration marks it dead, kicks connections that use it
+ * and waits for the references to drain before freeing. A remote engine is referenced by the table and
+ * by every session opened on it.
+ */
+#ifndef PDL_ENGINE_BACKEND_H
+#define PDL_ENGINE_BACKEND_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "pdlink/engine.h"
+#include "pdlink/log.h"
+
+#define PDL_KEY_MAX 256      /* engine keys, hosts, hostnames (bytes incl. NUL) */
+#define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm peers */
+
+typedef enum pdl_mem_kind {
+    PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
+    PDL_MEM_USER = 2,  /* the caller's memory: shm peers use process_vm_readv/writev */
+} pdl_mem_kind_t;
+
+struct pdl_mem {
+    pdl_engine_t *engine;
+    uint64_t id;
+    void *ptr;
+    size_t size;
+    pdl_mem_kind_t kind;
+    int memfd;          /* -1 for PDL_MEM_USER */
+    int slot;           /* index in the shm live table (-1 if the table is full) */
+    _Atomic int refs;   /* in-flight server requests (tcp); the table's own reference is not counted */
+    _Atomic bool dead;  /* deregistered: refuse new requests */
+};
+
+/* A memory descriptor received from a peer (unpacked pdl_mem_pack bytes). */
+typedef struct pdl_rmem {
+    char engine_key[PDL_KEY_MAX];
+    uint64_t id;
+    uint64_t size;
+    pdl_mem_kind_t kind;
+    uint64_t addr; /* address in the owner's process (user memory, shm) */
+    int64_t fd;    /* memfd number in the owner's process (memfd, shm) */
+    int64_t pid;
+    int64_t slot;
+} pdl_rmem_t;
+
+/* A remote engine (unpacked pdl_engine_pack bytes) and what the backend keeps for it. */
+typedef struct pdl_remote {
+    char key[PDL_KEY_MAX];
+    char host[PDL_KEY_MAX];
+    char hostname[PDL_KEY_MAX];
+    char boot_id[64];
+    pdl_backend_kind_t backend;
+    uint16_t port;
+    int64_t pid;
+    int64_t ctl_fd;
+    int refs;      /* table + sessions; protected by the engine's lock */
+    bool removed;  /* pdl_engine_remove_remote was called */
+    void *bk;      /* backend state (shm: pidfd and the mapped live table) */
+    struct pdl_remote *next;
+} pdl_remote_t;
+
+struct pdl_session {
+    pdl_engine_t *engine;
+    pdl_mem_t *local;
+    pdl_rmem_t rmem;
+    pdl_remote_t *remote;
+    /* Sticky failure: once a connection is lost every later post fails with this status. */
+    _Atomic int broken;
+    pthread_mutex_t mu;     /* protects broken_msg */
+    char broken_msg[PDL_ERR_MSG_LEN];
+    void *bk;               /* backend state (tcp: connections; shm: the mapping) */
+    struct pdl_session *next;
+};
+
+typedef struct pdl_chunk {
+    size_t first, count; /* range in batch->d */
+    uint64_t bytes;
+} pdl_chunk_t;
+
+struct pdl_batch {
+    pdl_session_t *session;
+    pdl_op_t op;
+    pdl_desc_t *d;   /* merged and cut descriptors */
+    size_t n;
+    size_t n_merged; /* descriptors after merge, before cutting into chunks */
+    uint64_t bytes;
+    pdl_chunk_t *chunks;
+    int nchunks;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int pending;     /* chunks not finished */
+    bool done;
+    pdl_status_t status;
+    pdl_error_t err;
+    _Atomic bool cancel;
+};
+
+/* Which optional entries a backend has. */
+enum {
+    PDL_BACKEND_CAP_SERVER = 1u << 0, /* owns a listening server (tcp) */
+};
+
+typedef struct pdl_backend_ops {
+    const char *name;
+    unsigned caps;
+    /* Engine set-up after the generic part: tcp binds and starts its server threads. */
+    pdl_status_t (*engine_init)(pdl_engine_t *e, pdl_error_t *err);
+    void (*engine_fini)(pdl_engine_t *e);
+    /* Extra descriptor fields are generic (engine.c); this checks a remote engine can be reached. */
+    pdl_status_t (*remote_add)(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err);
+    void (*remote_free)(pdl_engine_t *e, pdl_remote_t *r);
+    /* Called after deregistration is visible and before waiting for references to drain. */
+    void (*mem_kick)(pdl_engine_t *e, pdl_mem_t *m);
+    pdl_status_t (*session_open)(pdl_session_t *s, pdl_error_t *err);
+    void (*session_close)(pdl_session_t *s);
+    /* Abort I/O in flight on this session (remove_remote, freeing a running batch). */
+    void (*session_kill)(pdl_session_t *s);
+    /* Check at post time that the peer can still be used (shm: pid alive, region still live). */
+    pdl_status_t (*session_check)(pdl_session_t *s, pdl_error_t *err);
+    /* How many chunks to cut a batch of `bytes` into. */
+    int (*plan)(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n);
+    /* Run chunk `idx` of a batch on a worker thread; fills err on failure. */
+    pdl_status_t (*run_chunk)(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err);
+} pdl_backend_ops_t;
+
+extern const pdl_backend_ops_t pdl__shm_ops;
+extern const pdl_backend_ops_t pdl__tcp_ops;
+
+/* --- engine internals shared with the backends (engine.c) --- */
+struct pdl_engine {
+    char key[PDL_KEY_MAX];
+    char host[PDL_KEY_MAX];
+    char hostname[PDL_KEY_MAX];
+    char boot_id[64];
+    uint16_t port;
+    pdl_backend_kind_t backend;
+    int qp_per_transfer;
+    int num_workers;
+    const pdl_backend_ops_t *ops;
+
+    pthread_mutex_t mu; /* registrations, remotes, sessions */
+    pdl_mem_t **mems;
+    size_t nmems, capmems;
+    uint64_t next_mem_id;
+    pdl_remote_t *remotes;
+    pdl_session_t *sessions;
+
+    /* shm live table: slot i holds the id of the live registration using it, or 0. */
+    int ctl_fd;
+    _Atomic uint64_t *ctl;
+
+    /* worker pool */
+    pthread_mutex_t qmu;
+    pthread_cond_t qcv;
+    struct pdl_job *qhead, *qtail;
+    bool stopping;
+    pthread_t *workers;
+    int nworkers_started;
+
+    /* stats */
+    _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
+        st_requests_refused, st_conn_malformed;
+
+    pdl_ratelimit_t rl_malformed;
+    pdl_ratelimit_t rl_refused;
+
+    void *bk; /* backend state (tcp: listener and server threads) */
+};
+
+/* Look up a live registration by id and take a reference (tcp server); NULL if unknown or dead. */
+pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead);
+void pdl__engine_mem_put(pdl_mem_t *m);
+
+/* Mark a session broken (sticky) with a status and message; first call wins. */
+void pdl__session_break(pdl_session_t *s, pdl_status_t st, const char *msg);
+
+/* Descriptor codecs (desc.c). */
+pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_error_t *err);
+pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *r, pdl_error_t *err);
+pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_t *err);
+pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, pdl_error_t *err);
+
+#endif /* PDL_ENGINE_BACKEND_H */

@@ -1,0 +1,868 @@
+/*
+ * engine.c -- the generic part of the transfer engine (SPEC §6): engines, the registration table,
+ * remote engines, sessions, batches and the worker pool. Backends (shm.c, tcp.c) plug in through
+ * pdl_backend_ops_t (backend.h).
+ *
+ * Batch states:   posted --(all chunks queued)--> running --(last chunk done)--> done(status)
+ *   pdl_session_post   checks every range, merges, cuts into chunks, queues them     → PDL_INPROGRESS
+ *   worker (pool_main) runs ops->run_chunk; the last chunk sets the final status   → OK or an error
+ *   pdl_batch_poll / pdl_batch_wait read the state; pdl_batch_free waits for "done" (a running batch
+ *   is aborted first: cancel flag, and for tcp its session's connections are shut down).
+ * Session states:  open --(connection lost / remote removed)--> broken (sticky: every later post
+ *   returns the same status and message) --(pdl_session_close)--> closed.
+ *
+ * Locks: engine->mu protects registrations, remotes and sessions; engine->qmu the job queue; each
+ * batch has its own mutex. They are never nested except engine->mu → session->mu.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+
+struct pdl_job {
+    pdl_batch_t *batch;
+    int idx;
+    struct pdl_job *next;
+};
+
+const char *pdl_backend_name(pdl_backend_kind_t kind)
+{
+    switch (kind) {
+    case PDL_BACKEND_SHM:
+        return "shm";
+    case PDL_BACKEND_TCP:
+        return "tcp";
+    }
+    return "unknown";
+}
+
+int pdl_backend_parse(const char *s)
+{
+    if (s == NULL)
+        return -1;
+    if (strcmp(s, "shm") == 0)
+        return PDL_BACKEND_SHM;
+    if (strcmp(s, "tcp") == 0)
+        return PDL_BACKEND_TCP;
+    return -1;
+}
+
+static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "write"; }
+
+/* ---------------------------------------------------------------- worker pool */
+
+static void batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err)
+{
+    pdl_engine_t *e = b->session->engine;
+    pthread_mutex_lock(&b->mu);
+    if (st != PDL_OK && b->status == PDL_INPROGRESS) {
+        b->status = st;
+        b->err = *err;
+        b->err.status = st;
+    }
+    if (--b->pending == 0) {
+        if (b->status == PDL_INPROGRESS) {
+            b->status = PDL_OK;
+            if (b->op == PDL_OP_READ)
+                atomic_fetch_add(&e->st_bytes_read, b->bytes);
+            else
+                atomic_fetch_add(&e->st_bytes_written, b->bytes);
+            atomic_fetch_add(&e->st_batches_ok, 1);
+        } else {
+            atomic_fetch_add(&e->st_batches_failed, 1);
+        }
+        b->done = true;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void *pool_main(void *arg)
+{
+    pdl_engine_t *e = arg;
+    pthread_mutex_lock(&e->qmu);
+    for (;;) {
+        while (e->qhead == NULL && !e->stopping)
+            pthread_cond_wait(&e->qcv, &e->qmu);
+        if (e->qhead == NULL && e->stopping)
+            break;
+        struct pdl_job *j = e->qhead;
+        e->qhead = j->next;
+        if (e->qhead == NULL)
+            e->qtail = NULL;
+        pthread_mutex_unlock(&e->qmu);
+
+        pdl_batch_t *b = j->batch;
+        pdl_error_t err;
+        pdl_error_clear(&err);
+        pdl_status_t st;
+        if (atomic_load(&b->cancel))
+            st = pdl_error_set(&err, PDL_ERR_BAD_STATE, "engine %s: %s batch cancelled (freed while running)",
+                               e->key, op_name(b->op));
+        else
+            st = e->ops->run_chunk(b->session, b, j->idx, &err);
+        batch_chunk_done(b, st, &err);
+
+        pthread_mutex_lock(&e->qmu);
+    }
+    pthread_mutex_unlock(&e->qmu);
+    return NULL;
+}
+
+static void pool_push(pdl_engine_t *e, struct pdl_job *jobs, int n)
+{
+    pthread_mutex_lock(&e->qmu);
+    for (int i = 0; i < n; i++) {
+        jobs[i].next = NULL;
+        if (e->qtail)
+            e->qtail->next = &jobs[i];
+        else
+            e->qhead = &jobs[i];
+        e->qtail = &jobs[i];
+    }
+    if (n == 1)
+        pthread_cond_signal(&e->qcv);
+    else
+        pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+}
+
+/* ---------------------------------------------------------------- engine */
+
+static void read_boot_id(char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f == NULL)
+        return;
+    if (fgets(out, (int)cap, f) == NULL)
+        out[0] = '\0';
+    fclose(f);
+    out[strcspn(out, "\n")] = '\0';
+}
+
+pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err)
+{
+    if (cfg == NULL || engine_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_create: cfg and engine_out must not be NULL");
+    if (cfg->key == NULL || cfg->key[0] == '\0' || strlen(cfg->key) >= PDL_KEY_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine key must be 1..%d bytes", PDL_KEY_MAX - 1);
+    const char *host = cfg->host ? cfg->host : "127.0.0.1";
+    if (strlen(host) >= PDL_KEY_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: host name too long", cfg->key);
+    const pdl_backend_ops_t *ops;
+    if (cfg->backend == PDL_BACKEND_SHM)
+        ops = &pdl__shm_ops;
+    else if (cfg->backend == PDL_BACKEND_TCP)
+        ops = &pdl__tcp_ops;
+    else
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm or tcp)", cfg->key,
+                             (int)cfg->backend);
+    if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: qp_per_transfer %d must be 1..64", cfg->key,
+                             cfg->qp_per_transfer);
+    if (cfg->num_workers < 1 || cfg->num_workers > 64)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: num_workers %d must be 1..64", cfg->key,
+                             cfg->num_workers);
+
+    pdl_engine_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", cfg->key);
+    snprintf(e->key, sizeof(e->key), "%s", cfg->key);
+    snprintf(e->host, sizeof(e->host), "%s", host);
+    if (gethostname(e->hostname, sizeof(e->hostname) - 1) != 0)
+        snprintf(e->hostname, sizeof(e->hostname), "unknown");
+    read_boot_id(e->boot_id, sizeof(e->boot_id));
+    e->port = cfg->port;
+    e->backend = cfg->backend;
+    e->qp_per_transfer = cfg->qp_per_transfer;
+    e->num_workers = cfg->num_workers;
+    e->ops = ops;
+    e->next_mem_id = 1;
+    e->ctl_fd = -1;
+    pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
+    pdl_ratelimit_init(&e->rl_refused, 1000, 5);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->qmu, NULL);
+    pthread_cond_init(&e->qcv, NULL);
+
+    pdl_status_t st;
+    /* The live-registration table is shared with shm peers so they can see a deregistration without a
+     * server round trip; tcp engines do not need it. */
+    if (e->backend == PDL_BACKEND_SHM) {
+        size_t tbl = PDL_SHM_SLOTS * sizeof(uint64_t);
+        e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC);
+        if (e->ctl_fd < 0 || ftruncate(e->ctl_fd, (off_t)tbl) != 0) {
+            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create for the registration table: %s",
+                               e->key, strerror(errno));
+            goto err_free;
+        }
+        void *p = mmap(NULL, tbl, PROT_READ | PROT_WRITE, MAP_SHARED, e->ctl_fd, 0);
+        if (p == MAP_FAILED) {
+            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: mmap of the registration table: %s", e->key,
+                               strerror(errno));
+            goto err_free;
+        }
+        e->ctl = p;
+    }
+
+    e->workers = calloc((size_t)e->num_workers, sizeof(pthread_t));
+    if (e->workers == NULL) {
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+        goto err_free;
+    }
+    for (int i = 0; i < e->num_workers; i++) {
+        int rc = pthread_create(&e->workers[i], NULL, pool_main, e);
+        if (rc != 0) {
+            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create for worker %d: %s", e->key, i,
+                               strerror(rc));
+            goto err_stop;
+        }
+        e->nworkers_started++;
+    }
+    st = e->ops->engine_init(e, err);
+    if (st != PDL_OK)
+        goto err_stop;
+    *engine_out = e;
+    return PDL_OK;
+
+err_stop:
+    pthread_mutex_lock(&e->qmu);
+    e->stopping = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    for (int i = 0; i < e->nworkers_started; i++)
+        pthread_join(e->workers[i], NULL);
+err_free:
+    free(e->workers);
+    if (e->ctl)
+        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+    if (e->ctl_fd >= 0)
+        close(e->ctl_fd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->qmu);
+    pthread_cond_destroy(&e->qcv);
+    free(e);
+    return st;
+}
+
+static void mem_free(pdl_mem_t *m)
+{
+    if (m->kind == PDL_MEM_MEMFD) {
+        munmap(m->ptr, m->size);
+        close(m->memfd);
+    }
+    free(m);
+}
+
+static void remote_unref_locked(pdl_engine_t *e, pdl_remote_t *r)
+{
+    if (--r->refs > 0)
+        return;
+    e->ops->remote_free(e, r);
+    free(r);
+}
+
+void pdl_engine_destroy(pdl_engine_t *e)
+{
+    if (e == NULL)
+        return;
+    if (e->sessions != NULL)
+        pdl_warn("engine %s: destroyed with sessions still open; close them first", e->key);
+    /* Stop serving first: the server threads hold references on registrations. */
+    e->ops->engine_fini(e);
+
+    pthread_mutex_lock(&e->qmu);
+    e->stopping = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    for (int i = 0; i < e->nworkers_started; i++)
+        pthread_join(e->workers[i], NULL);
+    free(e->workers);
+
+    for (size_t i = 0; i < e->nmems; i++)
+        mem_free(e->mems[i]);
+    free(e->mems);
+    pthread_mutex_lock(&e->mu);
+    while (e->remotes) {
+        pdl_remote_t *r = e->remotes;
+        e->remotes = r->next;
+        remote_unref_locked(e, r);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (e->ctl)
+        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+    if (e->ctl_fd >= 0)
+        close(e->ctl_fd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->qmu);
+    pthread_cond_destroy(&e->qcv);
+    free(e);
+}
+
+const char *pdl_engine_key(const pdl_engine_t *e) { return e->key; }
+pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *e) { return e->backend; }
+uint16_t pdl_engine_port(const pdl_engine_t *e) { return e->backend == PDL_BACKEND_TCP ? e->port : 0; }
+
+pdl_status_t pdl_engine_pack(pdl_engine_t *e, pdl_bytes_t *out, pdl_error_t *err)
+{
+    if (e == NULL || out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_pack: engine and out must not be NULL");
+    return pdl__engine_desc_pack(e, out, err);
+}
+
+void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
+{
+    out->batches_ok = atomic_load(&e->st_batches_ok);
+    out->batches_failed = atomic_load(&e->st_batches_failed);
+    out->bytes_read = atomic_load(&e->st_bytes_read);
+    out->bytes_written = atomic_load(&e->st_bytes_written);
+    out->bytes_served = atomic_load(&e->st_bytes_served);
+    out->requests_refused = atomic_load(&e->st_requests_refused);
+    out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
+}
+
+/* ---------------------------------------------------------------- remote engines */
+
+pdl_status_t pdl_engine_add_remote(pdl_engine_t *e, const void *desc, size_t len, char *key_out, size_t key_cap,
+                                   pdl_error_t *err)
+{
+    if (e == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_add_remote: engine is NULL");
+    pdl_remote_t *r = malloc(sizeof(*r));
+    if (r == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    pdl_status_t st = pdl__engine_desc_unpack(desc, len, r, err);
+    if (st != PDL_OK) {
+        free(r);
+        return pdl_error_prefix(err, "engine %s", e->key);
+    }
+    if (r->backend != e->backend) {
+        st = pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s (backend %s): remote engine %s uses backend %s", e->key,
+                           pdl_backend_name(e->backend), r->key, pdl_backend_name(r->backend));
+        free(r);
+        return st;
+    }
+    if (key_out != NULL && key_cap > 0)
+        snprintf(key_out, key_cap, "%s", r->key);
+    pthread_mutex_lock(&e->mu);
+    for (pdl_remote_t *o = e->remotes; o; o = o->next) {
+        if (strcmp(o->key, r->key) != 0)
+            continue;
+        bool same = o->pid == r->pid && o->port == r->port && strcmp(o->host, r->host) == 0 &&
+                    strcmp(o->hostname, r->hostname) == 0;
+        pthread_mutex_unlock(&e->mu);
+        free(r);
+        if (same)
+            return PDL_OK;
+        return pdl_error_set(err, PDL_ERR_BAD_STATE,
+                             "engine %s: remote engine %s was already added with a different descriptor "
+                             "(a restarted peer?); remove it first",
+                             e->key, o->key);
+    }
+    pthread_mutex_unlock(&e->mu);
+    /* Backend set-up (shm: pidfd and the peer's live table) happens outside the lock; it may block. */
+    r->refs = 1;
+    r->bk = NULL;
+    st = e->ops->remote_add(e, r, err);
+    if (st != PDL_OK) {
+        free(r);
+        return st;
+    }
+    pthread_mutex_lock(&e->mu);
+    for (pdl_remote_t *o = e->remotes; o; o = o->next) {
+        if (strcmp(o->key, r->key) == 0) { /* lost a race with another add of the same key */
+            remote_unref_locked(e, r);
+            pthread_mutex_unlock(&e->mu);
+            return PDL_OK;
+        }
+    }
+    r->next = e->remotes;
+    e->remotes = r;
+    pthread_mutex_unlock(&e->mu);
+    pdl_debug("engine %s: added remote engine %s (%s, host %s port %u pid %" PRId64 ")", e->key, r->key,
+              pdl_backend_name(r->backend), r->host, r->port, r->pid);
+    return PDL_OK;
+}
+
+pdl_status_t pdl_engine_remove_remote(pdl_engine_t *e, const char *key, pdl_error_t *err)
+{
+    if (e == NULL || key == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_remove_remote: engine and key must not be NULL");
+    pthread_mutex_lock(&e->mu);
+    pdl_remote_t **pp = &e->remotes;
+    while (*pp && strcmp((*pp)->key, key) != 0)
+        pp = &(*pp)->next;
+    pdl_remote_t *r = *pp;
+    if (r == NULL) {
+        pthread_mutex_unlock(&e->mu);
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: no remote engine '%s'", e->key, key);
+    }
+    *pp = r->next;
+    r->removed = true;
+    char msg[PDL_ERR_MSG_LEN];
+    snprintf(msg, sizeof(msg), "peer gone: engine %.120s: remote engine %.120s was removed", e->key, key);
+    for (pdl_session_t *s = e->sessions; s; s = s->next) {
+        if (s->remote == r) {
+            pdl__session_break(s, PDL_ERR_PEER_GONE, msg);
+            e->ops->session_kill(s);
+        }
+    }
+    remote_unref_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+    return PDL_OK;
+}
+
+/* ---------------------------------------------------------------- registrations */
+
+static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kind_t kind, int memfd,
+                            pdl_mem_t **mem_out, pdl_error_t *err)
+{
+    pdl_mem_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory registering %zu bytes", e->key, size);
+    m->engine = e;
+    m->ptr = ptr;
+    m->size = size;
+    m->kind = kind;
+    m->memfd = memfd;
+    m->slot = -1;
+    pthread_mutex_lock(&e->mu);
+    if (e->nmems == e->capmems) {
+        size_t cap = e->capmems ? e->capmems * 2 : 16;
+        pdl_mem_t **v = realloc(e->mems, cap * sizeof(*v));
+        if (v == NULL) {
+            pthread_mutex_unlock(&e->mu);
+            free(m);
+            return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+        }
+        e->mems = v;
+        e->capmems = cap;
+    }
+    m->id = e->next_mem_id++;
+    if (e->ctl) {
+        for (int i = 0; i < PDL_SHM_SLOTS; i++) {
+            if (atomic_load_explicit(&e->ctl[i], memory_order_relaxed) == 0) {
+                m->slot = i;
+                atomic_store_explicit(&e->ctl[i], m->id, memory_order_release);
+                break;
+            }
+        }
+        if (m->slot < 0) {
+            pthread_mutex_unlock(&e->mu);
+            free(m);
+            return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: more than %d registrations", e->key,
+                                 PDL_SHM_SLOTS);
+        }
+    }
+    e->mems[e->nmems++] = m;
+    pthread_mutex_unlock(&e->mu);
+    *mem_out = m;
+    return PDL_OK;
+}
+
+pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_out, pdl_error_t *err)
+{
+    if (e == NULL || mem_out == NULL || size == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_alloc_mem: engine, mem_out and a size > 0 needed");
+    int fd = memfd_create("pdlink-mem", MFD_CLOEXEC);
+    if (fd < 0)
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create: %s", e->key, strerror(errno));
+    if (ftruncate(fd, (off_t)size) != 0) {
+        int en = errno;
+        close(fd);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: ftruncate memfd to %zu bytes: %s", e->key, size,
+                             strerror(en));
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        int en = errno;
+        close(fd);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: mmap of %zu bytes: %s", e->key, size, strerror(en));
+    }
+    /* First touch of fresh memory is several times slower on these VMs (machine.md §4a); write every page
+     * now so the first transfer does not pay for it. */
+    long pg = sysconf(_SC_PAGESIZE);
+    for (size_t o = 0; o < size; o += (size_t)pg)
+        ((volatile char *)p)[o] = 0;
+    pdl_status_t st = mem_add(e, p, size, PDL_MEM_MEMFD, fd, mem_out, err);
+    if (st != PDL_OK) {
+        munmap(p, size);
+        close(fd);
+    }
+    return st;
+}
+
+pdl_status_t pdl_engine_register_mem(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_t **mem_out,
+                                     pdl_error_t *err)
+{
+    if (e == NULL || ptr == NULL || size == 0 || mem_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_register_mem: engine, ptr, mem_out and a size > 0 "
+                                                   "needed");
+    return mem_add(e, ptr, size, PDL_MEM_USER, -1, mem_out, err);
+}
+
+void pdl_engine_deregister_mem(pdl_engine_t *e, pdl_mem_t *m)
+{
+    if (e == NULL || m == NULL)
+        return;
+    pthread_mutex_lock(&e->mu);
+    size_t i = 0;
+    while (i < e->nmems && e->mems[i] != m)
+        i++;
+    if (i == e->nmems) {
+        pthread_mutex_unlock(&e->mu);
+        pdl_warn("engine %s: deregister of an unknown registration", e->key);
+        return;
+    }
+    e->mems[i] = e->mems[--e->nmems];
+    atomic_store(&m->dead, true);
+    if (e->ctl && m->slot >= 0)
+        atomic_store_explicit(&e->ctl[m->slot], 0, memory_order_release);
+    pthread_mutex_unlock(&e->mu);
+    e->ops->mem_kick(e, m);
+    /* Requests being served hold references; they end promptly because mem_kick shut their
+     * connections down. */
+    while (atomic_load(&m->refs) > 0)
+        usleep(200);
+    mem_free(m);
+}
+
+pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead)
+{
+    pdl_mem_t *found = NULL;
+    *was_dead = false;
+    pthread_mutex_lock(&e->mu);
+    for (size_t i = 0; i < e->nmems; i++) {
+        if (e->mems[i]->id == id) {
+            found = e->mems[i];
+            break;
+        }
+    }
+    if (found)
+        atomic_fetch_add(&found->refs, 1);
+    else if (id > 0 && id < e->next_mem_id)
+        *was_dead = true;
+    pthread_mutex_unlock(&e->mu);
+    return found;
+}
+
+void pdl__engine_mem_put(pdl_mem_t *m)
+{
+    if (m)
+        atomic_fetch_sub(&m->refs, 1);
+}
+
+void *pdl_mem_ptr(const pdl_mem_t *m) { return m->ptr; }
+size_t pdl_mem_size(const pdl_mem_t *m) { return m->size; }
+uint64_t pdl_mem_id(const pdl_mem_t *m) { return m->id; }
+
+pdl_status_t pdl_mem_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_t *err)
+{
+    if (m == NULL || out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_mem_pack: mem and out must not be NULL");
+    return pdl__mem_desc_pack(m, out, err);
+}
+
+/* ---------------------------------------------------------------- sessions */
+
+void pdl__session_break(pdl_session_t *s, pdl_status_t st, const char *msg)
+{
+    pthread_mutex_lock(&s->mu);
+    if (atomic_load(&s->broken) == 0) {
+        snprintf(s->broken_msg, sizeof(s->broken_msg), "%s", msg);
+        atomic_store(&s->broken, (int)st);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+pdl_status_t pdl_session_open(pdl_engine_t *e, pdl_mem_t *local, const void *remote_mem_desc, size_t len,
+                              pdl_session_t **session_out, pdl_error_t *err)
+{
+    if (e == NULL || local == NULL || session_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_open: engine, local and session_out must not be "
+                                                   "NULL");
+    if (local->engine != e || atomic_load(&local->dead))
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: local region %" PRIu64 " is not registered here",
+                             e->key, local->id);
+    pdl_session_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    pdl_status_t st = pdl__mem_desc_unpack(remote_mem_desc, len, &s->rmem, err);
+    if (st != PDL_OK) {
+        free(s);
+        return pdl_error_prefix(err, "engine %s", e->key);
+    }
+    s->engine = e;
+    s->local = local;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_lock(&e->mu);
+    pdl_remote_t *r = e->remotes;
+    while (r && strcmp(r->key, s->rmem.engine_key) != 0)
+        r = r->next;
+    if (r == NULL) {
+        pthread_mutex_unlock(&e->mu);
+        st = pdl_error_set(err, PDL_ERR_NOT_FOUND,
+                           "engine %s: remote engine %s of region %" PRIu64 " was not added (pdl_engine_add_remote)",
+                           e->key, s->rmem.engine_key, s->rmem.id);
+        goto err_free;
+    }
+    r->refs++;
+    s->remote = r;
+    pthread_mutex_unlock(&e->mu);
+
+    st = e->ops->session_open(s, err);
+    if (st != PDL_OK)
+        goto err_unref;
+    pthread_mutex_lock(&e->mu);
+    s->next = e->sessions;
+    e->sessions = s;
+    pthread_mutex_unlock(&e->mu);
+    *session_out = s;
+    return PDL_OK;
+
+err_unref:
+    pthread_mutex_lock(&e->mu);
+    remote_unref_locked(e, r);
+    pthread_mutex_unlock(&e->mu);
+err_free:
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return st;
+}
+
+void pdl_session_close(pdl_session_t *s)
+{
+    if (s == NULL)
+        return;
+    pdl_engine_t *e = s->engine;
+    pthread_mutex_lock(&e->mu);
+    pdl_session_t **pp = &e->sessions;
+    while (*pp && *pp != s)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = s->next;
+    pthread_mutex_unlock(&e->mu);
+    e->ops->session_close(s);
+    pthread_mutex_lock(&e->mu);
+    remote_unref_locked(e, s->remote);
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* ---------------------------------------------------------------- batches */
+
+static pdl_status_t check_range(const pdl_session_t *s, pdl_op_t op, size_t i, const pdl_desc_t *d,
+                                pdl_error_t *err)
+{
+    const pdl_engine_t *e = s->engine;
+    if (d->len == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: %s descriptor %zu has length 0", e->key, op_name(op), i);
+    if (d->local_off > s->local->size || d->len > s->local->size - d->local_off)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "engine %s: %s [%" PRIu64 ", +%" PRIu64 ") outside local region %" PRIu64
+                             " (size %zu), descriptor %zu",
+                             e->key, op_name(op), d->local_off, d->len, s->local->id, s->local->size, i);
+    if (d->remote_off > s->rmem.size || d->len > s->rmem.size - d->remote_off)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "engine %s: %s [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64
+                             " of engine %s (size %" PRIu64 "), descriptor %zu",
+                             e->key, op_name(op), d->remote_off, d->len, s->rmem.id, s->rmem.engine_key,
+                             s->rmem.size, i);
+    return PDL_OK;
+}
+
+pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *descs, size_t n,
+                              pdl_batch_t **batch_out, pdl_error_t *err)
+{
+    if (s == NULL || batch_out == NULL || (descs == NULL && n > 0))
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_post: session, descs and batch_out must not be NULL");
+    pdl_engine_t *e = s->engine;
+    if (op != PDL_OP_READ && op != PDL_OP_WRITE)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown op %d", e->key, (int)op);
+    if (n == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: empty %s batch", e->key, op_name(op));
+    int broken = atomic_load(&s->broken);
+    if (broken != 0) {
+        pthread_mutex_lock(&s->mu);
+        pdl_status_t st = pdl_error_set(err, (pdl_status_t)broken, "%s", s->broken_msg);
+        pthread_mutex_unlock(&s->mu);
+        return st;
+    }
+    if (atomic_load(&s->local->dead))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "engine %s: local region %" PRIu64 " was deregistered", e->key,
+                             s->local->id);
+    pdl_status_t st = e->ops->session_check(s, err);
+    if (st != PDL_OK)
+        return st;
+
+    /* Merge descriptors adjacent on both sides (the order given is kept). */
+    pdl_desc_t *m = malloc(n * sizeof(*m));
+    if (m == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for %zu descriptors", e->key, n);
+    size_t k = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        st = check_range(s, op, i, &descs[i], err);
+        if (st != PDL_OK) {
+            free(m);
+            return st;
+        }
+        bytes += descs[i].len; /* cannot overflow: each len is bounded by a region size */
+        if (k > 0 && m[k - 1].local_off + m[k - 1].len == descs[i].local_off &&
+            m[k - 1].remote_off + m[k - 1].len == descs[i].remote_off)
+            m[k - 1].len += descs[i].len;
+        else
+            m[k++] = descs[i];
+    }
+
+    int nchunks = e->ops->plan(s, op, bytes, k);
+    if (nchunks < 1)
+        nchunks = 1;
+    pdl_batch_t *b = calloc(1, sizeof(*b) + (size_t)nchunks * sizeof(struct pdl_job));
+    pdl_desc_t *cut = malloc((k + (size_t)nchunks) * sizeof(*cut));
+    pdl_chunk_t *chunks = calloc((size_t)nchunks, sizeof(*chunks));
+    if (b == NULL || cut == NULL || chunks == NULL) {
+        free(b);
+        free(cut);
+        free(chunks);
+        free(m);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch", e->key);
+    }
+    /* Cut the merged list into chunks of about equal bytes; a descriptor crossing a boundary is split. */
+    uint64_t target = (bytes + (uint64_t)nchunks - 1) / (uint64_t)nchunks;
+    size_t nc = 0;
+    int c = 0;
+    chunks[0].first = 0;
+    for (size_t i = 0; i < k; i++) {
+        pdl_desc_t d = m[i];
+        while (d.len > 0) {
+            uint64_t room = target - chunks[c].bytes;
+            uint64_t take = d.len < room || c == nchunks - 1 ? d.len : room;
+            cut[nc++] = (pdl_desc_t){d.local_off, d.remote_off, take};
+            chunks[c].count++;
+            chunks[c].bytes += take;
+            d.local_off += take;
+            d.remote_off += take;
+            d.len -= take;
+            if (chunks[c].bytes >= target && c < nchunks - 1 && (d.len > 0 || i + 1 < k)) {
+                c++;
+                chunks[c].first = nc;
+            }
+        }
+    }
+    free(m);
+    b->session = s;
+    b->op = op;
+    b->d = cut;
+    b->n = nc;
+    b->n_merged = k;
+    b->bytes = bytes;
+    b->chunks = chunks;
+    b->nchunks = c + 1;
+    b->pending = b->nchunks;
+    b->status = PDL_INPROGRESS;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&b->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    struct pdl_job *jobs = (struct pdl_job *)(b + 1);
+    for (int j = 0; j < b->nchunks; j++) {
+        jobs[j].batch = b;
+        jobs[j].idx = j;
+    }
+    *batch_out = b;
+    pool_push(e, jobs, b->nchunks);
+    return PDL_OK;
+}
+
+pdl_status_t pdl_batch_poll(pdl_batch_t *b, pdl_error_t *err)
+{
+    if (b == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_batch_poll: batch is NULL");
+    pthread_mutex_lock(&b->mu);
+    pdl_status_t st = b->done ? b->status : PDL_INPROGRESS;
+    if (b->done && st != PDL_OK && err != NULL)
+        *err = b->err;
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}
+
+pdl_status_t pdl_batch_wait(pdl_batch_t *b, int timeout_ms, pdl_error_t *err)
+{
+    if (b == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_batch_wait: batch is NULL");
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    if (timeout_ms > 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&b->mu);
+    while (!b->done) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&b->cv, &b->mu);
+        } else if (timeout_ms == 0 || pthread_cond_timedwait(&b->cv, &b->mu, &dl) == ETIMEDOUT) {
+            if (b->done)
+                break;
+            pthread_mutex_unlock(&b->mu);
+            return pdl_error_set(err, PDL_ERR_TIMEOUT,
+                                 "engine %s: %s batch of %" PRIu64 " bytes from engine %s region %" PRIu64
+                                 " still running after %d ms",
+                                 b->session->engine->key, op_name(b->op), b->bytes, b->session->rmem.engine_key,
+                                 b->session->rmem.id, timeout_ms);
+        }
+    }
+    pdl_status_t st = b->status;
+    if (st != PDL_OK && err != NULL)
+        *err = b->err;
+    pthread_mutex_unlock(&b->mu);
+    return st;
+}
+
+void pdl_batch_free(pdl_batch_t *b)
+{
+    if (b == NULL)
+        return;
+    pthread_mutex_lock(&b->mu);
+    bool done = b->done;
+    pthread_mutex_unlock(&b->mu);
+    if (!done) {
+        /* A running batch may be stuck on a stalled peer: abort it so freeing cannot hang. */
+        atomic_store(&b->cancel, true);
+        if (b->session->engine->ops->caps & PDL_BACKEND_CAP_SERVER) {
+            char msg[PDL_ERR_MSG_LEN];
+            snprintf(msg, sizeof(msg), "engine %.120s: session to engine %.120s aborted: a running batch was freed",
+                     b->session->engine->key, b->session->rmem.engine_key);
+            pdl__session_break(b->session, PDL_ERR_BAD_STATE, msg);
+            b->session->engine->ops->session_kill(b->session);
+        }
+        pthread_mutex_lock(&b->mu);
+        while (!b->done)
+            pthread_cond_wait(&b->cv, &b->mu);
+        pthread_mutex_unlock(&b->mu);
+    }
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+    free(b->d);
+    free(b->chunks);
+    free(b);
+}
+
+uint64_t pdl_batch_bytes(const pdl_batch_t *b) { return b ? b->bytes : 0; }
+
+size_t pdl_batch_num_descs(const pdl_batch_t *b) { return b ? b->n_merged : 0; }

@@ -1,0 +1,21 @@
+/*
+ * tcp.h -- internals shared by the two halves of the tcp backend: tcp.c (initiator side and the ops
+ * table) and tcp_server.c (owner side).
+ */
+#ifndef PDL_ENGINE_TCP_H
+#define PDL_ENGINE_TCP_H
+
+#include "engine/backend.h"
+
+typedef struct pdl_tcp_server pdl_tcp_server_t;
+
+/* Bind e->host:e->port (0 = ephemeral, e->port is updated) and start num_workers server threads. */
+pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_error_t *err);
+/* Stop the threads, close every connection, release their references. Accepts NULL. */
+void pdl__tcp_server_stop(pdl_tcp_server_t *srv);
+/* Shut down the connections currently reading or writing `m` (deregistration). */
+void pdl__tcp_server_kick(pdl_tcp_server_t *srv, pdl_mem_t *m);
+/* TCP_NODELAY; socket buffers are left to the kernel's autotuning (see docs/engine.md). */
+void pdl__tcp_tune_socket(int fd);
+
+#endif

@@ -1,0 +1,656 @@
+/*
+ * tcp_server.c -- the owner side of the tcp backend: serves READs of registered memory and receives
+ * WRITEs into it, straight between the socket and the registered bytes (no intermediate copy).
+ *
+ * num_workers server threads each run an epoll loop over their own connections; thread 0 also owns
+ * the listening socket and hands each accepted connection to a thread round-robin (through a small
+ * queue and an eventfd, so the receiving thread adds it to its own epoll). Sockets are non-blocking and
+ * each connection is a state machine, so one slow or hostile peer never stalls the others:
+ *
+ *   RX_HDR --READ/WRITE--> RX_SEGS --checks ok, READ----> TX (response header + region bytes) --> RX_HDR
+ *      |                      |----checks ok, WRITE---> RX_PAYLOAD (readv into region) --> TX --> RX_HDR
+ *      |                      `----refused------------> [RX_DRAIN (WRITE payload)] --> TX (error) --> RX_HDR
+ *      `--HELLO--> RX_KEY --> TX --> RX_HDR
+ *   any state: bad magic/version/op, nseg or total_len over the limits, segment lengths not summing to
+ *   total_len, or EOF inside a frame → the connection is closed, counted and logged (rate-limited).
+ *
+ * While a request reads or writes a region it holds a reference on it; deregistration shuts down the
+ * connections holding one (tcp_server_kick) and waits for the references to drain.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+
+#include "engine/backend.h"
+#include "engine/tcp.h"
+#include "engine/tcp_wire.h"
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
+/* Work done on one connection before returning to epoll, so that others get their turn. */
+#define CONN_TURN_BYTES (8u << 20)
+
+enum { RX_HDR, RX_SEGS, RX_KEY, RX_PAYLOAD, RX_DRAIN, TX };
+
+typedef struct srv_thread srv_thread_t;
+
+typedef struct srv_conn {
+    int fd;
+    int st;
+    uint32_t events;
+    char peer[64];
+    srv_thread_t *th;
+    uint8_t hdr[PDL_TCP_REQ_HDR];
+    size_t got;
+    pdl_tcp_req_t req;
+    uint8_t *segs;
+    size_t seg_need;
+    pdl_mem_t *mem; /* reference held while reading or writing it; set under srv->mu */
+    struct iovec *iov;
+    size_t iov_cap, iov_n, iov_i;
+    uint64_t payload;
+    uint64_t drain_left;
+    uint8_t resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG];
+    char key[PDL_TCP_MAX_KEY + 1];
+    struct srv_conn *next, *prev; /* srv->conns */
+    struct srv_conn *pend_next;   /* th->pending */
+} srv_conn_t;
+
+struct srv_thread {
+    pdl_tcp_server_t *srv;
+    int idx;
+    int epfd;
+    int evfd;
+    pthread_t tid;
+    bool started;
+    srv_conn_t *pending; /* accepted, not yet in this thread's epoll; under srv->mu */
+};
+
+struct pdl_tcp_server {
+    pdl_engine_t *e;
+    int lfd;
+    int nthreads;
+    srv_thread_t *th;
+    pthread_mutex_t mu; /* conns list, conn->mem, pending queues */
+    srv_conn_t *conns;
+    _Atomic bool stop;
+    unsigned rr;
+    uint8_t drain_buf[65536];
+};
+
+static void conn_set_mem(pdl_tcp_server_t *srv, srv_conn_t *c, pdl_mem_t *m)
+{
+    pthread_mutex_lock(&srv->mu);
+    pdl_mem_t *old = c->mem;
+    c->mem = m;
+    pthread_mutex_unlock(&srv->mu);
+    if (old)
+        pdl__engine_mem_put(old);
+}
+
+static void conn_close(srv_thread_t *th, srv_conn_t *c)
+{
+    pdl_tcp_server_t *srv = th->srv;
+    epoll_ctl(th->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    conn_set_mem(srv, c, NULL);
+    pthread_mutex_lock(&srv->mu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&srv->mu);
+    close(c->fd);
+    free(c->segs);
+    free(c->iov);
+    free(c);
+}
+
+/* Hostile or broken framing: log (rate-limited), count, and tell the caller to close. */
+static int conn_malformed(srv_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int conn_malformed(srv_conn_t *c, const char *fmt, ...)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    atomic_fetch_add(&e->st_conn_malformed, 1);
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&e->rl_malformed, &suppressed)) {
+        char why[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(why, sizeof(why), fmt, ap);
+        va_end(ap);
+        pdl_error("engine %s: closing data connection from %s: %s (%" PRIu64 " similar messages suppressed)", e->key,
+                  c->peer, why, suppressed);
+    }
+    return -1;
+}
+
+static bool iov_reserve(srv_conn_t *c, size_t n)
+{
+    if (n <= c->iov_cap)
+        return true;
+    struct iovec *v = realloc(c->iov, n * sizeof(*v));
+    if (v == NULL)
+        return false;
+    c->iov = v;
+    c->iov_cap = n;
+    return true;
+}
+
+static void set_events(srv_conn_t *c, uint32_t ev)
+{
+    if (c->events == ev)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    epoll_ctl(c->th->epfd, EPOLL_CTL_MOD, c->fd, &e);
+    c->events = ev;
+}
+
+static void start_response(srv_conn_t *c, int32_t status, const char *msg, uint64_t payload)
+{
+    size_t mlen = msg ? strlen(msg) : 0;
+    if (mlen > PDL_TCP_MAX_MSG)
+        mlen = PDL_TCP_MAX_MSG;
+    pdl_tcp_resp_t r = {PDL_TCP_RESP_MAGIC, PDL_TCP_VERSION, 0, status, (uint32_t)mlen, c->req.tag, payload};
+    pdl_tcp_resp_encode(c->resp, &r);
+    if (mlen)
+        memcpy(c->resp + PDL_TCP_RESP_HDR, msg, mlen);
+    c->iov[0] = (struct iovec){c->resp, PDL_TCP_RESP_HDR + mlen};
+    if (payload == 0)
+        c->iov_n = 1;
+    c->iov_i = 0;
+    c->st = TX;
+}
+
+static void refuse(srv_conn_t *c, pdl_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void refuse(srv_conn_t *c, pdl_status_t st, const char *fmt, ...)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    char msg[PDL_TCP_MAX_MSG];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&e->st_requests_refused, 1);
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&e->rl_refused, &suppressed))
+        pdl_warn("engine %s: refused request from %s: %s (%" PRIu64 " similar suppressed)", e->key, c->peer, msg,
+                 suppressed);
+    start_response(c, st, msg, 0);
+    if (c->req.op == PDL_TCP_OP_WRITE) {
+        c->drain_left = c->req.total_len;
+        c->st = c->drain_left ? RX_DRAIN : TX;
+    }
+}
+
+/* The segment table is in: check every range against the named registration, then serve or refuse. */
+static int on_segs(srv_conn_t *c)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    pdl_engine_t *e = srv->e;
+    const char *opn = c->req.op == PDL_TCP_OP_READ ? "read" : "write";
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < c->req.nseg; i++) {
+        uint64_t len = pdl_tcp_get64(c->segs + (size_t)i * PDL_TCP_SEG + 8);
+        if (len > UINT64_MAX - sum)
+            return conn_malformed(c, "segment lengths overflow");
+        sum += len;
+    }
+    if (sum != c->req.total_len)
+        return conn_malformed(c, "segment lengths sum to %" PRIu64 ", header says %" PRIu64, sum, c->req.total_len);
+    if (!iov_reserve(c, (size_t)c->req.nseg + 1))
+        return conn_malformed(c, "out of memory for %u segments", c->req.nseg);
+    bool was_dead = false;
+    pdl_mem_t *m = pdl__engine_mem_get(e, c->req.reg_id, &was_dead);
+    if (m == NULL) {
+        refuse(c, PDL_ERR_NOT_FOUND, "%s of region %" PRIu64 " of engine %s: %s", opn, c->req.reg_id, e->key,
+               was_dead ? "region was deregistered" : "no such registration");
+        return 0;
+    }
+    if (atomic_load(&m->dead)) {
+        pdl__engine_mem_put(m);
+        refuse(c, PDL_ERR_NOT_FOUND, "%s of region %" PRIu64 " of engine %s: region was deregistered", opn,
+               c->req.reg_id, e->key);
+        return 0;
+    }
+    for (uint32_t i = 0; i < c->req.nseg; i++) {
+        uint64_t off = pdl_tcp_get64(c->segs + (size_t)i * PDL_TCP_SEG);
+        uint64_t len = pdl_tcp_get64(c->segs + (size_t)i * PDL_TCP_SEG + 8);
+        /* off <= size and len <= size - off together exclude an overflowing off + len. */
+        if (len == 0 || off > m->size || len > m->size - off) {
+            pdl__engine_mem_put(m);
+            refuse(c, PDL_ERR_INVALID, "%s [%" PRIu64 ", +%" PRIu64 ") outside region %" PRIu64 " of engine %s (size %zu)",
+                   opn, off, len, c->req.reg_id, e->key, m->size);
+            return 0;
+        }
+        c->iov[i + 1] = (struct iovec){(uint8_t *)m->ptr + off, len};
+    }
+    conn_set_mem(srv, c, m);
+    c->payload = c->req.total_len;
+    if (c->req.op == PDL_TCP_OP_READ) {
+        c->iov_n = (size_t)c->req.nseg + 1;
+        start_response(c, 0, NULL, c->req.total_len);
+    } else {
+        c->iov_n = (size_t)c->req.nseg + 1;
+        c->iov_i = 1;
+        c->st = RX_PAYLOAD;
+    }
+    return 0;
+}
+
+static int on_header(srv_conn_t *c)
+{
+    pdl_tcp_req_decode(c->hdr, &c->req);
+    const pdl_tcp_req_t *r = &c->req;
+    if (r->magic != PDL_TCP_REQ_MAGIC)
+        return conn_malformed(c, "bad magic 0x%08x", r->magic);
+    if (r->version != PDL_TCP_VERSION)
+        return conn_malformed(c, "protocol version %u, this engine speaks %d", r->version, PDL_TCP_VERSION);
+    if (r->reserved != 0)
+        return conn_malformed(c, "reserved header field is %u, not 0", r->reserved);
+    if (r->op == PDL_TCP_OP_HELLO) {
+        if (r->nseg != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
+            return conn_malformed(c, "HELLO with %u segments and a %" PRIu64 "-byte key", r->nseg, r->total_len);
+        c->got = 0;
+        c->st = RX_KEY;
+        return 0;
+    }
+    if (r->op != PDL_TCP_OP_READ && r->op != PDL_TCP_OP_WRITE)
+        return conn_malformed(c, "unknown op %u", r->op);
+    if (r->nseg == 0 || r->nseg > PDL_TCP_MAX_SEGS)
+        return conn_malformed(c, "%u segments (1..%d allowed)", r->nseg, PDL_TCP_MAX_SEGS);
+    if (r->total_len > PDL_TCP_MAX_REQ_BYTES)
+        return conn_malformed(c, "request of %" PRIu64 " bytes exceeds the %llu-byte limit", r->total_len,
+                              PDL_TCP_MAX_REQ_BYTES);
+    c->seg_need = (size_t)r->nseg * PDL_TCP_SEG;
+    uint8_t *s = realloc(c->segs, c->seg_need);
+    if (s == NULL)
+        return conn_malformed(c, "out of memory for %u segments", r->nseg);
+    c->segs = s;
+    c->got = 0;
+    c->st = RX_SEGS;
+    return 0;
+}
+
+static int on_io_error(srv_conn_t *c, ssize_t n, bool mid_frame)
+{
+    if (n == 0) {
+        if (mid_frame)
+            return conn_malformed(c, "connection closed inside a frame");
+        return -1; /* orderly close between requests */
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        return 1;
+    pdl_debug("engine %s: data connection from %s: %s", c->th->srv->e->key, c->peer, strerror(errno));
+    return -1;
+}
+
+/* Advance the connection as far as the socket allows. 0: wait for the next event; -1: close it. */
+static int conn_progress(srv_conn_t *c)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    pdl_engine_t *e = srv->e;
+    uint64_t turn = 0;
+    for (;;) {
+        if (turn >= CONN_TURN_BYTES)
+            return 0; /* level-triggered epoll calls us again */
+        ssize_t n;
+        switch (c->st) {
+        case RX_HDR:
+            set_events(c, EPOLLIN);
+            n = recv(c->fd, c->hdr + c->got, PDL_TCP_REQ_HDR - c->got, MSG_DONTWAIT);
+            if (n <= 0) {
+                int r = on_io_error(c, n, c->got > 0);
+                return r > 0 ? 0 : -1;
+            }
+            c->got += (size_t)n;
+            if (c->got == PDL_TCP_REQ_HDR && on_header(c) < 0)
+                return -1;
+            break;
+        case RX_SEGS:
+            n = recv(c->fd, c->segs + c->got, c->seg_need - c->got, MSG_DONTWAIT);
+            if (n <= 0) {
+                int r = on_io_error(c, n, true);
+                return r > 0 ? 0 : -1;
+            }
+            c->got += (size_t)n;
+            if (c->got == c->seg_need && on_segs(c) < 0)
+                return -1;
+            break;
+        case RX_KEY:
+            n = recv(c->fd, c->key + c->got, c->req.total_len - c->got, MSG_DONTWAIT);
+            if (n <= 0) {
+                int r = on_io_error(c, n, true);
+                return r > 0 ? 0 : -1;
+            }
+            c->got += (size_t)n;
+            if (c->got == c->req.total_len) {
+                c->key[c->got] = '\0';
+                if (!iov_reserve(c, 1))
+                    return -1;
+                if (strcmp(c->key, e->key) != 0) {
+                    char msg[PDL_TCP_MAX_MSG];
+                    snprintf(msg, sizeof(msg), "this port belongs to engine %.200s, not %.200s", e->key, c->key);
+                    start_response(c, PDL_ERR_MISMATCH, msg, 0);
+                } else {
+                    start_response(c, 0, NULL, 0);
+                }
+            }
+            break;
+        case RX_PAYLOAD: {
+            struct msghdr mh = {0};
+            size_t cnt = c->iov_n - c->iov_i;
+            mh.msg_iov = &c->iov[c->iov_i];
+            mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
+            n = recvmsg(c->fd, &mh, MSG_DONTWAIT);
+            if (n <= 0) {
+                int r = on_io_error(c, n, true);
+                return r > 0 ? 0 : -1;
+            }
+            turn += (uint64_t)n;
+            atomic_fetch_add(&e->st_bytes_served, (uint64_t)n);
+            size_t left = (size_t)n;
+            while (left > 0) {
+                struct iovec *v = &c->iov[c->iov_i];
+                if (left >= v->iov_len) {
+                    left -= v->iov_len;
+                    c->iov_i++;
+                } else {
+                    v->iov_base = (uint8_t *)v->iov_base + left;
+                    v->iov_len -= left;
+                    left = 0;
+                }
+            }
+            if (c->iov_i == c->iov_n) {
+                conn_set_mem(srv, c, NULL);
+                c->iov_n = 1;
+                start_response(c, 0, NULL, 0);
+            }
+            break;
+        }
+        case RX_DRAIN: {
+            size_t want = c->drain_left < sizeof(srv->drain_buf) ? (size_t)c->drain_left : sizeof(srv->drain_buf);
+            /* The drain buffer is shared by the threads: its contents are never read. */
+            n = recv(c->fd, c->th->srv->drain_buf, want, MSG_DONTWAIT | MSG_TRUNC);
+            if (n <= 0) {
+                int r = on_io_error(c, n, true);
+                return r > 0 ? 0 : -1;
+            }
+            turn += (uint64_t)n;
+            c->drain_left -= (uint64_t)n;
+            if (c->drain_left == 0)
+                c->st = TX;
+            break;
+        }
+        case TX: {
+            struct msghdr mh = {0};
+            size_t cnt = c->iov_n - c->iov_i;
+            mh.msg_iov = &c->iov[c->iov_i];
+            mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
+            n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+                    set_events(c, EPOLLOUT);
+                    return 0;
+                }
+                pdl_debug("engine %s: data connection from %s: send: %s", e->key, c->peer, strerror(errno));
+                return -1;
+            }
+            turn += (uint64_t)n;
+            size_t left = (size_t)n;
+            while (left > 0) {
+                struct iovec *v = &c->iov[c->iov_i];
+                if (left >= v->iov_len) {
+                    left -= v->iov_len;
+                    c->iov_i++;
+                } else {
+                    v->iov_base = (uint8_t *)v->iov_base + left;
+                    v->iov_len -= left;
+                    left = 0;
+                }
+            }
+            if (c->iov_i == c->iov_n) {
+                if (c->mem != NULL && c->req.op == PDL_TCP_OP_READ)
+                    atomic_fetch_add(&e->st_bytes_served, c->payload);
+                conn_set_mem(srv, c, NULL);
+                c->st = RX_HDR;
+                c->got = 0;
+            }
+            break;
+        }
+        }
+    }
+}
+
+static void conn_accept(pdl_tcp_server_t *srv)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(srv->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+                pdl_warn("engine %s: accept: %s", srv->e->key, strerror(errno));
+            return;
+        }
+        srv_conn_t *c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        pdl__tcp_tune_socket(fd);
+        c->fd = fd;
+        c->st = RX_HDR;
+        char host[INET6_ADDRSTRLEN] = "?";
+        char port[8] = "?";
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+        snprintf(c->peer, sizeof(c->peer), "%s:%s", host, port);
+        pthread_mutex_lock(&srv->mu);
+        srv_thread_t *th = &srv->th[srv->rr++ % (unsigned)srv->nthreads];
+        c->th = th;
+        c->next = srv->conns;
+        if (srv->conns)
+            srv->conns->prev = c;
+        srv->conns = c;
+        /* Hand over: the owning thread adds it to its own epoll when it drains `pending`. */
+        c->pend_next = th->pending;
+        th->pending = c;
+        pthread_mutex_unlock(&srv->mu);
+        uint64_t one = 1;
+        ssize_t w = write(th->evfd, &one, sizeof(one));
+        (void)w;
+    }
+}
+
+static void *srv_main(void *arg)
+{
+    srv_thread_t *th = arg;
+    pdl_tcp_server_t *srv = th->srv;
+    struct epoll_event evs[64];
+    while (!atomic_load(&srv->stop)) {
+        int n = epoll_wait(th->epfd, evs, 64, -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            pdl_error("engine %s: epoll_wait: %s", srv->e->key, strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == (void *)th) { /* eventfd: stop, or new connections */
+                uint64_t v;
+                ssize_t r = read(th->evfd, &v, sizeof(v));
+                (void)r;
+                pthread_mutex_lock(&srv->mu);
+                srv_conn_t *c = th->pending;
+                th->pending = NULL;
+                pthread_mutex_unlock(&srv->mu);
+                while (c) {
+                    srv_conn_t *nx = c->pend_next;
+                    c->events = EPOLLIN;
+                    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+                    if (epoll_ctl(th->epfd, EPOLL_CTL_ADD, c->fd, &ev) != 0)
+                        conn_close(th, c);
+                    c = nx;
+                }
+                continue;
+            }
+            if (p == (void *)srv) {
+                conn_accept(srv);
+                continue;
+            }
+            srv_conn_t *c = p;
+            if (conn_progress(c) < 0)
+                conn_close(th, c);
+        }
+    }
+    return NULL;
+}
+
+void pdl__tcp_tune_socket(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_error_t *err)
+{
+    pdl_tcp_server_t *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    srv->e = e;
+    srv->lfd = -1;
+    pthread_mutex_init(&srv->mu, NULL);
+    pdl_status_t st;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port[8];
+    snprintf(port, sizeof(port), "%u", e->port);
+    int rc = getaddrinfo(e->host, port, &hints, &ai);
+    if (rc != 0) {
+        st = pdl_error_set(err, PDL_ERR_INVALID, "engine %s: cannot resolve host '%s': %s", e->key, e->host,
+                           gai_strerror(rc));
+        goto err_free;
+    }
+    srv->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (srv->lfd < 0 || setsockopt(srv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(srv->lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(srv->lfd, 512) != 0) {
+        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u: %s", e->key, e->host, e->port,
+                           strerror(errno));
+        freeaddrinfo(ai);
+        goto err_free;
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(srv->lfd, (struct sockaddr *)&ss, &sl);
+    e->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+
+    srv->nthreads = e->num_workers;
+    srv->th = calloc((size_t)srv->nthreads, sizeof(*srv->th));
+    if (srv->th == NULL) {
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+        goto err_free;
+    }
+    for (int i = 0; i < srv->nthreads; i++) {
+        srv->th[i].epfd = srv->th[i].evfd = -1;
+    }
+    for (int i = 0; i < srv->nthreads; i++) {
+        srv_thread_t *th = &srv->th[i];
+        th->srv = srv;
+        th->idx = i;
+        th->epfd = epoll_create1(EPOLL_CLOEXEC);
+        th->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (th->epfd < 0 || th->evfd < 0) {
+            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: epoll/eventfd: %s", e->key, strerror(errno));
+            goto err_threads;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = th};
+        epoll_ctl(th->epfd, EPOLL_CTL_ADD, th->evfd, &ev);
+        if (i == 0) {
+            struct epoll_event lev = {.events = EPOLLIN, .data.ptr = srv};
+            epoll_ctl(th->epfd, EPOLL_CTL_ADD, srv->lfd, &lev);
+        }
+    }
+    for (int i = 0; i < srv->nthreads; i++) {
+        rc = pthread_create(&srv->th[i].tid, NULL, srv_main, &srv->th[i]);
+        if (rc != 0) {
+            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create for server thread %d: %s", e->key, i,
+                               strerror(rc));
+            goto err_threads;
+        }
+        srv->th[i].started = true;
+    }
+    *out = srv;
+    return PDL_OK;
+
+err_threads:
+    pdl__tcp_server_stop(srv);
+    return st;
+err_free:
+    if (srv->lfd >= 0)
+        close(srv->lfd);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+    return st;
+}
+
+void pdl__tcp_server_stop(pdl_tcp_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    atomic_store(&srv->stop, true);
+    for (int i = 0; i < srv->nthreads; i++) {
+        srv_thread_t *th = &srv->th[i];
+        if (th->evfd >= 0) {
+            uint64_t one = 1;
+            ssize_t w = write(th->evfd, &one, sizeof(one));
+            (void)w;
+        }
+    }
+    for (int i = 0; i < srv->nthreads; i++)
+        if (srv->th[i].started)
+            pthread_join(srv->th[i].tid, NULL);
+    /* Threads are gone: close every connection (pending ones too) and drop their references. */
+    while (srv->conns) {
+        srv_conn_t *c = srv->conns;
+        conn_close(c->th, c);
+    }
+    for (int i = 0; i < srv->nthreads; i++) {
+        if (srv->th[i].epfd >= 0)
+            close(srv->th[i].epfd);
+        if (srv->th[i].evfd >= 0)
+            close(srv->th[i].evfd);
+    }
+    free(srv->th);
+    if (srv->lfd >= 0)
+        close(srv->lfd);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+}
+
+void pdl__tcp_server_kick(pdl_tcp_server_t *srv, pdl_mem_t *m)
+{
+    pthread_mutex_lock(&srv->mu);
+    for (srv_conn_t *c = srv->conns; c; c = c->next)
+        if (c->mem == m)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&srv->mu);
+}
