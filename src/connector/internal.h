@@ -35,11 +35,13 @@ typedef enum pdl_drop_kind {
     PDL_DROP_KINDS
 } pdl_drop_kind_t;
 
+enum { PDL_OUT_OTHER = 0, PDL_OUT_RELEASE = 1, PDL_OUT_KEEPALIVE = 2 };
+
 /* A message queued for the service thread to send on a cached DEALER. */
 typedef struct pdl_outmsg {
     struct pdl_outmsg *next;
     char endpoint[PDL_WIRE_HOST_MAX + 32]; /* "tcp://host:port" */
-    bool is_release;                       /* counts in releases_sent once handed to libzmq */
+    int kind;                              /* PDL_OUT_*: which counter a successful send bumps */
     pdl_bytes_t payload;
 } pdl_outmsg_t;
 
@@ -72,6 +74,9 @@ typedef struct pdl_rank {
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
     int wake_fd;
+    atomic_bool svc_stop;
+    pdl_bytes_t ping_payload;
+    uint64_t ping_failures;
     pthread_mutex_t out_mu;
     pdl_outmsg_t *out_head, *out_tail;
 
@@ -93,6 +98,7 @@ typedef struct pdl_rank {
     pthread_mutex_t ctr_mu;
     pdl_rank_counters_t ctr; /* the fields not kept by the fan-in */
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
+    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl;
 } pdl_rank_t;
 
 typedef struct pdl_held {
@@ -156,7 +162,7 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
 void pdl__service_stop(pdl_rank_t *r);
 /* Queue a message for the rank's service thread (payload ownership passes to the queue). */
-pdl_status_t pdl__service_send(pdl_rank_t *r, const char *host, int port, bool is_release, pdl_bytes_t *payload,
+pdl_status_t pdl__service_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
                                pdl_error_t *err);
 
 /* peer.c */

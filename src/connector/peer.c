@@ -1,0 +1,266 @@
+/*
+ * peer.c -- consumer side of the handshake: fetch a producer rank's metadata, check that its KV
+ * layout is compatible, register its engine and open the session reads go through (SPEC §4, §5 step 2).
+ *
+ * Peers are cached per consumer rank under "engine_id|dp|tp" and used by that rank's worker thread
+ * only. A peer is evicted when a read reports it gone; a failed handshake is not cached, so a peer
+ * that restarts with a fixed configuration is picked up by the next pull.
+ *
+ * Compatibility (pdlink peers, i.e. a handshake carrying pdlink_version): head_dim, kv_elem_size,
+ * block_size, num_layers, total_num_kv_heads, is_mla and layout must equal ours, tp_size/tp_rank/
+ * dp_rank must be the ones we dialed, and block_len must match the geometry they imply. A mismatch
+ * fails the pulls that need this peer with PDL_ERR_MISMATCH naming the field and both values.
+ * Upstream peers (no pdlink keys) are assumed to run the same model, as upstream assumes (reference
+ * §3.2); only their block_len is checked against our geometry for their TP.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "connector/internal.h"
+
+static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_ns, pdl_bytes_t *out,
+                                    const char *who, pdl_error_t *err)
+{
+    zmq_msg_t f[3];
+    int n = 0;
+    for (;;) {
+        int64_t left = (int64_t)(deadline_ns - pdl_now_ns()) / 1000000;
+        if (n == 0) {
+            zmq_pollitem_t it = {.socket = s, .events = ZMQ_POLLIN};
+            int rc = zmq_poll(&it, 1, left > 0 ? (long)left : 0);
+            if (rc <= 0) {
+                return pdl_error_set(err, PDL_ERR_TIMEOUT, "handshake with %s: no reply within %d ms", who,
+                                     timeout_ms);
+            }
+        }
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s, 0) < 0) {
+            zmq_msg_close(&m);
+            for (int i = 0; i < n && i < 3; i++)
+                zmq_msg_close(&f[i]);
+            return pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: %s", who, zmq_strerror(zmq_errno()));
+        }
+        int more = zmq_msg_more(&m);
+        if (n < 3)
+            f[n] = m;
+        else
+            zmq_msg_close(&m);
+        n++;
+        if (!more)
+            break;
+    }
+    pdl_status_t st = PDL_OK;
+    /* Upstream's client checks exactly this shape: 2 frames, the first empty (reference §3.2 step 3). */
+    if (n != 2 || zmq_msg_size(&f[0]) != 0) {
+        st = pdl_error_set(err, PDL_ERR_PARSE, "handshake with %s: reply of %d frames, expected [\"\", payload]", who, n);
+    } else {
+        out->len = zmq_msg_size(&f[1]);
+        out->data = malloc(out->len ? out->len : 1);
+        if (out->data == NULL)
+            st = pdl_error_set(err, PDL_ERR_NOMEM, "handshake with %s: out of memory", who);
+        else
+            memcpy(out->data, zmq_msg_data(&f[1]), out->len);
+    }
+    for (int i = 0; i < n && i < 3; i++)
+        zmq_msg_close(&f[i]);
+    return st;
+}
+
+/* One get_meta_msg exchange on a fresh DEALER (upstream does the same: a socket per handshake). */
+static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_bytes_t *meta, pdl_bytes_t *layers,
+                             const char *who, pdl_error_t *err)
+{
+    char ep[PDL_WIRE_HOST_MAX + 32];
+    if (pdl__endpoint(ep, sizeof(ep), host, port) < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "handshake with %s: host too long", who);
+    void *s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
+    if (s == NULL)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: %s", who, zmq_strerror(zmq_errno()));
+    int v = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
+    int64_t max = PDL_WIRE_MAX_FRAME;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    if (strchr(host, ':')) {
+        v = 1;
+        zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
+    }
+    int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
+    uint64_t deadline = pdl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    pdl_status_t st = PDL_OK;
+    if (zmq_connect(s, ep) != 0)
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: connect %s: %s", who, ep,
+                           zmq_strerror(zmq_errno()));
+    else if (zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), ZMQ_DONTWAIT) < 0)
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: send: %s", who, zmq_strerror(zmq_errno()));
+    if (st == PDL_OK)
+        st = hs_recv_payload(s, timeout_ms, deadline, meta, who, err);
+    if (st == PDL_OK) {
+        st = hs_recv_payload(s, timeout_ms, deadline, layers, who, err);
+        if (st != PDL_OK)
+            pdl_bytes_free(meta);
+    }
+    zmq_close(s);
+    return st;
+}
+
+#define CHECK_FIELD(name, mine, theirs)                                                                          \
+    do {                                                                                                         \
+        if ((int64_t)(mine) != (int64_t)(theirs))                                                                \
+            return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: %s differs (local %lld, remote %lld)", who, name, \
+                                 (long long)(mine), (long long)(theirs));                                        \
+    } while (0)
+
+static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_pull_t *pull, int prank, const pdl_agent_meta_t *m,
+                                 const pdl_layer_map_t *lm, const char *who, pdl_error_t *err)
+{
+    const pdl_model_geometry_t *g = &r->inst->cfg.model;
+    if (m->has_pdlink) {
+        CHECK_FIELD("head_dim", g->head_dim, m->head_dim);
+        CHECK_FIELD("kv_elem_size", g->elem_size, m->kv_elem_size);
+        CHECK_FIELD("block_size", g->block_size, m->block_size);
+        CHECK_FIELD("num_layers", g->num_layers, m->num_layers);
+        CHECK_FIELD("total_num_kv_heads", g->total_kv_heads, m->total_num_kv_heads);
+        CHECK_FIELD("is_mla", g->is_mla, m->is_mla);
+        char mine[32];
+        snprintf(mine, sizeof(mine), "%s%s", pdl_layout_order_name(g->order), g->kv_separate ? "" : "-blockfirst");
+        if (strcmp(mine, m->layout) != 0)
+            return pdl_error_set(err, PDL_ERR_MISMATCH,
+                                 "peer %s: layout differs (local %s, remote %.16s): head ranges would not line up", who,
+                                 mine, m->layout);
+        CHECK_FIELD("tp_size (kv_transfer_params vs handshake)", pull->producer_tp, m->tp_size);
+        CHECK_FIELD("tp_rank (dialed vs handshake)", prank, m->tp_rank);
+        CHECK_FIELD("dp_rank (dialed vs handshake)", pull->remote_dp, m->dp_rank);
+    }
+    if (m->num_blocks <= 0 || m->num_blocks > (int64_t)UINT32_MAX)
+        return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: num_blocks %lld unusable", who, (long long)m->num_blocks);
+    if (lm->num_layers < 1 || lm->layers[0].num_descs < 1)
+        return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: layer map without a memory descriptor", who);
+    if (m->has_pdlink && (int64_t)lm->num_layers != m->num_layers)
+        return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: layer map has %zu layers, handshake says %lld", who,
+                             lm->num_layers, (long long)m->num_layers);
+    return PDL_OK;
+}
+
+pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl_peer_t **peer_out, pdl_error_t *err)
+{
+    char key[PDL_WIRE_ID_MAX + 64];
+    snprintf(key, sizeof(key), "%s|%d|%d", pull->engine_id, pull->remote_dp, prank);
+    pdl_peer_t *p = pdl__strmap_get(&r->peers, key);
+    if (p) {
+        *peer_out = p;
+        return PDL_OK;
+    }
+    int port = pull->hs_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, prank);
+    char who[PDL_WIRE_HOST_MAX + 64];
+    snprintf(who, sizeof(who), "%s:%d (producer tp rank %d)", pull->host, port, prank);
+    pdl_bytes_t meta_b = {0}, layers_b = {0};
+    pdl_status_t st = hs_fetch(r, pull->host, port, &meta_b, &layers_b, who, err);
+    if (st != PDL_OK)
+        goto fail_count;
+    p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "handshake with %s: out of memory", who);
+        goto fail_bytes;
+    }
+    snprintf(p->key, sizeof(p->key), "%s", key);
+    pdl_layer_map_t lm;
+    memset(&lm, 0, sizeof(lm));
+    st = pdl_wire_decode_agent_meta(meta_b.data, meta_b.len, &p->meta, err);
+    if (st == PDL_OK)
+        st = pdl_wire_decode_layer_map(layers_b.data, layers_b.len, &lm, err);
+    if (st != PDL_OK) {
+        pdl_error_prefix(err, "handshake with %s", who);
+        goto fail_peer;
+    }
+    st = check_compat(r, pull, prank, &p->meta, &lm, who, err);
+    if (st != PDL_OK)
+        goto fail_peer;
+    /* Remote geometry: ours with the producer's head share and block count. */
+    int hfirst, hcount;
+    st = pdl_topo_heads(pull->producer_tp, r->inst->cfg.model.total_kv_heads, r->inst->cfg.model.is_mla, prank, &hfirst,
+                        &hcount, err);
+    if (st != PDL_OK)
+        goto fail_peer;
+    p->geo = r->geo;
+    p->geo.num_blocks = (uint64_t)p->meta.num_blocks;
+    p->geo.num_heads = (uint32_t)hcount;
+    p->layer_len = pdl_layout_region_len(&p->geo);
+    if ((int64_t)pdl_layout_block_len(&p->geo) != p->meta.block_len) {
+        st = pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: block_len differs (local geometry gives %llu, remote %lld)",
+                           who, (unsigned long long)pdl_layout_block_len(&p->geo), (long long)p->meta.block_len);
+        goto fail_peer;
+    }
+    st = pdl_engine_add_remote(r->engine, p->meta.agent_metadata.data, p->meta.agent_metadata.len,
+                               p->remote_engine_key, sizeof(p->remote_engine_key), err);
+    if (st != PDL_OK) {
+        pdl_error_prefix(err, "peer %s: engine descriptor", who);
+        goto fail_peer;
+    }
+    /* One registration covers every layer (see instance.c), so one session serves all layers. */
+    st = pdl_session_open(r->engine, r->kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
+    if (st != PDL_OK) {
+        pdl_error_prefix(err, "peer %s: session", who);
+        pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+        goto fail_peer;
+    }
+    if (pdl__strmap_put(&r->peers, key, p) != 0) {
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
+        pdl_session_close(p->session);
+        pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+        goto fail_peer;
+    }
+    pdl_layer_map_clear(&lm);
+    pdl_bytes_free(&meta_b);
+    pdl_bytes_free(&layers_b);
+    pthread_mutex_lock(&r->ctr_mu);
+    r->ctr.handshakes++;
+    pthread_mutex_unlock(&r->ctr_mu);
+    pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks)", r->rank, who,
+              p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks);
+    *peer_out = p;
+    return PDL_OK;
+fail_peer:
+    pdl_layer_map_clear(&lm);
+    pdl_agent_meta_clear(&p->meta);
+    free(p);
+fail_bytes:
+    pdl_bytes_free(&meta_b);
+    pdl_bytes_free(&layers_b);
+fail_count:
+    pthread_mutex_lock(&r->ctr_mu);
+    r->ctr.handshake_failures++;
+    pthread_mutex_unlock(&r->ctr_mu);
+    pdl_warn("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
+    return st;
+}
+
+void pdl__peer_evict(pdl_rank_t *r, pdl_peer_t *peer)
+{
+    if (pdl__strmap_remove(&r->peers, peer->key) != peer)
+        return;
+    pdl_session_close(peer->session);
+    pdl_engine_remove_remote(r->engine, peer->remote_engine_key, NULL);
+    pdl_agent_meta_clear(&peer->meta);
+    free(peer);
+}
+
+static void free_peer(void *arg, const char *key, void *value)
+{
+    (void)key;
+    pdl_rank_t *r = arg;
+    pdl_peer_t *p = value;
+    pdl_session_close(p->session);
+    pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+    pdl_agent_meta_clear(&p->meta);
+    free(p);
+}
+
+void pdl__peers_free(pdl_rank_t *r)
+{
+    if (r->engine)
+        pdl__strmap_foreach(&r->peers, free_peer, r);
+    pdl__strmap_free(&r->peers);
+}

@@ -1,0 +1,474 @@
+/*
+ * pull.c -- READ mode on the consumer (SPEC §5 steps 2-3): pdl_instance_pull and the per-rank worker.
+ *
+ * A pull is one job per consumer rank. Each rank's worker thread takes its jobs in order and, for one
+ * job: looks up its read plan (computed once per producer TP and cached: the consumer's D, H and
+ * geometry are fixed for the instance), handshakes with the producer ranks the plan reads from
+ * (cached peers), posts ONE batched READ per layer per producer rank (descriptors from
+ * pdl_layout_build_descs, merged), waits for all of them within transfer_timeout, and then sends a
+ * `release` to EVERY producer rank of its group -- read from or not, so P>D topologies free all
+ * producer ranks (SPEC §2 release rule) -- with consumer_tp_size = D, consumer_tp_rank and status
+ * "ok" or "failed". A failed or timed-out read makes the pull fail (a load error), never succeed.
+ *
+ * Peer addresses: remote_host / remote_handshake_port / remote_notify_port from the params when all
+ * three are present, else the prefill address embedded in the request id (MoRIIO's two sources,
+ * reference §3.6). Dialed ports are base + remote_dp * P + producer rank (SPEC §2).
+ * Prefix caching: when the consumer passes fewer local blocks than the producer held, the LAST n
+ * remote blocks are read (upstream's fix in #48471: trim the remote list, not the local one).
+ *
+ * Lifetime: a pull is reference counted (the caller + one per rank job), so pdl_pull_free never waits
+ * for the workers and a worker never touches freed memory.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "connector/internal.h"
+
+static void pull_unref(pdl_pull_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    int left = --p->refs;
+    pthread_mutex_unlock(&p->mu);
+    if (left > 0)
+        return;
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->release_sent_ns);
+    free(p->local_blocks);
+    free(p->remote_blocks);
+    free(p);
+}
+
+static void pull_rank_done(pdl_pull_t *p, int rank, pdl_status_t st, const char *msg, uint64_t bytes, uint64_t descs)
+{
+    pthread_mutex_lock(&p->mu);
+    p->bytes += bytes;
+    p->descs += descs;
+    if (st != PDL_OK && p->status == PDL_OK) {
+        p->status = st;
+        snprintf(p->msg, sizeof(p->msg), "consumer rank %d: %s", rank, msg);
+    }
+    if (--p->pending == 0) {
+        p->end_ns = pdl_now_ns();
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static const pdl_read_plan_t *plan_get(pdl_rank_t *r, int P, pdl_error_t *err)
+{
+    for (int i = 0; i < r->nplans; i++)
+        if (r->plans[i]->prefill_tp == P)
+            return r->plans[i];
+    pdl_read_plan_t *plan = malloc(sizeof(*plan));
+    if (plan == NULL) {
+        pdl_error_set(err, PDL_ERR_NOMEM, "read plan: out of memory");
+        return NULL;
+    }
+    const pdl_model_geometry_t *g = &r->inst->cfg.model;
+    if (pdl_topo_read_plan(P, r->inst->tp, g->total_kv_heads, g->is_mla, r->rank, plan, err) != PDL_OK) {
+        free(plan);
+        return NULL;
+    }
+    if (r->nplans == (int)(sizeof(r->plans) / sizeof(r->plans[0]))) {
+        free(r->plans[0]); /* bounded cache: drop the oldest */
+        memmove(r->plans, r->plans + 1, sizeof(r->plans[0]) * (size_t)(r->nplans - 1));
+        r->nplans--;
+    }
+    r->plans[r->nplans++] = plan;
+    return plan;
+}
+
+typedef struct posted {
+    pdl_batch_t *batch;
+    pdl_peer_t *peer;
+} posted_t;
+
+/* Reads of one rank; returns the status and fills err, bytes, descs. */
+static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
+                              uint64_t *descs_out, pdl_error_t *err)
+{
+    int L = r->inst->cfg.model.num_layers;
+    /* Producer ranks the plan reads from, each with its pieces (pieces of one producer are adjacent
+     * in head order but we do not rely on it). */
+    int pranks[PDL_TOPO_MAX_TP];
+    int npr = 0;
+    for (int i = 0; i < plan->num_pieces; i++) {
+        bool seen = false;
+        for (int k = 0; k < npr; k++)
+            seen |= pranks[k] == plan->pieces[i].producer_rank;
+        if (!seen)
+            pranks[npr++] = plan->pieces[i].producer_rank;
+    }
+    pdl_peer_t *peers[PDL_TOPO_MAX_TP];
+    for (int k = 0; k < npr; k++) {
+        pdl_status_t st = pdl__peer_get(r, pull, pranks[k], &peers[k], err);
+        if (st != PDL_OK)
+            return st;
+    }
+    size_t nposted = 0;
+    posted_t *posted = calloc((size_t)L * (size_t)npr, sizeof(*posted));
+    if (posted == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "read: out of memory");
+    pdl_descv_t dv = {0};
+    pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
+    pdl_status_t st = PDL_OK;
+    uint64_t t0 = pdl_now_ns();
+    const uint32_t *remote = pull->remote_blocks;
+    for (int l = 0; l < L && st == PDL_OK; l++) {
+        for (int k = 0; k < npr && st == PDL_OK; k++) {
+            int np = 0;
+            for (int i = 0; i < plan->num_pieces; i++)
+                if (plan->pieces[i].producer_rank == pranks[k])
+                    pieces[np++] = plan->pieces[i];
+            pdl_descv_reset(&dv);
+            st = pdl_layout_build_descs(&r->geo, &peers[k]->geo, PDL_DIR_READ, pieces, np, pull->local_blocks, remote,
+                                        pull->n, (uint64_t)l * r->layer_len, (uint64_t)l * peers[k]->layer_len, &dv,
+                                        err);
+            if (st != PDL_OK) {
+                pdl_error_prefix(err, "layer %d, producer rank %d", l, pranks[k]);
+                break;
+            }
+            pdl_batch_t *b = NULL;
+            st = pdl_session_post(peers[k]->session, PDL_OP_READ, dv.v, dv.n, &b, err);
+            if (st != PDL_OK) {
+                pdl_error_prefix(err, "layer %d, producer rank %d: post", l, pranks[k]);
+                break;
+            }
+            posted[nposted].batch = b;
+            posted[nposted].peer = peers[k];
+            nposted++;
+            *descs_out += dv.n;
+            *bytes_out += pdl_layout_total_bytes(&dv);
+        }
+    }
+    pdl_descv_free(&dv);
+    /* Wait for everything posted, even after a failure: the batches write into our blocks. */
+    uint64_t deadline = t0 + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
+    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
+    int ngone = 0;
+    for (size_t i = 0; i < nposted; i++) {
+        uint64_t now = pdl_now_ns();
+        int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
+        pdl_error_t e;
+        pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
+        if (bst != PDL_OK && st == PDL_OK) {
+            st = bst;
+            if (err) {
+                *err = e;
+                if (bst == PDL_ERR_TIMEOUT)
+                    pdl_error_set(err, PDL_ERR_TIMEOUT, "read not finished within transfer_timeout %.1f s (%s)",
+                                  r->inst->cfg.conn.transfer_timeout_s, e.msg);
+            }
+        }
+        if (bst == PDL_ERR_PEER_GONE || bst == PDL_ERR_TRANSPORT) {
+            bool dup = false;
+            for (int g = 0; g < ngone; g++)
+                dup |= gone[g] == posted[i].peer;
+            if (!dup)
+                gone[ngone++] = posted[i].peer;
+        }
+        pdl_batch_free(posted[i].batch);
+    }
+    free(posted);
+    for (int g = 0; g < ngone; g++) {
+        pdl_warn("rank %d: evicting peer %s after a failed read", r->rank, gone[g]->key);
+        pdl__peer_evict(r, gone[g]);
+    }
+    pthread_mutex_lock(&r->ctr_mu);
+    r->ctr.read_ns += pdl_now_ns() - t0;
+    pthread_mutex_unlock(&r->ctr_mu);
+    return st;
+}
+
+static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok)
+{
+    int first = 0, count = 0;
+    if (plan) {
+        first = plan->group_first;
+        count = plan->group_count;
+    } else if (pdl_topo_group(pull->producer_tp, r->inst->tp, r->rank, &first, &count, NULL) != PDL_OK) {
+        pdl_warn("rank %d: no group for P %d / D %d: no release sent for %s", r->rank, pull->producer_tp, r->inst->tp,
+                 pull->transfer_id);
+        return;
+    }
+    for (int g = first; g < first + count; g++) {
+        pdl_msg_t m;
+        pdl_msg_init(&m, PDL_MSG_RELEASE);
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", pull->transfer_id);
+        m.consumer_tp_size = r->inst->tp;
+        m.consumer_tp_rank = r->rank;
+        m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
+        m.producer_tp_size = pull->producer_tp;
+        m.producer_tp_rank = g;
+        pdl_bytes_t b = {0};
+        pdl_error_t e;
+        int port = pull->notify_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, g);
+        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK ||
+            pdl__service_send(r, pull->host, port, PDL_OUT_RELEASE, &b, &e) != PDL_OK) {
+            pdl_bytes_free(&b);
+            pdl_warn("rank %d: release of %s to producer rank %d not sent: %s", r->rank, pull->transfer_id, g, e.msg);
+        }
+        pdl_msg_clear(&m);
+    }
+    pthread_mutex_lock(&pull->mu);
+    pull->release_sent_ns[r->rank] = pdl_now_ns();
+    pthread_mutex_unlock(&pull->mu);
+}
+
+static void run_job(pdl_rank_t *r, pdl_pull_t *pull)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    uint64_t bytes = 0, descs = 0;
+    pdl_status_t st;
+    const pdl_read_plan_t *plan = plan_get(r, pull->producer_tp, &err);
+    if (plan == NULL)
+        st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
+    else
+        st = rank_read(r, pull, plan, &bytes, &descs, &err);
+    send_releases(r, pull, plan, st == PDL_OK);
+    pthread_mutex_lock(&r->ctr_mu);
+    if (st == PDL_OK) {
+        r->ctr.transfers++;
+        r->ctr.bytes += bytes;
+        r->ctr.descriptors += descs;
+    } else {
+        r->ctr.read_failures++;
+    }
+    pthread_mutex_unlock(&r->ctr_mu);
+    if (st != PDL_OK)
+        pdl_warn("rank %d: pull of %s failed (blocks reported as load errors): %s", r->rank, pull->transfer_id, err.msg);
+    pull_rank_done(pull, r->rank, st, err.msg, bytes, descs);
+}
+
+static void *worker_main(void *arg)
+{
+    pdl_rank_t *r = arg;
+    pthread_mutex_lock(&r->job_mu);
+    for (;;) {
+        while (r->job_head == NULL && !r->job_stop)
+            pthread_cond_wait(&r->job_cv, &r->job_mu);
+        pdl_pull_job_t *j = r->job_head;
+        if (j == NULL)
+            break; /* stopping and drained */
+        r->job_head = j->next;
+        if (r->job_head == NULL)
+            r->job_tail = NULL;
+        bool stopping = r->job_stop;
+        pthread_mutex_unlock(&r->job_mu);
+        if (stopping) {
+            send_releases(r, j->pull, NULL, false);
+            pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
+        } else {
+            run_job(r, j->pull);
+        }
+        pull_unref(j->pull);
+        free(j);
+        pthread_mutex_lock(&r->job_mu);
+    }
+    pthread_mutex_unlock(&r->job_mu);
+    return NULL;
+}
+
+pdl_status_t pdl__worker_start(pdl_rank_t *r, pdl_error_t *err)
+{
+    if (pthread_create(&r->worker, NULL, worker_main, r) != 0)
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: cannot start the worker thread", r->rank);
+    r->worker_started = true;
+    return PDL_OK;
+}
+
+void pdl__worker_stop(pdl_rank_t *r)
+{
+    pthread_mutex_lock(&r->job_mu);
+    r->job_stop = true;
+    pthread_cond_broadcast(&r->job_cv);
+    pthread_mutex_unlock(&r->job_mu);
+    pthread_join(r->worker, NULL);
+    r->worker_started = false;
+}
+
+/* ---- public API ------------------------------------------------------------------------------- */
+
+pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL || pull_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull: missing argument");
+    if (atomic_load(&inst->stopping))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "pull: instance is shutting down");
+    if (params->transfer_id[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull: kv_transfer_params.transfer_id is missing");
+    if (!params->has_remote_block_ids || params->num_remote_blocks == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull %s: kv_transfer_params.remote_block_ids is missing or empty",
+                             params->transfer_id);
+    if (n == 0 || local_blocks == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull %s: no local blocks", params->transfer_id);
+    if (n > params->num_remote_blocks)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull %s: %zu local blocks but the producer holds only %zu",
+                             params->transfer_id, n, params->num_remote_blocks);
+    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "pull %s: local blocks", params->transfer_id);
+
+    pdl_pull_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "pull: out of memory");
+    p->inst = inst;
+    snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", params->transfer_id);
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(p->host, sizeof(p->host), "%s", params->remote_host);
+        p->hs_base = params->remote_handshake_port;
+        p->notify_base = params->remote_notify_port;
+    } else {
+        pdl_zmq_addr_t pa;
+        pdl_error_t e;
+        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK) {
+            free(p);
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "pull %s: no peer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
+                                 "remote_notify_port and the request id %s",
+                                 params->transfer_id, request_id ? e.msg : "is absent");
+        }
+        snprintf(p->host, sizeof(p->host), "%s", pa.host);
+        p->hs_base = pa.handshake_port;
+        p->notify_base = pa.notify_port;
+    }
+    if (params->remote_engine_id[0])
+        snprintf(p->engine_id, sizeof(p->engine_id), "%s", params->remote_engine_id);
+    else
+        snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+    bool disagree = false;
+    p->producer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    if (disagree)
+        pdl_warn("pull %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", p->transfer_id,
+                 params->remote_tp_size, params->tp_size, p->producer_tp);
+    p->remote_dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    int dummy;
+    pdl_error_t e;
+    if (p->producer_tp < 1 || p->producer_tp > PDL_TOPO_MAX_TP ||
+        pdl_topo_map_rank(0, inst->tp, p->producer_tp, &dummy, &e) != PDL_OK) {
+        st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer TP %d with consumer TP %d: %s", p->transfer_id,
+                           p->producer_tp, inst->tp, p->producer_tp < 1 ? "invalid size" : e.msg);
+        free(p);
+        return st;
+    }
+    int top = p->remote_dp * p->producer_tp + p->producer_tp;
+    if (p->hs_base < 1 || p->hs_base + top > 65536 || p->notify_base < 1 || p->notify_base + top > 65536) {
+        st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer ports %d/%d + %d ranks exceed 65535", p->transfer_id,
+                           p->hs_base, p->notify_base, top);
+        free(p);
+        return st;
+    }
+    p->n = n;
+    p->local_blocks = malloc(n * sizeof(uint32_t));
+    p->remote_blocks = malloc(n * sizeof(uint32_t));
+    p->release_sent_ns = calloc((size_t)inst->tp, sizeof(uint64_t));
+    if (p->local_blocks == NULL || p->remote_blocks == NULL || p->release_sent_ns == NULL) {
+        free(p->local_blocks);
+        free(p->remote_blocks);
+        free(p->release_sent_ns);
+        free(p);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "pull: out of memory");
+    }
+    memcpy(p->local_blocks, local_blocks, n * sizeof(uint32_t));
+    memcpy(p->remote_blocks, params->remote_block_ids + (params->num_remote_blocks - n), n * sizeof(uint32_t));
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->status = PDL_OK;
+    p->pending = inst->tp;
+    p->refs = 1 + inst->tp;
+    p->start_ns = pdl_now_ns();
+    for (int i = 0; i < inst->tp; i++) {
+        pdl_rank_t *r = &inst->ranks[i];
+        pdl_pull_job_t *j = calloc(1, sizeof(*j));
+        if (j == NULL) {
+            pull_rank_done(p, i, PDL_ERR_NOMEM, "out of memory", 0, 0);
+            pull_unref(p);
+            continue;
+        }
+        j->pull = p;
+        j->queued_ns = p->start_ns;
+        pthread_mutex_lock(&r->job_mu);
+        if (r->job_tail)
+            r->job_tail->next = j;
+        else
+            r->job_head = j;
+        r->job_tail = j;
+        pthread_cond_signal(&r->job_cv);
+        pthread_mutex_unlock(&r->job_mu);
+    }
+    *pull_out = p;
+    return PDL_OK;
+}
+
+pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err)
+{
+    if (pull == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pull_wait: no pull");
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_ms >= 0) {
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&pull->mu);
+    while (pull->pending > 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&pull->cv, &pull->mu);
+        else if (pthread_cond_timedwait(&pull->cv, &pull->mu, &ts) != 0)
+            break;
+    }
+    pdl_status_t st;
+    if (pull->pending > 0)
+        st = pdl_error_set(err, PDL_ERR_TIMEOUT, "pull %s: %d ranks still reading after %d ms", pull->transfer_id,
+                           pull->pending, timeout_ms);
+    else if (pull->status != PDL_OK)
+        st = pdl_error_set(err, pull->status, "pull %s: %s", pull->transfer_id, pull->msg);
+    else
+        st = PDL_OK;
+    pthread_mutex_unlock(&pull->mu);
+    return st;
+}
+
+uint64_t pdl_pull_bytes(const pdl_pull_t *pull)
+{
+    pdl_pull_t *p = (pdl_pull_t *)pull;
+    pthread_mutex_lock(&p->mu);
+    uint64_t v = p->bytes;
+    pthread_mutex_unlock(&p->mu);
+    return v;
+}
+
+uint64_t pdl_pull_descriptors(const pdl_pull_t *pull)
+{
+    pdl_pull_t *p = (pdl_pull_t *)pull;
+    pthread_mutex_lock(&p->mu);
+    uint64_t v = p->descs;
+    pthread_mutex_unlock(&p->mu);
+    return v;
+}
+
+uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank)
+{
+    pdl_pull_t *p = (pdl_pull_t *)pull;
+    if (tp_rank < 0 || tp_rank >= p->inst->tp)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    uint64_t v = p->release_sent_ns[tp_rank];
+    pthread_mutex_unlock(&p->mu);
+    return v;
+}
+
+void pdl_pull_free(pdl_pull_t *pull)
+{
+    if (pull)
+        pull_unref(pull);
+}
