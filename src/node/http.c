@@ -86,7 +86,9 @@ static enum MHD_Result send_result_error(struct MHD_Connection *c, const pdl_nod
 
 /* ---- completion bodies ------------------------------------------------------------------------ */
 
-static char *generated_text(const pdl_node_result_t *res, size_t from, size_t to)
+/* Words of tokens [from, to); a completion continues the prompt so each word has a leading space, a
+ * chat message starts with its first word. */
+static char *generated_text(const pdl_node_result_t *res, size_t from, size_t to, bool chat)
 {
     size_t cap = 1;
     for (size_t i = from; i < to; i++)
@@ -96,7 +98,7 @@ static char *generated_text(const pdl_node_result_t *res, size_t from, size_t to
         return NULL;
     size_t n = 0;
     for (size_t i = from; i < to; i++)
-        n += (size_t)sprintf(s + n, " %s", pdl_synth_word(res->tokens[i]));
+        n += (size_t)sprintf(s + n, "%s%s", chat && i == 0 ? "" : " ", pdl_synth_word(res->tokens[i]));
     s[n] = '\0';
     return s;
 }
@@ -116,7 +118,7 @@ static json_t *full_response(pdl_node_t *node, const pdl_node_request_t *req, pd
 {
     char id[PDL_NODE_RID_MAX + 16];
     resp_id(req, id, sizeof(id));
-    char *text = generated_text(res, 0, res->num_tokens);
+    char *text = generated_text(res, 0, res->num_tokens, req->chat);
     if (text == NULL)
         return NULL;
     json_t *choice;
@@ -176,7 +178,7 @@ static bool sse_next(sse_stream_t *s)
                 s->phase = 2;
                 continue;
             }
-            char *text = generated_text(&s->res, s->next, s->next + 1);
+            char *text = generated_text(&s->res, s->next, s->next + 1, s->req.chat);
             if (text == NULL)
                 return false;
             s->next++;

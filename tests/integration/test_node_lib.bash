@@ -1,0 +1,109 @@
+# test_node_lib.bash -- helpers shared by the pdlink-node shell tests (sourced, not a test itself).
+#
+# Nodes start with --port 0 --port-file, so no fixed TCP port is ever used; every child is recorded and
+# killed on exit. Checks count passes and failures; `finish` prints the tally and sets the exit status.
+
+BUILD=${PDLINK_BUILD_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build}
+SRC=${PDLINK_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+NODE_BIN=$BUILD/pdlink-node
+if [[ ! -x $NODE_BIN ]]; then
+    echo "SKIP: $NODE_BIN not built"
+    exit 77
+fi
+for tool in curl jq; do
+    command -v $tool >/dev/null || { echo "SKIP: $tool missing"; exit 77; }
+done
+
+TMP=$(mktemp -d /tmp/pdlink-node-test.XXXXXX)
+CHILDREN=()
+PASS=0
+FAIL=0
+
+cleanup() {
+    for pid in "${CHILDREN[@]}"; do
+        kill "$pid" 2>/dev/null
+    done
+    for pid in "${CHILDREN[@]}"; do
+        wait "$pid" 2>/dev/null
+    done
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
+bad() { FAIL=$((FAIL + 1)); echo "FAIL - $*"; }
+check() { # check DESCRIPTION COMMAND...
+    local what=$1
+    shift
+    if "$@"; then ok "$what"; else bad "$what"; fi
+}
+check_eq() { # check_eq DESCRIPTION GOT WANT
+    if [[ "$2" == "$3" ]]; then ok "$1"; else bad "$1: got '$2', want '$3'"; fi
+}
+check_contains() { # check_contains DESCRIPTION HAYSTACK NEEDLE
+    if [[ "$2" == *"$3"* ]]; then ok "$1"; else bad "$1: '$3' not in '${2:0:300}'"; fi
+}
+
+# start_node NAME ARGS... : starts pdlink-node, waits for /health, sets ${NAME}_PORT and ${NAME}_PID.
+start_node() {
+    local name=$1
+    shift
+    local pf=$TMP/$name.port
+    rm -f "$pf"
+    "$NODE_BIN" --host 127.0.0.1 --port 0 --port-file "$pf" "$@" >"$TMP/$name.log" 2>&1 &
+    local pid=$!
+    CHILDREN+=("$pid")
+    printf -v "${name}_PID" '%s' "$pid"
+    for _ in $(seq 1 400); do
+        if [[ -s $pf ]]; then
+            local port
+            port=$(cat "$pf")
+            if curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1; then
+                printf -v "${name}_PORT" '%s' "$port"
+                return 0
+            fi
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "node $name exited early:"
+            cat "$TMP/$name.log"
+            return 1
+        fi
+        sleep 0.05
+    done
+    echo "node $name not ready after 20 s:"
+    cat "$TMP/$name.log"
+    return 1
+}
+
+# stop_node NAME : SIGTERM and wait; sets STOP_RC.
+stop_node() {
+    local pidvar=${1}_PID
+    local pid=${!pidvar}
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid"
+    STOP_RC=$?
+}
+
+# post PORT PATH JSON [extra curl args] : prints "STATUS BODY" (body on one line)
+post() {
+    local port=$1 path=$2 body=$3
+    shift 3
+    curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' "$@" \
+        --data-binary "$body" "http://127.0.0.1:$port$path" >"$TMP/code"
+    echo "$(cat "$TMP/code") $(tr -d '\n' <"$TMP/body")"
+}
+
+completion_text() { # completion_text PORT PROMPT MAX_TOKENS
+    curl -s -H 'Content-Type: application/json' \
+        --data-binary "$(jq -cn --arg p "$2" --argjson m "$3" '{prompt:$p, max_tokens:$m}')" \
+        "http://127.0.0.1:$1/v1/completions" | jq -r '.choices[0].text'
+}
+
+metric() { # metric PORT NAME_WITH_LABELS_PREFIX : sum of matching series
+    curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 { s += $NF } END { printf "%d\n", s }'
+}
+
+finish() {
+    echo "# $PASS passed, $FAIL failed"
+    [[ $FAIL -eq 0 ]]
+}
