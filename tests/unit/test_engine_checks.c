@@ -1,0 +1,355 @@
+/*
+ * test_engine_checks.c -- registration checks on both sides (every out-of-range variant refused,
+ * unknown and deregistered ids), descriptor merging and batch status transitions. The owner's checks
+ * are driven with hand-made frames on a raw socket, so they are tested without the initiator's own
+ * checks in front of them.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "engine/tcp_wire.h"
+#include "pdlink/engine.h"
+#include "pdlink/log.h"
+
+#define SZ 65536
+
+typedef struct pair {
+    pdl_engine_t *owner, *init;
+    pdl_mem_t *om, *im;
+    pdl_session_t *s;
+} pair_t;
+
+static void pair_open(pair_t *p, pdl_backend_kind_t b)
+{
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1};
+    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2};
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&oc, &p->owner, &err), PDL_OK);
+    assert_int_equal(pdl_engine_create(&ic, &p->init, &err), PDL_OK);
+    assert_int_equal(pdl_engine_alloc_mem(p->owner, SZ, &p->om, &err), PDL_OK);
+    assert_int_equal(pdl_engine_alloc_mem(p->init, SZ, &p->im, &err), PDL_OK);
+    pdl_bytes_t ed, md;
+    assert_int_equal(pdl_engine_pack(p->owner, &ed, &err), PDL_OK);
+    assert_int_equal(pdl_mem_pack(p->om, &md, &err), PDL_OK);
+    assert_int_equal(pdl_engine_add_remote(p->init, ed.data, ed.len, NULL, 0, &err), PDL_OK);
+    pdl_status_t st = pdl_session_open(p->init, p->im, md.data, md.len, &p->s, &err);
+    if (st != PDL_OK)
+        fail_msg("%s", err.msg);
+    pdl_bytes_free(&ed);
+    pdl_bytes_free(&md);
+}
+
+static void pair_close(pair_t *p)
+{
+    pdl_session_close(p->s);
+    pdl_engine_deregister_mem(p->init, p->im);
+    if (p->om)
+        pdl_engine_deregister_mem(p->owner, p->om);
+    pdl_engine_destroy(p->init);
+    pdl_engine_destroy(p->owner);
+}
+
+static pdl_status_t run1(pdl_session_t *s, pdl_op_t op, uint64_t lo, uint64_t ro, uint64_t len, pdl_error_t *err)
+{
+    pdl_desc_t d = {lo, ro, len};
+    pdl_batch_t *b = NULL;
+    pdl_status_t st = pdl_session_post(s, op, &d, 1, &b, err);
+    if (st != PDL_OK)
+        return st;
+    st = pdl_batch_wait(b, -1, err);
+    pdl_batch_free(b);
+    return st;
+}
+
+static void initiator_checks(pdl_backend_kind_t backend)
+{
+    pair_t p;
+    pair_open(&p, backend);
+    pdl_error_t err;
+    struct {
+        uint64_t lo, ro, len;
+        const char *needle;
+    } bad[] = {
+        {0, SZ + 1, 1, "read [65537, +1) outside region 1 of engine producer:tp1 (size 65536)"}, /* offset beyond */
+        {0, SZ, 1, "read [65536, +1) outside region"},                                          /* offset at end */
+        {0, 1, SZ, "read [1, +65536) outside region"},                                          /* length beyond */
+        {0, UINT64_MAX - 10, 100, "outside region 1 of engine producer:tp1"},                   /* overflow */
+        {0, 4096, UINT64_MAX, "outside local region"},                                          /* huge length */
+        {SZ - 10, 0, 11, "outside local region"},                                               /* local range */
+        {0, 0, 0, "length 0"},                                                                  /* empty */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        pdl_status_t st = run1(p.s, PDL_OP_READ, bad[i].lo, bad[i].ro, bad[i].len, &err);
+        assert_int_equal(st, PDL_ERR_INVALID);
+        if (strstr(err.msg, bad[i].needle) == NULL)
+            fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, bad[i].needle);
+        assert_non_null(strstr(err.msg, "engine consumer:tp0"));
+    }
+    /* The exact format of the message. */
+    run1(p.s, PDL_OP_READ, 0, 4096, SZ, &err);
+    assert_non_null(strstr(err.msg, "engine consumer:tp0: read [4096, +65536) outside region 1 of engine "
+                                    "producer:tp1 (size 65536)"));
+    assert_int_equal(run1(p.s, PDL_OP_WRITE, 0, 1, SZ, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "write [1, +65536)"));
+    /* Nothing was transferred and nothing failed: refused before posting. */
+    pdl_engine_stats_t st;
+    pdl_engine_get_stats(p.init, &st);
+    assert_int_equal(st.batches_ok + st.batches_failed, 0);
+    /* The whole region at the exact edge is fine. */
+    assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, SZ, &err), PDL_OK);
+
+    /* Deregistration on the owner: the next batch fails with NOT_FOUND. */
+    pdl_engine_deregister_mem(p.owner, p.om);
+    p.om = NULL;
+    assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, 4096, &err), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "region 1"));
+    pair_close(&p);
+}
+
+static void test_initiator_checks_shm(void **state)
+{
+    (void)state;
+    initiator_checks(PDL_BACKEND_SHM);
+}
+
+static void test_initiator_checks_tcp(void **state)
+{
+    (void)state;
+    initiator_checks(PDL_BACKEND_TCP);
+}
+
+/* ---------------------------------------------------------------- owner side, raw frames */
+
+static int raw_hello(uint16_t port, const char *key)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    uint8_t h[PDL_TCP_REQ_HDR];
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_HELLO, 0, 0, 0, strlen(key), 0};
+    pdl_tcp_req_encode(h, &r);
+    assert_int_equal(send(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    assert_int_equal(send(fd, key, strlen(key), 0), (ssize_t)strlen(key));
+    uint8_t rh[PDL_TCP_RESP_HDR];
+    assert_int_equal(recv(fd, rh, sizeof(rh), MSG_WAITALL), (ssize_t)sizeof(rh));
+    pdl_tcp_resp_t rr;
+    pdl_tcp_resp_decode(rh, &rr);
+    assert_int_equal(rr.status, 0);
+    return fd;
+}
+
+/* Send one request; return the response status; read and return payload/message into buf. */
+static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, uint32_t nseg, const uint8_t *payload,
+                       uint8_t *buf, size_t cap, uint64_t *got)
+{
+    uint8_t h[PDL_TCP_REQ_HDR];
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < nseg; i++)
+        total += segs[2 * i + 1];
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, op, nseg, 0, id, total, 99};
+    pdl_tcp_req_encode(h, &r);
+    assert_int_equal(send(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    uint8_t sb[16 * 8];
+    for (uint32_t i = 0; i < nseg; i++) {
+        pdl_tcp_put64(sb + 16 * i, segs[2 * i]);
+        pdl_tcp_put64(sb + 16 * i + 8, segs[2 * i + 1]);
+    }
+    assert_int_equal(send(fd, sb, 16 * nseg, 0), (ssize_t)(16 * nseg));
+    if (op == PDL_TCP_OP_WRITE)
+        assert_int_equal(send(fd, payload, total, 0), (ssize_t)total);
+    uint8_t rh[PDL_TCP_RESP_HDR];
+    assert_int_equal(recv(fd, rh, sizeof(rh), MSG_WAITALL), (ssize_t)sizeof(rh));
+    pdl_tcp_resp_t rr;
+    pdl_tcp_resp_decode(rh, &rr);
+    assert_int_equal(rr.magic, PDL_TCP_RESP_MAGIC);
+    assert_int_equal(rr.tag, 99);
+    uint64_t n = rr.status ? rr.msg_len : rr.payload_len;
+    assert_true(n < cap);
+    if (n)
+        assert_int_equal(recv(fd, buf, n, MSG_WAITALL), (ssize_t)n);
+    buf[n] = 0;
+    *got = n;
+    return rr.status;
+}
+
+static void test_owner_checks_tcp(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_TCP);
+    uint8_t *om = pdl_mem_ptr(p.om);
+    for (size_t i = 0; i < SZ; i++)
+        om[i] = (uint8_t)(i * 7);
+    int fd = raw_hello(pdl_engine_port(p.owner), "producer:tp1");
+    uint8_t buf[SZ + 1024];
+    uint64_t got;
+    uint64_t id = pdl_mem_id(p.om);
+    struct {
+        uint64_t id, off, len;
+        int32_t st;
+        const char *needle;
+    } bad[] = {
+        {999, 0, 16, PDL_ERR_NOT_FOUND, "no such registration"},
+        {0, 0, 16, PDL_ERR_NOT_FOUND, "no such registration"},
+        {1, SZ + 1, 1, PDL_ERR_INVALID, "read [65537, +1) outside region 1 of engine producer:tp1 (size 65536)"},
+        {1, 0, SZ + 1, PDL_ERR_INVALID, "outside region"},
+        {1, UINT64_MAX - 8, 16, PDL_ERR_INVALID, "outside region"},
+        {1, SZ, 1, PDL_ERR_INVALID, "outside region"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint64_t seg[2] = {bad[i].off, bad[i].len};
+        int32_t st = raw_req(fd, PDL_TCP_OP_READ, bad[i].id ? bad[i].id : 0, seg, 1, NULL, buf, sizeof(buf), &got);
+        assert_int_equal(st, bad[i].st);
+        if (strstr((char *)buf, bad[i].needle) == NULL)
+            fail_msg("case %zu: '%s' lacks '%s'", i, buf, bad[i].needle);
+    }
+    /* One bad segment among good ones refuses the whole request. */
+    uint64_t mixed[4] = {0, 16, SZ - 8, 16};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, id, mixed, 2, NULL, buf, sizeof(buf), &got), PDL_ERR_INVALID);
+    /* A refused WRITE is drained: nothing lands in the region and the connection stays in sync. */
+    uint8_t payload[32];
+    memset(payload, 0xEE, sizeof(payload));
+    uint64_t wseg[2] = {SZ - 16, 32};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_WRITE, id, wseg, 1, payload, buf, sizeof(buf), &got), PDL_ERR_INVALID);
+    for (size_t i = SZ - 16; i < SZ; i++)
+        assert_int_equal(om[i], (uint8_t)(i * 7));
+    /* The same connection still serves a good READ of two segments, in request order. */
+    uint64_t good[4] = {100, 8, 10, 4};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, id, good, 2, NULL, buf, sizeof(buf), &got), 0);
+    assert_int_equal(got, 12);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(buf[i], (uint8_t)((100 + i) * 7));
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(buf[8 + i], (uint8_t)((10 + i) * 7));
+    /* And a good WRITE. */
+    uint64_t wgood[2] = {0, 32};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_WRITE, id, wgood, 1, payload, buf, sizeof(buf), &got), 0);
+    assert_int_equal(om[0], 0xEE);
+    assert_int_equal(om[31], 0xEE);
+    pdl_engine_stats_t st;
+    pdl_engine_get_stats(p.owner, &st);
+    assert_int_equal(st.requests_refused, 8);
+    assert_int_equal(st.connections_dropped_malformed, 0);
+    assert_int_equal(st.bytes_served, 12 + 32);
+
+    /* Deregistered: refused with NOT_FOUND naming the deregistration. */
+    pdl_engine_deregister_mem(p.owner, p.om);
+    p.om = NULL;
+    uint64_t seg[2] = {0, 16};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, id, seg, 1, NULL, buf, sizeof(buf), &got), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr((char *)buf, "deregistered"));
+    close(fd);
+    /* A HELLO naming another engine is refused. */
+    int fd2 = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(pdl_engine_port(p.owner))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd2, (struct sockaddr *)&a, sizeof(a)), 0);
+    uint8_t h[PDL_TCP_REQ_HDR];
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_HELLO, 0, 0, 0, 5, 0};
+    pdl_tcp_req_encode(h, &r);
+    send(fd2, h, sizeof(h), 0);
+    send(fd2, "other", 5, 0);
+    uint8_t rh[PDL_TCP_RESP_HDR];
+    assert_int_equal(recv(fd2, rh, sizeof(rh), MSG_WAITALL), (ssize_t)sizeof(rh));
+    pdl_tcp_resp_t rr;
+    pdl_tcp_resp_decode(rh, &rr);
+    assert_int_equal(rr.status, PDL_ERR_MISMATCH);
+    close(fd2);
+    pair_close(&p);
+}
+
+/* ---------------------------------------------------------------- status transitions, merging */
+
+static void transitions(pdl_backend_kind_t backend)
+{
+    pair_t p;
+    pair_open(&p, backend);
+    uint8_t *om = pdl_mem_ptr(p.om), *im = pdl_mem_ptr(p.im);
+    for (size_t i = 0; i < SZ; i++)
+        om[i] = (uint8_t)(i * 13 + 1);
+    /* Three descriptors adjacent on both sides merge into one; a fourth elsewhere does not. */
+    pdl_desc_t d[4] = {{0, 1024, 100}, {100, 1124, 200}, {300, 1324, 50}, {8192, 0, 10}};
+    pdl_batch_t *b = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl_session_post(p.s, PDL_OP_READ, d, 4, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_num_descs(b), 2);
+    assert_int_equal(pdl_batch_bytes(b), 360);
+    pdl_status_t st = pdl_batch_poll(b, &err);
+    assert_true(st == PDL_INPROGRESS || st == PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_OK);
+    assert_int_equal(pdl_batch_poll(b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, 0, &err), PDL_OK);
+    pdl_batch_free(b);
+    for (int i = 0; i < 350; i++)
+        assert_int_equal(im[i], (uint8_t)((1024 + i) * 13 + 1));
+    for (int i = 0; i < 10; i++)
+        assert_int_equal(im[8192 + i], (uint8_t)(i * 13 + 1));
+    /* A failed batch reports the same status from poll and wait. */
+    pdl_engine_deregister_mem(p.owner, p.om);
+    p.om = NULL;
+    if (backend == PDL_BACKEND_TCP) {
+        /* tcp checks at the owner, so the post succeeds and the batch fails. */
+        assert_int_equal(pdl_session_post(p.s, PDL_OP_READ, d, 1, &b, &err), PDL_OK);
+        assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_NOT_FOUND);
+        assert_int_equal(pdl_batch_poll(b, &err), PDL_ERR_NOT_FOUND);
+        assert_non_null(strstr(err.msg, "region 1"));
+        pdl_batch_free(b);
+        pdl_engine_stats_t s;
+        pdl_engine_get_stats(p.init, &s);
+        assert_int_equal(s.batches_failed, 1);
+        assert_int_equal(s.batches_ok, 1);
+        assert_int_equal(s.bytes_read, 360);
+    } else {
+        assert_int_equal(pdl_session_post(p.s, PDL_OP_READ, d, 1, &b, &err), PDL_ERR_NOT_FOUND);
+    }
+    pair_close(&p);
+}
+
+static void test_transitions_shm(void **state)
+{
+    (void)state;
+    transitions(PDL_BACKEND_SHM);
+}
+
+static void test_transitions_tcp(void **state)
+{
+    (void)state;
+    transitions(PDL_BACKEND_TCP);
+}
+
+/* remove_remote: later posts fail with PEER_GONE. */
+static void test_remove_remote(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_TCP);
+    pdl_error_t err;
+    assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, 4096, &err), PDL_OK);
+    assert_int_equal(pdl_engine_remove_remote(p.init, "producer:tp1", &err), PDL_OK);
+    assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, 4096, &err), PDL_ERR_PEER_GONE);
+    assert_non_null(strstr(err.msg, "peer gone"));
+    pair_close(&p);
+}
+
+int main(void)
+{
+    pdl_log_set_level(PDL_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_initiator_checks_shm), cmocka_unit_test(test_initiator_checks_tcp),
+        cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
+        cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

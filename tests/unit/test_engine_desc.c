@@ -1,0 +1,212 @@
+/*
+ * test_engine_desc.c -- engine and memory descriptors: round trips, version mismatch, hostile bytes,
+ * backend mismatch, and the argument checks of the public API.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <msgpack.h>
+
+#include "engine/backend.h"
+#include "pdlink/engine.h"
+#include "pdlink/log.h"
+
+static pdl_engine_t *mk(const char *key, pdl_backend_kind_t b)
+{
+    pdl_engine_config_t cfg = {key, "127.0.0.1", 0, b, 1, 1};
+    pdl_engine_t *e = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
+    return e;
+}
+
+static void test_engine_roundtrip(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = mk("producer:tp1", PDL_BACKEND_TCP);
+    assert_true(pdl_engine_port(e) > 0);
+    pdl_bytes_t b = {0};
+    assert_int_equal(pdl_engine_pack(e, &b, NULL), PDL_OK);
+    pdl_remote_t r;
+    pdl_error_t err;
+    assert_int_equal(pdl__engine_desc_unpack(b.data, b.len, &r, &err), PDL_OK);
+    assert_string_equal(r.key, "producer:tp1");
+    assert_string_equal(r.host, "127.0.0.1");
+    assert_int_equal(r.port, pdl_engine_port(e));
+    assert_int_equal(r.backend, PDL_BACKEND_TCP);
+    assert_int_equal(r.pid, getpid());
+    /* Every truncation of a valid descriptor is refused, never crashes. */
+    for (size_t n = 0; n < b.len; n++)
+        assert_int_not_equal(pdl__engine_desc_unpack(b.data, n, &r, &err), PDL_OK);
+    pdl_bytes_free(&b);
+    pdl_engine_destroy(e);
+}
+
+static void test_mem_roundtrip(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = mk("producer:tp1", PDL_BACKEND_SHM);
+    pdl_mem_t *m = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_alloc_mem(e, 65536, &m, &err), PDL_OK);
+    assert_int_equal(pdl_mem_size(m), 65536);
+    const uint8_t *p = pdl_mem_ptr(m);
+    for (size_t i = 0; i < 65536; i++)
+        assert_int_equal(p[i], 0); /* zeroed */
+    pdl_bytes_t b = {0};
+    assert_int_equal(pdl_mem_pack(m, &b, &err), PDL_OK);
+    pdl_rmem_t rm;
+    assert_int_equal(pdl__mem_desc_unpack(b.data, b.len, &rm, &err), PDL_OK);
+    assert_string_equal(rm.engine_key, "producer:tp1");
+    assert_int_equal(rm.id, pdl_mem_id(m));
+    assert_int_equal(rm.size, 65536);
+    assert_int_equal(rm.kind, PDL_MEM_MEMFD);
+    assert_int_equal(rm.addr, (uint64_t)(uintptr_t)pdl_mem_ptr(m));
+    assert_true(rm.fd >= 0);
+    assert_int_equal(rm.pid, getpid());
+    pdl_bytes_free(&b);
+
+    static uint8_t user[8192];
+    pdl_mem_t *u = NULL;
+    assert_int_equal(pdl_engine_register_mem(e, user, sizeof(user), &u, &err), PDL_OK);
+    assert_int_not_equal(pdl_mem_id(u), pdl_mem_id(m));
+    assert_int_equal(pdl_mem_pack(u, &b, &err), PDL_OK);
+    assert_int_equal(pdl__mem_desc_unpack(b.data, b.len, &rm, &err), PDL_OK);
+    assert_int_equal(rm.kind, PDL_MEM_USER);
+    assert_int_equal(rm.fd, -1);
+    pdl_bytes_free(&b);
+    pdl_engine_deregister_mem(e, u);
+    pdl_engine_deregister_mem(e, m);
+    pdl_engine_destroy(e);
+}
+
+/* A descriptor from a newer pdlink: same shape, "v" = 2. */
+static void pack_engine_v(msgpack_sbuffer *sb, uint64_t v, const char *backend)
+{
+    msgpack_packer pk;
+    msgpack_sbuffer_init(sb);
+    msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+    const char *keys[] = {"magic", "key", "backend", "host", "hostname"};
+    const char *vals[] = {"pdlink-engine", "producer:tp9", backend, "127.0.0.1", "h"};
+    msgpack_pack_map(&pk, 8);
+    for (int i = 0; i < 5; i++) {
+        msgpack_pack_str_with_body(&pk, keys[i], strlen(keys[i]));
+        msgpack_pack_str_with_body(&pk, vals[i], strlen(vals[i]));
+    }
+    msgpack_pack_str_with_body(&pk, "v", 1);
+    msgpack_pack_uint64(&pk, v);
+    msgpack_pack_str_with_body(&pk, "port", 4);
+    msgpack_pack_uint64(&pk, 4242);
+    msgpack_pack_str_with_body(&pk, "pid", 3);
+    msgpack_pack_uint64(&pk, 1);
+}
+
+static void test_version_mismatch(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = mk("consumer:tp0", PDL_BACKEND_TCP);
+    msgpack_sbuffer sb;
+    pack_engine_v(&sb, 2, "tcp");
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_add_remote(e, sb.data, sb.size, NULL, 0, &err), PDL_ERR_MISMATCH);
+    assert_non_null(strstr(err.msg, "version 2"));
+    assert_non_null(strstr(err.msg, "consumer:tp0"));
+    msgpack_sbuffer_destroy(&sb);
+    /* The same descriptor with v = 1 is accepted. */
+    pack_engine_v(&sb, PDL_ENGINE_DESC_VERSION, "tcp");
+    char key[64];
+    assert_int_equal(pdl_engine_add_remote(e, sb.data, sb.size, key, sizeof(key), &err), PDL_OK);
+    assert_string_equal(key, "producer:tp9");
+    assert_int_equal(pdl_engine_remove_remote(e, "producer:tp9", &err), PDL_OK);
+    assert_int_equal(pdl_engine_remove_remote(e, "producer:tp9", &err), PDL_ERR_NOT_FOUND);
+    msgpack_sbuffer_destroy(&sb);
+    /* A shm engine descriptor offered to a tcp engine. */
+    pack_engine_v(&sb, PDL_ENGINE_DESC_VERSION, "shm");
+    assert_int_equal(pdl_engine_add_remote(e, sb.data, sb.size, NULL, 0, &err), PDL_ERR_MISMATCH);
+    assert_non_null(strstr(err.msg, "backend"));
+    msgpack_sbuffer_destroy(&sb);
+    pdl_engine_destroy(e);
+}
+
+static void test_hostile_descriptors(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = mk("consumer:tp0", PDL_BACKEND_TCP);
+    pdl_error_t err;
+    const uint8_t junk[] = {0xc1, 0xff, 0x00};
+    assert_int_equal(pdl_engine_add_remote(e, junk, sizeof(junk), NULL, 0, &err), PDL_ERR_PARSE);
+    const uint8_t arr[] = {0x91, 0x01}; /* [1] */
+    assert_int_equal(pdl_engine_add_remote(e, arr, sizeof(arr), NULL, 0, &err), PDL_ERR_PARSE);
+    assert_int_equal(pdl_engine_add_remote(e, NULL, 0, NULL, 0, &err), PDL_ERR_INVALID);
+    /* wrong types: key as an integer */
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, 3);
+    msgpack_pack_str_with_body(&pk, "magic", 5);
+    msgpack_pack_str_with_body(&pk, "pdlink-engine", 13);
+    msgpack_pack_str_with_body(&pk, "v", 1);
+    msgpack_pack_uint64(&pk, 1);
+    msgpack_pack_str_with_body(&pk, "key", 3);
+    msgpack_pack_uint64(&pk, 7);
+    assert_int_equal(pdl_engine_add_remote(e, sb.data, sb.size, NULL, 0, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "key"));
+    msgpack_sbuffer_destroy(&sb);
+    /* a memory descriptor handed to add_remote (wrong magic) */
+    pdl_mem_t *m = NULL;
+    assert_int_equal(pdl_engine_alloc_mem(e, 4096, &m, &err), PDL_OK);
+    pdl_bytes_t b;
+    assert_int_equal(pdl_mem_pack(m, &b, &err), PDL_OK);
+    assert_int_equal(pdl_engine_add_remote(e, b.data, b.len, NULL, 0, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "magic"));
+    /* a session to an engine never added */
+    pdl_session_t *s = NULL;
+    assert_int_equal(pdl_session_open(e, m, b.data, b.len, &s, &err), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "consumer:tp0"));
+    pdl_bytes_free(&b);
+    pdl_engine_deregister_mem(e, m);
+    pdl_engine_destroy(e);
+}
+
+static void test_config_checks(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = NULL;
+    pdl_error_t err;
+    pdl_engine_config_t cfg = {"k", "127.0.0.1", 0, PDL_BACKEND_TCP, 0, 1};
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "qp_per_transfer"));
+    cfg.qp_per_transfer = 1;
+    cfg.num_workers = 0;
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "num_workers"));
+    cfg.num_workers = 1;
+    cfg.backend = (pdl_backend_kind_t)7;
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    cfg.backend = PDL_BACKEND_SHM;
+    cfg.key = "";
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    assert_null(e);
+    assert_int_equal(pdl_backend_parse("shm"), PDL_BACKEND_SHM);
+    assert_int_equal(pdl_backend_parse("tcp"), PDL_BACKEND_TCP);
+    assert_int_equal(pdl_backend_parse("rdma"), -1);
+    assert_string_equal(pdl_backend_name(PDL_BACKEND_TCP), "tcp");
+}
+
+int main(void)
+{
+    pdl_log_set_level(PDL_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_engine_roundtrip),    cmocka_unit_test(test_mem_roundtrip),
+        cmocka_unit_test(test_version_mismatch),    cmocka_unit_test(test_hostile_descriptors),
+        cmocka_unit_test(test_config_checks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
