@@ -40,7 +40,13 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len)
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t suppressed = 0;
-    if (pdl_wire_decode_registration(buf, len, &reg, &err) != PDL_OK) {
+    pdl_status_t dst = pdl_wire_decode_registration(buf, len, &reg, &err);
+    if (dst == PDL_ERR_UNSUPPORTED) {
+        /* G1's {type: "HELLO"} keep-alive: well-formed, carries nothing (router-spec §2.4). */
+        pdl_debug("discovery: ignored a message: %s", err.msg);
+        return;
+    }
+    if (dst != PDL_OK) {
         pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MALFORMED, 1);
         if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
             pdl_warn("discovery: dropped a malformed frame of %zu bytes: %s (%llu similar suppressed)", len,

@@ -13,6 +13,8 @@ what the worker sent byte for byte. POST /_control {json} changes its behaviour 
   chunk_delay_ms, n_chunks  SSE pacing and length (default 0 ms, max_tokens or 8 chunks)
   ping                      false stops the registration pings (to test the router's TTL)
   drop_mid_stream           close the connection after half the chunks
+  block_until_url           before answering, poll this URL (another fake's /_requests) until it lists
+                            a request; 500 after 20 s. Proves two legs were in flight at once.
 POST /_reset clears the request log. The bound port is written to --port-file.
 """
 import argparse
@@ -35,7 +37,7 @@ class State:
         self.lock = threading.Lock()
         self.requests = []
         self.control = {"fail_status": 0, "fail_body": "", "delay_ms": 0, "chunk_delay_ms": 0, "n_chunks": 0,
-                        "ping": True, "drop_mid_stream": False}
+                        "ping": True, "drop_mid_stream": False, "block_until_url": ""}
         self.port = 0
         self.stop = threading.Event()
 
@@ -112,6 +114,19 @@ class Handler(BaseHTTPRequestHandler):
             self.st.requests.append(rec)
         if ctl["delay_ms"]:
             time.sleep(ctl["delay_ms"] / 1000.0)
+        if ctl["block_until_url"]:
+            import urllib.request
+            deadline = time.monotonic() + 20
+            seen = False
+            while not seen and time.monotonic() < deadline:
+                with urllib.request.urlopen(ctl["block_until_url"]) as r:
+                    seen = len(json.loads(r.read())) > 0
+                if not seen:
+                    time.sleep(0.02)
+            if not seen:
+                sent = self._send(500, "peer leg never arrived")
+                rec["status"], rec["response"] = 500, sent.decode()
+                return
         if ctl["fail_status"]:
             sent = self._send(int(ctl["fail_status"]), ctl["fail_body"] or "worker failure")
             rec["status"], rec["response"] = int(ctl["fail_status"]), sent.decode()
