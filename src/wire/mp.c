@@ -139,11 +139,12 @@ pdl_status_t pdl__mp_unpack(const void *buf, size_t len, size_t max_items, const
     }
     size_t off = 0;
     msgpack_unpack_return r = msgpack_unpack_next(u, buf, len, &off);
+    /* msgpack-c reports nesting deeper than its fixed parser stack (32 levels) as NOMEM_ERROR; after the
+     * scan bounded every allocation, that is by far the likelier cause, so the frame counts as malformed. */
     if (r == MSGPACK_UNPACK_NOMEM_ERROR)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory decoding %zu bytes", what, len);
+        return pdl_error_set(err, PDL_ERR_PARSE, "%s: msgpack nested deeper than 32 levels (or out of memory)", what);
     if (r != MSGPACK_UNPACK_SUCCESS || off != len)
-        /* msgpack-c refuses nesting deeper than its fixed parser stack (32 levels). */
-        return pdl_error_set(err, PDL_ERR_PARSE, "%s: invalid msgpack (nested too deeply or malformed)", what);
+        return pdl_error_set(err, PDL_ERR_PARSE, "%s: invalid msgpack", what);
     return PDL_OK;
 }
 
@@ -211,6 +212,15 @@ bool pdl__mp_text(const msgpack_object *o, const char **s, size_t *n)
         return true;
     }
     return false;
+}
+
+bool pdl__mp_token(const msgpack_object *o, const char **s, size_t *n)
+{
+    if (o->type == MSGPACK_OBJECT_STR) {
+        *s = o->via.str.ptr, *n = o->via.str.size;
+        return true;
+    }
+    return pdl__mp_text(o, s, n);
 }
 
 bool pdl__mp_key_is(const msgpack_object *k, const char *name)

@@ -42,6 +42,10 @@ bool pdl__utf8_valid(const void *s, size_t n);
 /* A str, or a bin holding valid UTF-8 (upstream normalises bin to str); sets *s and *n. */
 bool pdl__mp_text(const msgpack_object *o, const char **s, size_t *n);
 
+/* Like pdl__mp_text but any str bytes pass: for comparing against ASCII constants, where bad UTF-8
+ * simply fails to match and gets the "must be one of" message. */
+bool pdl__mp_token(const msgpack_object *o, const char **s, size_t *n);
+
 /* True if key `k` (str or UTF-8 bin) equals the C string `name`. */
 bool pdl__mp_key_is(const msgpack_object *k, const char *name);
 

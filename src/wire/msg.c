@@ -122,7 +122,7 @@ static pdl_status_t get_status(const msgpack_object *o, const char *ctx, pdl_rel
 {
     const char *s;
     size_t n;
-    if (!pdl__mp_text(o, &s, &n))
+    if (!pdl__mp_token(o, &s, &n))
         return pdl_error_set(err, PDL_ERR_PARSE, "%s: status is %s, expected \"ok\" or \"failed\"", ctx,
                              pdl__mp_kind(o));
     if (n == 2 && memcmp(s, "ok", 2) == 0)
@@ -212,7 +212,7 @@ static pdl_status_t decode_map(const msgpack_object *map, pdl_msg_t *out, pdl_er
     if (v[K_TYPE] != NULL) {
         const char *s;
         size_t n;
-        if (!pdl__mp_text(v[K_TYPE], &s, &n))
+        if (!pdl__mp_token(v[K_TYPE], &s, &n))
             return pdl_error_set(err, PDL_ERR_PARSE, "notify: type is %s, expected a string",
                                  pdl__mp_kind(v[K_TYPE]));
         if (n == 7 && memcmp(s, "release", 7) == 0)
@@ -292,9 +292,8 @@ pdl_status_t pdl_wire_decode_msg(const void *buf, size_t len, pdl_msg_t *out, pd
             return st;
         }
         msgpack_unpacked_destroy(&u);
-        if (r == MSGPACK_UNPACK_NOMEM_ERROR)
-            return pdl_error_set(err, PDL_ERR_NOMEM, "notify: out of memory decoding %zu bytes", len);
-        /* A msgpack scalar such as the one-byte id "7": upstream takes the text path too. */
+        /* A msgpack scalar such as the one-byte id "7" takes the text path, as upstream does; so does a
+         * value msgpack-c refuses (nested deeper than its 32-level stack), which is then not UTF-8. */
     }
 
     /* Legacy completion: the frame's text is a transfer id. */

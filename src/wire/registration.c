@@ -78,7 +78,7 @@ static pdl_status_t get_role(const msgpack_object *o, const char *key, char *out
 {
     const char *s;
     size_t n;
-    if (!pdl__mp_text(o, &s, &n))
+    if (!pdl__mp_token(o, &s, &n))
         return pdl_error_set(err, PDL_ERR_PARSE, REG_CTX ": %s is %s, expected \"P\" or \"D\"", key, pdl__mp_kind(o));
     if (n != 1 || (s[0] != 'P' && s[0] != 'D'))
         return pdl_error_set(err, PDL_ERR_PARSE, REG_CTX ": %s must be \"P\" or \"D\"", key);
@@ -90,7 +90,7 @@ static pdl_status_t get_mode(const msgpack_object *o, bool *write_mode, pdl_erro
 {
     const char *s;
     size_t n;
-    if (!pdl__mp_text(o, &s, &n))
+    if (!pdl__mp_token(o, &s, &n))
         return pdl_error_set(err, PDL_ERR_PARSE, REG_CTX ": transfer_mode is %s, expected \"READ\" or \"WRITE\"",
                              pdl__mp_kind(o));
     if (n == 4 && memcmp(s, "READ", 4) == 0)
@@ -208,7 +208,7 @@ pdl_status_t pdl_wire_decode_registration(const void *buf, size_t len, pdl_regis
     }
     const char *t;
     size_t tn;
-    if (!pdl__mp_text(v[R_TYPE], &t, &tn)) {
+    if (!pdl__mp_token(v[R_TYPE], &t, &tn)) {
         st = pdl_error_set(err, PDL_ERR_PARSE, REG_CTX ": type is %s, expected a string", pdl__mp_kind(v[R_TYPE]));
     } else if (tn == 1 && (t[0] == 'P' || t[0] == 'D')) {
         out->type = t[0];
