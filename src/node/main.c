@@ -72,9 +72,7 @@ static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_er
         pdl_warn("kv_connector_extra_config.http_port %d differs from --port %d; the router will be told %d",
                  node->conn.http_port, http_port, node->conn.http_port);
     }
-    if (node->conn.backend_mapped_from_rdma)
-        pdl_info("backend \"rdma\" mapped to \"%s\" (no RDMA fabric in this build)",
-                 pdl_backend_name(node->conn.backend));
+    /* backend "rdma" → the best available backend: the connector's config parser logs which one. */
     return PDL_OK;
 }
 

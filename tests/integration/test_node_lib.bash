@@ -107,3 +107,46 @@ finish() {
     echo "# $PASS passed, $FAIL failed"
     [[ $FAIL -eq 0 ]]
 }
+
+# free_base COUNT : prints a random port base such that base..base+COUNT-1 are all free on 127.0.0.1
+# (connector ports are bases plus rank offsets, so a whole range must be free).
+free_base() {
+    /usr/bin/python3 - "$1" <<'PY'
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(200):
+    base = random.randrange(20000, 60000 - n)
+    socks = []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+PY
+}
+
+# kv_config ROLE HANDSHAKE_BASE NOTIFY_BASE [EXTRA_JSON_MEMBERS] : the seed's --kv-transfer-config shape
+kv_config() {
+    printf '{"kv_connector":"MoRIIOConnector","kv_role":"%s","kv_connector_extra_config":{"host_ip":"127.0.0.1","handshake_port":%d,"notify_port":%d,"read_mode":true,"backend":"rdma","qp_per_transfer":2,"num_workers":2%s}}' \
+        "$1" "$2" "$3" "${4:-}"
+}
+
+# prefill_leg PORT PROMPT TRANSFER_ID REQUEST_ID DECODE_TP : the router's prefill leg; prints the response
+prefill_leg() {
+    curl -s -H "X-Request-Id: $4" -H 'Content-Type: application/json' --data-binary \
+        "$(jq -cn --arg p "$2" --arg t "$3" --argjson d "$5" \
+            '{prompt:$p, max_tokens:1, stream:false, kv_transfer_params:{do_remote_decode:true, do_remote_prefill:false, transfer_id:$t, remote_tp_size:$d, remote_dp_size:1}}')" \
+        "http://127.0.0.1:$1/v1/completions"
+}
+
+# decode_leg PORT PROMPT PARAMS_JSON REQUEST_ID MAX_TOKENS [STREAM] : the router's decode leg (params verbatim)
+decode_leg() {
+    curl -s -N -H "X-Request-Id: $4" -H 'Content-Type: application/json' --data-binary \
+        "$(jq -cn --arg p "$2" --argjson k "$3" --argjson m "$5" --argjson s "${6:-false}" \
+            '{prompt:$p, max_tokens:$m, stream:$s, kv_transfer_params:$k}')" \
+        "http://127.0.0.1:$1/v1/completions"
+}
