@@ -1,0 +1,227 @@
+/*
+ * test_connector_topologies.c -- READ mode end to end over real sockets, in one process: producer and
+ * consumer instances with their TP ranks, handshakes, batched reads through the engine, releases and
+ * producer fan-in, for every topology of the seed and more (SPEC §2, §5).
+ *
+ * For each case: producers fill held blocks with a function of (layer, head, token, dim, K/V,
+ * transfer); consumers pull them; every byte on every consumer rank is verified; every producer rank
+ * must report each of its transfers exactly once (event callback + counters); no block may stay held;
+ * releases sent by consumers must equal releases received by producers.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "test_connector_util.h"
+
+#define NBLK 3      /* blocks per transfer */
+#define TOTAL_BLOCKS 24
+
+typedef struct ev_count {
+    _Atomic int reported[PDL_TOPO_MAX_TP];
+    _Atomic int expired[PDL_TOPO_MAX_TP];
+    _Atomic int freed;
+} ev_count_t;
+
+static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
+{
+    (void)tid;
+    ev_count_t *c = arg;
+    if (ev == PDL_EVENT_RANK_REPORTED)
+        atomic_fetch_add(&c->reported[rank], 1);
+    else if (ev == PDL_EVENT_RANK_EXPIRED)
+        atomic_fetch_add(&c->expired[rank], 1);
+    else if (ev == PDL_EVENT_FREED)
+        atomic_fetch_add(&c->freed, 1);
+}
+
+typedef struct tcase {
+    const char *name;
+    int P, D;
+    int nprod, ncons;
+    int transfers;
+    tc_geo_t g;
+    pdl_backend_kind_t backend;
+} tcase_t;
+
+static bool all_free(void *arg)
+{
+    pdl_instance_t **v = arg;
+    for (int i = 0; v[i]; i++)
+        if (pdl_instance_held_transfers(v[i]) != 0)
+            return false;
+    return true;
+}
+
+static void run_case(const tcase_t *tc)
+{
+    pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
+    ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
+    assert_non_null(ev);
+    for (int i = 0; i < tc->nprod; i++) {
+        prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
+        assert_non_null(prod[i]);
+        pdl_instance_set_event_fn(prod[i], on_event, &ev[i]);
+    }
+    for (int j = 0; j < tc->ncons; j++) {
+        cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
+        assert_non_null(cons[j]);
+    }
+    int T = tc->transfers;
+    uint32_t pblk[16][NBLK], cblk[16][NBLK];
+    pdl_pull_t *pulls[16];
+    int per_prod[2] = {0, 0};
+    for (int t = 0; t < T; t++) {
+        pdl_instance_t *p = prod[t % tc->nprod], *c = cons[t % tc->ncons];
+        per_prod[t % tc->nprod]++;
+        char tid[64];
+        snprintf(tid, sizeof(tid), "tx-%s-%d", tc->name, t);
+        /* Different block ids on both sides, so a block-id mix-up cannot go unnoticed. */
+        uint32_t skip[NBLK];
+        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk[t], NULL), PDL_OK);
+        assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
+        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk[t], NULL), PDL_OK);
+        pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
+        tc_fill(p, tc->g.heads, tc->g.mla, pblk[t], NBLK, (uint32_t)t + 1);
+        pdl_error_t e;
+        assert_int_equal(pdl_instance_hold(p, tid, pblk[t], NBLK, &e), PDL_OK);
+        pdl_kv_params_t kp;
+        tc_params(p, tid, pblk[t], NBLK, &kp);
+        assert_int_equal(kp.tp_size, tc->P);
+        pdl_status_t st = pdl_instance_pull(c, &kp, NULL, cblk[t], NBLK, &pulls[t], &e);
+        if (st != PDL_OK)
+            fail_msg("pull: %s", e.msg);
+        pdl_kv_params_clear(&kp);
+    }
+    uint64_t checked = 0, bad = 0, pull_bytes = 0;
+    for (int t = 0; t < T; t++) {
+        pdl_error_t e;
+        pdl_status_t st = pdl_pull_wait(pulls[t], 30000, &e);
+        if (st != PDL_OK)
+            fail_msg("%s transfer %d: %s", tc->name, t, e.msg);
+        pull_bytes += pdl_pull_bytes(pulls[t]);
+        assert_true(pdl_pull_descriptors(pulls[t]) > 0);
+        pdl_pull_free(pulls[t]);
+        pdl_instance_t *c = cons[t % tc->ncons];
+        bad += tc_verify(c, tc->g.heads, tc->g.mla, cblk[t], NBLK, (uint32_t)t + 1, &checked);
+        pdl_instance_free_blocks(c, cblk[t], NBLK);
+    }
+    assert_int_equal(bad, 0);
+    /* every byte of every consumer rank's blocks was compared: layers x halves x block_len x ranks */
+    uint64_t want_checked = 0;
+    for (int t = 0; t < T; t++) {
+        pdl_instance_t *c = cons[t % tc->ncons];
+        for (int r = 0; r < tc->D; r++) {
+            const pdl_kv_geometry_t *g = pdl_instance_geometry(c, r);
+            want_checked += (uint64_t)tc->g.layers * (uint64_t)pdl_layout_num_halves(g) * pdl_layout_block_len(g) * NBLK;
+        }
+    }
+    assert_int_equal(checked, want_checked);
+    assert_int_equal(pull_bytes, want_checked);
+
+    pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    int expected;
+    assert_int_equal(pdl_topo_expected_acks(tc->P, tc->D, &expected, NULL), PDL_OK);
+    uint64_t sent = 0, received = 0;
+    for (int j = 0; j < tc->ncons; j++) {
+        sent += TC_SUM(cons[j], releases_sent);
+        assert_int_equal(TC_SUM(cons[j], read_failures), 0);
+    }
+    for (int i = 0; i < tc->nprod; i++) {
+        for (int r = 0; r < tc->P; r++) {
+            /* every producer rank reports each of its transfers exactly once (P8/D4: ranks 1,3,5,7 too) */
+            assert_int_equal(atomic_load(&ev[i].reported[r]), per_prod[i]);
+            assert_int_equal(atomic_load(&ev[i].expired[r]), 0);
+            assert_int_equal(TC_GET(prod[i], r, transfers), (uint64_t)per_prod[i]);
+            assert_int_equal(TC_GET(prod[i], r, releases_received), (uint64_t)(per_prod[i] * expected));
+            assert_int_equal(TC_GET(prod[i], r, releases_duplicate), 0);
+            assert_int_equal(TC_GET(prod[i], r, releases_late), 0);
+            assert_int_equal(TC_GET(prod[i], r, expired), 0);
+            assert_int_equal(TC_GET(prod[i], r, dropped_malformed), 0);
+        }
+        assert_int_equal(atomic_load(&ev[i].freed), per_prod[i]);
+        received += TC_SUM(prod[i], releases_received);
+        assert_int_equal(pdl_instance_held_blocks(prod[i]), 0);
+        assert_int_equal(pdl_instance_free_block_count(prod[i]), TOTAL_BLOCKS);
+    }
+    assert_int_equal(sent, received);
+    for (int j = 0; j < tc->ncons; j++)
+        assert_int_equal(pdl_instance_free_block_count(cons[j]), TOTAL_BLOCKS);
+    printf("topology %-28s P%-2d D%-2d H%-2d %s %s: %d transfers, %llu KV bytes verified on %d consumer ranks, "
+           "%llu releases sent = %llu counted\n",
+           tc->name, tc->P, tc->D, tc->g.heads, tc->g.mla ? "mla" : pdl_layout_order_name(tc->g.order),
+           pdl_backend_name(tc->backend), T, (unsigned long long)checked, tc->D * tc->ncons, (unsigned long long)sent,
+           (unsigned long long)received);
+    for (int j = 0; j < tc->ncons; j++)
+        pdl_instance_destroy(cons[j]);
+    for (int i = 0; i < tc->nprod; i++)
+        pdl_instance_destroy(prod[i]);
+    free(ev);
+}
+
+#define CASE(fn, ...)                                                                                                \
+    static void fn(void **state)                                                                                     \
+    {                                                                                                                \
+        (void)state;                                                                                                 \
+        tcase_t tc = __VA_ARGS__;                                                                                    \
+        run_case(&tc);                                                                                               \
+    }
+
+static tc_geo_t G(int heads) { return tc_geo_default(heads); }
+static tc_geo_t G_MLA(void)
+{
+    tc_geo_t g = tc_geo_default(1);
+    g.mla = true;
+    g.head_dim = 16;
+    return g;
+}
+static tc_geo_t G_NHD_FP8(int heads)
+{
+    tc_geo_t g = tc_geo_default(heads);
+    g.order = PDL_KV_NHD;
+    g.elem = 1;
+    return g;
+}
+static tc_geo_t G_BLOCKFIRST(int heads)
+{
+    tc_geo_t g = tc_geo_default(heads);
+    g.kv_separate = false;
+    return g;
+}
+
+CASE(topo_1p1d_tp4_tp4, {"1P1D-TP4-TP4", 4, 4, 1, 1, 3, G(8), PDL_BACKEND_SHM})
+CASE(topo_p4_d8_h8_split, {"P4-D8-H8-split", 4, 8, 1, 1, 3, G(8), PDL_BACKEND_SHM})
+CASE(topo_p8_d4_h8_split, {"P8-D4-H8-split", 8, 4, 1, 1, 3, G(8), PDL_BACKEND_SHM})
+CASE(topo_p4_d8_h4_replicated, {"P4-D8-H4-replicated", 4, 8, 1, 1, 3, G(4), PDL_BACKEND_SHM})
+CASE(topo_p8_d4_h4_replicated, {"P8-D4-H4-replicated", 8, 4, 1, 1, 3, G(4), PDL_BACKEND_SHM})
+CASE(topo_p4_d8_mla, {"P4-D8-MLA", 4, 8, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
+CASE(topo_p8_d4_mla, {"P8-D4-MLA", 8, 4, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
+CASE(topo_2p1d_tp4_tp8, {"2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, G(8), PDL_BACKEND_SHM})
+CASE(topo_1p2d_tp8_tp4, {"1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, G(8), PDL_BACKEND_SHM})
+CASE(topo_p2_d16_h8_mixed, {"P2-D16-H8-mixed", 2, 16, 1, 1, 2, G(8), PDL_BACKEND_SHM})
+CASE(topo_p4_d8_nhd_fp8, {"P4-D8-H8-NHD-fp8", 4, 8, 1, 1, 2, G_NHD_FP8(8), PDL_BACKEND_SHM})
+CASE(topo_p8_d4_blockfirst, {"P8-D4-H8-blockfirst", 8, 4, 1, 1, 2, G_BLOCKFIRST(8), PDL_BACKEND_SHM})
+CASE(topo_p2_d4_tcp, {"P2-D4-H8-tcp", 2, 4, 1, 1, 3, G(8), PDL_BACKEND_TCP})
+CASE(topo_p4_d2_tcp, {"P4-D2-H8-tcp", 4, 2, 1, 1, 3, G(8), PDL_BACKEND_TCP})
+
+int main(void)
+{
+    const char *lvl = getenv("PDLINK_LOG_LEVEL");
+    if (lvl && pdl_log_level_parse(lvl) >= 0)
+        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(topo_1p1d_tp4_tp4),        cmocka_unit_test(topo_p4_d8_h8_split),
+        cmocka_unit_test(topo_p8_d4_h8_split),      cmocka_unit_test(topo_p4_d8_h4_replicated),
+        cmocka_unit_test(topo_p8_d4_h4_replicated), cmocka_unit_test(topo_p4_d8_mla),
+        cmocka_unit_test(topo_p8_d4_mla),           cmocka_unit_test(topo_2p1d_tp4_tp8),
+        cmocka_unit_test(topo_1p2d_tp8_tp4),        cmocka_unit_test(topo_p2_d16_h8_mixed),
+        cmocka_unit_test(topo_p4_d8_nhd_fp8),       cmocka_unit_test(topo_p8_d4_blockfirst),
+        cmocka_unit_test(topo_p2_d4_tcp),           cmocka_unit_test(topo_p4_d2_tcp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,257 @@
+/*
+ * test_connector_util.h -- shared helpers of the connector integration tests (header-only, static).
+ *
+ * - tc_instance: creates an instance on a free port range (random base in [20000, 32000), probed by
+ *   binding every port of both ranges, retried when the create still hits EADDRINUSE because another
+ *   test grabbed a port in between). Ephemeral ports (>= 32768) are never used as bases.
+ * - tc_fill / tc_verify: KV bytes as a function of (layer, global head, token, dim, byte, K/V, the
+ *   block's index in the transfer, a per-transfer seed), written on the producer through its own
+ *   geometry and checked on every consumer rank through the consumer's geometry -- so a byte read from
+ *   the wrong head, block, token, layer or half is caught.
+ * - tc_wait_for: poll a condition with a generous deadline (no timing assertions).
+ */
+#ifndef PDL_TEST_CONNECTOR_UTIL_H
+#define PDL_TEST_CONNECTOR_UTIL_H
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pdlink/connector.h"
+#include "pdlink/log.h"
+#include "pdlink/topo.h"
+
+static inline void tc_sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Poll `cond(arg)` every 2 ms until true or `ms` pass; returns the final value. */
+static inline bool tc_wait_for(bool (*cond)(void *), void *arg, int ms)
+{
+    uint64_t end = pdl_now_ms() + (uint64_t)ms;
+    while (!cond(arg)) {
+        if (pdl_now_ms() > end)
+            return cond(arg);
+        tc_sleep_ms(2);
+    }
+    return true;
+}
+
+static inline bool tc_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return false;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+static inline bool tc_range_free(int base, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!tc_port_free(base + i))
+            return false;
+    return true;
+}
+
+static inline unsigned tc_rand(void)
+{
+    static _Thread_local unsigned s;
+    if (s == 0)
+        s = (unsigned)getpid() * 2654435761u ^ (unsigned)pdl_now_ns();
+    s = s * 1103515245u + 12345u;
+    return s >> 8;
+}
+
+typedef struct tc_geo {
+    int layers, heads, head_dim, elem, block_size;
+    bool mla, kv_separate;
+    pdl_kv_order_t order;
+} tc_geo_t;
+
+static inline tc_geo_t tc_geo_default(int heads)
+{
+    tc_geo_t g = {.layers = 2, .heads = heads, .head_dim = 8, .elem = 2, .block_size = 4,
+                  .mla = false, .kv_separate = true, .order = PDL_KV_HND};
+    return g;
+}
+
+/* Instance on free ports; `tweak` (may be NULL) edits the config before create. */
+static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_t *g, uint32_t num_blocks,
+                                          pdl_backend_kind_t backend, double defer_s,
+                                          void (*tweak)(pdl_instance_config_t *))
+{
+    for (int attempt = 0; attempt < 40; attempt++) {
+        int hs = 20000 + (int)(tc_rand() % 6000) * 2;
+        int nt = hs + 40 + (int)(tc_rand() % 200);
+        if (!tc_range_free(hs, tp) || !tc_range_free(nt, tp))
+            continue;
+        pdl_instance_config_t c;
+        memset(&c, 0, sizeof(c));
+        pdl_connector_config_defaults(&c.conn);
+        c.conn.role = role;
+        c.conn.read_mode = true;
+        c.conn.backend = backend;
+        c.conn.handshake_port = hs;
+        c.conn.notify_port = nt;
+        c.conn.defer_timeout_s = defer_s;
+        c.conn.transfer_timeout_s = 20;
+        c.conn.handshake_timeout_s = 5;
+        c.model.num_layers = g->layers;
+        c.model.total_kv_heads = g->heads;
+        c.model.head_dim = g->head_dim;
+        c.model.elem_size = g->elem;
+        c.model.block_size = g->block_size;
+        c.model.is_mla = g->mla;
+        c.model.kv_separate = g->kv_separate;
+        c.model.order = g->order;
+        c.tp_size = tp;
+        c.dp_rank = 0;
+        c.dp_size = 1;
+        c.num_blocks = num_blocks;
+        if (tweak)
+            tweak(&c);
+        pdl_instance_t *inst = NULL;
+        pdl_error_t e;
+        if (pdl_instance_create(&c, &inst, &e) == PDL_OK)
+            return inst;
+        if (strstr(e.msg, "in use") == NULL) {
+            fprintf(stderr, "instance create failed: %s\n", e.msg);
+            return NULL;
+        }
+    }
+    fprintf(stderr, "no free port range found\n");
+    return NULL;
+}
+
+static inline uint8_t tc_byte(uint32_t seed, int layer, int ghead, uint32_t bidx, int token, int dim, int byte, int half)
+{
+    uint32_t h = seed * 0x9E3779B1u;
+    h ^= (uint32_t)layer * 0x85EBCA77u;
+    h ^= (uint32_t)ghead * 0xC2B2AE3Du;
+    h ^= bidx * 0x27D4EB2Fu;
+    h ^= (uint32_t)token * 0x165667B1u;
+    h ^= (uint32_t)dim * 0xD3A2646Cu;
+    h ^= (uint32_t)byte * 0xFD7046C5u;
+    h ^= (uint32_t)half * 0xB55A4F09u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    return (uint8_t)(h ^ (h >> 24));
+}
+
+/* Offset of element (head index within the rank, token, dim) inside one half-block. */
+static inline uint64_t tc_elem_off(const pdl_kv_geometry_t *g, int lhead, int token, int dim)
+{
+    uint64_t e = g->elem_size;
+    if (g->order == PDL_KV_HND)
+        return (((uint64_t)lhead * g->block_size + (uint64_t)token) * g->head_dim + (uint64_t)dim) * e;
+    return (((uint64_t)token * g->num_heads + (uint64_t)lhead) * g->head_dim + (uint64_t)dim) * e;
+}
+
+/* Walk every byte of `blocks` on one rank whose first global head is `ghead0`; fill (verify false) or
+ * count mismatching bytes (verify true, *checked += bytes compared). */
+static inline uint64_t tc_walk(pdl_instance_t *inst, int rank, int ghead0, const uint32_t *blocks, size_t n,
+                               uint32_t seed, bool verify, uint64_t *checked)
+{
+    const pdl_kv_geometry_t *g = pdl_instance_geometry(inst, rank);
+    uint64_t bad = 0;
+    for (int l = 0; pdl_instance_kv_layer(inst, rank, l) != NULL; l++) {
+        uint8_t *base = pdl_instance_kv_layer(inst, rank, l);
+        for (size_t i = 0; i < n; i++)
+            for (int half = 0; half < (g->is_mla ? 1 : 2); half++) {
+                uint64_t hoff = pdl_layout_half_offset(g, blocks[i], half);
+                for (int lh = 0; lh < (int)g->num_heads; lh++)
+                    for (int t = 0; t < (int)g->block_size; t++)
+                        for (int d = 0; d < (int)g->head_dim; d++)
+                            for (int b = 0; b < (int)g->elem_size; b++) {
+                                uint8_t *p = base + hoff + tc_elem_off(g, lh, t, d) + (uint64_t)b;
+                                uint8_t want = tc_byte(seed, l, ghead0 + lh, (uint32_t)i, t, d, b, half);
+                                if (!verify) {
+                                    *p = want;
+                                    continue;
+                                }
+                                bad += *p != want;
+                                (*checked)++;
+                            }
+            }
+    }
+    return bad;
+}
+
+static inline int tc_first_head(int tp, int heads, bool mla, int rank)
+{
+    int first = 0, count = 0;
+    if (pdl_topo_heads(tp, heads, mla, rank, &first, &count, NULL) != PDL_OK)
+        return -1;
+    return first;
+}
+
+/* Fill `blocks` on every rank of a producer instance. */
+static inline void tc_fill(pdl_instance_t *inst, int heads, bool mla, const uint32_t *blocks, size_t n, uint32_t seed)
+{
+    int tp = pdl_instance_tp_size(inst);
+    for (int r = 0; r < tp; r++)
+        tc_walk(inst, r, tc_first_head(tp, heads, mla, r), blocks, n, seed, false, NULL);
+}
+
+/* Verify `blocks` on every rank of a consumer instance; returns mismatching bytes, adds to *checked. */
+static inline uint64_t tc_verify(pdl_instance_t *inst, int heads, bool mla, const uint32_t *blocks, size_t n,
+                                 uint32_t seed, uint64_t *checked)
+{
+    int tp = pdl_instance_tp_size(inst);
+    uint64_t bad = 0;
+    for (int r = 0; r < tp; r++)
+        bad += tc_walk(inst, r, tc_first_head(tp, heads, mla, r), blocks, n, seed, true, checked);
+    return bad;
+}
+
+/* Sum of a counter field over all ranks: TC_SUM(inst, releases_sent). */
+static inline uint64_t tc_sum(pdl_instance_t *inst, size_t off)
+{
+    uint64_t s = 0;
+    for (int r = 0; r < pdl_instance_tp_size(inst); r++) {
+        pdl_rank_counters_t c;
+        pdl_instance_counters(inst, r, &c, NULL);
+        s += *(const uint64_t *)((const char *)&c + off);
+    }
+    return s;
+}
+#define TC_SUM(inst, field) tc_sum((inst), offsetof(pdl_rank_counters_t, field))
+
+static inline uint64_t tc_get(pdl_instance_t *inst, int rank, size_t off)
+{
+    pdl_rank_counters_t c;
+    pdl_instance_counters(inst, rank, &c, NULL);
+    return *(const uint64_t *)((const char *)&c + off);
+}
+#define TC_GET(inst, rank, field) tc_get((inst), (rank), offsetof(pdl_rank_counters_t, field))
+
+static inline bool tc_no_held(void *arg) { return pdl_instance_held_transfers((pdl_instance_t *)arg) == 0; }
+
+/* Build kv_transfer_params as a consumer receives them (through JSON, like the router passes them). */
+static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32_t *ids, size_t n, pdl_kv_params_t *out)
+{
+    json_t *j = pdl_instance_params_json(prod, tid, ids, n);
+    pdl_kv_params_init(out);
+    pdl_error_t e;
+    if (pdl_kv_params_from_json(j, out, &e) != PDL_OK)
+        fprintf(stderr, "params: %s\n", e.msg);
+    json_decref(j);
+}
+
+#endif /* PDL_TEST_CONNECTOR_UTIL_H */
