@@ -46,7 +46,7 @@
 #include "cli/run_report.h"
 #include "pdlink/log.h"
 
-#define RUN_DEFAULT_MODEL "tiny"
+#define RUN_DEFAULT_MODEL "llama-3.1-8b"
 enum {
     RUN_MAX_TOPOS = 16,
     RUN_MAX_NODES = 2 * PDL_RUN_MAX_INST,
@@ -122,6 +122,7 @@ typedef struct run_ctx {
     int router_port, disc_port, prom_port;
     bool child_died;
     int last_progress;
+    pdl_run_netns_t *keep_ns;           /* namespaces of a cluster left up by --keep */
 } run_ctx_t;
 
 /* ---------------------------------------------------------------- progress and messages */
@@ -645,6 +646,15 @@ static pdl_status_t start_node(run_ctx_t *c, run_node_t *nd, const char *proxy_i
     argv_add(argv, 40, "%d", nd->http_port);
     argv_add(argv, 40, "--tensor-parallel-size");
     argv_add(argv, 40, "%d", nd->tp);
+    /*
+     * KV blocks per rank, sized from the workload rather than a memory budget so that it holds for every
+     * preset: `concurrency` requests of the longest prompt plus output, twice over (a prefill keeps its
+     * blocks until the releases arrive, while the router already sends it the next request), plus slack.
+     * Pre-faulting this at start-up stays cheap for large models.
+     */
+    int blocks = c->o.concurrency * ((c->o.prompt_max + c->o.max_tokens + 15) / 16 + 1) * 3 + 64;
+    argv_add(argv, 40, "--num-gpu-blocks");
+    argv_add(argv, 40, "%d", blocks);
     if (nd->role != ROLE_REFERENCE) {
         char cfg[1024];
         kv_config(c, nd, proxy_ip, cfg, sizeof(cfg));
@@ -868,6 +878,7 @@ static const char *const per_rank_metrics[] = {
     "pdlink_releases_sent_total",      "pdlink_releases_received_total", "pdlink_expired_total",
     "pdlink_held_blocks",              "pdlink_kv_bytes_verified_total", "pdlink_kv_bytes_mismatched_total",
     "pdlink_transfer_seconds_sum",     "pdlink_transfer_seconds_count",  "pdlink_requests_total",
+    "pdlink_read_seconds_total",
 };
 
 static uint64_t msum(const run_node_t *nd, const char *name)
@@ -935,12 +946,16 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->releases_sent += msum(nd, "pdlink_releases_sent_total");
             r->pulls += msum(nd, "pdlink_transfer_seconds_count");
             r->pull_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
+            r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
         } else if (nd->role == ROLE_PREFILL) {
             r->releases_received += msum(nd, "pdlink_releases_received_total");
         }
     }
     r->gbps = (r->kv_bytes > 0 && r->pull_seconds > 0) ? (double)r->kv_bytes / r->pull_seconds / 1e9 : -1;
+    r->read_gbps = (r->kv_bytes > 0 && r->read_seconds > 0) ? (double)r->kv_bytes / r->read_seconds / 1e9 : -1;
     r->ceiling_gbps = c->ceiling_gbps;
+    if (r->ok > 0 && r->kv_bytes == 0)
+        pdl_run_result_note(r, "no KV bytes moved although %d requests succeeded", r->ok);
     if (r->mismatched > 0)
         pdl_run_result_note(r, "%llu KV bytes mismatched at decode verification", (unsigned long long)r->mismatched);
     if (r->expired > 0)
@@ -948,9 +963,10 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
     if (r->held_blocks > 0)
         pdl_run_result_note(r, "%llu blocks still held %d s after the last response", (unsigned long long)r->held_blocks,
                             RUN_DRAIN_TIMEOUT_MS / 1000);
-    if (r->verified < r->kv_bytes)
-        pdl_run_result_note(r, "only %llu of %llu KV bytes moved were verified", (unsigned long long)r->verified,
-                            (unsigned long long)r->kv_bytes);
+    /* Moved bytes are whole blocks, verified bytes the prompt's token slots only, so verified < moved
+     * is normal; nothing verified while KV moved means the decode never checked what it received. */
+    if (r->verified == 0 && r->kv_bytes > 0)
+        pdl_run_result_note(r, "%llu KV bytes moved but none verified", (unsigned long long)r->kv_bytes);
     if (r->releases_received != r->releases_expected || r->releases_sent != r->releases_expected)
         pdl_run_result_note(r, "releases: %llu sent, %llu received, %llu expected (max(P,D) per request)",
                             (unsigned long long)r->releases_sent, (unsigned long long)r->releases_received,
@@ -1152,9 +1168,11 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
                  r->parity_ok, r->requests, (unsigned long long)r->kv_bytes, (unsigned long long)r->mismatched);
     }
     if (keep && !c->interrupted && !c->child_died) {
-        pdl_run_result_judge(r, failed_note || c->child_died);
-        wait_for_keep(c);
-        c->interrupted = false; /* Ctrl-C was the expected way out of --keep */
+        /* Leave the cluster up: pdl_cli_run prints the report, waits for Ctrl-C, then stops it. */
+        pdl_run_result_judge(r, failed_note);
+        c->keep_ns = ns;
+        c->cur = NULL;
+        return 0;
     }
 out:
     if (c->interrupted)
@@ -1320,6 +1338,8 @@ int pdl_cli_run(int argc, char **argv)
     }
     for (int i = 0; i < ntopo && !c->interrupted; i++) {
         results[i].topo = c->o.topos[i];
+        results[i].gbps = results[i].read_gbps = -1;
+        results[i].ttft_p50_ms = results[i].ttft_p99_ms = -1;
         nres++;
         int trc = run_topology(c, &results[i], c->o.keep && i == 0);
         if (trc != 0) {
@@ -1362,6 +1382,19 @@ int pdl_cli_run(int argc, char **argv)
         }
         json_decref(j);
     }
+    if (c->o.keep && nres == 1 && (c->router.started || c->nnodes > 0)) {
+        c->cur = &results[0];
+        wait_for_keep(c);
+        c->interrupted = false; /* Ctrl-C is the expected way out of --keep */
+        if (stop_cluster(c) > 0 || c->child_died) {
+            fprintf(stderr, "pdlink run: a process of the kept cluster failed; logs in %s\n", c->log_dir);
+            rc = rc == 0 ? 1 : rc;
+            remove_logs = false;
+        }
+        c->nnodes = 0;
+        pdl_run_netns_destroy(c->keep_ns);
+        c->keep_ns = NULL;
+    }
     if (remove_logs)
         nftw(c->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     goto cleanup;
@@ -1372,6 +1405,7 @@ done:
         fprintf(stderr, "pdlink run: logs in %s\n", c->log_dir);
 cleanup:
     stop_cluster(c);
+    pdl_run_netns_destroy(c->keep_ns);
     free(results);
     free_workload(c);
     curl_global_cleanup();

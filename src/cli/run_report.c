@@ -38,7 +38,7 @@ void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note)
 {
     r->pass = r->ran && !had_failure_note && r->requests > 0 && r->failed == 0 && r->ok == r->requests &&
               r->parity_ok == r->requests && r->mismatched == 0 && r->expired == 0 && r->held_blocks == 0 &&
-              r->metrics_ok;
+              r->metrics_ok && r->kv_bytes > 0 && r->verified > 0;
 }
 
 static void fmt_bytes(char *b, size_t n, uint64_t v)
@@ -115,6 +115,11 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("of ceiling", (r->gbps < 0 || r->ceiling_gbps <= 0)
                           ? snprintf(cell, sizeof(cell), "-")
                           : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->gbps / r->ceiling_gbps));
+    ROW("engine read GB/s/rank", r->read_gbps < 0 ? snprintf(cell, sizeof(cell), "-")
+                                                  : snprintf(cell, sizeof(cell), "%.2f", r->read_gbps));
+    ROW("of ceiling", (r->read_gbps < 0 || r->ceiling_gbps <= 0)
+                          ? snprintf(cell, sizeof(cell), "-")
+                          : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->read_gbps / r->ceiling_gbps));
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
     for (int i = 0; i < n; i++) {
         if (rs[i].nnotes == 0)
@@ -163,6 +168,8 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "node_failed_requests", json_integer((json_int_t)r->node_failed_requests));
         json_object_set_new(t, "pulls", json_integer((json_int_t)r->pulls));
         json_object_set_new(t, "pull_seconds", json_real(r->pull_seconds));
+        json_object_set_new(t, "read_seconds", json_real(r->read_seconds));
+        json_object_set_new(t, "engine_read_gbps", r->read_gbps < 0 ? json_null() : json_real(r->read_gbps));
         json_object_set_new(t, "ttft_p50_ms", r->ttft_p50_ms < 0 ? json_null() : json_real(r->ttft_p50_ms));
         json_object_set_new(t, "ttft_p99_ms", r->ttft_p99_ms < 0 ? json_null() : json_real(r->ttft_p99_ms));
         json_object_set_new(t, "transfer_gbps", r->gbps < 0 ? json_null() : json_real(r->gbps));

@@ -41,6 +41,8 @@ typedef struct pdl_run_result {
     uint64_t node_failed_requests;   /* pdlink_requests_total{status="failed"} */
     uint64_t pulls;                  /* pdlink_transfer_seconds_count on decode instances */
     double pull_seconds;             /* pdlink_transfer_seconds_sum on decode instances */
+    double read_seconds;             /* pdlink_read_seconds_total on decode ranks (engine time) */
+    double read_gbps;                /* kv_bytes / read_seconds / 1e9: one rank's engine rate; -1 if none */
     double ttft_p50_ms, ttft_p99_ms; /* through the router; -1 when no request succeeded */
     double gbps;                     /* kv_bytes / pull_seconds / 1e9; -1 when nothing moved */
     double ceiling_gbps;             /* same-run ceiling for the backend; <= 0 when unknown */
@@ -54,7 +56,8 @@ typedef struct pdl_run_result {
 void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Apply the verdict rules (issue 7): any failed request, differing response, mismatched byte, expired
- * transfer or held block, missing metric, or any note marked as a failure fails the topology. */
+ * transfer or held block, a missing metric, KV that did not move or was not verified, or a failure
+ * flagged by the caller (a dead process, a start-up error) fails the topology. */
 void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note);
 
 /* Settings shown in the report header and the JSON. */
