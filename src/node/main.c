@@ -66,10 +66,11 @@ static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_er
         node->role = PDL_NODE_CONSUMER;
         node->role_label = "decode";
     }
+    /* The discovery ping advertises host_ip:http_port; with no http_port that is the port we bound. */
     if (node->conn.http_port <= 0) {
         node->conn.http_port = http_port;
-    } else if (node->conn.http_port != http_port && http_port != 0) {
-        pdl_warn("kv_connector_extra_config.http_port %d differs from --port %d; the router will be told %d",
+    } else if (node->conn.http_port != http_port) {
+        pdl_warn("kv_connector_extra_config.http_port %d differs from the HTTP port %d; the router will be told %d",
                  node->conn.http_port, http_port, node->conn.http_port);
     }
     /* backend "rdma" → the best available backend: the connector's config parser logs which one. */
@@ -93,11 +94,6 @@ static int run(pdl_node_t *node)
     node->max_model_len = a->max_model_len > 0 ? a->max_model_len : pdl_node_preset_max_len(node->preset);
     node->started = time(NULL);
 
-    if (load_transfer_config(node, a->port, &err) != PDL_OK) {
-        pdl_error("%s", err.msg);
-        return 2;
-    }
-
     pdl_node_kv_config_t kc;
     memset(&kc, 0, sizeof(kc));
     kc.model.num_layers = node->preset->num_layers;
@@ -111,7 +107,6 @@ static int run(pdl_node_t *node)
     kc.tp_size = a->tp_size;
     kc.dp_rank = a->dp_rank;
     kc.dp_size = a->dp_size;
-    kc.conn = node->role == PDL_NODE_ALONE ? NULL : &node->conn;
     if (a->dp_rank >= a->dp_size) {
         pdl_error("--data-parallel-rank %d: must be below --data-parallel-size %d", a->dp_rank, a->dp_size);
         return 2;
@@ -134,30 +129,45 @@ static int run(pdl_node_t *node)
         kc.num_blocks = nb > (1u << 24) ? (1u << 24) : (uint32_t)nb;
     }
 
+    /*
+     * HTTP first: the port is known (also with --port 0) before the connector starts pinging the router
+     * with it, and /health answers 503 until the KV cache and connector are up, as vLLM's does.
+     */
     node->metrics = pdl_node_metrics_create();
     if (node->metrics == NULL) {
         pdl_error("out of memory");
         return 1;
     }
-    if (pdl_node_kv_create(&kc, &node->kv, &err) != PDL_OK) {
-        pdl_error("cannot create the KV cache: %s", err.msg);
-        pdl_node_metrics_destroy(node->metrics);
-        return 1;
-    }
-
     pdl_node_http_t *http = NULL;
     int port = 0;
     if (pdl_node_http_start(node, &http, &port, &err) != PDL_OK) {
         pdl_error("%s", err.msg);
-        pdl_node_kv_destroy(node->kv);
         pdl_node_metrics_destroy(node->metrics);
         return 1;
     }
+    if (load_transfer_config(node, port, &err) != PDL_OK) {
+        pdl_error("%s", err.msg);
+        pdl_node_http_stop(http);
+        pdl_node_metrics_destroy(node->metrics);
+        return 2;
+    }
+    kc.conn = node->role == PDL_NODE_ALONE ? NULL : &node->conn;
+    if (pdl_node_kv_create(&kc, &node->kv, &err) != PDL_OK) {
+        pdl_error("cannot create the KV cache: %s", err.msg);
+        pdl_node_http_stop(http);
+        pdl_node_metrics_destroy(node->metrics);
+        return 1;
+    }
+    atomic_store(&node->ready, true);
+
     if (a->port_file != NULL) {
         char tmp[4096];
         snprintf(tmp, sizeof(tmp), "%s.tmp", a->port_file);
         FILE *f = fopen(tmp, "w");
-        if (f == NULL || fprintf(f, "%d\n", port) < 0 || fclose(f) != 0 || rename(tmp, a->port_file) != 0)
+        bool written = f != NULL && fprintf(f, "%d\n", port) > 0;
+        if (f != NULL && fclose(f) != 0)
+            written = false;
+        if (!written || rename(tmp, a->port_file) != 0)
             pdl_warn("--port-file %s: cannot write: %m", a->port_file);
     }
 
@@ -191,6 +201,7 @@ static int run(pdl_node_t *node)
     while (sigwait(&set, &sig) != 0) {
     }
     pdl_info("signal %d: shutting down", sig);
+    atomic_store(&node->ready, false);
     pdl_node_http_stop(http);
     pdl_node_kv_destroy(node->kv);
     pdl_node_metrics_destroy(node->metrics);

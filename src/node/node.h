@@ -44,6 +44,7 @@ typedef struct pdl_node {
     pdl_node_kv_t *kv;
     pdl_node_metrics_t *metrics;
     time_t started;
+    atomic_bool ready;            /* KV store and connector up: requests are served */
 } pdl_node_t;
 
 #define PDL_NODE_RID_MAX 600

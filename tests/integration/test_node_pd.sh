@@ -10,11 +10,11 @@ PROMPT="Natalia sold clips to 48 of her friends in April, and then she sold half
 FAST=',"handshake_timeout":2,"transfer_timeout":3'
 
 b=$(free_base 40)
-start_node P4 --model tiny -tp 4 --kv-transfer-config "$(kv_config kv_producer $b $((b + 10)))" || exit 1
-start_node D8 --model tiny -tp 8 --kv-transfer-config "$(kv_config kv_consumer $((b + 20)) $((b + 30)) "$FAST")" || exit 1
+start_node P4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(kv_config kv_producer $b $((b + 10)))" || exit 1
+start_node D8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(kv_config kv_consumer $((b + 20)) $((b + 30)) "$FAST")" || exit 1
 b2=$(free_base 40)
-start_node P8 --model tiny -tp 8 --kv-transfer-config "$(kv_config kv_producer $b2 $((b2 + 10)))" || exit 1
-start_node D4 --model tiny -tp 4 --kv-transfer-config "$(kv_config kv_consumer $((b2 + 20)) $((b2 + 30)) "$FAST")" || exit 1
+start_node P8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(kv_config kv_producer $b2 $((b2 + 10)))" || exit 1
+start_node D4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(kv_config kv_consumer $((b2 + 20)) $((b2 + 30)) "$FAST")" || exit 1
 start_node S --model tiny -tp 1 || exit 1
 want=$(completion_text $S_PORT "$PROMPT" 12)
 echo "  single node: \"$want\""
@@ -39,6 +39,28 @@ pd() {
 }
 pd "P4->D8" $P4_PORT $D8_PORT 8
 pd "P8->D4" $P8_PORT $D4_PORT 4
+
+# MLA (one latent head, replicated: whole blocks from one producer rank) and token-major (NHD) layouts
+# where a head slice is one run per token.
+b4=$(free_base 40)
+start_node PM --model tiny-mla -tp 8 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_producer $b4 $((b4 + 10)))" || exit 1
+start_node DM --model tiny-mla -tp 2 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_consumer $((b4 + 20)) $((b4 + 30)) "$FAST")" || exit 1
+start_node SM --model tiny-mla -tp 1 || exit 1
+b5=$(free_base 40)
+start_node PN --model tiny -tp 2 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 \
+    --kv-transfer-config "$(kv_config kv_producer $b5 $((b5 + 10)))" || exit 1
+start_node DN --model tiny -tp 8 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 \
+    --kv-transfer-config "$(kv_config kv_consumer $((b5 + 20)) $((b5 + 30)) "$FAST")" || exit 1
+for pair in "PM DM SM 2" "PN DN S 8"; do
+    read -r pn dn sn dtp <<<"$pair"
+    pp=${pn}_PORT dp=${dn}_PORT sp=${sn}_PORT
+    rid="$pn-$RANDOM"
+    pre=$(prefill_leg ${!pp} "$PROMPT" tx-$pn-$RANDOM $rid $dtp)
+    dec=$(decode_leg ${!dp} "$PROMPT" "$(jq -c .kv_transfer_params <<<"$pre")" $rid 12)
+    check_eq "$pn->$dn decode output equals the single node's" "$(jq -r '.choices[0].text' <<<"$dec")" \
+        "$(completion_text ${!sp} "$PROMPT" 12)"
+    check_eq "$dn mismatched 0 bytes" "$(metric ${!dp} pdlink_kv_bytes_mismatched_total)" 0
+done
 
 # Streaming decode leg.
 rid="stream-$RANDOM"
@@ -103,7 +125,7 @@ check_eq "decode blocks all free after the failed pull" "$(metric $D8_PORT pdlin
 
 # A producer with another seed: every received byte is wrong, the decode says so and fails.
 b3=$(free_base 20)
-start_node PX --model tiny -tp 4 --seed 99 --kv-transfer-config "$(kv_config kv_producer $b3 $((b3 + 10)))" || exit 1
+start_node PX --model tiny --num-gpu-blocks 256 -tp 4 --seed 99 --kv-transfer-config "$(kv_config kv_producer $b3 $((b3 + 10)))" || exit 1
 rid="seed-$RANDOM"
 pre=$(prefill_leg $PX_PORT "$PROMPT" tx-seed-$RANDOM $rid 8)
 r=$(curl -s -w ' %{http_code}' -H "X-Request-Id: $rid" --data-binary \
@@ -115,7 +137,7 @@ echo "  $(jq -r .error.message <<<"${r% *}")"
 check "mismatched bytes counted" [ "$(metric $D8_PORT pdlink_kv_bytes_mismatched_total)" -gt 0 ]
 
 # ---- after the releases: nothing held on any producer, bytes verified on the decodes
-for n in P4 P8 PX; do
+for n in P4 P8 PX PM PN; do
     port_var=${n}_PORT
     for _ in $(seq 1 100); do
         [[ $(metric ${!port_var} pdlink_held_blocks) == 0 ]] && break
@@ -140,7 +162,7 @@ check_eq "D4 mismatched 0 bytes" "$(metric $D4_PORT pdlink_kv_bytes_mismatched_t
 check_eq "D4 free blocks back to total" "$(metric $D4_PORT pdlink_free_blocks)" "$(metric $D4_PORT pdlink_total_blocks)"
 echo "  D8 metrics: $(curl -s http://127.0.0.1:$D8_PORT/metrics | grep -E '^pdlink_(kv_bytes_verified|kv_bytes_mismatched|requests)' | tr '\n' ' ')"
 
-for n in P4 D8 P8 D4 PX; do
+for n in P4 D8 P8 D4 PX PM DM PN DN; do
     stop_node $n
     check_eq "$n exits 0 on SIGTERM" "$STOP_RC" 0
 done
