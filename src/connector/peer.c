@@ -233,7 +233,8 @@ fail_count:
     pthread_mutex_lock(&r->ctr_mu);
     r->ctr.handshake_failures++;
     pthread_mutex_unlock(&r->ctr_mu);
-    pdl_warn("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
+    /* Logged once, by the pull that fails because of it (pull.c). */
+    pdl_debug("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
     return st;
 }
 

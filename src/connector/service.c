@@ -371,9 +371,8 @@ static void reap_tick(pdl_rank_t *r)
     for (size_t i = 0; i < l.n; i++) {
         uint64_t sup = 0;
         if (pdl_ratelimit_allow(&r->expired_rl, &sup))
-            pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed "
-                     "(%" PRIu64 " more since)",
-                     r->rank, l.ids[i], r->inst->cfg.conn.defer_timeout_s, sup);
+            pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed%s",
+                     r->rank, l.ids[i], r->inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
         pdl__instance_rank_resolved(r->inst, l.ids[i], r->rank, true);
         free(l.ids[i]);
     }
