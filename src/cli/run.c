@@ -1152,6 +1152,11 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
             pdl_run_result_note(r, "workload: %s", err.msg);
             failed_note = true;
         }
+        /* Still show what the surviving nodes moved and verified up to the failure. */
+        if (!c->interrupted) {
+            scrape_all(c);
+            collect(c, r);
+        }
         goto out;
     }
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# test_run_fault.sh -- `pdlink run` when things go wrong:
+#   1. a decode node is killed mid-run (hidden --fault kill-decode-after=N): the run exits 1, names the
+#      dead node ("decode-0 (pdlink-node TP4, port ...)"), shows its last log lines, and leaves no
+#      pdlink-node / pdlink-router process behind;
+#   2. SIGINT while the workload runs: the run stops every child and exits non-zero;
+#   3. usage errors exit 2 (unknown topology, --mode write before WRITE exists).
+# Exit 77 (skip) when pdlink-node or pdlink-router is not built.
+set -u
+BUILD=${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR must point at the build directory}
+for exe in pdlink pdlink-node pdlink-router; do
+    if [ ! -x "$BUILD/$exe" ]; then
+        echo "SKIP: $BUILD/$exe is not built yet"
+        exit 77
+    fi
+done
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_run_fault.XXXXXX")
+cleanup() {
+    [ -n "${RUNPID:-}" ] && kill -KILL "$RUNPID" 2>/dev/null
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# Pids of every node and router that wrote to a log under $1 and are still running.
+survivors() {
+    local pid out=""
+    for pid in $(grep -ho 'pdlink-\(node\|router\)\[[0-9]*\]' "$1"/*.log 2>/dev/null | grep -o '[0-9]*' | sort -u); do
+        kill -0 "$pid" 2>/dev/null && out="$out $pid"
+    done
+    echo "$out"
+}
+
+# 1. A decode node dies mid-run.
+"$BUILD/pdlink" run --model tiny --topology 1p2d --requests 60 --concurrency 2 --prompt-tokens 8-64 --max-tokens 8 \
+    --fault kill-decode-after=6 --log-dir "$WORK/logs1" --json "$WORK/fault.json" >"$WORK/out1.txt" 2>"$WORK/err1.txt"
+rc=$?
+cat "$WORK/out1.txt" "$WORK/err1.txt"
+[ "$rc" -eq 1 ] || fail "pdlink run exited with $rc after a decode node was killed (want 1)"
+grep -q 'decode-0 (pdlink-node TP4, port [0-9]*) was killed by signal 9' "$WORK/err1.txt" ||
+    fail "stderr does not name the dead node"
+grep -q 'decode-0 (pdlink-node TP4, port [0-9]*) was killed by signal 9' "$WORK/out1.txt" ||
+    fail "the report does not name the dead node"
+grep -q '    | ' "$WORK/err1.txt" || fail "no log lines of the dead node were shown"
+grep -q '^FAIL: 0/1 topologies passed; failed: 1p2d' "$WORK/out1.txt" || fail "no FAIL verdict"
+/usr/bin/python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["topologies"][0]
+assert r["pass"] is False and t["pass"] is False
+assert any("decode-0" in n for n in t["notes"]), t["notes"]
+assert t["ok"] < t["requests"]
+' "$WORK/fault.json" || fail "JSON report of the fault run"
+sleep 0.2
+left=$(survivors "$WORK/logs1")
+[ -z "$left" ] || fail "processes left behind after the fault run:$left"
+
+# 2. SIGINT during the workload.
+"$BUILD/pdlink" run --model tiny --topology 2p1d --requests 4000 --concurrency 2 --prompt-tokens 8-16 \
+    --max-tokens 2 --log-dir "$WORK/logs2" >"$WORK/out2.txt" 2>"$WORK/err2.txt" &
+RUNPID=$!
+for _ in $(seq 1 600); do
+    grep -q '\[2p1d\] all registered' "$WORK/err2.txt" 2>/dev/null && break
+    kill -0 "$RUNPID" 2>/dev/null || break
+    sleep 0.1
+done
+grep -q '\[2p1d\] all registered' "$WORK/err2.txt" || { cat "$WORK/err2.txt"; fail "the cluster never came up"; }
+sleep 0.5
+kill -INT "$RUNPID"
+wait "$RUNPID"
+rc=$?
+RUNPID=
+cat "$WORK/err2.txt" | tail -5
+[ "$rc" -ne 0 ] || fail "pdlink run exited 0 after SIGINT"
+grep -q 'Interrupt received, stopping' "$WORK/err2.txt" || fail "no interruption message"
+sleep 0.2
+left=$(survivors "$WORK/logs2")
+[ -z "$left" ] || fail "processes left behind after SIGINT:$left"
+
+# 3. Usage errors.
+"$BUILD/pdlink" run --topology 3p3d >/dev/null 2>"$WORK/err3.txt"
+[ $? -eq 2 ] || fail "unknown topology should exit 2"
+grep -q "unknown topology '3p3d'" "$WORK/err3.txt" || fail "unknown topology message"
+"$BUILD/pdlink" run --mode write >/dev/null 2>"$WORK/err3.txt"
+[ $? -eq 2 ] || fail "--mode write should exit 2"
+grep -q 'WRITE mode is not built yet' "$WORK/err3.txt" || fail "--mode write message"
+"$BUILD/pdlink" run --help | grep -q -- '--prompt-tokens MIN-MAX' || fail "--help"
+echo "PASS"
