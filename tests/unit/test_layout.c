@@ -3,7 +3,8 @@
  * byte-level simulation of heterogeneous-TP transfers.
  *
  * The simulation, for every compatible P, D in {1,2,3,4,6,8,12,16}, every valid H in {1..32}, MLA on and
- * off, HND/NHD on each side and K/V separate or interleaved on each side: fills each producer rank's
+ * off, HND/NHD and K/V separate or interleaved (the same on both sides; for H = 8 also every mix of the
+ * two sides' orders and arrangements): fills each producer rank's
  * region (two layers) with bytes that encode (layer, head, token position, byte, K/V) -- blocks outside
  * the request encode a different position -- builds descriptors with the layout functions for random
  * and for consecutive block-id lists (the two sides have different num_blocks), copies with memcpy,
@@ -297,7 +298,8 @@ static void apply(const pdl_descv_t *dv, pdl_dir_t dir, uint8_t *cons, uint64_t 
         memcpy(cons + coff, prod + poff, d->len);
         if (cover != NULL)
             for (uint64_t k = 0; k < d->len; k++) {
-                assert_int_equal(cover[coff + k], 0); /* written exactly once */
+                if (cover[coff + k] != 0) /* written exactly once; plain check: this loop is hot */
+                    fail_msg("consumer byte %llu written twice", (unsigned long long)(coff + k));
                 cover[coff + k] = 1;
             }
     }
@@ -322,10 +324,11 @@ static void sim_run(sim_t *s, uint64_t *rng, bool consecutive)
             for (int l = 0; l < LAYERS; l++)
                 for (int h = 0; h < halves; h++)
                     for (int j = 0; j < hc; j++)
-                        for (int t = 0; t < BS; t++)
-                            for (int b = 0; b < HD * ES; b++)
-                                s->prod[p][l * s->pregion + pos_of(&s->pg, blk, h, j, t, b)] =
-                                    kv_byte(l, hf + j, logical * BS + t, b, h);
+                        for (int t = 0; t < BS; t++) {
+                            uint8_t *run = s->prod[p] + l * s->pregion + pos_of(&s->pg, blk, h, j, t, 0);
+                            for (int b = 0; b < HD * ES; b++) /* one (head, token) vector is contiguous */
+                                run[b] = kv_byte(l, hf + j, logical * BS + t, b, h);
+                        }
         }
     }
     for (int d = 0; d < s->D; d++) {
@@ -462,6 +465,11 @@ static void exhaustive_transfer_simulation(void **state)
                                                (combo & 8) ? PDL_KV_NHD : PDL_KV_HND, mla};
                     if (mla && (combo & 3) != 0)
                         continue; /* MLA has one half: K/V separation does not apply */
+                    /* Sides with different orders or K/V arrangements: every topology for H = 8, the
+                     * same-layout combinations for everything else (keeps the sanitizer runs short). */
+                    bool same = ((combo & 1) != 0) == ((combo & 2) != 0) && ((combo & 4) != 0) == ((combo & 8) != 0);
+                    if (!same && (mla || H != 8))
+                        continue;
                     s.pregion = pdl_layout_region_len(&s.pg);
                     s.cregion = pdl_layout_region_len(&s.cg);
                     for (int p = 0; p < P; p++)
@@ -489,7 +497,7 @@ static void exhaustive_transfer_simulation(void **state)
             }
     print_message("simulated %d configurations x 2 requests: %llu merged descriptors, %llu unmerged ranges\n",
                   configs, (unsigned long long)descs, (unsigned long long)unmerged);
-    assert_true(configs > 500);
+    assert_true(configs > 400);
     assert_true(descs < unmerged); /* merging did something somewhere */
 }
 
