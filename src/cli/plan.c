@@ -483,7 +483,7 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
         return NULL;
 
     json_t *pair = json_pack("{s:i, s:i, s:i, s:i, s:b}", "prefill_tp", P, "decode_tp", D, "expected_acks", acks,
-                             "expected_write_done", wdone, "heads_split", !c->mla && (P < c->heads || D < c->heads));
+                             "expected_write_done", wdone, "heads_split", !c->mla && P != D && (P < c->heads || D < c->heads));
     json_object_set_new(pair, "prefill_rank_geometry",
                         json_pack("{s:i, s:I, s:i}", "heads_per_rank", phc, "block_len",
                                   (json_int_t)pdl_layout_block_len(&pg), "halves", pdl_layout_num_halves(&pg)));
