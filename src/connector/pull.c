@@ -115,6 +115,8 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
     pdl_descv_t dv = {0};
     pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
     pdl_status_t st = PDL_OK;
+    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
+    int ngone = 0;
     uint64_t t0 = pdl_now_ns();
     const uint32_t *remote = pull->remote_blocks;
     for (int l = 0; l < L && st == PDL_OK; l++) {
@@ -135,6 +137,8 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
             st = pdl_session_post(peers[k]->session, PDL_OP_READ, dv.v, dv.n, &b, err);
             if (st != PDL_OK) {
                 pdl_error_prefix(err, "layer %d, producer rank %d: post", l, pranks[k]);
+                if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT)
+                    gone[ngone++] = peers[k];
                 break;
             }
             posted[nposted].batch = b;
@@ -147,8 +151,6 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
     pdl_descv_free(&dv);
     /* Wait for everything posted, even after a failure: the batches write into our blocks. */
     uint64_t deadline = t0 + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
-    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
-    int ngone = 0;
     for (size_t i = 0; i < nposted; i++) {
         uint64_t now = pdl_now_ns();
         int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
