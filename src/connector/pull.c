@@ -196,6 +196,10 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
                  pull->transfer_id);
         return;
     }
+    /* Stamped before the first release is queued, so a producer's report can never predate it. */
+    pthread_mutex_lock(&pull->mu);
+    pull->release_sent_ns[r->rank] = pdl_now_ns();
+    pthread_mutex_unlock(&pull->mu);
     for (int g = first; g < first + count; g++) {
         pdl_msg_t m;
         pdl_msg_init(&m, PDL_MSG_RELEASE);
@@ -215,9 +219,6 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
         }
         pdl_msg_clear(&m);
     }
-    pthread_mutex_lock(&pull->mu);
-    pull->release_sent_ns[r->rank] = pdl_now_ns();
-    pthread_mutex_unlock(&pull->mu);
 }
 
 static void run_job(pdl_rank_t *r, pdl_pull_t *pull)
