@@ -28,8 +28,10 @@
 
 static bool host_char(char c)
 {
+    /* No '_': host names cannot hold it (RFC 1123), and without it a host can never contain the
+     * "___prefill_addr_" / "___decode_addr_" markers of a request id. */
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-           c == '_' || c == ':' || c == '%' || c == '[' || c == ']';
+           c == ':' || c == '%' || c == '[' || c == ']';
 }
 
 /* Segment text for an error message: at most 40 bytes, unprintable bytes replaced. */

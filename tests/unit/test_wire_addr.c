@@ -48,6 +48,7 @@ static void zmq_refusals_name_segment(void **state)
         {"host:h,handshake,notify:2", "segment \"handshake\" has no ':'"},
         {"host:,handshake:1,notify:2", "\"host:\""},
         {"host:a/b,handshake:1,notify:2", "\"host:a/b\""},
+        {"host:a___decode_addr_b,handshake:1,notify:2", "\"host:a___decode_addr_b\""},
         {"host:h,host:g,handshake:1,notify:2", "host twice"},
         {"host:h,handshake:1,handshake:1,notify:2", "handshake twice"},
     };
