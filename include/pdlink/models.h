@@ -43,7 +43,7 @@ const pdl_model_preset_t *pdl_model_at(size_t i);
 
 /*
  * Bytes per element of a KV cache dtype name: "bf16"/"bfloat16"/"fp16"/"float16"/"half" = 2,
- * "fp8"/"fp8_e4m3"/"fp8_e5m2" = 1, "fp32"/"float32"/"float" = 4, "auto" = 2; -1 if unknown.
+ * "fp8"/"fp8_e4m3"/"fp8_e5m2"/"fp8_ds_mla" = 1, "fp32"/"float32"/"float" = 4, "auto" = 2; -1 if unknown.
  */
 int pdl_model_dtype_size(const char *dtype);
 
