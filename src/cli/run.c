@@ -44,6 +44,7 @@
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
 #include "pdlink/log.h"
+#include "pdlink/topo.h"
 
 /* The same-run ceilings of `pdlink bench` (SPEC §8), shared so both commands measure alike. */
 #include "../../bench/ceiling.h"
@@ -378,6 +379,18 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             return -1;
         }
         snprintf(t.name, sizeof(t.name), "custom");
+        /* Refuse a pairing the topology rules reject (SPEC §2) now, not as failed requests later. */
+        for (int i = 0; i < t.np; i++)
+            for (int k = 0; k < t.nd; k++) {
+                pdl_error_t e;
+                pdl_error_clear(&e);
+                int rr = 0;
+                if (pdl_topo_map_rank(0, t.dtp[k], t.ptp[i], &rr, &e) != PDL_OK ||
+                    pdl_topo_map_rank(0, t.ptp[i], t.dtp[k], &rr, &e) != PDL_OK) {
+                    fprintf(stderr, "pdlink run: prefill TP%d with decode TP%d: %s\n", t.ptp[i], t.dtp[k], e.msg);
+                    return -1;
+                }
+            }
         if (o->ntopos >= RUN_MAX_TOPOS)
             return -1;
         o->topos[o->ntopos++] = t;
