@@ -72,6 +72,7 @@ seed_node() { # NAME PORT TP ROLE HANDSHAKE NOTIFY
         --port-file "$pf" \
         --kv-transfer-config "$(seed_cfg "$role" "$port" "$hs" "$nt")" >"$TMP/$name.log" 2>&1 &
     CHILDREN+=($!)
+    NODE_NAMES+=("$name")
     printf -v "${name}_PID" '%s' "$!"
     for _ in $(seq 1 400); do
         [[ -s $pf ]] && curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
