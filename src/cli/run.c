@@ -1377,7 +1377,8 @@ int pdl_cli_run(int argc, char **argv)
     rc = all_pass ? 0 : (c->interrupted ? 2 : 1);
     if (c->interrupted)
         fprintf(stderr, "pdlink run: interrupted; children stopped\n");
-    bool remove_logs = all_pass && c->log_dir_is_temp;
+    /* --keep prints the kept nodes' log paths, so their logs stay. */
+    bool remove_logs = all_pass && c->log_dir_is_temp && !c->o.keep;
     pdl_run_report_info_t info = {
         .model = c->o.model,
         .backend = c->o.backend,
