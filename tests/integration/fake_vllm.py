@@ -58,9 +58,11 @@ class Handler(BaseHTTPRequestHandler):
     def st(self):
         return self.server.state
 
-    def _send(self, status, body, ctype="application/json", extra=None):
+    def _send(self, status, body, ctype="application/json", extra=None, rec=None):
         if isinstance(body, str):
             body = body.encode()
+        if rec is not None:  # record before answering: the client may ask for the log right after
+            rec["status"], rec["response"] = status, body.decode("utf-8", "replace")
         self.send_response(status)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -109,7 +111,7 @@ class Handler(BaseHTTPRequestHandler):
             body = None
         rec = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
                "body": body, "raw": raw.decode("utf-8", "replace"), "response": None, "status": None,
-               "t_start": time.monotonic()}
+               "t_start": time.monotonic(), "client_gone": False}
         with self.st.lock:
             self.st.requests.append(rec)
         if ctl["delay_ms"]:
@@ -124,16 +126,13 @@ class Handler(BaseHTTPRequestHandler):
                 if not seen:
                     time.sleep(0.02)
             if not seen:
-                sent = self._send(500, "peer leg never arrived")
-                rec["status"], rec["response"] = 500, sent.decode()
+                self._send(500, "peer leg never arrived", rec=rec)
                 return
         if ctl["fail_status"]:
-            sent = self._send(int(ctl["fail_status"]), ctl["fail_body"] or "worker failure")
-            rec["status"], rec["response"] = int(ctl["fail_status"]), sent.decode()
+            self._send(int(ctl["fail_status"]), ctl["fail_body"] or "worker failure", rec=rec)
             return
         if body is None or not isinstance(body, dict):
-            sent = self._send(400, json.dumps({"error": "bad json"}))
-            rec["status"], rec["response"] = 400, sent.decode()
+            self._send(400, json.dumps({"error": "bad json"}), rec=rec)
             return
         rid = self.headers.get("X-Request-Id", "none")
         prompt_key = json.dumps(body.get("prompt", body.get("messages")), sort_keys=True)
@@ -149,12 +148,12 @@ class Handler(BaseHTTPRequestHandler):
                     "model": "fake-model", "choices": [{"index": 0, "text": completion_text(prompt_key, 0),
                                                         "finish_reason": "length"}],
                     "kv_transfer_params": kv}
-            sent = self._send(200, json.dumps(resp))
-            rec["status"], rec["response"] = 200, sent.decode()
+            self._send(200, json.dumps(resp), rec=rec)
             return
         # decode
         n = int(ctl["n_chunks"] or body.get("max_tokens") or 8)
         if body.get("stream"):
+            rec["status"], rec["response"] = 200, ""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -167,13 +166,13 @@ class Handler(BaseHTTPRequestHandler):
                         self.wfile.flush()
                         self.connection.shutdown(socket.SHUT_RDWR)
                         self.close_connection = True
-                        rec["status"], rec["response"] = 200, "".join(out)
                         return
                     ev = {"id": f"cmpl-{rid}", "object": "text_completion", "model": "fake-model",
                           "choices": [{"index": 0, "text": completion_text(prompt_key, i),
                                        "finish_reason": "length" if i == n - 1 else None}]}
                     chunk = f"data: {json.dumps(ev)}\n\n"
                     out.append(chunk)
+                    rec["response"] = "".join(out)
                     b = chunk.encode()
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(b), b))
                     self.wfile.flush()
@@ -181,12 +180,12 @@ class Handler(BaseHTTPRequestHandler):
                         time.sleep(ctl["chunk_delay_ms"] / 1000.0)
                 done = "data: [DONE]\n\n"
                 out.append(done)
+                rec["response"] = "".join(out)
                 self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done.encode()))
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 rec["client_gone"] = True
                 self.close_connection = True
-            rec["status"], rec["response"] = 200, "".join(out)
             return
         text = "".join(completion_text(prompt_key, i) for i in range(n))
         if chat:
@@ -196,8 +195,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             resp = {"id": f"cmpl-{rid}", "object": "text_completion", "model": "fake-model",
                     "choices": [{"index": 0, "text": text, "finish_reason": "length"}], "kv_transfer_params": None}
-        sent = self._send(200, json.dumps(resp), extra={"X-Fake-Worker": str(self.st.port)})
-        rec["status"], rec["response"] = 200, sent.decode()
+        self._send(200, json.dumps(resp), extra={"X-Fake-Worker": str(self.st.port)}, rec=rec)
 
 
 def registration(args, port):

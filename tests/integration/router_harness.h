@@ -63,6 +63,10 @@ static inline void rh_cleanup(void)
             waitpid(rh_g.children[i], NULL, 0);
             rh_g.children[i] = 0;
         }
+    if (rh_g.dir[0] && getenv("RH_KEEP") != NULL) {
+        fprintf(stderr, "keeping %s\n", rh_g.dir);
+        rh_g.dir[0] = '\0';
+    }
     if (rh_g.dir[0]) {
         char cmd[300];
         snprintf(cmd, sizeof(cmd), "rm -rf '%s'", rh_g.dir);

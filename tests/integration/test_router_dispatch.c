@@ -173,7 +173,9 @@ static void chat_and_streaming_pass_through_byte_for_byte(void **state)
 
     /* A paced SSE stream of 30 chunks arrives intact, chunk boundaries and all. */
     assert_true(rh_fake_control(&s.d[0], "{\"chunk_delay_ms\": 10, \"n_chunks\": 30}"));
-    rh_http(s.d[0].port, "/_reset", "{}");
+    c = rh_http(s.d[0].port, "/_reset", "{}");
+    assert_int_equal(c.status, 200);
+    rh_resp_free(&c);
     c = rh_http(s.r.http, "/v1/chat/completions",
                 "{\"messages\":[{\"role\":\"user\",\"content\":\"stream me\"}],\"max_tokens\":30,\"stream\":true}");
     assert_int_equal(c.status, 200);
