@@ -1,12 +1,8 @@
-/* bench.c -- placeholder until the `pdlink bench` sub-command lands; says so and fails. */
-#include <stdio.h>
-
+/*
+ * bench.c -- the `pdlink bench` sub-command: forwards to the engine benchmark in bench/bench_engine.c
+ * (method, columns and options are described there and in docs/engine.md).
+ */
+#include "../../bench/bench_engine.h" /* bench/ is not on the include path */
 #include "cli/cli.h"
 
-int pdl_cli_bench(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "pdlink bench: not built yet\n");
-    return 2;
-}
+int pdl_cli_bench(int argc, char **argv) { return pdl_bench_engine_main(argc, argv); }

@@ -1,0 +1,1009 @@
+/*
+ * bench_engine.c -- `pdlink bench`: block size × batch size sweeps of the transfer engine between two
+ * processes, each row printed next to the ceiling measured in the same run with the same resources.
+ *
+ * Method (nixlbench / MoRI bench_engine style): the initiator forks the target before any thread
+ * exists (or, with --serve/--connect, the two run as separate commands, e.g. in two network
+ * namespaces), and both create an engine with --threads workers. For each point the batch is `batch`
+ * descriptors of `block` bytes, local blocks in order and remote blocks in reverse order, so no two
+ * descriptors merge (--contiguous lets them). Warm-up iterations run right before the timed loop
+ * (memory idle for a few seconds is several times slower here, machine.md §4a); the loop is timed as
+ * a whole (post + wait per batch, stop-and-wait like nixlbench); per-batch latencies give median and
+ * p99. After the loop the data is validated (READ: every byte in the initiator; WRITE: every byte
+ * checked by the target). The ceiling is then measured at once: memcpy of the same bytes with the same
+ * number of threads into the same destination (shm), or a plain TCP stream of the same bytes over the
+ * same address with 1 MiB writes and as many streams as the engine has connections (tcp).
+ *
+ * Control channel (socketpair, or TCP for --serve/--connect): the target sends its engine descriptor
+ * and memory descriptor, then answers commands {op, seed, len, ndesc}: 'F' fill [0, len) with the
+ * pattern, 'V' verify ndesc descriptors that follow, 'Q' quit. Every answer is an int32 (0 = ok).
+ */
+#include "bench_engine.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ceiling.h"
+#include "pdlink/engine.h"
+#include "pdlink/layout.h"
+#include "pdlink/log.h"
+#include "pdlink/topo.h"
+
+#define MAX_LIST 32
+#define DEFAULT_CAP (256ull << 20)
+
+typedef struct opts {
+    pdl_backend_kind_t backend;
+    pdl_op_t op;
+    uint64_t blocks[MAX_LIST];
+    int nblocks;
+    uint64_t batches[MAX_LIST];
+    int nbatches;
+    int threads, qp, iters;
+    uint64_t cap;
+    bool contiguous, hetero;
+    const char *json, *plot, *host, *serve, *connect, *port_file;
+} opts_t;
+
+typedef struct row {
+    char label[32];
+    uint64_t block, batch, bytes;
+    size_t descs;
+    int iters;
+    double gbps, lat_med_us, lat_p99_us, ceil_gbps, ratio;
+    bool valid;
+} row_t;
+
+/* ---------------------------------------------------------------- data pattern */
+
+static inline uint64_t mix(uint64_t seed, uint64_t word)
+{
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + word + 1;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The byte at offset `off` of a buffer filled with `seed` (8-byte words, little-endian). */
+static inline uint8_t pat_byte(uint64_t seed, uint64_t off) { return (uint8_t)(mix(seed, off >> 3) >> ((off & 7) * 8)); }
+
+static void fill_pattern(uint8_t *p, uint64_t len, uint64_t seed)
+{
+    uint64_t *w = (uint64_t *)p;
+    for (uint64_t i = 0; i < len / 8; i++)
+        w[i] = mix(seed, i);
+    for (uint64_t o = len & ~7ull; o < len; o++)
+        p[o] = pat_byte(seed, o);
+}
+
+/* true if p[0, len) equals the pattern of `seed` starting at offset `off`. */
+static bool check_pattern(const uint8_t *p, uint64_t len, uint64_t seed, uint64_t off)
+{
+    uint64_t j = 0;
+    if ((off & 7) == 0 && ((uintptr_t)p & 7) == 0) {
+        const uint64_t *w = (const uint64_t *)p;
+        for (; j + 8 <= len; j += 8)
+            if (w[j / 8] != mix(seed, (off + j) >> 3))
+                return false;
+    }
+    for (; j < len; j++)
+        if (p[j] != pat_byte(seed, off + j))
+            return false;
+    return true;
+}
+
+/* ---------------------------------------------------------------- control channel */
+
+typedef struct cmd {
+    char op;
+    uint64_t seed, len;
+    uint32_t ndesc;
+} cmd_t;
+
+static int xio(int fd, void *b, size_t n, bool wr)
+{
+    uint8_t *p = b;
+    while (n) {
+        ssize_t r = wr ? write(fd, p, n) : read(fd, p, n);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int send_blob(int fd, const void *b, uint32_t n)
+{
+    return xio(fd, &n, 4, true) || xio(fd, (void *)b, n, true) ? -1 : 0;
+}
+
+static int recv_blob(int fd, uint8_t **b, uint32_t *n)
+{
+    if (xio(fd, n, 4, false) || *n > (1u << 20))
+        return -1;
+    *b = malloc(*n ? *n : 1);
+    return *b == NULL ? -1 : xio(fd, *b, *n, false);
+}
+
+static int target_run(int fd, const opts_t *o, const char *host, uint64_t region)
+{
+    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads};
+    pdl_engine_t *e = NULL;
+    pdl_mem_t *m = NULL;
+    pdl_error_t err;
+    if (pdl_engine_create(&cfg, &e, &err) != PDL_OK || pdl_engine_alloc_mem(e, region, &m, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink bench target: %s\n", err.msg);
+        return 2;
+    }
+    pdl_bytes_t ed = {0}, md = {0};
+    pdl_engine_pack(e, &ed, NULL);
+    pdl_mem_pack(m, &md, NULL);
+    int rc = send_blob(fd, ed.data, (uint32_t)ed.len) || send_blob(fd, md.data, (uint32_t)md.len) ? 2 : 0;
+    pdl_bytes_free(&ed);
+    pdl_bytes_free(&md);
+    uint8_t *p = pdl_mem_ptr(m);
+    cmd_t c;
+    while (rc == 0 && xio(fd, &c, sizeof(c), false) == 0 && c.op != 'Q') {
+        int32_t res = 0;
+        if (c.op == 'F') {
+            if (c.len <= region)
+                fill_pattern(p, c.len, c.seed);
+            else
+                res = -1;
+        } else if (c.op == 'V') {
+            pdl_desc_t *d = malloc((size_t)c.ndesc * sizeof(*d) + 1);
+            if (d == NULL || xio(fd, d, (size_t)c.ndesc * sizeof(*d), false) != 0) {
+                free(d);
+                break;
+            }
+            for (uint32_t i = 0; i < c.ndesc && res == 0; i++)
+                if (d[i].remote_off > region || d[i].len > region - d[i].remote_off ||
+                    !check_pattern(p + d[i].remote_off, d[i].len, c.seed, d[i].local_off))
+                    res = (int32_t)i + 1;
+            free(d);
+        } else {
+            res = -2;
+        }
+        if (xio(fd, &res, sizeof(res), true) != 0)
+            break;
+    }
+    pdl_engine_deregister_mem(e, m);
+    pdl_engine_destroy(e);
+    return rc;
+}
+
+static int32_t ctl_cmd(int fd, char op, uint64_t seed, uint64_t len, const pdl_desc_t *d, uint32_t n)
+{
+    cmd_t c;
+    memset(&c, 0, sizeof(c));
+    c.op = op;
+    c.seed = seed;
+    c.len = len;
+    c.ndesc = n;
+    if (xio(fd, &c, sizeof(c), true) != 0 || (n && xio(fd, (void *)d, n * sizeof(*d), true) != 0))
+        return -100;
+    if (op == 'Q')
+        return 0;
+    int32_t r;
+    return xio(fd, &r, sizeof(r), false) ? -100 : r;
+}
+
+/* ---------------------------------------------------------------- option parsing */
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -1;
+    uint64_t mul = 1;
+    if (*end == 'K' || *end == 'k')
+        mul = 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1024ull * 1024 * 1024, end++;
+    if (*end == 'i' || *end == 'B')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end != '\0' || v == 0 || v > (UINT64_MAX / mul))
+        return -1;
+    *out = v * mul;
+    return 0;
+}
+
+static int parse_list(const char *s, uint64_t *out, int *n, bool sizes)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", s);
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n == MAX_LIST)
+            return -1;
+        uint64_t v;
+        if (sizes) {
+            if (parse_size(t, &v) != 0)
+                return -1;
+        } else {
+            char *end;
+            v = strtoull(t, &end, 10);
+            if (*end || v == 0 || v > 65536)
+                return -1;
+        }
+        out[(*n)++] = v;
+    }
+    return *n > 0 ? 0 : -1;
+}
+
+static void fmt_size(uint64_t v, char *buf, size_t cap)
+{
+    if (v % (1ull << 30) == 0)
+        snprintf(buf, cap, "%" PRIu64 "G", v >> 30);
+    else if (v % (1ull << 20) == 0)
+        snprintf(buf, cap, "%" PRIu64 "M", v >> 20);
+    else if (v % 1024 == 0)
+        snprintf(buf, cap, "%" PRIu64 "K", v >> 10);
+    else
+        snprintf(buf, cap, "%" PRIu64, v);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: pdlink bench [options]\n"
+            "Measure the transfer engine between two processes against this machine's own ceilings.\n\n"
+            "  --backend shm|tcp        backend (default shm)\n"
+            "  --op read|write          one-sided READ (remote -> local) or WRITE (default read)\n"
+            "  --block-sizes LIST       e.g. 4K,16K,64K,256K,1M,4M,16M,64M (the default)\n"
+            "  --batch-sizes LIST       descriptors per batch, e.g. 1,4,16,64,256,1024 (the default)\n"
+            "  --threads N              engine workers on both sides = memcpy ceiling threads (default 2)\n"
+            "  --qp N                   tcp connections per session = ceiling streams (default 1)\n"
+            "  --iters N                timed batches per point (default: about 2 GB (shm) / 1 GB (tcp)\n"
+            "                           per point, 8..2000); warm-up is a tenth of it, at least 2\n"
+            "  --max-batch-bytes SIZE   skip points with block*batch above this (default 256M)\n"
+            "  --contiguous             remote blocks in order, so descriptors merge\n"
+            "  --no-hetero              skip the heterogeneous-TP rows (P4/D8, P8/D4 vs P4/D4)\n"
+            "  --host ADDR              address the engines (tcp) and the tcp ceiling use (default 127.0.0.1)\n"
+            "  --json FILE              write the rows as JSON\n"
+            "  --plot FILE.svg          draw GB/s vs block size, one line per batch size, ceilings dashed\n"
+            "  --serve ADDR:PORT        be the target only: listen for one initiator on ADDR:PORT (0 = any)\n"
+            "  --port-file FILE         with --serve: write the bound control port to FILE\n"
+            "  --connect ADDR:PORT      be the initiator of a target started with --serve\n"
+            "  --help\n\n"
+            "Columns: block, batch, descriptors after merge, GB/s (10^9 B/s, whole-loop timer), latency per\n"
+            "batch median and p99 (us), the ceiling measured in the same run with the same threads and\n"
+            "bytes, and GB/s / ceiling. Exit status 1 if any data validation failed.\n");
+}
+
+static int parse_opts(int argc, char **argv, opts_t *o)
+{
+    static const struct option lo[] = {
+        {"backend", required_argument, 0, 'b'}, {"op", required_argument, 0, 'o'},
+        {"block-sizes", required_argument, 0, 'B'}, {"batch-sizes", required_argument, 0, 'N'},
+        {"threads", required_argument, 0, 't'}, {"qp", required_argument, 0, 'q'},
+        {"iters", required_argument, 0, 'i'}, {"max-batch-bytes", required_argument, 0, 'm'},
+        {"contiguous", no_argument, 0, 'c'}, {"no-hetero", no_argument, 0, 'H'},
+        {"host", required_argument, 0, 'h'}, {"json", required_argument, 0, 'j'},
+        {"plot", required_argument, 0, 'p'}, {"serve", required_argument, 0, 's'},
+        {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
+        {"help", no_argument, 0, '?' + 256}, {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->backend = PDL_BACKEND_SHM;
+    o->op = PDL_OP_READ;
+    parse_list("4K,16K,64K,256K,1M,4M,16M,64M", o->blocks, &o->nblocks, true);
+    parse_list("1,4,16,64,256,1024", o->batches, &o->nbatches, false);
+    o->threads = 2;
+    o->qp = 1;
+    o->cap = DEFAULT_CAP;
+    o->hetero = true;
+    o->host = "127.0.0.1";
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case 'b': {
+            int b = pdl_backend_parse(optarg);
+            if (b < 0) {
+                fprintf(stderr, "pdlink bench: --backend '%s': expected shm or tcp\n", optarg);
+                return 2;
+            }
+            o->backend = (pdl_backend_kind_t)b;
+            break;
+        }
+        case 'o':
+            if (strcmp(optarg, "read") == 0)
+                o->op = PDL_OP_READ;
+            else if (strcmp(optarg, "write") == 0)
+                o->op = PDL_OP_WRITE;
+            else {
+                fprintf(stderr, "pdlink bench: --op '%s': expected read or write\n", optarg);
+                return 2;
+            }
+            break;
+        case 'B':
+            if (parse_list(optarg, o->blocks, &o->nblocks, true) != 0) {
+                fprintf(stderr, "pdlink bench: --block-sizes '%s': expected sizes like 4K,1M (at most %d)\n", optarg,
+                        MAX_LIST);
+                return 2;
+            }
+            for (int i = 0; i < o->nblocks; i++)
+                if (o->blocks[i] % 8 != 0) {
+                    fprintf(stderr, "pdlink bench: block size %" PRIu64 " is not a multiple of 8\n", o->blocks[i]);
+                    return 2;
+                }
+            break;
+        case 'N':
+            if (parse_list(optarg, o->batches, &o->nbatches, false) != 0) {
+                fprintf(stderr, "pdlink bench: --batch-sizes '%s': expected counts 1..65536 like 1,16,1024\n", optarg);
+                return 2;
+            }
+            break;
+        case 't':
+        case 'q':
+        case 'i': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > (c == 'i' ? 1000000 : 64)) {
+                fprintf(stderr, "pdlink bench: --%s '%s' out of range\n",
+                        c == 't' ? "threads" : c == 'q' ? "qp" : "iters", optarg);
+                return 2;
+            }
+            if (c == 't')
+                o->threads = (int)v;
+            else if (c == 'q')
+                o->qp = (int)v;
+            else
+                o->iters = (int)v;
+            break;
+        }
+        case 'm':
+            if (parse_size(optarg, &o->cap) != 0) {
+                fprintf(stderr, "pdlink bench: --max-batch-bytes '%s': expected a size like 256M\n", optarg);
+                return 2;
+            }
+            break;
+        case 'c':
+            o->contiguous = true;
+            break;
+        case 'H':
+            o->hetero = false;
+            break;
+        case 'h':
+            o->host = optarg;
+            break;
+        case 'j':
+            o->json = optarg;
+            break;
+        case 'p':
+            o->plot = optarg;
+            break;
+        case 's':
+            o->serve = optarg;
+            break;
+        case 'P':
+            o->port_file = optarg;
+            break;
+        case 'C':
+            o->connect = optarg;
+            break;
+        case '?' + 256:
+            usage(stdout);
+            return -1;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "pdlink bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if ((o->serve || o->connect) && o->backend != PDL_BACKEND_TCP) {
+        fprintf(stderr, "pdlink bench: --serve/--connect need --backend tcp\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int split_hostport(const char *s, char *host, size_t cap, char *port, size_t pcap)
+{
+    const char *colon = strrchr(s, ':');
+    if (colon == NULL || (size_t)(colon - s) >= cap)
+        return -1;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+    snprintf(port, pcap, "%s", colon + 1);
+    return 0;
+}
+
+static int tcp_listen_accept(const char *addr, const char *port_file)
+{
+    char host[256], port[16];
+    if (split_hostport(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        fprintf(stderr, "pdlink bench: --serve '%s': expected ADDR:PORT\n", addr);
+        return -1;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+    if (getaddrinfo(host, port, &hints, &ai) != 0) {
+        fprintf(stderr, "pdlink bench: cannot resolve %s\n", addr);
+        return -1;
+    }
+    int lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (lfd < 0 || bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, 1) != 0) {
+        fprintf(stderr, "pdlink bench: listen on %s: %s\n", addr, strerror(errno));
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(lfd, (struct sockaddr *)&ss, &sl);
+    char pbuf[16];
+    getnameinfo((struct sockaddr *)&ss, sl, NULL, 0, pbuf, sizeof(pbuf), NI_NUMERICSERV);
+    if (port_file) {
+        char tmp[1024];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", port_file);
+        FILE *f = fopen(tmp, "w");
+        if (f == NULL || fprintf(f, "%s\n", pbuf) < 0 || fclose(f) != 0 || rename(tmp, port_file) != 0) {
+            fprintf(stderr, "pdlink bench: cannot write %s\n", port_file);
+            close(lfd);
+            return -1;
+        }
+    }
+    fprintf(stderr, "pdlink bench: target waiting for an initiator on %s:%s\n", host, pbuf);
+    int fd = accept(lfd, NULL, NULL);
+    close(lfd);
+    return fd;
+}
+
+static int tcp_connect_to(const char *addr)
+{
+    char host[256], port[16];
+    if (split_hostport(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        fprintf(stderr, "pdlink bench: --connect '%s': expected ADDR:PORT\n", addr);
+        return -1;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai;
+    if (getaddrinfo(host, port, &hints, &ai) != 0) {
+        fprintf(stderr, "pdlink bench: cannot resolve %s\n", addr);
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        fprintf(stderr, "pdlink bench: connect to %s: %s\n", addr, strerror(errno));
+        freeaddrinfo(ai);
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+/* ---------------------------------------------------------------- measuring */
+
+typedef struct ctx {
+    const opts_t *o;
+    int fd;
+    pdl_engine_t *e;
+    pdl_mem_t *local;
+    pdl_session_t *s;
+    uint8_t *src; /* memcpy ceiling source (shm) */
+    uint64_t region;
+    pdl_ceiling_memcpy_t *cm;
+    uint64_t seed;
+    int failures;
+} ctx_t;
+
+/* Run one point: warm-up, timed loop, validation, ceiling. `d` is the batch. */
+static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, uint64_t block, uint64_t batch,
+                   row_t *row)
+{
+    const opts_t *o = c->o;
+    uint64_t bytes = 0, remote_end = 0, local_end = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes += d[i].len;
+        if (d[i].remote_off + d[i].len > remote_end)
+            remote_end = d[i].remote_off + d[i].len;
+        if (d[i].local_off + d[i].len > local_end)
+            local_end = d[i].local_off + d[i].len;
+    }
+    uint64_t seed = ++c->seed;
+    uint8_t *local = pdl_mem_ptr(c->local);
+    if (o->op == PDL_OP_READ) {
+        if (ctl_cmd(c->fd, 'F', seed, remote_end, NULL, 0) != 0) {
+            fprintf(stderr, "pdlink bench: target failed to fill its region\n");
+            return -1;
+        }
+    } else {
+        fill_pattern(local, local_end, seed);
+    }
+    int iters = o->iters;
+    if (iters == 0) {
+        double budget = o->backend == PDL_BACKEND_SHM ? 2e9 : 1e9;
+        double it = budget / (double)bytes;
+        iters = it < 8 ? 8 : it > 2000 ? 2000 : (int)it;
+    }
+    int warm = iters / 10 < 2 ? 2 : iters / 10;
+    double *lat = malloc((size_t)iters * sizeof(double));
+    pdl_error_t err;
+    size_t descs = 0;
+    for (int i = -warm; i < iters; i++) {
+        if (i == 0)
+            row->gbps = now_s(); /* start of the timed loop */
+        double t0 = i >= 0 ? now_s() : 0;
+        pdl_batch_t *b = NULL;
+        pdl_status_t st = pdl_session_post(c->s, o->op, d, n, &b, &err);
+        if (st == PDL_OK) {
+            descs = pdl_batch_num_descs(b);
+            st = pdl_batch_wait(b, -1, &err);
+            pdl_batch_free(b);
+        }
+        if (st != PDL_OK) {
+            fprintf(stderr, "\npdlink bench: %s %s batch failed: %s\n", pdl_backend_name(o->backend),
+                    o->op == PDL_OP_READ ? "read" : "write", err.msg);
+            free(lat);
+            return -1;
+        }
+        if (i >= 0)
+            lat[i] = now_s() - t0;
+    }
+    double t = now_s() - row->gbps;
+    row->gbps = (double)bytes * iters / t / 1e9;
+    qsort(lat, (size_t)iters, sizeof(double), cmp_double);
+    row->lat_med_us = lat[iters / 2] * 1e6;
+    row->lat_p99_us = lat[(size_t)((iters - 1) * 0.99)] * 1e6;
+    free(lat);
+
+    /* Validate after the timed loop. */
+    bool valid = true;
+    if (o->op == PDL_OP_READ) {
+        for (size_t i = 0; i < n && valid; i++)
+            valid = check_pattern(local + d[i].local_off, d[i].len, seed, d[i].remote_off);
+    } else {
+        valid = ctl_cmd(c->fd, 'V', seed, 0, d, (uint32_t)n) == 0;
+    }
+    if (!valid)
+        c->failures++;
+
+    /* The ceiling, right away, with the same resources. */
+    double ceil;
+    if (o->backend == PDL_BACKEND_SHM) {
+        ceil = pdl_ceiling_memcpy_run(c->cm, local, c->src, bytes, iters);
+    } else {
+        uint64_t total = bytes * (uint64_t)iters;
+        if (total < (64ull << 20))
+            total = 64ull << 20;
+        ceil = pdl_ceiling_tcp_gbps(o->host, total, 1u << 20, o->qp);
+    }
+    snprintf(row->label, sizeof(row->label), "%s", label);
+    row->block = block;
+    row->batch = batch;
+    row->bytes = bytes;
+    row->descs = descs;
+    row->iters = iters;
+    row->ceil_gbps = ceil;
+    row->ratio = ceil > 0 ? row->gbps / ceil : 0;
+    row->valid = valid;
+    return 0;
+}
+
+static void print_header(const opts_t *o)
+{
+    char conns[64] = "";
+    if (o->backend == PDL_BACKEND_TCP)
+        snprintf(conns, sizeof(conns), ", %d connection(s) per session", o->qp);
+    printf("pdlink bench: backend %s, op %s, engine workers %d per side%s, remote blocks %s\n",
+           pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads, conns,
+           o->contiguous ? "in order (mergeable)" : "in reverse order (no merging)");
+    if (o->backend == PDL_BACKEND_SHM)
+        printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 1 MiB use one, as the engine "
+               "does), same destination buffer, warm\n",
+               o->threads);
+    else
+        printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each), 1 MiB writes, "
+               "same total bytes (at least 64 MiB)\n",
+               o->host, o->qp);
+    printf("GB = 10^9 bytes; latency = post + wait of one batch; data validated after each timed loop\n\n");
+    printf("%-10s %8s %6s %6s %9s %11s %11s %12s %7s\n", "case", "block", "batch", "descs", "GB/s", "lat med us",
+           "lat p99 us", "ceiling GB/s", "ratio");
+}
+
+static void print_row(const row_t *r)
+{
+    char b[32];
+    fmt_size(r->block, b, sizeof(b));
+    printf("%-10s %8s %6" PRIu64 " %6zu %9.2f %11.1f %11.1f %12.2f %7.2f%s\n", r->label, b, r->batch, r->descs,
+           r->gbps, r->lat_med_us, r->lat_p99_us, r->ceil_gbps, r->ratio, r->valid ? "" : "  DATA MISMATCH");
+    fflush(stdout);
+}
+
+/* ---------------------------------------------------------------- heterogeneous TP */
+
+/*
+ * One layer's KV (K and V halves) of a Llama-3.1-70B-like model: 8 KV heads, head_dim 128, bf16,
+ * 16 tokens per block, HND, K and V separate; `layers` layers are consecutive regions. Consumer rank 0
+ * reads `nblocks` blocks (remote block ids shuffled, as two caches allocate independently).
+ * P4/D8: 1 piece (half of producer 0's heads). P8/D4: 2 pieces (producers 0 and 1, one head each;
+ * the target's one region stands in for both producer ranks). P4/D4: the homogeneous baseline.
+ */
+static int hetero_descs(int ptp, int dtp, uint32_t nblocks, int layers, pdl_descv_t *out, uint64_t *remote_need,
+                        uint64_t *local_need, char *why, size_t whycap)
+{
+    const int heads = 8;
+    pdl_read_plan_t plan;
+    pdl_error_t err;
+    if (pdl_topo_read_plan(ptp, dtp, heads, false, 0, &plan, &err) != PDL_OK) {
+        snprintf(why, whycap, "%s", err.msg);
+        return -1;
+    }
+    pdl_kv_geometry_t lg = {nblocks, 16, (uint32_t)(heads / dtp), 128, 2, true, PDL_KV_HND, false};
+    pdl_kv_geometry_t rg = {nblocks, 16, (uint32_t)(heads / ptp), 128, 2, true, PDL_KV_HND, false};
+    uint32_t *lb = malloc(nblocks * sizeof(uint32_t)), *rb = malloc(nblocks * sizeof(uint32_t));
+    unsigned rng = 7;
+    for (uint32_t i = 0; i < nblocks; i++)
+        lb[i] = rb[i] = i;
+    for (uint32_t i = nblocks - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)rand_r(&rng) % (i + 1), t = rb[i];
+        rb[i] = rb[j];
+        rb[j] = t;
+    }
+    uint64_t llen = pdl_layout_region_len(&lg), rlen = pdl_layout_region_len(&rg);
+    int rc = 0;
+    for (int l = 0; l < layers && rc == 0; l++) {
+        for (int p = 0; p < plan.num_pieces && rc == 0; p++) {
+            /* Every producer rank's region is stood in for by the same remote region. */
+            if (pdl_layout_build_descs(&lg, &rg, PDL_DIR_READ, &plan.pieces[p], 1, lb, rb, nblocks,
+                                       (uint64_t)l * llen, (uint64_t)l * rlen, out, &err) != PDL_OK) {
+                snprintf(why, whycap, "%s", err.msg);
+                rc = -1;
+            }
+        }
+    }
+    *remote_need = rlen * (uint64_t)layers;
+    *local_need = llen * (uint64_t)layers;
+    free(lb);
+    free(rb);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- JSON and SVG */
+
+static int write_json(const char *path, const opts_t *o, const row_t *rows, int n)
+{
+    json_t *root = json_object(), *arr = json_array();
+    json_object_set_new(root, "backend", json_string(pdl_backend_name(o->backend)));
+    json_object_set_new(root, "op", json_string(o->op == PDL_OP_READ ? "read" : "write"));
+    json_object_set_new(root, "threads", json_integer(o->threads));
+    json_object_set_new(root, "qp", json_integer(o->qp));
+    json_object_set_new(root, "ceiling", json_string(o->backend == PDL_BACKEND_SHM ? "memcpy" : "tcp_stream"));
+    json_object_set_new(root, "ceiling_threads", json_integer(o->backend == PDL_BACKEND_SHM ? o->threads : o->qp));
+    json_object_set_new(root, "gb", json_string("1e9 bytes"));
+    for (int i = 0; i < n; i++) {
+        const row_t *r = &rows[i];
+        json_t *j = json_object();
+        json_object_set_new(j, "case", json_string(r->label));
+        json_object_set_new(j, "block", json_integer((json_int_t)r->block));
+        json_object_set_new(j, "batch", json_integer((json_int_t)r->batch));
+        json_object_set_new(j, "bytes_per_batch", json_integer((json_int_t)r->bytes));
+        json_object_set_new(j, "descs_after_merge", json_integer((json_int_t)r->descs));
+        json_object_set_new(j, "iters", json_integer(r->iters));
+        json_object_set_new(j, "gbps", json_real(r->gbps));
+        json_object_set_new(j, "lat_median_us", json_real(r->lat_med_us));
+        json_object_set_new(j, "lat_p99_us", json_real(r->lat_p99_us));
+        json_object_set_new(j, "ceiling_gbps", json_real(r->ceil_gbps));
+        json_object_set_new(j, "ratio", json_real(r->ratio));
+        json_object_set_new(j, "validated", json_boolean(r->valid));
+        json_array_append_new(arr, j);
+    }
+    json_object_set_new(root, "rows", arr);
+    int rc = json_dump_file(root, path, JSON_INDENT(2));
+    json_decref(root);
+    if (rc != 0)
+        fprintf(stderr, "pdlink bench: cannot write %s\n", path);
+    return rc;
+}
+
+static int write_svg(const char *path, const opts_t *o, const row_t *rows, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "pdlink bench: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    const double W = 900, H = 520, L = 70, R = 170, T = 40, B = 60;
+    double xmin = 1e30, xmax = -1e30, ymax = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(rows[i].label, "sweep") != 0)
+            continue;
+        double x = log2((double)rows[i].block);
+        xmin = fmin(xmin, x);
+        xmax = fmax(xmax, x);
+        ymax = fmax(ymax, fmax(rows[i].gbps, rows[i].ceil_gbps));
+    }
+    if (xmax <= xmin)
+        xmax = xmin + 1;
+    ymax = ymax <= 0 ? 1 : ceil(ymax * 1.1);
+#define PX(x) (L + ((x)-xmin) / (xmax - xmin) * (W - L - R))
+#define PY(y) (H - B - (y) / ymax * (H - T - B))
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, H);
+    fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">pdlink bench: %s %s, %d worker(s); solid = engine, dashed "
+               "= same-run ceiling (%s)</text>\n",
+            L, pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads,
+            o->backend == PDL_BACKEND_SHM ? "memcpy" : "TCP stream");
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
+    for (int k = 0; k <= 5; k++) {
+        double y = ymax * k / 5;
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n", L - 6, PY(y) + 4, y);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, PY(y), W - R, PY(y));
+    }
+    for (int e = (int)xmin; e <= (int)xmax; e += 2) {
+        char b[32];
+        fmt_size(1ull << e, b, sizeof(b));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", PX(e), H - B + 18, b);
+    }
+    fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">block size</text>\n", (L + W - R) / 2, H - 15);
+    fprintf(f, "<text x=\"18\" y=\"%.0f\" transform=\"rotate(-90 18 %.0f)\" text-anchor=\"middle\">GB/s (10^9 "
+               "B/s)</text>\n",
+            (T + H - B) / 2, (T + H - B) / 2);
+    static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+    for (int bi = 0; bi < o->nbatches; bi++) {
+        const char *col = colors[bi % 8];
+        for (int pass = 0; pass < 2; pass++) {
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"", col,
+                    pass ? " stroke-dasharray=\"5,4\"" : "");
+            for (int i = 0; i < n; i++)
+                if (strcmp(rows[i].label, "sweep") == 0 && rows[i].batch == o->batches[bi])
+                    fprintf(f, "%.1f,%.1f ", PX(log2((double)rows[i].block)),
+                            PY(pass ? rows[i].ceil_gbps : rows[i].gbps));
+            fprintf(f, "\"/>\n");
+        }
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" stroke-width=\"2\"/>"
+                   "<text x=\"%.0f\" y=\"%.0f\">batch %" PRIu64 "</text>\n",
+                W - R + 15, T + 20.0 * bi, W - R + 40, T + 20.0 * bi, col, W - R + 46, T + 20.0 * bi + 4,
+                o->batches[bi]);
+    }
+    fprintf(f, "</svg>\n");
+#undef PX
+#undef PY
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static uint64_t region_needed(const opts_t *o)
+{
+    uint64_t need = 0;
+    for (int i = 0; i < o->nblocks; i++)
+        for (int j = 0; j < o->nbatches; j++) {
+            uint64_t b = o->blocks[i] * o->batches[j];
+            if (b <= o->cap && b > need)
+                need = b;
+        }
+    if (o->hetero && need < (64ull << 20))
+        need = 64ull << 20; /* the heterogeneous rows use 4 layers of 16 MiB */
+    return need;
+}
+
+static int initiator_run(ctx_t *c)
+{
+    const opts_t *o = c->o;
+    pdl_error_t err;
+    uint8_t *ed = NULL, *md = NULL;
+    uint32_t elen = 0, mlen = 0;
+    if (recv_blob(c->fd, &ed, &elen) != 0 || recv_blob(c->fd, &md, &mlen) != 0) {
+        fprintf(stderr, "pdlink bench: the target did not send its descriptors (did it fail to start?)\n");
+        free(ed);
+        return 2;
+    }
+    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads};
+    int rc = 2;
+    if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
+        pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||
+        pdl_session_open(c->e, c->local, md, mlen, &c->s, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink bench: %s\n", err.msg);
+        goto out;
+    }
+    if (o->backend == PDL_BACKEND_SHM) {
+        c->src = pdl_ceiling_alloc(c->region);
+        c->cm = pdl_ceiling_memcpy_create(o->threads);
+        if (c->src == NULL || c->cm == NULL) {
+            fprintf(stderr, "pdlink bench: cannot allocate the memcpy ceiling's %" PRIu64 "-byte buffer\n", c->region);
+            goto out;
+        }
+        memset(c->src, 0x5a, c->region);
+    }
+    print_header(o);
+    int maxrows = o->nblocks * o->nbatches + 3;
+    row_t *rows = calloc((size_t)maxrows, sizeof(row_t));
+    int nrows = 0, npoints = 0, done = 0;
+    for (int i = 0; i < o->nblocks; i++)
+        for (int j = 0; j < o->nbatches; j++)
+            npoints += o->blocks[i] * o->batches[j] <= o->cap;
+    pdl_desc_t *d = malloc(65536 * sizeof(pdl_desc_t));
+    double t_start = now_s();
+    rc = 0;
+    for (int i = 0; i < o->nblocks && rc == 0; i++) {
+        for (int j = 0; j < o->nbatches && rc == 0; j++) {
+            uint64_t block = o->blocks[i], batch = o->batches[j];
+            if (block * batch > o->cap)
+                continue;
+            char bs[32];
+            fmt_size(block, bs, sizeof(bs));
+            fprintf(stderr, "\r[%d/%d] block %s batch %" PRIu64 " (%.0f s elapsed)...          ", ++done, npoints, bs,
+                    batch, now_s() - t_start);
+            for (uint64_t k = 0; k < batch; k++)
+                d[k] = (pdl_desc_t){k * block, (o->contiguous ? k : batch - 1 - k) * block, block};
+            if (measure(c, "sweep", d, batch, block, batch, &rows[nrows]) != 0) {
+                rc = 2;
+                break;
+            }
+            fprintf(stderr, "\r%60s\r", "");
+            print_row(&rows[nrows++]);
+        }
+    }
+    if (rc == 0 && o->hetero) {
+        printf("\nheterogeneous TP, consumer rank 0 READs 4 layers x K,V x 1024 blocks (8 KV heads, head_dim 128, "
+               "bf16, block 16 tokens, HND; remote block ids shuffled):\n");
+        struct {
+            int p, d;
+            const char *label;
+        } cases[] = {{4, 4, "P4/D4"}, {4, 8, "P4/D8"}, {8, 4, "P8/D4"}};
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            pdl_descv_t dv = {0};
+            uint64_t rneed, lneed;
+            char why[PDL_ERR_MSG_LEN];
+            if (hetero_descs(cases[k].p, cases[k].d, 1024, 4, &dv, &rneed, &lneed, why, sizeof(why)) != 0) {
+                printf("%-10s skipped: %s\n", cases[k].label, why);
+                pdl_descv_free(&dv);
+                continue;
+            }
+            if (rneed > c->region || lneed > c->region || o->op != PDL_OP_READ) {
+                printf("%-10s skipped: %s\n", cases[k].label,
+                       o->op != PDL_OP_READ ? "heterogeneous rows are READ mode only" : "region too small");
+                pdl_descv_free(&dv);
+                continue;
+            }
+            fprintf(stderr, "\rheterogeneous %s...", cases[k].label);
+            uint64_t total = pdl_layout_total_bytes(&dv);
+            if (measure(c, cases[k].label, dv.v, dv.n, dv.n ? dv.v[0].len : 0, dv.n, &rows[nrows]) != 0)
+                rc = 2;
+            else {
+                fprintf(stderr, "\r%60s\r", "");
+                rows[nrows].bytes = total;
+                print_row(&rows[nrows++]);
+            }
+            pdl_descv_free(&dv);
+        }
+        printf("(P8/D4: two producer ranks, each one head; the target's single region stands in for both)\n");
+    }
+    fprintf(stderr, "pdlink bench: %d rows in %.1f s\n", nrows, now_s() - t_start);
+    if (rc == 0 && c->failures > 0) {
+        printf("\n%d point(s) FAILED data validation\n", c->failures);
+        rc = 1;
+    }
+    if (o->json && write_json(o->json, o, rows, nrows) != 0 && rc == 0)
+        rc = 2;
+    if (o->plot && write_svg(o->plot, o, rows, nrows) != 0 && rc == 0)
+        rc = 2;
+    free(d);
+    free(rows);
+out:
+    ctl_cmd(c->fd, 'Q', 0, 0, NULL, 0);
+    free(ed);
+    free(md);
+    pdl_session_close(c->s);
+    if (c->local)
+        pdl_engine_deregister_mem(c->e, c->local);
+    pdl_engine_destroy(c->e);
+    pdl_ceiling_memcpy_destroy(c->cm);
+    pdl_ceiling_free(c->src, c->region);
+    return rc;
+}
+
+int pdl_bench_engine_main(int argc, char **argv)
+{
+    opts_t o;
+    int prc = parse_opts(argc, argv, &o);
+    if (prc != 0)
+        return prc < 0 ? 0 : prc;
+    signal(SIGPIPE, SIG_IGN);
+    uint64_t region = region_needed(&o);
+    if (region == 0) {
+        fprintf(stderr, "pdlink bench: every point is above --max-batch-bytes\n");
+        return 2;
+    }
+    if (o.serve) {
+        /* Target only. The initiator decides the sizes, so take the largest region the options allow. */
+        int fd = tcp_listen_accept(o.serve, o.port_file);
+        if (fd < 0)
+            return 2;
+        char host[256], port[16];
+        split_hostport(o.serve, host, sizeof(host), port, sizeof(port));
+        int rc = target_run(fd, &o, host, region);
+        close(fd);
+        return rc;
+    }
+    ctx_t c;
+    memset(&c, 0, sizeof(c));
+    c.o = &o;
+    c.region = region;
+    pid_t child = -1;
+    if (o.connect) {
+        c.fd = tcp_connect_to(o.connect);
+        if (c.fd < 0)
+            return 2;
+    } else {
+        /* Fork before any thread exists in this process. */
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+            perror("pdlink bench: socketpair");
+            return 2;
+        }
+        fflush(NULL);
+        child = fork();
+        if (child < 0) {
+            perror("pdlink bench: fork");
+            return 2;
+        }
+        if (child == 0) {
+            close(sv[0]);
+            int rc = target_run(sv[1], &o, o.host, region);
+            _exit(rc);
+        }
+        close(sv[1]);
+        c.fd = sv[0];
+    }
+    int rc = initiator_run(&c);
+    close(c.fd);
+    if (child > 0) {
+        int status = 0;
+        waitpid(child, &status, 0);
+        if (rc == 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+            fprintf(stderr, "pdlink bench: the target process failed\n");
+            rc = 2;
+        }
+    }
+    return rc;
+}

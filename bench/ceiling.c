@@ -1,0 +1,296 @@
+/*
+ * ceiling.c -- memcpy and TCP-stream ceilings (see ceiling.h for what is measured and why).
+ */
+#include "ceiling.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *pdl_ceiling_alloc(size_t bytes)
+{
+    if (bytes == 0)
+        return NULL;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    /* First touch here is ~0.3 GB/s (machine.md §4a): fault everything in now, outside any timing. */
+    for (size_t o = 0; o < bytes; o += 4096)
+        ((volatile char *)p)[o] = 1;
+    return p;
+}
+
+void pdl_ceiling_free(void *p, size_t bytes)
+{
+    if (p)
+        munmap(p, bytes);
+}
+
+/* ---------------------------------------------------------------- memcpy */
+
+struct pdl_ceiling_memcpy {
+    int threads;
+    pthread_t *tid;
+    pthread_barrier_t start, end;
+    /* job, published before `start` and read after it (the barrier orders the accesses) */
+    uint8_t *dst;
+    const uint8_t *src;
+    size_t bytes;
+    int quit;
+};
+
+static void copy_part(pdl_ceiling_memcpy_t *c, int idx)
+{
+    size_t part = (c->bytes / (size_t)c->threads + 63) & ~(size_t)63;
+    size_t off = part * (size_t)idx;
+    if (off >= c->bytes)
+        return;
+    size_t n = c->bytes - off < part ? c->bytes - off : part;
+    memcpy(c->dst + off, c->src + off, n);
+}
+
+typedef struct helper_arg {
+    pdl_ceiling_memcpy_t *c;
+    int idx;
+} helper_arg_t;
+
+static void *helper(void *arg)
+{
+    helper_arg_t a = *(helper_arg_t *)arg;
+    free(arg);
+    for (;;) {
+        pthread_barrier_wait(&a.c->start);
+        if (a.c->quit)
+            break;
+        copy_part(a.c, a.idx);
+        pthread_barrier_wait(&a.c->end);
+    }
+    return NULL;
+}
+
+pdl_ceiling_memcpy_t *pdl_ceiling_memcpy_create(int threads)
+{
+    if (threads < 1 || threads > 64)
+        return NULL;
+    pdl_ceiling_memcpy_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return NULL;
+    c->threads = threads;
+    c->tid = calloc((size_t)threads, sizeof(pthread_t));
+    pthread_barrier_init(&c->start, NULL, (unsigned)threads);
+    pthread_barrier_init(&c->end, NULL, (unsigned)threads);
+    for (int i = 1; i < threads; i++) {
+        helper_arg_t *a = malloc(sizeof(*a));
+        a->c = c;
+        a->idx = i;
+        pthread_create(&c->tid[i], NULL, helper, a);
+    }
+    return c;
+}
+
+static void copy_once(pdl_ceiling_memcpy_t *c, uint8_t *dst, const uint8_t *src, size_t bytes)
+{
+    if (c->threads == 1 || bytes < PDL_CEILING_SPLIT_MIN) {
+        memcpy(dst, src, bytes);
+        return;
+    }
+    c->dst = dst;
+    c->src = src;
+    c->bytes = bytes;
+    pthread_barrier_wait(&c->start);
+    copy_part(c, 0);
+    pthread_barrier_wait(&c->end);
+}
+
+double pdl_ceiling_memcpy_run(pdl_ceiling_memcpy_t *c, void *dst, const void *src, size_t bytes, int reps)
+{
+    if (c == NULL || bytes == 0 || reps < 1)
+        return -1;
+    copy_once(c, dst, src, bytes); /* warm-up, not timed */
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++)
+        copy_once(c, dst, src, bytes);
+    double t = now_s() - t0;
+    /* Keep the compiler from treating the copies as dead. */
+    __asm__ __volatile__("" : : "r"(dst) : "memory");
+    return (double)bytes * reps / t / 1e9;
+}
+
+void pdl_ceiling_memcpy_destroy(pdl_ceiling_memcpy_t *c)
+{
+    if (c == NULL)
+        return;
+    if (c->threads > 1) {
+        c->quit = 1;
+        pthread_barrier_wait(&c->start);
+        for (int i = 1; i < c->threads; i++)
+            pthread_join(c->tid[i], NULL);
+    }
+    pthread_barrier_destroy(&c->start);
+    pthread_barrier_destroy(&c->end);
+    free(c->tid);
+    free(c);
+}
+
+double pdl_ceiling_memcpy_gbps(size_t bytes, int threads, int reps)
+{
+    uint8_t *a = pdl_ceiling_alloc(bytes), *b = pdl_ceiling_alloc(bytes);
+    pdl_ceiling_memcpy_t *c = pdl_ceiling_memcpy_create(threads);
+    double r = -1;
+    if (a && b && c)
+        r = pdl_ceiling_memcpy_run(c, a, b, bytes, reps);
+    pdl_ceiling_memcpy_destroy(c);
+    pdl_ceiling_free(a, bytes);
+    pdl_ceiling_free(b, bytes);
+    return r;
+}
+
+/* ---------------------------------------------------------------- TCP stream */
+
+#define WARM_PER_STREAM (16u << 20)
+
+typedef struct stream {
+    int fd;
+    uint8_t *buf;
+    size_t buf_len, write_size;
+    size_t bytes;          /* timed bytes */
+    pthread_barrier_t *go; /* all threads; crossed after the warm-up */
+    int rc;
+} stream_t;
+
+static int move(int fd, uint8_t *buf, size_t buf_len, size_t chunk, size_t total, int sending)
+{
+    size_t done = 0, pos = 0;
+    while (done < total) {
+        size_t n = total - done < chunk ? total - done : chunk;
+        if (pos + n > buf_len)
+            pos = 0;
+        ssize_t r = sending ? send(fd, buf + pos, n, MSG_NOSIGNAL) : recv(fd, buf + pos, n, 0);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        done += (size_t)r;
+        pos += (size_t)r;
+    }
+    return 0;
+}
+
+static void *sender(void *arg)
+{
+    stream_t *s = arg;
+    s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, WARM_PER_STREAM, 1);
+    pthread_barrier_wait(s->go);
+    if (s->rc == 0)
+        s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, s->bytes, 1);
+    return NULL;
+}
+
+static void *receiver(void *arg)
+{
+    stream_t *s = arg;
+    s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, WARM_PER_STREAM, 0);
+    pthread_barrier_wait(s->go);
+    if (s->rc == 0)
+        s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, s->bytes, 0);
+    return NULL;
+}
+
+double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_size, int streams)
+{
+    if (streams < 1 || streams > 64 || write_size == 0 || total_bytes == 0)
+        return -1;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, "0", &hints, &ai) != 0) {
+        fprintf(stderr, "tcp ceiling: cannot resolve %s\n", host);
+        return -1;
+    }
+    int lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (lfd < 0 || bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, 64) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&ss, &sl) != 0) {
+        fprintf(stderr, "tcp ceiling: listen on %s: %s\n", host, strerror(errno));
+        if (lfd >= 0)
+            close(lfd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    size_t buf_len = 64u << 20;
+    if (buf_len > total_bytes / (size_t)streams + write_size)
+        buf_len = total_bytes / (size_t)streams + write_size;
+    stream_t *tx = calloc((size_t)streams, sizeof(*tx)), *rx = calloc((size_t)streams, sizeof(*rx));
+    pthread_t *tt = calloc((size_t)streams * 2, sizeof(pthread_t));
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, (unsigned)streams * 2 + 1);
+    double result = -1;
+    int ok = 1;
+    for (int i = 0; i < streams; i++) {
+        int cfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (cfd < 0 || connect(cfd, (struct sockaddr *)&ss, sl) != 0) {
+            ok = 0;
+            break;
+        }
+        int afd = accept(lfd, NULL, NULL);
+        int one = 1;
+        setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(afd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        size_t share = total_bytes / (size_t)streams + (i == 0 ? total_bytes % (size_t)streams : 0);
+        tx[i] = (stream_t){cfd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};
+        rx[i] = (stream_t){afd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};
+    }
+    if (ok) {
+        for (int i = 0; i < streams; i++) {
+            pthread_create(&tt[2 * i], NULL, sender, &tx[i]);
+            pthread_create(&tt[2 * i + 1], NULL, receiver, &rx[i]);
+        }
+        pthread_barrier_wait(&go);
+        double t0 = now_s();
+        for (int i = 0; i < streams; i++)
+            pthread_join(tt[2 * i + 1], NULL); /* the receivers finish last */
+        double t = now_s() - t0;
+        for (int i = 0; i < streams; i++) {
+            pthread_join(tt[2 * i], NULL);
+            if (tx[i].rc || rx[i].rc)
+                ok = 0;
+        }
+        if (ok)
+            result = (double)total_bytes / t / 1e9;
+    } else {
+        fprintf(stderr, "tcp ceiling: connect: %s\n", strerror(errno));
+    }
+    for (int i = 0; i < streams; i++) {
+        if (tx[i].buf) {
+            close(tx[i].fd);
+            close(rx[i].fd);
+            pdl_ceiling_free(tx[i].buf, buf_len);
+            pdl_ceiling_free(rx[i].buf, buf_len);
+        }
+    }
+    pthread_barrier_destroy(&go);
+    free(tx);
+    free(rx);
+    free(tt);
+    close(lfd);
+    return result;
+}

@@ -1,0 +1,48 @@
+/*
+ * ceiling.h -- this machine's own ceilings, measured in the same run as the figure they bound (SPEC §8).
+ *
+ * memcpy: the bandwidth of copying between two warm buffers with T threads (each thread copies 1/T
+ * of the bytes between two barriers), whole-loop timer, one untimed warm-up pass first. Copies below
+ * PDL_CEILING_SPLIT_MIN use one thread, as the engine does (waking a second thread costs more than it
+ * saves there). TCP: a plain stream over a loopback (or any local) address with large writes, one
+ * sender and one receiver thread per stream, warm buffers, warm-up excluded. GB = 10^9 bytes.
+ *
+ * Buffers: the caller may pass its own (so the ceiling touches exactly the memory the measured path
+ * touches), or use the one-shot helpers, which allocate, pre-fault and warm their own.
+ * Nothing here keeps global state; every function is thread-safe.
+ */
+#ifndef PDL_BENCH_CEILING_H
+#define PDL_BENCH_CEILING_H
+
+#include <stddef.h>
+
+#define PDL_CEILING_SPLIT_MIN (1u << 20)
+
+typedef struct pdl_ceiling_memcpy pdl_ceiling_memcpy_t;
+
+/* A copier with `threads` threads (1..64) started once; NULL on failure. */
+pdl_ceiling_memcpy_t *pdl_ceiling_memcpy_create(int threads);
+/*
+ * Copy `bytes` from src to dst `reps` times (after one untimed warm-up copy); returns GB/s of the
+ * timed loop (bytes * reps / seconds / 1e9).
+ */
+double pdl_ceiling_memcpy_run(pdl_ceiling_memcpy_t *c, void *dst, const void *src, size_t bytes, int reps);
+void pdl_ceiling_memcpy_destroy(pdl_ceiling_memcpy_t *c);
+
+/* One shot: allocate and pre-fault two buffers of `bytes`, warm them, measure, free. < 0 on failure. */
+double pdl_ceiling_memcpy_gbps(size_t bytes, int threads, int reps);
+
+/*
+ * TCP stream ceiling: `streams` connections to a listener on `host` (e.g. "127.0.0.1"; port chosen by
+ * the kernel), `total_bytes` spread over the streams, written `write_size` bytes per send (1 MiB is a
+ * "large write"; 128 KiB is iperf3's default). 16 MiB per stream are sent first and not timed.
+ * Returns GB/s, or < 0 on failure (message on stderr).
+ */
+double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_size, int streams);
+
+/* Allocate `bytes` of anonymous memory, pre-faulted (MAP_POPULATE + a write per page); NULL on failure.
+ * Free with pdl_ceiling_free(p, bytes). */
+void *pdl_ceiling_alloc(size_t bytes);
+void pdl_ceiling_free(void *p, size_t bytes);
+
+#endif /* PDL_BENCH_CEILING_H */
