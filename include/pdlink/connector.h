@@ -115,7 +115,8 @@ size_t pdl_instance_free_block_count(pdl_instance_t *inst);
 /*
  * Producer: hold `ids` under transfer_id until every rank reported the release fan-in (then they are
  * freed, whether the consumer reported ok or failed) or defer_timeout passes (freed, counted expired).
- * Ownership of the blocks passes to the instance.
+ * Ownership of the blocks passes to the instance. The KV in the blocks must be final before the call:
+ * hold publishes it to the threads that serve remote reads.
  */
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err);

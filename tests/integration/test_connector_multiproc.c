@@ -56,9 +56,11 @@ static void child_main(int wfd)
         uint32_t ids[NBLK];
         char tid[16];
         snprintf(tid, sizeof(tid), "mp-%d", t);
-        if (pdl_instance_alloc_blocks(p, NBLK, ids, NULL) != PDL_OK || pdl_instance_hold(p, tid, ids, NBLK, NULL) != PDL_OK)
+        if (pdl_instance_alloc_blocks(p, NBLK, ids, NULL) != PDL_OK)
             _exit(4);
-        tc_fill(p, 8, false, ids, NBLK, (uint32_t)(10 + t));
+        tc_fill(p, 8, false, ids, NBLK, (uint32_t)(10 + t)); /* the KV is final before the hold */
+        if (pdl_instance_hold(p, tid, ids, NBLK, NULL) != PDL_OK)
+            _exit(4);
         json_t *j = pdl_instance_params_json(p, tid, ids, NBLK);
         write_line(wfd, j);
         json_decref(j);
