@@ -300,15 +300,24 @@ static void flush_outbound(pdl_rank_t *r)
     while (o) {
         pdl_outmsg_t *n = o->next;
         void *s = dealer_get(r, o->endpoint);
-        bool ok = s && zmq_send(s, o->payload.data, o->payload.len, ZMQ_DONTWAIT) >= 0;
+        /* Counted before the send: once zmq_send returns the peer may already have counted the
+         * release, and sent must never lag behind received in a consistent reading. */
         pthread_mutex_lock(&r->ctr_mu);
-        if (!ok)
-            r->ctr.send_failures++;
-        else if (o->kind == PDL_OUT_RELEASE)
+        if (o->kind == PDL_OUT_RELEASE)
             r->ctr.releases_sent++;
         else if (o->kind == PDL_OUT_KEEPALIVE)
             r->ctr.keepalives_sent++;
         pthread_mutex_unlock(&r->ctr_mu);
+        bool ok = s && zmq_send(s, o->payload.data, o->payload.len, ZMQ_DONTWAIT) >= 0;
+        if (!ok) {
+            pthread_mutex_lock(&r->ctr_mu);
+            if (o->kind == PDL_OUT_RELEASE)
+                r->ctr.releases_sent--;
+            else if (o->kind == PDL_OUT_KEEPALIVE)
+                r->ctr.keepalives_sent--;
+            r->ctr.send_failures++;
+            pthread_mutex_unlock(&r->ctr_mu);
+        }
         if (!ok) {
             uint64_t sup = 0;
             if (pdl_ratelimit_allow(&r->send_rl, &sup))
