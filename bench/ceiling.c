@@ -183,7 +183,7 @@ static int move(int fd, uint8_t *buf, size_t buf_len, size_t chunk, size_t total
         size_t n = total - done < chunk ? total - done : chunk;
         if (pos + n > buf_len)
             pos = 0;
-        ssize_t r = sending ? send(fd, buf + pos, n, MSG_NOSIGNAL) : recv(fd, buf + pos, n, 0);
+        ssize_t r = sending ? send(fd, buf + pos, n, MSG_NOSIGNAL) : recv(fd, buf + pos, n, MSG_WAITALL);
         if (r <= 0) {
             if (r < 0 && errno == EINTR)
                 continue;

@@ -78,7 +78,7 @@ run_pair() { # op
     local port
     port=$(cat "$TMP/port")
     timeout 120 ip netns exec "$NS_A" "$PDLINK" bench --connect "$IP_B:$port" --backend tcp --host "$IP_A" --op "$op" \
-        --block-sizes 4K,64K,1M --batch-sizes 1,16 --max-batch-bytes 16M --iters 20 --no-hetero >"$TMP/init.$op" 2>&1
+        --block-sizes 4K,64K,1M --batch-sizes 1,16 --max-batch-bytes 16M --iters 20 --no-hetero >"$TMP/init.$op" 2>"$TMP/init.$op.err"
     local rc=$?
     wait "$TARGET_PID"
     local trc=$?
@@ -86,7 +86,7 @@ run_pair() { # op
     cat "$TMP/init.$op"
     if [ $rc != 0 ] || [ $trc != 0 ]; then
         echo "FAIL: $op between namespaces: initiator exit $rc, target exit $trc"
-        cat "$TMP/target.$op"
+        cat "$TMP/init.$op.err" "$TMP/target.$op"
         return 1
     fi
     # Every row must be there (3 block sizes x 2 batch sizes) and none may report a mismatch.
