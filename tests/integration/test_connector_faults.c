@@ -371,6 +371,104 @@ static void faults_peer_address_sources(void **state)
     pdl_instance_destroy(p);
 }
 
+static void dp1_of_2(pdl_instance_config_t *c)
+{
+    c->dp_rank = 1;
+    c->dp_size = 2;
+}
+
+/* DP rank 1 of 2 listens on base + 1*tp + rank (injective, SPEC §2), and a consumer given
+ * remote_dp_rank 1 dials exactly those ports. */
+static void faults_dp_rank_ports(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, dp1_of_2);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
+    assert_non_null(p);
+    assert_non_null(c);
+    pdl_kv_params_t kp;
+    uint32_t ids[2], lb[2];
+    assert_int_equal(pdl_instance_alloc_blocks(p, 2, ids, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, 2, lb, NULL), PDL_OK);
+    tc_params(p, "dp1", ids, 2, &kp);
+    assert_int_equal(pdl_instance_handshake_port(p, 0), kp.remote_handshake_port + 2);
+    assert_int_equal(pdl_instance_notify_port(p, 1), kp.remote_notify_port + 3);
+    assert_int_equal(kp.remote_dp_rank, 1);
+    tc_fill(p, 8, false, ids, 2, 21);
+    assert_int_equal(pdl_instance_hold(p, "dp1", ids, 2, NULL), PDL_OK);
+    pdl_pull_t *pull;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_pull(c, &kp, NULL, lb, 2, &pull, &e), PDL_OK);
+    if (pdl_pull_wait(pull, 30000, &e) != PDL_OK)
+        fail_msg("pull from DP rank 1: %s", e.msg);
+    pdl_pull_free(pull);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, lb, 2, 21, &checked), 0);
+    assert_true(tc_wait_for(tc_no_held, p, 20000));
+    assert_int_equal(TC_SUM(p, releases_received), 4);
+    pdl_kv_params_clear(&kp);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static int g_ping_port;
+static void with_proxy(pdl_instance_config_t *c)
+{
+    snprintf(c->conn.proxy_ip, sizeof(c->conn.proxy_ip), "127.0.0.1");
+    c->conn.proxy_ping_port = g_ping_port;
+    c->conn.http_port = 8123;
+}
+
+/* Rank 0 registers with the router every 3 s, keeps retrying while the router is absent, and an
+ * absent router never blocks shutdown. */
+static void faults_discovery_ping(void **state)
+{
+    (void)state;
+    g_ping_port = 0;
+    for (int i = 0; i < 100 && g_ping_port == 0; i++) {
+        int cand = 20001 + (int)(tc_rand() % 5000) * 2;
+        if (tc_port_free(cand))
+            g_ping_port = cand;
+    }
+    assert_true(g_ping_port > 0);
+    tc_geo_t g = tc_geo_default(8);
+    /* router absent for the whole life of this instance: destroy must still return */
+    pdl_instance_t *lonely = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, with_proxy);
+    assert_non_null(lonely);
+    pdl_instance_destroy(lonely);
+
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, with_proxy);
+    assert_non_null(p);
+    tc_sleep_ms(100); /* the first ping goes out while nobody listens */
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://*:%d", g_ping_port);
+    assert_int_equal(zmq_bind(router, ep), 0);
+    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&it, 1, 30000), 1);
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    assert_true(zmq_msg_recv(&id, router, 0) >= 0);
+    assert_true(zmq_msg_recv(&body, router, 0) >= 0);
+    pdl_registration_t reg;
+    pdl_error_t e;
+    assert_int_equal(pdl_wire_decode_registration(zmq_msg_data(&body), zmq_msg_size(&body), &reg, &e), PDL_OK);
+    assert_int_equal(reg.type, 'P');
+    assert_string_equal(reg.zmq_address, pdl_instance_zmq_address(p));
+    assert_string_equal(reg.http_address, "127.0.0.1:8123");
+    assert_int_equal(reg.tp_size, 2);
+    assert_int_equal(reg.dp_size, 1);
+    assert_false(reg.write_mode);
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+    pdl_instance_destroy(p);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+}
+
 static void write_mode(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 static void faults_write_mode_refused(void **state)
@@ -411,6 +509,8 @@ int main(void)
         cmocka_unit_test(faults_handshake_timeout),
         cmocka_unit_test(faults_peer_address_sources),
         cmocka_unit_test(faults_write_mode_refused),
+        cmocka_unit_test(faults_dp_rank_ports),
+        cmocka_unit_test(faults_discovery_ping),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
