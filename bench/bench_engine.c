@@ -612,7 +612,7 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
         uint64_t total = bytes * (uint64_t)iters;
         if (total < (64ull << 20))
             total = 64ull << 20;
-        ceil = pdl_ceiling_tcp_gbps(o->host, total, 1u << 20, o->qp);
+        ceil = pdl_ceiling_tcp_gbps_buf(o->host, total, 1u << 20, o->qp, bytes);
     }
     snprintf(row->label, sizeof(row->label), "%s", label);
     row->block = block;
@@ -639,8 +639,8 @@ static void print_header(const opts_t *o)
                "does), same destination buffer, warm\n",
                o->threads);
     else
-        printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each), 1 MiB writes, "
-               "same total bytes (at least 64 MiB)\n",
+        printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each), 1 MiB writes "
+               "cycling over a batch's bytes (at least 1 MiB), same total bytes (at least 64 MiB)\n",
                o->host, o->qp);
     printf("GB = 10^9 bytes; latency = post + wait of one batch; data validated after each timed loop\n\n");
     printf("%-10s %8s %6s %6s %9s %11s %11s %12s %7s\n", "case", "block", "batch", "descs", "GB/s", "lat med us",

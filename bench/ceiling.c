@@ -219,6 +219,19 @@ double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_s
 {
     if (streams < 1 || streams > 64 || write_size == 0 || total_bytes == 0)
         return -1;
+    size_t buf_len = 64u << 20;
+    if (buf_len > total_bytes / (size_t)streams + write_size)
+        buf_len = total_bytes / (size_t)streams + write_size;
+    return pdl_ceiling_tcp_gbps_buf(host, total_bytes, write_size, streams, buf_len);
+}
+
+double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t write_size, int streams,
+                                size_t buf_len)
+{
+    if (streams < 1 || streams > 64 || write_size == 0 || total_bytes == 0)
+        return -1;
+    if (buf_len < write_size)
+        buf_len = write_size;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     if (getaddrinfo(host, "0", &hints, &ai) != 0) {
         fprintf(stderr, "tcp ceiling: cannot resolve %s\n", host);
@@ -236,9 +249,6 @@ double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_s
         return -1;
     }
     freeaddrinfo(ai);
-    size_t buf_len = 64u << 20;
-    if (buf_len > total_bytes / (size_t)streams + write_size)
-        buf_len = total_bytes / (size_t)streams + write_size;
     stream_t *tx = calloc((size_t)streams, sizeof(*tx)), *rx = calloc((size_t)streams, sizeof(*rx));
     pthread_t *tt = calloc((size_t)streams * 2, sizeof(pthread_t));
     pthread_barrier_t go;

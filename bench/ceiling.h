@@ -39,6 +39,13 @@ double pdl_ceiling_memcpy_gbps(size_t bytes, int threads, int reps);
  * Returns GB/s, or < 0 on failure (message on stderr).
  */
 double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_size, int streams);
+/*
+ * The same with the buffers each side cycles through set to `buf_bytes` (>= write_size): pass the
+ * bytes of one batch so the stream touches as much memory as the transfer it bounds (a 1 MiB batch
+ * is served from cache, a 256 MiB one from DRAM). pdl_ceiling_tcp_gbps uses min(64 MiB, total/streams).
+ */
+double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t write_size, int streams,
+                                size_t buf_bytes);
 
 /* Allocate `bytes` of anonymous memory, pre-faulted (MAP_POPULATE + a write per page); NULL on failure.
  * Free with pdl_ceiling_free(p, bytes). */
