@@ -50,10 +50,19 @@ def cleanup():
             p.wait()
 
 
+def ephemeral_low():
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_range(n):
-    """A base port with [base, base+n) free on 127.0.0.1 right now."""
+    """A base port with [base, base+n) free on 127.0.0.1 right now, below the kernel's ephemeral
+    range so that outgoing connections (curl, ZeroMQ) cannot take a port between probe and bind."""
+    hi = max(ephemeral_low(), 12000)
     for _ in range(500):
-        base = random.randrange(20000, 60000 - n)
+        base = random.randrange(10000, hi - n)
         socks = []
         try:
             for port in range(base, base + n):
@@ -128,6 +137,16 @@ def requests_for(prompt):
 
 
 def start_node(tp, role, disc_port, name):
+    # A probed range can still be taken by a test running in parallel: retry with another one.
+    for attempt in range(5):
+        try:
+            return start_node_once(tp, role, disc_port, f"{name}-try{attempt}" if attempt else name)
+        except AssertionError as e:
+            last = e
+    raise last
+
+
+def start_node_once(tp, role, disc_port, name):
     base = free_range(2 * tp + 1)
     http, hs, nt = base, base + 1, base + 1 + tp
     args = [f"{B}/pdlink-node", "--model", "tiny", "--host", "127.0.0.1", "--port", str(http),
@@ -140,7 +159,11 @@ def start_node(tp, role, disc_port, name):
                                              "backend": "rdma", "qp_per_transfer": 4, "num_workers": 4}}
         args += ["--kv-transfer-config", json.dumps(cfg)]
     p = spawn(args, name)
-    wait_for(lambda: p.poll() is None and curl(f"http://127.0.0.1:{http}/health")[0] == 200, name + " ready")
+    def ready():
+        if p.poll() is not None:
+            raise AssertionError(f"{name} exited with {p.returncode} (see {T}/{name}.log)")
+        return curl(f"http://127.0.0.1:{http}/health")[0] == 200
+    wait_for(ready, name + " ready")
     return p, http
 
 
