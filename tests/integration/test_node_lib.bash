@@ -16,18 +16,6 @@ done
 
 TMP=$(mktemp -d /tmp/pdlink-node-test.XXXXXX)
 
-# Under TSan: a producer's TCP engine thread reads held KV blocks (sendmsg) and, after the consumer's
-# release arrives over ZeroMQ from another process, a later prefill on an HTTP thread rewrites those
-# blocks. The order is real but runs through the peer process, which TSan cannot see, so it reports a
-# race between the engine's data-plane read and the prefill write. Suppress exactly that data-plane
-# frame for the node processes (tools/tsan.supp belongs to the build; it is extended here, not edited).
-if [[ ${TSAN_OPTIONS:-} == *suppressions=* ]]; then
-    supp=${TSAN_OPTIONS##*suppressions=}
-    supp=${supp%% *}
-    { cat "$supp" 2>/dev/null; echo "race:conn_progress"; } >"$TMP/tsan.supp"
-    TSAN_OPTIONS="${TSAN_OPTIONS/suppressions=$supp/suppressions=$TMP/tsan.supp}"
-    export TSAN_OPTIONS
-fi
 CHILDREN=()
 PASS=0
 FAIL=0
