@@ -118,6 +118,10 @@ enum {
 typedef struct pdl_backend_ops {
     const char *name;
     unsigned caps;
+    /* A batch planned as one chunk of at most this many bytes runs inside pdl_session_post, on the
+     * caller's thread (0 = never): only for backends whose copy is bounded CPU work that no peer can
+     * stall, where a worker hand-off would cost more than the copy (UCX completes shm gets inline too). */
+    uint64_t inline_max;
     /* Engine set-up after the generic part: tcp binds and starts its server threads. */
     pdl_status_t (*engine_init)(pdl_engine_t *e, pdl_error_t *err);
     void (*engine_fini)(pdl_engine_t *e);

@@ -5,6 +5,7 @@
  *
  * Batch states:   posted --(all chunks queued)--> running --(last chunk done)--> done(status)
  *   pdl_session_post   checks every range, merges, cuts into chunks, queues them     → PDL_INPROGRESS
+ *                      (a one-chunk batch under ops->inline_max runs right here     → done)
  *   worker (pool_main) runs ops->run_chunk; the last chunk sets the final status   → OK or an error
  *   pdl_batch_poll / pdl_batch_wait read the state; pdl_batch_free waits for "done" (a running batch
  *   is aborted first: cancel flag, and for tcp its session's connections are shut down).
@@ -782,6 +783,14 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
         jobs[j].idx = j;
     }
     *batch_out = b;
+    if (b->nchunks == 1 && bytes <= e->ops->inline_max) {
+        /* Small shm batch: copy now rather than wake a worker (the hand-off costs more than the copy). */
+        pdl_error_t cerr;
+        pdl_error_clear(&cerr);
+        pdl_status_t cst = e->ops->run_chunk(s, b, 0, &cerr);
+        batch_chunk_done(b, cst, &cerr);
+        return PDL_OK;
+    }
     pool_push(e, jobs, b->nchunks);
     return PDL_OK;
 }

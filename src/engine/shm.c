@@ -320,6 +320,7 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
 const pdl_backend_ops_t pdl__shm_ops = {
     .name = "shm",
     .caps = 0,
+    .inline_max = SHM_SPLIT_MIN_BYTES,
     .engine_init = shm_engine_init,
     .engine_fini = shm_engine_fini,
     .remote_add = shm_remote_add,
