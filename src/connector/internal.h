@@ -6,6 +6,8 @@
  *   service.c   the per-rank service thread: handshake ROUTER, notify ROUTER, outbound DEALER cache,
  *               discovery ping, lease reaper. It is the only thread that touches those sockets;
  *               other threads hand it messages through a mutex-guarded queue and an eventfd.
+ *               The worker (pull.c) sends its releases on its OWN DEALER cache: one thread hop less
+ *               on the release path (measured: the hop cost ~100 us under load on 2 cores).
  *   peer.c      consumer side: handshake client, compatibility check, remote peer cache
  *   pull.c      consumer side: the per-rank worker thread that executes READ pulls
  *
@@ -92,6 +94,7 @@ typedef struct pdl_rank {
     pdl_pull_job_t *job_head, *job_tail;
     bool job_stop;
     pdl_strmap_t peers;        /* "engine_id|dp|tp" → pdl_peer_t* */
+    pdl_strmap_t worker_dealers; /* endpoint → DEALER for the releases this worker sends */
     pdl_read_plan_t *plans[8]; /* cached read plans, one per producer TP seen */
     int nplans;
 
@@ -161,7 +164,12 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
 /* service.c */
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
 void pdl__service_stop(pdl_rank_t *r);
-/* Queue a message for the rank's service thread (payload ownership passes to the queue). */
+/* Send one frame on a DEALER from `cache` (created and connected on first use, evicted on error),
+ * counting it; only the thread that owns `cache` may call this. */
+bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
+void pdl__dealers_close(pdl_strmap_t *cache);
+/* Queue a message for the rank's service thread, for threads that own no DEALER cache (payload
+ * ownership passes to the queue). */
 pdl_status_t pdl__service_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
                                pdl_error_t *err);
 

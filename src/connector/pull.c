@@ -212,11 +212,14 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
         pdl_bytes_t b = {0};
         pdl_error_t e;
         int port = pull->notify_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, g);
-        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK ||
-            pdl__service_send(r, pull->host, port, PDL_OUT_RELEASE, &b, &e) != PDL_OK) {
-            pdl_bytes_free(&b);
-            pdl_warn("rank %d: release of %s to producer rank %d not sent: %s", r->rank, pull->transfer_id, g, e.msg);
-        }
+        char ep[PDL_WIRE_HOST_MAX + 32];
+        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
+            pdl_warn("rank %d: release of %s to producer rank %d not encoded: %s", r->rank, pull->transfer_id, g, e.msg);
+        else if (pdl__endpoint(ep, sizeof(ep), pull->host, port) < 0)
+            pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->host);
+        else
+            pdl__dealer_send(r, &r->worker_dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
+        pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
 }
@@ -273,6 +276,7 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&r->job_mu);
     }
     pthread_mutex_unlock(&r->job_mu);
+    pdl__dealers_close(&r->worker_dealers); /* linger: releases just sent still leave */
     return NULL;
 }
 

@@ -267,9 +267,9 @@ static void dealer_close(void *arg, const char *key, void *value)
     zmq_close(value);
 }
 
-static void *dealer_get(pdl_rank_t *r, const char *endpoint)
+static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint)
 {
-    void *s = pdl__strmap_get(&r->dealers, endpoint);
+    void *s = pdl__strmap_get(cache, endpoint);
     if (s)
         return s;
     s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
@@ -283,12 +283,50 @@ static void *dealer_get(pdl_rank_t *r, const char *endpoint)
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_CNT, 3);
     if (strchr(endpoint, '['))
         set_int_opt(s, ZMQ_IPV6, 1);
-    if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(&r->dealers, endpoint, s) != 0) {
+    if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, s) != 0) {
         pdl_warn("rank %d: cannot connect to %s: %s", r->rank, endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s);
         return NULL;
     }
     return s;
+}
+
+bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload)
+{
+    void *s = dealer_get(r, cache, endpoint);
+    /* Counted before the send: once zmq_send returns the peer may already have counted the
+     * release, and sent must never lag behind received in a consistent reading. */
+    pthread_mutex_lock(&r->ctr_mu);
+    if (kind == PDL_OUT_RELEASE)
+        r->ctr.releases_sent++;
+    else if (kind == PDL_OUT_KEEPALIVE)
+        r->ctr.keepalives_sent++;
+    pthread_mutex_unlock(&r->ctr_mu);
+    bool ok = s && zmq_send(s, payload->data, payload->len, ZMQ_DONTWAIT) >= 0;
+    if (ok)
+        return true;
+    pthread_mutex_lock(&r->ctr_mu);
+    if (kind == PDL_OUT_RELEASE)
+        r->ctr.releases_sent--;
+    else if (kind == PDL_OUT_KEEPALIVE)
+        r->ctr.keepalives_sent--;
+    r->ctr.send_failures++;
+    pthread_mutex_unlock(&r->ctr_mu);
+    uint64_t sup = 0;
+    if (pdl_ratelimit_allow(&r->send_rl, &sup))
+        pdl_warn("rank %d: notify to %s failed: %s (socket evicted; %" PRIu64 " similar since)", r->rank, endpoint,
+                 s ? zmq_strerror(zmq_errno()) : "no socket", sup);
+    if (s) {
+        pdl__strmap_remove(cache, endpoint);
+        zmq_close(s);
+    }
+    return false;
+}
+
+void pdl__dealers_close(pdl_strmap_t *cache)
+{
+    pdl__strmap_foreach(cache, dealer_close, NULL);
+    pdl__strmap_free(cache);
 }
 
 static void flush_outbound(pdl_rank_t *r)
@@ -299,35 +337,7 @@ static void flush_outbound(pdl_rank_t *r)
     pthread_mutex_unlock(&r->out_mu);
     while (o) {
         pdl_outmsg_t *n = o->next;
-        void *s = dealer_get(r, o->endpoint);
-        /* Counted before the send: once zmq_send returns the peer may already have counted the
-         * release, and sent must never lag behind received in a consistent reading. */
-        pthread_mutex_lock(&r->ctr_mu);
-        if (o->kind == PDL_OUT_RELEASE)
-            r->ctr.releases_sent++;
-        else if (o->kind == PDL_OUT_KEEPALIVE)
-            r->ctr.keepalives_sent++;
-        pthread_mutex_unlock(&r->ctr_mu);
-        bool ok = s && zmq_send(s, o->payload.data, o->payload.len, ZMQ_DONTWAIT) >= 0;
-        if (!ok) {
-            pthread_mutex_lock(&r->ctr_mu);
-            if (o->kind == PDL_OUT_RELEASE)
-                r->ctr.releases_sent--;
-            else if (o->kind == PDL_OUT_KEEPALIVE)
-                r->ctr.keepalives_sent--;
-            r->ctr.send_failures++;
-            pthread_mutex_unlock(&r->ctr_mu);
-        }
-        if (!ok) {
-            uint64_t sup = 0;
-            if (pdl_ratelimit_allow(&r->send_rl, &sup))
-                pdl_warn("rank %d: notify to %s failed: %s (socket evicted; %" PRIu64 " similar since)", r->rank,
-                         o->endpoint, s ? zmq_strerror(zmq_errno()) : "no socket", sup);
-            if (s) {
-                pdl__strmap_remove(&r->dealers, o->endpoint);
-                zmq_close(s);
-            }
-        }
+        pdl__dealer_send(r, &r->dealers, o->endpoint, o->kind, &o->payload);
         pdl_bytes_free(&o->payload);
         free(o);
         o = n;
@@ -429,8 +439,7 @@ static void *service_main(void *arg)
         ping_tick(r, pdl_now_ms());
     }
     flush_outbound(r);
-    pdl__strmap_foreach(&r->dealers, dealer_close, NULL);
-    pdl__strmap_free(&r->dealers);
+    pdl__dealers_close(&r->dealers);
     if (r->ping_sock)
         zmq_close(r->ping_sock);
     zmq_close(r->hs_sock);
