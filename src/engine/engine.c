@@ -705,62 +705,74 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     if (st != PDL_OK)
         return st;
 
-    /* Merge descriptors adjacent on both sides (the order given is kept). */
-    pdl_desc_t *m = malloc(n * sizeof(*m));
-    if (m == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for %zu descriptors", e->key, n);
-    size_t k = 0;
+    /* Pass 1: check every range, count bytes and the descriptors left after merging runs adjacent on
+     * both sides (the order given is kept). */
     uint64_t bytes = 0;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         st = check_range(s, op, i, &descs[i], err);
-        if (st != PDL_OK) {
-            free(m);
+        if (st != PDL_OK)
             return st;
-        }
         bytes += descs[i].len; /* cannot overflow: each len is bounded by a region size */
-        if (k > 0 && m[k - 1].local_off + m[k - 1].len == descs[i].local_off &&
-            m[k - 1].remote_off + m[k - 1].len == descs[i].remote_off)
-            m[k - 1].len += descs[i].len;
-        else
-            m[k++] = descs[i];
+        if (i == 0 || descs[i - 1].local_off + descs[i - 1].len != descs[i].local_off ||
+            descs[i - 1].remote_off + descs[i - 1].len != descs[i].remote_off)
+            k++;
     }
-
     int nchunks = e->ops->plan(s, op, bytes, k);
     if (nchunks < 1)
         nchunks = 1;
-    pdl_batch_t *b = calloc(1, sizeof(*b) + (size_t)nchunks * sizeof(struct pdl_job));
-    pdl_desc_t *cut = malloc((k + (size_t)nchunks) * sizeof(*cut));
-    pdl_chunk_t *chunks = calloc((size_t)nchunks, sizeof(*chunks));
-    if (b == NULL || cut == NULL || chunks == NULL) {
-        free(b);
-        free(cut);
-        free(chunks);
-        free(m);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch", e->key);
+
+    /* One allocation per batch: the batch, its jobs and chunks, the cut descriptors and (when cutting)
+     * the merged list. Small batches are dominated by this fixed cost, so it is kept to one malloc. */
+    size_t ncut = k + (size_t)nchunks - 1;
+    size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t)) +
+                (ncut + (nchunks > 1 ? k : 0)) * sizeof(pdl_desc_t);
+    pdl_batch_t *b = malloc(sz);
+    if (b == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch of %zu descriptors", e->key, n);
+    memset(b, 0, sizeof(*b));
+    struct pdl_job *jobs = (struct pdl_job *)(b + 1);
+    pdl_chunk_t *chunks = (pdl_chunk_t *)(jobs + nchunks);
+    pdl_desc_t *cut = (pdl_desc_t *)(chunks + nchunks);
+    pdl_desc_t *m = nchunks > 1 ? cut + ncut : cut;
+    memset(chunks, 0, (size_t)nchunks * sizeof(*chunks));
+
+    /* Pass 2: merge. */
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (j > 0 && m[j - 1].local_off + m[j - 1].len == descs[i].local_off &&
+            m[j - 1].remote_off + m[j - 1].len == descs[i].remote_off)
+            m[j - 1].len += descs[i].len;
+        else
+            m[j++] = descs[i];
     }
+
     /* Cut the merged list into chunks of about equal bytes; a descriptor crossing a boundary is split. */
-    uint64_t target = (bytes + (uint64_t)nchunks - 1) / (uint64_t)nchunks;
     size_t nc = 0;
     int c = 0;
-    chunks[0].first = 0;
-    for (size_t i = 0; i < k; i++) {
-        pdl_desc_t d = m[i];
-        while (d.len > 0) {
-            uint64_t room = target - chunks[c].bytes;
-            uint64_t take = d.len < room || c == nchunks - 1 ? d.len : room;
-            cut[nc++] = (pdl_desc_t){d.local_off, d.remote_off, take};
-            chunks[c].count++;
-            chunks[c].bytes += take;
-            d.local_off += take;
-            d.remote_off += take;
-            d.len -= take;
-            if (chunks[c].bytes >= target && c < nchunks - 1 && (d.len > 0 || i + 1 < k)) {
-                c++;
-                chunks[c].first = nc;
+    if (nchunks == 1) {
+        nc = k;
+        chunks[0] = (pdl_chunk_t){0, k, bytes};
+    } else {
+        uint64_t target = (bytes + (uint64_t)nchunks - 1) / (uint64_t)nchunks;
+        for (size_t i = 0; i < k; i++) {
+            pdl_desc_t d = m[i];
+            while (d.len > 0) {
+                uint64_t room = target - chunks[c].bytes;
+                uint64_t take = d.len < room || c == nchunks - 1 ? d.len : room;
+                cut[nc++] = (pdl_desc_t){d.local_off, d.remote_off, take};
+                chunks[c].count++;
+                chunks[c].bytes += take;
+                d.local_off += take;
+                d.remote_off += take;
+                d.len -= take;
+                if (chunks[c].bytes >= target && c < nchunks - 1 && (d.len > 0 || i + 1 < k)) {
+                    c++;
+                    chunks[c].first = nc;
+                }
             }
         }
     }
-    free(m);
     b->session = s;
     b->op = op;
     b->d = cut;
@@ -777,10 +789,9 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&b->cv, &ca);
     pthread_condattr_destroy(&ca);
-    struct pdl_job *jobs = (struct pdl_job *)(b + 1);
-    for (int j = 0; j < b->nchunks; j++) {
-        jobs[j].batch = b;
-        jobs[j].idx = j;
+    for (int q = 0; q < b->nchunks; q++) {
+        jobs[q].batch = b;
+        jobs[q].idx = q;
     }
     *batch_out = b;
     if (b->nchunks == 1 && bytes <= e->ops->inline_max) {
@@ -867,9 +878,7 @@ void pdl_batch_free(pdl_batch_t *b)
     }
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
-    free(b->d);
-    free(b->chunks);
-    free(b);
+    free(b); /* descriptors, jobs and chunks live in the same allocation */
 }
 
 uint64_t pdl_batch_bytes(const pdl_batch_t *b) { return b ? b->bytes : 0; }
