@@ -224,17 +224,48 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
     }
 }
 
-static void run_job(pdl_rank_t *r, pdl_pull_t *pull)
+/* A job that waited this long in the queue first extends the producer's lease (SPEC §5 step 6). */
+#define PULL_KEEPALIVE_AFTER_NS 1000000000ull
+
+/* Keepalive to every producer rank of the group that is a cached pdlink peer. Upstream producers
+ * treat an unknown message type as fatal for their notify listener, so they never get one. */
+static void send_keepalives(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan)
+{
+    for (int g = plan->group_first; g < plan->group_first + plan->group_count; g++) {
+        char key[PDL_WIRE_ID_MAX + 64];
+        snprintf(key, sizeof(key), "%s|%d|%d", pull->engine_id, pull->remote_dp, g);
+        const pdl_peer_t *peer = pdl__strmap_get(&r->peers, key);
+        if (peer == NULL || !peer->meta.has_pdlink)
+            continue;
+        pdl_msg_t m;
+        pdl_msg_init(&m, PDL_MSG_KEEPALIVE);
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", pull->transfer_id);
+        m.consumer_tp_size = r->inst->tp;
+        m.consumer_tp_rank = r->rank;
+        pdl_bytes_t b = {0};
+        char ep[PDL_WIRE_HOST_MAX + 32];
+        int port = pull->notify_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, g);
+        if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK && pdl__endpoint(ep, sizeof(ep), pull->host, port) >= 0)
+            pdl__dealer_send(r, &r->worker_dealers, ep, PDL_OUT_KEEPALIVE, &b);
+        pdl_bytes_free(&b);
+        pdl_msg_clear(&m);
+    }
+}
+
+static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
     pdl_status_t st;
     const pdl_read_plan_t *plan = plan_get(r, pull->producer_tp, &err);
-    if (plan == NULL)
+    if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
-    else
+    } else {
+        if (pdl_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
+            send_keepalives(r, pull, plan);
         st = rank_read(r, pull, plan, &bytes, &descs, &err);
+    }
     send_releases(r, pull, plan, st == PDL_OK);
     pthread_mutex_lock(&r->ctr_mu);
     if (st == PDL_OK) {
@@ -269,7 +300,7 @@ static void *worker_main(void *arg)
             send_releases(r, j->pull, NULL, false);
             pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
         } else {
-            run_job(r, j->pull);
+            run_job(r, j->pull, j->queued_ns);
         }
         pull_unref(j->pull);
         free(j);

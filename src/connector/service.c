@@ -458,7 +458,8 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     set_int_opt(s, ZMQ_LINGER, 0);
     int64_t max = SVC_MAX_FRAME;
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
-    set_int_opt(s, ZMQ_RCVHWM, 100000);
+    /* Default RCVHWM (1000 messages per connection): a flooding sender is slowed by TCP backpressure
+     * instead of queueing unbounded memory here. */
     if (strchr(r->inst->cfg.conn.host_ip, ':'))
         set_int_opt(s, ZMQ_IPV6, 1);
     char ep[64];

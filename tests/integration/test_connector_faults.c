@@ -469,6 +469,64 @@ static void faults_discovery_ping(void **state)
     zmq_ctx_term(ctx);
 }
 
+static void hs_1500ms(pdl_instance_config_t *c) { c->conn.handshake_timeout_s = 1.5; }
+
+/* A pull that waited more than 1 s in its rank's queue (behind a pull whose handshake times out after
+ * 1.5 s) extends the producer's lease with a keepalive -- to a pdlink peer only -- then reads. */
+static void faults_keepalive_from_queued_pull(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, hs_1500ms);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint32_t w[1], q[1], lw[1], lq[1], ld[1];
+    assert_int_equal(pdl_instance_alloc_blocks(p, 1, w, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(p, 1, q, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, 1, lw, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, 1, lq, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, 1, ld, NULL), PDL_OK);
+    tc_fill(p, 8, false, q, 1, 31);
+    assert_int_equal(pdl_instance_hold(p, "warm", w, 1, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_hold(p, "queued", q, 1, NULL), PDL_OK);
+    pdl_kv_params_t kw, kq, kd;
+    tc_params(p, "warm", w, 1, &kw);
+    tc_params(p, "queued", q, 1, &kq);
+    tc_params(p, "dead", w, 1, &kd);
+    int dead = 0;
+    for (int i = 0; i < 100 && dead == 0; i++) {
+        int cand = 20001 + (int)(tc_rand() % 5000) * 2;
+        if (tc_range_free(cand, 1))
+            dead = cand;
+    }
+    assert_true(dead > 0);
+    kd.remote_handshake_port = dead;
+    snprintf(kd.remote_engine_id, sizeof(kd.remote_engine_id), "nobody:%d", dead);
+    pdl_pull_t *pw, *pd, *pq;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_pull(c, &kw, NULL, lw, 1, &pw, &e), PDL_OK); /* caches the pdlink peer */
+    assert_int_equal(pdl_pull_wait(pw, 30000, &e), PDL_OK);
+    assert_int_equal(TC_GET(c, 0, keepalives_sent), 0);
+    assert_int_equal(pdl_instance_pull(c, &kd, NULL, ld, 1, &pd, &e), PDL_OK);
+    assert_int_equal(pdl_instance_pull(c, &kq, NULL, lq, 1, &pq, &e), PDL_OK);
+    assert_int_equal(pdl_pull_wait(pd, 30000, &e), PDL_ERR_TIMEOUT);
+    assert_int_equal(pdl_pull_wait(pq, 30000, &e), PDL_OK);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, lq, 1, 31, &checked), 0);
+    assert_int_equal(TC_GET(c, 0, keepalives_sent), 1);
+    WAIT_CTR(p, 0, keepalives_received, 1);
+    assert_true(tc_wait_for(tc_no_held, p, 20000));
+    pdl_pull_free(pw);
+    pdl_pull_free(pd);
+    pdl_pull_free(pq);
+    pdl_kv_params_clear(&kw);
+    pdl_kv_params_clear(&kq);
+    pdl_kv_params_clear(&kd);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void write_mode(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 static void faults_write_mode_refused(void **state)
@@ -511,6 +569,7 @@ int main(void)
         cmocka_unit_test(faults_write_mode_refused),
         cmocka_unit_test(faults_dp_rank_ports),
         cmocka_unit_test(faults_discovery_ping),
+        cmocka_unit_test(faults_keepalive_from_queued_pull),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
