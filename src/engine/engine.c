@@ -528,9 +528,14 @@ void pdl_engine_deregister_mem(pdl_engine_t *e, pdl_mem_t *m)
     if (e->ctl && m->slot >= 0)
         atomic_store_explicit(&e->ctl[m->slot], 0, memory_order_release);
     pthread_mutex_unlock(&e->mu);
-    e->ops->mem_kick(e, m);
-    /* Requests being served hold references; they end promptly because mem_kick shut their
-     * connections down. */
+    /* Requests being served hold references. A request that is just finishing drops its reference
+     * within microseconds, so give those 100 ms before shutting down the connections still holding
+     * one (a stalled or slow peer); killing a healthy connection that merely had not yet dropped its
+     * reference would fail that peer's next batch for nothing. */
+    for (int i = 0; i < 500 && atomic_load(&m->refs) > 0; i++)
+        usleep(200);
+    if (atomic_load(&m->refs) > 0)
+        e->ops->mem_kick(e, m);
     while (atomic_load(&m->refs) > 0)
         usleep(200);
     mem_free(m);

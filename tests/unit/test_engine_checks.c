@@ -343,6 +343,51 @@ static void test_remove_remote(void **state)
     pair_close(&p);
 }
 
+/* Deregistering a region while a stalled peer is being served from it: the connection is shut down,
+ * deregistration returns, and the engine keeps serving others. */
+static void test_dereg_while_serving_tcp(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1};
+    pdl_engine_t *e = NULL;
+    pdl_mem_t *m = NULL, *m2 = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_OK);
+    /* Larger than the socket buffers of a peer that never reads, so the server cannot finish. */
+    const size_t big = 24u << 20;
+    assert_int_equal(pdl_engine_alloc_mem(e, big, &m, &err), PDL_OK);
+    assert_int_equal(pdl_engine_alloc_mem(e, 4096, &m2, &err), PDL_OK);
+    int fd = raw_hello(pdl_engine_port(e), "producer:tp1");
+    uint8_t h[PDL_TCP_REQ_HDR], seg[16];
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_READ, 1, 0, pdl_mem_id(m), big, 1};
+    pdl_tcp_req_encode(h, &r);
+    pdl_tcp_put64(seg, 0);
+    pdl_tcp_put64(seg + 8, big);
+    assert_int_equal(send(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
+    assert_int_equal(send(fd, seg, sizeof(seg), 0), (ssize_t)sizeof(seg));
+    /* The response header arriving proves the server is serving the region (it holds a reference). */
+    static uint8_t sink[1 << 16];
+    assert_int_equal(recv(fd, sink, PDL_TCP_RESP_HDR, MSG_WAITALL), PDL_TCP_RESP_HDR);
+    pdl_engine_deregister_mem(e, m); /* must return although the peer never reads */
+    /* The stalled connection was shut down: draining it ends in EOF or a reset, never hangs. */
+    ssize_t n;
+    size_t total = PDL_TCP_RESP_HDR;
+    while ((n = recv(fd, sink, sizeof(sink), 0)) > 0)
+        total += (size_t)n;
+    assert_true(total < big + PDL_TCP_RESP_HDR);
+    close(fd);
+    /* Others are still served. */
+    int fd2 = raw_hello(pdl_engine_port(e), "producer:tp1");
+    uint64_t s2[2] = {0, 16};
+    uint8_t buf[64];
+    uint64_t got;
+    assert_int_equal(raw_req(fd2, PDL_TCP_OP_READ, pdl_mem_id(m2), s2, 1, NULL, buf, sizeof(buf), &got), 0);
+    assert_int_equal(got, 16);
+    close(fd2);
+    pdl_engine_deregister_mem(e, m2);
+    pdl_engine_destroy(e);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -350,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_initiator_checks_shm), cmocka_unit_test(test_initiator_checks_tcp),
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
+        cmocka_unit_test(test_dereg_while_serving_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
