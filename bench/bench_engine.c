@@ -660,7 +660,7 @@ static void print_header(const opts_t *o)
            pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads, conns,
            o->contiguous ? "in order (mergeable)" : "in reverse order (no merging)");
     if (o->backend == PDL_BACKEND_SHM)
-        printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 1 MiB use one, as the engine "
+        printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 4 MiB use one, as the engine "
                "does), same destination buffer, warm\n",
                o->threads);
     else
