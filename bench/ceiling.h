@@ -8,7 +8,8 @@
  * for 64 MiB calls, ~17 GB/s for 128 MiB ones with 2 threads), and a ceiling must be the best of both. Copies below
  * PDL_CEILING_SPLIT_MIN use one thread, as the engine does (waking a second thread costs more than it
  * saves there). TCP: a plain stream over a loopback (or any local) address with large writes, one
- * sender and one receiver thread per stream, warm buffers, warm-up excluded. GB = 10^9 bytes.
+ * sender and one receiver thread per stream (reads of 256 KiB with MSG_WAITALL: larger reads are
+ * slower here), warm buffers, warm-up excluded. GB = 10^9 bytes.
  *
  * Buffers: the caller may pass its own (so the ceiling touches exactly the memory the measured path
  * touches), or use the one-shot helpers, which allocate, pre-fault and warm their own.
