@@ -1,5 +1,5 @@
 /*
- * metrics.h -- pdlink-node's Prometheus /metrics: the names of /work/notes/metrics.md (the contract with
+ * metrics.h -- pdlink-node's Prometheus /metrics: the names of docs/metrics.md (the contract with
  * `pdlink run`), per-rank connector counters plus instance gauges, verification counters, request
  * outcomes and the per-pull transfer histograms.
  */
