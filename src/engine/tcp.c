@@ -84,16 +84,27 @@ static ssize_t iov_advance(struct iovec *v, size_t *i, size_t n, size_t done)
  * (with the owner's 1 MiB sends, tcp_server.c).
  */
 #define TCP_RECV_CALL_MAX (256u << 10)
+#define TCP_SEND_CALL_MAX (1u << 20)
 
 /* 0 on success, else -1 with errno (0 for EOF). */
 static int send_all(int fd, struct iovec *v, size_t n)
 {
     size_t i = 0;
     while (i < n) {
+        /* At most TCP_SEND_CALL_MAX bytes per call (see tcp_server.c): the iovec list is cut there. */
+        size_t k = 0, bytes = 0, saved = 0;
+        while (i + k < n && k < IOV_MAX && bytes < TCP_SEND_CALL_MAX)
+            bytes += v[i + k++].iov_len;
+        if (bytes > TCP_SEND_CALL_MAX) {
+            saved = v[i + k - 1].iov_len;
+            v[i + k - 1].iov_len -= bytes - TCP_SEND_CALL_MAX;
+        }
         struct msghdr mh = {0};
         mh.msg_iov = &v[i];
-        mh.msg_iovlen = n - i > IOV_MAX ? IOV_MAX : n - i;
+        mh.msg_iovlen = k;
         ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (saved)
+            v[i + k - 1].iov_len = saved;
         if (w < 0) {
             if (errno == EINTR)
                 continue;

@@ -49,6 +49,7 @@
  * while it copies as much as the send buffer takes, so the receiver's ACKs queue up behind it.
  */
 #define PDL_TCP_SEND_CALL_MAX (1u << 20)
+#define PDL_TCP_RECV_CALL_MAX (256u << 10)
 
 /* Work done on one connection before returning to epoll, so that others get their turn. Small enough
  * that the integration tests (4 MiB batches) cross it, so the return path is exercised. */
@@ -389,7 +390,18 @@ static int conn_progress(srv_conn_t *c)
             size_t cnt = c->iov_n - c->iov_i;
             mh.msg_iov = &c->iov[c->iov_i];
             mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
+            /* At most PDL_TCP_RECV_CALL_MAX bytes per call, for the reason given for sends. */
+            size_t k = 0, bytes = 0, saved = 0;
+            while (k < mh.msg_iovlen && bytes < PDL_TCP_RECV_CALL_MAX)
+                bytes += c->iov[c->iov_i + k++].iov_len;
+            if (bytes > PDL_TCP_RECV_CALL_MAX) {
+                saved = c->iov[c->iov_i + k - 1].iov_len;
+                c->iov[c->iov_i + k - 1].iov_len -= bytes - PDL_TCP_RECV_CALL_MAX;
+            }
+            mh.msg_iovlen = k;
             n = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
+            if (saved)
+                c->iov[c->iov_i + k - 1].iov_len = saved;
             if (n <= 0) {
                 int r = on_io_error(c, n, true);
                 return r > 0 ? 0 : -1;
