@@ -80,6 +80,13 @@ pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t siz
 /* After this, peers' requests naming this registration are refused. Frees memory from alloc_mem. */
 void pdl_engine_deregister_mem(pdl_engine_t *engine, pdl_mem_t *mem);
 
+/*
+ * Publish the caller's writes to registered memory: every remote access this engine serves after the
+ * call returns sees them. Call it after filling memory and before telling a peer it may read (the
+ * peer's request arrives through a socket, which orders nothing for the engine's own threads).
+ */
+void pdl_engine_publish(pdl_engine_t *engine);
+
 void *pdl_mem_ptr(const pdl_mem_t *mem);
 size_t pdl_mem_size(const pdl_mem_t *mem);
 uint64_t pdl_mem_id(const pdl_mem_t *mem);

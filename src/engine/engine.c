@@ -421,6 +421,14 @@ pdl_status_t pdl_engine_remove_remote(pdl_engine_t *e, const char *key, pdl_erro
     return PDL_OK;
 }
 
+void pdl_engine_publish(pdl_engine_t *e)
+{
+    /* The owner-side threads take e->mu for every request they serve (pdl__engine_mem_get), so a
+     * lock/unlock pair here is a release that those acquisitions synchronise with. */
+    pthread_mutex_lock(&e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ---------------------------------------------------------------- registrations */
 
 static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kind_t kind, int memfd,
