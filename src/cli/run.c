@@ -83,6 +83,7 @@ typedef struct run_opts {
     const char *log_dir;
     int reference_tp;
     int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
+    const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
 } run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
@@ -200,6 +201,8 @@ static void usage(FILE *f)
             "  --keep                  run the first topology, then leave its cluster up and print the\n"
             "                          router URL and a curl command; Ctrl-C stops it\n"
             "  --quiet                 no progress display on stderr\n"
+            "  --child-log-level L     --log-level of the nodes and the router (default info; debug logs\n"
+            "                          where each pull and request spends its time, see --log-dir)\n"
             "  --help\n",
             RUN_DEFAULT_MODEL);
 }
@@ -244,9 +247,10 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
     o->mode = "read";
     o->reference_tp = 2;
     o->fault_kill_decode_after = -1;
+    o->child_log_level = "info";
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP };
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG };
     static const struct option longopts[] = {
         {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
         {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
@@ -256,6 +260,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         {"netns", no_argument, NULL, O_NETNS},           {"keep", no_argument, NULL, O_KEEP},
         {"json", required_argument, NULL, O_JSON},       {"log-dir", required_argument, NULL, O_LOGDIR},
         {"quiet", no_argument, NULL, O_QUIET},           {"help", no_argument, NULL, O_HELP},
+        {"child-log-level", required_argument, NULL, O_CHILDLOG},
         /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
         {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
         {NULL, 0, NULL, 0},
@@ -339,6 +344,14 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         case O_JSON: o->json_path = optarg; break;
         case O_LOGDIR: o->log_dir = optarg; break;
         case O_QUIET: o->quiet = true; break;
+        case O_CHILDLOG:
+            if (pdl_log_level_parse(optarg) < 0) {
+                fprintf(stderr, "pdlink run: --child-log-level must be error, warn, info, debug or trace, not '%s'\n",
+                        optarg);
+                return -1;
+            }
+            o->child_log_level = optarg;
+            break;
         case O_HELP:
         case 'h': usage(stdout); return 1;
         case O_FAULT:
@@ -677,7 +690,7 @@ static pdl_status_t start_node(run_ctx_t *c, run_node_t *nd, const char *proxy_i
         argv_add(argv, 40, "%s", cfg);
     }
     argv_add(argv, 40, "--log-level");
-    argv_add(argv, 40, "info");
+    argv_add(argv, 40, "%s", c->o.child_log_level);
     pdl_status_t st = pdl_run_child_start(&nd->child, argv, &c->child_mask, netns_fd, err);
     str_argv_free(argv);
     return st;
@@ -702,7 +715,7 @@ static pdl_status_t start_router(run_ctx_t *c, int netns_fd, pdl_error_t *err)
     argv_add(argv, 40, "--prometheus-port");
     argv_add(argv, 40, "%d", c->prom_port);
     argv_add(argv, 40, "--log-level");
-    argv_add(argv, 40, "info");
+    argv_add(argv, 40, "%s", c->o.child_log_level);
     pdl_status_t st = pdl_run_child_start(&c->router, argv, &c->child_mask, netns_fd, err);
     str_argv_free(argv);
     return st;

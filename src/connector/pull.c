@@ -86,10 +86,16 @@ typedef struct posted {
     pdl_peer_t *peer;
 } posted_t;
 
+/* Where one rank's share of a pull spent its time (debug log line per job). */
+typedef struct job_times {
+    uint64_t queued, peers, build, post, wait, release;
+} job_times_t;
+
 /* Reads of one rank; returns the status and fills err, bytes, descs. */
 static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
-                              uint64_t *descs_out, pdl_error_t *err)
+                              uint64_t *descs_out, job_times_t *jt, pdl_error_t *err)
 {
+    uint64_t tp0 = pdl_now_ns();
     int L = r->inst->cfg.model.num_layers;
     /* Producer ranks the plan reads from, each with its pieces (pieces of one producer are adjacent
      * in head order but we do not rely on it). */
@@ -108,6 +114,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
         if (st != PDL_OK)
             return st;
     }
+    jt->peers = pdl_now_ns() - tp0;
     size_t nposted = 0;
     posted_t *posted = calloc((size_t)L * (size_t)npr, sizeof(*posted));
     if (posted == NULL)
@@ -126,6 +133,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
                 if (plan->pieces[i].producer_rank == pranks[k])
                     pieces[np++] = plan->pieces[i];
             pdl_descv_reset(&dv);
+            uint64_t tb = pdl_now_ns();
             st = pdl_layout_build_descs(&r->geo, &peers[k]->geo, PDL_DIR_READ, pieces, np, pull->local_blocks, remote,
                                         pull->n, (uint64_t)l * r->layer_len, (uint64_t)l * peers[k]->layer_len, &dv,
                                         err);
@@ -134,7 +142,10 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
                 break;
             }
             pdl_batch_t *b = NULL;
+            uint64_t tpost = pdl_now_ns();
+            jt->build += tpost - tb;
             st = pdl_session_post(peers[k]->session, PDL_OP_READ, dv.v, dv.n, &b, err);
+            jt->post += pdl_now_ns() - tpost;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, "layer %d, producer rank %d: post", l, pranks[k]);
                 if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT)
@@ -150,6 +161,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
     }
     pdl_descv_free(&dv);
     /* Wait for everything posted, even after a failure: the batches write into our blocks. */
+    uint64_t tw = pdl_now_ns();
     uint64_t deadline = t0 + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
     for (size_t i = 0; i < nposted; i++) {
         uint64_t now = pdl_now_ns();
@@ -175,6 +187,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
         pdl_batch_free(posted[i].batch);
     }
     free(posted);
+    jt->wait = pdl_now_ns() - tw;
     for (int g = 0; g < ngone; g++) {
         pdl_warn("rank %d: evicting peer %s after a failed read", r->rank, gone[g]->key);
         pdl__peer_evict(r, gone[g]);
@@ -257,6 +270,9 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
+    job_times_t jt = {0};
+    uint64_t t0 = pdl_now_ns();
+    jt.queued = t0 - queued_ns;
     pdl_status_t st;
     const pdl_read_plan_t *plan = plan_get(r, pull->producer_tp, &err);
     if (plan == NULL) {
@@ -264,9 +280,16 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     } else {
         if (pdl_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, pull, plan);
-        st = rank_read(r, pull, plan, &bytes, &descs, &err);
+        st = rank_read(r, pull, plan, &bytes, &descs, &jt, &err);
     }
+    uint64_t trel = pdl_now_ns();
     send_releases(r, pull, plan, st == PDL_OK);
+    jt.release = pdl_now_ns() - trel;
+    pdl_debug("rank %d: pull %s: queued %.3f ms, peers %.3f, build %.3f, post %.3f, wait %.3f, release %.3f, "
+              "total %.3f ms; %llu bytes, %llu descs",
+              r->rank, pull->transfer_id, jt.queued / 1e6, jt.peers / 1e6, jt.build / 1e6, jt.post / 1e6,
+              jt.wait / 1e6, jt.release / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
+              (unsigned long long)descs);
     pthread_mutex_lock(&r->ctr_mu);
     if (st == PDL_OK) {
         r->ctr.transfers++;

@@ -3,8 +3,11 @@
  *
  * The local backing keeps one heap region per rank holding all its layers back to back, and a stack of
  * free block ids under a mutex; a waiting allocation sleeps on a condition variable that every free
- * signals. The connector backing has no wake-up hook (producer blocks come back from the connector's
- * own threads when the release fan-in completes), so a waiting allocation polls there every 2 ms.
+ * signals. The connector backing allocates from the connector's allocator; a waiting allocation sleeps
+ * on the same condition variable, signalled by the node's own frees and by the connector's FREED event
+ * (producer blocks come back on a connector thread when the release fan-in completes), so it wakes the
+ * moment blocks return instead of polling. The allocation attempt and the wait happen under the mutex
+ * and every signal takes it, so a free between the attempt and the wait is never missed.
  */
 #include "node/kvstore.h"
 
@@ -60,6 +63,22 @@ uint64_t pdl_node_kv_block_bytes(const pdl_model_geometry_t *model, int tp_size,
     if (pdl_layout_validate(&g, err) != PDL_OK)
         return 0;
     return pdl_layout_region_len(&g) * (uint64_t)model->num_layers;
+}
+
+static void blocks_returned(pdl_node_kv_t *kv)
+{
+    pthread_mutex_lock(&kv->mu);
+    pthread_cond_broadcast(&kv->freed);
+    pthread_mutex_unlock(&kv->mu);
+}
+
+/* Connector event callback (a connector thread, no connector lock held): freed producer blocks. */
+static void on_instance_event(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank)
+{
+    (void)transfer_id;
+    (void)tp_rank;
+    if (ev == PDL_EVENT_FREED)
+        blocks_returned(arg);
 }
 
 pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t **kv_out, pdl_error_t *err)
@@ -120,6 +139,7 @@ pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t *
             kv->ranks[r].geom = *g;
         }
         kv->layer_bytes = pdl_layout_region_len(&kv->ranks[0].geom);
+        pdl_instance_set_event_fn(kv->inst, on_instance_event, kv);
         *kv_out = kv;
         return PDL_OK;
     }
@@ -165,8 +185,10 @@ void pdl_node_kv_destroy(pdl_node_kv_t *kv)
 {
     if (kv == NULL)
         return;
-    if (kv->inst != NULL)
+    if (kv->inst != NULL) {
+        pdl_instance_set_event_fn(kv->inst, NULL, NULL);
         pdl_instance_destroy(kv->inst);
+    }
     if (kv->ranks != NULL)
         for (int r = 0; r < kv->tp_size; r++)
             free(kv->ranks[r].mem);
@@ -203,7 +225,7 @@ void pdl_node_kv_heads(const pdl_node_kv_t *kv, int tp_rank, int *first, int *co
     *count = kv->ranks[tp_rank].num_heads;
 }
 
-static pdl_status_t alloc_local(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, int wait_ms, pdl_error_t *err)
+static struct timespec deadline_in(int wait_ms)
 {
     struct timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -213,6 +235,12 @@ static pdl_status_t alloc_local(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, 
         deadline.tv_sec++;
         deadline.tv_nsec -= 1000000000L;
     }
+    return deadline;
+}
+
+static pdl_status_t alloc_local(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, int wait_ms, pdl_error_t *err)
+{
+    struct timespec deadline = deadline_in(wait_ms);
     pthread_mutex_lock(&kv->mu);
     while (kv->num_free < n) {
         if (wait_ms <= 0 || pthread_cond_timedwait(&kv->freed, &kv->mu, &deadline) == ETIMEDOUT)
@@ -239,14 +267,18 @@ pdl_status_t pdl_node_kv_alloc(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, i
         return PDL_OK;
     if (kv->inst == NULL)
         return alloc_local(kv, n, ids_out, wait_ms, err);
-    uint64_t deadline = pdl_now_ms() + (uint64_t)(wait_ms > 0 ? wait_ms : 0);
+    struct timespec deadline = deadline_in(wait_ms > 0 ? wait_ms : 0);
+    pthread_mutex_lock(&kv->mu);
+    pdl_status_t st;
     for (;;) {
-        pdl_status_t st = pdl_instance_alloc_blocks(kv->inst, n, ids_out, err);
-        if (st != PDL_ERR_NOMEM || pdl_now_ms() >= deadline)
-            return st;
-        struct timespec ts = {0, 2 * 1000000L};
-        nanosleep(&ts, NULL);
+        st = pdl_instance_alloc_blocks(kv->inst, n, ids_out, err);
+        if (st != PDL_ERR_NOMEM || wait_ms <= 0)
+            break;
+        if (pthread_cond_timedwait(&kv->freed, &kv->mu, &deadline) == ETIMEDOUT)
+            break; /* err holds the last attempt's message (needed / free counts) */
     }
+    pthread_mutex_unlock(&kv->mu);
+    return st;
 }
 
 void pdl_node_kv_free(pdl_node_kv_t *kv, const uint32_t *ids, size_t n)
@@ -255,6 +287,7 @@ void pdl_node_kv_free(pdl_node_kv_t *kv, const uint32_t *ids, size_t n)
         return;
     if (kv->inst != NULL) {
         pdl_instance_free_blocks(kv->inst, ids, n);
+        blocks_returned(kv);
         return;
     }
     pthread_mutex_lock(&kv->mu);

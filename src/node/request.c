@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 
 #include "node/node.h"
 #include "node/synth.h"
@@ -366,25 +367,24 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
     return true;
 }
 
-/* Prefill locally or pull from the producer; on failure the blocks are freed by the caller. */
-static bool fill_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
-                    const uint32_t *blocks, size_t nblocks, pdl_node_result_t *res)
+/* Pull the prompt's KV from the producer; on failure the blocks are freed by the caller. */
+static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const uint32_t *blocks, size_t nblocks,
+                    pdl_node_result_t *res)
 {
-    if (req->mode != PDL_NODE_MODE_PULL) {
-        pdl_synth_prefill(node->kv, node->args.seed, prompt, blocks);
-        return true;
-    }
     pdl_error_t err;
     pdl_error_clear(&err);
     pdl_pull_t *pull = NULL;
     uint64_t t0 = pdl_now_ns();
+    pdl_node_metrics_pull_begin(node->metrics, t0);
     pdl_status_t st = pdl_instance_pull(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks,
                                         nblocks, &pull, &err);
     if (st == PDL_OK) {
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_pull_wait(pull, (int)(budget_s * 1000.0), &err);
     }
-    double secs = (double)(pdl_now_ns() - t0) / 1e9;
+    uint64_t t1 = pdl_now_ns();
+    pdl_node_metrics_pull_end(node->metrics, t1);
+    double secs = (double)(t1 - t0) / 1e9;
     uint64_t bytes = pull != NULL && st == PDL_OK ? pdl_pull_bytes(pull) : 0;
     if (pull != NULL || st == PDL_OK)
         pdl_node_metrics_pull(node->metrics, secs, bytes);
@@ -396,6 +396,14 @@ static bool fill_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     }
     pdl_debug("request %s: pulled %llu bytes in %.3f ms", req->request_id, (unsigned long long)bytes, secs * 1e3);
     return true;
+}
+
+/* CPU time of the calling thread (debug timings: wall time alone hides contention for the cores). */
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
@@ -433,18 +441,30 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
         pdl_node_result_error(res, 500, "out of memory for a request of %zu tokens", prompt.n);
         return;
     }
+    uint64_t t_alloc = pdl_now_ns();
     if (pdl_node_kv_alloc(node->kv, nblocks, blocks, node->args.kv_wait_ms, &err) != PDL_OK) {
         free(blocks);
         pdl_synth_prompt_free(&prompt);
         pdl_node_result_error(res, 503, "%s", err.msg);
         return;
     }
-    bool ok = fill_kv(node, req, &prompt, blocks, nblocks, res);
+    /*
+     * Prefill (alone or as the producer) writes the KV and takes the digest from the bytes as it writes
+     * them: re-reading what this thread just wrote would check nothing. The decode pulls, then verifies
+     * every received byte and takes the digest from what it read.
+     */
+    uint64_t t_fill = pdl_now_ns(), c_fill = thread_cpu_ns();
     pdl_synth_check_t check;
-    if (ok) {
+    memset(&check, 0, sizeof(check));
+    bool ok = true;
+    if (req->mode != PDL_NODE_MODE_PULL)
+        check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
+    else
+        ok = pull_kv(node, req, blocks, nblocks, res);
+    uint64_t t_verify = pdl_now_ns(), c_verify = thread_cpu_ns();
+    if (ok && req->mode == PDL_NODE_MODE_PULL) {
         pdl_synth_verify(node->kv, node->args.seed, &prompt, blocks, &check);
-        if (req->mode == PDL_NODE_MODE_PULL)
-            pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
+        pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
         if (check.mismatched_bytes != 0) {
             pdl_node_result_error(res, 500, "KV verification failed: %llu of %llu bytes mismatched; first at %s",
                                   (unsigned long long)check.mismatched_bytes,
@@ -453,6 +473,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             ok = false;
         }
     }
+    uint64_t t_gen = pdl_now_ns(), c_gen = thread_cpu_ns();
     if (ok) {
         pdl_synth_generate(check.digest, (size_t)req->max_tokens, res->tokens);
         res->num_tokens = (size_t)req->max_tokens;
@@ -474,8 +495,14 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             nblocks = 0; /* the instance owns them now */
         }
     }
+    uint64_t t_end = pdl_now_ns();
     pdl_node_kv_free(node->kv, blocks, nblocks);
     free(blocks);
+    pdl_debug("request %s: %zu tokens, %zu blocks: alloc %.3f ms, %s %.3f ms (cpu %.3f), verify %.3f ms (cpu %.3f), "
+              "generate+hold %.3f ms",
+              req->request_id, prompt.n, pdl_synth_blocks_needed(prompt.n, node->args.block_size),
+              (t_fill - t_alloc) / 1e6, req->mode == PDL_NODE_MODE_PULL ? "pull" : "prefill", (t_verify - t_fill) / 1e6,
+              (c_verify - c_fill) / 1e6, (t_gen - t_verify) / 1e6, (c_gen - c_verify) / 1e6, (t_end - t_gen) / 1e6);
     pdl_synth_prompt_free(&prompt);
     if (ok)
         res->http_status = 200;

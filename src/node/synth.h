@@ -9,16 +9,18 @@
  *   never matches.
  * Verify: recompute every expected row of the prompt on every rank and compare; count verified and
  *   mismatched bytes and name the first bad (rank, layer, half, head, token).
- * Digest: a sum over the rows of the prompt in global coordinates, each row hashed from the bytes in
- *   memory; a replicated head counts once (only the lowest rank holding it contributes). The sum is
- *   commutative over rows with global coordinates mixed in, so it is independent of the TP layout and of
- *   the order ranks are visited: a P/D pair and a single node of any TP size agree.
+ * Digest: a sum over the rows of the prompt in global coordinates, each row hashed from its bytes; a
+ *   replicated head counts once (only the lowest rank holding it contributes). The sum is commutative
+ *   over rows with global coordinates mixed in, so it is independent of the TP layout and of the order
+ *   ranks are visited: a P/D pair and a single node of any TP size agree. Prefill computes it from the
+ *   bytes as it writes them (one pass, no read-back); verify from the bytes it reads.
  * Generate: token i = f(digest, tokens before it) over a small fixed vocabulary of words, so a shorter
  *   max_tokens gives a prefix of a longer one.
  */
 #ifndef PDL_NODE_SYNTH_H
 #define PDL_NODE_SYNTH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,8 +43,26 @@ void pdl_synth_prompt_free(pdl_synth_prompt_t *p);
 /* Blocks a prompt of n tokens needs: ceil(n / block_size). */
 size_t pdl_synth_blocks_needed(size_t n_tokens, int block_size);
 
-/* Write the prompt's KV into `blocks` (ceil(n/block_size) ids) on every rank. */
-void pdl_synth_prefill(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks);
+/* Row kernels: a portable one and, where the CPU has it, AVX-512 (F+DQ). They give identical results;
+ * AUTO picks the fastest available one. The explicit choices exist for tests and benchmarks. */
+typedef enum pdl_synth_kernel {
+    PDL_SYNTH_KERNEL_AUTO = 0,
+    PDL_SYNTH_KERNEL_SCALAR = 1,
+    PDL_SYNTH_KERNEL_AVX512 = 2,
+} pdl_synth_kernel_t;
+
+bool pdl_synth_kernel_available(pdl_synth_kernel_t k);
+
+/* One row: write the `len` bytes seeded `row_seed` and return the row's hash (fill), or compare the
+ * bytes at `src` with them, set *bad on any difference, and return the hash of the bytes read (check). */
+uint64_t pdl_synth_row_fill(uint8_t *dst, size_t len, uint64_t row_seed, pdl_synth_kernel_t k);
+uint64_t pdl_synth_row_check(const uint8_t *src, size_t len, uint64_t row_seed, pdl_synth_kernel_t k, bool *bad);
+
+/* Write the prompt's KV into `blocks` (ceil(n/block_size) ids) on every rank; returns the digest of
+ * what it wrote (equal to the digest pdl_synth_verify computes from the same KV). */
+uint64_t pdl_synth_prefill(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks);
+uint64_t pdl_synth_prefill_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p,
+                                  const uint32_t *blocks, pdl_synth_kernel_t kernel);
 
 typedef struct pdl_synth_check {
     uint64_t verified_bytes;
@@ -54,6 +74,8 @@ typedef struct pdl_synth_check {
 /* Verify every byte of the prompt's KV on every rank and compute the digest. */
 void pdl_synth_verify(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
                       pdl_synth_check_t *out);
+void pdl_synth_verify_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                             pdl_synth_kernel_t kernel, pdl_synth_check_t *out);
 
 /* Generate n tokens from a digest (ids index the vocabulary). */
 void pdl_synth_generate(uint64_t digest, size_t n, uint32_t *out);
