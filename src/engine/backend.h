@@ -108,6 +108,7 @@ struct pdl_batch {
     pdl_status_t status;
     pdl_error_t err;
     _Atomic bool cancel;
+    void *priv;      /* ops->chunk_priv bytes per chunk, in the same allocation (backend state) */
 };
 
 /* Which optional entries a backend has. */
@@ -140,6 +141,21 @@ typedef struct pdl_backend_ops {
     int (*plan)(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n);
     /* Run chunk `idx` of a batch on a worker thread; fills err on failure. */
     pdl_status_t (*run_chunk)(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err);
+
+    /*
+     * Backends that progress batches themselves (tcp) fill the entries below instead of relying on
+     * run_chunk. submit starts a freshly cut batch (tcp: sends its requests from the posting thread)
+     * and hands any chunk it wants run in the background to pdl__engine_pool_drive; each chunk ends
+     * with exactly one pdl__batch_chunk_done, from whichever thread completes it. progress drives the
+     * batch's own chunks from the calling thread (pdl_batch_poll: deadline 0 = one non-blocking pass;
+     * pdl_batch_wait: until done or the CLOCK_MONOTONIC deadline in ns, UINT64_MAX = none; a running
+     * batch's pdl_batch_free after session_kill). drive_chunk is what a worker runs for a chunk handed
+     * to the pool: drive it until it is done.
+     */
+    size_t chunk_priv; /* bytes of backend state per chunk (b->priv) */
+    void (*submit)(pdl_session_t *s, pdl_batch_t *b);
+    void (*progress)(pdl_batch_t *b, uint64_t deadline_ns);
+    void (*drive_chunk)(pdl_batch_t *b, int idx);
 } pdl_backend_ops_t;
 
 extern const pdl_backend_ops_t pdl__shm_ops;
@@ -189,6 +205,13 @@ struct pdl_engine {
 /* Look up a live registration by id and take a reference (tcp server); NULL if unknown or dead. */
 pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead);
 void pdl__engine_mem_put(pdl_mem_t *m);
+
+/* A chunk of b finished with st (err filled when st != PDL_OK); the last one completes the batch. */
+void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err);
+/* Queue chunk idx of b on the worker pool; the worker calls ops->drive_chunk(b, idx). */
+void pdl__engine_pool_drive(pdl_batch_t *b, int idx);
+/* CLOCK_MONOTONIC in ns. */
+uint64_t pdl__mono_ns(void);
 
 /* Mark a session broken (sticky) with a status and message; first call wins. */
 void pdl__session_break(pdl_session_t *s, pdl_status_t st, const char *msg);

@@ -30,8 +30,16 @@
 struct pdl_job {
     pdl_batch_t *batch;
     int idx;
+    bool drive; /* ops->drive_chunk (the backend completes the chunk) instead of ops->run_chunk */
     struct pdl_job *next;
 };
+
+uint64_t pdl__mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 const char *pdl_backend_name(pdl_backend_kind_t kind)
 {
@@ -59,7 +67,7 @@ static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "w
 
 /* ---------------------------------------------------------------- worker pool */
 
-static void batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err)
+void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err)
 {
     pdl_engine_t *e = b->session->engine;
     pthread_mutex_lock(&b->mu);
@@ -101,6 +109,11 @@ static void *pool_main(void *arg)
         pthread_mutex_unlock(&e->qmu);
 
         pdl_batch_t *b = j->batch;
+        if (j->drive) {
+            e->ops->drive_chunk(b, j->idx);
+            pthread_mutex_lock(&e->qmu);
+            continue;
+        }
         pdl_error_t err;
         pdl_error_clear(&err);
         pdl_status_t st;
@@ -109,7 +122,7 @@ static void *pool_main(void *arg)
                                e->key, op_name(b->op));
         else
             st = e->ops->run_chunk(b->session, b, j->idx, &err);
-        batch_chunk_done(b, st, &err);
+        pdl__batch_chunk_done(b, st, &err);
 
         pthread_mutex_lock(&e->qmu);
     }
@@ -133,6 +146,13 @@ static void pool_push(pdl_engine_t *e, struct pdl_job *jobs, int n)
     else
         pthread_cond_broadcast(&e->qcv);
     pthread_mutex_unlock(&e->qmu);
+}
+
+void pdl__engine_pool_drive(pdl_batch_t *b, int idx)
+{
+    struct pdl_job *j = &((struct pdl_job *)(b + 1))[idx]; /* jobs follow the batch (pdl_session_post) */
+    j->drive = true;
+    pool_push(b->session->engine, j, 1);
 }
 
 /* ---------------------------------------------------------------- engine */
@@ -738,7 +758,8 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     /* One allocation per batch: the batch, its jobs and chunks, the cut descriptors and (when cutting)
      * the merged list. Small batches are dominated by this fixed cost, so it is kept to one malloc. */
     size_t ncut = k + (size_t)nchunks - 1;
-    size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t)) +
+    size_t priv = (e->ops->chunk_priv + 15) & ~(size_t)15;
+    size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t) + priv) +
                 (ncut + (nchunks > 1 ? k : 0)) * sizeof(pdl_desc_t);
     pdl_batch_t *b = malloc(sz);
     if (b == NULL)
@@ -746,7 +767,8 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     memset(b, 0, sizeof(*b));
     struct pdl_job *jobs = (struct pdl_job *)(b + 1);
     pdl_chunk_t *chunks = (pdl_chunk_t *)(jobs + nchunks);
-    pdl_desc_t *cut = (pdl_desc_t *)(chunks + nchunks);
+    uint8_t *privp = (uint8_t *)(chunks + nchunks);
+    pdl_desc_t *cut = (pdl_desc_t *)(privp + (size_t)nchunks * priv);
     pdl_desc_t *m = nchunks > 1 ? cut + ncut : cut;
     memset(chunks, 0, (size_t)nchunks * sizeof(*chunks));
 
@@ -802,17 +824,23 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&b->cv, &ca);
     pthread_condattr_destroy(&ca);
+    b->priv = priv ? privp : NULL;
     for (int q = 0; q < b->nchunks; q++) {
         jobs[q].batch = b;
         jobs[q].idx = q;
+        jobs[q].drive = false;
     }
     *batch_out = b;
+    if (e->ops->submit) {
+        e->ops->submit(s, b);
+        return PDL_OK;
+    }
     if (b->nchunks == 1 && bytes <= e->ops->inline_max) {
         /* Small shm batch: copy now rather than wake a worker (the hand-off costs more than the copy). */
         pdl_error_t cerr;
         pdl_error_clear(&cerr);
         pdl_status_t cst = e->ops->run_chunk(s, b, 0, &cerr);
-        batch_chunk_done(b, cst, &cerr);
+        pdl__batch_chunk_done(b, cst, &cerr);
         return PDL_OK;
     }
     pool_push(e, jobs, b->nchunks);
@@ -823,6 +851,13 @@ pdl_status_t pdl_batch_poll(pdl_batch_t *b, pdl_error_t *err)
 {
     if (b == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_batch_poll: batch is NULL");
+    if (b->session->engine->ops->progress) {
+        pthread_mutex_lock(&b->mu);
+        bool done = b->done;
+        pthread_mutex_unlock(&b->mu);
+        if (!done)
+            b->session->engine->ops->progress(b, 0);
+    }
     pthread_mutex_lock(&b->mu);
     pdl_status_t st = b->done ? b->status : PDL_INPROGRESS;
     if (b->done && st != PDL_OK && err != NULL)
@@ -844,6 +879,13 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *b, int timeout_ms, pdl_error_t *err)
             dl.tv_sec++;
             dl.tv_nsec -= 1000000000L;
         }
+    }
+    if (b->session->engine->ops->progress) {
+        /* The waiting thread moves the batch's bytes itself (tcp): no hand-off, no extra wake-up. */
+        uint64_t deadline = timeout_ms < 0    ? UINT64_MAX
+                            : timeout_ms == 0 ? 0
+                                              : (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec;
+        b->session->engine->ops->progress(b, deadline);
     }
     pthread_mutex_lock(&b->mu);
     while (!b->done) {
@@ -884,6 +926,8 @@ void pdl_batch_free(pdl_batch_t *b)
             pdl__session_break(b->session, PDL_ERR_BAD_STATE, msg);
             b->session->engine->ops->session_kill(b->session);
         }
+        if (b->session->engine->ops->progress)
+            b->session->engine->ops->progress(b, UINT64_MAX); /* fails fast on the shut-down sockets */
         pthread_mutex_lock(&b->mu);
         while (!b->done)
             pthread_cond_wait(&b->cv, &b->mu);

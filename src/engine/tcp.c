@@ -3,17 +3,34 @@
  *
  * A session owns qp_per_transfer connections to the remote engine, each opened with a HELLO naming the
  * engine it expects (a port reused by another engine is refused). A batch is cut into up to that many
- * chunks of about equal bytes (engine.c) and chunk i runs on connection i on a worker thread. On its
- * connection a chunk becomes requests of at most PDL_TCP_MAX_SEGS segments / PDL_TCP_MAX_REQ_BYTES,
- * two in flight at a time so the owner never waits for the next request. Bytes go straight between
- * the socket and the registered memory: a READ response is received with recvmsg(MSG_WAITALL) into
- * the local ranges, a WRITE payload is sent with sendmsg from them (IOV_MAX iovecs per call).
+ * chunks of about equal bytes (engine.c); chunk i goes to connection i as requests of at most
+ * PDL_TCP_MAX_SEGS segments / PDL_TCP_MAX_REQ_BYTES.
  *
- * Failure model: a refused request (unknown region, range outside it) fails the batch with the owner's
- * message and leaves the connection usable. Any I/O error or EOF loses the framing, so the session
+ * No hand-off on the hot path: each connection keeps a queue of the chunks ("ops") whose responses are
+ * still due, in request order, and whichever thread needs one of them done moves the bytes itself.
+ * pdl_session_post sends the requests at once from the posting thread (non-blocking: what the socket
+ * does not take now is sent later by a driver); pdl_batch_wait then receives the response straight
+ * into the local ranges in the waiting thread, and pdl_batch_poll does a non-blocking pass. So a
+ * stop-and-wait batch costs one round trip and two thread wake-ups (the owner's server thread and the
+ * waiter), not the four of a worker hand-off. Several batches may be in flight on one connection
+ * (pipelining): responses arrive in order, and a thread waiting for a later batch completes the earlier
+ * ones on the way. Chunks 1.. of a striped batch are driven by the engine's workers so the receive
+ * copies of different connections run in parallel.
+ *
+ * Per connection, one thread at a time sends (tx_busy) and one receives (rx_busy); the flags and the
+ * queue are under the connection's mutex, the system calls are made without it. A driver with
+ * nothing to send blocks in recvmsg(MSG_WAITALL) (SO_RCVTIMEO slices, so a deadline or a cancel is
+ * noticed) and otherwise poll()s for whichever direction it waits on. Bytes go straight between the
+ * socket and the registered memory (IOV_MAX iovecs, at most 1 MiB per sendmsg and 256 KiB per recvmsg).
+ *
+ * Failure model: a refused request (unknown region, range outside it) fails its batch with the owner's
+ * message and leaves the connection usable. Any I/O error, EOF or malformed response loses the
+ * framing: the connection is shut down, every op still queued on it fails (once no thread is inside a
+ * system call on it, so no failed batch's memory is written after its waiter returns) and the session
  * becomes broken (sticky): PDL_ERR_PEER_GONE "peer gone" for EOF/reset/refused connections,
- * PDL_ERR_TRANSPORT otherwise. A stalled owner never hangs the caller: pdl_batch_wait has its own
- * timeout, and freeing a running batch shuts the session's sockets down, which wakes the worker.
+ * PDL_ERR_TRANSPORT otherwise. A stalled owner never hangs the caller: pdl_batch_wait stops at its
+ * deadline and leaves the batch queued; freeing a running batch shuts the session's sockets down and
+ * drives the batch to its failure.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +43,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine/backend.h"
@@ -37,24 +55,67 @@
 #endif
 
 #define TCP_CONNECT_TIMEOUT_MS 5000
-/* Below this a batch is not striped: one request on one connection beats waking a second worker. */
+/* Below this a batch is not striped: one request on one connection beats a second connection. */
 #define TCP_STRIPE_MIN_BYTES (256u << 10)
+/* A blocking receive returns after this long without data, so the driver can check its deadline. */
+#define TCP_RCV_SLICE_MS 10
 
-typedef struct piece {
-    uint8_t hdr[PDL_TCP_REQ_HDR];
-    uint8_t segs[PDL_TCP_MAX_SEGS * PDL_TCP_SEG];
-    struct iovec data[PDL_TCP_MAX_SEGS];    /* local ranges */
-    struct iovec send[PDL_TCP_MAX_SEGS + 2]; /* header, segments, [payload] */
-    size_t nseg, nsend;
-    uint64_t bytes, tag;
-} piece_t;
+typedef struct cursor {
+    size_t i, end;
+    uint64_t skip;
+} cursor_t;
+
+struct tcp_op;
 
 typedef struct tcp_conn {
     int fd;
+    int ci;
     pthread_mutex_t mu;
-    uint64_t next_tag;
-    piece_t *pc; /* two, allocated on first use */
+    pthread_cond_t cv;          /* op completed, I/O turn released, connection failed */
+    int waiters;                /* threads waiting on cv */
+    struct tcp_op *head, *tail; /* ops not yet complete, in request order */
+    struct tcp_op *txq;         /* first op with requests still to start */
+    bool tx_busy, rx_busy;      /* a thread is sending / receiving (outside mu) */
+    pdl_status_t dead;          /* the connection failed: every op still queued fails with this */
+    char dead_msg[PDL_ERR_MSG_LEN];
+    uint64_t tag_tx, tag_rx;
+    /* tx: the request being sent (header + segment table, then a WRITE's payload) */
+    bool tx_active;
+    pdl_batch_t *tx_b;
+    uint8_t *frame;
+    size_t frame_len, frame_off;
+    cursor_t tx_pay;
+    uint64_t tx_pay_left;
+    struct iovec txv[IOV_MAX];
+    /* rx: the response being received */
+    int rx_stage;
+    struct tcp_op *rx_op; /* op rxc belongs to */
+    cursor_t rxc;         /* start of rx_op's next request */
+    uint8_t rx_hdr[PDL_TCP_RESP_HDR];
+    size_t rx_got;
+    pdl_tcp_resp_t resp;
+    char rx_msg[PDL_TCP_MAX_MSG + 1];
+    uint64_t rx_piece_bytes;
+    cursor_t rx_pay;
+    uint64_t rx_pay_left;
+    struct iovec rxv[IOV_MAX];
 } tcp_conn_t;
+
+/* One chunk of a batch on one connection (lives in b->priv). */
+typedef struct tcp_op {
+    pdl_batch_t *b;
+    int idx;
+    bool pool;          /* driven by a worker, which reports the chunk done (drive_chunk) */
+    tcp_conn_t *c;
+    struct tcp_op *next;
+    cursor_t tx;        /* first descriptor not yet in a request */
+    bool tx_done;       /* no more requests will be started */
+    uint32_t inflight;  /* requests started and not yet answered */
+    bool done;          /* under c->mu */
+    pdl_status_t st;    /* first refusal */
+    pdl_error_t err;
+    pdl_status_t fst;   /* final status (pool ops) */
+} tcp_op_t;
 
 typedef struct tcp_session {
     int n;
@@ -251,7 +312,9 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s: %s:%u refused HELLO: %s", s->engine->key,
                              s->remote->host, s->remote->port, (char *)resp + PDL_TCP_RESP_HDR);
     }
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &zero, sizeof(zero));
+    /* From now on sends are non-blocking calls and receives block in slices (see the header comment). */
+    struct timeval slice = {0, TCP_RCV_SLICE_MS * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &zero, sizeof(zero));
     return PDL_OK;
 }
@@ -262,7 +325,8 @@ static void session_free(tcp_session_t *ts)
         if (ts->c[i].fd >= 0)
             close(ts->c[i].fd);
         pthread_mutex_destroy(&ts->c[i].mu);
-        free(ts->c[i].pc);
+        pthread_cond_destroy(&ts->c[i].cv);
+        free(ts->c[i].frame);
     }
     free(ts->c);
     free(ts);
@@ -282,11 +346,23 @@ static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
         free(ts);
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
     }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     for (int i = 0; i < e->qp_per_transfer; i++) {
         ts->c[i].fd = -1;
+        ts->c[i].ci = i;
         pthread_mutex_init(&ts->c[i].mu, NULL);
+        pthread_cond_init(&ts->c[i].cv, &ca);
         ts->n++;
+        ts->c[i].frame = malloc(PDL_TCP_REQ_HDR + (size_t)PDL_TCP_MAX_SEGS * PDL_TCP_SEG);
+        if (ts->c[i].frame == NULL) {
+            pthread_condattr_destroy(&ca);
+            session_free(ts);
+            return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+        }
     }
+    pthread_condattr_destroy(&ca);
     s->bk = ts;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     char port[8];
@@ -363,155 +439,476 @@ static int tcp_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
 
 /* ---------------------------------------------------------------- batches */
 
-typedef struct cursor {
-    size_t i, end;
-    uint64_t skip;
-} cursor_t;
+enum { RX_NONE, RX_HDR, RX_MSG, RX_PAY };
+enum { IO_MOVED = 1, IO_AGAIN = 2 }; /* tx_run / rx_run results (bits) */
 
-static void build_piece(pdl_session_t *s, pdl_batch_t *b, tcp_conn_t *c, piece_t *p, cursor_t *cur)
+/*
+ * One request's worth of descriptors from cur (at most PDL_TCP_MAX_SEGS segments and
+ * PDL_TCP_MAX_REQ_BYTES bytes), its segment table written to segs unless NULL; cur is advanced. The
+ * sending and the receiving side both walk it from the same start, so they agree on every request's
+ * extent without storing it.
+ */
+static void piece_walk(const pdl_batch_t *b, cursor_t *cur, uint8_t *segs, uint32_t *nseg_out, uint64_t *bytes_out)
 {
-    uint8_t *local = s->local->ptr;
-    p->nseg = 0;
-    p->bytes = 0;
-    while (cur->i < cur->end && p->nseg < PDL_TCP_MAX_SEGS && p->bytes < PDL_TCP_MAX_REQ_BYTES) {
+    uint32_t nseg = 0;
+    uint64_t bytes = 0;
+    while (cur->i < cur->end && nseg < PDL_TCP_MAX_SEGS && bytes < PDL_TCP_MAX_REQ_BYTES) {
         const pdl_desc_t *d = &b->d[cur->i];
-        uint64_t len = d->len - cur->skip;
-        uint64_t room = PDL_TCP_MAX_REQ_BYTES - p->bytes;
+        uint64_t len = d->len - cur->skip, room = PDL_TCP_MAX_REQ_BYTES - bytes;
         if (len > room)
             len = room;
-        pdl_tcp_put64(p->segs + p->nseg * PDL_TCP_SEG, d->remote_off + cur->skip);
-        pdl_tcp_put64(p->segs + p->nseg * PDL_TCP_SEG + 8, len);
-        p->data[p->nseg] = (struct iovec){local + d->local_off + cur->skip, len};
-        p->nseg++;
-        p->bytes += len;
+        if (segs) {
+            pdl_tcp_put64(segs + (size_t)nseg * PDL_TCP_SEG, d->remote_off + cur->skip);
+            pdl_tcp_put64(segs + (size_t)nseg * PDL_TCP_SEG + 8, len);
+        }
+        nseg++;
+        bytes += len;
         cur->skip += len;
         if (cur->skip == d->len) {
             cur->i++;
             cur->skip = 0;
         }
     }
-    p->tag = ++c->next_tag;
-    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION,
-                       (uint16_t)(b->op == PDL_OP_READ ? PDL_TCP_OP_READ : PDL_TCP_OP_WRITE),
-                       (uint32_t)p->nseg, 0, s->rmem.id, p->bytes, p->tag};
-    pdl_tcp_req_encode(p->hdr, &r);
-    p->send[0] = (struct iovec){p->hdr, sizeof(p->hdr)};
-    p->send[1] = (struct iovec){p->segs, p->nseg * PDL_TCP_SEG};
-    p->nsend = 2;
-    if (b->op == PDL_OP_WRITE) {
-        memcpy(&p->send[2], p->data, p->nseg * sizeof(struct iovec));
-        p->nsend += p->nseg;
+    *nseg_out = nseg;
+    *bytes_out = bytes;
+}
+
+/* iovecs (at most cap) for the next min(left, max) bytes of the local ranges from cur; cur is not moved. */
+static size_t pay_iov(const pdl_batch_t *b, cursor_t cur, uint64_t left, uint64_t max, struct iovec *v, size_t cap)
+{
+    uint8_t *local = b->session->local->ptr;
+    size_t k = 0;
+    uint64_t got = 0;
+    if (max > left)
+        max = left;
+    while (k < cap && got < max && cur.i < cur.end) {
+        const pdl_desc_t *d = &b->d[cur.i];
+        uint64_t len = d->len - cur.skip;
+        if (len > max - got)
+            len = max - got;
+        v[k++] = (struct iovec){local + d->local_off + cur.skip, len};
+        got += len;
+        cur.i++;
+        cur.skip = 0;
+    }
+    return k;
+}
+
+static void cursor_advance(const pdl_batch_t *b, cursor_t *cur, uint64_t n)
+{
+    while (n > 0 && cur->i < cur->end) {
+        uint64_t len = b->d[cur->i].len - cur->skip;
+        if (n >= len) {
+            n -= len;
+            cur->i++;
+            cur->skip = 0;
+        } else {
+            cur->skip += n;
+            n = 0;
+        }
+    }
+}
+
+/* Take op off the queue and report it: a worker-driven op is reported by its worker (drive_chunk),
+ * any other at once. The op (and its batch) must not be touched after this. */
+static void op_complete_locked(tcp_conn_t *c, tcp_op_t *op, pdl_status_t st, const pdl_error_t *err)
+{
+    tcp_op_t **pp = &c->head, *prev = NULL;
+    while (*pp != op) {
+        prev = *pp;
+        pp = &(*pp)->next;
+    }
+    *pp = op->next;
+    if (c->tail == op)
+        c->tail = prev;
+    if (c->txq == op)
+        c->txq = op->next;
+    if (c->rx_op == op)
+        c->rx_op = NULL;
+    op->done = true;
+    if (c->waiters > 0)
+        pthread_cond_broadcast(&c->cv);
+    if (op->pool) {
+        op->fst = st;
+        if (st != PDL_OK)
+            op->err = *err;
+        return;
+    }
+    pdl__batch_chunk_done(op->b, st, err);
+}
+
+/* Complete op if nothing more will be sent or received for it. */
+static void op_maybe_complete_locked(tcp_conn_t *c, tcp_op_t *op)
+{
+    if (op->tx_done && op->inflight == 0)
+        op_complete_locked(c, op, op->st, &op->err);
+}
+
+/* The connection lost its framing: remember why and shut it down; the ops fail in io_release_locked. */
+static void conn_fail_locked(tcp_conn_t *c, pdl_status_t st, const char *msg)
+{
+    if (c->dead != PDL_OK)
+        return;
+    c->dead = st;
+    snprintf(c->dead_msg, sizeof(c->dead_msg), "%s", msg);
+    shutdown(c->fd, SHUT_RDWR); /* wakes a thread blocked on it in the other direction */
+}
+
+/* Fail every op still queued. Only when no thread is inside a system call on the connection, so no
+ * failed batch's memory is read or written after its waiter has returned. */
+static void fail_all_locked(tcp_conn_t *c)
+{
+    pdl_error_t e;
+    pdl_error_set(&e, c->dead, "%s", c->dead_msg);
+    while (c->head)
+        op_complete_locked(c, c->head, c->dead, &e);
+    c->txq = NULL;
+    c->tx_active = false;
+    c->tx_b = NULL;
+    c->rx_stage = RX_NONE;
+    c->rx_op = NULL;
+}
+
+static void io_release_locked(tcp_conn_t *c, bool *flag)
+{
+    *flag = false;
+    if (c->dead != PDL_OK && !c->tx_busy && !c->rx_busy)
+        fail_all_locked(c);
+    if (c->waiters > 0)
+        pthread_cond_broadcast(&c->cv);
+}
+
+static void io_error_locked(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *op, int en)
+{
+    pdl_error_t err;
+    const char *what = op && op->b->op == PDL_OP_WRITE ? "write" : "read";
+    pdl_status_t st = io_fail(s, c->ci, what, en, op && atomic_load(&op->b->cancel), &err);
+    conn_fail_locked(c, st, err.msg);
+}
+
+static bool tx_pending(const tcp_conn_t *c) { return c->tx_active || c->txq != NULL; }
+static bool rx_pending(const tcp_conn_t *c) { return c->head != NULL && c->head->inflight > 0; }
+
+/* Send as much as the socket takes now. Called with mu held and tx_busy set; drops mu around calls. */
+static int tx_run(pdl_session_t *s, tcp_conn_t *c)
+{
+    int res = 0;
+    for (;;) {
+        if (c->dead != PDL_OK)
+            return res;
+        if (!c->tx_active) {
+            tcp_op_t *op = c->txq;
+            if (op == NULL)
+                return res;
+            if (op->st != PDL_OK || atomic_load(&op->b->cancel)) {
+                /* Refused (or being freed): start no further requests for it. */
+                if (op->st == PDL_OK)
+                    op->st = pdl_error_set(&op->err, PDL_ERR_BAD_STATE, "engine %s: batch cancelled", s->engine->key);
+                op->tx_done = true;
+                c->txq = op->next;
+                op_maybe_complete_locked(c, op);
+                continue;
+            }
+            cursor_t start = op->tx;
+            uint32_t nseg;
+            uint64_t bytes;
+            piece_walk(op->b, &op->tx, c->frame + PDL_TCP_REQ_HDR, &nseg, &bytes);
+            pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION,
+                               (uint16_t)(op->b->op == PDL_OP_READ ? PDL_TCP_OP_READ : PDL_TCP_OP_WRITE),
+                               nseg, 0, s->rmem.id, bytes, ++c->tag_tx};
+            pdl_tcp_req_encode(c->frame, &r);
+            c->frame_len = PDL_TCP_REQ_HDR + (size_t)nseg * PDL_TCP_SEG;
+            c->frame_off = 0;
+            c->tx_b = op->b;
+            c->tx_pay = start;
+            c->tx_pay_left = op->b->op == PDL_OP_WRITE ? bytes : 0;
+            c->tx_active = true;
+            op->inflight++;
+            if (op->tx.i == op->tx.end) {
+                op->tx_done = true;
+                c->txq = op->next;
+            }
+        }
+        size_t k = 0;
+        uint64_t room = TCP_SEND_CALL_MAX;
+        if (c->frame_off < c->frame_len) {
+            c->txv[k++] = (struct iovec){c->frame + c->frame_off, c->frame_len - c->frame_off};
+            room -= c->frame_len - c->frame_off < room ? c->frame_len - c->frame_off : room;
+        }
+        if (c->tx_pay_left > 0 && room > 0)
+            k += pay_iov(c->tx_b, c->tx_pay, c->tx_pay_left, room, &c->txv[k], IOV_MAX - k);
+        struct msghdr mh = {0};
+        mh.msg_iov = c->txv;
+        mh.msg_iovlen = k;
+        pthread_mutex_unlock(&c->mu);
+        ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        int en = errno;
+        pthread_mutex_lock(&c->mu);
+        if (n < 0) {
+            if (en == EINTR)
+                continue;
+            if (en == EAGAIN || en == EWOULDBLOCK)
+                return res | IO_AGAIN;
+            tcp_op_t *op = c->head;
+            while (op && op->b != c->tx_b)
+                op = op->next;
+            io_error_locked(s, c, op, en);
+            return res;
+        }
+        res |= IO_MOVED;
+        size_t done = (size_t)n;
+        size_t f = c->frame_len - c->frame_off < done ? c->frame_len - c->frame_off : done;
+        c->frame_off += f;
+        done -= f;
+        if (done > 0) {
+            cursor_advance(c->tx_b, &c->tx_pay, done);
+            c->tx_pay_left -= done;
+        }
+        if (c->frame_off == c->frame_len && c->tx_pay_left == 0) {
+            c->tx_active = false;
+            c->tx_b = NULL;
+        }
+    }
+}
+
+/* A response ended: account it to op and complete op when it was the last one. */
+static void finish_piece_locked(pdl_session_t *s, tcp_conn_t *c, tcp_op_t *op, int32_t status, const char *msg)
+{
+    c->tag_rx++;
+    c->rx_stage = RX_NONE;
+    op->inflight--;
+    if (status != 0 && op->st == PDL_OK) {
+        pdl_status_t st = (status < 0 && status >= PDL_ERR_SYSTEM) ? (pdl_status_t)status : PDL_ERR_TRANSPORT;
+        op->st = pdl_error_set(&op->err, st, "engine %s: %s", s->engine->key, msg);
+    }
+    op_maybe_complete_locked(c, op);
+}
+
+/*
+ * Receive responses in order until `want` is done, nothing is due, the deadline passes (0: do not
+ * block at all) or the connection fails. Called with mu held and rx_busy set; drops mu around calls.
+ */
+static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_t deadline)
+{
+    int res = 0;
+    for (;;) {
+        if (c->dead != PDL_OK || want->done)
+            return res;
+        if (c->rx_stage == RX_NONE) {
+            tcp_op_t *op = c->head;
+            if (op == NULL || op->inflight == 0)
+                return res;
+            if (c->rx_op != op) {
+                c->rx_op = op;
+                c->rxc = (cursor_t){op->b->chunks[op->idx].first,
+                                    op->b->chunks[op->idx].first + op->b->chunks[op->idx].count, 0};
+            }
+            uint32_t nseg;
+            c->rx_pay = c->rxc;
+            piece_walk(op->b, &c->rxc, NULL, &nseg, &c->rx_piece_bytes);
+            c->rx_got = 0;
+            c->rx_stage = RX_HDR;
+        }
+        tcp_op_t *op = c->rx_op;
+        bool block = deadline == UINT64_MAX ||
+                     (deadline != 0 && pdl__mono_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
+        struct msghdr mh = {0};
+        struct iovec one;
+        mh.msg_iov = &one;
+        mh.msg_iovlen = 1;
+        if (c->rx_stage == RX_HDR) {
+            one = (struct iovec){c->rx_hdr + c->rx_got, PDL_TCP_RESP_HDR - c->rx_got};
+        } else if (c->rx_stage == RX_MSG) {
+            one = (struct iovec){c->rx_msg + c->rx_got, c->resp.msg_len - c->rx_got};
+        } else {
+            mh.msg_iov = c->rxv;
+            mh.msg_iovlen = pay_iov(op->b, c->rx_pay, c->rx_pay_left, TCP_RECV_CALL_MAX, c->rxv, IOV_MAX);
+        }
+        pthread_mutex_unlock(&c->mu);
+        ssize_t n = recvmsg(c->fd, &mh, block ? MSG_WAITALL : MSG_DONTWAIT);
+        int en = errno;
+        pthread_mutex_lock(&c->mu);
+        if (c->dead != PDL_OK)
+            return res;
+        if (n == 0) {
+            io_error_locked(s, c, op, 0);
+            return res;
+        }
+        if (n < 0) {
+            if (en == EINTR)
+                continue;
+            if (en == EAGAIN || en == EWOULDBLOCK) {
+                if (!block)
+                    return res | IO_AGAIN;
+                if (deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+                    return res;
+                continue;
+            }
+            io_error_locked(s, c, op, en);
+            return res;
+        }
+        res |= IO_MOVED;
+        if (c->rx_stage == RX_HDR) {
+            c->rx_got += (size_t)n;
+            if (c->rx_got < PDL_TCP_RESP_HDR)
+                continue;
+            pdl_tcp_resp_t *r = &c->resp;
+            pdl_tcp_resp_decode(c->rx_hdr, r);
+            uint64_t want_payload = op->b->op == PDL_OP_READ && r->status == 0 ? c->rx_piece_bytes : 0;
+            if (r->magic != PDL_TCP_RESP_MAGIC || r->version != PDL_TCP_VERSION || r->tag != c->tag_rx + 1 ||
+                r->msg_len > PDL_TCP_MAX_MSG || r->payload_len != want_payload) {
+                char msg[PDL_ERR_MSG_LEN];
+                snprintf(msg, sizeof(msg),
+                         "engine %.100s: malformed response from engine %.100s on connection %d (magic 0x%08x tag %" PRIu64
+                         "/%" PRIu64 " payload %" PRIu64 "/%" PRIu64 ")",
+                         s->engine->key, s->rmem.engine_key, c->ci + 1, r->magic, r->tag, c->tag_rx + 1, r->payload_len,
+                         want_payload);
+                pdl__session_break(s, PDL_ERR_TRANSPORT, msg);
+                conn_fail_locked(c, PDL_ERR_TRANSPORT, msg);
+                return res;
+            }
+            c->rx_got = 0;
+            if (r->status != 0 && r->msg_len > 0) {
+                c->rx_stage = RX_MSG;
+            } else if (want_payload > 0) {
+                c->rx_pay_left = want_payload;
+                c->rx_stage = RX_PAY;
+            } else {
+                finish_piece_locked(s, c, op, r->status, "(no message)");
+            }
+        } else if (c->rx_stage == RX_MSG) {
+            c->rx_got += (size_t)n;
+            if (c->rx_got == c->resp.msg_len) {
+                c->rx_msg[c->rx_got] = '\0';
+                finish_piece_locked(s, c, op, c->resp.status, c->rx_msg);
+            }
+        } else {
+            cursor_advance(op->b, &c->rx_pay, (uint64_t)n);
+            c->rx_pay_left -= (uint64_t)n;
+            if (c->rx_pay_left == 0)
+                finish_piece_locked(s, c, op, 0, NULL);
+        }
     }
 }
 
 /*
- * Receive the response to piece p. Returns PDL_OK, a refusal status (connection still in sync, err
- * filled), or -1000 on an I/O or framing error (err filled, session broken).
+ * Move connection c's bytes from the calling thread until op is done or the deadline (CLOCK_MONOTONIC
+ * ns) passes; deadline 0 = one non-blocking pass. Whatever direction another thread is already
+ * serving is left to it; this thread then waits for it on c->cv.
  */
-#define IO_BROKEN ((pdl_status_t)-1000)
-static pdl_status_t recv_response(pdl_session_t *s, pdl_batch_t *b, int ci, tcp_conn_t *c, piece_t *p,
-                                  pdl_error_t *err)
+static void drive(tcp_conn_t *c, tcp_op_t *op, uint64_t deadline)
 {
-    const char *what = b->op == PDL_OP_READ ? "read" : "write";
-    uint8_t hdr[PDL_TCP_RESP_HDR];
-    char msg[PDL_TCP_MAX_MSG + 1];
-    struct iovec hv[1] = {{hdr, sizeof(hdr)}};
-    if (recv_all(c->fd, hv, 1) != 0) {
-        io_fail(s, ci, what, errno, atomic_load(&b->cancel), err);
-        return IO_BROKEN;
-    }
-    pdl_tcp_resp_t r;
-    pdl_tcp_resp_decode(hdr, &r);
-    uint64_t want_payload = b->op == PDL_OP_READ && r.status == 0 ? p->bytes : 0;
-    if (r.magic != PDL_TCP_RESP_MAGIC || r.version != PDL_TCP_VERSION || r.tag != p->tag ||
-        r.msg_len > PDL_TCP_MAX_MSG || r.payload_len != want_payload) {
-        pdl_error_set(err, PDL_ERR_TRANSPORT,
-                      "engine %s: malformed response from engine %s on connection %d (magic 0x%08x tag %" PRIu64
-                      "/%" PRIu64 " payload %" PRIu64 "/%" PRIu64 ")",
-                      s->engine->key, s->rmem.engine_key, ci + 1, r.magic, r.tag, p->tag, r.payload_len, want_payload);
-        pdl__session_break(s, PDL_ERR_TRANSPORT, err ? err->msg : "malformed response");
-        return IO_BROKEN;
-    }
-    if (r.status != 0) {
-        struct iovec mv[1] = {{msg, r.msg_len}};
-        if (r.msg_len > 0 && recv_all(c->fd, mv, 1) != 0) {
-            io_fail(s, ci, what, errno, atomic_load(&b->cancel), err);
-            return IO_BROKEN;
+    pdl_session_t *s = op->b->session;
+    pthread_mutex_lock(&c->mu);
+    while (!op->done) {
+        int tx = 0, rx = 0;
+        if (c->dead == PDL_OK && !c->tx_busy && tx_pending(c)) {
+            c->tx_busy = true;
+            tx = tx_run(s, c);
+            io_release_locked(c, &c->tx_busy);
         }
-        msg[r.msg_len] = '\0';
-        pdl_status_t st = (r.status < 0 && r.status >= PDL_ERR_SYSTEM) ? (pdl_status_t)r.status : PDL_ERR_TRANSPORT;
-        return pdl_error_set(err, st, "engine %s: %s", s->engine->key, msg);
+        if (!op->done && c->dead == PDL_OK && !c->rx_busy && rx_pending(c)) {
+            c->rx_busy = true;
+            rx = rx_run(s, c, op, tx_pending(c) ? 0 : deadline);
+            io_release_locked(c, &c->rx_busy);
+        }
+        if (op->done || deadline == 0)
+            break;
+        uint64_t now = pdl__mono_ns();
+        if (now >= deadline)
+            break;
+        if ((tx | rx) & IO_MOVED)
+            continue;
+        if (((tx | rx) & IO_AGAIN) && c->dead == PDL_OK) {
+            struct pollfd p = {.fd = c->fd, .events = (short)(((rx & IO_AGAIN) ? POLLIN : 0) | ((tx & IO_AGAIN) ? POLLOUT : 0))};
+            uint64_t left_ms = deadline == UINT64_MAX ? 1000 : (deadline - now + 999999) / 1000000;
+            pthread_mutex_unlock(&c->mu);
+            poll(&p, 1, (int)(left_ms > 1000 ? 1000 : left_ms));
+            pthread_mutex_lock(&c->mu);
+            continue;
+        }
+        /* Another thread is moving what we wait for (or failing the connection): sleep until it says. */
+        c->waiters++;
+        if (deadline == UINT64_MAX) {
+            pthread_cond_wait(&c->cv, &c->mu);
+        } else {
+            struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
+        c->waiters--;
     }
-    if (b->op == PDL_OP_READ && recv_all(c->fd, p->data, p->nseg) != 0) {
-        io_fail(s, ci, what, errno, atomic_load(&b->cancel), err);
-        return IO_BROKEN;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void tcp_submit(pdl_session_t *s, pdl_batch_t *b)
+{
+    tcp_session_t *ts = s->bk;
+    tcp_op_t *ops = b->priv;
+    for (int i = 0; i < b->nchunks; i++) {
+        tcp_op_t *op = &ops[i];
+        memset(op, 0, sizeof(*op));
+        op->b = b;
+        op->idx = i;
+        op->pool = i > 0;
+        op->c = &ts->c[i % ts->n];
+        op->tx = (cursor_t){b->chunks[i].first, b->chunks[i].first + b->chunks[i].count, 0};
     }
-    return PDL_OK;
+    for (int i = 0; i < b->nchunks; i++) {
+        tcp_op_t *op = &ops[i];
+        bool pool = op->pool;
+        tcp_conn_t *c = op->c;
+        pthread_mutex_lock(&c->mu);
+        if (c->tail)
+            c->tail->next = op;
+        else
+            c->head = op;
+        c->tail = op;
+        if (c->txq == NULL)
+            c->txq = op;
+        if (c->dead != PDL_OK) {
+            if (!c->tx_busy && !c->rx_busy)
+                fail_all_locked(c);
+        } else if (!c->tx_busy) {
+            /* Send the request now, from the posting thread (never blocks: the rest is a driver's). */
+            c->tx_busy = true;
+            tx_run(s, c);
+            io_release_locked(c, &c->tx_busy);
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (pool)
+            pdl__engine_pool_drive(b, i);
+    }
+}
+
+static void tcp_progress(pdl_batch_t *b, uint64_t deadline)
+{
+    tcp_op_t *ops = b->priv;
+    for (int i = 0; i < b->nchunks; i++) {
+        if (ops[i].pool)
+            continue;
+        drive(ops[i].c, &ops[i], deadline);
+        if (deadline != 0 && deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+            break;
+    }
+}
+
+static void tcp_drive_chunk(pdl_batch_t *b, int idx)
+{
+    tcp_op_t *op = &((tcp_op_t *)b->priv)[idx];
+    drive(op->c, op, UINT64_MAX);
+    pthread_mutex_lock(&op->c->mu);
+    pdl_status_t st = op->fst;
+    pdl_error_t err = op->err;
+    pthread_mutex_unlock(&op->c->mu);
+    pdl__batch_chunk_done(b, st, &err);
 }
 
 static pdl_status_t tcp_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
 {
-    tcp_session_t *ts = s->bk;
-    int ci = idx % ts->n;
-    tcp_conn_t *c = &ts->c[ci];
-    const char *what = b->op == PDL_OP_READ ? "read" : "write";
-    pthread_mutex_lock(&c->mu);
-    int broken = atomic_load(&s->broken);
-    if (broken != 0) {
-        pthread_mutex_lock(&s->mu);
-        pdl_status_t st = pdl_error_set(err, (pdl_status_t)broken, "%s", s->broken_msg);
-        pthread_mutex_unlock(&s->mu);
-        pthread_mutex_unlock(&c->mu);
-        return st;
-    }
-    if (c->pc == NULL && (c->pc = malloc(2 * sizeof(piece_t))) == NULL) {
-        pthread_mutex_unlock(&c->mu);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", s->engine->key);
-    }
-    cursor_t cur = {b->chunks[idx].first, b->chunks[idx].first + b->chunks[idx].count, 0};
-    pdl_status_t result = PDL_OK;
-    pdl_error_t first_err;
-    pdl_error_clear(&first_err);
-    int k = 0;
-    build_piece(s, b, c, &c->pc[k], &cur);
-    if (send_all(c->fd, c->pc[k].send, c->pc[k].nsend) != 0) {
-        pdl_status_t st = io_fail(s, ci, what, errno, atomic_load(&b->cancel), err);
-        pthread_mutex_unlock(&c->mu);
-        return st;
-    }
-    for (;;) {
-        /* Keep a second request queued at the owner while the first one's response arrives. */
-        bool more = cur.i < cur.end && result == PDL_OK && !atomic_load(&b->cancel);
-        if (more) {
-            build_piece(s, b, c, &c->pc[1 - k], &cur);
-            if (send_all(c->fd, c->pc[1 - k].send, c->pc[1 - k].nsend) != 0) {
-                pdl_status_t st = io_fail(s, ci, what, errno, atomic_load(&b->cancel), err);
-                pthread_mutex_unlock(&c->mu);
-                return st;
-            }
-        }
-        pdl_error_t e1;
-        pdl_status_t st = recv_response(s, b, ci, c, &c->pc[k], &e1);
-        if (st == IO_BROKEN) {
-            if (err)
-                *err = e1;
-            pthread_mutex_unlock(&c->mu);
-            return e1.status;
-        }
-        if (st != PDL_OK && result == PDL_OK) {
-            result = st;
-            first_err = e1;
-        }
-        if (!more)
-            break;
-        k = 1 - k;
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (result == PDL_OK && cur.i < cur.end)
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "engine %s: batch cancelled", s->engine->key);
-    if (result != PDL_OK && err)
-        *err = first_err;
-    return result;
+    (void)s;
+    (void)b;
+    (void)idx;
+    return pdl_error_set(err, PDL_ERR_BAD_STATE, "tcp: run_chunk is not used (batches are driven by submit)");
 }
 
 /* ---------------------------------------------------------------- engine hooks */
@@ -564,4 +961,8 @@ const pdl_backend_ops_t pdl__tcp_ops = {
     .session_check = tcp_session_check,
     .plan = tcp_plan,
     .run_chunk = tcp_run_chunk,
+    .chunk_priv = sizeof(tcp_op_t),
+    .submit = tcp_submit,
+    .progress = tcp_progress,
+    .drive_chunk = tcp_drive_chunk,
 };

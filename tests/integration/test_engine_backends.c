@@ -1,7 +1,8 @@
 /*
  * test_engine_backends.c -- the engine between two processes, one body per behaviour, run for shm and
  * tcp (UCX-style parametrisation): random READ/WRITE batches verified byte by byte, a killed peer,
- * a stalled peer, a deregistered remote region, and (tcp) hostile bytes on the data socket.
+ * a stalled peer, a deregistered remote region, and (tcp) hostile bytes on the data socket, many
+ * batches in flight on one session (waited out of order, from several threads, by polling only).
  *
  * Each test forks the target before creating any thread (fork in a threaded process is unsafe, and
  * TSan refuses it). Parent and child talk over a socketpair: the child sends its engine descriptor and
@@ -10,6 +11,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -400,7 +402,14 @@ static void test_stalled_tcp(void **state)
     assert_int_equal(pdl_batch_wait(b, 100, &err), PDL_ERR_TIMEOUT);
     assert_non_null(strstr(err.msg, "still running"));
     assert_int_equal(pdl_batch_poll(b, &err), PDL_INPROGRESS);
-    pdl_batch_free(b); /* aborts the stalled batch */
+    /* A second batch queued behind the stalled one on the same connection times out too. */
+    pdl_batch_t *b2 = NULL;
+    pdl_desc_t small = {0, 0, 4096};
+    assert_int_equal(pdl_session_post(p.s[1], PDL_OP_READ, &small, 1, &b2, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b2, 20, &err), PDL_ERR_TIMEOUT);
+    pdl_batch_free(b); /* aborts the stalled batch (and the session) */
+    assert_int_equal(pdl_batch_wait(b2, -1, &err), PDL_ERR_BAD_STATE);
+    pdl_batch_free(b2);
     kill(p.pid, SIGCONT);
     peer_stop(&p, true);
 }
@@ -495,6 +504,144 @@ static void test_malformed_tcp(void **state)
     peer_stop(&p, false);
 }
 
+
+/* Random READs into disjoint 64 KiB local slots: descriptor i of batch k reads remote slot rs into
+ * local slot k (one descriptor per batch, random length/offset inside the slot). */
+static void slot_desc(pdl_desc_t *d, uint32_t k, unsigned *rng)
+{
+    uint64_t len = 1 + (uint64_t)rand_r(rng) % SLOT;
+    uint64_t off = (uint64_t)rand_r(rng) % (SLOT - len + 1);
+    uint32_t rs = (uint32_t)rand_r(rng) % NSLOTS;
+    *d = (pdl_desc_t){(uint64_t)k * SLOT + off, (uint64_t)rs * SLOT + off, len};
+}
+
+static void check_read(const uint8_t *local, const pdl_desc_t *d, uint64_t seed)
+{
+    for (uint64_t j = 0; j < d->len; j++)
+        if (local[d->local_off + j] != pat(seed, d->remote_off + j))
+            fail_msg("read [%llu, +%llu): byte %llu differs", (unsigned long long)d->remote_off,
+                     (unsigned long long)d->len, (unsigned long long)j);
+}
+
+/* Many batches in flight on one session (requests pipelined on its connections), waited in reverse
+ * order, then the same with WRITEs; every byte checked. */
+static void test_pipelined_tcp(void **state)
+{
+    (void)state;
+    peer_t p;
+    peer_start(&p, PDL_BACKEND_TCP);
+    enum { NB = NSLOTS };
+    pdl_desc_t d[NB];
+    pdl_batch_t *b[NB];
+    pdl_error_t err;
+    unsigned rng = 99;
+    uint8_t *local = pdl_mem_ptr(p.local);
+    assert_int_equal(peer_cmd(&p, 'F', 1, 41, NULL, 0), 0);
+    memset(local, 0, REGION);
+    for (uint32_t k = 0; k < NB; k++) {
+        slot_desc(&d[k], k, &rng);
+        assert_int_equal(pdl_session_post(p.s[1], PDL_OP_READ, &d[k], 1, &b[k], &err), PDL_OK);
+    }
+    for (int k = NB - 1; k >= 0; k--) {
+        pdl_status_t st = pdl_batch_wait(b[k], -1, &err);
+        if (st != PDL_OK)
+            fail_msg("pipelined read %d: %s", k, err.msg);
+        pdl_batch_free(b[k]);
+    }
+    for (uint32_t k = 0; k < NB; k++)
+        check_read(local, &d[k], 41);
+
+    /* WRITEs: local slot k to remote slot k (disjoint), posted together, waited in reverse order. */
+    fill(local, REGION, 42);
+    for (uint32_t k = 0; k < NB; k++) {
+        uint64_t len = 1 + (uint64_t)rand_r(&rng) % SLOT;
+        d[k] = (pdl_desc_t){(uint64_t)k * SLOT, (uint64_t)k * SLOT, len};
+        assert_int_equal(pdl_session_post(p.s[0], PDL_OP_WRITE, &d[k], 1, &b[k], &err), PDL_OK);
+    }
+    for (int k = NB - 1; k >= 0; k--) {
+        pdl_status_t st = pdl_batch_wait(b[k], -1, &err);
+        if (st != PDL_OK)
+            fail_msg("pipelined write %d: %s", k, err.msg);
+        pdl_batch_free(b[k]);
+    }
+    assert_int_equal(peer_cmd(&p, 'V', 0, 42, d, NB), 0);
+
+    /* Progress by polling only (no wait): a whole-region READ, striped over both connections. */
+    assert_int_equal(peer_cmd(&p, 'F', 0, 43, NULL, 0), 0);
+    pdl_desc_t big = {0, 0, REGION};
+    pdl_batch_t *pb = NULL;
+    assert_int_equal(pdl_session_post(p.s[0], PDL_OP_READ, &big, 1, &pb, &err), PDL_OK);
+    pdl_status_t st = PDL_INPROGRESS;
+    for (long i = 0; i < 100000000L && st == PDL_INPROGRESS; i++)
+        st = pdl_batch_poll(pb, &err);
+    assert_int_equal(st, PDL_OK);
+    pdl_batch_free(pb);
+    check_read(local, &big, 43);
+    pdl_engine_stats_t es;
+    pdl_engine_get_stats(p.e, &es);
+    assert_int_equal(es.batches_failed, 0);
+    assert_int_equal(es.batches_ok, 2 * NB + 1);
+    peer_stop(&p, false);
+}
+
+typedef struct reader_arg {
+    pdl_session_t *s;
+    uint8_t *local;
+    uint32_t first; /* local slots [first, first + 8) are this thread's */
+    unsigned seed;
+    int failures;
+} reader_arg_t;
+
+static void *reader_main(void *arg)
+{
+    reader_arg_t *a = arg;
+    unsigned rng = a->seed;
+    for (int it = 0; it < 40; it++) {
+        pdl_desc_t d[4];
+        pdl_batch_t *b[4];
+        pdl_error_t err;
+        int n = 1 + it % 4;
+        for (int k = 0; k < n; k++) {
+            slot_desc(&d[k], a->first + (uint32_t)k, &rng);
+            if (pdl_session_post(a->s, PDL_OP_READ, &d[k], 1, &b[k], &err) != PDL_OK) {
+                a->failures++;
+                return NULL;
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            if (pdl_batch_wait(b[k], -1, &err) != PDL_OK)
+                a->failures++;
+            pdl_batch_free(b[k]);
+            for (uint64_t j = 0; j < d[k].len; j++)
+                if (a->local[d[k].local_off + j] != pat(51, d[k].remote_off + j)) {
+                    a->failures++;
+                    break;
+                }
+        }
+    }
+    return NULL;
+}
+
+/* Four threads post and wait on the same session at once: every batch completes with its own bytes. */
+static void test_shared_session_tcp(void **state)
+{
+    (void)state;
+    peer_t p;
+    peer_start(&p, PDL_BACKEND_TCP);
+    assert_int_equal(peer_cmd(&p, 'F', 0, 51, NULL, 0), 0);
+    pthread_t t[4];
+    reader_arg_t a[4];
+    for (int i = 0; i < 4; i++) {
+        a[i] = (reader_arg_t){p.s[0], pdl_mem_ptr(p.local), (uint32_t)i * 8, 1000u + (unsigned)i, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, reader_main, &a[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(a[i].failures, 0);
+    }
+    peer_stop(&p, false);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -502,7 +649,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_shm),  cmocka_unit_test(test_random_tcp),  cmocka_unit_test(test_killed_shm),
         cmocka_unit_test(test_killed_tcp),  cmocka_unit_test(test_stalled_tcp), cmocka_unit_test(test_dereg_shm),
-        cmocka_unit_test(test_dereg_tcp),   cmocka_unit_test(test_malformed_tcp),
+        cmocka_unit_test(test_dereg_tcp),   cmocka_unit_test(test_malformed_tcp), cmocka_unit_test(test_pipelined_tcp),
+        cmocka_unit_test(test_shared_session_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
