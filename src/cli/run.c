@@ -7,7 +7,8 @@
  *      binary (/proc/self/exe), so a build tree or an install prefix works without PATH games.
  *   2. SIGINT/SIGTERM/SIGHUP are blocked and read from a signalfd, which every waiting loop polls, so a
  *      Ctrl-C turns into an orderly stop (no global flag, no work in a signal handler).
- *   3. The same-run ceiling for the backend is measured (memcpy for shm, a loopback TCP stream for tcp).
+ *   3. The same-run ceilings for the backend are measured (memcpy for shm, a loopback TCP stream for tcp):
+ *      with one thread (one rank's engine) and with one thread per rank of a decode instance.
  *   4. A non-disaggregated reference node answers the fixed workload once; its texts are the truth.
  *   5. For each topology: ports are found by binding, a router and the nodes are started (MoRIIO READ
  *      mode, kv-transfer-config JSON as in the seed), we wait for every node's /health and for the
@@ -109,8 +110,11 @@ typedef struct run_ctx {
     bool tty;
     pdl_run_ports_t ports;
     char model_id[128];
-    double ceiling_gbps;
+    double ceiling_gbps;                /* one thread: one rank's engine */
     int ceiling_threads;
+    int ninst_ceil;                     /* with the threads of a decode instance, one per decode TP size */
+    int inst_ceil_threads[8];
+    double inst_ceil_gbps[8];
     bool fault_done;
     /* the workload and its truth */
     pdl_run_req_t *reqs;
@@ -906,7 +910,7 @@ static const char *const per_rank_metrics[] = {
     "pdlink_releases_sent_total",      "pdlink_releases_received_total", "pdlink_expired_total",
     "pdlink_held_blocks",              "pdlink_kv_bytes_verified_total", "pdlink_kv_bytes_mismatched_total",
     "pdlink_transfer_seconds_sum",     "pdlink_transfer_seconds_count",  "pdlink_requests_total",
-    "pdlink_read_seconds_total",
+    "pdlink_read_seconds_total",       "pdlink_transfer_busy_seconds_total",
 };
 
 static uint64_t msum(const run_node_t *nd, const char *name)
@@ -944,9 +948,14 @@ static uint64_t total_held(const run_ctx_t *c)
     return h;
 }
 
+static int topo_pull_threads(const pdl_run_topo_t *t);
+static double inst_ceiling(const run_ctx_t *c, int threads);
+
 static void collect(run_ctx_t *c, pdl_run_result_t *r)
 {
     r->metrics_ok = true;
+    pdl_run_hist_t pull_hist;
+    memset(&pull_hist, 0, sizeof(pull_hist));
     for (int i = 0; i < c->nnodes; i++) {
         run_node_t *nd = &c->nodes[i];
         if (nd->metrics == NULL) {
@@ -975,13 +984,29 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->pulls += msum(nd, "pdlink_transfer_seconds_count");
             r->pull_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
             r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
+            r->busy_seconds +=
+                pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
+            pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &pull_hist);
         } else if (nd->role == ROLE_PREFILL) {
             r->releases_received += msum(nd, "pdlink_releases_received_total");
         }
     }
-    r->gbps = (r->kv_bytes > 0 && r->pull_seconds > 0) ? (double)r->kv_bytes / r->pull_seconds / 1e9 : -1;
+    /*
+     * The rate is bytes over the wall time during which the decode instances had a pull in flight (the
+     * union of the pull intervals, per instance, summed over instances): the sum of pull seconds would
+     * count the same wall time once per overlapping pull. It includes everything a pull waits for on
+     * its instance (rank queues, handshakes, releases), as a transfer user sees it.
+     */
+    r->gbps = (r->kv_bytes > 0 && r->busy_seconds > 0) ? (double)r->kv_bytes / r->busy_seconds / 1e9 : -1;
     r->read_gbps = (r->kv_bytes > 0 && r->read_seconds > 0) ? (double)r->kv_bytes / r->read_seconds / 1e9 : -1;
-    r->ceiling_gbps = c->ceiling_gbps;
+    r->pull_p50_ms = r->pull_p99_ms = -1;
+    if (r->pulls > 0 && pull_hist.n > 0) {
+        r->pull_p50_ms = 1e3 * pdl_run_hist_quantile(&pull_hist, (double)r->pulls, 0.50);
+        r->pull_p99_ms = 1e3 * pdl_run_hist_quantile(&pull_hist, (double)r->pulls, 0.99);
+    }
+    r->rank_ceiling_gbps = c->ceiling_gbps;
+    r->ceiling_threads = topo_pull_threads(&r->topo);
+    r->ceiling_gbps = inst_ceiling(c, r->ceiling_threads);
     if (r->ok > 0 && r->kv_bytes == 0)
         pdl_run_result_note(r, "no KV bytes moved although %d requests succeeded", r->ok);
     if (r->mismatched > 0)
@@ -1277,22 +1302,61 @@ static int make_log_dir(run_ctx_t *c)
     return 0;
 }
 
+/* The backend's ceiling with `threads` threads (memcpy) or streams (tcp); 0 when it failed. */
+static double ceiling_with(const run_ctx_t *c, int threads)
+{
+    double g;
+    if (strcmp(c->o.backend, "tcp") == 0)
+        g = pdl_ceiling_tcp_gbps("127.0.0.1", (size_t)512 << 20, (size_t)1 << 20, threads);
+    else
+        g = pdl_ceiling_memcpy_gbps((size_t)32 << 20, threads, 16);
+    if (g <= 0) {
+        pdl_warn("the %s ceiling with %d thread(s) could not be measured; its ratios are left out",
+                 strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy", threads);
+        return 0;
+    }
+    return g;
+}
+
+/* Pull threads of one decode instance of the topology: its TP size (the largest, if they differ). */
+static int topo_pull_threads(const pdl_run_topo_t *t)
+{
+    int m = 0;
+    for (int k = 0; k < t->nd; k++)
+        m = t->dtp[k] > m ? t->dtp[k] : m;
+    return m;
+}
+
+static double inst_ceiling(const run_ctx_t *c, int threads)
+{
+    for (int i = 0; i < c->ninst_ceil; i++)
+        if (c->inst_ceil_threads[i] == threads)
+            return c->inst_ceil_gbps[i];
+    return 0;
+}
+
 static void measure_ceiling(run_ctx_t *c)
 {
     /*
-     * The nodes pull with num_workers = 1 per rank (kv_config), so the ceiling gets one thread too:
-     * a 1-thread transfer is compared with a 1-thread memcpy or a single TCP stream (SPEC §8). 32 MiB
-     * is about two llama-3.1-8b pulls of this workload, large enough to leave the caches.
+     * Each rank pulls with its own worker thread and one engine worker (num_workers = 1 in kv_config):
+     * one rank's engine rate is compared with a 1-thread memcpy or a single TCP stream, and a decode
+     * instance of TP T pulls with T threads (one per rank, all copying at once when pulls overlap), so
+     * its transfer rate is compared with a T-thread memcpy or T streams (SPEC §8: the same threads).
+     * More threads than cores share the cores, as the ranks do. 32 MiB is about two llama-3.1-8b pulls
+     * of this workload, large enough to leave the caches.
      */
     c->ceiling_threads = 1;
-    if (strcmp(c->o.backend, "tcp") == 0)
-        c->ceiling_gbps = pdl_ceiling_tcp_gbps("127.0.0.1", (size_t)512 << 20, (size_t)1 << 20, c->ceiling_threads);
-    else
-        c->ceiling_gbps = pdl_ceiling_memcpy_gbps((size_t)32 << 20, c->ceiling_threads, 16);
-    if (c->ceiling_gbps <= 0) {
-        pdl_warn("the %s ceiling could not be measured; ratios are left out",
-                 strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy");
-        c->ceiling_gbps = 0;
+    c->ceiling_gbps = ceiling_with(c, 1);
+    for (int i = 0; i < c->o.ntopos; i++) {
+        int t = topo_pull_threads(&c->o.topos[i]);
+        bool seen = false;
+        for (int k = 0; k < c->ninst_ceil; k++)
+            seen |= c->inst_ceil_threads[k] == t;
+        if (t < 1 || seen || c->ninst_ceil == (int)(sizeof(c->inst_ceil_gbps) / sizeof(c->inst_ceil_gbps[0])))
+            continue;
+        c->inst_ceil_threads[c->ninst_ceil] = t;
+        c->inst_ceil_gbps[c->ninst_ceil] = t == 1 ? c->ceiling_gbps : ceiling_with(c, t);
+        c->ninst_ceil++;
     }
 }
 
@@ -1360,6 +1424,10 @@ int pdl_cli_run(int argc, char **argv)
     if (c->ceiling_gbps > 0)
         progress(c, "%s: %.2f GB/s with %d thread", strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
                  c->ceiling_gbps, c->ceiling_threads);
+    for (int i = 0; i < c->ninst_ceil; i++)
+        if (c->inst_ceil_gbps[i] > 0)
+            progress(c, "%s: %.2f GB/s with %d threads", strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+                     c->inst_ceil_gbps[i], c->inst_ceil_threads[i]);
 
     rc = run_reference(c);
     if (rc != 0)
@@ -1404,9 +1472,14 @@ int pdl_cli_run(int argc, char **argv)
         .ceiling_threads = c->ceiling_threads,
         .ceiling_kind = strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
         .ceiling_gbps = c->ceiling_gbps,
+        .ninst_ceilings = c->ninst_ceil,
         .elapsed_s = (double)(pdl_now_ms() - t_start) / 1000.0,
         .log_dir = remove_logs ? NULL : c->log_dir,
     };
+    for (int i = 0; i < c->ninst_ceil && i < (int)(sizeof(info.inst_ceiling_gbps) / sizeof(double)); i++) {
+        info.inst_ceiling_threads[i] = c->inst_ceil_threads[i];
+        info.inst_ceiling_gbps[i] = c->inst_ceil_gbps[i];
+    }
     pdl_run_report_print(stdout, &info, results, nres);
     fflush(stdout);
     if (c->o.json_path != NULL) {

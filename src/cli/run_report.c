@@ -86,11 +86,20 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
                  "prompts %d-%d tokens, max_tokens %d\n",
             info->model, info->backend, info->mode, info->requests, info->concurrency, info->prompt_min,
             info->prompt_max, info->max_tokens);
-    if (info->ceiling_gbps > 0)
-        fprintf(out, "ceiling (measured in this run): %s %.2f GB/s with %d thread%s\n", info->ceiling_kind,
-                info->ceiling_gbps, info->ceiling_threads, info->ceiling_threads == 1 ? "" : "s");
-    else
+    if (info->ceiling_gbps > 0 || info->ninst_ceilings > 0) {
+        fprintf(out, "ceilings (measured in this run, %s):", info->ceiling_kind);
+        if (info->ceiling_gbps > 0)
+            fprintf(out, " %.2f GB/s with %d thread%s (one rank's engine)", info->ceiling_gbps,
+                    info->ceiling_threads, info->ceiling_threads == 1 ? "" : "s");
+        for (int i = 0; i < info->ninst_ceilings; i++)
+            fprintf(out, "%s %.2f GB/s with %d threads", i == 0 && info->ceiling_gbps > 0 ? ";" : (i ? "," : ""),
+                    info->inst_ceiling_gbps[i], info->inst_ceiling_threads[i]);
+        if (info->ninst_ceilings > 0)
+            fprintf(out, " (a decode instance: one pull worker per rank)");
+        fprintf(out, "\n");
+    } else {
         fprintf(out, "ceiling: not measured\n");
+    }
     fprintf(out, "\n  %-24s", "topology");
     for (int i = 0; i < n; i++)
         fprintf(out, " %16s", rs[i].topo.name);
@@ -110,16 +119,21 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("TTFT p50 / p99 (ms)", r->ttft_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->ttft_p50_ms,
                                                              r->ttft_p99_ms));
-    ROW("pulls, seconds", snprintf(cell, sizeof(cell), "%llu, %.3f", (unsigned long long)r->pulls, r->pull_seconds));
+    ROW("pulls", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->pulls));
+    ROW("pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
+                                                  : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->pull_p50_ms,
+                                                             r->pull_p99_ms));
+    ROW("transfer busy (s)", snprintf(cell, sizeof(cell), "%.3f", r->busy_seconds));
     ROW("transfer GB/s", r->gbps < 0 ? snprintf(cell, sizeof(cell), "-") : snprintf(cell, sizeof(cell), "%.2f", r->gbps));
-    ROW("of ceiling", (r->gbps < 0 || r->ceiling_gbps <= 0)
-                          ? snprintf(cell, sizeof(cell), "-")
-                          : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->gbps / r->ceiling_gbps));
+    ROW("of ceiling (threads)", (r->gbps < 0 || r->ceiling_gbps <= 0)
+                                    ? snprintf(cell, sizeof(cell), "-")
+                                    : snprintf(cell, sizeof(cell), "%.0f%% (%d)", 100.0 * r->gbps / r->ceiling_gbps,
+                                               r->ceiling_threads));
     ROW("engine read GB/s/rank", r->read_gbps < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.2f", r->read_gbps));
-    ROW("of ceiling", (r->read_gbps < 0 || r->ceiling_gbps <= 0)
-                          ? snprintf(cell, sizeof(cell), "-")
-                          : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->read_gbps / r->ceiling_gbps));
+    ROW("of ceiling (1 thread)", (r->read_gbps < 0 || r->rank_ceiling_gbps <= 0)
+                                     ? snprintf(cell, sizeof(cell), "-")
+                                     : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->read_gbps / r->rank_ceiling_gbps));
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
     for (int i = 0; i < n; i++) {
         if (rs[i].nnotes == 0)
@@ -168,6 +182,9 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "node_failed_requests", json_integer((json_int_t)r->node_failed_requests));
         json_object_set_new(t, "pulls", json_integer((json_int_t)r->pulls));
         json_object_set_new(t, "pull_seconds", json_real(r->pull_seconds));
+        json_object_set_new(t, "pull_p50_ms", r->pull_p50_ms < 0 ? json_null() : json_real(r->pull_p50_ms));
+        json_object_set_new(t, "pull_p99_ms", r->pull_p99_ms < 0 ? json_null() : json_real(r->pull_p99_ms));
+        json_object_set_new(t, "transfer_busy_seconds", json_real(r->busy_seconds));
         json_object_set_new(t, "read_seconds", json_real(r->read_seconds));
         json_object_set_new(t, "engine_read_gbps", r->read_gbps < 0 ? json_null() : json_real(r->read_gbps));
         json_object_set_new(t, "ttft_p50_ms", r->ttft_p50_ms < 0 ? json_null() : json_real(r->ttft_p50_ms));
@@ -177,6 +194,12 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "ceiling_ratio", (r->gbps < 0 || r->ceiling_gbps <= 0)
                                                     ? json_null()
                                                     : json_real(r->gbps / r->ceiling_gbps));
+        json_object_set_new(t, "ceiling_threads", json_integer(r->ceiling_threads));
+        json_object_set_new(t, "rank_ceiling_gbps",
+                            r->rank_ceiling_gbps <= 0 ? json_null() : json_real(r->rank_ceiling_gbps));
+        json_object_set_new(t, "engine_read_ceiling_ratio", (r->read_gbps < 0 || r->rank_ceiling_gbps <= 0)
+                                                                ? json_null()
+                                                                : json_real(r->read_gbps / r->rank_ceiling_gbps));
         json_object_set_new(t, "metrics_complete", json_boolean(r->metrics_ok));
         json_object_set_new(t, "notes", notes);
         json_object_set_new(t, "pass", json_boolean(r->pass));
@@ -194,6 +217,11 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
                                                    info->ceiling_threads, "gbps",
                                                    info->ceiling_gbps > 0 ? json_real(info->ceiling_gbps)
                                                                           : json_null()));
+    json_t *ic = json_array();
+    for (int i = 0; i < info->ninst_ceilings; i++)
+        json_array_append_new(ic, json_pack("{s:i, s:f}", "threads", info->inst_ceiling_threads[i], "gbps",
+                                            info->inst_ceiling_gbps[i]));
+    json_object_set_new(root, "instance_ceilings", ic);
     json_object_set_new(root, "elapsed_seconds", json_real(info->elapsed_s));
     json_object_set_new(root, "log_dir", info->log_dir ? json_string(info->log_dir) : json_null());
     json_object_set_new(root, "topologies", tops);

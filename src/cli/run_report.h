@@ -40,12 +40,19 @@ typedef struct pdl_run_result {
     uint64_t held_blocks;            /* pdlink_held_blocks at the end, all instances */
     uint64_t node_failed_requests;   /* pdlink_requests_total{status="failed"} */
     uint64_t pulls;                  /* pdlink_transfer_seconds_count on decode instances */
-    double pull_seconds;             /* pdlink_transfer_seconds_sum on decode instances */
+    double pull_seconds;             /* pdlink_transfer_seconds_sum on decode instances (overlapping pulls
+                                      * each count their whole wall time: not a rate's denominator) */
+    double pull_p50_ms, pull_p99_ms; /* per-pull latency, estimated from the histogram buckets; -1 if none */
+    double busy_seconds;             /* pdlink_transfer_busy_seconds_total, summed over decode instances */
     double read_seconds;             /* pdlink_read_seconds_total on decode ranks (engine time) */
     double read_gbps;                /* kv_bytes / read_seconds / 1e9: one rank's engine rate; -1 if none */
     double ttft_p50_ms, ttft_p99_ms; /* through the router; -1 when no request succeeded */
-    double gbps;                     /* kv_bytes / pull_seconds / 1e9; -1 when nothing moved */
-    double ceiling_gbps;             /* same-run ceiling for the backend; <= 0 when unknown */
+    double gbps;                     /* kv_bytes / busy_seconds / 1e9: a decode instance's rate while it
+                                      * pulls; -1 when nothing moved */
+    double ceiling_gbps;             /* same-run ceiling with the threads of one decode instance's pull path
+                                      * (one per rank); <= 0 when unknown */
+    int ceiling_threads;             /* those threads: the decode TP size */
+    double rank_ceiling_gbps;        /* same-run one-thread ceiling, for the per-rank engine rate */
     bool metrics_ok;                 /* every contract metric was present on every node */
     bool pass;
     int nnotes;
@@ -66,9 +73,12 @@ typedef struct pdl_run_report_info {
     const char *backend;
     const char *mode;
     int requests, concurrency, prompt_min, prompt_max, max_tokens;
-    int ceiling_threads;
+    int ceiling_threads;             /* 1: the per-rank ceiling */
     const char *ceiling_kind;        /* "memcpy" or "tcp stream" */
     double ceiling_gbps;
+    int ninst_ceilings;              /* ceilings with the threads of a decode instance, one per decode TP */
+    int inst_ceiling_threads[8];
+    double inst_ceiling_gbps[8];
     double elapsed_s;
     const char *log_dir;             /* NULL when removed */
 } pdl_run_report_info_t;

@@ -152,6 +152,11 @@ struct pdl_pull {
     int producer_tp;
     uint32_t *local_blocks, *remote_blocks;
     size_t n;
+
+    /* pull_hook.h: per-rank work after a rank's reads; rank_arg is freed with the pull */
+    void (*rank_fn)(void *arg, int tp_rank);
+    void *rank_arg;
+    void (*rank_arg_free)(void *arg);
 };
 
 /* instance.c */

@@ -17,7 +17,13 @@
  * remote blocks are read (upstream's fix in #48471: trim the remote list, not the local one).
  *
  * Lifetime: a pull is reference counted (the caller + one per rank job), so pdl_pull_free never waits
- * for the workers and a worker never touches freed memory.
+ * for the workers and a worker never touches freed memory. A hooked pull (pull_hook.h) runs the
+ * caller's function on each rank after its reads and releases, and frees the caller's argument with
+ * the pull.
+ *
+ * Timing: with debug logging each rank job logs where its time went (queued behind other pulls on this
+ * rank, handshakes, descriptor building, posting -- which for shm includes the copy itself --, waiting,
+ * releases, the hook).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +31,7 @@
 #include <time.h>
 
 #include "connector/internal.h"
+#include "pdlink/pull_hook.h"
 
 static void pull_unref(pdl_pull_t *p)
 {
@@ -35,6 +42,8 @@ static void pull_unref(pdl_pull_t *p)
         return;
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    if (p->rank_arg_free != NULL)
+        p->rank_arg_free(p->rank_arg);
     free(p->release_sent_ns);
     free(p->local_blocks);
     free(p->remote_blocks);
@@ -88,7 +97,7 @@ typedef struct posted {
 
 /* Where one rank's share of a pull spent its time (debug log line per job). */
 typedef struct job_times {
-    uint64_t queued, peers, build, post, wait, release;
+    uint64_t queued, peers, build, post, wait, release, hook;
 } job_times_t;
 
 /* Reads of one rank; returns the status and fills err, bytes, descs. */
@@ -284,11 +293,16 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     }
     uint64_t trel = pdl_now_ns();
     send_releases(r, pull, plan, st == PDL_OK);
-    jt.release = pdl_now_ns() - trel;
+    uint64_t thook = pdl_now_ns();
+    jt.release = thook - trel;
+    /* The caller's per-rank work (pull_hook.h), after the releases so the producer never waits for it. */
+    if (st == PDL_OK && pull->rank_fn != NULL)
+        pull->rank_fn(pull->rank_arg, r->rank);
+    jt.hook = pdl_now_ns() - thook;
     pdl_debug("rank %d: pull %s: queued %.3f ms, peers %.3f, build %.3f, post %.3f, wait %.3f, release %.3f, "
-              "total %.3f ms; %llu bytes, %llu descs",
+              "hook %.3f, total %.3f ms; %llu bytes, %llu descs",
               r->rank, pull->transfer_id, jt.queued / 1e6, jt.peers / 1e6, jt.build / 1e6, jt.post / 1e6,
-              jt.wait / 1e6, jt.release / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
+              jt.wait / 1e6, jt.release / 1e6, jt.hook / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
               (unsigned long long)descs);
     pthread_mutex_lock(&r->ctr_mu);
     if (st == PDL_OK) {
@@ -356,6 +370,13 @@ void pdl__worker_stop(pdl_rank_t *r)
 
 pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
+{
+    return pdl_instance_pull_hooked(inst, params, request_id, local_blocks, n, NULL, NULL, NULL, pull_out, err);
+}
+
+pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                      const uint32_t *local_blocks, size_t n, pdl_pull_rank_fn fn, void *arg,
+                                      void (*free_fn)(void *arg), pdl_pull_t **pull_out, pdl_error_t *err)
 {
     if (inst == NULL || params == NULL || pull_out == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pull: missing argument");
@@ -439,6 +460,9 @@ pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *para
     memcpy(p->remote_blocks, params->remote_block_ids + (params->num_remote_blocks - n), n * sizeof(uint32_t));
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
+    p->rank_fn = fn;
+    p->rank_arg = arg;
+    p->rank_arg_free = free_fn; /* set last: every failure above leaves arg with the caller */
     p->status = PDL_OK;
     p->pending = inst->tp;
     p->refs = 1 + inst->tp;

@@ -16,6 +16,7 @@
 #include "node/node.h"
 #include "node/synth.h"
 #include "pdlink/log.h"
+#include "pdlink/pull_hook.h"
 #include "pdlink/wire.h"
 
 static const char *error_type_of(int status)
@@ -367,28 +368,118 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
     return true;
 }
 
-/* Pull the prompt's KV from the producer; on failure the blocks are freed by the caller. */
-static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const uint32_t *blocks, size_t nblocks,
-                    pdl_node_result_t *res)
+/*
+ * Verification on the connector's rank workers (pull_hook.h): each rank checks its own share right after
+ * its reads, in parallel and while the bytes are in that core's cache, instead of this thread reading
+ * every rank's KV back after the pull. The context belongs to the pull (freed with it), so it holds
+ * copies of what the hooks read: a request that gave up waiting may be gone while a rank still checks.
+ */
+typedef struct pull_verify {
+    pdl_node_kv_t *kv;
+    uint64_t seed;
+    pdl_synth_prompt_t prompt;   /* n and prefix are what verification reads */
+    uint32_t *blocks;
+    int tp;
+    uint64_t *reads_done_ns;     /* per rank: when its reads and releases were done (hook entry) */
+    pdl_synth_part_t parts[];    /* per rank */
+} pull_verify_t;
+
+static void pull_verify_free(void *arg)
+{
+    pull_verify_t *v = arg;
+    if (v == NULL)
+        return;
+    free(v->prompt.prefix);
+    free(v->blocks);
+    free(v->reads_done_ns);
+    free(v);
+}
+
+static pull_verify_t *pull_verify_new(pdl_node_t *node, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                                      size_t nblocks)
+{
+    int tp = pdl_node_kv_tp_size(node->kv);
+    pull_verify_t *v = calloc(1, sizeof(*v) + (size_t)tp * sizeof(pdl_synth_part_t));
+    if (v == NULL)
+        return NULL;
+    v->kv = node->kv;
+    v->seed = node->args.seed;
+    v->tp = tp;
+    v->prompt.n = p->n;
+    v->prompt.prefix = malloc((p->n ? p->n : 1) * sizeof(uint64_t));
+    v->blocks = malloc((nblocks ? nblocks : 1) * sizeof(uint32_t));
+    v->reads_done_ns = calloc((size_t)tp, sizeof(uint64_t));
+    if (v->prompt.prefix == NULL || v->blocks == NULL || v->reads_done_ns == NULL) {
+        pull_verify_free(v);
+        return NULL;
+    }
+    memcpy(v->prompt.prefix, p->prefix, p->n * sizeof(uint64_t));
+    memcpy(v->blocks, blocks, nblocks * sizeof(uint32_t));
+    return v;
+}
+
+static void pull_verify_rank(void *arg, int tp_rank)
+{
+    pull_verify_t *v = arg;
+    if (tp_rank < 0 || tp_rank >= v->tp)
+        return;
+    v->reads_done_ns[tp_rank] = pdl_now_ns();
+    pdl_synth_verify_rank(v->kv, v->seed, &v->prompt, v->blocks, tp_rank, PDL_SYNTH_KERNEL_AUTO, &v->parts[tp_rank]);
+}
+
+/*
+ * Pull the prompt's KV from the producer and verify every received byte into `check`; on failure the
+ * blocks are freed by the caller. The transfer's time (metrics) ends when the last rank's reads were
+ * done, not when its verification was: verification is the node's work, not the transfer's.
+ */
+static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
+                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
     pdl_pull_t *pull = NULL;
+    pull_verify_t *v = pull_verify_new(node, prompt, blocks, nblocks);
     uint64_t t0 = pdl_now_ns();
     pdl_node_metrics_pull_begin(node->metrics, t0);
-    pdl_status_t st = pdl_instance_pull(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks,
-                                        nblocks, &pull, &err);
+    pdl_status_t st;
+    if (v != NULL) {
+        st = pdl_instance_pull_hooked(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks, nblocks,
+                                      pull_verify_rank, v, pull_verify_free, &pull, &err);
+        if (st != PDL_OK)
+            pull_verify_free(v); /* still ours on failure */
+    } else {
+        st = pdl_instance_pull(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks, nblocks, &pull,
+                               &err);
+    }
     if (st == PDL_OK) {
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_pull_wait(pull, (int)(budget_s * 1000.0), &err);
     }
     uint64_t t1 = pdl_now_ns();
+    if (st == PDL_OK && v != NULL) {
+        uint64_t last = t0;
+        for (int r = 0; r < v->tp; r++)
+            last = v->reads_done_ns[r] > last ? v->reads_done_ns[r] : last;
+        t1 = last;
+    }
     pdl_node_metrics_pull_end(node->metrics, t1);
     double secs = (double)(t1 - t0) / 1e9;
     uint64_t bytes = pull != NULL && st == PDL_OK ? pdl_pull_bytes(pull) : 0;
     if (pull != NULL || st == PDL_OK)
         pdl_node_metrics_pull(node->metrics, secs, bytes);
-    pdl_pull_free(pull);
+    if (st == PDL_OK) {
+        if (v != NULL) {
+            /* Every rank's hook ran (pull_hook.h): a rank without a part cannot happen; check it here then. */
+            for (int r = 0; r < v->tp; r++)
+                if (!v->parts[r].done)
+                    pdl_synth_verify_rank(node->kv, node->args.seed, prompt, blocks, r, PDL_SYNTH_KERNEL_AUTO,
+                                          &v->parts[r]);
+            pdl_synth_check_combine(prompt, v->parts, v->tp, check);
+        } else {
+            pdl_synth_verify(node->kv, node->args.seed, prompt, blocks, check);
+        }
+    }
+    pdl_pull_free(pull); /* frees v once no rank works on it */
     if (st != PDL_OK) {
         pdl_node_result_error(res, 500, "KV transfer of %s from %s failed: %s", req->params.transfer_id,
                               req->params.remote_engine_id, err.msg[0] ? err.msg : pdl_status_string(st));
@@ -450,8 +541,9 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
     }
     /*
      * Prefill (alone or as the producer) writes the KV and takes the digest from the bytes as it writes
-     * them: re-reading what this thread just wrote would check nothing. The decode pulls, then verifies
-     * every received byte and takes the digest from what it read.
+     * them: re-reading what this thread just wrote would check nothing. The decode pulls and verifies
+     * every received byte (each rank right after its reads, see pull_kv), taking the digest from what
+     * it read.
      */
     uint64_t t_fill = pdl_now_ns(), c_fill = thread_cpu_ns();
     pdl_synth_check_t check;
@@ -460,10 +552,9 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
     if (req->mode != PDL_NODE_MODE_PULL)
         check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
     else
-        ok = pull_kv(node, req, blocks, nblocks, res);
+        ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res);
     uint64_t t_verify = pdl_now_ns(), c_verify = thread_cpu_ns();
     if (ok && req->mode == PDL_NODE_MODE_PULL) {
-        pdl_synth_verify(node->kv, node->args.seed, &prompt, blocks, &check);
         pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
         if (check.mismatched_bytes != 0) {
             pdl_node_result_error(res, 500, "KV verification failed: %llu of %llu bytes mismatched; first at %s",

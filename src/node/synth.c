@@ -437,7 +437,7 @@ uint64_t pdl_synth_prefill(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_pro
 
 /* Slow path for a row that failed the check: count and name the differing bytes. */
 static void count_mismatch(const uint8_t *row, size_t row_len, uint64_t row_seed, int r, int l, int halves, int s,
-                           int head, size_t t, uint32_t blk, pdl_synth_check_t *out)
+                           int head, size_t t, uint32_t blk, pdl_synth_part_t *out)
 {
     uint8_t expect[512];
     uint64_t bad = 0;
@@ -459,45 +459,75 @@ static void count_mismatch(const uint8_t *row, size_t row_len, uint64_t row_seed
     out->mismatched_bytes += bad;
 }
 
-void pdl_synth_verify_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
-                             pdl_synth_kernel_t kernel, pdl_synth_check_t *out)
+void pdl_synth_verify_rank(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                           int r, pdl_synth_kernel_t kernel, pdl_synth_part_t *out)
 {
     (void)seed;
     memset(out, 0, sizeof(*out));
     kernels_t kn = kernels_for(kernel);
-    int tp = pdl_node_kv_tp_size(kv);
     int layers = pdl_node_kv_num_layers(kv);
+    const pdl_kv_geometry_t *g = pdl_node_kv_geometry(kv, r);
+    uint64_t row_len = (uint64_t)g->head_dim * g->elem_size;
+    int halves = pdl_layout_num_halves(g);
+    int first = 0, count = 0;
+    pdl_node_kv_heads(kv, r, &first, &count);
     uint64_t sum = 0;
-    for (int r = 0; r < tp; r++) {
-        const pdl_kv_geometry_t *g = pdl_node_kv_geometry(kv, r);
-        uint64_t row_len = (uint64_t)g->head_dim * g->elem_size;
-        int halves = pdl_layout_num_halves(g);
-        int first = 0, count = 0;
-        pdl_node_kv_heads(kv, r, &first, &count);
-        for (int h = 0; h < count; h++) {
-            int owner = lowest_holder(kv, r, first + h);
-            for (int l = 0; l < layers; l++) {
-                const uint8_t *base = pdl_node_kv_layer(kv, r, l);
-                for (int s = 0; s < halves; s++) {
-                    uint64_t ck = coord_key(l, s, first + h);
-                    for (size_t t = 0; t < p->n; t++) {
-                        uint32_t blk = blocks[t / g->block_size];
-                        uint32_t tib = (uint32_t)(t % g->block_size);
-                        const uint8_t *row = base + row_offset(g, blk, s, h, tib, row_len);
-                        uint64_t row_seed = mix64(p->prefix[t] ^ ck);
-                        bool bad = false;
-                        uint64_t rh = kn.check(row, (size_t)row_len, row_seed, &bad);
-                        out->verified_bytes += row_len;
-                        if (bad)
-                            count_mismatch(row, (size_t)row_len, row_seed, r, l, halves, s, first + h, t, blk, out);
-                        if (owner)
-                            sum += row_term(rh, ck, t);
-                    }
+    for (int h = 0; h < count; h++) {
+        int owner = lowest_holder(kv, r, first + h);
+        for (int l = 0; l < layers; l++) {
+            const uint8_t *base = pdl_node_kv_layer(kv, r, l);
+            for (int s = 0; s < halves; s++) {
+                uint64_t ck = coord_key(l, s, first + h);
+                for (size_t t = 0; t < p->n; t++) {
+                    uint32_t blk = blocks[t / g->block_size];
+                    uint32_t tib = (uint32_t)(t % g->block_size);
+                    const uint8_t *row = base + row_offset(g, blk, s, h, tib, row_len);
+                    uint64_t row_seed = mix64(p->prefix[t] ^ ck);
+                    bool bad = false;
+                    uint64_t rh = kn.check(row, (size_t)row_len, row_seed, &bad);
+                    out->verified_bytes += row_len;
+                    if (bad)
+                        count_mismatch(row, (size_t)row_len, row_seed, r, l, halves, s, first + h, t, blk, out);
+                    if (owner)
+                        sum += row_term(rh, ck, t);
                 }
             }
         }
     }
+    out->sum = sum;
+    out->done = true;
+}
+
+void pdl_synth_check_combine(const pdl_synth_prompt_t *p, const pdl_synth_part_t *parts, int n,
+                             pdl_synth_check_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    uint64_t sum = 0;
+    for (int r = 0; r < n; r++) {
+        out->verified_bytes += parts[r].verified_bytes;
+        if (parts[r].mismatched_bytes != 0 && out->mismatched_bytes == 0)
+            snprintf(out->first_mismatch, sizeof(out->first_mismatch), "%s", parts[r].first_mismatch);
+        out->mismatched_bytes += parts[r].mismatched_bytes;
+        sum += parts[r].sum; /* the digest sum commutes, so per-rank partial sums add up */
+    }
     out->digest = digest_final(p, sum);
+}
+
+void pdl_synth_verify_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                             pdl_synth_kernel_t kernel, pdl_synth_check_t *out)
+{
+    int tp = pdl_node_kv_tp_size(kv);
+    pdl_synth_part_t *parts = calloc((size_t)tp, sizeof(*parts));
+    if (parts == NULL) {
+        memset(out, 0, sizeof(*out));
+        snprintf(out->first_mismatch, sizeof(out->first_mismatch), "verify: out of memory");
+        out->mismatched_bytes = 1;
+        return;
+    }
+    for (int r = 0; r < tp; r++)
+        pdl_synth_verify_rank(kv, seed, p, blocks, r, kernel, &parts[r]);
+    pdl_synth_check_combine(p, parts, tp, out);
+    free(parts);
 }
 
 void pdl_synth_verify(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,

@@ -71,6 +71,23 @@ typedef struct pdl_synth_check {
     char first_mismatch[200]; /* "" when none */
 } pdl_synth_check_t;
 
+/* One rank's share of a verification: its bytes and its part of the digest sum. */
+typedef struct pdl_synth_part {
+    uint64_t verified_bytes;
+    uint64_t mismatched_bytes;
+    uint64_t sum;
+    bool done;                /* set by pdl_synth_verify_rank */
+    char first_mismatch[200];
+} pdl_synth_part_t;
+
+/* Verify rank r's share (any thread; ranks are independent, so they can be checked concurrently). */
+void pdl_synth_verify_rank(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
+                           int r, pdl_synth_kernel_t kernel, pdl_synth_part_t *out);
+/* The whole check from every rank's part (parts[r] for r < n = TP size); the first mismatch named is the
+ * lowest rank's, as pdl_synth_verify names it. */
+void pdl_synth_check_combine(const pdl_synth_prompt_t *p, const pdl_synth_part_t *parts, int n,
+                             pdl_synth_check_t *out);
+
 /* Verify every byte of the prompt's KV on every rank and compute the digest. */
 void pdl_synth_verify(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
                       pdl_synth_check_t *out);
