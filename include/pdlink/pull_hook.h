@@ -14,9 +14,12 @@
  *   - The rank counts as finished only when fn returned: pdl_pull_wait returning PDL_OK means every
  *     rank's fn ran and returned, and everything fn wrote is visible to the waiting thread.
  *   - Calls for different ranks run concurrently: fn must only touch per-rank state (or lock).
- *   - `arg` belongs to the pull from a successful call on: `free_fn(arg)` (may be NULL) runs when the pull
- *     is freed, after the last fn returned, even when the caller gave up waiting (a timeout) and freed
- *     the pull while ranks were still working. On a failed call the caller keeps `arg`.
+ *   - `arg` belongs to the pull from a successful call on: `free_fn(arg)` (may be NULL) runs when the
+ *     pull's last reference goes, after the last fn returned: in pdl_pull_free, or on a rank worker
+ *     shortly after it (a worker drops its reference just after its rank finished), also when the caller
+ *     gave up waiting (a timeout) and freed the pull while ranks were still working. Between
+ *     pdl_pull_wait returning PDL_OK and pdl_pull_free the caller may read what fn wrote into `arg`; not
+ *     after pdl_pull_free. On a failed call the caller keeps `arg`.
  */
 #ifndef PDLINK_PULL_HOOK_H
 #define PDLINK_PULL_HOOK_H
