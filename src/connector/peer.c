@@ -157,7 +157,9 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
     char who[PDL_WIRE_HOST_MAX + 64];
     snprintf(who, sizeof(who), "%s:%d (producer tp rank %d)", pull->host, port, prank);
     pdl_bytes_t meta_b = {0}, layers_b = {0};
+    uint64_t t_fetch = pdl_now_ns();
     pdl_status_t st = hs_fetch(r, pull->host, port, &meta_b, &layers_b, who, err);
+    uint64_t t_fetched = pdl_now_ns(), t_added = 0;
     if (st != PDL_OK)
         goto fail_count;
     p = calloc(1, sizeof(*p));
@@ -199,6 +201,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
         pdl_error_prefix(err, "peer %s: engine descriptor", who);
         goto fail_peer;
     }
+    t_added = pdl_now_ns();
     /* One registration covers every layer (see instance.c), so one session serves all layers. */
     st = pdl_session_open(r->engine, r->kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
     if (st != PDL_OK) {
@@ -218,8 +221,11 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
     pthread_mutex_lock(&r->ctr_mu);
     r->ctr.handshakes++;
     pthread_mutex_unlock(&r->ctr_mu);
-    pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks)", r->rank, who,
-              p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks);
+    uint64_t t_done = pdl_now_ns();
+    pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
+              "session open %.3f ms",
+              r->rank, who, p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks,
+              (t_fetched - t_fetch) / 1e6, (t_added - t_fetched) / 1e6, (t_done - t_added) / 1e6);
     *peer_out = p;
     return PDL_OK;
 fail_peer:
