@@ -81,7 +81,7 @@ typedef struct tcp_conn {
     uint64_t tag_tx, tag_rx;
     /* tx: the request being sent (header + segment table, then a WRITE's payload) */
     bool tx_active;
-    pdl_batch_t *tx_b;
+    struct tcp_op *tx_op;
     uint8_t *frame;
     size_t frame_len, frame_off;
     cursor_t tx_pay;
@@ -111,6 +111,7 @@ typedef struct tcp_op {
     cursor_t tx;        /* first descriptor not yet in a request */
     bool tx_done;       /* no more requests will be started */
     uint32_t inflight;  /* requests started and not yet answered */
+    uint32_t due;       /* requests completely sent and not yet answered: a response may be arriving */
     bool done;          /* under c->mu */
     pdl_status_t st;    /* first refusal */
     pdl_error_t err;
@@ -281,7 +282,7 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
     if (klen == 0 || klen > PDL_TCP_MAX_KEY)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: remote key '%s' too long for the tcp HELLO",
                              s->engine->key, key);
-    struct timeval tv = {TCP_CONNECT_TIMEOUT_MS / 1000, 0}, zero = {0, 0};
+    struct timeval tv = {TCP_CONNECT_TIMEOUT_MS / 1000, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     uint8_t hdr[PDL_TCP_REQ_HDR], resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG + 1];
@@ -315,7 +316,7 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
     /* From now on sends are non-blocking calls and receives block in slices (see the header comment). */
     struct timeval slice = {0, TCP_RCV_SLICE_MS * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &zero, sizeof(zero));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &slice, sizeof(slice));
     return PDL_OK;
 }
 
@@ -564,7 +565,7 @@ static void fail_all_locked(tcp_conn_t *c)
         op_complete_locked(c, c->head, c->dead, &e);
     c->txq = NULL;
     c->tx_active = false;
-    c->tx_b = NULL;
+    c->tx_op = NULL;
     c->rx_stage = RX_NONE;
     c->rx_op = NULL;
 }
@@ -587,10 +588,21 @@ static void io_error_locked(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *op,
 }
 
 static bool tx_pending(const tcp_conn_t *c) { return c->tx_active || c->txq != NULL; }
-static bool rx_pending(const tcp_conn_t *c) { return c->head != NULL && c->head->inflight > 0; }
+static bool rx_pending(const tcp_conn_t *c) { return c->head != NULL && c->head->due > 0; }
 
-/* Send as much as the socket takes now. Called with mu held and tx_busy set; drops mu around calls. */
-static int tx_run(pdl_session_t *s, tcp_conn_t *c)
+/* May a call block for a slice before the deadline (0 = never, UINT64_MAX = no deadline)? */
+static bool may_block(uint64_t deadline)
+{
+    return deadline == UINT64_MAX ||
+           (deadline != 0 && pdl__mono_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
+}
+
+/*
+ * Send queued requests until none is left, the socket is full (deadline 0) or the deadline passes
+ * (blocking sends in SO_SNDTIMEO slices: only when no response is due, which could be what the owner
+ * waits for before it reads more). Called with mu held and tx_busy set; drops mu around calls.
+ */
+static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
 {
     int res = 0;
     for (;;) {
@@ -619,7 +631,7 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c)
             pdl_tcp_req_encode(c->frame, &r);
             c->frame_len = PDL_TCP_REQ_HDR + (size_t)nseg * PDL_TCP_SEG;
             c->frame_off = 0;
-            c->tx_b = op->b;
+            c->tx_op = op;
             c->tx_pay = start;
             c->tx_pay_left = op->b->op == PDL_OP_WRITE ? bytes : 0;
             c->tx_active = true;
@@ -636,23 +648,28 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c)
             room -= c->frame_len - c->frame_off < room ? c->frame_len - c->frame_off : room;
         }
         if (c->tx_pay_left > 0 && room > 0)
-            k += pay_iov(c->tx_b, c->tx_pay, c->tx_pay_left, room, &c->txv[k], IOV_MAX - k);
+            k += pay_iov(c->tx_op->b, c->tx_pay, c->tx_pay_left, room, &c->txv[k], IOV_MAX - k);
         struct msghdr mh = {0};
         mh.msg_iov = c->txv;
         mh.msg_iovlen = k;
+        bool block = may_block(deadline);
         pthread_mutex_unlock(&c->mu);
-        ssize_t n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+        ssize_t n = sendmsg(c->fd, &mh, (block ? 0 : MSG_DONTWAIT) | MSG_NOSIGNAL);
         int en = errno;
         pthread_mutex_lock(&c->mu);
+        if (c->dead != PDL_OK)
+            return res;
         if (n < 0) {
             if (en == EINTR)
                 continue;
-            if (en == EAGAIN || en == EWOULDBLOCK)
-                return res | IO_AGAIN;
-            tcp_op_t *op = c->head;
-            while (op && op->b != c->tx_b)
-                op = op->next;
-            io_error_locked(s, c, op, en);
+            if (en == EAGAIN || en == EWOULDBLOCK) {
+                if (!block)
+                    return res | IO_AGAIN;
+                if (deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+                    return res;
+                continue;
+            }
+            io_error_locked(s, c, c->tx_op, en);
             return res;
         }
         res |= IO_MOVED;
@@ -661,12 +678,13 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c)
         c->frame_off += f;
         done -= f;
         if (done > 0) {
-            cursor_advance(c->tx_b, &c->tx_pay, done);
+            cursor_advance(c->tx_op->b, &c->tx_pay, done);
             c->tx_pay_left -= done;
         }
         if (c->frame_off == c->frame_len && c->tx_pay_left == 0) {
+            c->tx_op->due++;
             c->tx_active = false;
-            c->tx_b = NULL;
+            c->tx_op = NULL;
         }
     }
 }
@@ -677,6 +695,7 @@ static void finish_piece_locked(pdl_session_t *s, tcp_conn_t *c, tcp_op_t *op, i
     c->tag_rx++;
     c->rx_stage = RX_NONE;
     op->inflight--;
+    op->due--;
     if (status != 0 && op->st == PDL_OK) {
         pdl_status_t st = (status < 0 && status >= PDL_ERR_SYSTEM) ? (pdl_status_t)status : PDL_ERR_TRANSPORT;
         op->st = pdl_error_set(&op->err, st, "engine %s: %s", s->engine->key, msg);
@@ -696,7 +715,7 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
             return res;
         if (c->rx_stage == RX_NONE) {
             tcp_op_t *op = c->head;
-            if (op == NULL || op->inflight == 0)
+            if (op == NULL || op->due == 0)
                 return res;
             if (c->rx_op != op) {
                 c->rx_op = op;
@@ -710,8 +729,7 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
             c->rx_stage = RX_HDR;
         }
         tcp_op_t *op = c->rx_op;
-        bool block = deadline == UINT64_MAX ||
-                     (deadline != 0 && pdl__mono_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
+        bool block = may_block(deadline);
         struct msghdr mh = {0};
         struct iovec one;
         mh.msg_iov = &one;
@@ -804,7 +822,7 @@ static void drive(tcp_conn_t *c, tcp_op_t *op, uint64_t deadline)
         int tx = 0, rx = 0;
         if (c->dead == PDL_OK && !c->tx_busy && tx_pending(c)) {
             c->tx_busy = true;
-            tx = tx_run(s, c);
+            tx = tx_run(s, c, rx_pending(c) ? 0 : deadline);
             io_release_locked(c, &c->tx_busy);
         }
         if (!op->done && c->dead == PDL_OK && !c->rx_busy && rx_pending(c)) {
@@ -871,7 +889,7 @@ static void tcp_submit(pdl_session_t *s, pdl_batch_t *b)
         } else if (!c->tx_busy) {
             /* Send the request now, from the posting thread (never blocks: the rest is a driver's). */
             c->tx_busy = true;
-            tx_run(s, c);
+            tx_run(s, c, 0);
             io_release_locked(c, &c->tx_busy);
         }
         pthread_mutex_unlock(&c->mu);
