@@ -105,13 +105,20 @@ typedef enum pdl_op {
 /*
  * Post a batch of copies. Every descriptor is checked against the local registration here and against
  * the remote one by its owner. The descriptor array is copied; the caller may free it at once.
+ * Never blocks on a peer. shm: batches under 4 MiB are copied right here. tcp: the requests are sent
+ * from the calling thread; the response is received by the thread that calls pdl_batch_wait (or, a
+ * non-blocking step at a time, pdl_batch_poll), as UCX progresses its worker: a tcp batch nobody
+ * waits on or polls moves only as far as the socket buffers take it. Any number of batches may be in
+ * flight on one session; waiting for one completes the earlier ones on its connection on the way.
  */
 pdl_status_t pdl_session_post(pdl_session_t *session, pdl_op_t op, const pdl_desc_t *descs, size_t n,
                               pdl_batch_t **batch_out, pdl_error_t *err);
 
-/* PDL_INPROGRESS while running, then the final status (err filled on failure). Never blocks. */
+/* PDL_INPROGRESS while running, then the final status (err filled on failure). Never blocks
+ * (tcp: also moves whatever bytes of the batch the socket has ready). */
 pdl_status_t pdl_batch_poll(pdl_batch_t *batch, pdl_error_t *err);
-/* Wait up to timeout_ms (-1 = forever); PDL_ERR_TIMEOUT if still running (the batch stays valid). */
+/* Wait up to timeout_ms (-1 = forever); PDL_ERR_TIMEOUT if still running (the batch stays valid and
+ * a later wait resumes it). tcp: the calling thread receives the batch's bytes itself. */
 pdl_status_t pdl_batch_wait(pdl_batch_t *batch, int timeout_ms, pdl_error_t *err);
 /* Frees a batch; waits for a running batch to stop touching memory first. */
 void pdl_batch_free(pdl_batch_t *batch);

@@ -9,11 +9,15 @@
  *   worker (pool_main) runs ops->run_chunk; the last chunk sets the final status   → OK or an error
  *   pdl_batch_poll / pdl_batch_wait read the state; pdl_batch_free waits for "done" (a running batch
  *   is aborted first: cancel flag, and for tcp its session's connections are shut down).
+ * Backends with ops->submit (tcp) run their batches themselves instead: submit starts them from the
+ * posting thread, and poll / wait / free call ops->progress so the calling thread moves the bytes
+ * (no hand-off to a worker and back); chunks the backend hands to the pool run ops->drive_chunk.
  * Session states:  open --(connection lost / remote removed)--> broken (sticky: every later post
  *   returns the same status and message) --(pdl_session_close)--> closed.
  *
  * Locks: engine->mu protects registrations, remotes and sessions; engine->qmu the job queue; each
- * batch has its own mutex. They are never nested except engine->mu → session->mu.
+ * batch has its own mutex. They are never nested except engine->mu → session->mu and a backend's
+ * own locks → batch->mu (tcp completes batches under its connection mutex).
  */
 #include <errno.h>
 #include <fcntl.h>
