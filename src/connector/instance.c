@@ -473,13 +473,9 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
     uint64_t now = pdl_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
-        /* Publish the KV the caller wrote to the engine threads that will serve remote reads: they take
-         * the engine lock for every request (tcp server: pdl__engine_mem_get), so taking and releasing
-         * it here orders the caller's writes before any read that the returned params make possible.
-         * The peer's request travels through sockets, which no race detector can see; this makes the
-         * order explicit. A lookup of a key that never exists is the cheapest public call taking that
-         * lock. (engine.h has no fence call; see docs/connector.md.) */
-        pdl_engine_remove_remote(r->engine, "pdlink:publish-fence", NULL);
+        /* The peer's read request reaches the engine through a socket, which orders nothing for the
+         * engine's serving threads; publish the caller's KV writes to them before the params go out. */
+        pdl_engine_publish(r->engine);
         bool reported = false;
         pthread_mutex_lock(&r->fan_mu);
         pdl_error_t e;
