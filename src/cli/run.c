@@ -48,7 +48,7 @@
 #include "pdlink/topo.h"
 
 /* The same-run ceilings of `pdlink bench` (SPEC §8), shared so both commands measure alike. */
-#include "../../bench/ceiling.h"
+#include "bench/ceiling.h"
 
 #define RUN_DEFAULT_MODEL "llama-3.1-8b"
 enum {
