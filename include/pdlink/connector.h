@@ -90,6 +90,10 @@ typedef struct pdl_instance_config {
     int dp_size;
     uint32_t num_blocks;        /* KV blocks per rank (the same on every rank) */
     const char *attn_backend_name; /* advertised in the handshake; may be NULL */
+    /* pdlink: accept read_mode false (WRITE mode, pdl_instance_push / pdl_instance_expect_push). Until
+     * pdlink-node and `pdlink run` serve WRITE mode end to end, an instance refuses WRITE mode unless
+     * the program opts in here. */
+    bool allow_write_mode;
 } pdl_instance_config_t;
 
 typedef struct pdl_instance pdl_instance_t;
@@ -165,6 +169,17 @@ typedef struct pdl_rank_counters {
     uint64_t keepalives_received;     /* keepalives that extended a lease */
     uint64_t keepalives_sent;
     uint64_t send_failures;           /* notify messages libzmq refused (the cached DEALER is evicted) */
+    /* WRITE mode (push.c); `transfers`, `bytes`, `descriptors` count a producer rank's writes too, and
+     * `expired` counts pushes reaped because their remote_blocks never came */
+    uint64_t remote_blocks_sent;       /* consumer */
+    uint64_t remote_blocks_received;   /* producer (including duplicates and parked ones) */
+    uint64_t remote_blocks_parked;     /* producer: arrived before the push */
+    uint64_t remote_blocks_dropped;    /* producer: duplicate, park full, or parked too long */
+    uint64_t write_failures;           /* producer: a handshake or write of a push failed */
+    uint64_t write_done_sent;          /* producer */
+    uint64_t write_done_received;      /* consumer: counted toward a wait */
+    uint64_t write_done_failed_status; /* consumer: write_done saying status "failed" */
+    uint64_t write_done_late;          /* consumer: for no waiting transfer, or a duplicate */
 } pdl_rank_counters_t;
 
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
@@ -184,6 +199,38 @@ typedef enum pdl_instance_event {
 } pdl_instance_event_t;
 typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
 void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
+
+/*
+ * WRITE mode (SPEC §5; heterogeneous TP, which upstream MoRIIO lacks).
+ *
+ * Producer: pdl_instance_push(params, request_id, ids) after the prefill (the KV must be final: push
+ * publishes it). `params` are the prefill leg's kv_transfer_params: transfer_id, and the consumer's
+ * TP size in remote_tp_size (else tp_size, else ours). The consumer's address comes from
+ * remote_host/remote_handshake_port/remote_notify_port when all are present, else from the request
+ * id's ___decode_addr_ part. Each producer rank waits for the consumer's remote_blocks (parked when
+ * they come first), handshakes with the consumer ranks of its write plan, writes its pieces with one
+ * batched WRITE per layer per target, and sends write_done (status ok/failed) to every consumer rank
+ * of its notify set. The blocks are freed when every rank finished, or after defer_timeout for ranks
+ * whose remote_blocks never came (counted expired); ownership passes to the instance.
+ *
+ * Consumer: pdl_instance_expect_push(params, request_id, local blocks) with the decode leg's params
+ * (transfer_id, producer TP in remote_tp_size/tp_size, producer address as for a pull). Each consumer
+ * rank d sends remote_blocks to the producer ranks p of its group for which d is the first consumer
+ * whose group holds p -- so every producer rank gets the block list exactly once -- and counts
+ * write_done up to pdl_topo_expected_write_done(P, D). pdl_recv_wait returns PDL_OK when every rank
+ * counted them all with status ok; a failed status or transfer_timeout is an error (a load error: the
+ * caller frees the blocks).
+ */
+typedef struct pdl_recv pdl_recv_t;
+pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_error_t *err);
+pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                      const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
+pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err);
+/* write_done messages consumer rank `tp_rank` counted (ok or failed); -1 for a bad rank. */
+int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank);
+/* Frees a receive; write_done arriving later are counted late. Call after pdl_recv_wait returned. */
+void pdl_recv_free(pdl_recv_t *rv);
 
 /* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank). */
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);

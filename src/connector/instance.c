@@ -170,7 +170,7 @@ static pdl_status_t validate_config(const pdl_instance_config_t *cfg, pdl_error_
                              "instance: model geometry needs positive num_layers (%d), total_kv_heads (%d), head_dim "
                              "(%d), elem_size (%d), block_size (%d)",
                              m->num_layers, m->total_kv_heads, m->head_dim, m->elem_size, m->block_size);
-    if (!cfg->conn.read_mode)
+    if (!cfg->conn.read_mode && !cfg->allow_write_mode)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "kv_connector_extra_config.read_mode is false (WRITE mode): pdlink implements READ mode "
                              "only so far; set \"read_mode\": true");
@@ -197,6 +197,8 @@ static pdl_status_t rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl
     pthread_mutex_init(&r->job_mu, NULL);
     pthread_cond_init(&r->job_cv, NULL);
     pthread_mutex_init(&r->ctr_mu, NULL);
+    pthread_mutex_init(&r->push_job_mu, NULL);
+    pthread_cond_init(&r->push_job_cv, NULL);
     for (int k = 0; k < PDL_DROP_KINDS; k++)
         pdl_ratelimit_init(&r->drop_rl[k], 10000, 1);
     pdl_ratelimit_init(&r->late_rl, 10000, 1);
@@ -280,6 +282,8 @@ static void rank_fini(pdl_rank_t *r)
     pthread_mutex_destroy(&r->job_mu);
     pthread_cond_destroy(&r->job_cv);
     pthread_mutex_destroy(&r->ctr_mu);
+    pthread_mutex_destroy(&r->push_job_mu);
+    pthread_cond_destroy(&r->push_job_cv);
 }
 
 static void free_held(void *arg, const char *key, void *value)
@@ -301,6 +305,9 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         if (inst->ranks[i].worker_started)
             pdl__worker_stop(&inst->ranks[i]);
     for (int i = 0; i < inst->tp; i++)
+        if (inst->ranks[i].pusher_started)
+            pdl__pusher_stop(&inst->ranks[i]);
+    for (int i = 0; i < inst->tp; i++)
         if (inst->ranks[i].service_started)
             pdl__service_stop(&inst->ranks[i]);
     if (inst->zctx)
@@ -310,6 +317,7 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     free(inst->ranks);
     pdl__strmap_foreach(&inst->held, free_held, NULL);
     pdl__strmap_free(&inst->held);
+    pdl__push_free_all(inst);
     pdl__blockalloc_destroy(inst->blocks);
     pthread_mutex_destroy(&inst->held_mu);
     pthread_mutex_destroy(&inst->cb_mu);
@@ -333,6 +341,7 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     inst->tp = cfg->tp_size;
     pthread_mutex_init(&inst->held_mu, NULL);
     pthread_mutex_init(&inst->cb_mu, NULL);
+    pthread_mutex_init(&inst->push_mu, NULL);
     snprintf(inst->engine_id, sizeof(inst->engine_id), "%s:%d", cfg->conn.host_ip, cfg->conn.handshake_port);
     pdl_zmq_addr_t za;
     memset(&za, 0, sizeof(za));
@@ -363,6 +372,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
                 pthread_mutex_init(&z->job_mu, NULL);
                 pthread_cond_init(&z->job_cv, NULL);
                 pthread_mutex_init(&z->ctr_mu, NULL);
+                pthread_mutex_init(&z->push_job_mu, NULL);
+                pthread_cond_init(&z->push_job_cv, NULL);
             }
             goto fail;
         }
@@ -374,6 +385,11 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         st = pdl__worker_start(&inst->ranks[i], err);
         if (st != PDL_OK)
             goto fail;
+        if (!cfg->conn.read_mode && cfg->conn.role == PDL_ROLE_PRODUCER) {
+            st = pdl__pusher_start(&inst->ranks[i], err);
+            if (st != PDL_OK)
+                goto fail;
+        }
     }
     pdl_info("instance %s (%s, TP %d, DP rank %d/%d): handshake ports %d-%d, notify ports %d-%d, backend %s, %u "
              "blocks x %d layers",
@@ -390,6 +406,7 @@ fail:
         pdl__blockalloc_destroy(inst->blocks);
         pthread_mutex_destroy(&inst->held_mu);
         pthread_mutex_destroy(&inst->cb_mu);
+        pthread_mutex_destroy(&inst->push_mu);
         free(inst);
         return st;
     }
@@ -556,7 +573,7 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     out->releases_parked = fc.parked;
     out->releases_failed_status = fc.failed_status;
     out->releases_parked_dropped = fc.parked_dropped;
-    out->expired = fc.expired;
+    out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
     out->keepalives_received = fc.keepalives;
     return PDL_OK;
 }

@@ -10,9 +10,11 @@
  *               on the release path (measured: the hop cost ~100 us under load on 2 cores).
  *   peer.c      consumer side: handshake client, compatibility check, remote peer cache
  *   pull.c      consumer side: the per-rank worker thread that executes READ pulls
+ *   push.c      WRITE mode: producer pushes (per-rank pusher thread, parked remote_blocks, reaper) and
+ *               the consumer's wait for write_done (pdl_recv_t)
  *
  * Lock order (never the other way round): rank->fan_mu, then inst->held_mu; rank->ctr_mu and
- * rank->out_mu are leaves.
+ * rank->out_mu are leaves. inst->push_mu is never held while taking held_mu or fan_mu.
  */
 #ifndef PDL_CONNECTOR_INTERNAL_H
 #define PDL_CONNECTOR_INTERNAL_H
@@ -52,6 +54,17 @@ typedef struct pdl_pull_job {
     pdl_pull_t *pull;
     uint64_t queued_ns;
 } pdl_pull_job_t;
+
+typedef struct pdl_push pdl_push_t;
+
+/* WRITE mode, producer: one rank's share of a push, started when the consumer's block list is known. */
+typedef struct pdl_push_job {
+    struct pdl_push_job *next;
+    pdl_push_t *push;
+    uint32_t *blocks; /* the consumer's block ids (owned) */
+    size_t n;
+    int decode_dp;
+} pdl_push_job_t;
 
 typedef struct pdl_rank {
     pdl_instance_t *inst;
@@ -98,6 +111,16 @@ typedef struct pdl_rank {
     pdl_read_plan_t *plans[8]; /* cached read plans, one per producer TP seen */
     int nplans;
 
+    /* WRITE-mode producer: the pusher thread and its queue; it alone uses push_dealers (and, on a
+     * producer instance, which makes no pulls, the peer cache) */
+    pthread_t pusher;
+    bool pusher_started;
+    pthread_mutex_t push_job_mu;
+    pthread_cond_t push_job_cv;
+    pdl_push_job_t *push_head, *push_tail;
+    bool push_stop;
+    pdl_strmap_t push_dealers;
+
     pthread_mutex_t ctr_mu;
     pdl_rank_counters_t ctr; /* the fields not kept by the fan-in */
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
@@ -125,6 +148,11 @@ struct pdl_instance {
     pthread_mutex_t held_mu;
     pdl_strmap_t held; /* transfer id → pdl_held_t* */
     size_t held_blocks;
+
+    /* WRITE mode (push.c): producer pushes by transfer id, parked remote_blocks by "rank|transfer id",
+     * consumer receives by transfer id */
+    pthread_mutex_t push_mu;
+    pdl_strmap_t pushes, parked, recvs;
 
     pthread_mutex_t cb_mu;
     pdl_instance_event_fn event_fn;
@@ -194,6 +222,18 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
 /* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
 void pdl__peer_evict(pdl_rank_t *r, pdl_peer_t *peer);
 void pdl__peers_free(pdl_rank_t *r);
+
+/* push.c */
+pdl_status_t pdl__pusher_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__pusher_stop(pdl_rank_t *r);
+/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
+void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
+ * remote_blocks and consumer waits past transfer_timeout. */
+void pdl__push_reap(pdl_rank_t *r);
+/* instance destroy: free what the maps still hold (after every thread stopped). */
+void pdl__push_free_all(pdl_instance_t *inst);
 
 /* pull.c */
 pdl_status_t pdl__worker_start(pdl_rank_t *r, pdl_error_t *err);

@@ -220,7 +220,18 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         break;
     }
     case PDL_MSG_REMOTE_BLOCKS:
+        if (!r->inst->cfg.conn.read_mode) {
+            pdl__push_on_remote_blocks(r, &msg);
+            break;
+        }
+        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
+                             pdl_msg_type_name(msg.type), msg.transfer_id);
+        break;
     case PDL_MSG_WRITE_DONE:
+        if (!r->inst->cfg.conn.read_mode && r->inst->cfg.conn.role == PDL_ROLE_CONSUMER) {
+            pdl__push_on_write_done(r, &msg);
+            break;
+        }
         pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
                              pdl_msg_type_name(msg.type), msg.transfer_id);
         break;
@@ -436,6 +447,7 @@ static void *service_main(void *arg)
         }
         flush_outbound(r);
         reap_tick(r);
+        pdl__push_reap(r);
         ping_tick(r, pdl_now_ms());
     }
     flush_outbound(r);

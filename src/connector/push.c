@@ -1,0 +1,954 @@
+/*
+ * push.c -- WRITE mode with heterogeneous TP (SPEC §5 "WRITE mode"): producer pushes, consumer waits.
+ *
+ * Producer. pdl_instance_push registers the transfer's blocks as held (freed when every rank
+ * resolved it, like a READ hold) and a pdl_push_t with one state per rank: WAITING for the consumer's
+ * remote_blocks, STARTED, DONE, or EXPIRED. A rank's service thread hands a remote_blocks message to
+ * the push; when the push does not exist yet the message is parked under "rank|transfer id" (bounded
+ * in count, dropped after defer_timeout) and picked up by pdl_instance_push. A started rank queues a
+ * job for its pusher thread, which handshakes with the consumer ranks of its pdl_topo_write_plan
+ * (cached peers, the consumer's engine id being "host:handshake base"), posts one batched WRITE per
+ * layer per target (pdl_layout_build_descs with PDL_DIR_WRITE), waits within transfer_timeout, sends
+ * write_done (status, producer_tp_size/rank) to every consumer rank of its notify set -- written to or
+ * not, so each consumer rank counts exactly expected_write_done(P, D) -- and resolves its rank. A
+ * rank still WAITING after defer_timeout is reaped by its service thread (counted expired).
+ *
+ * Consumer. pdl_instance_expect_push registers a pdl_recv_t under the transfer id, then each consumer
+ * rank d sends remote_blocks to each producer rank p of its group whose first consumer is d: every
+ * producer rank learns the block list once (block ids are the same on every consumer rank). A rank's
+ * service thread counts write_done for it (one per producer rank of its group; duplicates and ranks
+ * outside the group are not counted); a rank finishes when it counted them all, or at
+ * transfer_timeout (checked by its service thread). The receive completes when every rank finished,
+ * so a failure never lets the caller free blocks another producer rank may still be writing.
+ *
+ * All the WRITE-mode maps and the receive states are guarded by inst->push_mu, which is never held
+ * while calling into the held-transfer aggregation (held_mu) or sending.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "connector/internal.h"
+
+enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
+
+/* Bound on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory. */
+#define PUSH_MAX_PARKED 1024
+
+struct pdl_push {
+    char transfer_id[PDL_WIRE_ID_MAX + 1];
+    char engine_id[PDL_WIRE_ID_MAX + 1]; /* the consumer's, as peers are cached */
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int hs_base, notify_base;
+    int consumer_tp;
+    uint32_t *ids;
+    size_t n;
+    uint64_t created_ns;
+    uint8_t *state; /* per producer rank, RS_* */
+};
+
+typedef struct parked_rb {
+    uint32_t *blocks;
+    size_t n;
+    int decode_dp;
+    int rank;
+    uint64_t at_ns;
+} parked_rb_t;
+
+struct pdl_recv {
+    pdl_instance_t *inst;
+    pthread_cond_t cv;
+    char transfer_id[PDL_WIRE_ID_MAX + 1];
+    int producer_tp, expected, pending;
+    bool in_map;
+    uint64_t deadline_ns;
+    int *count;        /* per consumer rank */
+    bool *done;        /* per consumer rank */
+    bool *failed;      /* per consumer rank: a write_done said failed */
+    int rank_failed_by;
+    uint64_t (*seen)[PDL_TOPO_MAX_TP / 64]; /* per consumer rank: producer ranks counted */
+    pdl_status_t status;
+    char msg[PDL_ERR_MSG_LEN];
+};
+
+static void push_free(pdl_push_t *p)
+{
+    if (p == NULL)
+        return;
+    free(p->ids);
+    free(p->state);
+    free(p);
+}
+
+static void parked_free(parked_rb_t *k)
+{
+    if (k) {
+        free(k->blocks);
+        free(k);
+    }
+}
+
+static void ctr_add(pdl_rank_t *r, size_t off, uint64_t v)
+{
+    pthread_mutex_lock(&r->ctr_mu);
+    *(uint64_t *)((char *)&r->ctr + off) += v;
+    pthread_mutex_unlock(&r->ctr_mu);
+}
+#define CTR_ADD(r, field, v) ctr_add((r), offsetof(pdl_rank_counters_t, field), (v))
+
+static bool push_all_final(const pdl_push_t *p, int tp)
+{
+    for (int i = 0; i < tp; i++)
+        if (p->state[i] < RS_DONE)
+            return false;
+    return true;
+}
+
+/* Under push_mu: mark rank final; removes and returns the push when every rank is final. */
+static pdl_push_t *push_rank_final(pdl_instance_t *inst, pdl_push_t *p, int rank, int state)
+{
+    p->state[rank] = (uint8_t)state;
+    if (!push_all_final(p, inst->tp))
+        return NULL;
+    pdl__strmap_remove(&inst->pushes, p->transfer_id);
+    return p;
+}
+
+static void enqueue_job(pdl_rank_t *r, pdl_push_job_t *j)
+{
+    pthread_mutex_lock(&r->push_job_mu);
+    if (r->push_tail)
+        r->push_tail->next = j;
+    else
+        r->push_head = j;
+    r->push_tail = j;
+    pthread_cond_signal(&r->push_job_cv);
+    pthread_mutex_unlock(&r->push_job_mu);
+}
+
+/* ---- producer: the pusher thread -------------------------------------------------------------- */
+
+typedef struct posted {
+    pdl_batch_t *batch;
+    pdl_peer_t *peer;
+} posted_t;
+
+static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_push_job_t *j, uint64_t *bytes_out,
+                               uint64_t *descs_out, pdl_error_t *err)
+{
+    pdl_instance_t *inst = r->inst;
+    const pdl_model_geometry_t *g = &inst->cfg.model;
+    pdl_write_plan_t *plan = malloc(sizeof(*plan));
+    if (plan == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "write plan: out of memory");
+    pdl_status_t st = pdl_topo_write_plan(inst->tp, p->consumer_tp, g->total_kv_heads, g->is_mla, r->rank, plan, err);
+    if (st != PDL_OK) {
+        free(plan);
+        return st;
+    }
+    if (j->n > p->n) {
+        free(plan);
+        return pdl_error_set(err, PDL_ERR_INVALID, "consumer sent %zu block ids but the push holds %zu", j->n, p->n);
+    }
+    /* Prefix caching: the consumer may need fewer blocks; the last ones hold the new tokens. */
+    const uint32_t *local = p->ids + (p->n - j->n);
+    /* pdl__peer_get dials the "remote" side of a pull; here it is the consumer instance. */
+    pdl_pull_t *dial = calloc(1, sizeof(*dial));
+    if (dial == NULL) {
+        free(plan);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "write: out of memory");
+    }
+    snprintf(dial->transfer_id, sizeof(dial->transfer_id), "%s", p->transfer_id);
+    snprintf(dial->engine_id, sizeof(dial->engine_id), "%s", p->engine_id);
+    snprintf(dial->host, sizeof(dial->host), "%s", p->host);
+    dial->hs_base = p->hs_base;
+    dial->notify_base = p->notify_base;
+    dial->remote_dp = j->decode_dp;
+    dial->producer_tp = p->consumer_tp;
+
+    int L = g->num_layers;
+    int nt = plan->num_targets;
+    pdl_peer_t **peers = calloc((size_t)(nt > 0 ? nt : 1), sizeof(*peers));
+    posted_t *posted = calloc((size_t)L * (size_t)(nt > 0 ? nt : 1), sizeof(*posted));
+    size_t nposted = 0;
+    if (peers == NULL || posted == NULL) {
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "write: out of memory");
+        goto out;
+    }
+    for (int t = 0; t < nt && st == PDL_OK; t++)
+        st = pdl__peer_get(r, dial, plan->targets[t].consumer_rank, &peers[t], err);
+    pdl_descv_t dv = {0};
+    uint64_t t0 = pdl_now_ns();
+    for (int l = 0; l < L && st == PDL_OK; l++) {
+        for (int t = 0; t < nt && st == PDL_OK; t++) {
+            pdl_descv_reset(&dv);
+            st = pdl_layout_build_descs(&r->geo, &peers[t]->geo, PDL_DIR_WRITE, &plan->targets[t].piece, 1, local,
+                                        j->blocks, j->n, (uint64_t)l * r->layer_len,
+                                        (uint64_t)l * peers[t]->layer_len, &dv, err);
+            if (st != PDL_OK) {
+                pdl_error_prefix(err, "layer %d, consumer rank %d", l, plan->targets[t].consumer_rank);
+                break;
+            }
+            pdl_batch_t *b = NULL;
+            st = pdl_session_post(peers[t]->session, PDL_OP_WRITE, dv.v, dv.n, &b, err);
+            if (st != PDL_OK) {
+                pdl_error_prefix(err, "layer %d, consumer rank %d: post", l, plan->targets[t].consumer_rank);
+                break;
+            }
+            posted[nposted].batch = b;
+            posted[nposted].peer = peers[t];
+            nposted++;
+            *descs_out += dv.n;
+            *bytes_out += pdl_layout_total_bytes(&dv);
+        }
+    }
+    pdl_descv_free(&dv);
+    /* Wait for everything posted, even after a failure: the batches read our blocks. */
+    uint64_t deadline = t0 + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    pdl_peer_t *gone = NULL;
+    for (size_t i = 0; i < nposted; i++) {
+        uint64_t now = pdl_now_ns();
+        int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
+        pdl_error_t e;
+        pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
+        if (bst != PDL_OK && st == PDL_OK) {
+            st = bst;
+            if (err)
+                *err = e;
+        }
+        if ((bst == PDL_ERR_PEER_GONE || bst == PDL_ERR_TRANSPORT) && gone == NULL)
+            gone = posted[i].peer;
+        pdl_batch_free(posted[i].batch);
+    }
+    if (gone != NULL) {
+        pdl_warn("rank %d: evicting peer %s after a failed write", r->rank, gone->key);
+        pdl__peer_evict(r, gone);
+    }
+    pthread_mutex_lock(&r->ctr_mu);
+    r->ctr.read_ns += pdl_now_ns() - t0;
+    pthread_mutex_unlock(&r->ctr_mu);
+out:
+    free(posted);
+    free(peers);
+    free(dial);
+    free(plan);
+    return st;
+}
+
+static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, int decode_dp, bool ok)
+{
+    pdl_instance_t *inst = r->inst;
+    int first = 0, count = 0;
+    if (pdl_topo_consumers_of(inst->tp, p->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
+        return;
+    for (int c = first; c < first + count; c++) {
+        pdl_msg_t m;
+        pdl_msg_init(&m, PDL_MSG_WRITE_DONE);
+        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", p->transfer_id);
+        m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
+        m.producer_tp_size = inst->tp;
+        m.producer_tp_rank = r->rank;
+        pdl_bytes_t b = {0};
+        pdl_error_t e;
+        char ep[PDL_WIRE_HOST_MAX + 32];
+        int off = pdl_topo_port_offset(decode_dp, p->consumer_tp, c);
+        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
+            pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
+        else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
+            pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
+        else if (pdl__dealer_send(r, &r->push_dealers, ep, PDL_OUT_OTHER, &b))
+            CTR_ADD(r, write_done_sent, 1);
+        pdl_bytes_free(&b);
+        pdl_msg_clear(&m);
+    }
+}
+
+static void run_push_job(pdl_rank_t *r, pdl_push_job_t *j)
+{
+    pdl_instance_t *inst = r->inst;
+    pdl_push_t *p = j->push;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    uint64_t bytes = 0, descs = 0;
+    pdl_status_t st = rank_write(r, p, j, &bytes, &descs, &err);
+    if (st != PDL_OK)
+        pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
+    send_write_done(r, p, j->decode_dp, st == PDL_OK);
+    pthread_mutex_lock(&r->ctr_mu);
+    if (st == PDL_OK) {
+        r->ctr.transfers++;
+        r->ctr.bytes += bytes;
+        r->ctr.descriptors += descs;
+    } else {
+        r->ctr.write_failures++;
+    }
+    pthread_mutex_unlock(&r->ctr_mu);
+    char tid[PDL_WIRE_ID_MAX + 1];
+    snprintf(tid, sizeof(tid), "%s", p->transfer_id);
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_push_t *gone = push_rank_final(inst, p, r->rank, RS_DONE);
+    pthread_mutex_unlock(&inst->push_mu);
+    push_free(gone); /* p is not touched after this */
+    pdl__instance_rank_resolved(inst, tid, r->rank, false);
+}
+
+static void *pusher_main(void *arg)
+{
+    pdl_rank_t *r = arg;
+    pthread_mutex_lock(&r->push_job_mu);
+    for (;;) {
+        while (r->push_head == NULL && !r->push_stop)
+            pthread_cond_wait(&r->push_job_cv, &r->push_job_mu);
+        pdl_push_job_t *j = r->push_head;
+        if (j == NULL || r->push_stop)
+            break; /* stopping: queued jobs are freed by pdl__pusher_stop, their pushes by destroy */
+        r->push_head = j->next;
+        if (r->push_head == NULL)
+            r->push_tail = NULL;
+        pthread_mutex_unlock(&r->push_job_mu);
+        run_push_job(r, j);
+        free(j->blocks);
+        free(j);
+        pthread_mutex_lock(&r->push_job_mu);
+    }
+    pthread_mutex_unlock(&r->push_job_mu);
+    pdl__dealers_close(&r->push_dealers);
+    return NULL;
+}
+
+pdl_status_t pdl__pusher_start(pdl_rank_t *r, pdl_error_t *err)
+{
+    if (pthread_create(&r->pusher, NULL, pusher_main, r) != 0)
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: cannot start the pusher thread", r->rank);
+    r->pusher_started = true;
+    return PDL_OK;
+}
+
+void pdl__pusher_stop(pdl_rank_t *r)
+{
+    pthread_mutex_lock(&r->push_job_mu);
+    r->push_stop = true;
+    pthread_cond_broadcast(&r->push_job_cv);
+    pthread_mutex_unlock(&r->push_job_mu);
+    pthread_join(r->pusher, NULL);
+    r->pusher_started = false;
+    pdl_push_job_t *j = r->push_head;
+    while (j) {
+        pdl_push_job_t *n = j->next;
+        free(j->blocks);
+        free(j);
+        j = n;
+    }
+    r->push_head = r->push_tail = NULL;
+}
+
+/* ---- producer: messages and API --------------------------------------------------------------- */
+
+static pdl_push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode_dp)
+{
+    pdl_push_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
+    j->push = p;
+    j->blocks = blocks;
+    j->n = n;
+    j->decode_dp = decode_dp;
+    return j;
+}
+
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
+{
+    pdl_instance_t *inst = r->inst;
+    CTR_ADD(r, remote_blocks_received, 1);
+    if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
+        msg->decode_rank > 65535) {
+        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "remote_blocks for transfer '%s' (req %s): %s",
+                             msg->transfer_id, msg->req_id,
+                             inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer"
+                             : msg->transfer_id[0] == '\0'            ? "no transfer_id"
+                                                                      : "decode_rank out of range");
+        return;
+    }
+    uint32_t *blocks = malloc(msg->num_blocks * sizeof(uint32_t));
+    if (blocks == NULL)
+        return;
+    memcpy(blocks, msg->block_ids, msg->num_blocks * sizeof(uint32_t));
+    pdl_push_job_t *job = NULL;
+    bool dropped = false, parked = false;
+    char key[PDL_WIRE_ID_MAX + 16];
+    snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
+    if (p != NULL) {
+        if (p->state[r->rank] == RS_WAITING) {
+            job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank);
+            if (job != NULL)
+                p->state[r->rank] = RS_STARTED;
+        }
+        dropped = job == NULL;
+    } else if (inst->parked.count < PUSH_MAX_PARKED && pdl__strmap_get(&inst->parked, key) == NULL) {
+        parked_rb_t *k = calloc(1, sizeof(*k));
+        if (k != NULL) {
+            k->blocks = blocks;
+            k->n = msg->num_blocks;
+            k->decode_dp = (int)msg->decode_rank;
+            k->rank = r->rank;
+            k->at_ns = pdl_now_ns();
+            if (pdl__strmap_put(&inst->parked, key, k) == 0)
+                parked = true;
+            else
+                free(k);
+        }
+        dropped = !parked;
+    } else {
+        dropped = true;
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    if (job != NULL) {
+        enqueue_job(r, job);
+        return;
+    }
+    if (parked) {
+        CTR_ADD(r, remote_blocks_parked, 1);
+        pdl_debug("rank %d: remote_blocks for %s parked until its push", r->rank, msg->transfer_id);
+        return;
+    }
+    free(blocks);
+    if (dropped) {
+        CTR_ADD(r, remote_blocks_dropped, 1);
+        pdl_debug("rank %d: remote_blocks for %s dropped (duplicate or park full)", r->rank, msg->transfer_id);
+    }
+}
+
+pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push: missing argument");
+    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_PRODUCER)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: needs a producer instance in WRITE mode (read_mode false)");
+    if (atomic_load(&inst->stopping))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: instance is shutting down");
+    const char *tid = params->transfer_id;
+    if (tid[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "push: kv_transfer_params.transfer_id is missing");
+    if (n == 0 || ids == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push %s: no blocks", tid);
+    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "push %s", tid);
+    pdl_push_t *p = calloc(1, sizeof(*p));
+    pdl_held_t *h = calloc(1, sizeof(*h));
+    if (p == NULL || h == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
+        (h->ids = malloc(n * sizeof(uint32_t))) == NULL || (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
+        push_free(p);
+        if (h)
+            free(h->ids);
+        free(h);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
+    }
+    snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", tid);
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(p->host, sizeof(p->host), "%s", params->remote_host);
+        p->hs_base = params->remote_handshake_port;
+        p->notify_base = params->remote_notify_port;
+    } else {
+        pdl_zmq_addr_t da;
+        pdl_error_t e;
+        if (request_id == NULL || pdl_wire_parse_request_id(request_id, NULL, &da, &e) != PDL_OK) {
+            st = pdl_error_set(err, PDL_ERR_INVALID,
+                               "push %s: no consumer address: kv_transfer_params lacks remote_host/"
+                               "remote_handshake_port/remote_notify_port and the request id %s",
+                               tid, request_id ? e.msg : "is absent");
+            goto fail;
+        }
+        snprintf(p->host, sizeof(p->host), "%s", da.host);
+        p->hs_base = da.handshake_port;
+        p->notify_base = da.notify_port;
+    }
+    snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+    bool disagree = false;
+    p->consumer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    if (disagree)
+        pdl_warn("push %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", tid,
+                 params->remote_tp_size, params->tp_size, p->consumer_tp);
+    int dummy;
+    pdl_error_t e;
+    if (p->consumer_tp < 1 || p->consumer_tp > PDL_TOPO_MAX_TP ||
+        pdl_topo_map_rank(0, inst->tp, p->consumer_tp, &dummy, &e) != PDL_OK) {
+        st = pdl_error_set(err, PDL_ERR_INVALID, "push %s: consumer TP %d with producer TP %d: %s", tid, p->consumer_tp,
+                           inst->tp, p->consumer_tp < 1 ? "invalid size" : e.msg);
+        goto fail;
+    }
+    memcpy(p->ids, ids, n * sizeof(uint32_t));
+    p->n = n;
+    p->created_ns = pdl_now_ns();
+    memcpy(h->ids, ids, n * sizeof(uint32_t));
+    h->n = n;
+
+    /* The consumer reads nothing; our own pusher threads read the blocks after a queue hand-off, and
+     * the tcp backend's threads through the engine: publish to both. */
+    for (int i = 0; i < inst->tp; i++)
+        pdl_engine_publish(inst->ranks[i].engine);
+
+    pthread_mutex_lock(&inst->held_mu);
+    int rc = pdl__strmap_put(&inst->held, tid, h);
+    if (rc == 0)
+        inst->held_blocks += n;
+    pthread_mutex_unlock(&inst->held_mu);
+    if (rc != 0) {
+        st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already held", tid)
+                    : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
+        goto fail;
+    }
+    pdl_push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
+    pthread_mutex_lock(&inst->push_mu);
+    rc = jobs == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
+    if (rc == 0) {
+        for (int i = 0; i < inst->tp; i++) {
+            char key[PDL_WIRE_ID_MAX + 16];
+            snprintf(key, sizeof(key), "%d|%s", i, tid);
+            parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+            if (k == NULL)
+                continue;
+            jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp);
+            if (jobs[i] == NULL)
+                continue; /* stays parked; the rank is reaped after defer_timeout */
+            pdl__strmap_remove(&inst->parked, key);
+            k->blocks = NULL;
+            parked_free(k);
+            p->state[i] = RS_STARTED;
+        }
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    if (rc != 0) {
+        free(jobs);
+        pthread_mutex_lock(&inst->held_mu);
+        pdl__strmap_remove(&inst->held, tid);
+        inst->held_blocks -= n;
+        pthread_mutex_unlock(&inst->held_mu);
+        st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already being pushed", tid)
+                    : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
+        goto fail;
+    }
+    for (int i = 0; i < inst->tp; i++)
+        if (jobs[i] != NULL)
+            enqueue_job(&inst->ranks[i], jobs[i]);
+    free(jobs);
+    return PDL_OK;
+fail:
+    push_free(p);
+    free(h->ids);
+    free(h);
+    return st;
+}
+
+/* ---- consumer --------------------------------------------------------------------------------- */
+
+static void recv_free_parts(pdl_recv_t *rv)
+{
+    free(rv->count);
+    free(rv->done);
+    free(rv->failed);
+    free(rv->seen);
+    pthread_cond_destroy(&rv->cv);
+    free(rv);
+}
+
+/* Under push_mu: consumer rank `rank` finished; wakes the waiter when every rank did. */
+static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const char *msg)
+{
+    if (rv->done[rank])
+        return;
+    rv->done[rank] = true;
+    if (st != PDL_OK && rv->status == PDL_OK) {
+        rv->status = st;
+        snprintf(rv->msg, sizeof(rv->msg), "consumer rank %d: %s", rank, msg);
+    }
+    if (--rv->pending == 0) {
+        pdl__strmap_remove(&rv->inst->recvs, rv->transfer_id);
+        rv->in_map = false;
+        pthread_cond_broadcast(&rv->cv);
+    }
+}
+
+void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
+{
+    pdl_instance_t *inst = r->inst;
+    int counted = 0; /* 1 counted, 0 late */
+    bool failed = msg->status == PDL_RELEASE_FAILED;
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
+    if (rv != NULL && !rv->done[r->rank]) {
+        int first = 0, count = 0;
+        bool ok_rank = true;
+        if (msg->producer_tp_rank >= 0) {
+            ok_rank = pdl_topo_group(rv->producer_tp, inst->tp, r->rank, &first, &count, NULL) == PDL_OK &&
+                      msg->producer_tp_rank >= first && msg->producer_tp_rank < first + count &&
+                      (msg->producer_tp_size < 0 || msg->producer_tp_size == rv->producer_tp);
+            if (ok_rank) {
+                int pr = (int)msg->producer_tp_rank;
+                uint64_t bit = 1ull << (pr % 64);
+                if (rv->seen[r->rank][pr / 64] & bit)
+                    ok_rank = false; /* duplicate */
+                else
+                    rv->seen[r->rank][pr / 64] |= bit;
+            }
+        }
+        if (ok_rank) {
+            counted = 1;
+            rv->count[r->rank]++;
+            /* A failed one still counts: the rank finishes only when no producer rank of its group
+             * can be writing into its blocks any more. */
+            if (failed && rv->rank_failed_by < 0)
+                rv->rank_failed_by = (int)msg->producer_tp_rank;
+            if (failed)
+                rv->failed[r->rank] = true;
+            if (rv->count[r->rank] >= rv->expected)
+                recv_rank_finish(rv, r->rank, rv->failed[r->rank] ? PDL_ERR_TRANSPORT : PDL_OK,
+                                 "a producer rank reported its write failed (write_done status failed)");
+        }
+    }
+    /* Counted before the receive can be seen finished (ctr_mu is a leaf), so a waiter reads them. */
+    pthread_mutex_lock(&r->ctr_mu);
+    if (counted)
+        r->ctr.write_done_received++;
+    else
+        r->ctr.write_done_late++;
+    if (failed)
+        r->ctr.write_done_failed_status++;
+    pthread_mutex_unlock(&r->ctr_mu);
+    pthread_mutex_unlock(&inst->push_mu);
+    if (!counted)
+        pdl_debug("rank %d: write_done for %s from producer rank %" PRId64 " not counted (late, duplicate or outside "
+                  "the group)",
+                  r->rank, msg->transfer_id, msg->producer_tp_rank);
+}
+
+pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                      const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL || recv_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push: missing argument");
+    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_CONSUMER)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE,
+                             "expect_push: needs a consumer instance in WRITE mode (read_mode false)");
+    if (atomic_load(&inst->stopping))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: instance is shutting down");
+    const char *tid = params->transfer_id;
+    if (tid[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push: kv_transfer_params.transfer_id is missing");
+    if (n == 0 || local_blocks == NULL || n > PDL_WIRE_MAX_BLOCKS)
+        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: %zu local blocks", tid, n);
+    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "expect_push %s: local blocks", tid);
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int notify_base;
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(host, sizeof(host), "%s", params->remote_host);
+        notify_base = params->remote_notify_port;
+    } else {
+        pdl_zmq_addr_t pa;
+        pdl_error_t e;
+        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "expect_push %s: no producer address: kv_transfer_params lacks remote_host/"
+                                 "remote_handshake_port/remote_notify_port and the request id %s",
+                                 tid, request_id ? e.msg : "is absent");
+        snprintf(host, sizeof(host), "%s", pa.host);
+        notify_base = pa.notify_port;
+    }
+    bool disagree = false;
+    int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    int D = inst->tp;
+    int remote_dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    int expected = 0, dummy;
+    pdl_error_t e;
+    if (P < 1 || P > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, D, P, &dummy, &e) != PDL_OK ||
+        pdl_topo_expected_write_done(P, D, &expected, &e) != PDL_OK)
+        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: producer TP %d with consumer TP %d: %s", tid, P, D,
+                             P < 1 || P > PDL_TOPO_MAX_TP ? "invalid size" : e.msg);
+    if (notify_base + remote_dp * P + P > 65536)
+        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: producer notify port %d + %d ranks exceed 65535",
+                             tid, notify_base, remote_dp * P + P);
+    pdl_recv_t *rv = calloc(1, sizeof(*rv));
+    if (rv == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
+    rv->count = calloc((size_t)D, sizeof(int));
+    rv->done = calloc((size_t)D, sizeof(bool));
+    rv->seen = calloc((size_t)D, sizeof(*rv->seen));
+    rv->failed = calloc((size_t)D, sizeof(bool));
+    rv->rank_failed_by = -1;
+    pthread_cond_init(&rv->cv, NULL);
+    if (rv->count == NULL || rv->done == NULL || rv->seen == NULL || rv->failed == NULL) {
+        recv_free_parts(rv);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
+    }
+    rv->inst = inst;
+    snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
+    rv->producer_tp = P;
+    rv->expected = expected;
+    rv->pending = D;
+    rv->status = PDL_OK;
+    rv->deadline_ns = pdl_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    pthread_mutex_lock(&inst->push_mu);
+    int rc = pdl__strmap_put(&inst->recvs, tid, rv);
+    rv->in_map = rc == 0;
+    pthread_mutex_unlock(&inst->push_mu);
+    if (rc != 0) {
+        recv_free_parts(rv);
+        return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)
+                      : pdl_error_set(err, PDL_ERR_NOMEM, "expect_push %s: out of memory", tid);
+    }
+    /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. */
+    for (int d = 0; d < D; d++) {
+        pdl_rank_t *r = &inst->ranks[d];
+        int gfirst = 0, gcount = 0;
+        pdl_topo_group(P, D, d, &gfirst, &gcount, NULL);
+        for (int g = gfirst; g < gfirst + gcount; g++) {
+            int cfirst = 0, ccount = 0;
+            if (pdl_topo_consumers_of(P, D, g, &cfirst, &ccount, NULL) != PDL_OK || cfirst != d)
+                continue;
+            pdl_msg_t m;
+            pdl_msg_init(&m, PDL_MSG_REMOTE_BLOCKS);
+            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
+            snprintf(m.req_id, sizeof(m.req_id), "%.*s", PDL_WIRE_ID_MAX,
+                     request_id && request_id[0] ? request_id : tid);
+            m.decode_rank = inst->cfg.dp_rank;
+            m.block_ids = (uint32_t *)local_blocks; /* borrowed for the encode */
+            m.num_blocks = n;
+            pdl_bytes_t b = {0};
+            pdl_error_t se;
+            st = pdl_wire_encode_msg(&m, &b, &se);
+            if (st == PDL_OK)
+                st = pdl__service_send(r, host, notify_base + pdl_topo_port_offset(remote_dp, P, g), PDL_OUT_OTHER, &b,
+                                       &se);
+            pdl_bytes_free(&b);
+            if (st == PDL_OK)
+                CTR_ADD(r, remote_blocks_sent, 1);
+            else
+                pdl_warn("rank %d: remote_blocks of %s to producer rank %d not sent: %s", d, tid, g, se.msg);
+        }
+    }
+    *recv_out = rv;
+    return PDL_OK;
+}
+
+pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
+{
+    if (rv == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "recv_wait: no receive");
+    pdl_instance_t *inst = rv->inst;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    if (timeout_ms >= 0) {
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&inst->push_mu);
+    while (rv->pending > 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&rv->cv, &inst->push_mu);
+        else if (pthread_cond_timedwait(&rv->cv, &inst->push_mu, &ts) != 0)
+            break;
+    }
+    pdl_status_t st;
+    if (rv->pending > 0)
+        st = pdl_error_set(err, PDL_ERR_TIMEOUT, "receive %s: %d ranks still waiting for write_done after %d ms",
+                           rv->transfer_id, rv->pending, timeout_ms);
+    else if (rv->status != PDL_OK)
+        st = pdl_error_set(err, rv->status, "receive %s: %s", rv->transfer_id, rv->msg);
+    else
+        st = PDL_OK;
+    pthread_mutex_unlock(&inst->push_mu);
+    /* The producer's writes reached our memory through its threads or our engine's; the write_done
+     * that finished the wait came after them. Take the engine locks so this thread's reads are
+     * ordered after what those threads did under them. */
+    if (st == PDL_OK)
+        for (int i = 0; i < inst->tp; i++)
+            pdl_engine_publish(inst->ranks[i].engine);
+    return st;
+}
+
+int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank)
+{
+    if (rv == NULL || tp_rank < 0 || tp_rank >= rv->inst->tp)
+        return -1;
+    pthread_mutex_lock(&rv->inst->push_mu);
+    int v = rv->count[tp_rank];
+    pthread_mutex_unlock(&rv->inst->push_mu);
+    return v;
+}
+
+void pdl_recv_free(pdl_recv_t *rv)
+{
+    if (rv == NULL)
+        return;
+    pdl_instance_t *inst = rv->inst;
+    pthread_mutex_lock(&inst->push_mu);
+    if (rv->in_map)
+        pdl__strmap_remove(&inst->recvs, rv->transfer_id);
+    pthread_mutex_unlock(&inst->push_mu);
+    recv_free_parts(rv);
+}
+
+/* ---- reaping ---------------------------------------------------------------------------------- */
+
+typedef struct reap_ctx {
+    pdl_instance_t *inst;
+    int rank;
+    uint64_t now, defer_ns;
+    char **ids; /* pushes this rank expired */
+    size_t n, cap;
+    char **parked_keys;
+    size_t np, pcap;
+    pdl_recv_t **late; /* receives this rank timed out */
+    size_t nl, lcap;
+} reap_ctx_t;
+
+static bool grow(void **v, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap)
+        return true;
+    size_t nc = *cap ? 2 * *cap : 8;
+    void *nv = realloc(*v, nc * elem);
+    if (nv == NULL)
+        return false;
+    *v = nv;
+    *cap = nc;
+    return true;
+}
+
+static void reap_push(void *arg, const char *key, void *value)
+{
+    reap_ctx_t *c = arg;
+    pdl_push_t *p = value;
+    if (p->state[c->rank] != RS_WAITING || c->now - p->created_ns < c->defer_ns)
+        return;
+    if (!grow((void **)&c->ids, &c->cap, c->n, sizeof(char *)))
+        return;
+    char *d = strdup(key);
+    if (d)
+        c->ids[c->n++] = d;
+}
+
+static void reap_parked(void *arg, const char *key, void *value)
+{
+    reap_ctx_t *c = arg;
+    parked_rb_t *k = value;
+    if (k->rank != c->rank || c->now - k->at_ns < c->defer_ns)
+        return;
+    if (!grow((void **)&c->parked_keys, &c->pcap, c->np, sizeof(char *)))
+        return;
+    char *d = strdup(key);
+    if (d)
+        c->parked_keys[c->np++] = d;
+}
+
+static void reap_recv(void *arg, const char *key, void *value)
+{
+    (void)key;
+    reap_ctx_t *c = arg;
+    pdl_recv_t *rv = value;
+    if (rv->done[c->rank] || c->now < rv->deadline_ns)
+        return;
+    if (grow((void **)&c->late, &c->lcap, c->nl, sizeof(pdl_recv_t *)))
+        c->late[c->nl++] = rv;
+}
+
+void pdl__push_reap(pdl_rank_t *r)
+{
+    pdl_instance_t *inst = r->inst;
+    if (inst->cfg.conn.read_mode)
+        return;
+    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl_now_ns()};
+    c.defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9);
+    pdl_push_t **freed = NULL;
+    size_t nfreed = 0;
+    pthread_mutex_lock(&inst->push_mu);
+    if (inst->pushes.count == 0 && inst->parked.count == 0 && inst->recvs.count == 0) {
+        pthread_mutex_unlock(&inst->push_mu);
+        return;
+    }
+    pdl__strmap_foreach(&inst->pushes, reap_push, &c);
+    pdl__strmap_foreach(&inst->parked, reap_parked, &c);
+    pdl__strmap_foreach(&inst->recvs, reap_recv, &c);
+    if (c.n > 0)
+        freed = calloc(c.n, sizeof(*freed));
+    for (size_t i = 0; i < c.n; i++) {
+        pdl_push_t *p = pdl__strmap_get(&inst->pushes, c.ids[i]);
+        pdl_push_t *gone = p ? push_rank_final(inst, p, r->rank, RS_EXPIRED) : NULL;
+        if (gone != NULL && freed != NULL)
+            freed[nfreed++] = gone;
+        else if (gone != NULL)
+            push_free(gone);
+    }
+    for (size_t i = 0; i < c.np; i++) {
+        parked_free(pdl__strmap_remove(&inst->parked, c.parked_keys[i]));
+        free(c.parked_keys[i]);
+    }
+    char tmsg[128];
+    snprintf(tmsg, sizeof(tmsg), "write_done not all received within transfer_timeout %.1f s",
+             inst->cfg.conn.transfer_timeout_s);
+    for (size_t i = 0; i < c.nl; i++)
+        recv_rank_finish(c.late[i], r->rank, PDL_ERR_TIMEOUT, tmsg);
+    pthread_mutex_unlock(&inst->push_mu);
+    for (size_t i = 0; i < nfreed; i++)
+        push_free(freed[i]);
+    free(freed);
+    if (c.np > 0) {
+        CTR_ADD(r, remote_blocks_dropped, c.np);
+        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, c.np);
+    }
+    free(c.parked_keys);
+    free(c.late);
+    for (size_t i = 0; i < c.n; i++) {
+        uint64_t sup = 0;
+        if (pdl_ratelimit_allow(&r->expired_rl, &sup))
+            pdl_warn("rank %d: push %s reaped after defer_timeout %.1f s without remote_blocks; blocks freed%s",
+                     r->rank, c.ids[i], inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
+        CTR_ADD(r, expired, 1);
+        pdl__instance_rank_resolved(inst, c.ids[i], r->rank, true);
+        free(c.ids[i]);
+    }
+    free(c.ids);
+}
+
+static void free_push_v(void *arg, const char *key, void *value)
+{
+    (void)arg;
+    (void)key;
+    push_free(value);
+}
+
+static void free_parked_v(void *arg, const char *key, void *value)
+{
+    (void)arg;
+    (void)key;
+    parked_free(value);
+}
+
+static void orphan_recv(void *arg, const char *key, void *value)
+{
+    (void)arg;
+    (void)key;
+    ((pdl_recv_t *)value)->in_map = false; /* the caller still frees it */
+}
+
+void pdl__push_free_all(pdl_instance_t *inst)
+{
+    pdl__strmap_foreach(&inst->pushes, free_push_v, NULL);
+    pdl__strmap_free(&inst->pushes);
+    pdl__strmap_foreach(&inst->parked, free_parked_v, NULL);
+    pdl__strmap_free(&inst->parked);
+    pdl__strmap_foreach(&inst->recvs, orphan_recv, NULL);
+    pdl__strmap_free(&inst->recvs);
+    pthread_mutex_destroy(&inst->push_mu);
+}

@@ -1,0 +1,386 @@
+/*
+ * test_connector_write.c -- WRITE mode with heterogeneous TP end to end over real sockets, in one
+ * process (SPEC §5 "WRITE mode"): consumers send remote_blocks, producer ranks handshake with the
+ * consumer ranks of their write plans, push their pieces with batched WRITEs, send write_done, and
+ * free their blocks; consumers count write_done per rank.
+ *
+ * For each topology: every byte on every consumer rank is verified; every consumer rank counts exactly
+ * expected_write_done(P, D) per transfer; every producer rank receives the block list exactly once per
+ * transfer and resolves it once; no producer block stays held. Half of the transfers have the
+ * remote_blocks arrive before the push (parked), half after. Then: a push whose remote_blocks never
+ * come is reaped (expired), a failed write reaches the consumer as a load error, and an instance
+ * refuses WRITE mode unless the program opts in.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "test_connector_util.h"
+
+#define NBLK 3
+#define TOTAL_BLOCKS 24
+
+typedef struct ev_count {
+    _Atomic int reported[PDL_TOPO_MAX_TP];
+    _Atomic int expired[PDL_TOPO_MAX_TP];
+    _Atomic int freed;
+} ev_count_t;
+
+static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
+{
+    (void)tid;
+    ev_count_t *c = arg;
+    if (ev == PDL_EVENT_RANK_REPORTED)
+        atomic_fetch_add(&c->reported[rank], 1);
+    else if (ev == PDL_EVENT_RANK_EXPIRED)
+        atomic_fetch_add(&c->expired[rank], 1);
+    else if (ev == PDL_EVENT_FREED)
+        atomic_fetch_add(&c->freed, 1);
+}
+
+static void write_mode(pdl_instance_config_t *c)
+{
+    c->conn.read_mode = false;
+    c->allow_write_mode = true;
+}
+
+typedef struct tcase {
+    const char *name;
+    int P, D;
+    int nprod, ncons;
+    int transfers;
+    tc_geo_t g;
+    pdl_backend_kind_t backend;
+} tcase_t;
+
+static bool all_free(void *arg)
+{
+    pdl_instance_t **v = arg;
+    for (int i = 0; v[i]; i++)
+        if (pdl_instance_held_transfers(v[i]) != 0)
+            return false;
+    return true;
+}
+
+typedef struct parked_wait {
+    pdl_instance_t *p;
+    uint64_t want;
+} parked_wait_t;
+
+static bool parked_reached(void *arg)
+{
+    parked_wait_t *w = arg;
+    return TC_SUM(w->p, remote_blocks_parked) >= w->want;
+}
+
+/* A request id carrying both instances' addresses, as the router builds it. */
+static void make_rid(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
+{
+    uint8_t uuid[16];
+    for (int i = 0; i < 16; i++)
+        uuid[i] = (uint8_t)(t * 16 + i);
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, buf, cap) >
+                0);
+}
+
+/* The params each leg carries in WRITE mode (router-spec §3.4): the transfer id and the peer's TP. */
+static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
+{
+    pdl_kv_params_init(kp);
+    snprintf(kp->transfer_id, sizeof(kp->transfer_id), "%s", tid);
+    kp->remote_tp_size = peer_tp;
+}
+
+static void run_case(const tcase_t *tc)
+{
+    pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
+    ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
+    assert_non_null(ev);
+    for (int i = 0; i < tc->nprod; i++) {
+        prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
+        assert_non_null(prod[i]);
+        pdl_instance_set_event_fn(prod[i], on_event, &ev[i]);
+    }
+    for (int j = 0; j < tc->ncons; j++) {
+        cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
+        assert_non_null(cons[j]);
+    }
+    int expected = 0;
+    assert_int_equal(pdl_topo_expected_write_done(tc->P, tc->D, &expected, NULL), PDL_OK);
+    int T = tc->transfers;
+    uint32_t pblk[16][NBLK], cblk[16][NBLK];
+    pdl_recv_t *rvs[16];
+    int per_prod[2] = {0, 0}, per_cons[2] = {0, 0}, parked_prod[2] = {0, 0};
+    for (int t = 0; t < T; t++) {
+        pdl_instance_t *p = prod[t % tc->nprod], *c = cons[t % tc->ncons];
+        per_prod[t % tc->nprod]++;
+        per_cons[t % tc->ncons]++;
+        char tid[64], rid[1024];
+        snprintf(tid, sizeof(tid), "tx-w-%s-%d", tc->name, t);
+        make_rid(p, c, t, rid, sizeof(rid));
+        uint32_t skip[NBLK];
+        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk[t], NULL), PDL_OK);
+        assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
+        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk[t], NULL), PDL_OK);
+        pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
+        tc_fill(p, tc->g.heads, tc->g.mla, pblk[t], NBLK, (uint32_t)t + 1);
+        pdl_kv_params_t pk, ck;
+        leg_params(tid, tc->D, &pk);
+        leg_params(tid, tc->P, &ck);
+        pdl_error_t e;
+        bool park = t % 2 == 1;
+        if (park) {
+            /* remote_blocks first: every producer rank parks them until the push */
+            parked_prod[t % tc->nprod]++;
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk[t], NBLK, &rvs[t], &e), PDL_OK);
+            parked_wait_t w = {p, (uint64_t)parked_prod[t % tc->nprod] * (uint64_t)tc->P};
+            assert_true(tc_wait_for(parked_reached, &w, 20000));
+            if (pdl_instance_push(p, &pk, rid, pblk[t], NBLK, &e) != PDL_OK)
+                fail_msg("push: %s", e.msg);
+        } else {
+            if (pdl_instance_push(p, &pk, rid, pblk[t], NBLK, &e) != PDL_OK)
+                fail_msg("push: %s", e.msg);
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk[t], NBLK, &rvs[t], &e), PDL_OK);
+        }
+        pdl_kv_params_clear(&pk);
+        pdl_kv_params_clear(&ck);
+    }
+    uint64_t checked = 0, bad = 0;
+    for (int t = 0; t < T; t++) {
+        pdl_error_t e;
+        pdl_status_t st = pdl_recv_wait(rvs[t], 30000, &e);
+        if (st != PDL_OK)
+            fail_msg("%s transfer %d: %s", tc->name, t, e.msg);
+        for (int d = 0; d < tc->D; d++)
+            assert_int_equal(pdl_recv_write_done(rvs[t], d), expected);
+        pdl_recv_free(rvs[t]);
+        pdl_instance_t *c = cons[t % tc->ncons];
+        bad += tc_verify(c, tc->g.heads, tc->g.mla, cblk[t], NBLK, (uint32_t)t + 1, &checked);
+        pdl_instance_free_blocks(c, cblk[t], NBLK);
+    }
+    assert_int_equal(bad, 0);
+    uint64_t want_checked = 0;
+    for (int t = 0; t < T; t++) {
+        pdl_instance_t *c = cons[t % tc->ncons];
+        for (int r = 0; r < tc->D; r++) {
+            const pdl_kv_geometry_t *g = pdl_instance_geometry(c, r);
+            want_checked += (uint64_t)tc->g.layers * (uint64_t)pdl_layout_num_halves(g) * pdl_layout_block_len(g) * NBLK;
+        }
+    }
+    assert_int_equal(checked, want_checked);
+
+    pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    uint64_t written = 0, rb_sent = 0, rb_recv = 0, wd_sent = 0, wd_recv = 0;
+    for (int i = 0; i < tc->nprod; i++) {
+        for (int r = 0; r < tc->P; r++) {
+            assert_int_equal(atomic_load(&ev[i].reported[r]), per_prod[i]);
+            assert_int_equal(atomic_load(&ev[i].expired[r]), 0);
+            assert_int_equal(TC_GET(prod[i], r, transfers), (uint64_t)per_prod[i]);
+            /* the block list reaches every producer rank exactly once per transfer */
+            assert_int_equal(TC_GET(prod[i], r, remote_blocks_received), (uint64_t)per_prod[i]);
+            assert_int_equal(TC_GET(prod[i], r, remote_blocks_parked), (uint64_t)parked_prod[i]);
+            assert_int_equal(TC_GET(prod[i], r, remote_blocks_dropped), 0);
+            assert_int_equal(TC_GET(prod[i], r, write_failures), 0);
+            assert_int_equal(TC_GET(prod[i], r, expired), 0);
+            assert_int_equal(TC_GET(prod[i], r, dropped_malformed), 0);
+        }
+        assert_int_equal(atomic_load(&ev[i].freed), per_prod[i]);
+        assert_int_equal(pdl_instance_held_blocks(prod[i]), 0);
+        assert_int_equal(pdl_instance_free_block_count(prod[i]), TOTAL_BLOCKS);
+        written += TC_SUM(prod[i], bytes);
+        rb_recv += TC_SUM(prod[i], remote_blocks_received);
+        wd_sent += TC_SUM(prod[i], write_done_sent);
+    }
+    for (int j = 0; j < tc->ncons; j++) {
+        for (int d = 0; d < tc->D; d++) {
+            assert_int_equal(TC_GET(cons[j], d, write_done_received), (uint64_t)(per_cons[j] * expected));
+            assert_int_equal(TC_GET(cons[j], d, write_done_late), 0);
+            assert_int_equal(TC_GET(cons[j], d, dropped_malformed), 0);
+        }
+        rb_sent += TC_SUM(cons[j], remote_blocks_sent);
+        wd_recv += TC_SUM(cons[j], write_done_received);
+        assert_int_equal(pdl_instance_free_block_count(cons[j]), TOTAL_BLOCKS);
+    }
+    /* each consumer rank's blocks were written exactly once, byte for byte */
+    assert_int_equal(written, want_checked);
+    assert_int_equal(rb_sent, rb_recv);
+    assert_int_equal(wd_sent, wd_recv);
+    printf("write %-24s P%-2d D%-2d H%-2d %s %s: %d transfers (%d parked), %llu KV bytes pushed and verified, "
+           "%llu remote_blocks, %llu write_done\n",
+           tc->name, tc->P, tc->D, tc->g.heads, tc->g.mla ? "mla" : pdl_layout_order_name(tc->g.order),
+           pdl_backend_name(tc->backend), T, T / 2, (unsigned long long)checked, (unsigned long long)rb_sent,
+           (unsigned long long)wd_recv);
+    for (int j = 0; j < tc->ncons; j++)
+        pdl_instance_destroy(cons[j]);
+    for (int i = 0; i < tc->nprod; i++)
+        pdl_instance_destroy(prod[i]);
+    free(ev);
+}
+
+#define CASE(fn, ...)                                                                                                \
+    static void fn(void **state)                                                                                     \
+    {                                                                                                                \
+        (void)state;                                                                                                 \
+        tcase_t tc = __VA_ARGS__;                                                                                    \
+        run_case(&tc);                                                                                               \
+    }
+
+static tc_geo_t G(int heads) { return tc_geo_default(heads); }
+static tc_geo_t G_MLA(void)
+{
+    tc_geo_t g = tc_geo_default(1);
+    g.mla = true;
+    g.head_dim = 16;
+    return g;
+}
+static tc_geo_t G_NHD(int heads)
+{
+    tc_geo_t g = tc_geo_default(heads);
+    g.order = PDL_KV_NHD;
+    return g;
+}
+
+CASE(write_1p1d_tp4_tp4, {"1P1D-TP4-TP4", 4, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
+CASE(write_p4_d8_h8_split, {"P4-D8-H8-split", 4, 8, 1, 1, 2, G(8), PDL_BACKEND_SHM})
+CASE(write_p8_d4_h8_split, {"P8-D4-H8-split", 8, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
+CASE(write_p4_d8_mla, {"P4-D8-MLA", 4, 8, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
+CASE(write_p8_d4_mla, {"P8-D4-MLA", 8, 4, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
+CASE(write_2p1d_tp4_tp8, {"2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, G(8), PDL_BACKEND_SHM})
+CASE(write_1p2d_tp8_tp4, {"1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, G(8), PDL_BACKEND_SHM})
+CASE(write_p4_d2_nhd_tcp, {"P4-D2-H8-NHD-tcp", 4, 2, 1, 1, 2, G_NHD(8), PDL_BACKEND_TCP})
+
+/* A push whose consumer never sends remote_blocks is reaped after defer_timeout on every rank. */
+static void write_expired_without_remote_blocks(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 0.3, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    ev_count_t ev;
+    memset(&ev, 0, sizeof(ev));
+    pdl_instance_set_event_fn(p, on_event, &ev);
+    uint32_t blk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
+    char rid[1024];
+    make_rid(p, c, 1, rid, sizeof(rid));
+    pdl_kv_params_t pk;
+    leg_params("tx-never", 8, &pk);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_OK);
+    /* a second push of the same transfer is refused */
+    assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_ERR_BAD_STATE);
+    pdl_kv_params_clear(&pk);
+    assert_int_equal(pdl_instance_held_blocks(p), NBLK);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    for (int r = 0; r < 4; r++) {
+        assert_int_equal(TC_GET(p, r, expired), 1);
+        assert_int_equal(atomic_load(&ev.expired[r]), 1);
+        assert_int_equal(atomic_load(&ev.reported[r]), 0);
+        assert_int_equal(TC_GET(p, r, write_done_sent), 0);
+    }
+    assert_int_equal(atomic_load(&ev.freed), 1);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* A producer that cannot write (the consumer asks for more blocks than the push holds) says
+ * write_done "failed" to every consumer rank; the consumer's receive fails (a load error) only after
+ * every rank counted all its write_done; the producer still frees its blocks. */
+static void write_failed_is_load_error(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint32_t pblk[2], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, 2, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    make_rid(p, c, 2, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-fail", 4, &pk);
+    leg_params("tx-fail", 8, &ck);
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, 2, &e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 30000, &e);
+    assert_int_not_equal(st, PDL_OK);
+    assert_int_not_equal(st, PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "failed"));
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(pdl_recv_write_done(rv, d), 2); /* P8/D4: two producer ranks per consumer rank */
+        assert_int_equal(TC_GET(c, d, write_done_failed_status), 2);
+    }
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    for (int r = 0; r < 8; r++) {
+        assert_int_equal(TC_GET(p, r, write_failures), 1);
+        assert_int_equal(TC_GET(p, r, expired), 0);
+    }
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
+
+/* Without the opt-in an instance still refuses WRITE mode with the clear error; READ-mode instances
+ * refuse the WRITE-mode calls. */
+static void write_refused_without_opt_in(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *w = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, no_opt_in);
+    assert_null(w);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, NULL);
+    assert_non_null(p);
+    uint32_t blk[1];
+    assert_int_equal(pdl_instance_alloc_blocks(p, 1, blk, NULL), PDL_OK);
+    pdl_kv_params_t pk;
+    leg_params("tx-read", 2, &pk);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push(p, &pk, NULL, blk, 1, &e), PDL_ERR_BAD_STATE);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(p, &pk, NULL, blk, 1, &rv, &e), PDL_ERR_BAD_STATE);
+    assert_null(rv);
+    pdl_kv_params_clear(&pk);
+    pdl_instance_free_blocks(p, blk, 1);
+    pdl_instance_destroy(p);
+}
+
+int main(void)
+{
+    const char *lvl = getenv("PDLINK_LOG_LEVEL");
+    if (lvl && pdl_log_level_parse(lvl) >= 0)
+        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(write_1p1d_tp4_tp4),
+        cmocka_unit_test(write_p4_d8_h8_split),
+        cmocka_unit_test(write_p8_d4_h8_split),
+        cmocka_unit_test(write_p4_d8_mla),
+        cmocka_unit_test(write_p8_d4_mla),
+        cmocka_unit_test(write_2p1d_tp4_tp8),
+        cmocka_unit_test(write_1p2d_tp8_tp4),
+        cmocka_unit_test(write_p4_d2_nhd_tcp),
+        cmocka_unit_test(write_expired_without_remote_blocks),
+        cmocka_unit_test(write_failed_is_load_error),
+        cmocka_unit_test(write_refused_without_opt_in),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
