@@ -57,6 +57,7 @@ typedef struct opts {
     uint64_t cap;
     bool contiguous, hetero;
     const char *json, *plot, *host, *serve, *connect, *port_file;
+    const char *tcp_cc; /* --tcp-congestion (NULL = the engine's choice) */
 } opts_t;
 
 typedef struct row {
@@ -145,7 +146,7 @@ static int recv_blob(int fd, uint8_t **b, uint32_t *n)
 
 static int target_run(int fd, const opts_t *o, const char *host, uint64_t region)
 {
-    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads};
+    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads, o->tcp_cc};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL;
     pdl_error_t err;
@@ -289,6 +290,9 @@ static void usage(FILE *f)
             "  --serve ADDR:PORT        be the target only: listen for one initiator on ADDR:PORT (0 = any)\n"
             "  --port-file FILE         with --serve: write the bound control port to FILE\n"
             "  --connect ADDR:PORT      be the initiator of a target started with --serve\n"
+            "  --tcp-congestion NAME    congestion control of the engines' data sockets (default: the\n"
+            "                           engine's choice, cubic else reno; 'system' = the system default);\n"
+            "                           the ceiling is the best of the system default and this one\n"
             "  --help\n\n"
             "Columns: block, batch, descriptors after merge, GB/s (10^9 B/s, whole-loop timer), latency per\n"
             "batch median and p99 (us), the ceiling measured in the same run with the same threads and\n"
@@ -306,6 +310,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"host", required_argument, 0, 'h'}, {"json", required_argument, 0, 'j'},
         {"plot", required_argument, 0, 'p'}, {"serve", required_argument, 0, 's'},
         {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
+        {"tcp-congestion", required_argument, 0, 'T'},
         {"help", no_argument, 0, '?' + 256}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -403,6 +408,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             break;
         case 'P':
             o->port_file = optarg;
+            break;
+        case 'T':
+            o->tcp_cc = optarg;
             break;
         case 'C':
             o->connect = optarg;
@@ -625,7 +633,15 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
             uint64_t total = bytes * (uint64_t)per;
             if (total < (64ull << 20))
                 total = 64ull << 20;
+            /* The engine sets its own congestion control on its sockets (engine.h): the stream gets
+             * the same, and the system default too, and the faster one is the ceiling. */
             ceil = pdl_ceiling_tcp_gbps_buf(o->host, total, 1u << 20, o->qp, bytes);
+            const char *cc = pdl_engine_tcp_congestion(c->e);
+            if (cc[0] != '\0') {
+                double c2 = pdl_ceiling_tcp_gbps_cc(o->host, total, 1u << 20, o->qp, bytes, cc);
+                if (c2 > ceil)
+                    ceil = c2;
+            }
         }
         if (ceil > best_ceil)
             best_ceil = ceil;
@@ -651,7 +667,20 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
     return 0;
 }
 
-static void print_header(const opts_t *o)
+/* The system's default congestion control (for the header), "?" if unreadable. */
+static void system_cc(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "?");
+    FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+    if (f == NULL)
+        return;
+    if (fgets(buf, (int)cap, f) == NULL)
+        snprintf(buf, cap, "?");
+    buf[strcspn(buf, "\n")] = '\0';
+    fclose(f);
+}
+
+static void print_header(const opts_t *o, const char *engine_cc)
 {
     char conns[64] = "";
     if (o->backend == PDL_BACKEND_TCP)
@@ -663,10 +692,15 @@ static void print_header(const opts_t *o)
         printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 4 MiB use one, as the engine "
                "does), same destination buffer, warm\n",
                o->threads);
-    else
+    else {
+        char sys[32];
+        system_cc(sys, sizeof(sys));
         printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each), 1 MiB writes "
                "cycling over a batch's bytes (at least 1 MiB), same total bytes (at least 64 MiB)\n",
                o->host, o->qp);
+        printf("congestion control: engine data sockets %s; ceiling = the faster stream of the system default (%s)%s%s\n",
+               engine_cc[0] ? engine_cc : "= system default", sys, engine_cc[0] ? " and " : "", engine_cc);
+    }
     printf("GB = 10^9 bytes; each figure is the best of 3 interleaved rounds (engine loop, ceiling loop), each a\n"
            "whole-loop timer after a warm-up; latency = post + wait of one batch over all rounds; data validated\n"
            "after the last timed loop\n\n");
@@ -864,7 +898,7 @@ static int initiator_run(ctx_t *c)
         free(ed);
         return 2;
     }
-    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads};
+    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc};
     int rc = 2;
     if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
         pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||
@@ -881,7 +915,7 @@ static int initiator_run(ctx_t *c)
         }
         memset(c->src, 0x5a, c->region);
     }
-    print_header(o);
+    print_header(o, pdl_engine_tcp_congestion(c->e));
     int maxrows = o->nblocks * o->nbatches + 3;
     row_t *rows = calloc((size_t)maxrows, sizeof(row_t));
     int nrows = 0, npoints = 0, done = 0;

@@ -254,6 +254,12 @@ double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_s
 double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t write_size, int streams,
                                 size_t buf_len)
 {
+    return pdl_ceiling_tcp_gbps_cc(host, total_bytes, write_size, streams, buf_len, NULL);
+}
+
+double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t write_size, int streams,
+                               size_t buf_len, const char *cc)
+{
     if (streams < 1 || streams > 64 || write_size == 0 || total_bytes == 0)
         return -1;
     if (buf_len < write_size)
@@ -291,6 +297,15 @@ double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t wri
         int one = 1;
         setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         setsockopt(afd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (cc != NULL && cc[0] != '\0' &&
+            (setsockopt(cfd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 ||
+             setsockopt(afd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)) {
+            fprintf(stderr, "tcp ceiling: congestion control %s: %s\n", cc, strerror(errno));
+            close(cfd);
+            close(afd);
+            ok = 0;
+            break;
+        }
         size_t share = total_bytes / (size_t)streams + (i == 0 ? total_bytes % (size_t)streams : 0);
         tx[i] = (stream_t){cfd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};
         rx[i] = (stream_t){afd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};

@@ -50,6 +50,10 @@ double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_s
  */
 double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t write_size, int streams,
                                 size_t buf_bytes);
+/* The same with congestion control `cc` (TCP_CONGESTION) set on both ends; NULL or "" = the system
+ * default. A transfer whose sockets use some algorithm is bounded by a stream using it too. */
+double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t write_size, int streams,
+                               size_t buf_bytes, const char *cc);
 
 /* Allocate `bytes` of anonymous memory, pre-faulted (MAP_POPULATE + a write per page); NULL on failure.
  * Free with pdl_ceiling_free(p, bytes). */

@@ -53,6 +53,13 @@ typedef struct pdl_engine_config {
     pdl_backend_kind_t backend;
     int qp_per_transfer;      /* connections per session (tcp); >= 1 */
     int num_workers;          /* worker threads that execute batches; >= 1 */
+    /*
+     * tcp: congestion control of the data sockets. NULL or "" = the engine's choice: "cubic", else
+     * "reno" (loss-based; BBR keeps a small window across the gaps between request/response bursts
+     * and halved multi-MiB READs here, docs/engine.md); "system" = leave the system default; any other
+     * name must be settable (tcp_allowed_congestion_control, or CAP_NET_ADMIN) or create fails.
+     */
+    const char *tcp_congestion;
 } pdl_engine_config_t;
 
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err);
@@ -62,6 +69,8 @@ const char *pdl_engine_key(const pdl_engine_t *engine);
 pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *engine);
 /* The tcp port actually bound (0 for shm). */
 uint16_t pdl_engine_port(const pdl_engine_t *engine);
+/* tcp: the congestion control set on the data sockets ("" = the system default, and always for shm). */
+const char *pdl_engine_tcp_congestion(const pdl_engine_t *engine);
 
 /* Pack this engine's descriptor (versioned msgpack) for a peer. */
 pdl_status_t pdl_engine_pack(pdl_engine_t *engine, pdl_bytes_t *out, pdl_error_t *err);

@@ -169,6 +169,7 @@ struct pdl_engine {
     char boot_id[64];
     uint16_t port;
     pdl_backend_kind_t backend;
+    char tcp_cc[16]; /* congestion control set on tcp data sockets; "" = system default */
     int qp_per_transfer;
     int num_workers;
     const pdl_backend_ops_t *ops;

@@ -196,6 +196,9 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     if (cfg->num_workers < 1 || cfg->num_workers > 64)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: num_workers %d must be 1..64", cfg->key,
                              cfg->num_workers);
+    if (cfg->tcp_congestion != NULL && strlen(cfg->tcp_congestion) >= sizeof(((pdl_engine_t *)0)->tcp_cc))
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: tcp_congestion '%.64s' is too long", cfg->key,
+                             cfg->tcp_congestion);
 
     pdl_engine_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
@@ -208,6 +211,9 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     e->port = cfg->port;
     e->backend = cfg->backend;
     e->qp_per_transfer = cfg->qp_per_transfer;
+    /* What the caller asked for; the tcp backend resolves it in engine_init (shm leaves it empty). */
+    if (cfg->backend == PDL_BACKEND_TCP && cfg->tcp_congestion != NULL)
+        snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", cfg->tcp_congestion);
     e->num_workers = cfg->num_workers;
     e->ops = ops;
     e->next_mem_id = 1;
@@ -335,6 +341,7 @@ void pdl_engine_destroy(pdl_engine_t *e)
 const char *pdl_engine_key(const pdl_engine_t *e) { return e->key; }
 pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *e) { return e->backend; }
 uint16_t pdl_engine_port(const pdl_engine_t *e) { return e->backend == PDL_BACKEND_TCP ? e->port : 0; }
+const char *pdl_engine_tcp_congestion(const pdl_engine_t *e) { return e->tcp_cc; }
 
 pdl_status_t pdl_engine_pack(pdl_engine_t *e, pdl_bytes_t *out, pdl_error_t *err)
 {

@@ -240,7 +240,7 @@ static pdl_status_t io_fail(pdl_session_t *s, int ci, const char *what, int en, 
 
 /* ---------------------------------------------------------------- session */
 
-static int connect_timeout(const struct addrinfo *ai, int timeout_ms, int *fd_out)
+static int connect_timeout(pdl_session_t *s, const struct addrinfo *ai, int timeout_ms, int *fd_out)
 {
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
@@ -270,7 +270,7 @@ static int connect_timeout(const struct addrinfo *ai, int timeout_ms, int *fd_ou
     }
     int fl = fcntl(fd, F_GETFL);
     fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    pdl__tcp_tune_socket(fd);
+    pdl__tcp_tune_socket(s->engine, fd);
     *fd_out = fd;
     return 0;
 }
@@ -376,7 +376,7 @@ static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
         goto fail;
     }
     for (int i = 0; i < ts->n; i++) {
-        int en = connect_timeout(ai, TCP_CONNECT_TIMEOUT_MS, &ts->c[i].fd);
+        int en = connect_timeout(s, ai, TCP_CONNECT_TIMEOUT_MS, &ts->c[i].fd);
         if (en != 0) {
             freeaddrinfo(ai);
             st = pdl_error_set(err,
@@ -934,7 +934,12 @@ static pdl_status_t tcp_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
 static pdl_status_t tcp_engine_init(pdl_engine_t *e, pdl_error_t *err)
 {
     pdl_tcp_server_t *srv = NULL;
-    pdl_status_t st = pdl__tcp_server_start(e, &srv, err);
+    char want[sizeof(e->tcp_cc)];
+    snprintf(want, sizeof(want), "%s", e->tcp_cc);
+    pdl_status_t st = pdl__tcp_pick_congestion(e, want, err);
+    if (st != PDL_OK)
+        return st;
+    st = pdl__tcp_server_start(e, &srv, err);
     if (st == PDL_OK)
         e->bk = srv;
     return st;

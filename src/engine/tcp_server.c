@@ -508,7 +508,7 @@ static void conn_accept(pdl_tcp_server_t *srv)
             close(fd);
             continue;
         }
-        pdl__tcp_tune_socket(fd);
+        pdl__tcp_tune_socket(srv->e, fd);
         c->fd = fd;
         c->st = RX_HDR;
         char host[INET6_ADDRSTRLEN] = "?";
@@ -577,10 +577,57 @@ static void *srv_main(void *arg)
     return NULL;
 }
 
-void pdl__tcp_tune_socket(int fd)
+void pdl__tcp_tune_socket(const pdl_engine_t *e, int fd)
 {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (e->tcp_cc[0] != '\0')
+        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, e->tcp_cc, (socklen_t)strlen(e->tcp_cc));
+}
+
+/* 0 if `name` can be set on a TCP socket of this process, else errno. */
+static int cc_settable(const char *name)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return errno;
+    int rc = setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0 ? 0 : errno;
+    close(fd);
+    return rc;
+}
+
+/*
+ * The data sockets carry request/response bursts of up to hundreds of MiB with gaps between them.
+ * BBR (this VM's system default) sizes its window from the delivery rate it measures, which those
+ * gaps keep low, and paces without a fq qdisc on loopback: a 1 MiB READ took ~2.3x as long under BBR
+ * as under cubic or reno (docs/engine.md). A loss-based algorithm keeps the window it has earned.
+ * cubic is tried first (the usual Linux default), then reno (always permitted without privileges).
+ */
+pdl_status_t pdl__tcp_pick_congestion(pdl_engine_t *e, const char *want, pdl_error_t *err)
+{
+    e->tcp_cc[0] = '\0';
+    if (want != NULL && strcmp(want, "system") == 0)
+        return PDL_OK;
+    if (want == NULL || want[0] == '\0') {
+        static const char *const prefs[] = {"cubic", "reno"};
+        for (size_t i = 0; i < sizeof(prefs) / sizeof(prefs[0]); i++) {
+            if (cc_settable(prefs[i]) == 0) {
+                snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", prefs[i]);
+                return PDL_OK;
+            }
+        }
+        return PDL_OK; /* neither: keep the system default */
+    }
+    if (strlen(want) >= sizeof(e->tcp_cc))
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: tcp_congestion '%.64s' is too long", e->key, want);
+    int en = cc_settable(want);
+    if (en != 0)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "engine %s: tcp_congestion '%s' cannot be set: %s (see "
+                             "/proc/sys/net/ipv4/tcp_allowed_congestion_control)",
+                             e->key, want, strerror(en));
+    snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", want);
+    return PDL_OK;
 }
 
 pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_error_t *err)

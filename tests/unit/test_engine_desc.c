@@ -19,7 +19,7 @@
 
 static pdl_engine_t *mk(const char *key, pdl_backend_kind_t b)
 {
-    pdl_engine_config_t cfg = {key, "127.0.0.1", 0, b, 1, 1};
+    pdl_engine_config_t cfg = {key, "127.0.0.1", 0, b, 1, 1, NULL};
     pdl_engine_t *e = NULL;
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
@@ -180,7 +180,7 @@ static void test_config_checks(void **state)
     (void)state;
     pdl_engine_t *e = NULL;
     pdl_error_t err;
-    pdl_engine_config_t cfg = {"k", "127.0.0.1", 0, PDL_BACKEND_TCP, 0, 1};
+    pdl_engine_config_t cfg = {"k", "127.0.0.1", 0, PDL_BACKEND_TCP, 0, 1, NULL};
     assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
     assert_non_null(strstr(err.msg, "qp_per_transfer"));
     cfg.qp_per_transfer = 1;
@@ -200,13 +200,43 @@ static void test_config_checks(void **state)
     assert_string_equal(pdl_backend_name(PDL_BACKEND_TCP), "tcp");
 }
 
+/* tcp_congestion: the engine's choice, "system", a name that cannot be set, a name too long. */
+static void test_tcp_congestion(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = NULL;
+    pdl_error_t err;
+    pdl_engine_config_t cfg = {"cc", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL};
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
+    const char *cc = pdl_engine_tcp_congestion(e);
+    /* cubic where it can be set, else reno (always permitted), else the system default. */
+    assert_true(strcmp(cc, "cubic") == 0 || strcmp(cc, "reno") == 0 || cc[0] == '\0');
+    pdl_engine_destroy(e);
+    cfg.tcp_congestion = "system";
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
+    assert_string_equal(pdl_engine_tcp_congestion(e), "");
+    pdl_engine_destroy(e);
+    cfg.tcp_congestion = "no-such-cc";
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "no-such-cc"));
+    cfg.tcp_congestion = "a-congestion-control-name-far-too-long";
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "too long"));
+    /* shm has no tcp sockets. */
+    cfg.backend = PDL_BACKEND_SHM;
+    cfg.tcp_congestion = "reno";
+    assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
+    assert_string_equal(pdl_engine_tcp_congestion(e), "");
+    pdl_engine_destroy(e);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_roundtrip),    cmocka_unit_test(test_mem_roundtrip),
         cmocka_unit_test(test_version_mismatch),    cmocka_unit_test(test_hostile_descriptors),
-        cmocka_unit_test(test_config_checks),
+        cmocka_unit_test(test_config_checks),       cmocka_unit_test(test_tcp_congestion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
