@@ -90,9 +90,10 @@ typedef struct pdl_instance_config {
     int dp_size;
     uint32_t num_blocks;        /* KV blocks per rank (the same on every rank) */
     const char *attn_backend_name; /* advertised in the handshake; may be NULL */
-    /* pdlink: accept read_mode false (WRITE mode, pdl_instance_push / pdl_instance_expect_push). Until
-     * pdlink-node and `pdlink run` serve WRITE mode end to end, an instance refuses WRITE mode unless
-     * the program opts in here. */
+    /* pdlink: accept read_mode false (WRITE mode). A program that serves WRITE mode (calls
+     * pdl_instance_push / pdl_instance_expect_push for its requests, as pdlink-node does) sets this;
+     * otherwise the instance refuses WRITE mode with PDL_ERR_UNSUPPORTED naming read_mode, so a
+     * READ-only program never silently waits for pushes nobody sends. */
     bool allow_write_mode;
 } pdl_instance_config_t;
 

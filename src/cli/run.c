@@ -977,18 +977,34 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
         r->held_blocks += msum(nd, "pdlink_held_blocks");
         r->node_failed_requests += (uint64_t)pdl_run_metrics_sum(nd->metrics, "pdlink_requests_total", "status",
                                                                  "failed", NULL);
-        if (nd->role == ROLE_DECODE) {
+        /*
+         * READ mode: the decode ranks read (bytes, descriptors, read time) and send releases that the
+         * prefill ranks receive. WRITE mode: the prefill ranks write and send write_done, the decode
+         * ranks count them -- max(P, D) per request as well, so the release rows carry them. The
+         * transfer time (receive wait on the decode) is measured on the decode in both modes.
+         */
+        bool wm = strcmp(c->o.mode, "write") == 0;
+        const run_node_t *mover = nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE) ? nd : NULL;
+        if (mover != NULL) {
             r->kv_bytes += msum(nd, "pdlink_kv_bytes_total");
             r->descriptors += msum(nd, "pdlink_descriptors_total");
-            r->releases_sent += msum(nd, "pdlink_releases_sent_total");
+            r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
+        }
+        if (nd->role == ROLE_DECODE) {
+            if (wm)
+                r->releases_received += msum(nd, "pdlink_write_done_received_total");
+            else
+                r->releases_sent += msum(nd, "pdlink_releases_sent_total");
             r->pulls += msum(nd, "pdlink_transfer_seconds_count");
             r->pull_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
-            r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
             r->busy_seconds +=
                 pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
             pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &pull_hist);
         } else if (nd->role == ROLE_PREFILL) {
-            r->releases_received += msum(nd, "pdlink_releases_received_total");
+            if (wm)
+                r->releases_sent += msum(nd, "pdlink_write_done_sent_total");
+            else
+                r->releases_received += msum(nd, "pdlink_releases_received_total");
         }
     }
     /*
@@ -1021,7 +1037,8 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
     if (r->verified == 0 && r->kv_bytes > 0)
         pdl_run_result_note(r, "%llu KV bytes moved but none verified", (unsigned long long)r->kv_bytes);
     if (r->releases_received != r->releases_expected || r->releases_sent != r->releases_expected)
-        pdl_run_result_note(r, "releases: %llu sent, %llu received, %llu expected (max(P,D) per request)",
+        pdl_run_result_note(r, "%s: %llu sent, %llu received, %llu expected (max(P,D) per request)",
+                            strcmp(c->o.mode, "write") == 0 ? "write_done" : "releases",
                             (unsigned long long)r->releases_sent, (unsigned long long)r->releases_received,
                             (unsigned long long)r->releases_expected);
 }

@@ -172,8 +172,8 @@ static pdl_status_t validate_config(const pdl_instance_config_t *cfg, pdl_error_
                              m->num_layers, m->total_kv_heads, m->head_dim, m->elem_size, m->block_size);
     if (!cfg->conn.read_mode && !cfg->allow_write_mode)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "kv_connector_extra_config.read_mode is false (WRITE mode): pdlink implements READ mode "
-                             "only so far; set \"read_mode\": true");
+                             "kv_connector_extra_config.read_mode is false (WRITE mode): this program does not serve "
+                             "WRITE mode (it did not set allow_write_mode); set \"read_mode\": true");
     int top_port = cfg->dp_size * cfg->tp_size;
     if (cfg->conn.handshake_port < 1 || cfg->conn.handshake_port + top_port > 65536 || cfg->conn.notify_port < 1 ||
         cfg->conn.notify_port + top_port > 65536)

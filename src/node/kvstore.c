@@ -123,6 +123,7 @@ pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t *
         ic.dp_size = cfg->dp_size;
         ic.num_blocks = cfg->num_blocks;
         ic.attn_backend_name = "PDLINK_SYNTHETIC";
+        ic.allow_write_mode = true; /* request.c serves both WRITE-mode legs */
         pdl_status_t st = pdl_instance_create(&ic, &kv->inst, err);
         if (st != PDL_OK) {
             pdl_node_kv_destroy(kv);

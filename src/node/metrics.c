@@ -170,6 +170,15 @@ static const rank_metric_t rank_metrics[] = {
     RM("pdlink_handshakes_total", "Handshakes completed.", handshakes),
     RM("pdlink_handshake_failures_total", "Handshakes that failed.", handshake_failures),
     RM("pdlink_read_failures_total", "Reads that failed.", read_failures),
+    RM("pdlink_remote_blocks_sent_total", "WRITE mode: remote_blocks messages sent (decode).", remote_blocks_sent),
+    RM("pdlink_remote_blocks_received_total", "WRITE mode: remote_blocks messages received (prefill).",
+       remote_blocks_received),
+    RM("pdlink_remote_blocks_parked_total", "WRITE mode: remote_blocks that arrived before the push.",
+       remote_blocks_parked),
+    RM("pdlink_write_failures_total", "WRITE mode: pushes whose handshake or write failed.", write_failures),
+    RM("pdlink_write_done_sent_total", "WRITE mode: write_done messages sent (prefill).", write_done_sent),
+    RM("pdlink_write_done_received_total", "WRITE mode: write_done messages counted (decode).", write_done_received),
+    RM("pdlink_write_done_failed_total", "WRITE mode: write_done messages saying failed.", write_done_failed_status),
 };
 #undef RM
 

@@ -7,6 +7,12 @@
  *                     → pdl_instance_hold(transfer_id) → finish_reason "length" + kv_transfer_params
  *   consumer leg      (kv_consumer, do_remote_prefill) allocate → pdl_instance_pull (READ mode) → verify
  *                     every received byte → generate → free blocks
+ * WRITE mode (read_mode false; the router sends both legs at once):
+ *   producer leg      prefill → generate → pdl_instance_push(transfer_id; consumer address from the
+ *                     request id or params, consumer TP from remote_tp_size) → kv_transfer_params null,
+ *                     as upstream's prefill returns in WRITE mode; the instance frees the blocks
+ *   consumer leg      allocate → pdl_instance_expect_push (remote_blocks out, write_done counted) →
+ *                     verify every byte → generate → free blocks
  * The HTTP layer (http.c) then formats the result as a JSON body or an SSE stream. Every failure carries
  * an HTTP status and a message naming the field or the cause; the blocks of a failed request are freed.
  */
@@ -53,6 +59,8 @@ typedef enum pdl_node_mode {
     PDL_NODE_MODE_LOCAL = 0,
     PDL_NODE_MODE_PREFILL_HOLD = 1,
     PDL_NODE_MODE_PULL = 2,
+    PDL_NODE_MODE_PREFILL_PUSH = 3, /* WRITE mode, kv_producer: prefill then pdl_instance_push */
+    PDL_NODE_MODE_RECV = 4,         /* WRITE mode, kv_consumer: pdl_instance_expect_push then verify */
 } pdl_node_mode_t;
 
 typedef struct pdl_node_request {

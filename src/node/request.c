@@ -320,10 +320,18 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
             return false;
         }
         if (!node->conn.read_mode) {
-            pdl_node_result_error(res, 400,
-                                  "kv_transfer_params.do_remote_decode: this node runs WRITE mode (read_mode false), "
-                                  "which pdlink-node does not serve yet");
-            return false;
+            /* WRITE mode: the push needs the consumer's address (params, else the request id). */
+            pdl_zmq_addr_t da;
+            if ((p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) &&
+                pdl_wire_parse_request_id(req->request_id, NULL, &da, NULL) != PDL_OK) {
+                pdl_node_result_error(res, 400,
+                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
+                                      "remote_notify_port are required in WRITE mode unless X-Request-Id carries the "
+                                      "decode address");
+                return false;
+            }
+            req->mode = PDL_NODE_MODE_PREFILL_PUSH;
+            return true;
         }
         req->mode = PDL_NODE_MODE_PREFILL_HOLD;
     } else if (p->do_remote_prefill) {
@@ -335,6 +343,20 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
         if (p->transfer_id[0] == '\0') {
             pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with do_remote_prefill");
             return false;
+        }
+        if (!node->conn.read_mode) {
+            /* WRITE mode: the producer pushes; only its address is needed (params, else the request id). */
+            pdl_zmq_addr_t pa;
+            if ((p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) &&
+                pdl_wire_parse_request_id(req->request_id, &pa, NULL, NULL) != PDL_OK) {
+                pdl_node_result_error(res, 400,
+                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
+                                      "remote_notify_port are required in WRITE mode unless X-Request-Id carries the "
+                                      "prefill address");
+                return false;
+            }
+            req->mode = PDL_NODE_MODE_RECV;
+            return true;
         }
         if (!p->has_remote_block_ids || p->num_remote_blocks == 0) {
             pdl_node_result_error(res, 400, "kv_transfer_params.remote_block_ids: required (a non-empty array) "
@@ -356,12 +378,6 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
                                       "address");
                 return false;
             }
-        }
-        if (!node->conn.read_mode) {
-            pdl_node_result_error(res, 400,
-                                  "kv_transfer_params.do_remote_prefill: this node runs WRITE mode (read_mode false), "
-                                  "which pdlink-node does not serve yet");
-            return false;
         }
         req->mode = PDL_NODE_MODE_PULL;
     }
@@ -489,6 +505,51 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     return true;
 }
 
+/*
+ * WRITE mode, consumer leg: send remote_blocks, wait for every rank's write_done, then verify every
+ * byte like a pull. The transfer's time (metrics) runs from the remote_blocks to the last write_done.
+ */
+static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
+                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
+    pdl_recv_t *rv = NULL;
+    uint64_t t0 = pdl_now_ns();
+    pdl_node_metrics_pull_begin(node->metrics, t0);
+    pdl_status_t st = pdl_instance_expect_push(inst, &req->params, req->request_id, blocks, nblocks, &rv, &err);
+    if (st == PDL_OK) {
+        /* The prefill runs concurrently: its compute comes before the push, so allow for it too. */
+        double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
+        st = pdl_recv_wait(rv, (int)(budget_s * 1000.0), &err);
+    }
+    uint64_t t1 = pdl_now_ns();
+    pdl_node_metrics_pull_end(node->metrics, t1);
+    uint64_t bytes = 0;
+    int layers = 0;
+    while (pdl_instance_kv_layer(inst, 0, layers) != NULL)
+        layers++;
+    if (st == PDL_OK)
+        for (int r = 0; r < pdl_instance_tp_size(inst); r++) {
+            const pdl_kv_geometry_t *g = pdl_instance_geometry(inst, r);
+            bytes += (uint64_t)layers * (uint64_t)pdl_layout_num_halves(g) *
+                     pdl_layout_block_len(g) * nblocks;
+        }
+    if (rv != NULL)
+        pdl_node_metrics_pull(node->metrics, (double)(t1 - t0) / 1e9, bytes);
+    pdl_recv_free(rv);
+    if (st != PDL_OK) {
+        pdl_node_result_error(res, 500, "KV transfer of %s (WRITE mode) failed: %s", req->params.transfer_id,
+                              err.msg[0] ? err.msg : pdl_status_string(st));
+        return false;
+    }
+    pdl_synth_verify(node->kv, node->args.seed, prompt, blocks, check);
+    pdl_debug("request %s: received %llu pushed bytes in %.3f ms", req->request_id, (unsigned long long)bytes,
+              (double)(t1 - t0) / 1e6);
+    return true;
+}
+
 /* CPU time of the calling thread (debug timings: wall time alone hides contention for the cores). */
 static uint64_t thread_cpu_ns(void)
 {
@@ -549,12 +610,15 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
     pdl_synth_check_t check;
     memset(&check, 0, sizeof(check));
     bool ok = true;
-    if (req->mode != PDL_NODE_MODE_PULL)
-        check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
-    else
+    bool receives = req->mode == PDL_NODE_MODE_PULL || req->mode == PDL_NODE_MODE_RECV;
+    if (req->mode == PDL_NODE_MODE_RECV)
+        ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res);
+    else if (req->mode == PDL_NODE_MODE_PULL)
         ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res);
+    else
+        check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
     uint64_t t_verify = pdl_now_ns(), c_verify = thread_cpu_ns();
-    if (ok && req->mode == PDL_NODE_MODE_PULL) {
+    if (ok && receives) {
         pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
         if (check.mismatched_bytes != 0) {
             pdl_node_result_error(res, 500, "KV verification failed: %llu of %llu bytes mismatched; first at %s",
@@ -586,13 +650,25 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             nblocks = 0; /* the instance owns them now */
         }
     }
+    if (ok && req->mode == PDL_NODE_MODE_PREFILL_PUSH) {
+        /* Upstream's prefill answers at once in WRITE mode; the push runs on the connector's threads. */
+        if (pdl_instance_push(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks, nblocks, &err) !=
+            PDL_OK) {
+            pdl_node_result_error(res, 500, "pushing the KV of transfer %s failed: %s", req->params.transfer_id,
+                                  err.msg);
+            ok = false;
+        } else {
+            pdl_debug("request %s: pushing %zu blocks under %s", req->request_id, nblocks, req->params.transfer_id);
+            nblocks = 0; /* the instance owns them now */
+        }
+    }
     uint64_t t_end = pdl_now_ns();
     pdl_node_kv_free(node->kv, blocks, nblocks);
     free(blocks);
     pdl_debug("request %s: %zu tokens, %zu blocks: alloc %.3f ms, %s %.3f ms (cpu %.3f), verify %.3f ms (cpu %.3f), "
               "generate+hold %.3f ms",
               req->request_id, prompt.n, pdl_synth_blocks_needed(prompt.n, node->args.block_size),
-              (t_fill - t_alloc) / 1e6, req->mode == PDL_NODE_MODE_PULL ? "pull" : "prefill", (t_verify - t_fill) / 1e6,
+              (t_fill - t_alloc) / 1e6, receives ? "receive" : "prefill", (t_verify - t_fill) / 1e6,
               (c_verify - c_fill) / 1e6, (t_gen - t_verify) / 1e6, (c_gen - c_verify) / 1e6, (t_end - t_gen) / 1e6);
     pdl_synth_prompt_free(&prompt);
     if (ok)
