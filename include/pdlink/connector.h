@@ -230,7 +230,8 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
 pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err);
 /* write_done messages consumer rank `tp_rank` counted (ok or failed); -1 for a bad rank. */
 int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank);
-/* Frees a receive; write_done arriving later are counted late. Call after pdl_recv_wait returned. */
+/* Frees a receive; write_done arriving later are counted late. Call after pdl_recv_wait returned and
+ * before pdl_instance_destroy. */
 void pdl_recv_free(pdl_recv_t *rv);
 
 /* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank). */

@@ -361,7 +361,6 @@ static pdl_push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int de
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
 {
     pdl_instance_t *inst = r->inst;
-    CTR_ADD(r, remote_blocks_received, 1);
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
         msg->decode_rank > 65535) {
         pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "remote_blocks for transfer '%s' (req %s): %s",
@@ -371,6 +370,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
                                                                       : "decode_rank out of range");
         return;
     }
+    CTR_ADD(r, remote_blocks_received, 1);
     uint32_t *blocks = malloc(msg->num_blocks * sizeof(uint32_t));
     if (blocks == NULL)
         return;

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
 #include "test_connector_util.h"
 
@@ -338,6 +339,138 @@ static void write_failed_is_load_error(void **state)
     pdl_instance_destroy(p);
 }
 
+/* Send one notify frame to `port` on 127.0.0.1 from a fresh DEALER (closed with linger, so it leaves). */
+static void send_frame(void *zctx, int port, const pdl_msg_t *m)
+{
+    pdl_bytes_t b = {0};
+    assert_int_equal(pdl_wire_encode_msg(m, &b, NULL), PDL_OK);
+    void *s = zmq_socket(zctx, ZMQ_DEALER);
+    assert_non_null(s);
+    int linger = 5000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    assert_int_equal(zmq_send(s, b.data, b.len, 0), (int)b.len);
+    zmq_close(s);
+    pdl_bytes_free(&b);
+}
+
+static void write_done_msg(pdl_msg_t *m, const char *tid, int P, int prank, bool ok)
+{
+    pdl_msg_init(m, PDL_MSG_WRITE_DONE);
+    snprintf(m->transfer_id, sizeof(m->transfer_id), "%s", tid);
+    m->status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
+    m->producer_tp_size = P;
+    m->producer_tp_rank = prank;
+}
+
+typedef struct ctr_wait {
+    pdl_instance_t *inst;
+    size_t off;
+    uint64_t want;
+} ctr_wait_t;
+
+static bool ctr_reached(void *arg)
+{
+    ctr_wait_t *w = arg;
+    return tc_sum(w->inst, w->off) >= w->want;
+}
+
+/* Hostile and stray write_done on a consumer (P8/D4, forged from a socket): one from a producer rank
+ * outside the consumer rank's group and a duplicate are not counted (write_done_late); the receive
+ * completes on exactly the two genuine ones per rank. A remote_blocks sent to a consumer is dropped. */
+static void write_done_outside_group_and_duplicates(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(c);
+    uint32_t cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_kv_params_t ck;
+    leg_params("tx-forged", 8, &ck);
+    /* the producer address points at nothing: the remote_blocks stay queued in libzmq */
+    snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
+    ck.remote_handshake_port = 1000;
+    ck.remote_notify_port = 1100;
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, NULL, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(TC_SUM(c, remote_blocks_sent), 8); /* each consumer rank to its 2 producer ranks */
+    void *zctx = zmq_ctx_new();
+    assert_non_null(zctx);
+    for (int d = 0; d < 4; d++) {
+        int port = pdl_instance_notify_port(c, d);
+        pdl_msg_t m;
+        write_done_msg(&m, "tx-forged", 8, (2 * d + 2) % 8, true); /* outside the group {2d, 2d+1} */
+        send_frame(zctx, port, &m);
+        write_done_msg(&m, "tx-forged", 8, 2 * d, true);
+        send_frame(zctx, port, &m);
+        send_frame(zctx, port, &m); /* duplicate */
+        write_done_msg(&m, "tx-forged", 8, 2 * d + 1, true);
+        send_frame(zctx, port, &m);
+    }
+    pdl_msg_t rb;
+    pdl_msg_init(&rb, PDL_MSG_REMOTE_BLOCKS);
+    snprintf(rb.transfer_id, sizeof(rb.transfer_id), "tx-forged");
+    snprintf(rb.req_id, sizeof(rb.req_id), "r");
+    rb.block_ids = cblk;
+    rb.num_blocks = NBLK;
+    send_frame(zctx, pdl_instance_notify_port(c, 0), &rb);
+    zmq_ctx_term(zctx);
+    assert_int_equal(pdl_recv_wait(rv, 30000, &e), PDL_OK);
+    for (int d = 0; d < 4; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), 2);
+    ctr_wait_t w = {c, offsetof(pdl_rank_counters_t, write_done_late), 8};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    ctr_wait_t w2 = {c, offsetof(pdl_rank_counters_t, dropped_malformed), 1};
+    assert_true(tc_wait_for(ctr_reached, &w2, 20000));
+    for (int d = 0; d < 4; d++) {
+        assert_int_equal(TC_GET(c, d, write_done_received), 2);
+        assert_int_equal(TC_GET(c, d, write_done_late), 2);
+    }
+    assert_int_equal(TC_SUM(c, dropped_malformed), 1);
+    assert_int_equal(TC_SUM(c, remote_blocks_received), 0);
+    pdl_recv_free(rv);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+}
+
+static void fast_timeout(pdl_instance_config_t *c)
+{
+    write_mode(c);
+    c->conn.transfer_timeout_s = 0.3;
+}
+
+/* A push that never comes: the consumer's receive fails with a timeout (a load error) on every rank. */
+static void write_receive_times_out(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, fast_timeout);
+    assert_non_null(c);
+    uint32_t cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_kv_params_t ck;
+    leg_params("tx-silent", 4, &ck);
+    snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
+    ck.remote_handshake_port = 1000;
+    ck.remote_notify_port = 1100;
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, NULL, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_recv_wait(rv, 30000, &e), PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "transfer_timeout"));
+    assert_int_equal(pdl_recv_write_done(rv, 0), 0);
+    pdl_recv_free(rv);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    assert_int_equal(pdl_instance_free_block_count(c), TOTAL_BLOCKS);
+    pdl_instance_destroy(c);
+}
+
 static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 /* Without the opt-in an instance still refuses WRITE mode with the clear error; READ-mode instances
@@ -380,6 +513,8 @@ int main(void)
         cmocka_unit_test(write_p4_d2_nhd_tcp),
         cmocka_unit_test(write_expired_without_remote_blocks),
         cmocka_unit_test(write_failed_is_load_error),
+        cmocka_unit_test(write_done_outside_group_and_duplicates),
+        cmocka_unit_test(write_receive_times_out),
         cmocka_unit_test(write_refused_without_opt_in),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
