@@ -62,6 +62,8 @@ typedef struct pdl_msg {
     /* remote_blocks */
     char req_id[PDL_WIRE_ID_MAX + 1];
     int64_t decode_rank;       /* decode DP rank; 0 when absent */
+    /* remote_blocks also carries consumer_tp_size/rank (pdlink addition, additive keys upstream
+     * ignores): encoded only when consumer_tp_rank != -1, decoded when present */
     uint32_t *block_ids;       /* owned */
     size_t num_blocks;
 } pdl_msg_t;

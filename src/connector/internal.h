@@ -64,6 +64,7 @@ typedef struct pdl_push_job {
     uint32_t *blocks; /* the consumer's block ids (owned) */
     size_t n;
     int decode_dp;
+    int consumer_tp; /* from remote_blocks' consumer_tp_size, else the push's params */
 } pdl_push_job_t;
 
 typedef struct pdl_rank {

@@ -53,6 +53,7 @@ typedef struct parked_rb {
     uint32_t *blocks;
     size_t n;
     int decode_dp;
+    int said_tp; /* consumer_tp_size from the message, 0 when absent */
     int rank;
     uint64_t at_ns;
 } parked_rb_t;
@@ -143,7 +144,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_pus
     pdl_write_plan_t *plan = malloc(sizeof(*plan));
     if (plan == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "write plan: out of memory");
-    pdl_status_t st = pdl_topo_write_plan(inst->tp, p->consumer_tp, g->total_kv_heads, g->is_mla, r->rank, plan, err);
+    pdl_status_t st = pdl_topo_write_plan(inst->tp, j->consumer_tp, g->total_kv_heads, g->is_mla, r->rank, plan, err);
     if (st != PDL_OK) {
         free(plan);
         return st;
@@ -166,7 +167,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_pus
     dial->hs_base = p->hs_base;
     dial->notify_base = p->notify_base;
     dial->remote_dp = j->decode_dp;
-    dial->producer_tp = p->consumer_tp;
+    dial->producer_tp = j->consumer_tp;
 
     int L = g->num_layers;
     int nt = plan->num_targets;
@@ -237,11 +238,11 @@ out:
     return st;
 }
 
-static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, int decode_dp, bool ok)
+static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const pdl_push_job_t *j, bool ok)
 {
     pdl_instance_t *inst = r->inst;
-    int first = 0, count = 0;
-    if (pdl_topo_consumers_of(inst->tp, p->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
+    int first = 0, count = 0, decode_dp = j->decode_dp;
+    if (pdl_topo_consumers_of(inst->tp, j->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
         return;
     for (int c = first; c < first + count; c++) {
         pdl_msg_t m;
@@ -253,7 +254,7 @@ static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, int decode_dp, b
         pdl_bytes_t b = {0};
         pdl_error_t e;
         char ep[PDL_WIRE_HOST_MAX + 32];
-        int off = pdl_topo_port_offset(decode_dp, p->consumer_tp, c);
+        int off = pdl_topo_port_offset(decode_dp, j->consumer_tp, c);
         if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
             pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
         else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
@@ -275,7 +276,7 @@ static void run_push_job(pdl_rank_t *r, pdl_push_job_t *j)
     pdl_status_t st = rank_write(r, p, j, &bytes, &descs, &err);
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
-    send_write_done(r, p, j->decode_dp, st == PDL_OK);
+    send_write_done(r, p, j, st == PDL_OK);
     pthread_mutex_lock(&r->ctr_mu);
     if (st == PDL_OK) {
         r->ctr.transfers++;
@@ -346,11 +347,14 @@ void pdl__pusher_stop(pdl_rank_t *r)
 
 /* ---- producer: messages and API --------------------------------------------------------------- */
 
-static pdl_push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode_dp)
+/* The consumer's TP as the job uses it: what the consumer said in remote_blocks (a pdlink consumer
+ * knows its own TP; a router before vllm-router PR #192 sent remote_tp_size 1), else the params'. */
+static pdl_push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode_dp, int said_tp)
 {
     pdl_push_job_t *j = calloc(1, sizeof(*j));
     if (j == NULL)
         return NULL;
+    j->consumer_tp = said_tp > 0 ? said_tp : p->consumer_tp;
     j->push = p;
     j->blocks = blocks;
     j->n = n;
@@ -371,6 +375,17 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
         return;
     }
     CTR_ADD(r, remote_blocks_received, 1);
+    int said_tp = 0;
+    if (msg->consumer_tp_rank >= 0) {
+        int dummy;
+        if (msg->consumer_tp_size > PDL_TOPO_MAX_TP ||
+            pdl_topo_map_rank(0, inst->tp, (int)msg->consumer_tp_size, &dummy, NULL) != PDL_OK) {
+            pdl__rank_count_drop(r, PDL_DROP_NOTIFY_FANIN, "remote_blocks for %s: consumer_tp_size %" PRId64
+                                 " does not fit producer TP %d", msg->transfer_id, msg->consumer_tp_size, inst->tp);
+            return;
+        }
+        said_tp = (int)msg->consumer_tp_size;
+    }
     uint32_t *blocks = malloc(msg->num_blocks * sizeof(uint32_t));
     if (blocks == NULL)
         return;
@@ -383,7 +398,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
     if (p != NULL) {
         if (p->state[r->rank] == RS_WAITING) {
-            job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank);
+            job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank, said_tp);
             if (job != NULL)
                 p->state[r->rank] = RS_STARTED;
         }
@@ -394,6 +409,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
             k->blocks = blocks;
             k->n = msg->num_blocks;
             k->decode_dp = (int)msg->decode_rank;
+            k->said_tp = said_tp;
             k->rank = r->rank;
             k->at_ns = pdl_now_ns();
             if (pdl__strmap_put(&inst->parked, key, k) == 0)
@@ -513,7 +529,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
             parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
             if (k == NULL)
                 continue;
-            jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp);
+            jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp, k->said_tp);
             if (jobs[i] == NULL)
                 continue; /* stays parked; the rank is reaped after defer_timeout */
             pdl__strmap_remove(&inst->parked, key);
@@ -718,6 +734,8 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
             snprintf(m.req_id, sizeof(m.req_id), "%.*s", PDL_WIRE_ID_MAX,
                      request_id && request_id[0] ? request_id : tid);
             m.decode_rank = inst->cfg.dp_rank;
+            m.consumer_tp_size = D;
+            m.consumer_tp_rank = d;
             m.block_ids = (uint32_t *)local_blocks; /* borrowed for the encode */
             m.num_blocks = n;
             pdl_bytes_t b = {0};

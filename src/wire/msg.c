@@ -255,6 +255,13 @@ static pdl_status_t decode_map(const msgpack_object *map, pdl_msg_t *out, pdl_er
                              err);
         if (st == PDL_OK && v[K_DECODE_RANK] != NULL)
             st = pdl__mp_int(v[K_DECODE_RANK], ctx, "decode_rank", 0, INT32_MAX, &out->decode_rank, err);
+        /* pdlink addition: the sending consumer rank and its TP size (upstream ignores them). */
+        if (st == PDL_OK && v[K_CONSUMER_TP_SIZE] != NULL)
+            st = pdl__mp_int(v[K_CONSUMER_TP_SIZE], ctx, "consumer_tp_size", 1, PDL_WIRE_MAX_TP,
+                             &out->consumer_tp_size, err);
+        if (st == PDL_OK && v[K_CONSUMER_TP_RANK] != NULL)
+            st = pdl__mp_int(v[K_CONSUMER_TP_RANK], ctx, "consumer_tp_rank", 0, out->consumer_tp_size - 1,
+                             &out->consumer_tp_rank, err);
         if (st == PDL_OK)
             st = get_blocks(v[K_BLOCK_NOTIFY_LIST], ctx, out, err);
         return st;
@@ -426,9 +433,16 @@ pdl_status_t pdl_wire_encode_msg(const pdl_msg_t *m, pdl_bytes_t *out, pdl_error
         if (m->decode_rank < 0 || m->decode_rank > INT32_MAX)
             return pdl_error_set(err, PDL_ERR_INVALID, "%s: decode_rank must be >= 0, got %" PRId64, ctx,
                                  m->decode_rank);
+        /* pdlink addition: consumer_tp_size/rank, written only when the rank is set (a pdlink sender). */
+        bool has_consumer = m->consumer_tp_rank != -1;
+        if (has_consumer && (m->consumer_tp_size < 1 || m->consumer_tp_size > PDL_WIRE_MAX_TP ||
+                             m->consumer_tp_rank < 0 || m->consumer_tp_rank >= m->consumer_tp_size))
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "%s: consumer_tp_rank %" PRId64 " / consumer_tp_size %" PRId64 " out of range", ctx,
+                                 m->consumer_tp_rank, m->consumer_tp_size);
         bool has_tid = m->transfer_id[0] != '\0';
         pdl__enc_init(&e);
-        pdl__enc_map(&e, 4 + has_tid);
+        pdl__enc_map(&e, 4 + has_tid + 2 * has_consumer);
         pdl__enc_str(&e, "req_id");
         pdl__enc_str(&e, m->req_id);
         if (has_tid) {
@@ -441,6 +455,12 @@ pdl_status_t pdl_wire_encode_msg(const pdl_msg_t *m, pdl_bytes_t *out, pdl_error
             pdl__enc_uint(&e, m->block_ids[i]);
         pdl__enc_str(&e, "decode_rank");
         pdl__enc_int(&e, m->decode_rank);
+        if (has_consumer) {
+            pdl__enc_str(&e, "consumer_tp_size");
+            pdl__enc_int(&e, m->consumer_tp_size);
+            pdl__enc_str(&e, "consumer_tp_rank");
+            pdl__enc_int(&e, m->consumer_tp_rank);
+        }
         pdl__enc_str(&e, "type");
         pdl__enc_str(&e, ctx);
         return pdl__enc_finish(&e, ctx, out, err);

@@ -438,6 +438,47 @@ static void write_done_outside_group_and_duplicates(void **state)
     pdl_instance_destroy(c);
 }
 
+/* A router before vllm-router PR #192 sent the prefill remote_tp_size 1: the producer takes the
+ * consumer's TP from remote_blocks (consumer_tp_size, a pdlink key) and still writes every head right. */
+static void write_consumer_tp_from_remote_blocks(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    tc_fill(p, 8, false, pblk, NBLK, 77);
+    char rid[1024];
+    make_rid(p, c, 3, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-oldrouter", 1, &pk);
+    leg_params("tx-oldrouter", 4, &ck);
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    if (pdl_recv_wait(rv, 30000, &e) != PDL_OK)
+        fail_msg("receive: %s", e.msg);
+    for (int d = 0; d < 8; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), 1);
+    pdl_recv_free(rv);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, cblk, NBLK, 77, &checked), 0);
+    assert_true(checked > 0);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_int_equal(TC_SUM(p, write_failures), 0);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void fast_timeout(pdl_instance_config_t *c)
 {
     write_mode(c);
@@ -515,6 +556,7 @@ int main(void)
         cmocka_unit_test(write_failed_is_load_error),
         cmocka_unit_test(write_done_outside_group_and_duplicates),
         cmocka_unit_test(write_receive_times_out),
+        cmocka_unit_test(write_consumer_tp_from_remote_blocks),
         cmocka_unit_test(write_refused_without_opt_in),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
