@@ -1390,11 +1390,6 @@ int pdl_cli_run(int argc, char **argv)
         free(c);
         return prc > 0 ? 0 : 2;
     }
-    if (strcmp(c->o.mode, "write") == 0) {
-        fprintf(stderr, "pdlink run: WRITE mode is not built yet (pdlink-node serves READ mode only); use --mode read\n");
-        free(c);
-        return 2;
-    }
     if (c->o.netns) {
         pdl_error_t err;
         pdl_error_clear(&err);

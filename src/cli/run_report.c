@@ -100,6 +100,8 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     } else {
         fprintf(out, "ceiling: not measured\n");
     }
+    /* In WRITE mode the prefill pushes: the fan-in is write_done, and a decode "pull" is a receive. */
+    bool w = strcmp(info->mode, "write") == 0;
     fprintf(out, "\n  %-24s", "topology");
     for (int i = 0; i < n; i++)
         fprintf(out, " %16s", rs[i].topo.name);
@@ -112,15 +114,15 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("bytes verified", fmt_bytes(cell, sizeof(cell), r->verified));
     ROW("mismatched bytes", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->mismatched));
     ROW("descriptors", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->descriptors));
-    ROW("releases sent / recv", snprintf(cell, sizeof(cell), "%llu / %llu", (unsigned long long)r->releases_sent,
+    ROW(w ? "write_done sent / recv" : "releases sent / recv", snprintf(cell, sizeof(cell), "%llu / %llu", (unsigned long long)r->releases_sent,
                                          (unsigned long long)r->releases_received));
     ROW("expired", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->expired));
     ROW("blocks held at end", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->held_blocks));
     ROW("TTFT p50 / p99 (ms)", r->ttft_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->ttft_p50_ms,
                                                              r->ttft_p99_ms));
-    ROW("pulls", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->pulls));
-    ROW("pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
+    ROW(w ? "receives" : "pulls", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->pulls));
+    ROW(w ? "receive p50 / p99 (ms)" : "pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->pull_p50_ms,
                                                              r->pull_p99_ms));
     ROW("transfer busy (s)", snprintf(cell, sizeof(cell), "%.3f", r->busy_seconds));
@@ -129,7 +131,7 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
                                     ? snprintf(cell, sizeof(cell), "-")
                                     : snprintf(cell, sizeof(cell), "%.0f%% (%d)", 100.0 * r->gbps / r->ceiling_gbps,
                                                r->ceiling_threads));
-    ROW("engine read GB/s/rank", r->read_gbps < 0 ? snprintf(cell, sizeof(cell), "-")
+    ROW(w ? "engine write GB/s/rank" : "engine read GB/s/rank", r->read_gbps < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.2f", r->read_gbps));
     ROW("of ceiling (1 thread)", (r->read_gbps < 0 || r->rank_ceiling_gbps <= 0)
                                      ? snprintf(cell, sizeof(cell), "-")

@@ -4,8 +4,7 @@
 # the JSON report checked with /usr/bin/python3: every topology passes, parity n/n, 0 mismatched bytes,
 # 0 expired transfers, 0 blocks held, KV pushed and verified, write_done sent == counted == max(P, D) per
 # request (the report's release rows), one receive per request. Then: no child left.
-# Exit 77 (skip) when pdlink-node or pdlink-router is not built, or while `pdlink run` still refuses
-# --mode write (exit 2).
+# Exit 77 (skip) when pdlink-node or pdlink-router is not built.
 set -u
 BUILD=${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR must point at the build directory}
 for exe in pdlink pdlink-node pdlink-router; do
@@ -21,10 +20,6 @@ trap 'rm -rf "$WORK"' EXIT
     --json "$WORK/report.json" --log-dir "$WORK/logs" >"$WORK/out.txt" 2>"$WORK/err.txt"
 rc=$?
 cat "$WORK/out.txt"
-if [ "$rc" -eq 2 ] && grep -q 'WRITE mode is not built yet' "$WORK/err.txt"; then
-    echo "SKIP: pdlink run refuses --mode write in this build"
-    exit 77
-fi
 if [ "$rc" -ne 0 ]; then
     echo "FAIL: pdlink run --mode write exited with $rc; stderr:"
     cat "$WORK/err.txt"
