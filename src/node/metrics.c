@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "pdlink/log.h"
+#include "pdlink/strbuf.h"
 
 /* 1-1.5-2-3-5-7 per decade from 100 us to 30 s: fine enough that a percentile interpolated inside a
  * bucket (as `pdlink run` and Prometheus' histogram_quantile do) is within a factor 1.5 of the truth. */
@@ -112,40 +113,6 @@ void pdl_node_metrics_pull(pdl_node_metrics_t *m, double seconds, uint64_t bytes
     atomic_fetch_add(&m->byte_sum, bytes);
 }
 
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int failed;
-} sbuf_t;
-
-__attribute__((format(printf, 2, 3))) static void put(sbuf_t *b, const char *fmt, ...)
-{
-    if (b->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            b->failed = 1;
-            return;
-        }
-        if ((size_t)w < b->cap - b->n) {
-            b->n += (size_t)w;
-            return;
-        }
-        size_t ncap = b->cap * 2 + (size_t)w + 1;
-        char *np = realloc(b->p, ncap);
-        if (np == NULL) {
-            b->failed = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
 typedef struct rank_metric {
     const char *name;
     const char *help;
@@ -182,28 +149,25 @@ static const rank_metric_t rank_metrics[] = {
 };
 #undef RM
 
-static void histogram(sbuf_t *b, const char *name, const char *help, const char *role, const double *bounds,
+static void histogram(pdl_strbuf_t *b, const char *name, const char *help, const char *role, const double *bounds,
                       size_t nb, _Atomic uint64_t *buckets, uint64_t count, double sum)
 {
-    put(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    pdl_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     for (size_t i = 0; i < nb; i++)
-        put(b, "%s_bucket{role=\"%s\",le=\"%g\"} %llu\n", name, role, bounds[i],
+        pdl_strbuf_printf(b, "%s_bucket{role=\"%s\",le=\"%g\"} %llu\n", name, role, bounds[i],
             (unsigned long long)atomic_load(&buckets[i]));
-    put(b, "%s_bucket{role=\"%s\",le=\"+Inf\"} %llu\n", name, role, (unsigned long long)count);
-    put(b, "%s_sum{role=\"%s\"} %.9g\n", name, role, sum);
-    put(b, "%s_count{role=\"%s\"} %llu\n", name, role, (unsigned long long)count);
+    pdl_strbuf_printf(b, "%s_bucket{role=\"%s\",le=\"+Inf\"} %llu\n", name, role, (unsigned long long)count);
+    pdl_strbuf_printf(b, "%s_sum{role=\"%s\"} %.9g\n", name, role, sum);
+    pdl_strbuf_printf(b, "%s_count{role=\"%s\"} %llu\n", name, role, (unsigned long long)count);
 }
 
 char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const char *role)
 {
-    sbuf_t b = {malloc(8192), 0, 8192, 0};
-    if (b.p == NULL)
-        return NULL;
+    pdl_strbuf_t b = {0};
     int tp = pdl_node_kv_tp_size(kv);
     pdl_instance_t *inst = pdl_node_kv_instance(kv);
     pdl_rank_counters_t *rc = calloc((size_t)tp, sizeof(*rc));
     if (rc == NULL) {
-        free(b.p);
         return NULL;
     }
     if (inst != NULL)
@@ -212,45 +176,45 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
                 memset(&rc[r], 0, sizeof(rc[r]));
     for (size_t i = 0; i < sizeof(rank_metrics) / sizeof(rank_metrics[0]); i++) {
         const rank_metric_t *rm = &rank_metrics[i];
-        put(&b, "# HELP %s %s\n# TYPE %s counter\n", rm->name, rm->help, rm->name);
+        pdl_strbuf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n", rm->name, rm->help, rm->name);
         for (int r = 0; r < tp; r++) {
             uint64_t v;
             memcpy(&v, (const char *)&rc[r] + rm->offset, sizeof(v));
             if (rm->seconds)
-                put(&b, "%s{rank=\"%d\",role=\"%s\"} %.9f\n", rm->name, r, role, (double)v / 1e9);
+                pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %.9f\n", rm->name, r, role, (double)v / 1e9);
             else
-                put(&b, "%s{rank=\"%d\",role=\"%s\"} %llu\n", rm->name, r, role, (unsigned long long)v);
+                pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %llu\n", rm->name, r, role, (unsigned long long)v);
         }
     }
     free(rc);
 
     size_t held_t = inst ? pdl_instance_held_transfers(inst) : 0;
     size_t held_b = inst ? pdl_instance_held_blocks(inst) : 0;
-    put(&b, "# HELP pdlink_held_transfers Transfers held for a consumer.\n# TYPE pdlink_held_transfers gauge\n");
-    put(&b, "pdlink_held_transfers{role=\"%s\"} %zu\n", role, held_t);
-    put(&b, "# HELP pdlink_held_blocks KV blocks held for a consumer.\n# TYPE pdlink_held_blocks gauge\n");
-    put(&b, "pdlink_held_blocks{role=\"%s\"} %zu\n", role, held_b);
-    put(&b, "# HELP pdlink_free_blocks Free KV blocks.\n# TYPE pdlink_free_blocks gauge\n");
-    put(&b, "pdlink_free_blocks{role=\"%s\"} %zu\n", role, pdl_node_kv_free_count(kv));
-    put(&b, "# HELP pdlink_total_blocks KV blocks per rank.\n# TYPE pdlink_total_blocks gauge\n");
-    put(&b, "pdlink_total_blocks{role=\"%s\"} %u\n", role, pdl_node_kv_total_blocks(kv));
-    put(&b, "# HELP pdlink_kv_bytes_verified_total Received KV bytes verified by the decode.\n"
+    pdl_strbuf_printf(&b, "# HELP pdlink_held_transfers Transfers held for a consumer.\n# TYPE pdlink_held_transfers gauge\n");
+    pdl_strbuf_printf(&b, "pdlink_held_transfers{role=\"%s\"} %zu\n", role, held_t);
+    pdl_strbuf_printf(&b, "# HELP pdlink_held_blocks KV blocks held for a consumer.\n# TYPE pdlink_held_blocks gauge\n");
+    pdl_strbuf_printf(&b, "pdlink_held_blocks{role=\"%s\"} %zu\n", role, held_b);
+    pdl_strbuf_printf(&b, "# HELP pdlink_free_blocks Free KV blocks.\n# TYPE pdlink_free_blocks gauge\n");
+    pdl_strbuf_printf(&b, "pdlink_free_blocks{role=\"%s\"} %zu\n", role, pdl_node_kv_free_count(kv));
+    pdl_strbuf_printf(&b, "# HELP pdlink_total_blocks KV blocks per rank.\n# TYPE pdlink_total_blocks gauge\n");
+    pdl_strbuf_printf(&b, "pdlink_total_blocks{role=\"%s\"} %u\n", role, pdl_node_kv_total_blocks(kv));
+    pdl_strbuf_printf(&b, "# HELP pdlink_kv_bytes_verified_total Received KV bytes verified by the decode.\n"
             "# TYPE pdlink_kv_bytes_verified_total counter\n");
-    put(&b, "pdlink_kv_bytes_verified_total{role=\"%s\"} %llu\n", role,
+    pdl_strbuf_printf(&b, "pdlink_kv_bytes_verified_total{role=\"%s\"} %llu\n", role,
         (unsigned long long)atomic_load(&m->verified));
-    put(&b, "# HELP pdlink_kv_bytes_mismatched_total Received KV bytes that did not match.\n"
+    pdl_strbuf_printf(&b, "# HELP pdlink_kv_bytes_mismatched_total Received KV bytes that did not match.\n"
             "# TYPE pdlink_kv_bytes_mismatched_total counter\n");
-    put(&b, "pdlink_kv_bytes_mismatched_total{role=\"%s\"} %llu\n", role,
+    pdl_strbuf_printf(&b, "pdlink_kv_bytes_mismatched_total{role=\"%s\"} %llu\n", role,
         (unsigned long long)atomic_load(&m->mismatched));
-    put(&b, "# HELP pdlink_requests_total Completion requests by outcome.\n# TYPE pdlink_requests_total counter\n");
-    put(&b, "pdlink_requests_total{role=\"%s\",status=\"ok\"} %llu\n", role,
+    pdl_strbuf_printf(&b, "# HELP pdlink_requests_total Completion requests by outcome.\n# TYPE pdlink_requests_total counter\n");
+    pdl_strbuf_printf(&b, "pdlink_requests_total{role=\"%s\",status=\"ok\"} %llu\n", role,
         (unsigned long long)atomic_load(&m->req_ok));
-    put(&b, "pdlink_requests_total{role=\"%s\",status=\"failed\"} %llu\n", role,
+    pdl_strbuf_printf(&b, "pdlink_requests_total{role=\"%s\",status=\"failed\"} %llu\n", role,
         (unsigned long long)atomic_load(&m->req_failed));
-    put(&b, "# HELP pdlink_transfer_busy_seconds_total Wall time during which at least one pull was in flight "
+    pdl_strbuf_printf(&b, "# HELP pdlink_transfer_busy_seconds_total Wall time during which at least one pull was in flight "
             "on this instance (the union of the pulls' intervals).\n"
             "# TYPE pdlink_transfer_busy_seconds_total counter\n");
-    put(&b, "pdlink_transfer_busy_seconds_total{role=\"%s\"} %.9f\n", role,
+    pdl_strbuf_printf(&b, "pdlink_transfer_busy_seconds_total{role=\"%s\"} %.9f\n", role,
         (double)pdl_node_metrics_busy_ns(m, pdl_now_ns()) / 1e9);
     histogram(&b, "pdlink_transfer_seconds", "Wall time of one pull (all ranks).", role, seconds_bounds, N_SEC,
               m->sec_buckets, atomic_load(&m->sec_count), (double)atomic_load(&m->sec_sum_ns) / 1e9);

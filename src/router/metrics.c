@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pdlink/strbuf.h"
+
 #define MAX_WORKER_SERIES 1024
 
 static const double k_buckets[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -157,58 +159,23 @@ uint64_t pdl_rt_metrics_discovery_get(pdl_rt_metrics_t *m, pdl_rt_disc_t what)
     return v;
 }
 
-typedef struct textbuf {
-    char *p;
-    size_t len, cap;
-    int failed;
-} textbuf_t;
-
-static void tb_printf(textbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tb_printf(textbuf_t *b, const char *fmt, ...)
-{
-    if (b->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = 1;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t ncap = (b->cap + (size_t)n + 1) * 2;
-        char *np = realloc(b->p, ncap);
-        if (np == NULL) {
-            b->failed = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = ncap;
-    }
-}
-
 /* Label values are addresses we stored; escape anyway, as the exposition format requires. */
-static void tb_label(textbuf_t *b, const char *s)
+static void tb_label(pdl_strbuf_t *b, const char *s)
 {
     for (; *s; s++) {
         if (*s == '"' || *s == '\\')
-            tb_printf(b, "\\%c", *s);
+            pdl_strbuf_printf(b, "\\%c", *s);
         else if (*s == '\n')
-            tb_printf(b, "\\n");
+            pdl_strbuf_printf(b, "\\n");
         else
-            tb_printf(b, "%c", *s);
+            pdl_strbuf_printf(b, "%c", *s);
     }
 }
 
 pdl_status_t pdl_rt_metrics_render(pdl_rt_metrics_t *m, pdl_registry_t *reg, uint64_t now_ms, char **text_p,
                                    size_t *len_p)
 {
-    textbuf_t b = {0};
+    pdl_strbuf_t b = {0};
     b.cap = 8192;
     b.p = malloc(b.cap);
     if (b.p == NULL)
@@ -222,33 +189,33 @@ pdl_status_t pdl_rt_metrics_render(pdl_rt_metrics_t *m, pdl_registry_t *reg, uin
     }
 
     pthread_mutex_lock(&m->mu);
-    tb_printf(&b, "# HELP vllm_router_pd_requests_total P/D requests received, by route.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_requests_total P/D requests received, by route.\n"
                   "# TYPE vllm_router_pd_requests_total counter\n");
     for (int r = 0; r < PDL_ROUTE_COUNT_; r++)
-        tb_printf(&b, "vllm_router_pd_requests_total{route=\"%s\"} %llu\n", pdl_rt_route_path((pdl_rt_route_t)r),
+        pdl_strbuf_printf(&b, "vllm_router_pd_requests_total{route=\"%s\"} %llu\n", pdl_rt_route_path((pdl_rt_route_t)r),
                   (unsigned long long)m->requests[r]);
-    tb_printf(&b, "# HELP vllm_router_pd_prefill_requests_total Prefill legs sent, by worker.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_prefill_requests_total Prefill legs sent, by worker.\n"
                   "# TYPE vllm_router_pd_prefill_requests_total counter\n");
     for (size_t i = 0; i < m->nworkers; i++)
         if (m->workers[i].role == 'P') {
-            tb_printf(&b, "vllm_router_pd_prefill_requests_total{worker=\"");
+            pdl_strbuf_printf(&b, "vllm_router_pd_prefill_requests_total{worker=\"");
             tb_label(&b, m->workers[i].url);
-            tb_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
+            pdl_strbuf_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
         }
-    tb_printf(&b, "# HELP vllm_router_pd_decode_requests_total Decode legs sent, by worker.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_decode_requests_total Decode legs sent, by worker.\n"
                   "# TYPE vllm_router_pd_decode_requests_total counter\n");
     for (size_t i = 0; i < m->nworkers; i++)
         if (m->workers[i].role == 'D') {
-            tb_printf(&b, "vllm_router_pd_decode_requests_total{worker=\"");
+            pdl_strbuf_printf(&b, "vllm_router_pd_decode_requests_total{worker=\"");
             tb_label(&b, m->workers[i].url);
-            tb_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
+            pdl_strbuf_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
         }
-    tb_printf(&b, "# HELP vllm_router_pd_errors_total Failed P/D requests, by error type.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_errors_total Failed P/D requests, by error type.\n"
                   "# TYPE vllm_router_pd_errors_total counter\n");
     for (int e = 0; e < PDL_RTERR_COUNT_; e++)
-        tb_printf(&b, "vllm_router_pd_errors_total{error_type=\"%s\"} %llu\n", k_error_names[e],
+        pdl_strbuf_printf(&b, "vllm_router_pd_errors_total{error_type=\"%s\"} %llu\n", k_error_names[e],
                   (unsigned long long)m->errors[e]);
-    tb_printf(&b,
+    pdl_strbuf_printf(&b,
               "# HELP vllm_router_pd_prefill_errors_total Prefill legs that failed (transport or non-2xx).\n"
               "# TYPE vllm_router_pd_prefill_errors_total counter\n"
               "vllm_router_pd_prefill_errors_total %llu\n"
@@ -256,40 +223,40 @@ pdl_status_t pdl_rt_metrics_render(pdl_rt_metrics_t *m, pdl_registry_t *reg, uin
               "# TYPE vllm_router_pd_decode_errors_total counter\n"
               "vllm_router_pd_decode_errors_total %llu\n",
               (unsigned long long)m->prefill_errors, (unsigned long long)m->decode_errors);
-    tb_printf(&b, "# HELP vllm_router_pd_active_requests P/D requests in flight.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_active_requests P/D requests in flight.\n"
                   "# TYPE vllm_router_pd_active_requests gauge\n"
                   "vllm_router_pd_active_requests %lld\n",
               (long long)m->active);
-    tb_printf(&b, "# HELP vllm_router_pd_request_duration_seconds Time from request to the end of the response.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_request_duration_seconds Time from request to the end of the response.\n"
                   "# TYPE vllm_router_pd_request_duration_seconds histogram\n");
     for (int r = 0; r < PDL_ROUTE_COUNT_; r++) {
         const char *path = pdl_rt_route_path((pdl_rt_route_t)r);
         uint64_t cum = 0;
         for (size_t i = 0; i < NBUCKETS; i++) {
             cum += m->duration[r].buckets[i];
-            tb_printf(&b, "vllm_router_pd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n", path,
+            pdl_strbuf_printf(&b, "vllm_router_pd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n", path,
                       k_buckets[i], (unsigned long long)cum);
         }
-        tb_printf(&b,
+        pdl_strbuf_printf(&b,
                   "vllm_router_pd_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n"
                   "vllm_router_pd_request_duration_seconds_sum{route=\"%s\"} %.6f\n"
                   "vllm_router_pd_request_duration_seconds_count{route=\"%s\"} %llu\n",
                   path, (unsigned long long)m->duration[r].count, path, m->duration[r].sum, path,
                   (unsigned long long)m->duration[r].count);
     }
-    tb_printf(&b, "# HELP vllm_router_discovery_total Discovery socket events (pdlink), by kind.\n"
+    pdl_strbuf_printf(&b, "# HELP vllm_router_discovery_total Discovery socket events (pdlink), by kind.\n"
                   "# TYPE vllm_router_discovery_total counter\n");
     for (int d = 0; d < PDL_DISC_COUNT_; d++)
-        tb_printf(&b, "vllm_router_discovery_total{kind=\"%s\"} %llu\n", k_disc_names[d],
+        pdl_strbuf_printf(&b, "vllm_router_discovery_total{kind=\"%s\"} %llu\n", k_disc_names[d],
                   (unsigned long long)m->disc[d]);
-    tb_printf(&b,
+    pdl_strbuf_printf(&b,
               "# HELP vllm_router_discovery_malformed_total Discovery frames dropped as malformed.\n"
               "# TYPE vllm_router_discovery_malformed_total counter\n"
               "vllm_router_discovery_malformed_total %llu\n",
               (unsigned long long)m->disc[PDL_DISC_MALFORMED]);
     pthread_mutex_unlock(&m->mu);
 
-    tb_printf(&b,
+    pdl_strbuf_printf(&b,
               "# HELP vllm_router_pd_registered_workers Live registered instances, by role.\n"
               "# TYPE vllm_router_pd_registered_workers gauge\n"
               "vllm_router_pd_registered_workers{role=\"prefill\"} %zu\n"
