@@ -641,14 +641,13 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
                 c->txq = op->next;
             }
         }
+        /* The frame rides on top of the payload's TCP_SEND_CALL_MAX, so a MiB-multiple WRITE does not
+         * leave a frame-sized tail for another call (see tcp_server.c). */
         size_t k = 0;
-        uint64_t room = TCP_SEND_CALL_MAX;
-        if (c->frame_off < c->frame_len) {
+        if (c->frame_off < c->frame_len)
             c->txv[k++] = (struct iovec){c->frame + c->frame_off, c->frame_len - c->frame_off};
-            room -= c->frame_len - c->frame_off < room ? c->frame_len - c->frame_off : room;
-        }
-        if (c->tx_pay_left > 0 && room > 0)
-            k += pay_iov(c->tx_op->b, c->tx_pay, c->tx_pay_left, room, &c->txv[k], IOV_MAX - k);
+        if (c->tx_pay_left > 0)
+            k += pay_iov(c->tx_op->b, c->tx_pay, c->tx_pay_left, TCP_SEND_CALL_MAX, &c->txv[k], IOV_MAX - k);
         struct msghdr mh = {0};
         mh.msg_iov = c->txv;
         mh.msg_iovlen = k;

@@ -446,13 +446,17 @@ static int conn_progress(srv_conn_t *c)
             size_t cnt = c->iov_n - c->iov_i;
             mh.msg_iov = &c->iov[c->iov_i];
             mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
-            /* At most send_max bytes per call: the iovec list is cut there (and restored). */
+            /* At most send_max payload bytes per call: the iovec list is cut there (and restored). The
+             * response header rides on top of the first call: counting it would leave a 32-byte tail
+             * of every MiB-multiple response for a second call, one epoll round later (with the turn
+             * limit), while the initiator waits for exactly those bytes (+20% on a 1 MiB READ). */
+            size_t cap = srv->send_max + (c->iov_i == 0 ? c->iov[0].iov_len : 0);
             size_t k = 0, bytes = 0, saved = 0;
-            while (k < mh.msg_iovlen && bytes < srv->send_max)
+            while (k < mh.msg_iovlen && bytes < cap)
                 bytes += c->iov[c->iov_i + k++].iov_len;
-            if (bytes > srv->send_max) {
+            if (bytes > cap) {
                 saved = c->iov[c->iov_i + k - 1].iov_len;
-                c->iov[c->iov_i + k - 1].iov_len -= bytes - srv->send_max;
+                c->iov[c->iov_i + k - 1].iov_len -= bytes - cap;
             }
             mh.msg_iovlen = k;
             n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
