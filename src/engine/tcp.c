@@ -14,8 +14,8 @@
  * stop-and-wait batch costs one round trip and two thread wake-ups (the owner's server thread and the
  * waiter), not the four of a worker hand-off. Several batches may be in flight on one connection
  * (pipelining): responses arrive in order, and a thread waiting for a later batch completes the earlier
- * ones on the way. Chunks 1.. of a striped batch are driven by the engine's workers so the receive
- * copies of different connections run in parallel.
+ * ones on the way. Chunks 1.. of a striped batch of 1 MiB chunks or more are driven by the engine's
+ * workers so the receive copies of different connections run in parallel; smaller ones by the waiter.
  *
  * Per connection, one thread at a time sends (tx_busy) and one receives (rx_busy); the flags and the
  * queue are under the connection's mutex, the system calls are made without it. A driver with
@@ -55,8 +55,14 @@
 #endif
 
 #define TCP_CONNECT_TIMEOUT_MS 5000
-/* Below this a batch is not striped: one request on one connection beats a second connection. */
-#define TCP_STRIPE_MIN_BYTES (256u << 10)
+/* Below this a batch is not striped: one request on one connection beats a second connection (with
+ * --qp 2 here: 256 KiB x 1 took 42 us on one connection, 80-170 us striped; one more server thread
+ * to wake on two vCPUs). */
+#define TCP_STRIPE_MIN_BYTES (1u << 20)
+/* Chunks 1.. of a striped batch go to a worker (parallel receive copies) only from this size on;
+ * smaller ones are received by the waiting thread after chunk 0 (their bytes wait in the socket
+ * buffer meanwhile): a worker hand-off and wake-up cost more than a copy of less than 1 MiB. */
+#define TCP_POOL_MIN_BYTES (1u << 20)
 /* A blocking receive returns after this long without data, so the driver can check its deadline. */
 #define TCP_RCV_SLICE_MS 10
 
@@ -866,7 +872,7 @@ static void tcp_submit(pdl_session_t *s, pdl_batch_t *b)
         memset(op, 0, sizeof(*op));
         op->b = b;
         op->idx = i;
-        op->pool = i > 0;
+        op->pool = i > 0 && b->chunks[i].bytes >= TCP_POOL_MIN_BYTES;
         op->c = &ts->c[i % ts->n];
         op->tx = (cursor_t){b->chunks[i].first, b->chunks[i].first + b->chunks[i].count, 0};
     }
