@@ -211,7 +211,7 @@ static pdl_status_t read_plan(int prefill_tp, int decode_tp, int total_heads, bo
         /* The lowest rank of the group that holds head h; group ranks hold ascending head ranges. */
         int src = -1, pfirst = 0;
         for (int p = gfirst; p < gfirst + gcount && src < 0; p++) {
-            int f, c;
+            int f = 0, c = 0; /* set by pdl_topo_heads on success; -O3 cannot see it */
             if ((st = pdl_topo_heads(prefill_tp, total_heads, is_mla, p, &f, &c, err)) != PDL_OK)
                 return st;
             if (h >= f && h < f + c) {
