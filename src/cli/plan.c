@@ -508,8 +508,8 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
             json_t *r = piece_json(pc), *ranges = json_array();
             json_array_append_new(reads, r);
             json_object_set_new(r, "ranges", ranges);
-            size_t nb, ns;
-            uint64_t bb, bs;
+            size_t nb = 0, ns = 0;
+            uint64_t bb = 0, bs = 0;
             if (piece_ranges_json(&cg1, &pg1, pc, ranges, err) != PDL_OK ||
                 count_descs(&cg, &pg, pc, 1, &nb, &bb, err) != PDL_OK ||
                 count_descs(&cg, &pg, pc, c->sample_blocks, &ns, &bs, err) != PDL_OK) {

@@ -57,7 +57,7 @@ static void pull_rank_done(pdl_pull_t *p, int rank, pdl_status_t st, const char 
     p->descs += descs;
     if (st != PDL_OK && p->status == PDL_OK) {
         p->status = st;
-        snprintf(p->msg, sizeof(p->msg), "consumer rank %d: %s", rank, msg);
+        snprintf(p->msg, sizeof(p->msg), "consumer rank %d: %.280s", rank, msg);
     }
     if (--p->pending == 0) {
         p->end_ns = pdl_now_ns();

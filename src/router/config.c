@@ -118,7 +118,7 @@ static pdl_status_t parse_hostport(const char *flag, const char *v, char *host, 
     }
     if (hl == 0 || hl >= cap)
         return pdl_error_set(err, PDL_ERR_INVALID, "%s: host of '%s' is empty or too long", flag, v);
-    long p;
+    long p = 0;
     pdl_status_t st = parse_int(flag, colon + 1, 0, 65535, &p, err);
     if (st != PDL_OK)
         return st;
@@ -172,7 +172,7 @@ pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **ar
                 return pdl_error_set(err, PDL_ERR_INVALID, "%s needs a value", name);
             v = argv[++i];
         }
-        long x;
+        long x = 0;
         if (strcmp(name, "--host") == 0) {
             st = copy_str(name, v, c->host, sizeof(c->host), err);
         } else if (strcmp(name, "--port") == 0) {
