@@ -2,17 +2,30 @@
  * engine.h -- the transfer engine: registered memory, remote engines, sessions, batched one-sided
  * READ and WRITE (SPEC §6). MoRI-IO's shape, with backends behind one table of operations.
  *
+ * Layer: engine, above wire; it owns threads (a worker pool, and for tcp a server) and sockets, and
+ * logs rarely (warnings on misuse, rate-limited notes on refused or malformed peer requests). Error
+ * convention: pdl_status_t plus an optional `err`; output pointers (`*_out`) are set only on success.
+ * Handles are opaque and come in create/destroy pairs; the destroy functions accept NULL and cannot
+ * fail.
+ *
  * Lifecycle:
  *   pdl_engine_create → pdl_engine_alloc_mem / pdl_engine_register_mem → pdl_mem_pack (send to peer)
  *   pdl_engine_pack (send to peer) ... peer: pdl_engine_add_remote(desc)
  *   pdl_session_open(local mem, remote mem desc) → pdl_session_post(READ|WRITE, descs) → pdl_batch_wait
  *   pdl_batch_free → pdl_session_close → pdl_engine_remove_remote → pdl_engine_deregister_mem → destroy.
- * Every remote access is checked by the side that owns the memory against the registration it names:
- * an unknown id, a range outside the region or an overflowing sum is refused and counted.
+ * The order of the teardown matters: a batch refers to its session and a session to its local
+ * registration, so free the batches, then close the sessions, then deregister. A remote engine may be
+ * removed while sessions to it are open (they break, and keep its state alive until they close).
  *
- * Threads: all functions are thread-safe except that a batch is used by one thread at a time and an
- * object must not be destroyed while another thread uses it. Destroying an engine requires that its
- * sessions are closed.
+ * Checks: every descriptor is checked at post time against the local registration and against the
+ * remote region's size from its descriptor. tcp: the owner checks every request again against the
+ * registration it names (an unknown or deregistered id, a range outside the region, an overflowing
+ * sum) and refuses it, counting it in requests_refused. shm: the owner never sees the accesses, so the
+ * initiator also checks the owner's live-registration table and that the owner process is alive.
+ *
+ * Threads: all functions are thread-safe (several threads may post on one session and wait on
+ * different batches) except that a batch is used by one thread at a time and an object must not be
+ * destroyed while another thread uses it. Destroying an engine requires that its sessions are closed.
  */
 #ifndef PDLINK_ENGINE_H
 #define PDLINK_ENGINE_H
@@ -28,9 +41,16 @@
 extern "C" {
 #endif
 
-/* Bumped whenever the packed engine or memory descriptor changes; a mismatch is PDL_ERR_MISMATCH. */
+/*
+ * Bumped whenever the packed engine or memory descriptor changes; a peer with another version is
+ * refused with PDL_ERR_MISMATCH by pdl_engine_add_remote and pdl_session_open.
+ */
 #define PDL_ENGINE_DESC_VERSION 1
 
+/*
+ * Opaque handles. An engine is one endpoint; a mem one registered region of it; a session a path from
+ * one local region to one remote region; a batch one posted list of copies on a session.
+ */
 typedef struct pdl_engine pdl_engine_t;
 typedef struct pdl_mem pdl_mem_t;
 typedef struct pdl_session pdl_session_t;
@@ -41,11 +61,20 @@ typedef enum pdl_backend_kind {
     PDL_BACKEND_TCP = 2, /* any two hosts: the owner serves reads/writes of its memory over TCP */
 } pdl_backend_kind_t;
 
-/* "shm" / "tcp" */
+/* "shm" / "tcp", or "unknown" for any other value; static, never NULL. */
 const char *pdl_backend_name(pdl_backend_kind_t kind);
-/* "shm" | "tcp"; -1 if unknown ("rdma" is mapped by the connector, not here). */
+/*
+ * "shm" | "tcp" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP; -1 if unknown or NULL ("rdma"
+ * is mapped by the connector, not here).
+ */
 int pdl_backend_parse(const char *s);
 
+/*
+ * What pdl_engine_create needs; read during the call only (strings are copied). Ranges are checked:
+ * `key` 1..255 bytes; `host` at most 255 bytes, NULL meaning "127.0.0.1" (shm only carries it in the
+ * descriptor); `port` and `tcp_congestion` are ignored by shm; `qp_per_transfer` 1..64 (tcp only);
+ * `num_workers` 1..64; `tcp_congestion` at most 15 bytes.
+ */
 typedef struct pdl_engine_config {
     const char *key;          /* unique engine name, e.g. "consumer:10.0.0.1:6301:tp0:dp0" */
     const char *host;         /* address peers reach this engine on (tcp listens here) */
@@ -62,48 +91,149 @@ typedef struct pdl_engine_config {
     const char *tcp_congestion;
 } pdl_engine_config_t;
 
+/*
+ * Create an engine: start num_workers worker threads and, for tcp, bind and listen on host:port and
+ * start the server threads. On success *engine_out owns all of it until pdl_engine_destroy.
+ * PDL_ERR_INVALID for cfg or engine_out NULL, a value outside the ranges above, an unknown backend,
+ * a tcp_congestion that cannot be set, or (tcp) a host that does not resolve; PDL_ERR_NOMEM;
+ * PDL_ERR_SYSTEM when a system call fails (shm: memfd_create/mmap of the registration table; tcp:
+ * bind/listen, epoll; pthread_create). On failure nothing is left behind.
+ */
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err);
+/*
+ * Stop serving, join every thread and free the engine, every registration still registered (memory
+ * from pdl_engine_alloc_mem is unmapped; the caller's own memory is left alone) and every remote
+ * engine. Close every session first: destroying with sessions open only logs a warning and leaves them
+ * pointing at freed memory. No other call on the engine may run concurrently or follow. NULL is ignored.
+ */
 void pdl_engine_destroy(pdl_engine_t *engine);
 
+/*
+ * Accessors; `engine` must not be NULL, and returned strings are borrowed from it (valid until
+ * pdl_engine_destroy). pdl_engine_key is the configured key.
+ */
 const char *pdl_engine_key(const pdl_engine_t *engine);
 pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *engine);
-/* The tcp port actually bound (0 for shm). */
+/* The tcp port actually bound (the chosen one when the config said 0); 0 for shm. */
 uint16_t pdl_engine_port(const pdl_engine_t *engine);
-/* tcp: the congestion control set on the data sockets ("" = the system default, and always for shm). */
+/*
+ * tcp: the congestion control set on the data sockets ("" = the system default, and always for shm).
+ * With a NULL or "" config value this is "cubic", else "reno", else "" when neither may be set.
+ */
 const char *pdl_engine_tcp_congestion(const pdl_engine_t *engine);
 
-/* Pack this engine's descriptor (versioned msgpack) for a peer. */
+/*
+ * Pack this engine's descriptor (versioned msgpack: key, backend, host, port, pid, hostname, boot id)
+ * for a peer's pdl_engine_add_remote. On success the caller owns *out (pdl_bytes_free).
+ * PDL_ERR_INVALID for a NULL argument, PDL_ERR_NOMEM.
+ */
 pdl_status_t pdl_engine_pack(pdl_engine_t *engine, pdl_bytes_t *out, pdl_error_t *err);
 
-/* Register a remote engine from its packed descriptor; idempotent for the same key. key_out may be NULL. */
+/*
+ * Register a remote engine from its packed descriptor (`desc` is only read). Idempotent for the same
+ * key and descriptor; two threads adding the same key both succeed and one entry remains. The remote's
+ * key is copied into key_out (truncated to key_cap - 1 bytes) once the descriptor decoded with a
+ * matching backend, even if a later step fails; key_out may be NULL. Returns PDL_OK, or:
+ *   PDL_ERR_INVALID     engine NULL; desc NULL or empty.
+ *   PDL_ERR_PARSE       a malformed descriptor or one without the fields its backend needs.
+ *   PDL_ERR_MISMATCH    another PDL_ENGINE_DESC_VERSION, an unknown backend, or another backend than
+ *                       this engine's.
+ *   PDL_ERR_BAD_STATE   the key was added before with a different descriptor (a restarted peer?):
+ *                       remove it first.
+ *   PDL_ERR_UNSUPPORTED shm: the remote engine runs on another host (or boot).
+ *   PDL_ERR_PEER_GONE   shm: the remote process is gone.
+ *   PDL_ERR_SYSTEM      shm: pidfd_open, opening or mapping its registration table failed (the message
+ *                       says when shm needs the same uid or root).
+ *   PDL_ERR_NOMEM.
+ * Pass a non-NULL err: with err NULL a malformed descriptor returns PDL_OK without adding anything
+ * (pdl_error_prefix).
+ */
 pdl_status_t pdl_engine_add_remote(pdl_engine_t *engine, const void *desc, size_t len, char *key_out,
                                    size_t key_cap, pdl_error_t *err);
-/* Forget a remote engine; in-flight batches to it fail with PDL_ERR_PEER_GONE. */
+/*
+ * Forget a remote engine. Every session open to it breaks (sticky PDL_ERR_PEER_GONE for every later
+ * post); tcp batches in flight fail, usually with PDL_ERR_PEER_GONE, while a shm batch already running
+ * completes. The sessions must still be closed, and the remote's state is freed when the last closes.
+ * PDL_ERR_INVALID for a NULL argument, PDL_ERR_NOT_FOUND when no remote engine has that key.
+ */
 pdl_status_t pdl_engine_remove_remote(pdl_engine_t *engine, const char *key, pdl_error_t *err);
 
-/* Allocate `size` bytes that pdlink owns (memfd-backed, shareable with shm peers), zeroed and registered. */
+/*
+ * Allocate `size` (> 0) bytes that pdlink owns (memfd-backed, shareable with shm peers), zeroed, every
+ * page touched, and registered. The memory stays valid, at pdl_mem_ptr, until pdl_engine_deregister_mem
+ * or pdl_engine_destroy frees it. PDL_ERR_INVALID for a NULL argument or size 0; PDL_ERR_SYSTEM when
+ * memfd_create, ftruncate or mmap fails; PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ */
 pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *engine, size_t size, pdl_mem_t **mem_out, pdl_error_t *err);
-/* Register memory the caller owns (shm peers read it with process_vm_readv). */
+/*
+ * Register memory the caller owns (shm peers read and write it with process_vm_readv/writev, which
+ * needs ptrace permission over this process). pdlink neither copies nor frees it: keep [ptr, ptr+size)
+ * valid until pdl_engine_deregister_mem returns. PDL_ERR_INVALID for a NULL argument or size 0;
+ * PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ */
 pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_t **mem_out,
                                      pdl_error_t *err);
-/* After this, peers' requests naming this registration are refused. Frees memory from alloc_mem. */
+/*
+ * After this, peers' requests naming this registration are refused (tcp: NOT_FOUND; shm: the next
+ * session_open or post fails with NOT_FOUND). Blocks until the requests being served on it finish:
+ * after 100 ms it shuts down the connections still using it. Then frees `mem` and, for alloc_mem,
+ * the memory. Close every local session opened on `mem` first (they keep a pointer to it). NULL
+ * arguments are ignored; an unknown `mem` is only logged.
+ */
 void pdl_engine_deregister_mem(pdl_engine_t *engine, pdl_mem_t *mem);
 
 /*
  * Publish the caller's writes to registered memory: every remote access this engine serves after the
  * call returns sees them. Call it after filling memory and before telling a peer it may read (the
- * peer's request arrives through a socket, which orders nothing for the engine's own threads).
+ * peer's request arrives through a socket, which orders nothing for the engine's own threads). It
+ * matters for tcp, whose server threads copy the memory; for shm it costs a lock round trip and no
+ * more. `engine` must not be NULL. Cannot fail.
  */
 void pdl_engine_publish(pdl_engine_t *engine);
 
+/*
+ * Accessors of a registration (`mem` must not be NULL): its address and size in this process, and its
+ * id, unique in this engine (never reused, starting at 1).
+ */
 void *pdl_mem_ptr(const pdl_mem_t *mem);
 size_t pdl_mem_size(const pdl_mem_t *mem);
 uint64_t pdl_mem_id(const pdl_mem_t *mem);
+/*
+ * Pack the registration's descriptor (versioned msgpack: engine key, id, size, kind, and the address,
+ * memfd number, pid and table slot that shm peers use) for a peer's pdl_session_open. On success the
+ * caller owns *out (pdl_bytes_free). PDL_ERR_INVALID for a NULL argument, PDL_ERR_NOMEM.
+ */
 pdl_status_t pdl_mem_pack(const pdl_mem_t *mem, pdl_bytes_t *out, pdl_error_t *err);
 
-/* Open a session from local memory to a remote memory descriptor (its engine must have been added). */
+/*
+ * Open a session from local memory to a remote memory descriptor (its engine must have been added).
+ * `local` must be a live registration of `engine`; `remote_mem_desc` is only read. tcp opens
+ * qp_per_transfer connections, one after the other, and may block up to 5 s for each connect and 5 s
+ * for each HELLO; shm maps the remote memfd (user memory needs no mapping). On success *session_out is
+ * owned by the caller until pdl_session_close. Returns PDL_OK, or:
+ *   PDL_ERR_INVALID   a NULL argument; `local` not (or no longer) registered here; an empty descriptor;
+ *                     tcp: the remote engine has no port.
+ *   PDL_ERR_PARSE     a malformed descriptor (shm: also a bad size or fd in it).
+ *   PDL_ERR_MISMATCH  another descriptor version; shm: the descriptor's pid or memfd size does not
+ *                     match its engine; tcp: the remote refused the HELLO (not the engine expected,
+ *                     or another protocol version).
+ *   PDL_ERR_NOT_FOUND the remote engine was not added (pdl_engine_add_remote); shm: the region is no
+ *                     longer registered.
+ *   PDL_ERR_PEER_GONE shm: the remote process exited; tcp: connection refused, or closed during the
+ *                     HELLO.
+ *   PDL_ERR_TIMEOUT   tcp: connect or HELLO took longer than 5 s.
+ *   PDL_ERR_TRANSPORT tcp: the host does not resolve, or another connection error.
+ *   PDL_ERR_SYSTEM    shm: opening or mapping the remote memfd failed.
+ *   PDL_ERR_NOMEM.
+ * Pass a non-NULL err: with err NULL a malformed descriptor returns PDL_OK without setting
+ * *session_out (pdl_error_prefix).
+ */
 pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void *remote_mem_desc, size_t len,
                               pdl_session_t **session_out, pdl_error_t *err);
+/*
+ * Close the connections (tcp) or unmap the remote memory (shm) and free the session. Free every batch
+ * posted on it first (pdl_batch_free): a batch refers to its session. NULL is ignored.
+ */
 void pdl_session_close(pdl_session_t *session);
 
 typedef enum pdl_op {
@@ -114,27 +244,71 @@ typedef enum pdl_op {
 /*
  * Post a batch of copies. Every descriptor is checked against the local registration here and against
  * the remote one by its owner. The descriptor array is copied; the caller may free it at once.
+ * Descriptors adjacent on both sides (in the order given) are merged, and large batches are cut into
+ * chunks run in parallel (tcp: over the session's connections; shm: over the workers).
  * Never blocks on a peer. shm: batches under 4 MiB are copied right here. tcp: the requests are sent
  * from the calling thread; the response is received by the thread that calls pdl_batch_wait (or, a
  * non-blocking step at a time, pdl_batch_poll), as UCX progresses its worker: a tcp batch nobody
  * waits on or polls moves only as far as the socket buffers take it. Any number of batches may be in
  * flight on one session; waiting for one completes the earlier ones on its connection on the way.
+ *
+ * Returns PDL_OK with *batch_out set: the batch may already be done (a small shm batch), and its own
+ * result, success or failure, comes from pdl_batch_poll/pdl_batch_wait. The caller owns the batch
+ * and must pdl_batch_free it in every case. On failure nothing was posted and *batch_out is not set:
+ *   PDL_ERR_INVALID   a NULL argument, an op other than READ/WRITE, n == 0, a descriptor of length 0
+ *                     or outside the local or the remote region (the message names its index).
+ *   (sticky)          the session broke earlier (connection lost, remote removed, a running batch
+ *                     freed): the status and message it broke with, e.g. PDL_ERR_PEER_GONE,
+ *                     PDL_ERR_TRANSPORT or PDL_ERR_BAD_STATE. Open a new session.
+ *   PDL_ERR_BAD_STATE the local registration was deregistered.
+ *   PDL_ERR_PEER_GONE the remote engine was removed, or (shm) its process exited.
+ *   PDL_ERR_NOT_FOUND shm: the remote region is no longer registered.
+ *   PDL_ERR_NOMEM.
+ * A batch that was posted ends in PDL_OK or in: PDL_ERR_NOT_FOUND or PDL_ERR_INVALID (tcp: the owner
+ * refused a request; the session stays usable); PDL_ERR_PEER_GONE or PDL_ERR_TRANSPORT (tcp: the
+ * connection was lost, and the session breaks; shm: process_vm_readv/writev found the owner gone or
+ * its memory unmapped); PDL_ERR_SYSTEM (shm: another process_vm error); PDL_ERR_BAD_STATE (cancelled
+ * by pdl_batch_free).
  */
 pdl_status_t pdl_session_post(pdl_session_t *session, pdl_op_t op, const pdl_desc_t *descs, size_t n,
                               pdl_batch_t **batch_out, pdl_error_t *err);
 
-/* PDL_INPROGRESS while running, then the final status (err filled on failure). Never blocks
- * (tcp: also moves whatever bytes of the batch the socket has ready). */
+/*
+ * PDL_INPROGRESS while running, then the batch's final status, with err filled (a copy of the batch's
+ * error record) on failure; it can be asked again and gives the same answer. Never blocks (tcp: also
+ * moves whatever bytes of the batch the socket has ready). PDL_ERR_INVALID for a NULL batch.
+ */
 pdl_status_t pdl_batch_poll(pdl_batch_t *batch, pdl_error_t *err);
-/* Wait up to timeout_ms (-1 = forever); PDL_ERR_TIMEOUT if still running (the batch stays valid and
- * a later wait resumes it). tcp: the calling thread receives the batch's bytes itself. */
+/*
+ * Wait up to timeout_ms (any negative value = forever, 0 = check once without blocking); returns the
+ * batch's final status with err filled on failure, or PDL_ERR_TIMEOUT if still running (err says so;
+ * the batch stays valid and a later wait resumes it). tcp: the calling thread receives the batch's
+ * bytes itself. PDL_ERR_INVALID for a NULL batch.
+ */
 pdl_status_t pdl_batch_wait(pdl_batch_t *batch, int timeout_ms, pdl_error_t *err);
-/* Frees a batch; waits for a running batch to stop touching memory first. */
+/*
+ * Free a batch, finished or not. A running batch is cancelled first, and the call waits until it no
+ * longer touches memory: shm stops at the next cancellation point; tcp shuts the session's connections
+ * down, which breaks the session for good (sticky PDL_ERR_BAD_STATE), so wait for a batch before
+ * freeing it unless the session is to be closed anyway. NULL is ignored.
+ */
 void pdl_batch_free(pdl_batch_t *batch);
+/* Total bytes the batch copies (sum of the descriptor lengths); 0 for NULL. */
 uint64_t pdl_batch_bytes(const pdl_batch_t *batch);
-/* Descriptors of the batch after merging runs adjacent on both sides (what the backend executes). */
+/*
+ * Descriptors of the batch after merging runs adjacent on both sides (what the backend executes,
+ * before cutting into chunks); 0 for NULL.
+ */
 size_t pdl_batch_num_descs(const pdl_batch_t *batch);
 
+/*
+ * Counters since pdl_engine_create, each read atomically (the set is not one snapshot). As initiator:
+ * `batches_ok`/`batches_failed` count finished batches, `bytes_read`/`bytes_written` the bytes of the
+ * successful READ/WRITE batches. As owner, tcp only (shm has no server): `bytes_served` the payload
+ * bytes served to peers, `requests_refused` the requests refused (unknown or deregistered region,
+ * range outside it, overflowing sum), `connections_dropped_malformed` the data connections closed
+ * because a peer sent bytes that do not follow the protocol.
+ */
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;
     uint64_t bytes_read, bytes_written;        /* as initiator */
@@ -143,6 +317,7 @@ typedef struct pdl_engine_stats {
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
 } pdl_engine_stats_t;
 
+/* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */
 void pdl_engine_get_stats(pdl_engine_t *engine, pdl_engine_stats_t *out);
 
 #ifdef __cplusplus

@@ -6,7 +6,13 @@
  * (K and V interleaved per block). Inside one half-block the bytes are head-major, [heads][tokens][dim]
  * ("HND"), or token-major, [tokens][heads][dim] ("NHD"). MLA layers have one half (no V) and one
  * latent "head". The two sides of a transfer may have different block counts, so every offset is
- * computed from that side's own geometry. Pure functions, no I/O.
+ * computed from that side's own geometry.
+ *
+ * Layer: layout, above topo (it consumes topo's plan pieces). Pure functions: no I/O, no logging, no
+ * global state; the only allocations are the caller's descriptor vector and a temporary sort buffer.
+ * Thread-safe as long as two threads do not share one output vector. Error convention: pdl_status_t
+ * with an optional `err` naming the field and both values; the geometry helpers that return a number
+ * do no checking and expect a geometry that passed pdl_layout_validate.
  */
 #ifndef PDLINK_LAYOUT_H
 #define PDLINK_LAYOUT_H
@@ -28,6 +34,10 @@ typedef enum pdl_kv_order {
     PDL_KV_NHD = 1, /* [tokens][heads][dim]: a head range is one run per token */
 } pdl_kv_order_t;
 
+/*
+ * The KV-cache geometry of one layer on one rank; `num_blocks` is that rank's own block count. For MLA
+ * num_heads must be 1 and kv_separate is ignored (there is only one half). A value type.
+ */
 typedef struct pdl_kv_geometry {
     uint64_t num_blocks;
     uint32_t block_size; /* tokens per block */
@@ -39,21 +49,28 @@ typedef struct pdl_kv_geometry {
     bool is_mla; /* one half only */
 } pdl_kv_geometry_t;
 
-/* "hnd" / "nhd" */
+/* "hnd" / "nhd", or "unknown" for any other value; static, never NULL. */
 const char *pdl_layout_order_name(pdl_kv_order_t order);
-/* Parse "hnd"/"nhd" (case-insensitive); -1 if unknown. */
+/* Parse "hnd"/"nhd" (case-insensitive) into a pdl_kv_order_t value; -1 if unknown or NULL. */
 int pdl_layout_order_parse(const char *s);
 
-/* Checks every field is positive and the sizes do not overflow 64 bits; the error names the field. */
+/*
+ * Check that `g` is usable: every size positive, `order` HND or NHD, num_heads 1 for MLA, and the region
+ * length (num_blocks x halves x block length) fits in 64 bits, so no offset computed from it can
+ * overflow. PDL_ERR_INVALID (also for a NULL g), with the message naming the field and its value.
+ */
 pdl_status_t pdl_layout_validate(const pdl_kv_geometry_t *g, pdl_error_t *err);
 
-/* 1 for MLA, else 2 (K and V). */
+/*
+ * Sizes and offsets of a validated geometry (`g` must not be NULL; no checks, no overflow detection).
+ * Number of halves: 1 for MLA, else 2 (K and V).
+ */
 int pdl_layout_num_halves(const pdl_kv_geometry_t *g);
 /* Bytes of one half of one block: block_size * num_heads * head_dim * elem_size. */
 uint64_t pdl_layout_block_len(const pdl_kv_geometry_t *g);
 /* Bytes of the whole layer region: num_blocks * halves * block_len. */
 uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g);
-/* Offset in the layer region of `half` (0 = K, 1 = V) of `block`. */
+/* Offset in the layer region of `half` (0 = K, 1 = V) of `block`; neither is range-checked. */
 uint64_t pdl_layout_half_offset(const pdl_kv_geometry_t *g, uint64_t block, int half);
 
 /* Direction of a descriptor list: which side of the plan piece is "local". */
@@ -65,10 +82,22 @@ typedef enum pdl_dir {
 /*
  * Append to `out` the descriptors that move `pieces` (all with the same producer rank) for the block
  * pairs local_blocks[i] <-> remote_blocks[i], i < nblocks, and merge ranges adjacent on both sides.
- * `local_base`/`remote_base` are the layer's offsets inside the registered regions.
- * Refuses (PDL_ERR_UNSUPPORTED, naming the layout) nothing: NHD head slices become per-token ranges.
- * Errors: a block id outside either side's num_blocks, mismatched head_dim/elem_size/block_size,
- * a piece outside either side's heads -- each message names the value and the limit.
+ * `local_base`/`remote_base` are the layer's offsets inside the registered regions. Every layout pair
+ * is supported: NHD head slices become per-token ranges. Only the descriptors this call appends are
+ * sorted and merged; what `out` already held is left as it was, so one vector can collect the lists
+ * of several layers. The caller owns `out` (zero-initialised or from earlier calls) and frees it with
+ * pdl_descv_free; the input arrays are only read.
+ *
+ * Returns PDL_OK (also for num_pieces or nblocks 0, appending nothing), or:
+ *   PDL_ERR_INVALID  out NULL; a NULL pieces/block array with a non-zero count; num_pieces < 0; an
+ *                    invalid geometry on either side (as pdl_layout_validate, message prefixed "local
+ *                    KV geometry"/"remote KV geometry"); a base + region length that overflows 64 bits;
+ *                    a `dir` other than READ/WRITE; pieces naming two producer ranks; a piece with
+ *                    num_heads < 1 or outside either side's heads; a block id outside that side's
+ *                    num_blocks. Each message names the value and the limit.
+ *   PDL_ERR_MISMATCH head_dim, elem_size, block_size or is_mla differ between the sides.
+ *   PDL_ERR_NOMEM    `out` could not grow; `out->n` is restored to its value on entry.
+ * Pass a non-NULL err: with err NULL an invalid geometry can be reported as PDL_OK (pdl_error_prefix).
  */
 pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,
                                     pdl_dir_t dir, const pdl_plan_piece_t *pieces, int num_pieces,
@@ -78,8 +107,9 @@ pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv
 /*
  * Append to `out` the ranges, before any merging, that move one piece for one K/V half (0 = K, 1 = V)
  * of one block pair. HND on both sides gives one range; NHD on both sides one range per token; mixed
- * orders one range per (head, token). Same checks and errors as pdl_layout_build_descs. `pdlink plan`
- * uses it to show where a head slice lies inside a block.
+ * orders one range per (head, token). `pdlink plan` uses it to show where a head slice lies inside a
+ * block. Same checks, errors and ownership as pdl_layout_build_descs (piece NULL is PDL_ERR_INVALID),
+ * plus PDL_ERR_INVALID for `half` outside [0, halves). Pass a non-NULL err, for the same reason.
  */
 pdl_status_t pdl_layout_piece_ranges(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,
                                      pdl_dir_t dir, const pdl_plan_piece_t *piece, int half, uint32_t local_block,
@@ -88,11 +118,12 @@ pdl_status_t pdl_layout_piece_ranges(const pdl_kv_geometry_t *local, const pdl_k
 
 /*
  * Merge in place: sort by local offset (stable) if not already sorted, then join neighbours that are
- * adjacent on both sides. Covers exactly the same bytes as the input.
+ * adjacent on both sides. Covers exactly the same bytes as the input. Cannot fail: without memory for
+ * the sort buffer it sorts in place, more slowly. A NULL or empty vector is left alone.
  */
 void pdl_layout_merge(pdl_descv_t *dv);
 
-/* Total bytes of a descriptor list. */
+/* Total bytes of a descriptor list (sum of len); 0 for NULL. The sum is not checked for overflow. */
 uint64_t pdl_layout_total_bytes(const pdl_descv_t *dv);
 
 #ifdef __cplusplus

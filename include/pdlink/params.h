@@ -1,9 +1,14 @@
 /*
  * params.h -- vLLM's `kv_transfer_params` (the JSON object a request carries between P and D) ↔ C.
  *
+ * Layer: wire (src/wire/params.c). Pure functions over jansson values: no I/O, no logging, no global
+ * state; thread-safe on distinct structs.
+ *
  * Field names and meanings follow vLLM's MoRIIO connector (SPEC §4). The JSON values are jansson
  * objects; a wrong type gets PDL_ERR_PARSE naming the key ("kv_transfer_params.remote_block_ids[3]:
- * expected a non-negative integer, got string").
+ * expected a non-negative integer, got string"). Values are never coerced: a port sent as "6301" or
+ * 6301.0 is an error, not a guess. JSON null counts as absent for every key (routers send
+ * `remote_block_ids: null` on the first leg), and unknown keys are ignored.
  */
 #ifndef PDLINK_PARAMS_H
 #define PDLINK_PARAMS_H
@@ -19,6 +24,14 @@
 extern "C" {
 #endif
 
+/*
+ * The parsed params. Booleans are false and strings "" when absent. `remote_block_ids` is malloc'ed
+ * and owned by the struct (free it with pdl_kv_params_clear); `has_remote_block_ids` is true when the
+ * key was present and not null, even for an empty list. The remote_* fields describe the peer a
+ * request transfers with (for a decode: the prefill that holds its KV cache); `remote_tp_size` is that
+ * peer's TP size as the router states it, `tp_size` the TP size of whoever wrote the params (a prefill
+ * writes its own), and pdl_kv_params_peer_tp picks between them.
+ */
 typedef struct pdl_kv_params {
     bool do_remote_prefill;
     bool do_remote_decode;
@@ -36,18 +49,41 @@ typedef struct pdl_kv_params {
     int tp_size;                             /* 0 when absent */
 } pdl_kv_params_t;
 
+/* Set every field to "absent" (see the struct). `p` must not be NULL; nothing is freed. */
 void pdl_kv_params_init(pdl_kv_params_t *p);
+/*
+ * Free remote_block_ids and mark the block list absent; the other fields are kept. A NULL p is
+ * ignored.
+ */
 void pdl_kv_params_clear(pdl_kv_params_t *p);
 
-/* Parse a kv_transfer_params object (null → all absent). Unknown keys are ignored. */
+/*
+ * Parse a kv_transfer_params object into *out (initialised first; a NULL obj or JSON null leaves every
+ * field absent). `obj` is borrowed: strings and the block list are copied, no reference is kept. *out
+ * is overwritten without being freed, so it must not own a block list on entry; on success free it with
+ * pdl_kv_params_clear, on failure it is re-initialised and owns nothing.
+ * Returns PDL_OK, or PDL_ERR_INVALID (out NULL), PDL_ERR_PARSE (obj not an object; a key of the wrong
+ * type; a port outside 1..65535; remote_dp_size, remote_tp_size or tp_size outside
+ * 1..PDL_WIRE_MAX_TP; remote_dp_rank outside 0..PDL_WIRE_MAX_TP - 1; a string with a NUL or longer
+ * than its field; more than PDL_WIRE_MAX_BLOCKS block ids or one outside 0..UINT32_MAX), PDL_ERR_NOMEM.
+ */
 pdl_status_t pdl_kv_params_from_json(const json_t *obj, pdl_kv_params_t *out, pdl_error_t *err);
 
-/* The params a prefill returns for READ mode (SPEC §4); the caller owns the new reference. */
+/*
+ * The params a prefill returns for READ mode (SPEC §4), built from `p`: do_remote_prefill true,
+ * do_remote_decode false (whatever p says), remote_block_ids (always an array), remote_engine_id,
+ * remote_host, the two ports and tp_size (null when absent), remote_dp_size (1 when <= 0), and
+ * transfer_id and remote_dp_rank only when set. remote_tp_size is never written: the router forwards
+ * these params to the decode, which reads remote_tp_size first, and a value copied from the request
+ * the prefill received (the decode's own TP) would break the rank mapping. Returns a new reference the
+ * caller releases with json_decref, or NULL when p is NULL, memory runs out or a string is not UTF-8.
+ */
 json_t *pdl_kv_params_to_json(const pdl_kv_params_t *p);
 
 /*
  * The peer's TP size as the consumer takes it: remote_tp_size, else tp_size, else local_tp.
- * *disagree (may be NULL) is set when both keys are present with different values (log a warning).
+ * *disagree (may be NULL) is set to whether both keys are present with different values (log a
+ * warning then). `p` must not be NULL. Cannot fail.
  */
 int pdl_kv_params_peer_tp(const pdl_kv_params_t *p, int local_tp, bool *disagree);
 

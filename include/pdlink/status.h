@@ -1,10 +1,14 @@
 /*
  * status.h -- pdlink's status codes and the error record every fallible call fills.
  *
+ * Layer: common, below every other layer; it includes nothing of pdlink and allocates nothing.
+ *
  * One table (PDL_STATUS_MAP) makes the enum, the names and the default messages, so they cannot drift
  * apart. Success is 0, "in progress" is 1, every failure is negative. A function that fails fills an
  * optional pdl_error_t with a message a user can act on (which key, which peer, which value); callers
- * pass the status up and do not rewrite the message. `err` may always be NULL.
+ * pass the status up and do not rewrite the message. `err` may be NULL wherever a function takes one:
+ * the status is still returned, only the message is lost (but see the caveat at pdl_error_prefix).
+ * Functions that return -1 or NULL instead of a status say so in their own comment.
  */
 #ifndef PDLINK_STATUS_H
 #define PDLINK_STATUS_H
@@ -16,6 +20,25 @@
 extern "C" {
 #endif
 
+/*
+ * The codes, and what each means across pdlink:
+ *   OK            success.
+ *   INPROGRESS    not a failure: an asynchronous operation has not finished yet (pdl_batch_poll).
+ *   ERR_INVALID   the caller passed something wrong: a NULL pointer, a value out of range, or an
+ *                 encoder given a field it may not send. Retrying the same call cannot succeed.
+ *   ERR_NOT_FOUND the named thing (remote engine, registration, transfer) is not known, or not any more.
+ *   ERR_TRANSPORT the connection to a peer failed in a way other than the peer leaving.
+ *   ERR_BAD_STATE the object cannot do this now (a session broken earlier, a batch cancelled, a remote
+ *                 engine already added with another descriptor).
+ *   ERR_TIMEOUT   a deadline passed; for pdl_batch_wait the operation is still running.
+ *   ERR_PEER_GONE the peer closed its connection, exited, or was removed.
+ *   ERR_NOMEM     an allocation failed.
+ *   ERR_PARSE     bytes or text from outside (a peer, a router, a request) are malformed.
+ *   ERR_UNSUPPORTED well-formed, but something pdlink does not do (e.g. shm between two hosts).
+ *   ERR_MISMATCH  the peer is well-formed but incompatible (another descriptor version, backend or
+ *                 geometry).
+ *   ERR_SYSTEM    a system call failed; the message names the call and strerror(errno).
+ */
 #define PDL_STATUS_MAP(XX)                                                    \
     XX(OK, 0, "success")                                                      \
     XX(INPROGRESS, 1, "in progress")                                          \
@@ -40,31 +63,56 @@ typedef enum pdl_status {
 /* Large enough for a message naming two peers, a key and two values. */
 #define PDL_ERR_MSG_LEN 320
 
+/*
+ * The error record: `status` is the status the failing function returned, `msg` its message, always
+ * NUL-terminated (a longer message is truncated, never overflowed). The caller owns the record (usually
+ * on the stack) and need not initialise it: a function that fails writes both fields. Read it only after
+ * a failure; after a success its content is unspecified.
+ */
 typedef struct pdl_error {
     pdl_status_t status;
     char msg[PDL_ERR_MSG_LEN];
 } pdl_error_t;
 
-/* "PDL_ERR_TIMEOUT" style name of a status; "PDL_UNKNOWN" for values outside the table. */
+/*
+ * The "PDL_ERR_TIMEOUT" style name of a status, or "PDL_UNKNOWN" for a value outside the table. Never
+ * NULL; the string is static and must not be freed. Thread-safe.
+ */
 const char *pdl_status_name(pdl_status_t st);
 
-/* Default one-line description of a status ("peer gone"). */
+/*
+ * The default one-line description of a status ("peer gone"), or "unknown status" for a value outside
+ * the table. Never NULL; static, not to be freed. Thread-safe.
+ */
 const char *pdl_status_string(pdl_status_t st);
 
 /*
  * Fill `err` (if not NULL) with `st` and a printf-style message, and return `st`, so a failure reads
  * `return pdl_error_set(err, PDL_ERR_INVALID, "decode TP %d is not a multiple of prefill TP %d", d, p);`
+ * A message longer than PDL_ERR_MSG_LEN - 1 bytes is truncated. With err NULL nothing is formatted.
+ * `fmt` must not be NULL. Cannot fail.
  */
 pdl_status_t pdl_error_set(pdl_error_t *err, pdl_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* pdl_error_set with a va_list, for functions that take their own format arguments. Returns `st`. */
 pdl_status_t pdl_error_vset(pdl_error_t *err, pdl_status_t st, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
-/* Prepend "what: " context to an existing message, keeping its status; returns err->status (or st). */
+/*
+ * Prepend printf-style context to the message already in `err` ("<context>: <old message>"), keeping
+ * its status, so a caller adds what it was doing without hiding the callee's reason. The result is
+ * truncated to PDL_ERR_MSG_LEN - 1 bytes. Returns err->status.
+ *
+ * Caveat: with err NULL it returns PDL_OK, not the failure being reported. So
+ * `return pdl_error_prefix(err, ...)` after a failed call reports success to a caller that passed a NULL
+ * err; keep the status in a variable and return that. pdl_layout_build_descs, pdl_layout_piece_ranges,
+ * pdl_model_geometry, pdl_engine_add_remote and pdl_session_open return this way on some failures, so
+ * their comments ask for a non-NULL err.
+ */
 pdl_status_t pdl_error_prefix(pdl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Reset to PDL_OK with an empty message. */
+/* Reset `err` to PDL_OK with an empty message; a NULL err is ignored. Cannot fail. */
 void pdl_error_clear(pdl_error_t *err);
 
 #ifdef __cplusplus

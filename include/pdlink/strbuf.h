@@ -2,9 +2,14 @@
  * strbuf.h -- a growable text buffer with printf-style appends, for building documents such as a
  * Prometheus exposition or a report.
  *
+ * Layer: common. An internal helper for pdlink's own programs; no transfer API takes or returns one.
+ *
  * Zero-initialise (`pdl_strbuf_t b = {0};`), append with pdl_strbuf_printf, read `b.p`/`b.len`
- * (always NUL-terminated once anything was appended), free with pdl_strbuf_free. A failed allocation
- * sets `failed` and makes every later append a no-op, so a writer checks once at the end.
+ * (NUL-terminated once an append succeeded; `p` is NULL before that), free with pdl_strbuf_free.
+ * Error convention: appends return nothing. A failed allocation (or an encoding error in the format)
+ * sets `failed` and makes every later append a no-op, so a writer checks `failed` once at the end;
+ * the text appended before the failure stays intact. The holder owns `p`; `cap` is the allocated size.
+ * One thread at a time per buffer.
  */
 #ifndef PDLINK_STRBUF_H
 #define PDLINK_STRBUF_H
@@ -23,7 +28,9 @@ typedef struct pdl_strbuf {
     bool failed;
 } pdl_strbuf_t;
 
+/* Append printf-style text, growing the buffer as needed. `b` and `fmt` must not be NULL. */
 void pdl_strbuf_printf(pdl_strbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Free the text and zero the buffer (failed included), which may be reused. `b` must not be NULL. */
 void pdl_strbuf_free(pdl_strbuf_t *b);
 
 #ifdef __cplusplus
