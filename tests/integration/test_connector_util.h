@@ -27,6 +27,7 @@
 
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
+#include "pdlink/params.h"
 #include "pdlink/topo.h"
 
 static inline void tc_sleep_ms(int ms)
@@ -246,7 +247,12 @@ static inline bool tc_no_held(void *arg) { return pdl_instance_held_transfers((p
 /* Build kv_transfer_params as a consumer receives them (through JSON, like the router passes them). */
 static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32_t *ids, size_t n, pdl_kv_params_t *out)
 {
-    json_t *j = pdl_instance_params_json(prod, tid, ids, n);
+    pdl_kv_params_t held;
+    json_t *j = NULL;
+    if (pdl_instance_params(prod, tid, ids, n, &held, NULL) == PDL_OK) {
+        j = pdl_kv_params_to_json(&held);
+        pdl_kv_params_clear(&held);
+    }
     pdl_kv_params_init(out);
     pdl_error_t e;
     if (pdl_kv_params_from_json(j, out, &e) != PDL_OK)
