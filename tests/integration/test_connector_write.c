@@ -512,6 +512,113 @@ static void write_receive_times_out(void **state)
     pdl_instance_destroy(c);
 }
 
+/* A WRITE-mode instance on the given port bases (to restart a consumer where it was). */
+static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t *g, pdl_backend_kind_t backend, int hs,
+                                         int nt)
+{
+    pdl_instance_config_t c;
+    memset(&c, 0, sizeof(c));
+    pdl_connector_config_defaults(&c.conn);
+    c.conn.role = role;
+    c.conn.backend = backend;
+    c.conn.handshake_port = hs;
+    c.conn.notify_port = nt;
+    c.conn.transfer_timeout_s = 20;
+    c.conn.handshake_timeout_s = 5;
+    write_mode(&c);
+    c.model = (pdl_model_geometry_t){.num_layers = g->layers, .total_kv_heads = g->heads, .head_dim = g->head_dim,
+                                     .elem_size = g->elem, .block_size = g->block_size, .is_mla = g->mla,
+                                     .order = g->order, .kv_separate = g->kv_separate};
+    c.tp_size = tp;
+    c.dp_size = 1;
+    c.num_blocks = TOTAL_BLOCKS;
+    pdl_instance_t *inst = NULL;
+    pdl_error_t e;
+    if (pdl_instance_create(&c, &inst, &e) != PDL_OK)
+        fail_msg("instance on ports %d/%d: %s", hs, nt, e.msg);
+    return inst;
+}
+
+/* One push of NBLK blocks from p to c under tid; returns the consumer's result. */
+static pdl_status_t push_once(pdl_instance_t *p, pdl_instance_t *c, const char *tid, int t, pdl_error_t *e)
+{
+    char rid[1024];
+    make_rid(p, c, t, rid, sizeof(rid));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_kv_params_t pk, ck;
+    leg_params(tid, pdl_instance_tp_size(c), &pk);
+    leg_params(tid, pdl_instance_tp_size(p), &ck);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, NBLK, e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 60000, e);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    return st;
+}
+
+/* A consumer that restarts on the same ports: the producer's cached peers of BOTH consumer ranks are
+ * stale. The first push after the restart fails (that is how the producer learns); it must evict
+ * every stale peer, so the next push handshakes afresh and succeeds. (Before the shared executor a
+ * push evicted only the first failed peer -- or none when the failure came at post time -- and every
+ * later push to the restarted consumer failed.) */
+static void write_evicts_every_gone_peer(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    pdl_error_t e;
+    if (push_once(p, c, "tx-before", 1, &e) != PDL_OK)
+        fail_msg("push before the restart: %s", e.msg);
+    assert_int_equal(TC_GET(p, 0, handshakes), 2); /* one per consumer rank, now cached */
+    int hs = pdl_instance_handshake_port(c, 0), nt = pdl_instance_notify_port(c, 0);
+    pdl_instance_destroy(c);
+    c = write_instance_at(PDL_ROLE_CONSUMER, 2, &g, PDL_BACKEND_TCP, hs, nt);
+    assert_int_not_equal(push_once(p, c, "tx-stale", 2, &e), PDL_OK);
+    assert_int_equal(TC_GET(p, 0, write_failures), 1);
+    pdl_status_t st = push_once(p, c, "tx-after", 3, &e);
+    if (st != PDL_OK)
+        fail_msg("push after the restart still fails (a stale peer stayed cached): %s", e.msg);
+    assert_int_equal(TC_GET(p, 0, handshakes), 4); /* both consumer ranks handshaked again */
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* Time is counted per direction: pushes add to write_ns (pdlink_write_seconds_total) and never to
+ * read_ns (pdlink_read_seconds_total), on the producer and on the consumer. (Before the shared
+ * executor a push's time went to read_ns.) */
+static void write_time_counted_as_write(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    pdl_error_t e;
+    if (push_once(p, c, "tx-timed", 1, &e) != PDL_OK)
+        fail_msg("push: %s", e.msg);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(TC_GET(p, r, read_ns), 0);
+        assert_true(TC_GET(p, r, write_ns) > 0);
+        assert_int_equal(TC_GET(c, r, read_ns), 0);
+        assert_int_equal(TC_GET(c, r, write_ns), 0);
+    }
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 /* Without the opt-in an instance still refuses WRITE mode with the clear error; READ-mode instances
@@ -558,6 +665,8 @@ int main(void)
         cmocka_unit_test(write_receive_times_out),
         cmocka_unit_test(write_consumer_tp_from_remote_blocks),
         cmocka_unit_test(write_refused_without_opt_in),
+        cmocka_unit_test(write_evicts_every_gone_peer),
+        cmocka_unit_test(write_time_counted_as_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
