@@ -49,15 +49,6 @@ static void write_mode(pdl_instance_config_t *c)
     c->allow_write_mode = true;
 }
 
-typedef struct tcase {
-    const char *name;
-    int P, D;
-    int nprod, ncons;
-    int transfers;
-    tc_geo_t g;
-    pdl_backend_kind_t backend;
-} tcase_t;
-
 static bool all_free(void *arg)
 {
     pdl_instance_t **v = arg;
@@ -96,7 +87,7 @@ static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
     kp->remote_tp_size = peer_tp;
 }
 
-static void run_case(const tcase_t *tc)
+static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
     ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
@@ -223,37 +214,9 @@ static void run_case(const tcase_t *tc)
     free(ev);
 }
 
-#define CASE(fn, ...)                                                                                                \
-    static void fn(void **state)                                                                                     \
-    {                                                                                                                \
-        (void)state;                                                                                                 \
-        tcase_t tc = __VA_ARGS__;                                                                                    \
-        run_case(&tc);                                                                                               \
-    }
-
-static tc_geo_t G(int heads) { return tc_geo_default(heads); }
-static tc_geo_t G_MLA(void)
-{
-    tc_geo_t g = tc_geo_default(1);
-    g.mla = true;
-    g.head_dim = 16;
-    return g;
-}
-static tc_geo_t G_NHD(int heads)
-{
-    tc_geo_t g = tc_geo_default(heads);
-    g.order = PDL_KV_NHD;
-    return g;
-}
-
-CASE(write_1p1d_tp4_tp4, {"1P1D-TP4-TP4", 4, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d8_h8_split, {"P4-D8-H8-split", 4, 8, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p8_d4_h8_split, {"P8-D4-H8-split", 8, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d8_mla, {"P4-D8-MLA", 4, 8, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(write_p8_d4_mla, {"P8-D4-MLA", 8, 4, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(write_2p1d_tp4_tp8, {"2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, G(8), PDL_BACKEND_SHM})
-CASE(write_1p2d_tp8_tp4, {"1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d2_nhd_tcp, {"P4-D2-H8-NHD-tcp", 4, 2, 1, 1, 2, G_NHD(8), PDL_BACKEND_TCP})
+#define WRITE_CASE(id, ...) TC_TOPO_CASE(write, run_case, id, __VA_ARGS__)
+TC_TOPOLOGIES(WRITE_CASE)
+WRITE_CASE(p4_d2_nhd_tcp, "P4-D2-H8-NHD-tcp", 4, 2, 1, 1, 2, tc_geo_nhd(8, 2), PDL_BACKEND_TCP)
 
 /* A push whose consumer never sends remote_blocks is reaped after defer_timeout on every rank. */
 static void write_expired_without_remote_blocks(void **state)
@@ -651,13 +614,9 @@ int main(void)
     if (lvl && pdl_log_level_parse(lvl) >= 0)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(write_1p1d_tp4_tp4),
-        cmocka_unit_test(write_p4_d8_h8_split),
-        cmocka_unit_test(write_p8_d4_h8_split),
-        cmocka_unit_test(write_p4_d8_mla),
-        cmocka_unit_test(write_p8_d4_mla),
-        cmocka_unit_test(write_2p1d_tp4_tp8),
-        cmocka_unit_test(write_1p2d_tp8_tp4),
+#define WRITE_ENTRY(id, ...) cmocka_unit_test(write_##id),
+        TC_TOPOLOGIES(WRITE_ENTRY)
+#undef WRITE_ENTRY
         cmocka_unit_test(write_p4_d2_nhd_tcp),
         cmocka_unit_test(write_expired_without_remote_blocks),
         cmocka_unit_test(write_failed_is_load_error),
