@@ -10,28 +10,36 @@
  *   producer: pdl_instance_hold(transfer_id, blocks) after the prefill; each rank counts releases up
  *             to expected(P, D); the blocks are freed when every rank has reported, or reaped after
  *             defer_timeout (counted as expired).
- *   consumer: pdl_instance_pull(params, local blocks) → every rank handshakes (cached), reads its read
+ *   consumer: pdl_instance_pull(params, local blocks) -> every rank handshakes (cached), reads its read
  *             plan per layer, releases every producer rank of its group; pdl_pull_wait gives the result.
+ * WRITE mode: see pdl_instance_push below.
  *
- * Threads: every function is thread-safe; each rank runs its own service thread.
+ * Errors: a function returning pdl_status_t returns PDL_OK or one of the PDL_ERR_* codes named in its
+ * comment, and fills `err` (which may be NULL) with a message naming the transfer, rank, key or value
+ * at fault. On failure nothing changes hands: arguments stay the caller's.
+ * Threads: every function is thread-safe; each rank runs its own threads. No function may be called
+ * on an instance after (or while) pdl_instance_destroy runs.
  */
 #ifndef PDLINK_CONNECTOR_H
 #define PDLINK_CONNECTOR_H
 
-#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "pdlink/engine.h"
 #include "pdlink/layout.h"
-#include "pdlink/params.h"
 #include "pdlink/status.h"
-#include "pdlink/wire.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Bytes of a host name or address, without the NUL (the wire's limit, checked where they meet). */
+#define PDL_CONNECTOR_HOST_MAX 256
+
+/* kv_transfer_params (pdlink/params.h); the connector only takes and fills them. */
+typedef struct pdl_kv_params pdl_kv_params_t;
 
 typedef enum pdl_role {
     PDL_ROLE_PRODUCER = 1, /* kv_producer: prefill */
@@ -41,8 +49,8 @@ typedef enum pdl_role {
 /* kv_connector_extra_config, with MoRIIO's key names and defaults (SPEC §7). */
 typedef struct pdl_connector_config {
     pdl_role_t role;
-    char host_ip[PDL_WIRE_HOST_MAX + 1];   /* default 127.0.0.1 when absent */
-    char proxy_ip[PDL_WIRE_HOST_MAX + 1];  /* "" = no discovery ping */
+    char host_ip[PDL_CONNECTOR_HOST_MAX + 1];  /* default 127.0.0.1 when absent */
+    char proxy_ip[PDL_CONNECTOR_HOST_MAX + 1]; /* "" = no discovery ping */
     int proxy_ping_port;
     int http_port;
     int handshake_port;                    /* base, default 6301 */
@@ -58,17 +66,20 @@ typedef struct pdl_connector_config {
     double handshake_timeout_s;            /* 10 */
 } pdl_connector_config_t;
 
+/* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg);
 
 /*
  * Parse a whole --kv-transfer-config JSON text, after resetting cfg to the defaults
- * ({"kv_connector": "MoRIIOConnector", "kv_role":
- * "kv_producer"|"kv_consumer"|"kv_both", "kv_connector_extra_config": {...}}). Unknown keys are logged
- * as warnings; a wrong value fails with an error naming the key and the value.
+ * ({"kv_connector": "MoRIIOConnector", "kv_role": "kv_producer"|"kv_consumer"|"kv_both",
+ * "kv_connector_extra_config": {...}}). Unknown keys are logged as warnings.
+ * Fails with PDL_ERR_PARSE (not JSON) or PDL_ERR_INVALID (a wrong value: the message names the key and
+ * the value); cfg is then partly filled and must not be used.
  */
 pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
-/* Same, for an already parsed kv_connector_extra_config object (role is left as is). */
-pdl_status_t pdl_connector_config_from_extra(const json_t *extra, pdl_connector_config_t *cfg, pdl_error_t *err);
+/* Same, for the kv_connector_extra_config object alone, given as JSON text; cfg is NOT reset first and
+ * cfg->role is left as is. Fails like pdl_connector_config_parse. */
+pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connector_config_t *cfg, pdl_error_t *err);
 
 /* The model's KV geometry as the whole instance sees it (per-rank heads derive from tp_size). */
 typedef struct pdl_model_geometry {
@@ -88,40 +99,57 @@ typedef struct pdl_instance_config {
     int tp_size;
     int dp_rank;
     int dp_size;
-    uint32_t num_blocks;        /* KV blocks per rank (the same on every rank) */
-    const char *attn_backend_name; /* advertised in the handshake; may be NULL */
-    /* pdlink: accept read_mode false (WRITE mode). A program that serves WRITE mode (calls
-     * pdl_instance_push / pdl_instance_expect_push for its requests, as pdlink-node does) sets this;
-     * otherwise the instance refuses WRITE mode with PDL_ERR_UNSUPPORTED naming read_mode, so a
-     * READ-only program never silently waits for pushes nobody sends. */
+    uint32_t num_blocks;           /* KV blocks per rank (the same on every rank) */
+    const char *attn_backend_name; /* advertised in the handshake; may be NULL; copied */
+    /* Accept read_mode false (WRITE mode). A program that serves WRITE mode (calls pdl_instance_push /
+     * pdl_instance_expect_push for its requests, as pdlink-node does) sets this; otherwise the instance
+     * refuses WRITE mode, so a READ-only program never silently waits for pushes nobody sends. */
     bool allow_write_mode;
 } pdl_instance_config_t;
 
 typedef struct pdl_instance pdl_instance_t;
 
-/* Creates engines, allocates and pre-faults KV memory, binds every rank's ports, starts threads. */
+/*
+ * Create an instance: engines, pre-faulted KV memory, every rank's ports bound, threads started.
+ * On success *inst_out is the caller's, to release with pdl_instance_destroy. Fails with
+ * PDL_ERR_INVALID (a bad size, port range or geometry, named), PDL_ERR_UNSUPPORTED (WRITE mode without
+ * allow_write_mode), PDL_ERR_TRANSPORT (a port cannot be bound: "bind failed: Address already in use"),
+ * PDL_ERR_NOMEM or PDL_ERR_SYSTEM; nothing is left behind.
+ */
 pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_t **inst_out, pdl_error_t *err);
+/* Stop every thread (queued pulls fail and release their producers), close every socket, free
+ * everything the instance owns, held blocks included. Pulls and receives still held by the caller
+ * must be freed before. NULL is ignored. */
 void pdl_instance_destroy(pdl_instance_t *inst);
 
-/* "host:handshake_base", the engine_id MoRIIO advertises. */
+/* "host:handshake_base", the engine_id MoRIIO advertises. Owned by the instance. */
 const char *pdl_instance_engine_id(const pdl_instance_t *inst);
-/* "host:IP,handshake:PORT,notify:PORT" for discovery and request ids. */
+/* "host:IP,handshake:PORT,notify:PORT" for discovery and request ids. Owned by the instance. */
 const char *pdl_instance_zmq_address(const pdl_instance_t *inst);
+int pdl_instance_tp_size(const pdl_instance_t *inst);
+/* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank); -1 for a bad rank. */
+int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
+int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 
-/* KV memory of one rank: the geometry of each layer and a pointer to the layer's region. */
+/* KV memory of one rank, owned by the instance: the geometry of each layer and a pointer to the
+ * layer's region. NULL for a bad rank or layer. */
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);
 uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer);
 
-/* Paged block allocator shared by all ranks. Fails with PDL_ERR_NOMEM naming free/needed counts. */
+/* Paged block allocator shared by all ranks. alloc writes n ids to ids_out (the caller owns the
+ * blocks until it frees them or hands them over); fails with PDL_ERR_NOMEM naming free/needed counts,
+ * allocating nothing. free takes back blocks the caller owns (ids not allocated are logged, ignored). */
 pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t *ids_out, pdl_error_t *err);
 void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
 size_t pdl_instance_free_block_count(pdl_instance_t *inst);
 
 /*
- * Producer: hold `ids` under transfer_id until every rank reported the release fan-in (then they are
- * freed, whether the consumer reported ok or failed) or defer_timeout passes (freed, counted expired).
- * Ownership of the blocks passes to the instance. The KV in the blocks must be final before the call:
- * hold publishes it to the threads that serve remote reads.
+ * Producer (READ mode): hold `ids` under transfer_id until every rank reported the release fan-in
+ * (then they are freed, whether the consumer reported ok or failed) or defer_timeout passes (freed,
+ * counted expired). On success the blocks belong to the instance. The KV in the blocks must be final
+ * before the call: hold publishes it to the threads that serve remote reads.
+ * Fails with PDL_ERR_INVALID (empty or too long id, no blocks, blocks not allocated),
+ * PDL_ERR_BAD_STATE (transfer_id already held) or PDL_ERR_NOMEM; the blocks stay the caller's.
  */
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err);
@@ -129,69 +157,123 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
 
-/* The params a producer returns for a held transfer (READ mode); the caller owns the reference. */
-json_t *pdl_instance_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n);
+/*
+ * The kv_transfer_params a producer returns for a held transfer (READ mode): out is initialised and
+ * filled (its block list is a copy); the caller releases it with pdl_kv_params_clear (params.h) and
+ * turns it into JSON with pdl_kv_params_to_json. Fails with PDL_ERR_NOMEM (out then holds nothing).
+ */
+pdl_status_t pdl_instance_params(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                                 pdl_kv_params_t *out, pdl_error_t *err);
 
 typedef struct pdl_pull pdl_pull_t;
 
 /*
- * Consumer: read the KV of a producer's transfer into `local_blocks` on every rank (READ mode).
+ * Consumer (READ mode): read the KV of a producer's transfer into `local_blocks` on every rank.
  * `params` are the producer's kv_transfer_params; `request_id` (may be NULL) supplies peer addresses
- * the way upstream does. Asynchronous: returns at once; wait with pdl_pull_wait.
+ * the way upstream does. Both are copied. Asynchronous: returns at once; wait with pdl_pull_wait and
+ * release *pull_out with pdl_pull_free. The local blocks stay the caller's but must not be freed or
+ * written before the pull finished. Fails with PDL_ERR_INVALID (missing transfer_id, block list, peer
+ * address, or a TP/port combination that cannot work, named), PDL_ERR_BAD_STATE (shutting down) or
+ * PDL_ERR_NOMEM.
  */
 pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err);
-/* PDL_OK when every rank read its plan; otherwise the error (a load error: the blocks are invalid). */
+/* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank read its plan; PDL_ERR_TIMEOUT when
+ * ranks are still reading (the pull goes on: wait again or free it); otherwise the first rank's error
+ * (a load error: the blocks hold garbage), e.g. PDL_ERR_TRANSPORT, PDL_ERR_MISMATCH, PDL_ERR_PEER_GONE. */
 pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);
-/* Bytes read and descriptors posted by all ranks, available once finished. */
+/* Bytes read and descriptors posted by all ranks, final once the pull finished. */
 uint64_t pdl_pull_bytes(const pdl_pull_t *pull);
 uint64_t pdl_pull_descriptors(const pdl_pull_t *pull);
+/* Monotonic time (pdl_now_ns) at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
+uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
+/* Release the caller's reference; never waits (ranks still reading keep their own). NULL is ignored. */
 void pdl_pull_free(pdl_pull_t *pull);
 
-/* Counters per rank (SPEC §5). */
+/*
+ * Counters per rank (SPEC §5), one table for the struct, the Prometheus names, types and help text:
+ * X(field, metric name, kind, help). PDL_COUNTER_NS fields hold nanoseconds and are exported in
+ * seconds. Releases and keepalives received come from the producer's fan-in.
+ */
+typedef enum pdl_counter_kind {
+    PDL_COUNTER_COUNT = 0, /* a count, exported as is */
+    PDL_COUNTER_NS = 1,    /* nanoseconds, exported as seconds */
+} pdl_counter_kind_t;
+
+#define PDL_RANK_COUNTERS(X)                                                                                        \
+    X(transfers, "pdlink_transfers_total", PDL_COUNTER_COUNT,                                                       \
+      "Transfers completed by this rank (consumer: reads done; producer: fan-ins reported, pushes written).")     \
+    X(bytes, "pdlink_kv_bytes_total", PDL_COUNTER_COUNT, "KV bytes moved by reads or writes of this rank.")        \
+    X(descriptors, "pdlink_descriptors_total", PDL_COUNTER_COUNT, "Transfer descriptors posted by this rank.")     \
+    X(read_ns, "pdlink_read_seconds_total", PDL_COUNTER_NS, "Wall time of reads on this rank (READ mode).")        \
+    X(write_ns, "pdlink_write_seconds_total", PDL_COUNTER_NS, "Wall time of writes on this rank (WRITE mode).")    \
+    X(releases_sent, "pdlink_releases_sent_total", PDL_COUNTER_COUNT, "Release messages sent.")                   \
+    X(releases_received, "pdlink_releases_received_total", PDL_COUNTER_COUNT, "Release messages received.")       \
+    X(releases_duplicate, "pdlink_releases_duplicate_total", PDL_COUNTER_COUNT, "Duplicate releases received.")   \
+    X(releases_late, "pdlink_releases_late_total", PDL_COUNTER_COUNT,                                               \
+      "Releases for finished or expired transfers.")                                                              \
+    X(releases_parked, "pdlink_releases_parked_total", PDL_COUNTER_COUNT,                                           \
+      "Releases that arrived before the transfer was held.")                                                      \
+    X(releases_failed_status, "pdlink_releases_failed_total", PDL_COUNTER_COUNT,                                    \
+      "Releases that reported a failed read.")                                                                    \
+    X(dropped_malformed, "pdlink_dropped_malformed_total", PDL_COUNTER_COUNT,                                       \
+      "Malformed notify and handshake frames dropped.")                                                           \
+    X(expired, "pdlink_expired_total", PDL_COUNTER_COUNT,                                                           \
+      "Held transfers (and pushes without remote_blocks) reaped after defer_timeout.")                            \
+    X(handshakes, "pdlink_handshakes_total", PDL_COUNTER_COUNT, "Handshakes completed (served or made).")         \
+    X(handshake_failures, "pdlink_handshake_failures_total", PDL_COUNTER_COUNT, "Handshakes that failed.")        \
+    X(read_failures, "pdlink_read_failures_total", PDL_COUNTER_COUNT, "Reads that failed.")                       \
+    X(releases_parked_dropped, "pdlink_releases_parked_dropped_total", PDL_COUNTER_COUNT,                           \
+      "Parked releases dropped unused: too old, or the park was full.")                                           \
+    X(keepalives_received, "pdlink_keepalives_received_total", PDL_COUNTER_COUNT,                                   \
+      "Keepalives that extended a lease (producer).")                                                             \
+    X(keepalives_sent, "pdlink_keepalives_sent_total", PDL_COUNTER_COUNT, "Keepalives sent (consumer).")          \
+    X(send_failures, "pdlink_send_failures_total", PDL_COUNTER_COUNT,                                               \
+      "Notify messages libzmq refused (the cached socket is evicted).")                                           \
+    X(remote_blocks_sent, "pdlink_remote_blocks_sent_total", PDL_COUNTER_COUNT,                                     \
+      "WRITE mode: remote_blocks messages sent (decode).")                                                        \
+    X(remote_blocks_received, "pdlink_remote_blocks_received_total", PDL_COUNTER_COUNT,                             \
+      "WRITE mode: remote_blocks messages received (prefill).")                                                   \
+    X(remote_blocks_parked, "pdlink_remote_blocks_parked_total", PDL_COUNTER_COUNT,                                 \
+      "WRITE mode: remote_blocks that arrived before the push.")                                                  \
+    X(remote_blocks_dropped, "pdlink_remote_blocks_dropped_total", PDL_COUNTER_COUNT,                               \
+      "WRITE mode: remote_blocks dropped: duplicate, park full, or parked too long.")                             \
+    X(write_failures, "pdlink_write_failures_total", PDL_COUNTER_COUNT,                                             \
+      "WRITE mode: pushes whose handshake or write failed.")                                                      \
+    X(write_done_sent, "pdlink_write_done_sent_total", PDL_COUNTER_COUNT,                                           \
+      "WRITE mode: write_done messages sent (prefill).")                                                          \
+    X(write_done_received, "pdlink_write_done_received_total", PDL_COUNTER_COUNT,                                   \
+      "WRITE mode: write_done messages counted (decode).")                                                        \
+    X(write_done_failed_status, "pdlink_write_done_failed_total", PDL_COUNTER_COUNT,                                \
+      "WRITE mode: write_done messages saying failed.")                                                           \
+    X(write_done_late, "pdlink_write_done_late_total", PDL_COUNTER_COUNT,                                           \
+      "WRITE mode: write_done for no waiting transfer, or a duplicate (decode).")
+
 typedef struct pdl_rank_counters {
-    uint64_t transfers;            /* completed (consumer: reads done; producer: fan-ins reported) */
-    uint64_t bytes;                /* KV bytes read (consumer) */
-    uint64_t descriptors;
-    uint64_t read_ns;              /* total wall time of reads */
-    uint64_t releases_sent;
-    uint64_t releases_received;
-    uint64_t releases_duplicate;
-    uint64_t releases_late;
-    uint64_t releases_parked;
-    uint64_t releases_failed_status; /* releases that said status "failed" */
-    uint64_t dropped_malformed;    /* notify + handshake frames dropped */
-    uint64_t expired;              /* held transfers reaped after defer_timeout */
-    uint64_t handshakes;
-    uint64_t handshake_failures;
-    uint64_t read_failures;
-    /* added with the runtime (issue 5) */
-    uint64_t releases_parked_dropped; /* parked releases dropped unused: too old, or the park was full */
-    uint64_t keepalives_received;     /* keepalives that extended a lease */
-    uint64_t keepalives_sent;
-    uint64_t send_failures;           /* notify messages libzmq refused (the cached DEALER is evicted) */
-    /* WRITE mode (push.c); `transfers`, `bytes`, `descriptors` count a producer rank's writes too, and
-     * `expired` counts pushes reaped because their remote_blocks never came */
-    uint64_t remote_blocks_sent;       /* consumer */
-    uint64_t remote_blocks_received;   /* producer (including duplicates and parked ones) */
-    uint64_t remote_blocks_parked;     /* producer: arrived before the push */
-    uint64_t remote_blocks_dropped;    /* producer: duplicate, park full, or parked too long */
-    uint64_t write_failures;           /* producer: a handshake or write of a push failed */
-    uint64_t write_done_sent;          /* producer */
-    uint64_t write_done_received;      /* consumer: counted toward a wait */
-    uint64_t write_done_failed_status; /* consumer: write_done saying status "failed" */
-    uint64_t write_done_late;          /* consumer: for no waiting transfer, or a duplicate */
+#define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;
+    PDL_RANK_COUNTERS(PDL__COUNTER_FIELD)
+#undef PDL__COUNTER_FIELD
 } pdl_rank_counters_t;
 
+/* One row of the table, for exporters. */
+typedef struct pdl_counter_info {
+    const char *name; /* Prometheus metric name */
+    const char *help;
+    pdl_counter_kind_t kind;
+    size_t offset; /* of the uint64_t field in pdl_rank_counters_t */
+} pdl_counter_info_t;
+
+/* The rows of PDL_RANK_COUNTERS in order (static storage; *n gets their number). Cannot fail. */
+const pdl_counter_info_t *pdl_rank_counters_table(size_t *n);
+/* Snapshot of rank tp_rank's counters into *out; PDL_ERR_INVALID for a bad rank or NULL out. */
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
-int pdl_instance_tp_size(const pdl_instance_t *inst);
 
 /*
  * Events of held transfers, for programs that want to react (metrics, tests). RANK_REPORTED: a producer
  * rank's fan-in completed; RANK_EXPIRED: a rank reaped it after defer_timeout; FREED: every rank
  * resolved it and its blocks went back to the allocator. The function runs on a connector thread
- * (a rank's service thread, or the caller of pdl_instance_hold) with no connector lock held; it must
- * be quick and must not call pdl_instance_destroy.
+ * (a rank's service thread or writer, or the caller of pdl_instance_hold) with no connector lock
+ * held; it must be quick and must not call pdl_instance_destroy. transfer_id is valid during the call.
  */
 typedef enum pdl_instance_event {
     PDL_EVENT_RANK_REPORTED = 1,
@@ -199,6 +281,7 @@ typedef enum pdl_instance_event {
     PDL_EVENT_FREED = 3,
 } pdl_instance_event_t;
 typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+/* Install fn (NULL: none); arg is passed through, never freed. */
 void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
 
 /*
@@ -212,34 +295,33 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
  * they come first), handshakes with the consumer ranks of its write plan, writes its pieces with one
  * batched WRITE per layer per target, and sends write_done (status ok/failed) to every consumer rank
  * of its notify set. The blocks are freed when every rank finished, or after defer_timeout for ranks
- * whose remote_blocks never came (counted expired); ownership passes to the instance.
+ * whose remote_blocks never came (counted expired).
+ * On success the blocks belong to the instance. Fails with PDL_ERR_BAD_STATE (not a WRITE-mode
+ * producer, shutting down, or transfer_id already held), PDL_ERR_INVALID (no transfer_id, no blocks, no
+ * consumer address, an impossible TP pair) or PDL_ERR_NOMEM; the blocks then stay the caller's.
  *
  * Consumer: pdl_instance_expect_push(params, request_id, local blocks) with the decode leg's params
  * (transfer_id, producer TP in remote_tp_size/tp_size, producer address as for a pull). Each consumer
  * rank d sends remote_blocks to the producer ranks p of its group for which d is the first consumer
  * whose group holds p -- so every producer rank gets the block list exactly once -- and counts
- * write_done up to pdl_topo_expected_write_done(P, D). pdl_recv_wait returns PDL_OK when every rank
- * counted them all with status ok; a failed status or transfer_timeout is an error (a load error: the
- * caller frees the blocks).
+ * write_done up to pdl_topo_expected_write_done(P, D). Fails like pdl_instance_push (BAD_STATE: not a
+ * WRITE-mode consumer, or the transfer is already expected). On success *recv_out is the caller's, to
+ * release with pdl_recv_free; the local blocks stay the caller's.
  */
 typedef struct pdl_recv pdl_recv_t;
 pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *ids, size_t n, pdl_error_t *err);
 pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                       const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
+/* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank counted all its write_done with status
+ * ok; PDL_ERR_TIMEOUT when ranks still wait (call again); otherwise a load error (the caller frees the
+ * blocks): PDL_ERR_TRANSPORT (a producer rank said failed) or PDL_ERR_TIMEOUT past transfer_timeout. */
 pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err);
 /* write_done messages consumer rank `tp_rank` counted (ok or failed); -1 for a bad rank. */
 int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank);
 /* Frees a receive; write_done arriving later are counted late. Call after pdl_recv_wait returned and
- * before pdl_instance_destroy. */
+ * before pdl_instance_destroy. NULL is ignored. */
 void pdl_recv_free(pdl_recv_t *rv);
-
-/* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank). */
-int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
-int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
-
-/* Monotonic time (pdl_now_ns) at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
-uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 
 #ifdef __cplusplus
 }

@@ -11,12 +11,17 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "pdlink/connector.h"
+#include "pdlink/wire.h"
+
+_Static_assert(PDL_CONNECTOR_HOST_MAX == PDL_WIRE_HOST_MAX, "connector and wire must agree on host names");
 #include "pdlink/log.h"
 
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg)
@@ -244,7 +249,7 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
 /* Keys upstream or its deployments use that pdlink accepts and ignores without a warning. */
 static const char *const k_known_ignored[] = {"recv_abort_timeout", "allow_full_cudagraph", "trusted_remote_hosts", NULL};
 
-pdl_status_t pdl_connector_config_from_extra(const json_t *extra, pdl_connector_config_t *cfg, pdl_error_t *err)
+static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_t *cfg, pdl_error_t *err)
 {
     if (cfg == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config: no output");
@@ -274,6 +279,19 @@ pdl_status_t pdl_connector_config_from_extra(const json_t *extra, pdl_connector_
             return st;
     }
     return PDL_OK;
+}
+
+pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    if (extra_json == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config: no input");
+    json_error_t je;
+    json_t *extra = json_loads(extra_json, 0, &je);
+    if (extra == NULL)
+        return pdl_error_set(err, PDL_ERR_PARSE, "kv_connector_extra_config: not JSON: %s (line %d)", je.text, je.line);
+    pdl_status_t st = config_from_extra(extra, cfg, err);
+    json_decref(extra);
+    return st;
 }
 
 /* Top-level KVTransferConfig fields of vLLM that pdlink does not use; not worth a warning. */
@@ -335,7 +353,7 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
             goto out;
         }
     }
-    st = pdl_connector_config_from_extra(json_object_get(root, "kv_connector_extra_config"), cfg, err);
+    st = config_from_extra(json_object_get(root, "kv_connector_extra_config"), cfg, err);
 out:
     json_decref(root);
     return st;

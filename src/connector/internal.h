@@ -1,20 +1,29 @@
 /*
- * internal.h -- the connector runtime's private structures, shared by its files (internal).
+ * internal.h -- the connector runtime's private structures and the functions its files offer each
+ * other (internal). docs/connector.md draws the same picture with the threads and queues.
  *
- *   instance.c  instance create/destroy, block allocator front, holds and the aggregation of per-rank
- *               fan-in reports (a transfer is freed when EVERY producer rank reported or expired)
- *   service.c   the per-rank service thread: handshake ROUTER, notify ROUTER, outbound DEALER cache,
- *               discovery ping, lease reaper. It is the only thread that touches those sockets;
- *               other threads hand it messages through a mutex-guarded queue and an eventfd.
- *               The worker (pull.c) sends its releases on its OWN DEALER cache: one thread hop less
- *               on the release path (measured: the hop cost ~100 us under load on 2 cores).
- *   peer.c      consumer side: handshake client, compatibility check, remote peer cache
- *   pull.c      consumer side: the per-rank worker thread that executes READ pulls
- *   push.c      WRITE mode: producer pushes (per-rank pusher thread, parked remote_blocks, reaper) and
- *               the consumer's wait for write_done (pdl_recv_t)
+ * Files and what each one owns; an arrow is "calls into", and there is no arrow back:
  *
- * Lock order (never the other way round): rank->fan_mu, then inst->held_mu; rank->ctr_mu and
- * rank->out_mu are leaves. inst->push_mu is never held while taking held_mu or fan_mu.
+ *   instance.c  creates and destroys an instance: starts and stops every part below; accessors
+ *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t)
+ *     ├─> service.c   the service thread: handshake/notify ROUTERs, ping, reapers (pdl_rank_svc_t)
+ *     │     ├─> push.c    WRITE-mode messages (remote_blocks, write_done) and the push reaper
+ *     │     └─> held.c
+ *     ├─> pull.c      READ mode, consumer: pdl_instance_pull and the reader (pdl_xfer_side_t)
+ *     └─> push.c      WRITE mode: producer pushes (the writer, pdl_xfer_side_t) and the consumer's wait
+ *   pull.c, push.c ─> xfer.c      ONE transfer executor for both directions
+ *                         └─> peer.c  handshake client and the per-side peer cache
+ *   push.c ─> held.c    held transfers, recorded once per instance (pdl_held_t), and instance events
+ *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
+ *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
+ *   fanin.c (pure), blockalloc.c, config.c, strmap.c: leaves
+ *
+ * Threads per rank: the service thread (service.c) owns the ROUTERs and the outbound DEALER cache;
+ * the reader (pull.c, READ consumer) and the writer (push.c, WRITE producer) are each one pdl_workq_t
+ * thread that owns its peer cache and its DEALER cache. Nothing else touches those caches.
+ *
+ * Lock order (never the other way round): rank->fan.mu, then inst->held_mu; counters' mu and the
+ * sender queue's mu are leaves. inst->push_mu is never held while taking held_mu or fan.mu.
  */
 #ifndef PDL_CONNECTOR_INTERNAL_H
 #define PDL_CONNECTOR_INTERNAL_H
@@ -22,12 +31,20 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/workq.h"
 #include "connector/blockalloc.h"
 #include "connector/fanin.h"
 #include "connector/strmap.h"
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
+#include "pdlink/params.h"
 #include "pdlink/topo.h"
+#include "pdlink/wire.h"
+
+typedef struct pdl_rank pdl_rank_t;
+typedef struct pdl_peer pdl_peer_t;
+
+/* ---- counters.c: per-rank counters and the drop log ------------------------------------------ */
 
 /* Kinds of dropped input, each logged through its own rate limiter. */
 typedef enum pdl_drop_kind {
@@ -39,9 +56,28 @@ typedef enum pdl_drop_kind {
     PDL_DROP_KINDS
 } pdl_drop_kind_t;
 
+/* The fields of pdl_rank_counters_t not kept by the fan-in, under their own leaf mutex, and the
+ * rate limiters of the rank's log lines (each used by one thread, except drop_rl: see counters.c). */
+typedef struct pdl_rank_ctr {
+    pthread_mutex_t mu;
+    pdl_rank_counters_t v;
+    pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
+    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl;
+} pdl_rank_ctr_t;
+
+void pdl__ctr_init(pdl_rank_ctr_t *c);
+void pdl__ctr_fini(pdl_rank_ctr_t *c);
+/* Add v to the counter at `offset` in pdl_rank_counters_t (use PDL_CTR_ADD). */
+void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v);
+#define PDL_CTR_ADD(r, field, v) pdl__ctr_add(&(r)->ctr, offsetof(pdl_rank_counters_t, field), (v))
+/* Count a dropped frame in dropped_malformed and log it through the kind's rate limiter. */
+void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- sender.c: DEALER caches, endpoints, the outbound queue ---------------------------------- */
+
 enum { PDL_OUT_OTHER = 0, PDL_OUT_RELEASE = 1, PDL_OUT_KEEPALIVE = 2 };
 
-/* A message queued for the service thread to send on a cached DEALER. */
+/* A message queued for the service thread to send on its DEALER cache. */
 typedef struct pdl_outmsg {
     struct pdl_outmsg *next;
     char endpoint[PDL_WIRE_HOST_MAX + 32]; /* "tcp://host:port" */
@@ -49,91 +85,194 @@ typedef struct pdl_outmsg {
     pdl_bytes_t payload;
 } pdl_outmsg_t;
 
-typedef struct pdl_pull_job {
-    struct pdl_pull_job *next;
-    pdl_pull_t *pull;
-    uint64_t queued_ns;
-} pdl_pull_job_t;
+/* Messages other threads hand to the service thread, which alone may use its DEALER cache. */
+typedef struct pdl_outq {
+    pthread_mutex_t mu;
+    pdl_outmsg_t *head, *tail;
+    int wake_fd; /* eventfd the service thread polls; -1 until service.c created it */
+} pdl_outq_t;
 
-typedef struct pdl_push pdl_push_t;
+/* "tcp://host:port", brackets for IPv6; -1 if it does not fit. */
+int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
+/* Send one frame on a DEALER from `cache` (created and connected on first use, evicted on error),
+ * counting it by `kind`; only the thread that owns `cache` may call this. False when not sent. */
+bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
+void pdl__dealers_close(pdl_strmap_t *cache);
+/* Queue a message for rank r's service thread (any thread). Takes the payload (left empty) on
+ * success; PDL_ERR_NOMEM, or PDL_ERR_INVALID when host:port makes no endpoint. */
+pdl_status_t pdl__outq_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
+                            pdl_error_t *err);
+/* Service thread: take every queued message and send it on `cache`. */
+void pdl__outq_flush(pdl_rank_t *r, pdl_strmap_t *cache);
+void pdl__outq_init(pdl_outq_t *q);
+void pdl__outq_fini(pdl_outq_t *q);
 
-/* WRITE mode, producer: one rank's share of a push, started when the consumer's block list is known. */
-typedef struct pdl_push_job {
-    struct pdl_push_job *next;
-    pdl_push_t *push;
-    uint32_t *blocks; /* the consumer's block ids (owned) */
+/* ---- peer.c: the handshake client ------------------------------------------------------------ */
+
+/* Where a remote instance listens and what it is: the far end of a transfer. */
+typedef struct pdl_peer_addr {
+    char engine_id[PDL_WIRE_ID_MAX + 1]; /* cache key: "host:handshake base" unless the params named one */
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int hs_base, notify_base; /* port bases; a rank listens on base + dp * tp + rank */
+    int dp;                   /* the remote instance's DP rank */
+    int tp;                   /* the remote instance's TP size */
+    pdl_role_t role;          /* what the remote instance is: producer (READ) or consumer (WRITE) */
+} pdl_peer_addr_t;
+
+struct pdl_peer {
+    char key[PDL_WIRE_ID_MAX + 64]; /* "engine_id|dp|rank" */
+    char remote_engine_key[PDL_WIRE_HOST_MAX + 64];
+    pdl_agent_meta_t meta;
+    pdl_session_t *session;
+    pdl_kv_geometry_t geo;
+    uint64_t layer_len;
+};
+
+/* The peer for rank `remote_rank` of `addr` from `cache`, handshaking (and caching it) if needed.
+ * Fails with the handshake's status (PDL_ERR_TIMEOUT, _TRANSPORT, _PARSE, _MISMATCH, _NOMEM) and a
+ * message naming the peer as "<role> tp rank N"; a failure is not cached. The cache belongs to the
+ * calling thread; the peer stays owned by the cache. */
+pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_addr_t *addr, int remote_rank,
+                           pdl_peer_t **peer_out, pdl_error_t *err);
+/* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
+void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer);
+void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache);
+
+/* ---- xfer.c: the transfer executor ----------------------------------------------------------- */
+
+/* One thread's side of transfers in one direction: its queue and thread, and the caches only that
+ * thread touches. pull.c owns a rank's reader, push.c its writer. */
+typedef struct pdl_xfer_side {
+    pdl_workq_t q;
+    bool started;
+    pdl_strmap_t peers;   /* "engine_id|dp|rank" -> pdl_peer_t* */
+    pdl_strmap_t dealers; /* endpoint -> DEALER for the notifications this thread sends */
+} pdl_xfer_side_t;
+
+/* One piece of a transfer: a head range moved between us and one rank of the remote instance. */
+typedef struct pdl_xfer_piece {
+    int remote_rank;        /* the producer rank for a read, the consumer rank for a write */
+    pdl_plan_piece_t piece; /* heads, as the read/write plan gives them */
+} pdl_xfer_piece_t;
+
+/* A transfer of one rank: a direction, the remote instance and the pieces, over n block pairs. */
+typedef struct pdl_xfer {
+    pdl_dir_t dir;               /* PDL_DIR_READ: remote -> local; PDL_DIR_WRITE: local -> remote */
+    const pdl_peer_addr_t *peer; /* the remote instance */
+    const pdl_xfer_piece_t *pieces;
+    int npieces;
+    const uint32_t *local_blocks, *remote_blocks;
     size_t n;
-    int decode_dp;
-    int consumer_tp; /* from remote_blocks' consumer_tp_size, else the push's params */
-} pdl_push_job_t;
+} pdl_xfer_t;
 
-typedef struct pdl_rank {
-    pdl_instance_t *inst;
-    int rank;
-    int port_offset;
-    int hs_port, notify_port;
+/* Where an executed transfer spent its time (debug log lines). */
+typedef struct pdl_xfer_times {
+    uint64_t peers, build, post, wait;
+} pdl_xfer_times_t;
+
+/* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached), post
+ * one batched op per layer per remote rank, wait for all of them within transfer_timeout (even after
+ * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
+ * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
+ * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
+pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
+                           uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err);
+/* Start the side's thread (run/on_exit as in workq.h) / stop it and free its caches. */
+pdl_status_t pdl__xfer_side_start(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_workq_run_fn run,
+                                  pdl_workq_exit_fn on_exit, const char *what, pdl_error_t *err);
+void pdl__xfer_side_stop(pdl_rank_t *r, pdl_xfer_side_t *side);
+
+/* ---- the rank ---------------------------------------------------------------------------------- */
+
+/* rank.c: one rank's engine and memory, fixed after create. */
+typedef struct pdl_rank_mem {
     char engine_key[PDL_WIRE_HOST_MAX + 64];
-
     pdl_engine_t *engine;
     pdl_mem_t *kv;
     uint8_t *kv_ptr;
     pdl_kv_geometry_t geo;
     uint64_t layer_len; /* bytes of one layer's region; layer l starts at l * layer_len */
     pdl_bytes_t meta_payload, layermap_payload;
+} pdl_rank_mem_t;
 
-    /* service thread; sockets below are touched by it alone */
-    pthread_t service;
-    bool service_started;
+/* service.c: the service thread and the sockets only it touches. */
+typedef struct pdl_rank_svc {
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
     void *hs_sock, *notify_sock, *ping_sock;
-    pdl_strmap_t dealers; /* endpoint → zmq DEALER */
+    pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
-    int wake_fd;
-    atomic_bool svc_stop;
     pdl_bytes_t ping_payload;
     uint64_t ping_failures;
-    pthread_mutex_t out_mu;
-    pdl_outmsg_t *out_head, *out_tail;
+} pdl_rank_svc_t;
 
-    /* producer fan-in */
-    pthread_mutex_t fan_mu;
+/* service.c and held.c: the producer's release fan-in (pure state machine, fanin.h) and its lock. */
+typedef struct pdl_rank_fan {
+    pthread_mutex_t mu;
     pdl_fanin_t *fanin;
+} pdl_rank_fan_t;
 
-    /* consumer worker; peers and plans are touched by the worker alone */
-    pthread_t worker;
-    bool worker_started;
-    pthread_mutex_t job_mu;
-    pthread_cond_t job_cv;
-    pdl_pull_job_t *job_head, *job_tail;
-    bool job_stop;
-    pdl_strmap_t peers;        /* "engine_id|dp|tp" → pdl_peer_t* */
-    pdl_strmap_t worker_dealers; /* endpoint → DEALER for the releases this worker sends */
-    pdl_read_plan_t *plans[8]; /* cached read plans, one per producer TP seen */
+struct pdl_rank {
+    pdl_instance_t *inst;
+    int rank;
+    int hs_port, notify_port;
+    pdl_rank_mem_t mem;     /* rank.c */
+    pdl_rank_ctr_t ctr;     /* counters.c */
+    pdl_outq_t out;         /* sender.c */
+    pdl_rank_svc_t svc;     /* service.c */
+    pdl_rank_fan_t fan;     /* service.c (releases), held.c (holds) */
+    pdl_xfer_side_t reader; /* pull.c */
+    pdl_xfer_side_t writer; /* push.c */
+    pdl_read_plan_t *plans[8]; /* pull.c, reader thread: cached read plans, one per producer TP seen */
     int nplans;
+};
 
-    /* WRITE-mode producer: the pusher thread and its queue; it alone uses push_dealers (and, on a
-     * producer instance, which makes no pulls, the peer cache) */
-    pthread_t pusher;
-    bool pusher_started;
-    pthread_mutex_t push_job_mu;
-    pthread_cond_t push_job_cv;
-    pdl_push_job_t *push_head, *push_tail;
-    bool push_stop;
-    pdl_strmap_t push_dealers;
+/* rank.c */
+pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_error_t *err);
+/* Locks and queues only: for ranks after the one whose init failed, so destroy can treat all alike. */
+void pdl__rank_init_locks(pdl_rank_t *r);
+void pdl__rank_fini(pdl_rank_t *r);
 
-    pthread_mutex_t ctr_mu;
-    pdl_rank_counters_t ctr; /* the fields not kept by the fan-in */
-    pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
-    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl;
-} pdl_rank_t;
+/* ---- held.c: held transfers ------------------------------------------------------------------ */
 
+/* A producer transfer whose blocks wait for every rank to resolve it (READ hold or WRITE push). */
 typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
     int resolved;
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
+
+/* Record `ids` under transfer_id (copied); PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
+pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                           pdl_error_t *err);
+/* Undo pdl__held_add (the blocks stay with the caller). */
+void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
+/* Rank `rank` is done with transfer_id (reported, or expired); the last rank frees the blocks. */
+void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
+void pdl__held_free_all(pdl_instance_t *inst);
+
+/* ---- service.c / pull.c / push.c lifecycles ---------------------------------------------------- */
+
+pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__service_stop(pdl_rank_t *r);
+pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__reader_stop(pdl_rank_t *r);
+pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__writer_stop(pdl_rank_t *r);
+/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
+void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
+ * remote_blocks and consumer waits past transfer_timeout. */
+void pdl__push_reap(pdl_rank_t *r);
+/* instance destroy: free what the WRITE-mode maps still hold (after every thread stopped). */
+void pdl__push_free_all(pdl_instance_t *inst);
+
+/* ---- the instance ---------------------------------------------------------------------------- */
 
 struct pdl_instance {
     pdl_instance_config_t cfg;
@@ -146,18 +285,18 @@ struct pdl_instance {
     pdl_rank_t *ranks; /* tp of them */
     atomic_bool stopping;
 
+    /* held.c */
     pthread_mutex_t held_mu;
-    pdl_strmap_t held; /* transfer id → pdl_held_t* */
+    pdl_strmap_t held; /* transfer id -> pdl_held_t* */
     size_t held_blocks;
-
-    /* WRITE mode (push.c): producer pushes by transfer id, parked remote_blocks by "rank|transfer id",
-     * consumer receives by transfer id */
-    pthread_mutex_t push_mu;
-    pdl_strmap_t pushes, parked, recvs;
-
     pthread_mutex_t cb_mu;
     pdl_instance_event_fn event_fn;
     void *event_arg;
+
+    /* push.c: producer pushes by transfer id, parked remote_blocks by "rank|transfer id", consumer
+     * receives by transfer id */
+    pthread_mutex_t push_mu;
+    pdl_strmap_t pushes, parked, recvs;
 };
 
 struct pdl_pull {
@@ -174,11 +313,7 @@ struct pdl_pull {
 
     /* the request, immutable after pdl_instance_pull */
     char transfer_id[PDL_WIRE_ID_MAX + 1];
-    char engine_id[PDL_WIRE_ID_MAX + 1];
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int hs_base, notify_base;
-    int remote_dp;
-    int producer_tp;
+    pdl_peer_addr_t producer;
     uint32_t *local_blocks, *remote_blocks;
     size_t n;
 
@@ -187,57 +322,5 @@ struct pdl_pull {
     void *rank_arg;
     void (*rank_arg_free)(void *arg);
 };
-
-/* instance.c */
-void pdl__instance_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
-void pdl__instance_emit(pdl_instance_t *inst, pdl_instance_event_t ev, const char *transfer_id, int rank);
-void pdl__rank_count_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* "tcp://host:port", brackets for IPv6; -1 if it does not fit. */
-int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
-
-/* service.c */
-pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
-void pdl__service_stop(pdl_rank_t *r);
-/* Send one frame on a DEALER from `cache` (created and connected on first use, evicted on error),
- * counting it; only the thread that owns `cache` may call this. */
-bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
-void pdl__dealers_close(pdl_strmap_t *cache);
-/* Queue a message for the rank's service thread, for threads that own no DEALER cache (payload
- * ownership passes to the queue). */
-pdl_status_t pdl__service_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
-                               pdl_error_t *err);
-
-/* peer.c */
-typedef struct pdl_peer pdl_peer_t;
-struct pdl_peer {
-    char key[PDL_WIRE_ID_MAX + 64];
-    char remote_engine_key[PDL_WIRE_HOST_MAX + 64];
-    pdl_agent_meta_t meta;
-    pdl_session_t *session;
-    pdl_kv_geometry_t geo;
-    uint64_t layer_len;
-};
-/* The cached peer for producer rank `prank` of the pull's instance, handshaking if needed. */
-pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl_peer_t **peer_out,
-                           pdl_error_t *err);
-/* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
-void pdl__peer_evict(pdl_rank_t *r, pdl_peer_t *peer);
-void pdl__peers_free(pdl_rank_t *r);
-
-/* push.c */
-pdl_status_t pdl__pusher_start(pdl_rank_t *r, pdl_error_t *err);
-void pdl__pusher_stop(pdl_rank_t *r);
-/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
-void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
-/* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
- * remote_blocks and consumer waits past transfer_timeout. */
-void pdl__push_reap(pdl_rank_t *r);
-/* instance destroy: free what the maps still hold (after every thread stopped). */
-void pdl__push_free_all(pdl_instance_t *inst);
-
-/* pull.c */
-pdl_status_t pdl__worker_start(pdl_rank_t *r, pdl_error_t *err);
-void pdl__worker_stop(pdl_rank_t *r);
 
 #endif /* PDL_CONNECTOR_INTERNAL_H */

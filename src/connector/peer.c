@@ -1,15 +1,17 @@
 /*
- * peer.c -- consumer side of the handshake: fetch a producer rank's metadata, check that its KV
- * layout is compatible, register its engine and open the session reads go through (SPEC §4, §5 step 2).
+ * peer.c -- the handshake client: fetch a remote rank's metadata, check that its KV layout is
+ * compatible, register its engine and open the session transfers go through (SPEC §4, §5 step 2).
+ * The remote is a producer (READ mode: we read from it) or a consumer (WRITE mode: we write to it);
+ * messages name it by its role.
  *
- * Peers are cached per consumer rank under "engine_id|dp|tp" and used by that rank's worker thread
- * only. A peer is evicted when a read reports it gone; a failed handshake is not cached, so a peer
- * that restarts with a fixed configuration is picked up by the next pull.
+ * Peers are cached per rank and per direction under "engine_id|dp|rank", each cache used by one
+ * thread only (pdl_xfer_side_t). A peer is evicted when a transfer reports it gone; a failed handshake
+ * is not cached, so a peer that restarts with a fixed configuration is picked up by the next transfer.
  *
  * Compatibility (pdlink peers, i.e. a handshake carrying pdlink_version): head_dim, kv_elem_size,
  * block_size, num_layers, total_num_kv_heads, is_mla and layout must equal ours, tp_size/tp_rank/
  * dp_rank must be the ones we dialed, and block_len must match the geometry they imply. A mismatch
- * fails the pulls that need this peer with PDL_ERR_MISMATCH naming the field and both values.
+ * fails the transfers that need this peer with PDL_ERR_MISMATCH naming the field and both values.
  * Upstream peers (no pdlink keys) are assumed to run the same model, as upstream assumes (reference
  * §3.2); only their block_len is checked against our geometry for their TP.
  */
@@ -113,7 +115,7 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
                                  (long long)(mine), (long long)(theirs));                                        \
     } while (0)
 
-static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_pull_t *pull, int prank, const pdl_agent_meta_t *m,
+static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_peer_addr_t *addr, int prank, const pdl_agent_meta_t *m,
                                  const pdl_layer_map_t *lm, const char *who, pdl_error_t *err)
 {
     const pdl_model_geometry_t *g = &r->inst->cfg.model;
@@ -130,9 +132,9 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_pull_t *pull, in
             return pdl_error_set(err, PDL_ERR_MISMATCH,
                                  "peer %s: layout differs (local %s, remote %.16s): head ranges would not line up", who,
                                  mine, m->layout);
-        CHECK_FIELD("tp_size (kv_transfer_params vs handshake)", pull->producer_tp, m->tp_size);
+        CHECK_FIELD("tp_size (kv_transfer_params vs handshake)", addr->tp, m->tp_size);
         CHECK_FIELD("tp_rank (dialed vs handshake)", prank, m->tp_rank);
-        CHECK_FIELD("dp_rank (dialed vs handshake)", pull->remote_dp, m->dp_rank);
+        CHECK_FIELD("dp_rank (dialed vs handshake)", addr->dp, m->dp_rank);
     }
     if (m->num_blocks <= 0 || m->num_blocks > (int64_t)UINT32_MAX)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: num_blocks %lld unusable", who, (long long)m->num_blocks);
@@ -144,21 +146,23 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_pull_t *pull, in
     return PDL_OK;
 }
 
-pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl_peer_t **peer_out, pdl_error_t *err)
+pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_addr_t *addr, int prank,
+                           pdl_peer_t **peer_out, pdl_error_t *err)
 {
     char key[PDL_WIRE_ID_MAX + 64];
-    snprintf(key, sizeof(key), "%s|%d|%d", pull->engine_id, pull->remote_dp, prank);
-    pdl_peer_t *p = pdl__strmap_get(&r->peers, key);
+    snprintf(key, sizeof(key), "%s|%d|%d", addr->engine_id, addr->dp, prank);
+    pdl_peer_t *p = pdl__strmap_get(cache, key);
     if (p) {
         *peer_out = p;
         return PDL_OK;
     }
-    int port = pull->hs_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, prank);
+    int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
     char who[PDL_WIRE_HOST_MAX + 64];
-    snprintf(who, sizeof(who), "%s:%d (producer tp rank %d)", pull->host, port, prank);
+    snprintf(who, sizeof(who), "%s:%d (%s tp rank %d)", addr->host, port,
+             addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
     pdl_bytes_t meta_b = {0}, layers_b = {0};
     uint64_t t_fetch = pdl_now_ns();
-    pdl_status_t st = hs_fetch(r, pull->host, port, &meta_b, &layers_b, who, err);
+    pdl_status_t st = hs_fetch(r, addr->host, port, &meta_b, &layers_b, who, err);
     uint64_t t_fetched = pdl_now_ns(), t_added = 0;
     if (st != PDL_OK)
         goto fail_count;
@@ -177,16 +181,16 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
         pdl_error_prefix(err, "handshake with %s", who);
         goto fail_peer;
     }
-    st = check_compat(r, pull, prank, &p->meta, &lm, who, err);
+    st = check_compat(r, addr, prank, &p->meta, &lm, who, err);
     if (st != PDL_OK)
         goto fail_peer;
-    /* Remote geometry: ours with the producer's head share and block count. */
+    /* Remote geometry: ours with the remote rank's head share and block count. */
     int hfirst, hcount;
-    st = pdl_topo_heads(pull->producer_tp, r->inst->cfg.model.total_kv_heads, r->inst->cfg.model.is_mla, prank, &hfirst,
+    st = pdl_topo_heads(addr->tp, r->inst->cfg.model.total_kv_heads, r->inst->cfg.model.is_mla, prank, &hfirst,
                         &hcount, err);
     if (st != PDL_OK)
         goto fail_peer;
-    p->geo = r->geo;
+    p->geo = r->mem.geo;
     p->geo.num_blocks = (uint64_t)p->meta.num_blocks;
     p->geo.num_heads = (uint32_t)hcount;
     p->layer_len = pdl_layout_region_len(&p->geo);
@@ -195,7 +199,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
                            who, (unsigned long long)pdl_layout_block_len(&p->geo), (long long)p->meta.block_len);
         goto fail_peer;
     }
-    st = pdl_engine_add_remote(r->engine, p->meta.agent_metadata.data, p->meta.agent_metadata.len,
+    st = pdl_engine_add_remote(r->mem.engine, p->meta.agent_metadata.data, p->meta.agent_metadata.len,
                                p->remote_engine_key, sizeof(p->remote_engine_key), err);
     if (st != PDL_OK) {
         pdl_error_prefix(err, "peer %s: engine descriptor", who);
@@ -203,24 +207,22 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
     }
     t_added = pdl_now_ns();
     /* One registration covers every layer (see instance.c), so one session serves all layers. */
-    st = pdl_session_open(r->engine, r->kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
+    st = pdl_session_open(r->mem.engine, r->mem.kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
     if (st != PDL_OK) {
         pdl_error_prefix(err, "peer %s: session", who);
-        pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+        pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
         goto fail_peer;
     }
-    if (pdl__strmap_put(&r->peers, key, p) != 0) {
+    if (pdl__strmap_put(cache, key, p) != 0) {
         st = pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
         pdl_session_close(p->session);
-        pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+        pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
         goto fail_peer;
     }
     pdl_layer_map_clear(&lm);
     pdl_bytes_free(&meta_b);
     pdl_bytes_free(&layers_b);
-    pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.handshakes++;
-    pthread_mutex_unlock(&r->ctr_mu);
+    PDL_CTR_ADD(r, handshakes, 1);
     uint64_t t_done = pdl_now_ns();
     pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
               "session open %.3f ms",
@@ -236,20 +238,18 @@ fail_bytes:
     pdl_bytes_free(&meta_b);
     pdl_bytes_free(&layers_b);
 fail_count:
-    pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.handshake_failures++;
-    pthread_mutex_unlock(&r->ctr_mu);
-    /* Logged once, by the pull that fails because of it (pull.c). */
+    PDL_CTR_ADD(r, handshake_failures, 1);
+    /* Logged once, by the transfer that fails because of it (pull.c, push.c). */
     pdl_debug("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
     return st;
 }
 
-void pdl__peer_evict(pdl_rank_t *r, pdl_peer_t *peer)
+void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer)
 {
-    if (pdl__strmap_remove(&r->peers, peer->key) != peer)
+    if (pdl__strmap_remove(cache, peer->key) != peer)
         return;
     pdl_session_close(peer->session);
-    pdl_engine_remove_remote(r->engine, peer->remote_engine_key, NULL);
+    pdl_engine_remove_remote(r->mem.engine, peer->remote_engine_key, NULL);
     pdl_agent_meta_clear(&peer->meta);
     free(peer);
 }
@@ -260,14 +260,14 @@ static void free_peer(void *arg, const char *key, void *value)
     pdl_rank_t *r = arg;
     pdl_peer_t *p = value;
     pdl_session_close(p->session);
-    pdl_engine_remove_remote(r->engine, p->remote_engine_key, NULL);
+    pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
     pdl_agent_meta_clear(&p->meta);
     free(p);
 }
 
-void pdl__peers_free(pdl_rank_t *r)
+void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache)
 {
-    if (r->engine)
-        pdl__strmap_foreach(&r->peers, free_peer, r);
-    pdl__strmap_free(&r->peers);
+    if (r->mem.engine)
+        pdl__strmap_foreach(cache, free_peer, r);
+    pdl__strmap_free(cache);
 }

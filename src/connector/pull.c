@@ -1,11 +1,11 @@
 /*
- * pull.c -- READ mode on the consumer (SPEC §5 steps 2-3): pdl_instance_pull and the per-rank worker.
+ * pull.c -- READ mode on the consumer (SPEC §5 steps 2-3): pdl_instance_pull and the per-rank reader.
  *
- * A pull is one job per consumer rank. Each rank's worker thread takes its jobs in order and, for one
- * job: looks up its read plan (computed once per producer TP and cached: the consumer's D, H and
- * geometry are fixed for the instance), handshakes with the producer ranks the plan reads from
- * (cached peers), posts ONE batched READ per layer per producer rank (descriptors from
- * pdl_layout_build_descs, merged), waits for all of them within transfer_timeout, and then sends a
+ * A pull is one job per consumer rank. Each rank's reader thread (pdl_xfer_side_t) takes its jobs in
+ * order and, for one job: looks up its read plan (computed once per producer TP and cached: the
+ * consumer's D, H and geometry are fixed for the instance), hands the plan's pieces to the transfer
+ * executor (xfer.c: handshakes, one batched READ per layer per producer rank, the wait within
+ * transfer_timeout), and then sends a
  * `release` to EVERY producer rank of its group -- read from or not, so P>D topologies free all
  * producer ranks (SPEC §2 release rule) -- with consumer_tp_size = D, consumer_tp_rank and status
  * "ok" or "failed". A failed or timed-out read makes the pull fail (a load error), never succeed.
@@ -17,7 +17,7 @@
  * remote blocks are read (upstream's fix in #48471: trim the remote list, not the local one).
  *
  * Lifetime: a pull is reference counted (the caller + one per rank job), so pdl_pull_free never waits
- * for the workers and a worker never touches freed memory. A hooked pull (pull_hook.h) runs the
+ * for the readers and a reader never touches freed memory. A hooked pull (pull_hook.h) runs the
  * caller's function on each rank after its reads and releases, and frees the caller's argument with
  * the pull.
  *
@@ -90,121 +90,28 @@ static const pdl_read_plan_t *plan_get(pdl_rank_t *r, int P, pdl_error_t *err)
     return plan;
 }
 
-typedef struct posted {
-    pdl_batch_t *batch;
-    pdl_peer_t *peer;
-} posted_t;
+/* A rank's share of a pull, queued on its reader. */
+typedef struct pull_job {
+    pdl_workq_item_t item; /* first: the queue hands the item back as the job */
+    pdl_pull_t *pull;
+    uint64_t queued_ns;
+} pull_job_t;
 
-/* Where one rank's share of a pull spent its time (debug log line per job). */
-typedef struct job_times {
-    uint64_t queued, peers, build, post, wait, release, hook;
-} job_times_t;
-
-/* Reads of one rank; returns the status and fills err, bytes, descs. */
+/* Reads of one rank through the executor: the plan's pieces, all from the pull's producer. */
 static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
-                              uint64_t *descs_out, job_times_t *jt, pdl_error_t *err)
+                              uint64_t *descs_out, pdl_xfer_times_t *xt, pdl_error_t *err)
 {
-    uint64_t tp0 = pdl_now_ns();
-    int L = r->inst->cfg.model.num_layers;
-    /* Producer ranks the plan reads from, each with its pieces (pieces of one producer are adjacent
-     * in head order but we do not rely on it). */
-    int pranks[PDL_TOPO_MAX_TP];
-    int npr = 0;
-    for (int i = 0; i < plan->num_pieces; i++) {
-        bool seen = false;
-        for (int k = 0; k < npr; k++)
-            seen |= pranks[k] == plan->pieces[i].producer_rank;
-        if (!seen)
-            pranks[npr++] = plan->pieces[i].producer_rank;
-    }
-    pdl_peer_t *peers[PDL_TOPO_MAX_TP];
-    for (int k = 0; k < npr; k++) {
-        pdl_status_t st = pdl__peer_get(r, pull, pranks[k], &peers[k], err);
-        if (st != PDL_OK)
-            return st;
-    }
-    jt->peers = pdl_now_ns() - tp0;
-    size_t nposted = 0;
-    posted_t *posted = calloc((size_t)L * (size_t)npr, sizeof(*posted));
-    if (posted == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "read: out of memory");
-    pdl_descv_t dv = {0};
-    pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
-    pdl_status_t st = PDL_OK;
-    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
-    int ngone = 0;
-    uint64_t t0 = pdl_now_ns();
-    const uint32_t *remote = pull->remote_blocks;
-    for (int l = 0; l < L && st == PDL_OK; l++) {
-        for (int k = 0; k < npr && st == PDL_OK; k++) {
-            int np = 0;
-            for (int i = 0; i < plan->num_pieces; i++)
-                if (plan->pieces[i].producer_rank == pranks[k])
-                    pieces[np++] = plan->pieces[i];
-            pdl_descv_reset(&dv);
-            uint64_t tb = pdl_now_ns();
-            st = pdl_layout_build_descs(&r->geo, &peers[k]->geo, PDL_DIR_READ, pieces, np, pull->local_blocks, remote,
-                                        pull->n, (uint64_t)l * r->layer_len, (uint64_t)l * peers[k]->layer_len, &dv,
-                                        err);
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, producer rank %d", l, pranks[k]);
-                break;
-            }
-            pdl_batch_t *b = NULL;
-            uint64_t tpost = pdl_now_ns();
-            jt->build += tpost - tb;
-            st = pdl_session_post(peers[k]->session, PDL_OP_READ, dv.v, dv.n, &b, err);
-            jt->post += pdl_now_ns() - tpost;
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, producer rank %d: post", l, pranks[k]);
-                if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT)
-                    gone[ngone++] = peers[k];
-                break;
-            }
-            posted[nposted].batch = b;
-            posted[nposted].peer = peers[k];
-            nposted++;
-            *descs_out += dv.n;
-            *bytes_out += pdl_layout_total_bytes(&dv);
-        }
-    }
-    pdl_descv_free(&dv);
-    /* Wait for everything posted, even after a failure: the batches write into our blocks. */
-    uint64_t tw = pdl_now_ns();
-    uint64_t deadline = t0 + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
-    for (size_t i = 0; i < nposted; i++) {
-        uint64_t now = pdl_now_ns();
-        int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
-        pdl_error_t e;
-        pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
-        if (bst != PDL_OK && st == PDL_OK) {
-            st = bst;
-            if (err) {
-                *err = e;
-                if (bst == PDL_ERR_TIMEOUT)
-                    pdl_error_set(err, PDL_ERR_TIMEOUT, "read not finished within transfer_timeout %.1f s (%s)",
-                                  r->inst->cfg.conn.transfer_timeout_s, e.msg);
-            }
-        }
-        if (bst == PDL_ERR_PEER_GONE || bst == PDL_ERR_TRANSPORT) {
-            bool dup = false;
-            for (int g = 0; g < ngone; g++)
-                dup |= gone[g] == posted[i].peer;
-            if (!dup)
-                gone[ngone++] = posted[i].peer;
-        }
-        pdl_batch_free(posted[i].batch);
-    }
-    free(posted);
-    jt->wait = pdl_now_ns() - tw;
-    for (int g = 0; g < ngone; g++) {
-        pdl_warn("rank %d: evicting peer %s after a failed read", r->rank, gone[g]->key);
-        pdl__peer_evict(r, gone[g]);
-    }
-    pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.read_ns += pdl_now_ns() - t0;
-    pthread_mutex_unlock(&r->ctr_mu);
-    return st;
+    pdl_xfer_piece_t pieces[PDL_TOPO_MAX_TP];
+    for (int i = 0; i < plan->num_pieces; i++)
+        pieces[i] = (pdl_xfer_piece_t){.remote_rank = plan->pieces[i].producer_rank, .piece = plan->pieces[i]};
+    pdl_xfer_t x = {.dir = PDL_DIR_READ,
+                    .peer = &pull->producer,
+                    .pieces = pieces,
+                    .npieces = plan->num_pieces,
+                    .local_blocks = pull->local_blocks,
+                    .remote_blocks = pull->remote_blocks,
+                    .n = pull->n};
+    return pdl__xfer_run(r, &r->reader, &x, bytes_out, descs_out, xt, err);
 }
 
 static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok)
@@ -213,8 +120,8 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
     if (plan) {
         first = plan->group_first;
         count = plan->group_count;
-    } else if (pdl_topo_group(pull->producer_tp, r->inst->tp, r->rank, &first, &count, NULL) != PDL_OK) {
-        pdl_warn("rank %d: no group for P %d / D %d: no release sent for %s", r->rank, pull->producer_tp, r->inst->tp,
+    } else if (pdl_topo_group(pull->producer.tp, r->inst->tp, r->rank, &first, &count, NULL) != PDL_OK) {
+        pdl_warn("rank %d: no group for P %d / D %d: no release sent for %s", r->rank, pull->producer.tp, r->inst->tp,
                  pull->transfer_id);
         return;
     }
@@ -229,18 +136,18 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
         m.consumer_tp_size = r->inst->tp;
         m.consumer_tp_rank = r->rank;
         m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
-        m.producer_tp_size = pull->producer_tp;
+        m.producer_tp_size = pull->producer.tp;
         m.producer_tp_rank = g;
         pdl_bytes_t b = {0};
         pdl_error_t e;
-        int port = pull->notify_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, g);
+        int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
         char ep[PDL_WIRE_HOST_MAX + 32];
         if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
             pdl_warn("rank %d: release of %s to producer rank %d not encoded: %s", r->rank, pull->transfer_id, g, e.msg);
-        else if (pdl__endpoint(ep, sizeof(ep), pull->host, port) < 0)
-            pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->host);
+        else if (pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) < 0)
+            pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->producer.host);
         else
-            pdl__dealer_send(r, &r->worker_dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
+            pdl__dealer_send(r, &r->reader.dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
@@ -255,8 +162,8 @@ static void send_keepalives(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan
 {
     for (int g = plan->group_first; g < plan->group_first + plan->group_count; g++) {
         char key[PDL_WIRE_ID_MAX + 64];
-        snprintf(key, sizeof(key), "%s|%d|%d", pull->engine_id, pull->remote_dp, g);
-        const pdl_peer_t *peer = pdl__strmap_get(&r->peers, key);
+        snprintf(key, sizeof(key), "%s|%d|%d", pull->producer.engine_id, pull->producer.dp, g);
+        const pdl_peer_t *peer = pdl__strmap_get(&r->reader.peers, key);
         if (peer == NULL || !peer->meta.has_pdlink)
             continue;
         pdl_msg_t m;
@@ -266,9 +173,10 @@ static void send_keepalives(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan
         m.consumer_tp_rank = r->rank;
         pdl_bytes_t b = {0};
         char ep[PDL_WIRE_HOST_MAX + 32];
-        int port = pull->notify_base + pdl_topo_port_offset(pull->remote_dp, pull->producer_tp, g);
-        if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK && pdl__endpoint(ep, sizeof(ep), pull->host, port) >= 0)
-            pdl__dealer_send(r, &r->worker_dealers, ep, PDL_OUT_KEEPALIVE, &b);
+        int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
+        if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK &&
+            pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) >= 0)
+            pdl__dealer_send(r, &r->reader.dealers, ep, PDL_OUT_KEEPALIVE, &b);
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
@@ -279,91 +187,79 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
-    job_times_t jt = {0};
+    pdl_xfer_times_t xt = {0};
     uint64_t t0 = pdl_now_ns();
-    jt.queued = t0 - queued_ns;
+    uint64_t queued = t0 - queued_ns;
     pdl_status_t st;
-    const pdl_read_plan_t *plan = plan_get(r, pull->producer_tp, &err);
+    const pdl_read_plan_t *plan = plan_get(r, pull->producer.tp, &err);
     if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
     } else {
         if (pdl_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, pull, plan);
-        st = rank_read(r, pull, plan, &bytes, &descs, &jt, &err);
+        st = rank_read(r, pull, plan, &bytes, &descs, &xt, &err);
     }
     uint64_t trel = pdl_now_ns();
     send_releases(r, pull, plan, st == PDL_OK);
     uint64_t thook = pdl_now_ns();
-    jt.release = thook - trel;
+    uint64_t release = thook - trel;
     /* The caller's per-rank work (pull_hook.h), after the releases so the producer never waits for it. */
     if (st == PDL_OK && pull->rank_fn != NULL)
         pull->rank_fn(pull->rank_arg, r->rank);
-    jt.hook = pdl_now_ns() - thook;
+    uint64_t hook = pdl_now_ns() - thook;
     pdl_debug("rank %d: pull %s: queued %.3f ms, peers %.3f, build %.3f, post %.3f, wait %.3f, release %.3f, "
               "hook %.3f, total %.3f ms; %llu bytes, %llu descs",
-              r->rank, pull->transfer_id, jt.queued / 1e6, jt.peers / 1e6, jt.build / 1e6, jt.post / 1e6,
-              jt.wait / 1e6, jt.release / 1e6, jt.hook / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
+              r->rank, pull->transfer_id, queued / 1e6, xt.peers / 1e6, xt.build / 1e6, xt.post / 1e6, xt.wait / 1e6,
+              release / 1e6, hook / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
               (unsigned long long)descs);
-    pthread_mutex_lock(&r->ctr_mu);
+    pthread_mutex_lock(&r->ctr.mu);
     if (st == PDL_OK) {
-        r->ctr.transfers++;
-        r->ctr.bytes += bytes;
-        r->ctr.descriptors += descs;
+        r->ctr.v.transfers++;
+        r->ctr.v.bytes += bytes;
+        r->ctr.v.descriptors += descs;
     } else {
-        r->ctr.read_failures++;
+        r->ctr.v.read_failures++;
     }
-    pthread_mutex_unlock(&r->ctr_mu);
+    pthread_mutex_unlock(&r->ctr.mu);
     if (st != PDL_OK)
         pdl_warn("rank %d: pull of %s failed (blocks reported as load errors): %s", r->rank, pull->transfer_id, err.msg);
     pull_rank_done(pull, r->rank, st, err.msg, bytes, descs);
 }
 
-static void *worker_main(void *arg)
+/* The reader's job: a rank's share of a pull. At shutdown the share fails at once, releasing the
+ * producer ranks with status "failed" so they free their blocks without waiting for defer_timeout. */
+static void reader_run(void *arg, pdl_workq_item_t *item, bool stopping)
 {
     pdl_rank_t *r = arg;
-    pthread_mutex_lock(&r->job_mu);
-    for (;;) {
-        while (r->job_head == NULL && !r->job_stop)
-            pthread_cond_wait(&r->job_cv, &r->job_mu);
-        pdl_pull_job_t *j = r->job_head;
-        if (j == NULL)
-            break; /* stopping and drained */
-        r->job_head = j->next;
-        if (r->job_head == NULL)
-            r->job_tail = NULL;
-        bool stopping = r->job_stop;
-        pthread_mutex_unlock(&r->job_mu);
-        if (stopping) {
-            send_releases(r, j->pull, NULL, false);
-            pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
-        } else {
-            run_job(r, j->pull, j->queued_ns);
-        }
-        pull_unref(j->pull);
-        free(j);
-        pthread_mutex_lock(&r->job_mu);
+    pull_job_t *j = (pull_job_t *)item;
+    if (stopping) {
+        send_releases(r, j->pull, NULL, false);
+        pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
+    } else {
+        run_job(r, j->pull, j->queued_ns);
     }
-    pthread_mutex_unlock(&r->job_mu);
-    pdl__dealers_close(&r->worker_dealers); /* linger: releases just sent still leave */
-    return NULL;
+    pull_unref(j->pull);
+    free(j);
 }
 
-pdl_status_t pdl__worker_start(pdl_rank_t *r, pdl_error_t *err)
+/* Closed by the reader itself: the sockets are its own (linger: releases just sent still leave). */
+static void reader_exit(void *arg)
 {
-    if (pthread_create(&r->worker, NULL, worker_main, r) != 0)
-        return pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: cannot start the worker thread", r->rank);
-    r->worker_started = true;
-    return PDL_OK;
+    pdl_rank_t *r = arg;
+    pdl__dealers_close(&r->reader.dealers);
 }
 
-void pdl__worker_stop(pdl_rank_t *r)
+pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err)
 {
-    pthread_mutex_lock(&r->job_mu);
-    r->job_stop = true;
-    pthread_cond_broadcast(&r->job_cv);
-    pthread_mutex_unlock(&r->job_mu);
-    pthread_join(r->worker, NULL);
-    r->worker_started = false;
+    return pdl__xfer_side_start(r, &r->reader, reader_run, reader_exit, "reader", err);
+}
+
+void pdl__reader_stop(pdl_rank_t *r)
+{
+    pdl__xfer_side_stop(r, &r->reader);
+    for (int i = 0; i < r->nplans; i++)
+        free(r->plans[i]);
+    r->nplans = 0;
 }
 
 /* ---- public API ------------------------------------------------------------------------------- */
@@ -401,10 +297,12 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
         return pdl_error_set(err, PDL_ERR_NOMEM, "pull: out of memory");
     p->inst = inst;
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", params->transfer_id);
+    pdl_peer_addr_t *pr = &p->producer;
+    pr->role = PDL_ROLE_PRODUCER;
     if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(p->host, sizeof(p->host), "%s", params->remote_host);
-        p->hs_base = params->remote_handshake_port;
-        p->notify_base = params->remote_notify_port;
+        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
+        pr->hs_base = params->remote_handshake_port;
+        pr->notify_base = params->remote_notify_port;
     } else {
         pdl_zmq_addr_t pa;
         pdl_error_t e;
@@ -415,33 +313,32 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
                                  "remote_notify_port and the request id %s",
                                  params->transfer_id, request_id ? e.msg : "is absent");
         }
-        snprintf(p->host, sizeof(p->host), "%s", pa.host);
-        p->hs_base = pa.handshake_port;
-        p->notify_base = pa.notify_port;
+        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
+        pr->hs_base = pa.handshake_port;
+        pr->notify_base = pa.notify_port;
     }
     if (params->remote_engine_id[0])
-        snprintf(p->engine_id, sizeof(p->engine_id), "%s", params->remote_engine_id);
+        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s", params->remote_engine_id);
     else
-        snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
     bool disagree = false;
-    p->producer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     if (disagree)
         pdl_warn("pull %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", p->transfer_id,
-                 params->remote_tp_size, params->tp_size, p->producer_tp);
-    p->remote_dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+                 params->remote_tp_size, params->tp_size, pr->tp);
+    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
     int dummy;
     pdl_error_t e;
-    if (p->producer_tp < 1 || p->producer_tp > PDL_TOPO_MAX_TP ||
-        pdl_topo_map_rank(0, inst->tp, p->producer_tp, &dummy, &e) != PDL_OK) {
+    if (pr->tp < 1 || pr->tp > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, inst->tp, pr->tp, &dummy, &e) != PDL_OK) {
         st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer TP %d with consumer TP %d: %s", p->transfer_id,
-                           p->producer_tp, inst->tp, p->producer_tp < 1 ? "invalid size" : e.msg);
+                           pr->tp, inst->tp, pr->tp < 1 ? "invalid size" : e.msg);
         free(p);
         return st;
     }
-    int top = p->remote_dp * p->producer_tp + p->producer_tp;
-    if (p->hs_base < 1 || p->hs_base + top > 65536 || p->notify_base < 1 || p->notify_base + top > 65536) {
+    int top = pr->dp * pr->tp + pr->tp;
+    if (pr->hs_base < 1 || pr->hs_base + top > 65536 || pr->notify_base < 1 || pr->notify_base + top > 65536) {
         st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer ports %d/%d + %d ranks exceed 65535", p->transfer_id,
-                           p->hs_base, p->notify_base, top);
+                           pr->hs_base, pr->notify_base, top);
         free(p);
         return st;
     }
@@ -469,7 +366,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     p->start_ns = pdl_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
-        pdl_pull_job_t *j = calloc(1, sizeof(*j));
+        pull_job_t *j = calloc(1, sizeof(*j));
         if (j == NULL) {
             pull_rank_done(p, i, PDL_ERR_NOMEM, "out of memory", 0, 0);
             pull_unref(p);
@@ -477,14 +374,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
         }
         j->pull = p;
         j->queued_ns = p->start_ns;
-        pthread_mutex_lock(&r->job_mu);
-        if (r->job_tail)
-            r->job_tail->next = j;
-        else
-            r->job_head = j;
-        r->job_tail = j;
-        pthread_cond_signal(&r->job_cv);
-        pthread_mutex_unlock(&r->job_mu);
+        pdl__workq_push(&r->reader.q, &j->item);
     }
     *pull_out = p;
     return PDL_OK;

@@ -6,9 +6,10 @@
  * remote_blocks, STARTED, DONE, or EXPIRED. A rank's service thread hands a remote_blocks message to
  * the push; when the push does not exist yet the message is parked under "rank|transfer id" (bounded
  * in count, dropped after defer_timeout) and picked up by pdl_instance_push. A started rank queues a
- * job for its pusher thread, which handshakes with the consumer ranks of its pdl_topo_write_plan
- * (cached peers, the consumer's engine id being "host:handshake base"), posts one batched WRITE per
- * layer per target (pdl_layout_build_descs with PDL_DIR_WRITE), waits within transfer_timeout, sends
+ * job for its writer thread (pdl_xfer_side_t), which hands the pieces of its pdl_topo_write_plan to
+ * the transfer executor (xfer.c: handshakes with the consumer ranks -- cached peers, the consumer's
+ * engine id being "host:handshake base" --, one batched WRITE per layer per target, the wait within
+ * transfer_timeout), sends
  * write_done (status, producer_tp_size/rank) to every consumer rank of its notify set -- written to or
  * not, so each consumer rank counts exactly expected_write_done(P, D) -- and resolves its rank. A
  * rank still WAITING after defer_timeout is reaped by its service thread (counted expired).
@@ -32,12 +33,22 @@
 
 #include "connector/internal.h"
 
+/* WRITE mode, producer: one rank's share of a push, started when the consumer's block list is known. */
+typedef struct push_job {
+    pdl_workq_item_t item; /* first: the queue hands the item back as the job */
+    struct pdl_push *push;
+    uint32_t *blocks; /* the consumer's block ids (owned) */
+    size_t n;
+    int decode_dp;
+    int consumer_tp; /* from remote_blocks' consumer_tp_size, else the push's params */
+} push_job_t;
+
 enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
 
 /* Bound on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory. */
 #define PUSH_MAX_PARKED 1024
 
-struct pdl_push {
+typedef struct pdl_push {
     char transfer_id[PDL_WIRE_ID_MAX + 1];
     char engine_id[PDL_WIRE_ID_MAX + 1]; /* the consumer's, as peers are cached */
     char host[PDL_WIRE_HOST_MAX + 1];
@@ -47,7 +58,7 @@ struct pdl_push {
     size_t n;
     uint64_t created_ns;
     uint8_t *state; /* per producer rank, RS_* */
-};
+} pdl_push_t;
 
 typedef struct parked_rb {
     uint32_t *blocks;
@@ -91,14 +102,6 @@ static void parked_free(parked_rb_t *k)
     }
 }
 
-static void ctr_add(pdl_rank_t *r, size_t off, uint64_t v)
-{
-    pthread_mutex_lock(&r->ctr_mu);
-    *(uint64_t *)((char *)&r->ctr + off) += v;
-    pthread_mutex_unlock(&r->ctr_mu);
-}
-#define CTR_ADD(r, field, v) ctr_add((r), offsetof(pdl_rank_counters_t, field), (v))
-
 static bool push_all_final(const pdl_push_t *p, int tp)
 {
     for (int i = 0; i < tp; i++)
@@ -117,128 +120,60 @@ static pdl_push_t *push_rank_final(pdl_instance_t *inst, pdl_push_t *p, int rank
     return p;
 }
 
-static void enqueue_job(pdl_rank_t *r, pdl_push_job_t *j)
+static void enqueue_job(pdl_rank_t *r, push_job_t *j) { pdl__workq_push(&r->writer.q, &j->item); }
+
+/* ---- producer: the writer thread -------------------------------------------------------------- */
+
+/* The consumer instance as this job dials it: its engine id is "host:handshake base". */
+static void consumer_addr(const pdl_push_t *p, const push_job_t *j, pdl_peer_addr_t *a)
 {
-    pthread_mutex_lock(&r->push_job_mu);
-    if (r->push_tail)
-        r->push_tail->next = j;
-    else
-        r->push_head = j;
-    r->push_tail = j;
-    pthread_cond_signal(&r->push_job_cv);
-    pthread_mutex_unlock(&r->push_job_mu);
+    memset(a, 0, sizeof(*a));
+    snprintf(a->engine_id, sizeof(a->engine_id), "%s", p->engine_id);
+    snprintf(a->host, sizeof(a->host), "%s", p->host);
+    a->hs_base = p->hs_base;
+    a->notify_base = p->notify_base;
+    a->dp = j->decode_dp;
+    a->tp = j->consumer_tp;
+    a->role = PDL_ROLE_CONSUMER;
 }
 
-/* ---- producer: the pusher thread -------------------------------------------------------------- */
-
-typedef struct posted {
-    pdl_batch_t *batch;
-    pdl_peer_t *peer;
-} posted_t;
-
-static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_push_job_t *j, uint64_t *bytes_out,
+/* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank. */
+static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
                                uint64_t *descs_out, pdl_error_t *err)
 {
     pdl_instance_t *inst = r->inst;
     const pdl_model_geometry_t *g = &inst->cfg.model;
-    pdl_write_plan_t *plan = malloc(sizeof(*plan));
-    if (plan == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "write plan: out of memory");
-    pdl_status_t st = pdl_topo_write_plan(inst->tp, j->consumer_tp, g->total_kv_heads, g->is_mla, r->rank, plan, err);
-    if (st != PDL_OK) {
-        free(plan);
-        return st;
-    }
-    if (j->n > p->n) {
-        free(plan);
+    if (j->n > p->n)
         return pdl_error_set(err, PDL_ERR_INVALID, "consumer sent %zu block ids but the push holds %zu", j->n, p->n);
+    pdl_write_plan_t *plan = malloc(sizeof(*plan));
+    pdl_xfer_piece_t *pieces = malloc(sizeof(pdl_xfer_piece_t) * PDL_TOPO_MAX_TP);
+    pdl_status_t st = plan == NULL || pieces == NULL
+                          ? pdl_error_set(err, PDL_ERR_NOMEM, "write plan: out of memory")
+                          : pdl_topo_write_plan(inst->tp, j->consumer_tp, g->total_kv_heads, g->is_mla, r->rank, plan,
+                                                err);
+    if (st == PDL_OK) {
+        for (int t = 0; t < plan->num_targets; t++)
+            pieces[t] = (pdl_xfer_piece_t){.remote_rank = plan->targets[t].consumer_rank,
+                                           .piece = plan->targets[t].piece};
+        pdl_peer_addr_t addr;
+        consumer_addr(p, j, &addr);
+        /* Prefix caching: the consumer may need fewer blocks; the last ones hold the new tokens. */
+        pdl_xfer_t x = {.dir = PDL_DIR_WRITE,
+                        .peer = &addr,
+                        .pieces = pieces,
+                        .npieces = plan->num_targets,
+                        .local_blocks = p->ids + (p->n - j->n),
+                        .remote_blocks = j->blocks,
+                        .n = j->n};
+        pdl_xfer_times_t xt = {0};
+        st = pdl__xfer_run(r, &r->writer, &x, bytes_out, descs_out, &xt, err);
     }
-    /* Prefix caching: the consumer may need fewer blocks; the last ones hold the new tokens. */
-    const uint32_t *local = p->ids + (p->n - j->n);
-    /* pdl__peer_get dials the "remote" side of a pull; here it is the consumer instance. */
-    pdl_pull_t *dial = calloc(1, sizeof(*dial));
-    if (dial == NULL) {
-        free(plan);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "write: out of memory");
-    }
-    snprintf(dial->transfer_id, sizeof(dial->transfer_id), "%s", p->transfer_id);
-    snprintf(dial->engine_id, sizeof(dial->engine_id), "%s", p->engine_id);
-    snprintf(dial->host, sizeof(dial->host), "%s", p->host);
-    dial->hs_base = p->hs_base;
-    dial->notify_base = p->notify_base;
-    dial->remote_dp = j->decode_dp;
-    dial->producer_tp = j->consumer_tp;
-
-    int L = g->num_layers;
-    int nt = plan->num_targets;
-    pdl_peer_t **peers = calloc((size_t)(nt > 0 ? nt : 1), sizeof(*peers));
-    posted_t *posted = calloc((size_t)L * (size_t)(nt > 0 ? nt : 1), sizeof(*posted));
-    size_t nposted = 0;
-    if (peers == NULL || posted == NULL) {
-        st = pdl_error_set(err, PDL_ERR_NOMEM, "write: out of memory");
-        goto out;
-    }
-    for (int t = 0; t < nt && st == PDL_OK; t++)
-        st = pdl__peer_get(r, dial, plan->targets[t].consumer_rank, &peers[t], err);
-    pdl_descv_t dv = {0};
-    uint64_t t0 = pdl_now_ns();
-    for (int l = 0; l < L && st == PDL_OK; l++) {
-        for (int t = 0; t < nt && st == PDL_OK; t++) {
-            pdl_descv_reset(&dv);
-            st = pdl_layout_build_descs(&r->geo, &peers[t]->geo, PDL_DIR_WRITE, &plan->targets[t].piece, 1, local,
-                                        j->blocks, j->n, (uint64_t)l * r->layer_len,
-                                        (uint64_t)l * peers[t]->layer_len, &dv, err);
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, consumer rank %d", l, plan->targets[t].consumer_rank);
-                break;
-            }
-            pdl_batch_t *b = NULL;
-            st = pdl_session_post(peers[t]->session, PDL_OP_WRITE, dv.v, dv.n, &b, err);
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, consumer rank %d: post", l, plan->targets[t].consumer_rank);
-                break;
-            }
-            posted[nposted].batch = b;
-            posted[nposted].peer = peers[t];
-            nposted++;
-            *descs_out += dv.n;
-            *bytes_out += pdl_layout_total_bytes(&dv);
-        }
-    }
-    pdl_descv_free(&dv);
-    /* Wait for everything posted, even after a failure: the batches read our blocks. */
-    uint64_t deadline = t0 + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
-    pdl_peer_t *gone = NULL;
-    for (size_t i = 0; i < nposted; i++) {
-        uint64_t now = pdl_now_ns();
-        int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
-        pdl_error_t e;
-        pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
-        if (bst != PDL_OK && st == PDL_OK) {
-            st = bst;
-            if (err)
-                *err = e;
-        }
-        if ((bst == PDL_ERR_PEER_GONE || bst == PDL_ERR_TRANSPORT) && gone == NULL)
-            gone = posted[i].peer;
-        pdl_batch_free(posted[i].batch);
-    }
-    if (gone != NULL) {
-        pdl_warn("rank %d: evicting peer %s after a failed write", r->rank, gone->key);
-        pdl__peer_evict(r, gone);
-    }
-    pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.read_ns += pdl_now_ns() - t0;
-    pthread_mutex_unlock(&r->ctr_mu);
-out:
-    free(posted);
-    free(peers);
-    free(dial);
+    free(pieces);
     free(plan);
     return st;
 }
 
-static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const pdl_push_job_t *j, bool ok)
+static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const push_job_t *j, bool ok)
 {
     pdl_instance_t *inst = r->inst;
     int first = 0, count = 0, decode_dp = j->decode_dp;
@@ -259,14 +194,14 @@ static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const pdl_push_j
             pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
         else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
             pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
-        else if (pdl__dealer_send(r, &r->push_dealers, ep, PDL_OUT_OTHER, &b))
-            CTR_ADD(r, write_done_sent, 1);
+        else if (pdl__dealer_send(r, &r->writer.dealers, ep, PDL_OUT_OTHER, &b))
+            PDL_CTR_ADD(r, write_done_sent, 1);
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
 }
 
-static void run_push_job(pdl_rank_t *r, pdl_push_job_t *j)
+static void run_push_job(pdl_rank_t *r, push_job_t *j)
 {
     pdl_instance_t *inst = r->inst;
     pdl_push_t *p = j->push;
@@ -277,81 +212,56 @@ static void run_push_job(pdl_rank_t *r, pdl_push_job_t *j)
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
     send_write_done(r, p, j, st == PDL_OK);
-    pthread_mutex_lock(&r->ctr_mu);
+    pthread_mutex_lock(&r->ctr.mu);
     if (st == PDL_OK) {
-        r->ctr.transfers++;
-        r->ctr.bytes += bytes;
-        r->ctr.descriptors += descs;
+        r->ctr.v.transfers++;
+        r->ctr.v.bytes += bytes;
+        r->ctr.v.descriptors += descs;
     } else {
-        r->ctr.write_failures++;
+        r->ctr.v.write_failures++;
     }
-    pthread_mutex_unlock(&r->ctr_mu);
+    pthread_mutex_unlock(&r->ctr.mu);
     char tid[PDL_WIRE_ID_MAX + 1];
     snprintf(tid, sizeof(tid), "%s", p->transfer_id);
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *gone = push_rank_final(inst, p, r->rank, RS_DONE);
     pthread_mutex_unlock(&inst->push_mu);
     push_free(gone); /* p is not touched after this */
-    pdl__instance_rank_resolved(inst, tid, r->rank, false);
+    pdl__held_rank_resolved(inst, tid, r->rank, false);
 }
 
-static void *pusher_main(void *arg)
+/* The writer's job. At shutdown a queued share is dropped unrun: its push and held blocks are freed
+ * by instance destroy (pdl__push_free_all, pdl__held_free_all). */
+static void writer_run(void *arg, pdl_workq_item_t *item, bool stopping)
 {
     pdl_rank_t *r = arg;
-    pthread_mutex_lock(&r->push_job_mu);
-    for (;;) {
-        while (r->push_head == NULL && !r->push_stop)
-            pthread_cond_wait(&r->push_job_cv, &r->push_job_mu);
-        pdl_push_job_t *j = r->push_head;
-        if (j == NULL || r->push_stop)
-            break; /* stopping: queued jobs are freed by pdl__pusher_stop, their pushes by destroy */
-        r->push_head = j->next;
-        if (r->push_head == NULL)
-            r->push_tail = NULL;
-        pthread_mutex_unlock(&r->push_job_mu);
+    push_job_t *j = (push_job_t *)item;
+    if (!stopping)
         run_push_job(r, j);
-        free(j->blocks);
-        free(j);
-        pthread_mutex_lock(&r->push_job_mu);
-    }
-    pthread_mutex_unlock(&r->push_job_mu);
-    pdl__dealers_close(&r->push_dealers);
-    return NULL;
+    free(j->blocks);
+    free(j);
 }
 
-pdl_status_t pdl__pusher_start(pdl_rank_t *r, pdl_error_t *err)
+static void writer_exit(void *arg)
 {
-    if (pthread_create(&r->pusher, NULL, pusher_main, r) != 0)
-        return pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: cannot start the pusher thread", r->rank);
-    r->pusher_started = true;
-    return PDL_OK;
+    pdl_rank_t *r = arg;
+    pdl__dealers_close(&r->writer.dealers);
 }
 
-void pdl__pusher_stop(pdl_rank_t *r)
+pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err)
 {
-    pthread_mutex_lock(&r->push_job_mu);
-    r->push_stop = true;
-    pthread_cond_broadcast(&r->push_job_cv);
-    pthread_mutex_unlock(&r->push_job_mu);
-    pthread_join(r->pusher, NULL);
-    r->pusher_started = false;
-    pdl_push_job_t *j = r->push_head;
-    while (j) {
-        pdl_push_job_t *n = j->next;
-        free(j->blocks);
-        free(j);
-        j = n;
-    }
-    r->push_head = r->push_tail = NULL;
+    return pdl__xfer_side_start(r, &r->writer, writer_run, writer_exit, "writer", err);
 }
+
+void pdl__writer_stop(pdl_rank_t *r) { pdl__xfer_side_stop(r, &r->writer); }
 
 /* ---- producer: messages and API --------------------------------------------------------------- */
 
 /* The consumer's TP as the job uses it: what the consumer said in remote_blocks (a pdlink consumer
  * knows its own TP; a router before vllm-router PR #192 sent remote_tp_size 1), else the params'. */
-static pdl_push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode_dp, int said_tp)
+static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode_dp, int said_tp)
 {
-    pdl_push_job_t *j = calloc(1, sizeof(*j));
+    push_job_t *j = calloc(1, sizeof(*j));
     if (j == NULL)
         return NULL;
     j->consumer_tp = said_tp > 0 ? said_tp : p->consumer_tp;
@@ -367,20 +277,20 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
         msg->decode_rank > 65535) {
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "remote_blocks for transfer '%s' (req %s): %s",
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "remote_blocks for transfer '%s' (req %s): %s",
                              msg->transfer_id, msg->req_id,
                              inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer"
                              : msg->transfer_id[0] == '\0'            ? "no transfer_id"
                                                                       : "decode_rank out of range");
         return;
     }
-    CTR_ADD(r, remote_blocks_received, 1);
+    PDL_CTR_ADD(r, remote_blocks_received, 1);
     int said_tp = 0;
     if (msg->consumer_tp_rank >= 0) {
         int dummy;
         if (msg->consumer_tp_size > PDL_TOPO_MAX_TP ||
             pdl_topo_map_rank(0, inst->tp, (int)msg->consumer_tp_size, &dummy, NULL) != PDL_OK) {
-            pdl__rank_count_drop(r, PDL_DROP_NOTIFY_FANIN, "remote_blocks for %s: consumer_tp_size %" PRId64
+            pdl__ctr_drop(r, PDL_DROP_NOTIFY_FANIN, "remote_blocks for %s: consumer_tp_size %" PRId64
                                  " does not fit producer TP %d", msg->transfer_id, msg->consumer_tp_size, inst->tp);
             return;
         }
@@ -390,7 +300,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
     if (blocks == NULL)
         return;
     memcpy(blocks, msg->block_ids, msg->num_blocks * sizeof(uint32_t));
-    pdl_push_job_t *job = NULL;
+    push_job_t *job = NULL;
     bool dropped = false, parked = false;
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
@@ -427,13 +337,13 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
         return;
     }
     if (parked) {
-        CTR_ADD(r, remote_blocks_parked, 1);
+        PDL_CTR_ADD(r, remote_blocks_parked, 1);
         pdl_debug("rank %d: remote_blocks for %s parked until its push", r->rank, msg->transfer_id);
         return;
     }
     free(blocks);
     if (dropped) {
-        CTR_ADD(r, remote_blocks_dropped, 1);
+        PDL_CTR_ADD(r, remote_blocks_dropped, 1);
         pdl_debug("rank %d: remote_blocks for %s dropped (duplicate or park full)", r->rank, msg->transfer_id);
     }
 }
@@ -456,13 +366,9 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     if (st != PDL_OK)
         return pdl_error_prefix(err, "push %s", tid);
     pdl_push_t *p = calloc(1, sizeof(*p));
-    pdl_held_t *h = calloc(1, sizeof(*h));
-    if (p == NULL || h == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
-        (h->ids = malloc(n * sizeof(uint32_t))) == NULL || (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
+    if (p == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
+        (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
         push_free(p);
-        if (h)
-            free(h->ids);
-        free(h);
         return pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
     }
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", tid);
@@ -501,27 +407,20 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
     p->created_ns = pdl_now_ns();
-    memcpy(h->ids, ids, n * sizeof(uint32_t));
-    h->n = n;
 
-    /* The consumer reads nothing; our own pusher threads read the blocks after a queue hand-off, and
+    /* The consumer reads nothing; our own writer threads read the blocks after a queue hand-off, and
      * the tcp backend's threads through the engine: publish to both. */
     for (int i = 0; i < inst->tp; i++)
-        pdl_engine_publish(inst->ranks[i].engine);
+        pdl_engine_publish(inst->ranks[i].mem.engine);
 
-    pthread_mutex_lock(&inst->held_mu);
-    int rc = pdl__strmap_put(&inst->held, tid, h);
-    if (rc == 0)
-        inst->held_blocks += n;
-    pthread_mutex_unlock(&inst->held_mu);
-    if (rc != 0) {
-        st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already held", tid)
-                    : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
+    st = pdl__held_add(inst, tid, ids, n, err);
+    if (st != PDL_OK) {
+        pdl_error_prefix(err, "push");
         goto fail;
     }
-    pdl_push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
+    push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
     pthread_mutex_lock(&inst->push_mu);
-    rc = jobs == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
+    int rc = jobs == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
     if (rc == 0) {
         for (int i = 0; i < inst->tp; i++) {
             char key[PDL_WIRE_ID_MAX + 16];
@@ -541,10 +440,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     pthread_mutex_unlock(&inst->push_mu);
     if (rc != 0) {
         free(jobs);
-        pthread_mutex_lock(&inst->held_mu);
-        pdl__strmap_remove(&inst->held, tid);
-        inst->held_blocks -= n;
-        pthread_mutex_unlock(&inst->held_mu);
+        pdl__held_cancel(inst, tid);
         st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already being pushed", tid)
                     : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
         goto fail;
@@ -556,8 +452,6 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     return PDL_OK;
 fail:
     push_free(p);
-    free(h->ids);
-    free(h);
     return st;
 }
 
@@ -628,14 +522,14 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
         }
     }
     /* Counted before the receive can be seen finished (ctr_mu is a leaf), so a waiter reads them. */
-    pthread_mutex_lock(&r->ctr_mu);
+    pthread_mutex_lock(&r->ctr.mu);
     if (counted)
-        r->ctr.write_done_received++;
+        r->ctr.v.write_done_received++;
     else
-        r->ctr.write_done_late++;
+        r->ctr.v.write_done_late++;
     if (failed)
-        r->ctr.write_done_failed_status++;
-    pthread_mutex_unlock(&r->ctr_mu);
+        r->ctr.v.write_done_failed_status++;
+    pthread_mutex_unlock(&r->ctr.mu);
     pthread_mutex_unlock(&inst->push_mu);
     if (!counted)
         pdl_debug("rank %d: write_done for %s from producer rank %" PRId64 " not counted (late, duplicate or outside "
@@ -742,11 +636,11 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
             pdl_error_t se;
             st = pdl_wire_encode_msg(&m, &b, &se);
             if (st == PDL_OK)
-                st = pdl__service_send(r, host, notify_base + pdl_topo_port_offset(remote_dp, P, g), PDL_OUT_OTHER, &b,
+                st = pdl__outq_send(r, host, notify_base + pdl_topo_port_offset(remote_dp, P, g), PDL_OUT_OTHER, &b,
                                        &se);
             pdl_bytes_free(&b);
             if (st == PDL_OK)
-                CTR_ADD(r, remote_blocks_sent, 1);
+                PDL_CTR_ADD(r, remote_blocks_sent, 1);
             else
                 pdl_warn("rank %d: remote_blocks of %s to producer rank %d not sent: %s", d, tid, g, se.msg);
         }
@@ -791,7 +685,7 @@ pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
      * ordered after what those threads did under them. */
     if (st == PDL_OK)
         for (int i = 0; i < inst->tp; i++)
-            pdl_engine_publish(inst->ranks[i].engine);
+            pdl_engine_publish(inst->ranks[i].mem.engine);
     return st;
 }
 
@@ -922,18 +816,18 @@ void pdl__push_reap(pdl_rank_t *r)
         push_free(freed[i]);
     free(freed);
     if (c.np > 0) {
-        CTR_ADD(r, remote_blocks_dropped, c.np);
+        PDL_CTR_ADD(r, remote_blocks_dropped, c.np);
         pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, c.np);
     }
     free(c.parked_keys);
     free(c.late);
     for (size_t i = 0; i < c.n; i++) {
         uint64_t sup = 0;
-        if (pdl_ratelimit_allow(&r->expired_rl, &sup))
+        if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
             pdl_warn("rank %d: push %s reaped after defer_timeout %.1f s without remote_blocks; blocks freed%s",
                      r->rank, c.ids[i], inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
-        CTR_ADD(r, expired, 1);
-        pdl__instance_rank_resolved(inst, c.ids[i], r->rank, true);
+        PDL_CTR_ADD(r, expired, 1);
+        pdl__held_rank_resolved(inst, c.ids[i], r->rank, true);
         free(c.ids[i]);
     }
     free(c.ids);

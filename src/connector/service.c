@@ -2,9 +2,10 @@
  * service.c -- the per-rank service thread: handshake and notify ROUTERs, outbound DEALERs, the
  * discovery ping and the lease reaper (SPEC §4, §5).
  *
- * One thread owns every socket of the rank (ZeroMQ sockets are not thread-safe). It sleeps in
- * zmq_poll on the two ROUTERs and an eventfd; other threads queue outbound messages under out_mu and
- * write the eventfd. Each wake-up drains at most a budget of frames per socket, so one flooding
+ * One thread owns the rank's ROUTERs, its ping DEALER and its outbound DEALER cache (ZeroMQ sockets
+ * are not thread-safe). It sleeps in zmq_poll on the two ROUTERs and an eventfd; other threads queue
+ * outbound messages (sender.c) and write the eventfd. It dispatches WRITE-mode messages to push.c and
+ * resolved transfers to held.c; nothing calls back into it but start and stop. Each wake-up drains at most a budget of frames per socket, so one flooding
  * sender cannot starve the other socket or the reaper.
  *
  * Hostile input (reference §3.3 / §8.5: upstream's listener threads die on it): every frame is
@@ -30,7 +31,6 @@
 #define SVC_BUDGET 512            /* frames per socket per wake-up */
 #define SVC_MAX_FRAME ((int64_t)PDL_WIRE_MAX_FRAME)
 #define SVC_PING_INTERVAL_MS 3000 /* MoRIIO's PING_INTERVAL */
-#define SVC_DEALER_LINGER_MS 1000 /* let releases queued at shutdown reach the producer */
 
 static void set_int_opt(void *s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof(v)); }
 
@@ -96,7 +96,7 @@ static zmq_msg_t *mp_payload(mp_t *m)
 
 static void hs_reply(pdl_rank_t *r, zmq_msg_t *identity, const pdl_bytes_t *payload)
 {
-    void *s = r->hs_sock;
+    void *s = r->svc.hs_sock;
     if (zmq_send(s, zmq_msg_data(identity), zmq_msg_size(identity), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(s, payload->data, payload->len, ZMQ_DONTWAIT) < 0)
@@ -106,34 +106,32 @@ static void hs_reply(pdl_rank_t *r, zmq_msg_t *identity, const pdl_bytes_t *payl
 static void hs_handle(pdl_rank_t *r, mp_t *m)
 {
     zmq_msg_t *id = &m->part[0];
-    if (r->followup_len > 0 && zmq_msg_size(id) == r->followup_len &&
-        memcmp(zmq_msg_data(id), r->followup_identity, r->followup_len) == 0) {
-        r->followup_len = 0; /* the frame upstream sends after pop_done_recv: logged, ignored */
+    if (r->svc.followup_len > 0 && zmq_msg_size(id) == r->svc.followup_len &&
+        memcmp(zmq_msg_data(id), r->svc.followup_identity, r->svc.followup_len) == 0) {
+        r->svc.followup_len = 0; /* the frame upstream sends after pop_done_recv: logged, ignored */
         pdl_debug("rank %d: ignored the message following pop_done_recv", r->rank);
         return;
     }
     zmq_msg_t *req = mp_payload(m);
     if (req == NULL) {
-        pdl__rank_count_drop(r, PDL_DROP_HANDSHAKE, "handshake request of %d frames", m->total - 1);
+        pdl__ctr_drop(r, PDL_DROP_HANDSHAKE, "handshake request of %d frames", m->total - 1);
         return;
     }
     if (frame_is(req, PDL_WIRE_GET_META)) {
-        hs_reply(r, id, &r->meta_payload);
-        hs_reply(r, id, &r->layermap_payload);
-        pthread_mutex_lock(&r->ctr_mu);
-        r->ctr.handshakes++;
-        pthread_mutex_unlock(&r->ctr_mu);
+        hs_reply(r, id, &r->mem.meta_payload);
+        hs_reply(r, id, &r->mem.layermap_payload);
+        PDL_CTR_ADD(r, handshakes, 1);
         return;
     }
     if (frame_is(req, PDL_WIRE_POP_DONE_RECV)) {
         size_t n = zmq_msg_size(id);
-        if (n <= sizeof(r->followup_identity)) {
-            memcpy(r->followup_identity, zmq_msg_data(id), n);
-            r->followup_len = n;
+        if (n <= sizeof(r->svc.followup_identity)) {
+            memcpy(r->svc.followup_identity, zmq_msg_data(id), n);
+            r->svc.followup_len = n;
         }
         return;
     }
-    pdl__rank_count_drop(r, PDL_DROP_HANDSHAKE, "unknown handshake request of %zu bytes", zmq_msg_size(req));
+    pdl__ctr_drop(r, PDL_DROP_HANDSHAKE, "unknown handshake request of %zu bytes", zmq_msg_size(req));
 }
 
 /* ---- notify ----------------------------------------------------------------------------------- */
@@ -166,20 +164,20 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
                                .failed = msg->status == PDL_RELEASE_FAILED};
     pdl_error_t e;
-    pthread_mutex_lock(&r->fan_mu);
-    pdl_fanin_result_t res = pdl__fanin_release(r->fanin, &rel, pdl_now_ns(), &e);
-    pthread_mutex_unlock(&r->fan_mu);
+    pthread_mutex_lock(&r->fan.mu);
+    pdl_fanin_result_t res = pdl__fanin_release(r->fan.fanin, &rel, pdl_now_ns(), &e);
+    pthread_mutex_unlock(&r->fan.mu);
     switch (res) {
     case PDL_FANIN_INVALID:
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_FANIN, "release: %s", e.msg);
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_FANIN, "release: %s", e.msg);
         break;
     case PDL_FANIN_REPORTED:
         pdl_debug("rank %d: transfer %s released by all its consumers", r->rank, msg->transfer_id);
-        pdl__instance_rank_resolved(r->inst, msg->transfer_id, r->rank, false);
+        pdl__held_rank_resolved(r->inst, msg->transfer_id, r->rank, false);
         break;
     case PDL_FANIN_LATE: {
         uint64_t sup = 0;
-        if (pdl_ratelimit_allow(&r->late_rl, &sup))
+        if (pdl_ratelimit_allow(&r->ctr.late_rl, &sup))
             pdl_info("rank %d: late release for finished or expired transfer %s (counted; %" PRIu64 " more since)",
                      r->rank, msg->transfer_id, sup);
         break;
@@ -197,13 +195,13 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
 {
     zmq_msg_t *pl = mp_payload(m);
     if (pl == NULL) {
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_FRAMES, "notify message of %d frames (expected 1)", m->total - 1);
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_FRAMES, "notify message of %d frames (expected 1)", m->total - 1);
         return;
     }
     pdl_msg_t msg;
     pdl_error_t e;
     if (pdl_wire_decode_msg(zmq_msg_data(pl), zmq_msg_size(pl), &msg, &e) != PDL_OK) {
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_PARSE, "notify frame of %zu bytes: %s", zmq_msg_size(pl), e.msg);
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_PARSE, "notify frame of %zu bytes: %s", zmq_msg_size(pl), e.msg);
         return;
     }
     switch (msg.type) {
@@ -212,9 +210,9 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         notify_release(r, &msg);
         break;
     case PDL_MSG_KEEPALIVE: {
-        pthread_mutex_lock(&r->fan_mu);
-        bool ok = pdl__fanin_keepalive(r->fanin, msg.transfer_id, pdl_now_ns());
-        pthread_mutex_unlock(&r->fan_mu);
+        pthread_mutex_lock(&r->fan.mu);
+        bool ok = pdl__fanin_keepalive(r->fan.fanin, msg.transfer_id, pdl_now_ns());
+        pthread_mutex_unlock(&r->fan.mu);
         if (!ok)
             pdl_debug("rank %d: keepalive for transfer %s that is not held", r->rank, msg.transfer_id);
         break;
@@ -224,7 +222,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
             pdl__push_on_remote_blocks(r, &msg);
             break;
         }
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
                              pdl_msg_type_name(msg.type), msg.transfer_id);
         break;
     case PDL_MSG_WRITE_DONE:
@@ -232,161 +230,48 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
             pdl__push_on_write_done(r, &msg);
             break;
         }
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",
                              pdl_msg_type_name(msg.type), msg.transfer_id);
         break;
     default:
-        pdl__rank_count_drop(r, PDL_DROP_NOTIFY_PARSE, "notify message of unknown kind %d", (int)msg.type);
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_PARSE, "notify message of unknown kind %d", (int)msg.type);
         break;
     }
     pdl_msg_clear(&msg);
-}
-
-/* ---- sending ---------------------------------------------------------------------------------- */
-
-pdl_status_t pdl__service_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
-                               pdl_error_t *err)
-{
-    pdl_outmsg_t *o = calloc(1, sizeof(*o));
-    if (o == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "notify: out of memory");
-    if (pdl__endpoint(o->endpoint, sizeof(o->endpoint), host, port) < 0) {
-        free(o);
-        return pdl_error_set(err, PDL_ERR_INVALID, "notify: host %.64s too long", host);
-    }
-    o->kind = kind;
-    o->payload = *payload;
-    payload->data = NULL;
-    payload->len = 0;
-    pthread_mutex_lock(&r->out_mu);
-    if (r->out_tail)
-        r->out_tail->next = o;
-    else
-        r->out_head = o;
-    r->out_tail = o;
-    pthread_mutex_unlock(&r->out_mu);
-    uint64_t one = 1;
-    if (write(r->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-        pdl_warn("rank %d: eventfd write: %s", r->rank, strerror(errno));
-    return PDL_OK;
-}
-
-static void dealer_close(void *arg, const char *key, void *value)
-{
-    (void)arg;
-    (void)key;
-    zmq_close(value);
-}
-
-static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint)
-{
-    void *s = pdl__strmap_get(cache, endpoint);
-    if (s)
-        return s;
-    s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
-    if (s == NULL)
-        return NULL;
-    set_int_opt(s, ZMQ_LINGER, SVC_DEALER_LINGER_MS);
-    set_int_opt(s, ZMQ_SNDHWM, 100000);
-    set_int_opt(s, ZMQ_TCP_KEEPALIVE, 1);
-    set_int_opt(s, ZMQ_TCP_KEEPALIVE_IDLE, 30);
-    set_int_opt(s, ZMQ_TCP_KEEPALIVE_INTVL, 10);
-    set_int_opt(s, ZMQ_TCP_KEEPALIVE_CNT, 3);
-    if (strchr(endpoint, '['))
-        set_int_opt(s, ZMQ_IPV6, 1);
-    if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, s) != 0) {
-        pdl_warn("rank %d: cannot connect to %s: %s", r->rank, endpoint, zmq_strerror(zmq_errno()));
-        zmq_close(s);
-        return NULL;
-    }
-    return s;
-}
-
-bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload)
-{
-    void *s = dealer_get(r, cache, endpoint);
-    /* Counted before the send: once zmq_send returns the peer may already have counted the
-     * release, and sent must never lag behind received in a consistent reading. */
-    pthread_mutex_lock(&r->ctr_mu);
-    if (kind == PDL_OUT_RELEASE)
-        r->ctr.releases_sent++;
-    else if (kind == PDL_OUT_KEEPALIVE)
-        r->ctr.keepalives_sent++;
-    pthread_mutex_unlock(&r->ctr_mu);
-    bool ok = s && zmq_send(s, payload->data, payload->len, ZMQ_DONTWAIT) >= 0;
-    if (ok)
-        return true;
-    pthread_mutex_lock(&r->ctr_mu);
-    if (kind == PDL_OUT_RELEASE)
-        r->ctr.releases_sent--;
-    else if (kind == PDL_OUT_KEEPALIVE)
-        r->ctr.keepalives_sent--;
-    r->ctr.send_failures++;
-    pthread_mutex_unlock(&r->ctr_mu);
-    uint64_t sup = 0;
-    if (pdl_ratelimit_allow(&r->send_rl, &sup))
-        pdl_warn("rank %d: notify to %s failed: %s (socket evicted; %" PRIu64 " similar since)", r->rank, endpoint,
-                 s ? zmq_strerror(zmq_errno()) : "no socket", sup);
-    if (s) {
-        pdl__strmap_remove(cache, endpoint);
-        zmq_close(s);
-    }
-    return false;
-}
-
-void pdl__dealers_close(pdl_strmap_t *cache)
-{
-    pdl__strmap_foreach(cache, dealer_close, NULL);
-    pdl__strmap_free(cache);
-}
-
-static void flush_outbound(pdl_rank_t *r)
-{
-    pthread_mutex_lock(&r->out_mu);
-    pdl_outmsg_t *o = r->out_head;
-    r->out_head = r->out_tail = NULL;
-    pthread_mutex_unlock(&r->out_mu);
-    while (o) {
-        pdl_outmsg_t *n = o->next;
-        pdl__dealer_send(r, &r->dealers, o->endpoint, o->kind, &o->payload);
-        pdl_bytes_free(&o->payload);
-        free(o);
-        o = n;
-    }
 }
 
 /* ---- discovery ping --------------------------------------------------------------------------- */
 
 static void ping_tick(pdl_rank_t *r, uint64_t now_ms)
 {
-    if (r->ping_payload.len == 0 || now_ms < r->next_ping_ms)
+    if (r->svc.ping_payload.len == 0 || now_ms < r->svc.next_ping_ms)
         return;
-    r->next_ping_ms = now_ms + SVC_PING_INTERVAL_MS;
+    r->svc.next_ping_ms = now_ms + SVC_PING_INTERVAL_MS;
     const pdl_connector_config_t *c = &r->inst->cfg.conn;
-    if (r->ping_sock == NULL) {
+    if (r->svc.ping_sock == NULL) {
         char ep[PDL_WIRE_HOST_MAX + 32];
-        r->ping_sock = zmq_socket(r->inst->zctx, ZMQ_DEALER);
-        if (r->ping_sock == NULL || pdl__endpoint(ep, sizeof(ep), c->proxy_ip, c->proxy_ping_port) < 0)
+        r->svc.ping_sock = zmq_socket(r->inst->zctx, ZMQ_DEALER);
+        if (r->svc.ping_sock == NULL || pdl__endpoint(ep, sizeof(ep), c->proxy_ip, c->proxy_ping_port) < 0)
             return;
-        set_int_opt(r->ping_sock, ZMQ_LINGER, 0); /* never hold up shutdown for a ping */
-        set_int_opt(r->ping_sock, ZMQ_SNDHWM, 1); /* one stale ping at most while the router is absent */
-        set_int_opt(r->ping_sock, ZMQ_SNDTIMEO, 0);
+        set_int_opt(r->svc.ping_sock, ZMQ_LINGER, 0); /* never hold up shutdown for a ping */
+        set_int_opt(r->svc.ping_sock, ZMQ_SNDHWM, 1); /* one stale ping at most while the router is absent */
+        set_int_opt(r->svc.ping_sock, ZMQ_SNDTIMEO, 0);
         if (strchr(ep, '['))
-            set_int_opt(r->ping_sock, ZMQ_IPV6, 1);
-        if (zmq_connect(r->ping_sock, ep) != 0) {
+            set_int_opt(r->svc.ping_sock, ZMQ_IPV6, 1);
+        if (zmq_connect(r->svc.ping_sock, ep) != 0) {
             pdl_warn("discovery: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
-            zmq_close(r->ping_sock);
-            r->ping_sock = NULL;
+            zmq_close(r->svc.ping_sock);
+            r->svc.ping_sock = NULL;
             return;
         }
     }
-    if (zmq_send(r->ping_sock, r->ping_payload.data, r->ping_payload.len, ZMQ_DONTWAIT) < 0) {
+    if (zmq_send(r->svc.ping_sock, r->svc.ping_payload.data, r->svc.ping_payload.len, ZMQ_DONTWAIT) < 0) {
         /* The router is absent or slow: keep retrying every interval (upstream counts retries). */
-        r->ping_failures++;
+        r->svc.ping_failures++;
         uint64_t sup = 0;
-        if (pdl_ratelimit_allow(&r->ping_rl, &sup))
+        if (pdl_ratelimit_allow(&r->ctr.ping_rl, &sup))
             pdl_info("discovery: router %s:%d not reachable yet (%" PRIu64 " pings not delivered); retrying",
-                     c->proxy_ip, c->proxy_ping_port, r->ping_failures);
+                     c->proxy_ip, c->proxy_ping_port, r->svc.ping_failures);
     }
 }
 
@@ -395,15 +280,15 @@ static void ping_tick(pdl_rank_t *r, uint64_t now_ms)
 static void reap_tick(pdl_rank_t *r)
 {
     expired_list_t l = {0};
-    pthread_mutex_lock(&r->fan_mu);
-    pdl__fanin_reap(r->fanin, pdl_now_ns(), collect_id, &l);
-    pthread_mutex_unlock(&r->fan_mu);
+    pthread_mutex_lock(&r->fan.mu);
+    pdl__fanin_reap(r->fan.fanin, pdl_now_ns(), collect_id, &l);
+    pthread_mutex_unlock(&r->fan.mu);
     for (size_t i = 0; i < l.n; i++) {
         uint64_t sup = 0;
-        if (pdl_ratelimit_allow(&r->expired_rl, &sup))
+        if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
             pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed%s",
                      r->rank, l.ids[i], r->inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
-        pdl__instance_rank_resolved(r->inst, l.ids[i], r->rank, true);
+        pdl__held_rank_resolved(r->inst, l.ids[i], r->rank, true);
         free(l.ids[i]);
     }
     free(l.ids);
@@ -426,37 +311,37 @@ static void *service_main(void *arg)
     double defer = r->inst->cfg.conn.defer_timeout_s;
     long tick_ms = defer < 1.0 ? 10 : 50; /* the reaper's resolution */
     zmq_pollitem_t items[3] = {
-        {.socket = r->hs_sock, .events = ZMQ_POLLIN},
-        {.socket = r->notify_sock, .events = ZMQ_POLLIN},
-        {.socket = NULL, .fd = r->wake_fd, .events = ZMQ_POLLIN},
+        {.socket = r->svc.hs_sock, .events = ZMQ_POLLIN},
+        {.socket = r->svc.notify_sock, .events = ZMQ_POLLIN},
+        {.socket = NULL, .fd = r->out.wake_fd, .events = ZMQ_POLLIN},
     };
-    while (!atomic_load(&r->svc_stop)) {
+    while (!atomic_load(&r->svc.stop)) {
         int n = zmq_poll(items, 3, tick_ms);
         if (n < 0 && zmq_errno() != EINTR) {
             pdl_error("rank %d: zmq_poll: %s", r->rank, zmq_strerror(zmq_errno()));
             break;
         }
         if (n > 0 && (items[0].revents & ZMQ_POLLIN))
-            drain(r, r->hs_sock, hs_handle);
+            drain(r, r->svc.hs_sock, hs_handle);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN))
-            drain(r, r->notify_sock, notify_handle);
+            drain(r, r->svc.notify_sock, notify_handle);
         if (n > 0 && (items[2].revents & ZMQ_POLLIN)) {
             uint64_t v;
-            if (read(r->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            if (read(r->out.wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 pdl_warn("rank %d: eventfd read: %s", r->rank, strerror(errno));
         }
-        flush_outbound(r);
+        pdl__outq_flush(r, &r->svc.dealers);
         reap_tick(r);
         pdl__push_reap(r);
         ping_tick(r, pdl_now_ms());
     }
-    flush_outbound(r);
-    pdl__dealers_close(&r->dealers);
-    if (r->ping_sock)
-        zmq_close(r->ping_sock);
-    zmq_close(r->hs_sock);
-    zmq_close(r->notify_sock);
-    r->ping_sock = r->hs_sock = r->notify_sock = NULL;
+    pdl__outq_flush(r, &r->svc.dealers);
+    pdl__dealers_close(&r->svc.dealers);
+    if (r->svc.ping_sock)
+        zmq_close(r->svc.ping_sock);
+    zmq_close(r->svc.hs_sock);
+    zmq_close(r->svc.notify_sock);
+    r->svc.ping_sock = r->svc.hs_sock = r->svc.notify_sock = NULL;
     return NULL;
 }
 
@@ -488,14 +373,14 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
 {
     pdl_instance_t *inst = r->inst;
-    r->hs_sock = bind_router(r, r->hs_port, "handshake", err);
-    if (r->hs_sock == NULL)
+    r->svc.hs_sock = bind_router(r, r->hs_port, "handshake", err);
+    if (r->svc.hs_sock == NULL)
         return err ? err->status : PDL_ERR_TRANSPORT;
-    r->notify_sock = bind_router(r, r->notify_port, "notify", err);
-    if (r->notify_sock == NULL)
+    r->svc.notify_sock = bind_router(r, r->notify_port, "notify", err);
+    if (r->svc.notify_sock == NULL)
         goto fail;
-    r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (r->wake_fd < 0) {
+    r->out.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (r->out.wake_fd < 0) {
         pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: eventfd: %s", r->rank, strerror(errno));
         goto fail;
     }
@@ -509,35 +394,40 @@ pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
         reg.dp_size = inst->cfg.dp_size;
         reg.tp_size = inst->tp;
         reg.write_mode = !c->read_mode;
-        if (pdl_wire_encode_registration(&reg, &r->ping_payload, err) != PDL_OK)
+        if (pdl_wire_encode_registration(&reg, &r->svc.ping_payload, err) != PDL_OK)
             goto fail;
     }
-    if (pthread_create(&r->service, NULL, service_main, r) != 0) {
+    if (pthread_create(&r->svc.thread, NULL, service_main, r) != 0) {
         pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: cannot start the service thread", r->rank);
         goto fail;
     }
-    r->service_started = true;
+    r->svc.started = true;
     return PDL_OK;
 fail:
-    if (r->hs_sock)
-        zmq_close(r->hs_sock);
-    if (r->notify_sock)
-        zmq_close(r->notify_sock);
-    r->hs_sock = r->notify_sock = NULL;
-    if (r->wake_fd >= 0)
-        close(r->wake_fd);
-    r->wake_fd = -1;
+    if (r->svc.hs_sock)
+        zmq_close(r->svc.hs_sock);
+    if (r->svc.notify_sock)
+        zmq_close(r->svc.notify_sock);
+    r->svc.hs_sock = r->svc.notify_sock = NULL;
+    if (r->out.wake_fd >= 0)
+        close(r->out.wake_fd);
+    r->out.wake_fd = -1;
     return err ? err->status : PDL_ERR_TRANSPORT;
 }
 
 void pdl__service_stop(pdl_rank_t *r)
 {
-    atomic_store(&r->svc_stop, true);
+    if (!r->svc.started) {
+        pdl_bytes_free(&r->svc.ping_payload);
+        return;
+    }
+    atomic_store(&r->svc.stop, true);
     uint64_t one = 1;
-    if (write(r->wake_fd, &one, sizeof(one)) < 0)
+    if (write(r->out.wake_fd, &one, sizeof(one)) < 0)
         pdl_debug("rank %d: eventfd write at stop: %s", r->rank, strerror(errno));
-    pthread_join(r->service, NULL);
-    r->service_started = false;
-    close(r->wake_fd);
-    r->wake_fd = -1;
+    pthread_join(r->svc.thread, NULL);
+    r->svc.started = false;
+    close(r->out.wake_fd);
+    r->out.wake_fd = -1;
+    pdl_bytes_free(&r->svc.ping_payload);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "common/workq.h"
 #include "pdlink/engine.h"
 #include "pdlink/log.h"
 
@@ -185,13 +186,8 @@ struct pdl_engine {
     int ctl_fd;
     _Atomic uint64_t *ctl;
 
-    /* worker pool */
-    pthread_mutex_t qmu;
-    pthread_cond_t qcv;
-    struct pdl_job *qhead, *qtail;
-    bool stopping;
-    pthread_t *workers;
-    int nworkers_started;
+    /* worker pool: num_workers threads running chunks (engine.c) */
+    pdl_workq_t pool;
 
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,

@@ -15,7 +15,7 @@
  * Session states:  open --(connection lost / remote removed)--> broken (sticky: every later post
  *   returns the same status and message) --(pdl_session_close)--> closed.
  *
- * Locks: engine->mu protects registrations, remotes and sessions; engine->qmu the job queue; each
+ * Locks: engine->mu protects registrations, remotes and sessions; the pool (common/workq.h) its own queue; each
  * batch has its own mutex. They are never nested except engine->mu → session->mu and a backend's
  * own locks → batch->mu (tcp completes batches under its connection mutex).
  */
@@ -32,10 +32,10 @@
 #include "engine/backend.h"
 
 struct pdl_job {
+    pdl_workq_item_t item; /* first: the pool hands the item back as the job */
     pdl_batch_t *batch;
     int idx;
     bool drive; /* ops->drive_chunk (the backend completes the chunk) instead of ops->run_chunk */
-    struct pdl_job *next;
 };
 
 uint64_t pdl__mono_ns(void)
@@ -97,59 +97,34 @@ void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *e
     pthread_mutex_unlock(&b->mu);
 }
 
-static void *pool_main(void *arg)
+/* One chunk on a pool thread. Chunks queued when the engine stops still run (`stopping` is
+ * ignored): their batches must reach "done" for pdl_batch_free to return. */
+static void pool_run(void *arg, pdl_workq_item_t *item, bool stopping)
 {
+    (void)stopping;
     pdl_engine_t *e = arg;
-    pthread_mutex_lock(&e->qmu);
-    for (;;) {
-        while (e->qhead == NULL && !e->stopping)
-            pthread_cond_wait(&e->qcv, &e->qmu);
-        if (e->qhead == NULL && e->stopping)
-            break;
-        struct pdl_job *j = e->qhead;
-        e->qhead = j->next;
-        if (e->qhead == NULL)
-            e->qtail = NULL;
-        pthread_mutex_unlock(&e->qmu);
-
-        pdl_batch_t *b = j->batch;
-        if (j->drive) {
-            e->ops->drive_chunk(b, j->idx);
-            pthread_mutex_lock(&e->qmu);
-            continue;
-        }
-        pdl_error_t err;
-        pdl_error_clear(&err);
-        pdl_status_t st;
-        if (atomic_load(&b->cancel))
-            st = pdl_error_set(&err, PDL_ERR_BAD_STATE, "engine %s: %s batch cancelled (freed while running)",
-                               e->key, op_name(b->op));
-        else
-            st = e->ops->run_chunk(b->session, b, j->idx, &err);
-        pdl__batch_chunk_done(b, st, &err);
-
-        pthread_mutex_lock(&e->qmu);
+    struct pdl_job *j = (struct pdl_job *)item;
+    pdl_batch_t *b = j->batch;
+    if (j->drive) {
+        e->ops->drive_chunk(b, j->idx);
+        return;
     }
-    pthread_mutex_unlock(&e->qmu);
-    return NULL;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st;
+    if (atomic_load(&b->cancel))
+        st = pdl_error_set(&err, PDL_ERR_BAD_STATE, "engine %s: %s batch cancelled (freed while running)", e->key,
+                           op_name(b->op));
+    else
+        st = e->ops->run_chunk(b->session, b, j->idx, &err);
+    pdl__batch_chunk_done(b, st, &err);
 }
 
 static void pool_push(pdl_engine_t *e, struct pdl_job *jobs, int n)
 {
-    pthread_mutex_lock(&e->qmu);
-    for (int i = 0; i < n; i++) {
-        jobs[i].next = NULL;
-        if (e->qtail)
-            e->qtail->next = &jobs[i];
-        else
-            e->qhead = &jobs[i];
-        e->qtail = &jobs[i];
-    }
-    if (n == 1)
-        pthread_cond_signal(&e->qcv);
-    else
-        pthread_cond_broadcast(&e->qcv);
-    pthread_mutex_unlock(&e->qmu);
+    for (int i = 0; i + 1 < n; i++)
+        jobs[i].item.next = &jobs[i + 1].item;
+    pdl__workq_push_chain(&e->pool, &jobs[0].item, &jobs[n - 1].item, n);
 }
 
 void pdl__engine_pool_drive(pdl_batch_t *b, int idx)
@@ -221,8 +196,6 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
     pdl_ratelimit_init(&e->rl_refused, 1000, 5);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_mutex_init(&e->qmu, NULL);
-    pthread_cond_init(&e->qcv, NULL);
 
     pdl_status_t st;
     /* The live-registration table is shared with shm peers so they can see a deregistration without a
@@ -244,20 +217,11 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
         e->ctl = p;
     }
 
-    e->workers = calloc((size_t)e->num_workers, sizeof(pthread_t));
-    if (e->workers == NULL) {
-        st = pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    char who[PDL_KEY_MAX + 32];
+    snprintf(who, sizeof(who), "engine %s worker pool", e->key);
+    st = pdl__workq_start(&e->pool, e->num_workers, pool_run, NULL, e, who, err);
+    if (st != PDL_OK)
         goto err_free;
-    }
-    for (int i = 0; i < e->num_workers; i++) {
-        int rc = pthread_create(&e->workers[i], NULL, pool_main, e);
-        if (rc != 0) {
-            st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create for worker %d: %s", e->key, i,
-                               strerror(rc));
-            goto err_stop;
-        }
-        e->nworkers_started++;
-    }
     st = e->ops->engine_init(e, err);
     if (st != PDL_OK)
         goto err_stop;
@@ -265,21 +229,13 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     return PDL_OK;
 
 err_stop:
-    pthread_mutex_lock(&e->qmu);
-    e->stopping = true;
-    pthread_cond_broadcast(&e->qcv);
-    pthread_mutex_unlock(&e->qmu);
-    for (int i = 0; i < e->nworkers_started; i++)
-        pthread_join(e->workers[i], NULL);
+    pdl__workq_stop(&e->pool);
 err_free:
-    free(e->workers);
     if (e->ctl)
         munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
     if (e->ctl_fd >= 0)
         close(e->ctl_fd);
     pthread_mutex_destroy(&e->mu);
-    pthread_mutex_destroy(&e->qmu);
-    pthread_cond_destroy(&e->qcv);
     free(e);
     return st;
 }
@@ -310,13 +266,7 @@ void pdl_engine_destroy(pdl_engine_t *e)
     /* Stop serving first: the server threads hold references on registrations. */
     e->ops->engine_fini(e);
 
-    pthread_mutex_lock(&e->qmu);
-    e->stopping = true;
-    pthread_cond_broadcast(&e->qcv);
-    pthread_mutex_unlock(&e->qmu);
-    for (int i = 0; i < e->nworkers_started; i++)
-        pthread_join(e->workers[i], NULL);
-    free(e->workers);
+    pdl__workq_stop(&e->pool);
 
     for (size_t i = 0; i < e->nmems; i++)
         mem_free(e->mems[i]);
@@ -333,8 +283,6 @@ void pdl_engine_destroy(pdl_engine_t *e)
     if (e->ctl_fd >= 0)
         close(e->ctl_fd);
     pthread_mutex_destroy(&e->mu);
-    pthread_mutex_destroy(&e->qmu);
-    pthread_cond_destroy(&e->qcv);
     free(e);
 }
 

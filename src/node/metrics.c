@@ -113,42 +113,6 @@ void pdl_node_metrics_pull(pdl_node_metrics_t *m, double seconds, uint64_t bytes
     atomic_fetch_add(&m->byte_sum, bytes);
 }
 
-typedef struct rank_metric {
-    const char *name;
-    const char *help;
-    size_t offset;
-    bool seconds; /* stored in ns, exported in seconds */
-} rank_metric_t;
-
-#define RM(n, h, field) {n, h, offsetof(pdl_rank_counters_t, field), false}
-static const rank_metric_t rank_metrics[] = {
-    RM("pdlink_transfers_total", "Transfers completed by this rank.", transfers),
-    RM("pdlink_kv_bytes_total", "KV bytes moved by reads on this rank.", bytes),
-    RM("pdlink_descriptors_total", "Transfer descriptors posted by this rank.", descriptors),
-    {"pdlink_read_seconds_total", "Wall time of reads on this rank.", offsetof(pdl_rank_counters_t, read_ns), true},
-    RM("pdlink_releases_sent_total", "Release messages sent.", releases_sent),
-    RM("pdlink_releases_received_total", "Release messages received.", releases_received),
-    RM("pdlink_releases_duplicate_total", "Duplicate releases received.", releases_duplicate),
-    RM("pdlink_releases_late_total", "Releases for finished or expired transfers.", releases_late),
-    RM("pdlink_releases_parked_total", "Releases that arrived before the transfer was held.", releases_parked),
-    RM("pdlink_releases_failed_total", "Releases that reported a failed read.", releases_failed_status),
-    RM("pdlink_dropped_malformed_total", "Malformed control frames dropped.", dropped_malformed),
-    RM("pdlink_expired_total", "Held transfers reaped after defer_timeout.", expired),
-    RM("pdlink_handshakes_total", "Handshakes completed.", handshakes),
-    RM("pdlink_handshake_failures_total", "Handshakes that failed.", handshake_failures),
-    RM("pdlink_read_failures_total", "Reads that failed.", read_failures),
-    RM("pdlink_remote_blocks_sent_total", "WRITE mode: remote_blocks messages sent (decode).", remote_blocks_sent),
-    RM("pdlink_remote_blocks_received_total", "WRITE mode: remote_blocks messages received (prefill).",
-       remote_blocks_received),
-    RM("pdlink_remote_blocks_parked_total", "WRITE mode: remote_blocks that arrived before the push.",
-       remote_blocks_parked),
-    RM("pdlink_write_failures_total", "WRITE mode: pushes whose handshake or write failed.", write_failures),
-    RM("pdlink_write_done_sent_total", "WRITE mode: write_done messages sent (prefill).", write_done_sent),
-    RM("pdlink_write_done_received_total", "WRITE mode: write_done messages counted (decode).", write_done_received),
-    RM("pdlink_write_done_failed_total", "WRITE mode: write_done messages saying failed.", write_done_failed_status),
-};
-#undef RM
-
 static void histogram(pdl_strbuf_t *b, const char *name, const char *help, const char *role, const double *bounds,
                       size_t nb, _Atomic uint64_t *buckets, uint64_t count, double sum)
 {
@@ -174,13 +138,16 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
         for (int r = 0; r < tp; r++)
             if (pdl_instance_counters(inst, r, &rc[r], NULL) != PDL_OK)
                 memset(&rc[r], 0, sizeof(rc[r]));
-    for (size_t i = 0; i < sizeof(rank_metrics) / sizeof(rank_metrics[0]); i++) {
-        const rank_metric_t *rm = &rank_metrics[i];
+    /* Every row of the connector's counter table (connector.h), so no counter misses /metrics. */
+    size_t nrows = 0;
+    const pdl_counter_info_t *rows = pdl_rank_counters_table(&nrows);
+    for (size_t i = 0; i < nrows; i++) {
+        const pdl_counter_info_t *rm = &rows[i];
         pdl_strbuf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n", rm->name, rm->help, rm->name);
         for (int r = 0; r < tp; r++) {
             uint64_t v;
             memcpy(&v, (const char *)&rc[r] + rm->offset, sizeof(v));
-            if (rm->seconds)
+            if (rm->kind == PDL_COUNTER_NS)
                 pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %.9f\n", rm->name, r, role, (double)v / 1e9);
             else
                 pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %llu\n", rm->name, r, role, (unsigned long long)v);

@@ -636,7 +636,12 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
     }
     if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD) {
         pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
-        res->kv_transfer_params = pdl_instance_params_json(inst, req->params.transfer_id, blocks, nblocks);
+        pdl_kv_params_t held;
+        res->kv_transfer_params = NULL;
+        if (pdl_instance_params(inst, req->params.transfer_id, blocks, nblocks, &held, NULL) == PDL_OK) {
+            res->kv_transfer_params = pdl_kv_params_to_json(&held);
+            pdl_kv_params_clear(&held);
+        }
         if (res->kv_transfer_params == NULL) {
             pdl_node_result_error(res, 500, "kv_transfer_params: could not build the params of %s",
                                   req->params.transfer_id);

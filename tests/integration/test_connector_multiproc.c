@@ -61,7 +61,11 @@ static void child_main(int wfd)
         tc_fill(p, 8, false, ids, NBLK, (uint32_t)(10 + t)); /* the KV is final before the hold */
         if (pdl_instance_hold(p, tid, ids, NBLK, NULL) != PDL_OK)
             _exit(4);
-        json_t *j = pdl_instance_params_json(p, tid, ids, NBLK);
+        pdl_kv_params_t kp;
+        if (pdl_instance_params(p, tid, ids, NBLK, &kp, NULL) != PDL_OK)
+            _exit(4);
+        json_t *j = pdl_kv_params_to_json(&kp);
+        pdl_kv_params_clear(&kp);
         write_line(wfd, j);
         json_decref(j);
     }

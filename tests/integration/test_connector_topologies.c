@@ -39,15 +39,6 @@ static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int ra
         atomic_fetch_add(&c->freed, 1);
 }
 
-typedef struct tcase {
-    const char *name;
-    int P, D;
-    int nprod, ncons;
-    int transfers;
-    tc_geo_t g;
-    pdl_backend_kind_t backend;
-} tcase_t;
-
 static bool all_free(void *arg)
 {
     pdl_instance_t **v = arg;
@@ -57,7 +48,7 @@ static bool all_free(void *arg)
     return true;
 }
 
-static void run_case(const tcase_t *tc)
+static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
     ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
@@ -164,50 +155,16 @@ static void run_case(const tcase_t *tc)
     free(ev);
 }
 
-#define CASE(fn, ...)                                                                                                \
-    static void fn(void **state)                                                                                     \
-    {                                                                                                                \
-        (void)state;                                                                                                 \
-        tcase_t tc = __VA_ARGS__;                                                                                    \
-        run_case(&tc);                                                                                               \
-    }
-
-static tc_geo_t G(int heads) { return tc_geo_default(heads); }
-static tc_geo_t G_MLA(void)
-{
-    tc_geo_t g = tc_geo_default(1);
-    g.mla = true;
-    g.head_dim = 16;
-    return g;
-}
-static tc_geo_t G_NHD_FP8(int heads)
-{
-    tc_geo_t g = tc_geo_default(heads);
-    g.order = PDL_KV_NHD;
-    g.elem = 1;
-    return g;
-}
-static tc_geo_t G_BLOCKFIRST(int heads)
-{
-    tc_geo_t g = tc_geo_default(heads);
-    g.kv_separate = false;
-    return g;
-}
-
-CASE(topo_1p1d_tp4_tp4, {"1P1D-TP4-TP4", 4, 4, 1, 1, 3, G(8), PDL_BACKEND_SHM})
-CASE(topo_p4_d8_h8_split, {"P4-D8-H8-split", 4, 8, 1, 1, 3, G(8), PDL_BACKEND_SHM})
-CASE(topo_p8_d4_h8_split, {"P8-D4-H8-split", 8, 4, 1, 1, 3, G(8), PDL_BACKEND_SHM})
-CASE(topo_p4_d8_h4_replicated, {"P4-D8-H4-replicated", 4, 8, 1, 1, 3, G(4), PDL_BACKEND_SHM})
-CASE(topo_p8_d4_h4_replicated, {"P8-D4-H4-replicated", 8, 4, 1, 1, 3, G(4), PDL_BACKEND_SHM})
-CASE(topo_p4_d8_mla, {"P4-D8-MLA", 4, 8, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(topo_p8_d4_mla, {"P8-D4-MLA", 8, 4, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(topo_2p1d_tp4_tp8, {"2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, G(8), PDL_BACKEND_SHM})
-CASE(topo_1p2d_tp8_tp4, {"1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, G(8), PDL_BACKEND_SHM})
-CASE(topo_p2_d16_h8_mixed, {"P2-D16-H8-mixed", 2, 16, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(topo_p4_d8_nhd_fp8, {"P4-D8-H8-NHD-fp8", 4, 8, 1, 1, 2, G_NHD_FP8(8), PDL_BACKEND_SHM})
-CASE(topo_p8_d4_blockfirst, {"P8-D4-H8-blockfirst", 8, 4, 1, 1, 2, G_BLOCKFIRST(8), PDL_BACKEND_SHM})
-CASE(topo_p2_d4_tcp, {"P2-D4-H8-tcp", 2, 4, 1, 1, 3, G(8), PDL_BACKEND_TCP})
-CASE(topo_p4_d2_tcp, {"P4-D2-H8-tcp", 4, 2, 1, 1, 3, G(8), PDL_BACKEND_TCP})
+/* The topologies WRITE mode runs too, then the READ-only rows (replicated heads, more layouts). */
+#define READ_CASE(id, ...) TC_TOPO_CASE(topo, run_case, id, __VA_ARGS__)
+TC_TOPOLOGIES(READ_CASE)
+READ_CASE(p4_d8_h4_replicated, "P4-D8-H4-replicated", 4, 8, 1, 1, 3, tc_geo_default(4), PDL_BACKEND_SHM)
+READ_CASE(p8_d4_h4_replicated, "P8-D4-H4-replicated", 8, 4, 1, 1, 3, tc_geo_default(4), PDL_BACKEND_SHM)
+READ_CASE(p2_d16_h8_mixed, "P2-D16-H8-mixed", 2, 16, 1, 1, 2, tc_geo_default(8), PDL_BACKEND_SHM)
+READ_CASE(p4_d8_nhd_fp8, "P4-D8-H8-NHD-fp8", 4, 8, 1, 1, 2, tc_geo_nhd(8, 1), PDL_BACKEND_SHM)
+READ_CASE(p8_d4_blockfirst, "P8-D4-H8-blockfirst", 8, 4, 1, 1, 2, tc_geo_blockfirst(8), PDL_BACKEND_SHM)
+READ_CASE(p2_d4_tcp, "P2-D4-H8-tcp", 2, 4, 1, 1, 3, tc_geo_default(8), PDL_BACKEND_TCP)
+READ_CASE(p4_d2_tcp, "P4-D2-H8-tcp", 4, 2, 1, 1, 3, tc_geo_default(8), PDL_BACKEND_TCP)
 
 int main(void)
 {
@@ -215,13 +172,13 @@ int main(void)
     if (lvl && pdl_log_level_parse(lvl) >= 0)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(topo_1p1d_tp4_tp4),        cmocka_unit_test(topo_p4_d8_h8_split),
-        cmocka_unit_test(topo_p8_d4_h8_split),      cmocka_unit_test(topo_p4_d8_h4_replicated),
-        cmocka_unit_test(topo_p8_d4_h4_replicated), cmocka_unit_test(topo_p4_d8_mla),
-        cmocka_unit_test(topo_p8_d4_mla),           cmocka_unit_test(topo_2p1d_tp4_tp8),
-        cmocka_unit_test(topo_1p2d_tp8_tp4),        cmocka_unit_test(topo_p2_d16_h8_mixed),
-        cmocka_unit_test(topo_p4_d8_nhd_fp8),       cmocka_unit_test(topo_p8_d4_blockfirst),
-        cmocka_unit_test(topo_p2_d4_tcp),           cmocka_unit_test(topo_p4_d2_tcp),
+#define READ_ENTRY(id, ...) cmocka_unit_test(topo_##id),
+        TC_TOPOLOGIES(READ_ENTRY)
+#undef READ_ENTRY
+        cmocka_unit_test(topo_p4_d8_h4_replicated), cmocka_unit_test(topo_p8_d4_h4_replicated),
+        cmocka_unit_test(topo_p2_d16_h8_mixed),     cmocka_unit_test(topo_p4_d8_nhd_fp8),
+        cmocka_unit_test(topo_p8_d4_blockfirst),    cmocka_unit_test(topo_p2_d4_tcp),
+        cmocka_unit_test(topo_p4_d2_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,6 +27,7 @@
 
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
+#include "pdlink/params.h"
 #include "pdlink/topo.h"
 
 static inline void tc_sleep_ms(int ms)
@@ -89,6 +90,59 @@ static inline tc_geo_t tc_geo_default(int heads)
                   .mla = false, .kv_separate = true, .order = PDL_KV_HND};
     return g;
 }
+
+/* Variants of the default geometry the topology tables use. */
+static inline tc_geo_t tc_geo_mla(void)
+{
+    tc_geo_t g = tc_geo_default(1);
+    g.mla = true;
+    g.head_dim = 16;
+    return g;
+}
+static inline tc_geo_t tc_geo_nhd(int heads, int elem)
+{
+    tc_geo_t g = tc_geo_default(heads);
+    g.order = PDL_KV_NHD;
+    g.elem = elem;
+    return g;
+}
+static inline tc_geo_t tc_geo_blockfirst(int heads)
+{
+    tc_geo_t g = tc_geo_default(heads);
+    g.kv_separate = false;
+    return g;
+}
+
+/* One row of a topology table (READ: test_connector_topologies.c, WRITE: test_connector_write.c):
+ * nprod producer instances of TP P and ncons consumer instances of TP D move `transfers` transfers. */
+typedef struct tc_topo {
+    const char *name;
+    int P, D;
+    int nprod, ncons;
+    int transfers;
+    tc_geo_t g;
+    pdl_backend_kind_t backend;
+} tc_topo_t;
+
+/* The topologies both directions run, as X(id, name, P, D, nprod, ncons, transfers, geometry, backend);
+ * each test file expands it with its own runner (and adds the cases only one direction has). */
+#define TC_TOPOLOGIES(X)                                                                                        \
+    X(1p1d_tp4_tp4, "1P1D-TP4-TP4", 4, 4, 1, 1, 3, tc_geo_default(8), PDL_BACKEND_SHM)                          \
+    X(p4_d8_h8_split, "P4-D8-H8-split", 4, 8, 1, 1, 3, tc_geo_default(8), PDL_BACKEND_SHM)                      \
+    X(p8_d4_h8_split, "P8-D4-H8-split", 8, 4, 1, 1, 3, tc_geo_default(8), PDL_BACKEND_SHM)                      \
+    X(p4_d8_mla, "P4-D8-MLA", 4, 8, 1, 1, 2, tc_geo_mla(), PDL_BACKEND_SHM)                                     \
+    X(p8_d4_mla, "P8-D4-MLA", 8, 4, 1, 1, 2, tc_geo_mla(), PDL_BACKEND_SHM)                                     \
+    X(2p1d_tp4_tp8, "2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, tc_geo_default(8), PDL_BACKEND_SHM)                      \
+    X(1p2d_tp8_tp4, "1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, tc_geo_default(8), PDL_BACKEND_SHM)
+
+/* Defines `static void <prefix>_<id>(void **)` running `runner` on one row. */
+#define TC_TOPO_CASE(prefix, runner, id, name, P, D, np, nc, T, geo, be)                                         \
+    static void prefix##_##id(void **state)                                                                      \
+    {                                                                                                            \
+        (void)state;                                                                                             \
+        tc_topo_t tc = {name, P, D, np, nc, T, geo, be};                                                         \
+        runner(&tc);                                                                                             \
+    }
 
 /* Instance on free ports; `tweak` (may be NULL) edits the config before create. */
 static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_t *g, uint32_t num_blocks,
@@ -246,7 +300,12 @@ static inline bool tc_no_held(void *arg) { return pdl_instance_held_transfers((p
 /* Build kv_transfer_params as a consumer receives them (through JSON, like the router passes them). */
 static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32_t *ids, size_t n, pdl_kv_params_t *out)
 {
-    json_t *j = pdl_instance_params_json(prod, tid, ids, n);
+    pdl_kv_params_t held;
+    json_t *j = NULL;
+    if (pdl_instance_params(prod, tid, ids, n, &held, NULL) == PDL_OK) {
+        j = pdl_kv_params_to_json(&held);
+        pdl_kv_params_clear(&held);
+    }
     pdl_kv_params_init(out);
     pdl_error_t e;
     if (pdl_kv_params_from_json(j, out, &e) != PDL_OK)

@@ -49,15 +49,6 @@ static void write_mode(pdl_instance_config_t *c)
     c->allow_write_mode = true;
 }
 
-typedef struct tcase {
-    const char *name;
-    int P, D;
-    int nprod, ncons;
-    int transfers;
-    tc_geo_t g;
-    pdl_backend_kind_t backend;
-} tcase_t;
-
 static bool all_free(void *arg)
 {
     pdl_instance_t **v = arg;
@@ -96,7 +87,7 @@ static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
     kp->remote_tp_size = peer_tp;
 }
 
-static void run_case(const tcase_t *tc)
+static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
     ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
@@ -223,37 +214,9 @@ static void run_case(const tcase_t *tc)
     free(ev);
 }
 
-#define CASE(fn, ...)                                                                                                \
-    static void fn(void **state)                                                                                     \
-    {                                                                                                                \
-        (void)state;                                                                                                 \
-        tcase_t tc = __VA_ARGS__;                                                                                    \
-        run_case(&tc);                                                                                               \
-    }
-
-static tc_geo_t G(int heads) { return tc_geo_default(heads); }
-static tc_geo_t G_MLA(void)
-{
-    tc_geo_t g = tc_geo_default(1);
-    g.mla = true;
-    g.head_dim = 16;
-    return g;
-}
-static tc_geo_t G_NHD(int heads)
-{
-    tc_geo_t g = tc_geo_default(heads);
-    g.order = PDL_KV_NHD;
-    return g;
-}
-
-CASE(write_1p1d_tp4_tp4, {"1P1D-TP4-TP4", 4, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d8_h8_split, {"P4-D8-H8-split", 4, 8, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p8_d4_h8_split, {"P8-D4-H8-split", 8, 4, 1, 1, 2, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d8_mla, {"P4-D8-MLA", 4, 8, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(write_p8_d4_mla, {"P8-D4-MLA", 8, 4, 1, 1, 2, G_MLA(), PDL_BACKEND_SHM})
-CASE(write_2p1d_tp4_tp8, {"2P1D-TP4+TP4-TP8", 4, 8, 2, 1, 4, G(8), PDL_BACKEND_SHM})
-CASE(write_1p2d_tp8_tp4, {"1P2D-TP8-TP4+TP4", 8, 4, 1, 2, 4, G(8), PDL_BACKEND_SHM})
-CASE(write_p4_d2_nhd_tcp, {"P4-D2-H8-NHD-tcp", 4, 2, 1, 1, 2, G_NHD(8), PDL_BACKEND_TCP})
+#define WRITE_CASE(id, ...) TC_TOPO_CASE(write, run_case, id, __VA_ARGS__)
+TC_TOPOLOGIES(WRITE_CASE)
+WRITE_CASE(p4_d2_nhd_tcp, "P4-D2-H8-NHD-tcp", 4, 2, 1, 1, 2, tc_geo_nhd(8, 2), PDL_BACKEND_TCP)
 
 /* A push whose consumer never sends remote_blocks is reaped after defer_timeout on every rank. */
 static void write_expired_without_remote_blocks(void **state)
@@ -512,6 +475,113 @@ static void write_receive_times_out(void **state)
     pdl_instance_destroy(c);
 }
 
+/* A WRITE-mode instance on the given port bases (to restart a consumer where it was). */
+static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t *g, pdl_backend_kind_t backend, int hs,
+                                         int nt)
+{
+    pdl_instance_config_t c;
+    memset(&c, 0, sizeof(c));
+    pdl_connector_config_defaults(&c.conn);
+    c.conn.role = role;
+    c.conn.backend = backend;
+    c.conn.handshake_port = hs;
+    c.conn.notify_port = nt;
+    c.conn.transfer_timeout_s = 20;
+    c.conn.handshake_timeout_s = 5;
+    write_mode(&c);
+    c.model = (pdl_model_geometry_t){.num_layers = g->layers, .total_kv_heads = g->heads, .head_dim = g->head_dim,
+                                     .elem_size = g->elem, .block_size = g->block_size, .is_mla = g->mla,
+                                     .order = g->order, .kv_separate = g->kv_separate};
+    c.tp_size = tp;
+    c.dp_size = 1;
+    c.num_blocks = TOTAL_BLOCKS;
+    pdl_instance_t *inst = NULL;
+    pdl_error_t e;
+    if (pdl_instance_create(&c, &inst, &e) != PDL_OK)
+        fail_msg("instance on ports %d/%d: %s", hs, nt, e.msg);
+    return inst;
+}
+
+/* One push of NBLK blocks from p to c under tid; returns the consumer's result. */
+static pdl_status_t push_once(pdl_instance_t *p, pdl_instance_t *c, const char *tid, int t, pdl_error_t *e)
+{
+    char rid[1024];
+    make_rid(p, c, t, rid, sizeof(rid));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_kv_params_t pk, ck;
+    leg_params(tid, pdl_instance_tp_size(c), &pk);
+    leg_params(tid, pdl_instance_tp_size(p), &ck);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, NBLK, e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 60000, e);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    return st;
+}
+
+/* A consumer that restarts on the same ports: the producer's cached peers of BOTH consumer ranks are
+ * stale. The first push after the restart fails (that is how the producer learns); it must evict
+ * every stale peer, so the next push handshakes afresh and succeeds. (Before the shared executor a
+ * push evicted only the first failed peer -- or none when the failure came at post time -- and every
+ * later push to the restarted consumer failed.) */
+static void write_evicts_every_gone_peer(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    pdl_error_t e;
+    if (push_once(p, c, "tx-before", 1, &e) != PDL_OK)
+        fail_msg("push before the restart: %s", e.msg);
+    assert_int_equal(TC_GET(p, 0, handshakes), 2); /* one per consumer rank, now cached */
+    int hs = pdl_instance_handshake_port(c, 0), nt = pdl_instance_notify_port(c, 0);
+    pdl_instance_destroy(c);
+    c = write_instance_at(PDL_ROLE_CONSUMER, 2, &g, PDL_BACKEND_TCP, hs, nt);
+    assert_int_not_equal(push_once(p, c, "tx-stale", 2, &e), PDL_OK);
+    assert_int_equal(TC_GET(p, 0, write_failures), 1);
+    pdl_status_t st = push_once(p, c, "tx-after", 3, &e);
+    if (st != PDL_OK)
+        fail_msg("push after the restart still fails (a stale peer stayed cached): %s", e.msg);
+    assert_int_equal(TC_GET(p, 0, handshakes), 4); /* both consumer ranks handshaked again */
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* Time is counted per direction: pushes add to write_ns (pdlink_write_seconds_total) and never to
+ * read_ns (pdlink_read_seconds_total), on the producer and on the consumer. (Before the shared
+ * executor a push's time went to read_ns.) */
+static void write_time_counted_as_write(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    pdl_error_t e;
+    if (push_once(p, c, "tx-timed", 1, &e) != PDL_OK)
+        fail_msg("push: %s", e.msg);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(all_free, plist, 20000));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(TC_GET(p, r, read_ns), 0);
+        assert_true(TC_GET(p, r, write_ns) > 0);
+        assert_int_equal(TC_GET(c, r, read_ns), 0);
+        assert_int_equal(TC_GET(c, r, write_ns), 0);
+    }
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 /* Without the opt-in an instance still refuses WRITE mode with the clear error; READ-mode instances
@@ -544,13 +614,9 @@ int main(void)
     if (lvl && pdl_log_level_parse(lvl) >= 0)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(write_1p1d_tp4_tp4),
-        cmocka_unit_test(write_p4_d8_h8_split),
-        cmocka_unit_test(write_p8_d4_h8_split),
-        cmocka_unit_test(write_p4_d8_mla),
-        cmocka_unit_test(write_p8_d4_mla),
-        cmocka_unit_test(write_2p1d_tp4_tp8),
-        cmocka_unit_test(write_1p2d_tp8_tp4),
+#define WRITE_ENTRY(id, ...) cmocka_unit_test(write_##id),
+        TC_TOPOLOGIES(WRITE_ENTRY)
+#undef WRITE_ENTRY
         cmocka_unit_test(write_p4_d2_nhd_tcp),
         cmocka_unit_test(write_expired_without_remote_blocks),
         cmocka_unit_test(write_failed_is_load_error),
@@ -558,6 +624,8 @@ int main(void)
         cmocka_unit_test(write_receive_times_out),
         cmocka_unit_test(write_consumer_tp_from_remote_blocks),
         cmocka_unit_test(write_refused_without_opt_in),
+        cmocka_unit_test(write_evicts_every_gone_peer),
+        cmocka_unit_test(write_time_counted_as_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

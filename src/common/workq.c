@@ -1,0 +1,91 @@
+/*
+ * workq.c -- the FIFO job queue and its threads (workq.h).
+ */
+#include "common/workq.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static void *workq_main(void *arg)
+{
+    pdl_workq_t *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (q->head == NULL && !q->stop)
+            pthread_cond_wait(&q->cv, &q->mu);
+        pdl_workq_item_t *j = q->head;
+        if (j == NULL)
+            break; /* stopping and drained */
+        q->head = j->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        bool stopping = q->stop;
+        pthread_mutex_unlock(&q->mu);
+        j->next = NULL;
+        q->run(q->arg, j, stopping);
+        pthread_mutex_lock(&q->mu);
+    }
+    pthread_mutex_unlock(&q->mu);
+    if (q->on_exit != NULL)
+        q->on_exit(q->arg);
+    return NULL;
+}
+
+pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run, pdl_workq_exit_fn on_exit, void *arg,
+                              const char *who, pdl_error_t *err)
+{
+    memset(q, 0, sizeof(*q));
+    if (nthreads < 1 || nthreads > 64)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d threads, expected 1..64", who, nthreads);
+    q->threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    if (q->threads == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %d threads", who, nthreads);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->run = run;
+    q->on_exit = on_exit;
+    q->arg = arg;
+    for (int i = 0; i < nthreads; i++) {
+        if (pthread_create(&q->threads[i], NULL, workq_main, q) != 0) {
+            pdl__workq_stop(q); /* joins the ones already started */
+            return pdl_error_set(err, PDL_ERR_SYSTEM, "%s: cannot start thread %d of %d", who, i, nthreads);
+        }
+        q->nthreads++;
+    }
+    return PDL_OK;
+}
+
+void pdl__workq_push_chain(pdl_workq_t *q, pdl_workq_item_t *first, pdl_workq_item_t *last, int n)
+{
+    last->next = NULL;
+    pthread_mutex_lock(&q->mu);
+    if (q->tail)
+        q->tail->next = first;
+    else
+        q->head = first;
+    q->tail = last;
+    /* One job wakes one thread; a chain may keep all of them busy. */
+    if (n == 1)
+        pthread_cond_signal(&q->cv);
+    else
+        pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void pdl__workq_push(pdl_workq_t *q, pdl_workq_item_t *job) { pdl__workq_push_chain(q, job, job, 1); }
+
+void pdl__workq_stop(pdl_workq_t *q)
+{
+    if (q->threads == NULL)
+        return;
+    pthread_mutex_lock(&q->mu);
+    q->stop = true;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    for (int i = 0; i < q->nthreads; i++)
+        pthread_join(q->threads[i], NULL);
+    free(q->threads);
+    pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->cv);
+    memset(q, 0, sizeof(*q));
+}

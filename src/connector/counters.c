@@ -1,0 +1,91 @@
+/*
+ * counters.c -- a rank's counters (pdl_rank_counters_t, the table in connector.h) and the drop log.
+ *
+ * Every thread of a rank counts here under one leaf mutex; the fan-in's own counters are merged in
+ * when a snapshot is taken, so a reader sees one consistent set per rank.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "connector/internal.h"
+
+void pdl__ctr_init(pdl_rank_ctr_t *c)
+{
+    pthread_mutex_init(&c->mu, NULL);
+    for (int k = 0; k < PDL_DROP_KINDS; k++)
+        pdl_ratelimit_init(&c->drop_rl[k], 10000, 1);
+    pdl_ratelimit_init(&c->late_rl, 10000, 1);
+    pdl_ratelimit_init(&c->expired_rl, 10000, 5);
+    pdl_ratelimit_init(&c->ping_rl, 30000, 1);
+    pdl_ratelimit_init(&c->send_rl, 10000, 1);
+}
+
+void pdl__ctr_fini(pdl_rank_ctr_t *c) { pthread_mutex_destroy(&c->mu); }
+
+void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v)
+{
+    pthread_mutex_lock(&c->mu);
+    *(uint64_t *)((char *)&c->v + offset) += v;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)
+{
+    /* Drops are counted by the service thread only, so the kind's limiter needs no lock of its own;
+     * it is taken under mu anyway to keep that true if another thread ever drops. */
+    pthread_mutex_lock(&r->ctr.mu);
+    r->ctr.v.dropped_malformed++;
+    uint64_t suppressed = 0;
+    bool log = pdl_ratelimit_allow(&r->ctr.drop_rl[kind], &suppressed);
+    pthread_mutex_unlock(&r->ctr.mu);
+    if (!log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (suppressed)
+        pdl_warn("rank %d: dropped %s (and %llu similar frames since the last report)", r->rank, msg,
+                 (unsigned long long)suppressed);
+    else
+        pdl_warn("rank %d: dropped %s", r->rank, msg);
+}
+
+pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err)
+{
+    if (inst == NULL || out == NULL || tp_rank < 0 || tp_rank >= inst->tp)
+        return pdl_error_set(err, PDL_ERR_INVALID, "counters: rank %d outside [0, %d)", tp_rank,
+                             inst ? inst->tp : 0);
+    pdl_rank_t *r = &inst->ranks[tp_rank];
+    pthread_mutex_lock(&r->ctr.mu);
+    *out = r->ctr.v;
+    pthread_mutex_unlock(&r->ctr.mu);
+    pdl_fanin_counters_t fc;
+    pthread_mutex_lock(&r->fan.mu);
+    pdl__fanin_get_counters(r->fan.fanin, &fc);
+    pthread_mutex_unlock(&r->fan.mu);
+    out->transfers += fc.reported;
+    out->releases_received = fc.received;
+    out->releases_duplicate = fc.duplicate;
+    out->releases_late = fc.late;
+    out->releases_parked = fc.parked;
+    out->releases_failed_status = fc.failed_status;
+    out->releases_parked_dropped = fc.parked_dropped;
+    out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
+    out->keepalives_received = fc.keepalives;
+    return PDL_OK;
+}
+
+static const pdl_counter_info_t counter_table[] = {
+#define PDL__COUNTER_INFO(field, name, kind, help) {name, help, kind, offsetof(pdl_rank_counters_t, field)},
+    PDL_RANK_COUNTERS(PDL__COUNTER_INFO)
+#undef PDL__COUNTER_INFO
+};
+
+const pdl_counter_info_t *pdl_rank_counters_table(size_t *n)
+{
+    if (n != NULL)
+        *n = sizeof(counter_table) / sizeof(counter_table[0]);
+    return counter_table;
+}

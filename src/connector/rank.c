@@ -1,0 +1,163 @@
+/*
+ * rank.c -- one TP rank's memory: its transfer engine, its KV region and geometry, and the handshake
+ * payloads that advertise them (SPEC §4). Fixed once pdl__rank_init returned; read by every thread.
+ *
+ * Memory: each rank allocates ONE engine region holding all its layers (layer l at l * layer_len,
+ * layer_len = pdl_layout_region_len of the rank's geometry) and pre-faults it, so the first transfer
+ * does not pay for page faults. The handshake advertises that single registration for every layer;
+ * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
+ *
+ * pdl__rank_init also initialises the parts other files own (counters, outbound queue, fan-in), so
+ * instance destroy can tear every rank down the same way.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "connector/internal.h"
+
+/* pdlink's layout string: the order, plus "-blockfirst" when K and V are interleaved per block. The
+ * peer compares it verbatim, so both facts that decide where a head lies are checked. */
+static void layout_string(const pdl_model_geometry_t *m, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s", pdl_layout_order_name(m->order), m->kv_separate ? "" : "-blockfirst");
+}
+
+static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err)
+{
+    pdl_agent_meta_t m;
+    memset(&m, 0, sizeof(m));
+    snprintf(m.engine_id, sizeof(m.engine_id), "%s", inst->engine_id);
+    pdl_status_t st = pdl_engine_pack(r->mem.engine, &m.agent_metadata, err);
+    if (st != PDL_OK)
+        return st;
+    int L = inst->cfg.model.num_layers;
+    m.kv_caches_base_addr = calloc((size_t)L, sizeof(uint64_t));
+    if (m.kv_caches_base_addr == NULL) {
+        pdl_agent_meta_clear(&m);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "handshake payload: out of memory");
+    }
+    for (int l = 0; l < L; l++)
+        m.kv_caches_base_addr[l] = (uint64_t)(uintptr_t)(r->mem.kv_ptr + (uint64_t)l * r->mem.layer_len);
+    m.num_base_addr = (size_t)L;
+    m.num_blocks = (int64_t)r->mem.geo.num_blocks;
+    m.block_len = (int64_t)pdl_layout_block_len(&r->mem.geo);
+    snprintf(m.attn_backend_name, sizeof(m.attn_backend_name), "%s", inst->attn_backend);
+    m.has_pdlink = true;
+    snprintf(m.pdlink_version, sizeof(m.pdlink_version), "%s", PDL_VERSION_STRING);
+    m.tp_size = inst->tp;
+    m.tp_rank = r->rank;
+    m.dp_rank = inst->cfg.dp_rank;
+    m.num_layers = L;
+    m.total_num_kv_heads = inst->cfg.model.total_kv_heads;
+    m.head_dim = inst->cfg.model.head_dim;
+    m.kv_elem_size = inst->cfg.model.elem_size;
+    m.block_size = inst->cfg.model.block_size;
+    layout_string(&inst->cfg.model, m.layout, sizeof(m.layout));
+    m.is_mla = inst->cfg.model.is_mla;
+    st = pdl_wire_encode_agent_meta(&m, &r->mem.meta_payload, err);
+    pdl_agent_meta_clear(&m);
+    if (st != PDL_OK)
+        return st;
+
+    pdl_bytes_t mem;
+    st = pdl_mem_pack(r->mem.kv, &mem, err);
+    if (st != PDL_OK)
+        return st;
+    pdl_layer_map_t lm;
+    memset(&lm, 0, sizeof(lm));
+    for (int l = 0; l < L && st == PDL_OK; l++) {
+        char name[64];
+        snprintf(name, sizeof(name), "model.layers.%d.self_attn.attn", l);
+        st = pdl_layer_map_add(&lm, name, mem.data, mem.len, err);
+    }
+    if (st == PDL_OK)
+        st = pdl_wire_encode_layer_map(&lm, &r->mem.layermap_payload, err);
+    pdl_layer_map_clear(&lm);
+    pdl_bytes_free(&mem);
+    return st;
+}
+
+void pdl__rank_init_locks(pdl_rank_t *r)
+{
+    pdl__ctr_init(&r->ctr);
+    pdl__outq_init(&r->out);
+    pthread_mutex_init(&r->fan.mu, NULL);
+}
+
+pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_error_t *err)
+{
+    const pdl_instance_config_t *cfg = &inst->cfg;
+    r->inst = inst;
+    r->rank = rank;
+    int port_offset = pdl_topo_port_offset(cfg->dp_rank, cfg->tp_size, rank);
+    r->hs_port = cfg->conn.handshake_port + port_offset;
+    r->notify_port = cfg->conn.notify_port + port_offset;
+    pdl__rank_init_locks(r);
+    pdl_rank_mem_t *m = &r->mem;
+
+    int first, count;
+    pdl_status_t st = pdl_topo_heads(cfg->tp_size, cfg->model.total_kv_heads, cfg->model.is_mla, rank, &first,
+                                     &count, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "instance rank %d", rank);
+    m->geo.num_blocks = cfg->num_blocks;
+    m->geo.block_size = (uint32_t)cfg->model.block_size;
+    m->geo.num_heads = (uint32_t)count;
+    m->geo.head_dim = (uint32_t)cfg->model.head_dim;
+    m->geo.elem_size = (uint32_t)cfg->model.elem_size;
+    m->geo.kv_separate = cfg->model.kv_separate;
+    m->geo.order = cfg->model.order;
+    m->geo.is_mla = cfg->model.is_mla;
+    st = pdl_layout_validate(&m->geo, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "instance rank %d geometry", rank);
+    m->layer_len = pdl_layout_region_len(&m->geo);
+    uint64_t total = m->layer_len * (uint64_t)cfg->model.num_layers;
+    if (total / (uint64_t)cfg->model.num_layers != m->layer_len || total > (1ull << 46))
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance rank %d: KV region of %d layers x %llu bytes is too large",
+                             rank, cfg->model.num_layers, (unsigned long long)m->layer_len);
+
+    snprintf(m->engine_key, sizeof(m->engine_key), "%s:%s:%d:tp%d:dp%d",
+             cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", cfg->conn.host_ip, cfg->conn.handshake_port,
+             rank, cfg->dp_rank);
+    pdl_engine_config_t ec = {.key = m->engine_key,
+                              .host = cfg->conn.host_ip,
+                              .port = 0,
+                              .backend = cfg->conn.backend,
+                              .qp_per_transfer = cfg->conn.qp_per_transfer,
+                              .num_workers = cfg->conn.num_workers};
+    st = pdl_engine_create(&ec, &m->engine, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "instance rank %d", rank);
+    st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+    m->kv_ptr = pdl_mem_ptr(m->kv);
+    memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
+
+    pdl_fanin_config_t fc = {.producer_tp = cfg->tp_size,
+                             .defer_timeout_ns = (uint64_t)(cfg->conn.defer_timeout_s * 1e9),
+                             .max_parked = 1024,
+                             .max_park_age_ns = 0,
+                             .max_terminal = 4096};
+    st = pdl__fanin_create(&fc, &r->fan.fanin, err);
+    if (st != PDL_OK)
+        return st;
+    return build_payloads(inst, r, err);
+}
+
+void pdl__rank_fini(pdl_rank_t *r)
+{
+    pdl_rank_mem_t *m = &r->mem;
+    pdl_bytes_free(&m->meta_payload);
+    pdl_bytes_free(&m->layermap_payload);
+    if (m->kv)
+        pdl_engine_deregister_mem(m->engine, m->kv);
+    if (m->engine)
+        pdl_engine_destroy(m->engine);
+    pdl__fanin_destroy(r->fan.fanin);
+    pthread_mutex_destroy(&r->fan.mu);
+    pdl__outq_fini(&r->out);
+    pdl__ctr_fini(&r->ctr);
+}
