@@ -3,7 +3,7 @@
  * intervals (overlapping pulls count their common wall time once, gaps count nothing, a busy period
  * still open counts up to "now"), fed with explicit timestamps so nothing depends on a clock; and the
  * /metrics text carries it (pdlink_transfer_busy_seconds_total) next to the per-pull histogram.
- * The node's sources are compiled in directly (they belong to the program, not the library).
+ * It links pdl_node, the node program's library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "node/kvstore.c"
-#include "node/metrics.c"
+#include "node/kvstore.h"
+#include "node/metrics.h"
 
 static void busy_is_the_union_of_intervals(void **state)
 {
