@@ -64,7 +64,7 @@ static void render_has_busy_and_fine_buckets(void **state)
     pdl_node_metrics_pull(m, 0.0042, 1000);
     char *text = pdl_node_metrics_render(m, kv, "decode");
     assert_non_null(text);
-    assert_non_null(strstr(text, "pdlink_transfer_busy_seconds_total{role=\"decode\"} 0.250000000\n"));
+    assert_non_null(strstr(text, "pdlink_transfer_busy_seconds_total{role=\"decode\"} 0.25\n"));
     /* 4.2 ms falls in (3 ms, 5 ms]: the bucket below holds nothing, the one above holds it. */
     assert_non_null(strstr(text, "pdlink_transfer_seconds_bucket{role=\"decode\",le=\"0.003\"} 0\n"));
     assert_non_null(strstr(text, "pdlink_transfer_seconds_bucket{role=\"decode\",le=\"0.005\"} 1\n"));
