@@ -18,6 +18,7 @@
 
 #include <microhttpd.h>
 
+#include "app/buf.h"
 #include "pdlink/log.h"
 
 _Static_assert(PDL_HTTP_STREAM_END == MHD_CONTENT_READER_END_OF_STREAM, "reader codes are MHD's");
@@ -44,16 +45,8 @@ static bool body_append(http_body_t *b, const char *data, size_t n, size_t max)
         b->too_large = true;
         return true;
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (p == NULL)
-            return false;
-        b->p = p;
-        b->cap = cap;
-    }
+    if (!pdl_buf_reserve(&b->p, &b->cap, b->len + n + 1, 4096))
+        return false;
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = '\0';

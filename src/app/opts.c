@@ -85,3 +85,22 @@ int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err)
     *value_p = optarg;
     return ch;
 }
+
+pdl_status_t pdl_opts_parse(int argc, char **argv, const struct option *longopts, bool dash_underscores,
+                            pdl_opts_take_fn take, void *ctx, pdl_error_t *err)
+{
+    pdl_opts_t o;
+    pdl_opts_init(&o, argc, argv, longopts, dash_underscores);
+    while (!o.done) {
+        const char *value = NULL;
+        int opt = pdl_opts_next(&o, &value, err);
+        if (opt == 0)
+            break;
+        if (opt < 0)
+            return PDL_ERR_INVALID;
+        pdl_status_t st = take(&o, opt, value, ctx, err);
+        if (st != PDL_OK)
+            return st;
+    }
+    return PDL_OK;
+}

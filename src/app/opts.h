@@ -26,6 +26,7 @@ typedef struct pdl_opts {
     const struct option *longopts; /* ends with a zeroed entry; every entry has flag == NULL */
     bool dash_underscores;         /* read '_' in a flag name as '-' (rewrites argv in place) */
     int rest;                      /* > 0 once getopt is done: the next positional after "--" */
+    bool done;                     /* set by a pdl_opts_take_fn to end pdl_opts_parse early */
     char flag[64];                 /* the flag last returned, as typed ("-tp", "--port"), for messages */
 } pdl_opts_t;
 
@@ -39,5 +40,17 @@ void pdl_opts_init(pdl_opts_t *o, int argc, char **argv, const struct option *lo
  * Flag `val`s must therefore be > 1. *value_p points into argv.
  */
 int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err);
+
+/*
+ * What a parse does with each argument: opt is the flag's `val` (o->flag holds the flag as typed, value
+ * its value or NULL for a switch) or 1 for a positional (value). Return PDL_OK to go on, an error (with
+ * err filled) to stop with it; set o->done to end the parse with success (--help).
+ */
+typedef pdl_status_t (*pdl_opts_take_fn)(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err);
+
+/* The whole loop: pdl_opts_init, then take() for each argument. Returns PDL_OK, PDL_ERR_INVALID for a
+ * usage error found by pdl_opts_next, or take's error. */
+pdl_status_t pdl_opts_parse(int argc, char **argv, const struct option *longopts, bool dash_underscores,
+                            pdl_opts_take_fn take, void *ctx, pdl_error_t *err);
 
 #endif /* PDL_APP_OPTS_H */

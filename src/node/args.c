@@ -163,15 +163,22 @@ static const struct option node_options[] = {
     {NULL, 0, NULL, 0},
 };
 
+typedef struct parse_ctx {
+    pdl_node_args_t *a;
+    bool positional_seen; /* "serve" is the verb only before any other positional */
+} parse_ctx_t;
+
 /* Positional: "serve" (optional, first), then MODEL. */
-static pdl_status_t take_positional(pdl_node_args_t *a, const char *arg, bool first, pdl_error_t *err)
+static pdl_status_t take_positional(parse_ctx_t *p, const char *arg, pdl_error_t *err)
 {
+    bool first = !p->positional_seen;
+    p->positional_seen = true;
     if (first && strcmp(arg, "serve") == 0)
         return PDL_OK;
-    if (a->positional_model != NULL)
+    if (p->a->positional_model != NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s' (MODEL is '%s')", arg,
-                             a->positional_model);
-    a->positional_model = arg;
+                             p->a->positional_model);
+    p->a->positional_model = arg;
     return PDL_OK;
 }
 
@@ -249,24 +256,18 @@ static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, con
     return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in args.c)", flag);
 }
 
+static pdl_status_t take(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err)
+{
+    parse_ctx_t *p = ctx;
+    return opt == 1 ? take_positional(p, value, err) : take_flag(p->a, opt, o->flag, value, err);
+}
+
 pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_error_t *err)
 {
-    pdl_opts_t o;
-    pdl_opts_init(&o, argc, argv, node_options, true);
-    bool first = true;
-    for (;;) {
-        const char *value = NULL;
-        int opt = pdl_opts_next(&o, &value, err);
-        if (opt == 0)
-            break;
-        if (opt < 0)
-            return PDL_ERR_INVALID;
-        pdl_status_t st = opt == 1 ? take_positional(a, value, first, err) : take_flag(a, opt, o.flag, value, err);
-        if (st != PDL_OK)
-            return st;
-        if (opt == 1)
-            first = false;
-    }
+    parse_ctx_t p = {.a = a};
+    pdl_status_t st = pdl_opts_parse(argc, argv, node_options, true, take, &p, err);
+    if (st != PDL_OK)
+        return st;
     /* `serve NAME --model PRESET`: NAME is what clients ask for, PRESET gives the geometry. */
     if (a->positional_model != NULL) {
         if (a->model == NULL)

@@ -24,10 +24,6 @@
 /* A completion body is a prompt plus options; 16 MiB is far above any prompt a node accepts. */
 #define BODY_MAX (16u << 20)
 
-struct pdl_node_http {
-    pdl_http_t *http;
-};
-
 /* ---- responses -------------------------------------------------------------------------------- */
 
 static int send_error(struct MHD_Connection *c, unsigned status, const char *type, const char *msg,
@@ -335,11 +331,8 @@ static int on_request(void *cls, const pdl_http_request_t *hr)
     return send_error(c, 404, "NotFoundError", "no such route", NULL);
 }
 
-pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_node_http_t **http_out, int *port_out, pdl_error_t *err)
+pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_http_t **http_p, int *port_p, pdl_error_t *err)
 {
-    pdl_node_http_t *h = calloc(1, sizeof(*h));
-    if (h == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "http: out of memory");
     const pdl_http_params_t p = {.host = node->args.host,
                                  .port = node->args.port,
                                  .what = "--host",
@@ -347,19 +340,5 @@ pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_node_http_t **http_out, i
                                  .connection_limit = 4096,
                                  .handler = on_request,
                                  .cls = node};
-    pdl_status_t st = pdl_http_start(&p, &h->http, port_out, err);
-    if (st != PDL_OK) {
-        free(h);
-        return st;
-    }
-    *http_out = h;
-    return PDL_OK;
-}
-
-void pdl_node_http_stop(pdl_node_http_t *http)
-{
-    if (http == NULL)
-        return;
-    pdl_http_stop(http->http);
-    free(http);
+    return pdl_http_start(&p, http_p, port_p, err);
 }

@@ -194,27 +194,29 @@ static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int op
     return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in config.c)", flag);
 }
 
+typedef struct parse_ctx {
+    pdl_router_config_t *c;
+    policy_flags_t pf;
+} parse_ctx_t;
+
+static pdl_status_t take(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err)
+{
+    parse_ctx_t *p = ctx;
+    if (opt == 1)
+        return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", value);
+    pdl_status_t st = take_flag(p->c, &p->pf, opt, o->flag, value, err);
+    o->done = p->c->help; /* --help wins over anything after it, and over missing required flags */
+    return st;
+}
+
 pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **argv, pdl_error_t *err)
 {
-    policy_flags_t pf = {.policy = PDL_POLICY_CONSISTENT_HASH};
-    pdl_opts_t o;
+    parse_ctx_t p = {.c = c, .pf = {.policy = PDL_POLICY_CONSISTENT_HASH}};
     /* clap, vllm-router's parser, takes its flags with '-' only, so '_' is not read as '-' here. */
-    pdl_opts_init(&o, argc, argv, router_options, false);
-    for (;;) {
-        const char *v = NULL;
-        int opt = pdl_opts_next(&o, &v, err);
-        if (opt == 0)
-            break;
-        if (opt < 0)
-            return PDL_ERR_INVALID;
-        if (opt == 1)
-            return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", v);
-        pdl_status_t st = take_flag(c, &pf, opt, o.flag, v, err);
-        if (st != PDL_OK)
-            return st;
-        if (c->help)
-            return PDL_OK; /* --help wins over anything after it, and over missing required flags */
-    }
+    pdl_status_t st = pdl_opts_parse(argc, argv, router_options, false, take, &p, err);
+    if (st != PDL_OK || c->help)
+        return st;
+    const policy_flags_t pf = p.pf;
     if (pf.have_policy) {
         if (!pf.have_prefill)
             c->prefill_policy = pf.policy;
