@@ -141,15 +141,15 @@ static void progress(run_ctx_t *c, const char *fmt, ...)
 {
     if (c->o.quiet)
         return;
-    char msg[512];
+    /* On a terminal, first erase the request counter that progress_requests keeps redrawing. */
+    flockfile(stderr);
+    fprintf(stderr, "%s[%s] ", c->tty ? "\r\033[K" : "", c->phase_name);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vfprintf(stderr, fmt, ap);
     va_end(ap);
-    if (c->tty)
-        fprintf(stderr, "\r\033[K[%s] %s\n", c->phase_name, msg);
-    else
-        fprintf(stderr, "[%s] %s\n", c->phase_name, msg);
+    fputc('\n', stderr);
+    funlockfile(stderr);
 }
 
 static void progress_requests(run_ctx_t *c, int done, int total)
@@ -238,18 +238,19 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
 {
     pdl_error_t err;
     run_opts_t *o = &c->o;
-    memset(o, 0, sizeof(*o));
-    o->model = RUN_DEFAULT_MODEL;
-    o->requests = 48;
-    o->concurrency = 8;
-    o->prompt_min = 16;
-    o->prompt_max = 256;
-    o->max_tokens = 16;
-    o->backend = "shm";
-    o->mode = "read";
-    o->reference_tp = 2;
-    o->fault_kill_decode_after = -1;
-    o->child_log_level = "info";
+    *o = (run_opts_t){
+        .model = RUN_DEFAULT_MODEL,
+        .requests = 48,
+        .concurrency = 8,
+        .prompt_min = 16,
+        .prompt_max = 256,
+        .max_tokens = 16,
+        .backend = "shm",
+        .mode = "read",
+        .reference_tp = 2,
+        .fault_kill_decode_after = -1,
+        .child_log_level = "info",
+    };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
            O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG };

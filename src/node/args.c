@@ -23,20 +23,19 @@
 
 void pdl_node_args_defaults(pdl_node_args_t *a)
 {
-    memset(a, 0, sizeof(*a));
-    a->host = "0.0.0.0";
-    a->port = 8000;
-    a->tp_size = 1;
-    a->dp_size = 1;
-    a->dp_rank = 0;
-    a->block_size = 16;
-    a->elem_size = 2;
-    a->kv_cache_dtype = "auto";
-    a->kv_cache_memory = 32ull << 20;
-    a->seed = 0;
-    a->kv_layout = PDL_KV_HND;
-    a->kv_wait_ms = 30000;
-    a->max_tokens_default = 16;
+    *a = (pdl_node_args_t){
+        .host = "0.0.0.0",
+        .port = 8000,
+        .tp_size = 1,
+        .dp_size = 1,
+        .block_size = 16,
+        .elem_size = 2,
+        .kv_cache_dtype = "auto",
+        .kv_cache_memory = 32ull << 20,
+        .kv_layout = PDL_KV_HND,
+        .kv_wait_ms = 30000,
+        .max_tokens_default = 16,
+    };
 }
 
 const char *pdl_node_args_usage(void)
