@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "app/parse.h"
 #include "ceiling.h"
 #include "pdlink/engine.h"
 #include "pdlink/layout.h"
@@ -367,19 +368,13 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         case 't':
         case 'q':
         case 'i': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > (c == 'i' ? 1000000 : 64)) {
-                fprintf(stderr, "pdlink bench: --%s '%s' out of range\n",
-                        c == 't' ? "threads" : c == 'q' ? "qp" : "iters", optarg);
+            pdl_error_t err;
+            int *dst = c == 't' ? &o->threads : c == 'q' ? &o->qp : &o->iters;
+            const char *flag = c == 't' ? "--threads" : c == 'q' ? "--qp" : "--iters";
+            if (pdl_parse_int(flag, optarg, 1, c == 'i' ? 1000000 : 64, dst, &err) != PDL_OK) {
+                fprintf(stderr, "pdlink bench: %s\n", err.msg);
                 return 2;
             }
-            if (c == 't')
-                o->threads = (int)v;
-            else if (c == 'q')
-                o->qp = (int)v;
-            else
-                o->iters = (int)v;
             break;
         }
         case 'm':

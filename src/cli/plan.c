@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/parse.h"
 #include "cli/cli.h"
 #include "pdlink/layout.h"
 #include "pdlink/models.h"
@@ -90,14 +91,11 @@ static void usage(FILE *f)
 
 static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "pdlink plan: %s '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+    pdl_error_t err;
+    if (pdl_parse_long(opt, s, lo, hi, out, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink plan: %s\n", err.msg);
         return false;
     }
-    *out = v;
     return true;
 }
 

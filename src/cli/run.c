@@ -37,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "app/parse.h"
 #include "cli/cli.h"
 #include "cli/run_http.h"
 #include "cli/run_metrics.h"
@@ -140,15 +141,15 @@ static void progress(run_ctx_t *c, const char *fmt, ...)
 {
     if (c->o.quiet)
         return;
-    char msg[512];
+    /* On a terminal, first erase the request counter that progress_requests keeps redrawing. */
+    flockfile(stderr);
+    fprintf(stderr, "%s[%s] ", c->tty ? "\r\033[K" : "", c->phase_name);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vfprintf(stderr, fmt, ap);
     va_end(ap);
-    if (c->tty)
-        fprintf(stderr, "\r\033[K[%s] %s\n", c->phase_name, msg);
-    else
-        fprintf(stderr, "[%s] %s\n", c->phase_name, msg);
+    fputc('\n', stderr);
+    funlockfile(stderr);
 }
 
 static void progress_requests(run_ctx_t *c, int done, int total)
@@ -211,17 +212,6 @@ static void usage(FILE *f)
             RUN_DEFAULT_MODEL);
 }
 
-static int parse_int(const char *s, int lo, int hi, int *out)
-{
-    char *e = NULL;
-    errno = 0;
-    long v = strtol(s, &e, 10);
-    if (errno != 0 || e == s || *e != '\0' || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
 /* "4,4" → {4,4}. */
 static int parse_tp_list(const char *s, int *v, int *n)
 {
@@ -230,28 +220,37 @@ static int parse_tp_list(const char *s, int *v, int *n)
     snprintf(buf, sizeof(buf), "%s", s);
     char *save = NULL;
     for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= PDL_RUN_MAX_INST || parse_int(t, 1, 64, &v[*n]) != 0)
+        if (*n >= PDL_RUN_MAX_INST || pdl_parse_int("--prefill-tp/--decode-tp", t, 1, 64, &v[*n], NULL) != PDL_OK)
             return -1;
         (*n)++;
     }
     return *n > 0 ? 0 : -1;
 }
 
+/* A usage error found by a shared parser: its message already names the flag and the value. */
+static int usage_error(const pdl_error_t *err)
+{
+    fprintf(stderr, "pdlink run: %s\n", err->msg);
+    return -1;
+}
+
 static int parse_opts(run_ctx_t *c, int argc, char **argv)
 {
+    pdl_error_t err;
     run_opts_t *o = &c->o;
-    memset(o, 0, sizeof(*o));
-    o->model = RUN_DEFAULT_MODEL;
-    o->requests = 48;
-    o->concurrency = 8;
-    o->prompt_min = 16;
-    o->prompt_max = 256;
-    o->max_tokens = 16;
-    o->backend = "shm";
-    o->mode = "read";
-    o->reference_tp = 2;
-    o->fault_kill_decode_after = -1;
-    o->child_log_level = "info";
+    *o = (run_opts_t){
+        .model = RUN_DEFAULT_MODEL,
+        .requests = 48,
+        .concurrency = 8,
+        .prompt_min = 16,
+        .prompt_max = 256,
+        .max_tokens = 16,
+        .backend = "shm",
+        .mode = "read",
+        .reference_tp = 2,
+        .fault_kill_decode_after = -1,
+        .child_log_level = "info",
+    };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
            O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG };
@@ -294,16 +293,12 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         case O_DTP: o->decode_tp = optarg; break;
         case O_MODEL: o->model = optarg; break;
         case O_REQ:
-            if (parse_int(optarg, 1, 100000, &o->requests) != 0) {
-                fprintf(stderr, "pdlink run: --requests must be 1..100000, not '%s'\n", optarg);
-                return -1;
-            }
+            if (pdl_parse_int("--requests", optarg, 1, 100000, &o->requests, &err) != PDL_OK)
+                return usage_error(&err);
             break;
         case O_CONC:
-            if (parse_int(optarg, 1, 1024, &o->concurrency) != 0) {
-                fprintf(stderr, "pdlink run: --concurrency must be 1..1024, not '%s'\n", optarg);
-                return -1;
-            }
+            if (pdl_parse_int("--concurrency", optarg, 1, 1024, &o->concurrency, &err) != PDL_OK)
+                return usage_error(&err);
             break;
         case O_PROMPT: {
             char a[32] = "", b[32] = "";
@@ -315,7 +310,8 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
                 snprintf(a, sizeof(a), "%s", optarg);
                 snprintf(b, sizeof(b), "%s", optarg);
             }
-            if (parse_int(a, 1, 1000000, &o->prompt_min) != 0 || parse_int(b, 1, 1000000, &o->prompt_max) != 0 ||
+            if (pdl_parse_int("--prompt-tokens", a, 1, 1000000, &o->prompt_min, NULL) != PDL_OK ||
+                pdl_parse_int("--prompt-tokens", b, 1, 1000000, &o->prompt_max, NULL) != PDL_OK ||
                 o->prompt_min > o->prompt_max) {
                 fprintf(stderr, "pdlink run: --prompt-tokens wants MIN-MAX with 1 <= MIN <= MAX, not '%s'\n", optarg);
                 return -1;
@@ -323,10 +319,8 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             break;
         }
         case O_MAXTOK:
-            if (parse_int(optarg, 1, 100000, &o->max_tokens) != 0) {
-                fprintf(stderr, "pdlink run: --max-tokens must be 1..100000, not '%s'\n", optarg);
-                return -1;
-            }
+            if (pdl_parse_int("--max-tokens", optarg, 1, 100000, &o->max_tokens, &err) != PDL_OK)
+                return usage_error(&err);
             break;
         case O_BACKEND:
             if (strcmp(optarg, "shm") != 0 && strcmp(optarg, "tcp") != 0) {
@@ -360,16 +354,14 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         case 'h': usage(stdout); return 1;
         case O_FAULT:
             if (strncmp(optarg, "kill-decode-after=", 18) != 0 ||
-                parse_int(optarg + 18, 0, 1000000, &o->fault_kill_decode_after) != 0) {
+                pdl_parse_int("--fault", optarg + 18, 0, 1000000, &o->fault_kill_decode_after, NULL) != PDL_OK) {
                 fprintf(stderr, "pdlink run: --fault wants kill-decode-after=N\n");
                 return -1;
             }
             break;
         case O_REFTP:
-            if (parse_int(optarg, 1, 64, &o->reference_tp) != 0) {
-                fprintf(stderr, "pdlink run: --reference-tp must be 1..64\n");
-                return -1;
-            }
+            if (pdl_parse_int("--reference-tp", optarg, 1, 64, &o->reference_tp, &err) != PDL_OK)
+                return usage_error(&err);
             break;
         case ':':
             fprintf(stderr, "pdlink run: option '%s' needs a value\n", argv[optind - 1]);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/buf.h"
 #include "pdlink/log.h"
 
 enum { RUN_BODY_MAX = 16 << 20 };
@@ -38,16 +39,8 @@ static size_t body_write(char *data, size_t size, size_t nmemb, void *userp)
         b->overflow = true;
         return 0; /* makes libcurl fail the transfer with CURLE_WRITE_ERROR */
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *np = realloc(b->p, cap);
-        if (np == NULL)
-            return 0;
-        b->p = np;
-        b->cap = cap;
-    }
+    if (!pdl_buf_reserve(&b->p, &b->cap, b->len + n + 1, 4096))
+        return 0;
     memcpy(b->p + b->len, data, n);
     b->len += n;
     b->p[b->len] = '\0';

@@ -13,51 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Does the label set in [p, end) (without braces) contain key="val"? */
-static bool labels_match(const char *p, const char *end, const char *key, const char *val)
-{
-    size_t klen = strlen(key);
-    while (p < end) {
-        while (p < end && (*p == ' ' || *p == ','))
-            p++;
-        const char *k = p;
-        while (p < end && *p != '=')
-            p++;
-        if (p >= end)
-            return false;
-        size_t kl = (size_t)(p - k);
-        while (kl > 0 && k[kl - 1] == ' ')
-            kl--;
-        p++; /* '=' */
-        while (p < end && *p == ' ')
-            p++;
-        if (p >= end || *p != '"')
-            return false;
-        p++;
-        /* Compare the unescaped value with val as we scan it. */
-        const char *v = val;
-        bool same = true;
-        while (p < end && *p != '"') {
-            char ch = *p;
-            if (ch == '\\' && p + 1 < end) {
-                p++;
-                ch = *p == 'n' ? '\n' : *p;
-            }
-            if (*v == '\0' || *v != ch)
-                same = false;
-            else
-                v++;
-            p++;
-        }
-        if (p >= end)
-            return false; /* unterminated value */
-        p++;              /* closing quote */
-        if (kl == klen && strncmp(k, key, klen) == 0 && same && *v == '\0')
-            return true;
-    }
-    return false;
-}
-
 /* The unescaped value of label `key` in [p, end) into out (cap bytes); false if absent or too long. */
 static bool label_value(const char *p, const char *end, const char *key, char *out, size_t cap)
 {
@@ -101,6 +56,14 @@ static bool label_value(const char *p, const char *end, const char *key, char *o
             return fits;
     }
     return false;
+}
+
+/* Does the label set in [p, end) (without braces) contain key="val"? A value too long for the buffer
+ * is longer than any val we look for, so it cannot match. */
+static bool labels_match(const char *p, const char *end, const char *key, const char *val)
+{
+    char v[1024];
+    return strlen(val) < sizeof(v) && label_value(p, end, key, v, sizeof(v)) && strcmp(v, val) == 0;
 }
 
 /*

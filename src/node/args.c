@@ -1,9 +1,10 @@
 /*
  * args.c -- the `vllm serve`-style command line of pdlink-node (see args.h).
  *
- * Flags take "--flag value" or "--flag=value". vLLM flags that mean nothing for an emulated instance
- * (GPU memory fraction, attention backend, tool parsers, ...) are accepted and ignored with a debug line,
- * so the seed's command lines run unchanged. An unknown flag is an error: silently accepting a typo of a
+ * Flags are read by getopt_long_only (app/opts.h): "--flag value", "--flag=value" and vLLM's short
+ * spellings "-tp 4", "-dp 2"; '_' in a flag name reads as '-', as in vLLM. vLLM flags that mean nothing
+ * for an emulated instance (GPU memory fraction, attention backend, tool parsers, ...) are accepted and
+ * ignored with a debug line, so the seed's command lines run unchanged. An unknown flag is an error: silently accepting a typo of a
  * flag that matters (say --tensor-paralel-size) would produce a node with the wrong geometry.
  */
 #include "node/args.h"
@@ -15,25 +16,26 @@
 #include <string.h>
 #include <strings.h>
 
+#include "app/opts.h"
+#include "app/parse.h"
 #include "pdlink/log.h"
 #include "pdlink/models.h"
 
 void pdl_node_args_defaults(pdl_node_args_t *a)
 {
-    memset(a, 0, sizeof(*a));
-    a->host = "0.0.0.0";
-    a->port = 8000;
-    a->tp_size = 1;
-    a->dp_size = 1;
-    a->dp_rank = 0;
-    a->block_size = 16;
-    a->elem_size = 2;
-    a->kv_cache_dtype = "auto";
-    a->kv_cache_memory = 32ull << 20;
-    a->seed = 0;
-    a->kv_layout = PDL_KV_HND;
-    a->kv_wait_ms = 30000;
-    a->max_tokens_default = 16;
+    *a = (pdl_node_args_t){
+        .host = "0.0.0.0",
+        .port = 8000,
+        .tp_size = 1,
+        .dp_size = 1,
+        .block_size = 16,
+        .elem_size = 2,
+        .kv_cache_dtype = "auto",
+        .kv_cache_memory = 32ull << 20,
+        .kv_layout = PDL_KV_HND,
+        .kv_wait_ms = 30000,
+        .max_tokens_default = 16,
+    };
 }
 
 const char *pdl_node_args_usage(void)
@@ -70,17 +72,6 @@ const char *pdl_node_args_usage(void)
            "  --dtype X --max-num-seqs X --max-num-batched-tokens X --distributed-executor-backend X\n";
 }
 
-static pdl_status_t parse_int(const char *flag, const char *s, long lo, long hi, long *out, pdl_error_t *err)
-{
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected an integer in [%ld, %ld]", flag, s, lo, hi);
-    *out = v;
-    return PDL_OK;
-}
-
 static pdl_status_t parse_bytes(const char *flag, const char *s, uint64_t *out, pdl_error_t *err)
 {
     char *end = NULL;
@@ -112,155 +103,170 @@ static pdl_status_t parse_bytes(const char *flag, const char *s, uint64_t *out, 
     return PDL_OK;
 }
 
-/* vLLM flags that do not apply to an emulated instance. */
-static const char *const ignored_switches[] = {
-    "--trust-remote-code",     "--language-model-only", "--no-enable-prefix-caching", "--enable-prefix-caching",
-    "--enable-auto-tool-choice", "--enforce-eager",     "--disable-log-requests",     "--disable-log-stats",
-    NULL,
-};
-static const char *const ignored_valued[] = {
-    "--attention-backend", "--gpu-memory-utilization", "--tool-call-parser", "--reasoning-parser", "--dtype",
-    "--max-num-seqs", "--max-num-batched-tokens", "--distributed-executor-backend", "--uvicorn-log-level",
-    "--swap-space", "--compilation-config", NULL,
+enum {
+    OPT_HELP = 256, OPT_VERSION, OPT_IGNORED_SWITCH, OPT_IGNORED_VALUE, OPT_KV_INTERLEAVED, OPT_MODEL,
+    OPT_SERVED_NAME, OPT_HOST, OPT_PORT, OPT_PORT_FILE, OPT_TP, OPT_DP, OPT_DP_RANK, OPT_BLOCK_SIZE,
+    OPT_KV_DTYPE, OPT_NUM_BLOCKS, OPT_KV_MEMORY, OPT_SEED, OPT_MAX_MODEL_LEN, OPT_KV_TRANSFER_CONFIG,
+    OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS,
 };
 
-static bool in_list(const char *const *list, const char *name)
+static const struct option node_options[] = {
+    {"help", no_argument, NULL, OPT_HELP},
+    {"h", no_argument, NULL, OPT_HELP},
+    {"version", no_argument, NULL, OPT_VERSION},
+    {"kv-interleaved", no_argument, NULL, OPT_KV_INTERLEAVED},
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"served-model-name", required_argument, NULL, OPT_SERVED_NAME},
+    {"host", required_argument, NULL, OPT_HOST},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"port-file", required_argument, NULL, OPT_PORT_FILE},
+    {"tensor-parallel-size", required_argument, NULL, OPT_TP},
+    {"tp", required_argument, NULL, OPT_TP},
+    {"data-parallel-size", required_argument, NULL, OPT_DP},
+    {"dp", required_argument, NULL, OPT_DP},
+    {"data-parallel-rank", required_argument, NULL, OPT_DP_RANK},
+    {"dpr", required_argument, NULL, OPT_DP_RANK},
+    {"block-size", required_argument, NULL, OPT_BLOCK_SIZE},
+    {"kv-cache-dtype", required_argument, NULL, OPT_KV_DTYPE},
+    {"num-gpu-blocks", required_argument, NULL, OPT_NUM_BLOCKS},
+    {"num-gpu-blocks-override", required_argument, NULL, OPT_NUM_BLOCKS},
+    {"kv-cache-memory", required_argument, NULL, OPT_KV_MEMORY},
+    {"kv-cache-memory-bytes", required_argument, NULL, OPT_KV_MEMORY},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN},
+    {"kv-transfer-config", required_argument, NULL, OPT_KV_TRANSFER_CONFIG},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
+    {"kv-wait-timeout", required_argument, NULL, OPT_KV_WAIT},
+    {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
+    /* vLLM flags that mean nothing for an emulated instance: accepted so the seed's lines run unchanged. */
+    {"trust-remote-code", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"language-model-only", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"no-enable-prefix-caching", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"enable-prefix-caching", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"enable-auto-tool-choice", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"enforce-eager", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"disable-log-requests", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"disable-log-stats", no_argument, NULL, OPT_IGNORED_SWITCH},
+    {"attention-backend", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"gpu-memory-utilization", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"tool-call-parser", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"reasoning-parser", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"dtype", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"max-num-seqs", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"max-num-batched-tokens", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"distributed-executor-backend", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"uvicorn-log-level", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"swap-space", required_argument, NULL, OPT_IGNORED_VALUE},
+    {"compilation-config", required_argument, NULL, OPT_IGNORED_VALUE},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct parse_ctx {
+    pdl_node_args_t *a;
+    bool positional_seen; /* "serve" is the verb only before any other positional */
+} parse_ctx_t;
+
+/* Positional: "serve" (optional, first), then MODEL. */
+static pdl_status_t take_positional(parse_ctx_t *p, const char *arg, pdl_error_t *err)
 {
-    for (int i = 0; list[i] != NULL; i++)
-        if (strcmp(list[i], name) == 0)
-            return true;
-    return false;
+    bool first = !p->positional_seen;
+    p->positional_seen = true;
+    if (first && strcmp(arg, "serve") == 0)
+        return PDL_OK;
+    if (p->a->positional_model != NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s' (MODEL is '%s')", arg,
+                             p->a->positional_model);
+    p->a->positional_model = arg;
+    return PDL_OK;
+}
+
+/* One flag with its value (NULL for a switch); `flag` is the name as typed, for messages. */
+static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, const char *value, pdl_error_t *err)
+{
+    switch (opt) {
+    case OPT_HELP: a->help = true; return PDL_OK;
+    case OPT_VERSION: a->version = true; return PDL_OK;
+    case OPT_KV_INTERLEAVED: a->kv_interleaved = true; return PDL_OK;
+    case OPT_IGNORED_SWITCH:
+        pdl_debug("ignoring vLLM option %s (no meaning for an emulated instance)", flag);
+        return PDL_OK;
+    case OPT_IGNORED_VALUE:
+        pdl_debug("ignoring vLLM option %s %s (no meaning for an emulated instance)", flag, value);
+        return PDL_OK;
+    case OPT_MODEL: a->model = value; return PDL_OK;
+    case OPT_SERVED_NAME: a->served_model_name = value; return PDL_OK;
+    case OPT_HOST: a->host = value; return PDL_OK;
+    case OPT_PORT: return pdl_parse_int(flag, value, 0, 65535, &a->port, err);
+    case OPT_PORT_FILE: a->port_file = value; return PDL_OK;
+    case OPT_TP: return pdl_parse_int(flag, value, 1, 256, &a->tp_size, err);
+    case OPT_DP: return pdl_parse_int(flag, value, 1, 1024, &a->dp_size, err);
+    case OPT_DP_RANK: return pdl_parse_int(flag, value, 0, 1023, &a->dp_rank, err);
+    case OPT_BLOCK_SIZE: return pdl_parse_int(flag, value, 1, 65536, &a->block_size, err);
+    case OPT_KV_DTYPE: {
+        int es = pdl_model_dtype_size(value);
+        if (es < 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected fp8, bf16 or auto", flag, value);
+        a->elem_size = es;
+        a->kv_cache_dtype = value;
+        return PDL_OK;
+    }
+    case OPT_NUM_BLOCKS: {
+        int v = 0;
+        pdl_status_t st = pdl_parse_int(flag, value, 1, 1 << 24, &v, err);
+        if (st == PDL_OK)
+            a->num_gpu_blocks = (uint32_t)v;
+        return st;
+    }
+    case OPT_KV_MEMORY: return parse_bytes(flag, value, &a->kv_cache_memory, err);
+    case OPT_SEED: {
+        char *end = NULL;
+        errno = 0;
+        unsigned long long s = strtoull(value, &end, 0);
+        if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected a non-negative integer", flag, value);
+        a->seed = s;
+        return PDL_OK;
+    }
+    case OPT_MAX_MODEL_LEN: return pdl_parse_int(flag, value, 1, INT_MAX, &a->max_model_len, err);
+    case OPT_KV_TRANSFER_CONFIG: a->kv_transfer_config = value; return PDL_OK;
+    case OPT_LOG_LEVEL:
+        if (pdl_log_level_parse(value) < 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected error, warn, info, debug or trace", flag,
+                                 value);
+        a->log_level = value;
+        return PDL_OK;
+    case OPT_KV_LAYOUT: {
+        int o = pdl_layout_order_parse(value);
+        if (o < 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected hnd or nhd", flag, value);
+        a->kv_layout = (pdl_kv_order_t)o;
+        return PDL_OK;
+    }
+    case OPT_KV_WAIT: {
+        int s = 0;
+        pdl_status_t st = pdl_parse_int(flag, value, 0, 3600, &s, err);
+        if (st == PDL_OK)
+            a->kv_wait_ms = s * 1000;
+        return st;
+    }
+    case OPT_DEFAULT_MAX_TOKENS: return pdl_parse_int(flag, value, 1, 1 << 20, &a->max_tokens_default, err);
+    }
+    return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in args.c)", flag);
+}
+
+static pdl_status_t take(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err)
+{
+    parse_ctx_t *p = ctx;
+    return opt == 1 ? take_positional(p, value, err) : take_flag(p->a, opt, o->flag, value, err);
 }
 
 pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_error_t *err)
 {
-    int positional = 0;
-    for (int i = 1; i < argc; i++) {
-        char *arg = argv[i];
-        if (arg[0] != '-' || arg[1] == '\0') {
-            /* Positional: "serve" (optional, first), then MODEL. */
-            if (positional == 0 && strcmp(arg, "serve") == 0) {
-                positional = 1;
-                continue;
-            }
-            if (a->positional_model != NULL)
-                return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s' (MODEL is '%s')", arg,
-                                     a->positional_model);
-            a->positional_model = arg;
-            positional = 2;
-            continue;
-        }
-        /* Split "--flag=value". */
-        char name[64];
-        const char *value = NULL;
-        const char *eq = strchr(arg, '=');
-        size_t nlen = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (nlen >= sizeof(name))
-            return pdl_error_set(err, PDL_ERR_INVALID, "unknown option '%.60s...'", arg);
-        memcpy(name, arg, nlen);
-        name[nlen] = '\0';
-        if (eq)
-            value = eq + 1;
-        for (char *c = name; *c; c++)
-            if (*c == '_')
-                *c = '-'; /* vLLM accepts --tensor_parallel_size too */
-
-        if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
-            a->help = true;
-            continue;
-        }
-        if (strcmp(name, "--version") == 0) {
-            a->version = true;
-            continue;
-        }
-        if (in_list(ignored_switches, name)) {
-            pdl_debug("ignoring vLLM option %s (no meaning for an emulated instance)", name);
-            continue;
-        }
-        if (strcmp(name, "--kv-interleaved") == 0) {
-            a->kv_interleaved = true;
-            continue;
-        }
-        /* Everything else takes a value. */
-        if (value == NULL) {
-            if (i + 1 >= argc)
-                return pdl_error_set(err, PDL_ERR_INVALID, "option %s needs a value", name);
-            value = argv[++i];
-        }
-        if (in_list(ignored_valued, name)) {
-            pdl_debug("ignoring vLLM option %s %s (no meaning for an emulated instance)", name, value);
-            continue;
-        }
-        long v = 0;
-        pdl_status_t st = PDL_OK;
-        if (strcmp(name, "--model") == 0) {
-            a->model = value;
-        } else if (strcmp(name, "--served-model-name") == 0) {
-            a->served_model_name = value;
-        } else if (strcmp(name, "--host") == 0) {
-            a->host = value;
-        } else if (strcmp(name, "--port") == 0) {
-            if ((st = parse_int(name, value, 0, 65535, &v, err)) == PDL_OK)
-                a->port = (int)v;
-        } else if (strcmp(name, "--port-file") == 0) {
-            a->port_file = value;
-        } else if (strcmp(name, "--tensor-parallel-size") == 0 || strcmp(name, "-tp") == 0) {
-            if ((st = parse_int(name, value, 1, 256, &v, err)) == PDL_OK)
-                a->tp_size = (int)v;
-        } else if (strcmp(name, "--data-parallel-size") == 0 || strcmp(name, "-dp") == 0) {
-            if ((st = parse_int(name, value, 1, 1024, &v, err)) == PDL_OK)
-                a->dp_size = (int)v;
-        } else if (strcmp(name, "--data-parallel-rank") == 0 || strcmp(name, "-dpr") == 0) {
-            if ((st = parse_int(name, value, 0, 1023, &v, err)) == PDL_OK)
-                a->dp_rank = (int)v;
-        } else if (strcmp(name, "--block-size") == 0) {
-            if ((st = parse_int(name, value, 1, 65536, &v, err)) == PDL_OK)
-                a->block_size = (int)v;
-        } else if (strcmp(name, "--kv-cache-dtype") == 0) {
-            int es = pdl_model_dtype_size(value);
-            if (es < 0)
-                return pdl_error_set(err, PDL_ERR_INVALID, "--kv-cache-dtype '%s': expected fp8, bf16 or auto", value);
-            a->elem_size = es;
-            a->kv_cache_dtype = value;
-        } else if (strcmp(name, "--num-gpu-blocks") == 0 || strcmp(name, "--num-gpu-blocks-override") == 0) {
-            if ((st = parse_int(name, value, 1, 1L << 24, &v, err)) == PDL_OK)
-                a->num_gpu_blocks = (uint32_t)v;
-        } else if (strcmp(name, "--kv-cache-memory") == 0 || strcmp(name, "--kv-cache-memory-bytes") == 0) {
-            st = parse_bytes(name, value, &a->kv_cache_memory, err);
-        } else if (strcmp(name, "--seed") == 0) {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = strtoull(value, &end, 0);
-            if (errno != 0 || end == value || *end != '\0' || value[0] == '-')
-                return pdl_error_set(err, PDL_ERR_INVALID, "--seed '%s': expected a non-negative integer", value);
-            a->seed = s;
-        } else if (strcmp(name, "--max-model-len") == 0) {
-            if ((st = parse_int(name, value, 1, INT_MAX, &v, err)) == PDL_OK)
-                a->max_model_len = (int)v;
-        } else if (strcmp(name, "--kv-transfer-config") == 0) {
-            a->kv_transfer_config = value;
-        } else if (strcmp(name, "--log-level") == 0) {
-            if (pdl_log_level_parse(value) < 0)
-                return pdl_error_set(err, PDL_ERR_INVALID,
-                                     "--log-level '%s': expected error, warn, info, debug or trace", value);
-            a->log_level = value;
-        } else if (strcmp(name, "--kv-layout") == 0) {
-            int o = pdl_layout_order_parse(value);
-            if (o < 0)
-                return pdl_error_set(err, PDL_ERR_INVALID, "--kv-layout '%s': expected hnd or nhd", value);
-            a->kv_layout = (pdl_kv_order_t)o;
-        } else if (strcmp(name, "--kv-wait-timeout") == 0) {
-            if ((st = parse_int(name, value, 0, 3600, &v, err)) == PDL_OK)
-                a->kv_wait_ms = (int)v * 1000;
-        } else if (strcmp(name, "--default-max-tokens") == 0) {
-            if ((st = parse_int(name, value, 1, 1 << 20, &v, err)) == PDL_OK)
-                a->max_tokens_default = (int)v;
-        } else {
-            return pdl_error_set(err, PDL_ERR_INVALID, "unknown option '%s' (see --help)", name);
-        }
-        if (st != PDL_OK)
-            return st;
-    }
+    parse_ctx_t p = {.a = a};
+    pdl_status_t st = pdl_opts_parse(argc, argv, node_options, true, take, &p, err);
+    if (st != PDL_OK)
+        return st;
     /* `serve NAME --model PRESET`: NAME is what clients ask for, PRESET gives the geometry. */
     if (a->positional_model != NULL) {
         if (a->model == NULL)

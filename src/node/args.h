@@ -41,7 +41,9 @@ typedef struct pdl_node_args {
 
 void pdl_node_args_defaults(pdl_node_args_t *a);
 
-/* Parse argv (argv[0] is the program). Pointers in *a point into argv. */
+/* Parse argv (argv[0] is the program) over the defaults already in *a. Pointers in *a point into argv, and
+ * '_' in flag names is rewritten to '-' in place (vLLM's --tensor_parallel_size). Uses getopt: call from
+ * one thread. On error returns PDL_ERR_INVALID with err naming the flag and the value. */
 pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_error_t *err);
 
 /* The --help text. */

@@ -138,7 +138,7 @@ static int run(pdl_node_t *node)
         pdl_error("out of memory");
         return 1;
     }
-    pdl_node_http_t *http = NULL;
+    pdl_http_t *http = NULL;
     int port = 0;
     if (pdl_node_http_start(node, &http, &port, &err) != PDL_OK) {
         pdl_error("%s", err.msg);
@@ -147,14 +147,14 @@ static int run(pdl_node_t *node)
     }
     if (load_transfer_config(node, port, &err) != PDL_OK) {
         pdl_error("%s", err.msg);
-        pdl_node_http_stop(http);
+        pdl_http_stop(http);
         pdl_node_metrics_destroy(node->metrics);
         return 2;
     }
     kc.conn = node->role == PDL_NODE_ALONE ? NULL : &node->conn;
     if (pdl_node_kv_create(&kc, &node->kv, &err) != PDL_OK) {
         pdl_error("cannot create the KV cache: %s", err.msg);
-        pdl_node_http_stop(http);
+        pdl_http_stop(http);
         pdl_node_metrics_destroy(node->metrics);
         return 1;
     }
@@ -202,7 +202,7 @@ static int run(pdl_node_t *node)
     }
     pdl_info("signal %d: shutting down", sig);
     atomic_store(&node->ready, false);
-    pdl_node_http_stop(http);
+    pdl_http_stop(http);
     pdl_node_kv_destroy(node->kv);
     pdl_node_metrics_destroy(node->metrics);
     pdl_info("stopped");

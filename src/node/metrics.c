@@ -12,15 +12,14 @@
 #include "node/metrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/prom.h"
 #include "pdlink/log.h"
-#include "pdlink/strbuf.h"
 
 /* 1-1.5-2-3-5-7 per decade from 100 us to 30 s: fine enough that a percentile interpolated inside a
  * bucket (as `pdlink run` and Prometheus' histogram_quantile do) is within a factor 1.5 of the truth. */
@@ -113,26 +112,14 @@ void pdl_node_metrics_pull(pdl_node_metrics_t *m, double seconds, uint64_t bytes
     atomic_fetch_add(&m->byte_sum, bytes);
 }
 
-static void histogram(pdl_strbuf_t *b, const char *name, const char *help, const char *role, const double *bounds,
-                      size_t nb, _Atomic uint64_t *buckets, uint64_t count, double sum)
+/* The connector's per-rank counters: one family per counter, a series per rank, all from one snapshot
+ * per rank. */
+static void render_rank_counters(pdl_prom_t *w, pdl_instance_t *inst, int tp, const char *role)
 {
-    pdl_strbuf_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (size_t i = 0; i < nb; i++)
-        pdl_strbuf_printf(b, "%s_bucket{role=\"%s\",le=\"%g\"} %llu\n", name, role, bounds[i],
-            (unsigned long long)atomic_load(&buckets[i]));
-    pdl_strbuf_printf(b, "%s_bucket{role=\"%s\",le=\"+Inf\"} %llu\n", name, role, (unsigned long long)count);
-    pdl_strbuf_printf(b, "%s_sum{role=\"%s\"} %.9g\n", name, role, sum);
-    pdl_strbuf_printf(b, "%s_count{role=\"%s\"} %llu\n", name, role, (unsigned long long)count);
-}
-
-char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const char *role)
-{
-    pdl_strbuf_t b = {0};
-    int tp = pdl_node_kv_tp_size(kv);
-    pdl_instance_t *inst = pdl_node_kv_instance(kv);
     pdl_rank_counters_t *rc = calloc((size_t)tp, sizeof(*rc));
     if (rc == NULL) {
-        return NULL;
+        w->out.failed = true;
+        return;
     }
     if (inst != NULL)
         for (int r = 0; r < tp; r++)
@@ -143,53 +130,67 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
     const pdl_counter_info_t *rows = pdl_rank_counters_table(&nrows);
     for (size_t i = 0; i < nrows; i++) {
         const pdl_counter_info_t *rm = &rows[i];
-        pdl_strbuf_printf(&b, "# HELP %s %s\n# TYPE %s counter\n", rm->name, rm->help, rm->name);
+        pdl_prom_family(w, rm->name, PDL_PROM_COUNTER, rm->help);
         for (int r = 0; r < tp; r++) {
             uint64_t v;
             memcpy(&v, (const char *)&rc[r] + rm->offset, sizeof(v));
+            char rank[16];
+            snprintf(rank, sizeof(rank), "%d", r);
+            const pdl_prom_label_t labels[] = {{"rank", rank}, {"role", role}};
             if (rm->kind == PDL_COUNTER_NS)
-                pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %.9f\n", rm->name, r, role, (double)v / 1e9);
+                pdl_prom_f64(w, rm->name, labels, 2, (double)v / 1e9);
             else
-                pdl_strbuf_printf(&b, "%s{rank=\"%d\",role=\"%s\"} %llu\n", rm->name, r, role, (unsigned long long)v);
+                pdl_prom_u64(w, rm->name, labels, 2, v);
         }
     }
     free(rc);
+}
 
-    size_t held_t = inst ? pdl_instance_held_transfers(inst) : 0;
-    size_t held_b = inst ? pdl_instance_held_blocks(inst) : 0;
-    pdl_strbuf_printf(&b, "# HELP pdlink_held_transfers Transfers held for a consumer.\n# TYPE pdlink_held_transfers gauge\n");
-    pdl_strbuf_printf(&b, "pdlink_held_transfers{role=\"%s\"} %zu\n", role, held_t);
-    pdl_strbuf_printf(&b, "# HELP pdlink_held_blocks KV blocks held for a consumer.\n# TYPE pdlink_held_blocks gauge\n");
-    pdl_strbuf_printf(&b, "pdlink_held_blocks{role=\"%s\"} %zu\n", role, held_b);
-    pdl_strbuf_printf(&b, "# HELP pdlink_free_blocks Free KV blocks.\n# TYPE pdlink_free_blocks gauge\n");
-    pdl_strbuf_printf(&b, "pdlink_free_blocks{role=\"%s\"} %zu\n", role, pdl_node_kv_free_count(kv));
-    pdl_strbuf_printf(&b, "# HELP pdlink_total_blocks KV blocks per rank.\n# TYPE pdlink_total_blocks gauge\n");
-    pdl_strbuf_printf(&b, "pdlink_total_blocks{role=\"%s\"} %u\n", role, pdl_node_kv_total_blocks(kv));
-    pdl_strbuf_printf(&b, "# HELP pdlink_kv_bytes_verified_total Received KV bytes verified by the decode.\n"
-            "# TYPE pdlink_kv_bytes_verified_total counter\n");
-    pdl_strbuf_printf(&b, "pdlink_kv_bytes_verified_total{role=\"%s\"} %llu\n", role,
-        (unsigned long long)atomic_load(&m->verified));
-    pdl_strbuf_printf(&b, "# HELP pdlink_kv_bytes_mismatched_total Received KV bytes that did not match.\n"
-            "# TYPE pdlink_kv_bytes_mismatched_total counter\n");
-    pdl_strbuf_printf(&b, "pdlink_kv_bytes_mismatched_total{role=\"%s\"} %llu\n", role,
-        (unsigned long long)atomic_load(&m->mismatched));
-    pdl_strbuf_printf(&b, "# HELP pdlink_requests_total Completion requests by outcome.\n# TYPE pdlink_requests_total counter\n");
-    pdl_strbuf_printf(&b, "pdlink_requests_total{role=\"%s\",status=\"ok\"} %llu\n", role,
-        (unsigned long long)atomic_load(&m->req_ok));
-    pdl_strbuf_printf(&b, "pdlink_requests_total{role=\"%s\",status=\"failed\"} %llu\n", role,
-        (unsigned long long)atomic_load(&m->req_failed));
-    pdl_strbuf_printf(&b, "# HELP pdlink_transfer_busy_seconds_total Wall time during which at least one pull was in flight "
-            "on this instance (the union of the pulls' intervals).\n"
-            "# TYPE pdlink_transfer_busy_seconds_total counter\n");
-    pdl_strbuf_printf(&b, "pdlink_transfer_busy_seconds_total{role=\"%s\"} %.9f\n", role,
-        (double)pdl_node_metrics_busy_ns(m, pdl_now_ns()) / 1e9);
-    histogram(&b, "pdlink_transfer_seconds", "Wall time of one pull (all ranks).", role, seconds_bounds, N_SEC,
-              m->sec_buckets, atomic_load(&m->sec_count), (double)atomic_load(&m->sec_sum_ns) / 1e9);
-    histogram(&b, "pdlink_transfer_bytes", "KV bytes of one pull (all ranks).", role, bytes_bounds, N_BYTES,
-              m->byte_buckets, atomic_load(&m->byte_count), (double)atomic_load(&m->byte_sum));
-    if (b.failed) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+static void render_histogram(pdl_prom_t *w, const char *name, const char *help, const pdl_prom_label_t *role,
+                             const double *bounds, size_t nb, _Atomic uint64_t *buckets, uint64_t count, double sum)
+{
+    uint64_t cumulative[N_SEC > N_BYTES ? N_SEC : N_BYTES];
+    for (size_t i = 0; i < nb; i++)
+        cumulative[i] = atomic_load(&buckets[i]); /* already cumulative: see pdl_node_metrics_pull */
+    pdl_prom_family(w, name, PDL_PROM_HISTOGRAM, help);
+    pdl_prom_histogram(w, name, role, 1, bounds, cumulative, nb, count, sum);
+}
+
+char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const char *role)
+{
+    pdl_prom_t w;
+    pdl_prom_init(&w);
+    pdl_instance_t *inst = pdl_node_kv_instance(kv);
+    render_rank_counters(&w, inst, pdl_node_kv_tp_size(kv), role);
+
+    const pdl_prom_label_t by_role[] = {{"role", role}};
+    pdl_prom_family(&w, "pdlink_held_transfers", PDL_PROM_GAUGE, "Transfers held for a consumer.");
+    pdl_prom_u64(&w, "pdlink_held_transfers", by_role, 1, inst ? pdl_instance_held_transfers(inst) : 0);
+    pdl_prom_family(&w, "pdlink_held_blocks", PDL_PROM_GAUGE, "KV blocks held for a consumer.");
+    pdl_prom_u64(&w, "pdlink_held_blocks", by_role, 1, inst ? pdl_instance_held_blocks(inst) : 0);
+    pdl_prom_family(&w, "pdlink_free_blocks", PDL_PROM_GAUGE, "Free KV blocks.");
+    pdl_prom_u64(&w, "pdlink_free_blocks", by_role, 1, pdl_node_kv_free_count(kv));
+    pdl_prom_family(&w, "pdlink_total_blocks", PDL_PROM_GAUGE, "KV blocks per rank.");
+    pdl_prom_u64(&w, "pdlink_total_blocks", by_role, 1, pdl_node_kv_total_blocks(kv));
+    pdl_prom_family(&w, "pdlink_kv_bytes_verified_total", PDL_PROM_COUNTER,
+                    "Received KV bytes verified by the decode.");
+    pdl_prom_u64(&w, "pdlink_kv_bytes_verified_total", by_role, 1, atomic_load(&m->verified));
+    pdl_prom_family(&w, "pdlink_kv_bytes_mismatched_total", PDL_PROM_COUNTER,
+                    "Received KV bytes that did not match.");
+    pdl_prom_u64(&w, "pdlink_kv_bytes_mismatched_total", by_role, 1, atomic_load(&m->mismatched));
+    pdl_prom_family(&w, "pdlink_requests_total", PDL_PROM_COUNTER, "Completion requests by outcome.");
+    const pdl_prom_label_t ok[] = {{"role", role}, {"status", "ok"}};
+    const pdl_prom_label_t failed[] = {{"role", role}, {"status", "failed"}};
+    pdl_prom_u64(&w, "pdlink_requests_total", ok, 2, atomic_load(&m->req_ok));
+    pdl_prom_u64(&w, "pdlink_requests_total", failed, 2, atomic_load(&m->req_failed));
+    pdl_prom_family(&w, "pdlink_transfer_busy_seconds_total", PDL_PROM_COUNTER,
+                    "Wall time during which at least one pull was in flight on this instance (the union of the "
+                    "pulls' intervals).");
+    pdl_prom_f64(&w, "pdlink_transfer_busy_seconds_total", by_role, 1,
+                 (double)pdl_node_metrics_busy_ns(m, pdl_now_ns()) / 1e9);
+    render_histogram(&w, "pdlink_transfer_seconds", "Wall time of one pull (all ranks).", by_role, seconds_bounds,
+                     N_SEC, m->sec_buckets, atomic_load(&m->sec_count), (double)atomic_load(&m->sec_sum_ns) / 1e9);
+    render_histogram(&w, "pdlink_transfer_bytes", "KV bytes of one pull (all ranks).", by_role, bytes_bounds,
+                     N_BYTES, m->byte_buckets, atomic_load(&m->byte_count), (double)atomic_load(&m->byte_sum));
+    return pdl_prom_finish(&w, NULL);
 }

@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "app/http.h"
 #include "node/args.h"
 #include "node/kvstore.h"
 #include "node/metrics.h"
@@ -104,8 +105,7 @@ void pdl_node_result_error(pdl_node_result_t *res, int http_status, const char *
     __attribute__((format(printf, 3, 4)));
 
 /* ---- http.c ---- */
-typedef struct pdl_node_http pdl_node_http_t;
-pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_node_http_t **http_out, int *port_out, pdl_error_t *err);
-void pdl_node_http_stop(pdl_node_http_t *http);
+/* Serve the node's routes on --host/--port (see app/http.h for the errors); stop with pdl_http_stop. */
+pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_http_t **http_p, int *port_p, pdl_error_t *err);
 
 #endif /* PDL_NODE_NODE_H */

@@ -13,6 +13,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "app/buf.h"
 #include "node/node.h"
 #include "node/synth.h"
 #include "pdlink/log.h"
@@ -58,14 +59,8 @@ void pdl_node_request_clear(pdl_node_request_t *req)
 /* Append text to a growing prompt buffer; false when memory runs out. */
 static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
-    if (*len + n + 1 > *cap) {
-        size_t ncap = (*cap ? *cap * 2 : 256) + n + 1;
-        char *nb = realloc(*buf, ncap);
-        if (nb == NULL)
-            return false;
-        *buf = nb;
-        *cap = ncap;
-    }
+    if (!pdl_buf_reserve(buf, cap, *len + n + 1, 256))
+        return false;
     memcpy(*buf + *len, s, n);
     *len += n;
     (*buf)[*len] = '\0';
@@ -218,6 +213,40 @@ static const char *role_name(pdl_node_role_t r)
     return r == PDL_NODE_PRODUCER ? "kv_producer" : r == PDL_NODE_CONSUMER ? "kv_consumer" : "a node serving alone";
 }
 
+/*
+ * What both legs of a P/D request need: the right role, a transfer id and, in WRITE mode, the peer's
+ * address (from the params, else from the request id): the producer pushes to the decode, the consumer
+ * waits for the prefill. False with res filled when one is missing.
+ */
+static bool check_remote_leg(const pdl_node_t *node, const pdl_node_request_t *req, bool producer,
+                             pdl_node_result_t *res)
+{
+    const pdl_kv_params_t *p = &req->params;
+    const char *flag = producer ? "do_remote_decode" : "do_remote_prefill";
+    if (node->role != (producer ? PDL_NODE_PRODUCER : PDL_NODE_CONSUMER)) {
+        pdl_node_result_error(res, 400, "kv_transfer_params.%s: this node is %s, not %s", flag,
+                              role_name(node->role), producer ? "kv_producer" : "kv_consumer");
+        return false;
+    }
+    if (p->transfer_id[0] == '\0') {
+        pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with %s", flag);
+        return false;
+    }
+    if (node->conn.read_mode)
+        return true;
+    pdl_zmq_addr_t peer;
+    if ((p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) &&
+        pdl_wire_parse_request_id(req->request_id, producer ? NULL : &peer, producer ? &peer : NULL, NULL) != PDL_OK) {
+        pdl_node_result_error(res, 400,
+                              "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
+                              "remote_notify_port are required in WRITE mode unless X-Request-Id carries the %s "
+                              "address",
+                              producer ? "decode" : "prefill");
+        return false;
+    }
+    return true;
+}
+
 bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
                             pdl_node_request_t *req, pdl_node_result_t *res)
 {
@@ -310,51 +339,13 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
         return true;
     }
     if (p->do_remote_decode) {
-        if (node->role != PDL_NODE_PRODUCER) {
-            pdl_node_result_error(res, 400, "kv_transfer_params.do_remote_decode: this node is %s, not kv_producer",
-                                  role_name(node->role));
+        if (!check_remote_leg(node, req, true, res))
             return false;
-        }
-        if (p->transfer_id[0] == '\0') {
-            pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with do_remote_decode");
-            return false;
-        }
-        if (!node->conn.read_mode) {
-            /* WRITE mode: the push needs the consumer's address (params, else the request id). */
-            pdl_zmq_addr_t da;
-            if ((p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) &&
-                pdl_wire_parse_request_id(req->request_id, NULL, &da, NULL) != PDL_OK) {
-                pdl_node_result_error(res, 400,
-                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
-                                      "remote_notify_port are required in WRITE mode unless X-Request-Id carries the "
-                                      "decode address");
-                return false;
-            }
-            req->mode = PDL_NODE_MODE_PREFILL_PUSH;
-            return true;
-        }
-        req->mode = PDL_NODE_MODE_PREFILL_HOLD;
+        req->mode = node->conn.read_mode ? PDL_NODE_MODE_PREFILL_HOLD : PDL_NODE_MODE_PREFILL_PUSH;
     } else if (p->do_remote_prefill) {
-        if (node->role != PDL_NODE_CONSUMER) {
-            pdl_node_result_error(res, 400, "kv_transfer_params.do_remote_prefill: this node is %s, not kv_consumer",
-                                  role_name(node->role));
+        if (!check_remote_leg(node, req, false, res))
             return false;
-        }
-        if (p->transfer_id[0] == '\0') {
-            pdl_node_result_error(res, 400, "kv_transfer_params.transfer_id: required with do_remote_prefill");
-            return false;
-        }
         if (!node->conn.read_mode) {
-            /* WRITE mode: the producer pushes; only its address is needed (params, else the request id). */
-            pdl_zmq_addr_t pa;
-            if ((p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) &&
-                pdl_wire_parse_request_id(req->request_id, &pa, NULL, NULL) != PDL_OK) {
-                pdl_node_result_error(res, 400,
-                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
-                                      "remote_notify_port are required in WRITE mode unless X-Request-Id carries the "
-                                      "prefill address");
-                return false;
-            }
             req->mode = PDL_NODE_MODE_RECV;
             return true;
         }

@@ -360,14 +360,6 @@ uint64_t pdl_synth_row_check(const uint8_t *src, size_t len, uint64_t row_seed, 
 
 /* ---- whole prompts ------------------------------------------------------------------------------ */
 
-/* Offset of row (local head h, token t) inside a layer region, from the rank's own geometry. */
-static inline uint64_t row_offset(const pdl_kv_geometry_t *g, uint32_t block, int half, int h, uint32_t tib,
-                                  uint64_t row_len)
-{
-    uint64_t idx = g->order == PDL_KV_HND ? (uint64_t)h * g->block_size + tib : (uint64_t)tib * g->num_heads + h;
-    return pdl_layout_half_offset(g, block, half) + idx * row_len;
-}
-
 /* True when no rank below r holds global head `head` (replicated heads count once). */
 static int lowest_holder(pdl_node_kv_t *kv, int r, int head)
 {
@@ -414,7 +406,7 @@ uint64_t pdl_synth_prefill_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_sy
                     for (size_t t = 0; t < p->n; t++) {
                         uint32_t blk = blocks[t / g->block_size];
                         uint32_t tib = (uint32_t)(t % g->block_size);
-                        uint64_t rh = kn.fill(base + row_offset(g, blk, s, h, tib, row_len), (size_t)row_len,
+                        uint64_t rh = kn.fill(base + pdl_synth_row_offset(g, blk, s, h, tib, row_len), (size_t)row_len,
                                               mix64(p->prefix[t] ^ ck));
                         if (owner)
                             sum += row_term(rh, ck, t);
@@ -481,7 +473,7 @@ void pdl_synth_verify_rank(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_pro
                 for (size_t t = 0; t < p->n; t++) {
                     uint32_t blk = blocks[t / g->block_size];
                     uint32_t tib = (uint32_t)(t % g->block_size);
-                    const uint8_t *row = base + row_offset(g, blk, s, h, tib, row_len);
+                    const uint8_t *row = base + pdl_synth_row_offset(g, blk, s, h, tib, row_len);
                     uint64_t row_seed = mix64(p->prefix[t] ^ ck);
                     bool bad = false;
                     uint64_t rh = kn.check(row, (size_t)row_len, row_seed, &bad);

@@ -94,6 +94,16 @@ void pdl_synth_verify(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t
 void pdl_synth_verify_kernel(pdl_node_kv_t *kv, uint64_t seed, const pdl_synth_prompt_t *p, const uint32_t *blocks,
                              pdl_synth_kernel_t kernel, pdl_synth_check_t *out);
 
+/* Offset of the row of (local head h, token tib of the block) inside a layer region, from the rank's own
+ * geometry; half is 0 for K and 1 for V. Inline because the prefill and verify loops call it per row, and
+ * a test uses it to corrupt one chosen byte. */
+static inline uint64_t pdl_synth_row_offset(const pdl_kv_geometry_t *g, uint32_t block, int half, int h,
+                                            uint32_t tib, uint64_t row_len)
+{
+    uint64_t idx = g->order == PDL_KV_HND ? (uint64_t)h * g->block_size + tib : (uint64_t)tib * g->num_heads + h;
+    return pdl_layout_half_offset(g, block, half) + idx * row_len;
+}
+
 /* Generate n tokens from a digest (ids index the vocabulary). */
 void pdl_synth_generate(uint64_t digest, size_t n, uint32_t *out);
 /* The word of a generated token id (never NULL). */

@@ -1,19 +1,20 @@
 /*
  * config.c -- parse pdlink-router's command line (vllm-router's flag names, router-spec §6).
  *
- * Both "--flag value" and "--flag=value" are accepted, as clap (vllm-router's parser) accepts both.
+ * Flags are read by getopt_long_only (app/opts.h): "--flag value" and "--flag=value" are accepted, as
+ * clap (vllm-router's parser) accepts both.
  * --policy sets the default of --prefill-policy and --decode-policy whatever the order of the flags,
  * as in vllm-router. MoRIIO without a discovery address is refused, as vllm-router's config validation
  * refuses it (router-spec §3.5).
  */
 #include "router/config.h"
 
-#include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/opts.h"
+#include "app/parse.h"
 #include "pdlink/log.h"
 
 void pdl_router_config_init(pdl_router_config_t *c)
@@ -69,17 +70,6 @@ const char *pdl_router_usage(void)
            "           GET /readiness, GET /liveness, GET /metrics, GET /workers (JSON), GET /list_workers\n";
 }
 
-static pdl_status_t parse_int(const char *flag, const char *v, long lo, long hi, long *out, pdl_error_t *err)
-{
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno != 0 || end == v || *end != '\0' || x < lo || x > hi)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s: '%s' is not an integer in [%ld, %ld]", flag, v, lo, hi);
-    *out = x;
-    return PDL_OK;
-}
-
 static pdl_status_t parse_policy(const char *flag, const char *v, pdl_policy_kind_t *out, pdl_error_t *err)
 {
     if (strcmp(v, "consistent_hash") == 0)
@@ -118,110 +108,120 @@ static pdl_status_t parse_hostport(const char *flag, const char *v, char *host, 
     }
     if (hl == 0 || hl >= cap)
         return pdl_error_set(err, PDL_ERR_INVALID, "%s: host of '%s' is empty or too long", flag, v);
-    long p = 0;
-    pdl_status_t st = parse_int(flag, colon + 1, 0, 65535, &p, err);
+    pdl_status_t st = pdl_parse_int(flag, colon + 1, 0, 65535, port, err);
     if (st != PDL_OK)
         return st;
     memcpy(host, h, hl);
     host[hl] = '\0';
-    *port = (int)p;
     return PDL_OK;
+}
+
+enum {
+    OPT_HELP = 256, OPT_PD, OPT_HOST, OPT_PORT, OPT_KV_CONNECTOR, OPT_DISCOVERY, OPT_POLICY, OPT_PREFILL_POLICY,
+    OPT_DECODE_POLICY, OPT_LOG_LEVEL, OPT_PROM_PORT, OPT_PROM_HOST, OPT_WORKER_TTL, OPT_PORT_FILE, OPT_DP_SIZE,
+};
+
+static const struct option router_options[] = {
+    {"help", no_argument, NULL, OPT_HELP},
+    {"h", no_argument, NULL, OPT_HELP},
+    {"vllm-pd-disaggregation", no_argument, NULL, OPT_PD},
+    {"host", required_argument, NULL, OPT_HOST},
+    {"port", required_argument, NULL, OPT_PORT},
+    {"kv-connector", required_argument, NULL, OPT_KV_CONNECTOR},
+    {"vllm-discovery-address", required_argument, NULL, OPT_DISCOVERY},
+    {"policy", required_argument, NULL, OPT_POLICY},
+    {"prefill-policy", required_argument, NULL, OPT_PREFILL_POLICY},
+    {"decode-policy", required_argument, NULL, OPT_DECODE_POLICY},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"prometheus-port", required_argument, NULL, OPT_PROM_PORT},
+    {"prometheus-host", required_argument, NULL, OPT_PROM_HOST},
+    {"worker-ttl-ms", required_argument, NULL, OPT_WORKER_TTL},
+    {"port-file", required_argument, NULL, OPT_PORT_FILE},
+    {"intra-node-data-parallel-size", required_argument, NULL, OPT_DP_SIZE},
+    {NULL, 0, NULL, 0},
+};
+
+/* The policy flags as given; --policy only fills in the ones not given (vllm-router's precedence). */
+typedef struct policy_flags {
+    bool have_policy, have_prefill, have_decode;
+    pdl_policy_kind_t policy;
+} policy_flags_t;
+
+/* One flag with its value (NULL for a switch); `flag` is the name as typed, for messages. */
+static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int opt, const char *flag, const char *v,
+                              pdl_error_t *err)
+{
+    pdl_status_t st;
+    int x = 0;
+    switch (opt) {
+    case OPT_HELP: c->help = true; return PDL_OK;
+    case OPT_PD: c->pd_disaggregation = true; return PDL_OK;
+    case OPT_HOST: return copy_str(flag, v, c->host, sizeof(c->host), err);
+    case OPT_PORT: return pdl_parse_int(flag, v, 0, 65535, &c->port, err);
+    case OPT_KV_CONNECTOR:
+        if (strcmp(v, "moriio") != 0)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "%s: '%s' is not supported (pdlink-router implements moriio)", flag, v);
+        return copy_str(flag, v, c->kv_connector, sizeof(c->kv_connector), err);
+    case OPT_DISCOVERY:
+        st = parse_hostport(flag, v, c->discovery_host, sizeof(c->discovery_host), &c->discovery_port, err);
+        c->has_discovery = st == PDL_OK;
+        return st;
+    case OPT_POLICY:
+        pf->have_policy = true;
+        return parse_policy(flag, v, &pf->policy, err);
+    case OPT_PREFILL_POLICY:
+        pf->have_prefill = true;
+        return parse_policy(flag, v, &c->prefill_policy, err);
+    case OPT_DECODE_POLICY:
+        pf->have_decode = true;
+        return parse_policy(flag, v, &c->decode_policy, err);
+    case OPT_LOG_LEVEL:
+        c->log_level = pdl_log_level_parse(v);
+        if (c->log_level < 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s: unknown level '%s' (error, warn, info, debug, trace)",
+                                 flag, v);
+        return PDL_OK;
+    case OPT_PROM_PORT: return pdl_parse_int(flag, v, 0, 65535, &c->prometheus_port, err);
+    case OPT_PROM_HOST: return copy_str(flag, v, c->prometheus_host, sizeof(c->prometheus_host), err);
+    case OPT_WORKER_TTL:
+        if ((st = pdl_parse_int(flag, v, 1, 3600000, &x, err)) == PDL_OK)
+            c->worker_ttl_ms = (uint32_t)x;
+        return st;
+    case OPT_PORT_FILE: return copy_str(flag, v, c->port_file, sizeof(c->port_file), err);
+    case OPT_DP_SIZE: return pdl_parse_int(flag, v, 1, 1024, &c->intra_node_dp_size, err);
+    }
+    return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in config.c)", flag);
+}
+
+typedef struct parse_ctx {
+    pdl_router_config_t *c;
+    policy_flags_t pf;
+} parse_ctx_t;
+
+static pdl_status_t take(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err)
+{
+    parse_ctx_t *p = ctx;
+    if (opt == 1)
+        return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", value);
+    pdl_status_t st = take_flag(p->c, &p->pf, opt, o->flag, value, err);
+    o->done = p->c->help; /* --help wins over anything after it, and over missing required flags */
+    return st;
 }
 
 pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **argv, pdl_error_t *err)
 {
-    bool have_policy = false, have_pp = false, have_dp = false;
-    pdl_policy_kind_t policy = PDL_POLICY_CONSISTENT_HASH;
-    pdl_status_t st = PDL_OK;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
-            c->help = true;
-            return PDL_OK;
-        }
-        if (strncmp(arg, "--", 2) != 0)
-            return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", arg);
-        char name[64];
-        const char *eq = strchr(arg, '=');
-        size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
-        if (nl >= sizeof(name))
-            return pdl_error_set(err, PDL_ERR_INVALID, "unknown flag '%s'", arg);
-        memcpy(name, arg, nl);
-        name[nl] = '\0';
-
-        if (strcmp(name, "--vllm-pd-disaggregation") == 0) {
-            if (eq)
-                return pdl_error_set(err, PDL_ERR_INVALID, "%s takes no value", name);
-            c->pd_disaggregation = true;
-            continue;
-        }
-        static const char *const valued[] = {
-            "--host", "--port", "--kv-connector", "--vllm-discovery-address", "--policy", "--prefill-policy",
-            "--decode-policy", "--log-level", "--prometheus-port", "--prometheus-host", "--worker-ttl-ms",
-            "--port-file", "--intra-node-data-parallel-size", NULL};
-        bool known = false;
-        for (int k = 0; valued[k]; k++)
-            known = known || strcmp(name, valued[k]) == 0;
-        if (!known)
-            return pdl_error_set(err, PDL_ERR_INVALID, "unknown flag '%s' (see --help)", name);
-        const char *v;
-        if (eq) {
-            v = eq + 1;
-        } else {
-            if (i + 1 >= argc)
-                return pdl_error_set(err, PDL_ERR_INVALID, "%s needs a value", name);
-            v = argv[++i];
-        }
-        long x = 0;
-        if (strcmp(name, "--host") == 0) {
-            st = copy_str(name, v, c->host, sizeof(c->host), err);
-        } else if (strcmp(name, "--port") == 0) {
-            if ((st = parse_int(name, v, 0, 65535, &x, err)) == PDL_OK)
-                c->port = (int)x;
-        } else if (strcmp(name, "--kv-connector") == 0) {
-            if (strcmp(v, "moriio") != 0)
-                return pdl_error_set(err, PDL_ERR_INVALID,
-                                     "--kv-connector: '%s' is not supported (pdlink-router implements moriio)", v);
-            st = copy_str(name, v, c->kv_connector, sizeof(c->kv_connector), err);
-        } else if (strcmp(name, "--vllm-discovery-address") == 0) {
-            st = parse_hostport(name, v, c->discovery_host, sizeof(c->discovery_host), &c->discovery_port, err);
-            c->has_discovery = st == PDL_OK;
-        } else if (strcmp(name, "--policy") == 0) {
-            st = parse_policy(name, v, &policy, err);
-            have_policy = true;
-        } else if (strcmp(name, "--prefill-policy") == 0) {
-            st = parse_policy(name, v, &c->prefill_policy, err);
-            have_pp = true;
-        } else if (strcmp(name, "--decode-policy") == 0) {
-            st = parse_policy(name, v, &c->decode_policy, err);
-            have_dp = true;
-        } else if (strcmp(name, "--log-level") == 0) {
-            c->log_level = pdl_log_level_parse(v);
-            if (c->log_level < 0)
-                return pdl_error_set(err, PDL_ERR_INVALID,
-                                     "--log-level: unknown level '%s' (error, warn, info, debug, trace)", v);
-        } else if (strcmp(name, "--prometheus-port") == 0) {
-            if ((st = parse_int(name, v, 0, 65535, &x, err)) == PDL_OK)
-                c->prometheus_port = (int)x;
-        } else if (strcmp(name, "--prometheus-host") == 0) {
-            st = copy_str(name, v, c->prometheus_host, sizeof(c->prometheus_host), err);
-        } else if (strcmp(name, "--worker-ttl-ms") == 0) {
-            if ((st = parse_int(name, v, 1, 3600000, &x, err)) == PDL_OK)
-                c->worker_ttl_ms = (uint32_t)x;
-        } else if (strcmp(name, "--port-file") == 0) {
-            st = copy_str(name, v, c->port_file, sizeof(c->port_file), err);
-        } else if (strcmp(name, "--intra-node-data-parallel-size") == 0) {
-            if ((st = parse_int(name, v, 1, 1024, &x, err)) == PDL_OK)
-                c->intra_node_dp_size = (int)x;
-        }
-        if (st != PDL_OK)
-            return st;
-    }
-    if (have_policy) {
-        if (!have_pp)
-            c->prefill_policy = policy;
-        if (!have_dp)
-            c->decode_policy = policy;
+    parse_ctx_t p = {.c = c, .pf = {.policy = PDL_POLICY_CONSISTENT_HASH}};
+    /* clap, vllm-router's parser, takes its flags with '-' only, so '_' is not read as '-' here. */
+    pdl_status_t st = pdl_opts_parse(argc, argv, router_options, false, take, &p, err);
+    if (st != PDL_OK || c->help)
+        return st;
+    const policy_flags_t pf = p.pf;
+    if (pf.have_policy) {
+        if (!pf.have_prefill)
+            c->prefill_policy = pf.policy;
+        if (!pf.have_decode)
+            c->decode_policy = pf.policy;
     }
     if (!c->pd_disaggregation)
         return pdl_error_set(err, PDL_ERR_INVALID,

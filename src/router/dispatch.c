@@ -24,7 +24,6 @@
 #include <sys/random.h>
 
 #include <jansson.h>
-#include <microhttpd.h>
 
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
@@ -67,7 +66,7 @@ typedef struct rt_stream {
     pdl_leg_t *dleg;
     pdl_rt_route_t route;
     uint64_t start_ns;
-    uint64_t size; /* Content-Length passed to MHD, or MHD_SIZE_UNKNOWN */
+    uint64_t size; /* Content-Length passed to MHD, or PDL_HTTP_SIZE_UNKNOWN */
     bool ended;
 } rt_stream_t;
 
@@ -84,20 +83,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     long n = pdl_leg_read(s->rt->up, s->dleg, buf, max, &eof);
     if (n > 0) {
         /* With a known length MHD stops calling once it has all bytes: that is the normal end. */
-        if (s->size != MHD_SIZE_UNKNOWN && pos + (uint64_t)n >= s->size)
+        if (s->size != PDL_HTTP_SIZE_UNKNOWN && pos + (uint64_t)n >= s->size)
             s->ended = true;
         return (ssize_t)n;
     }
     if (n < 0)
-        return MHD_CONTENT_READER_END_WITH_ERROR; /* router stopping */
+        return PDL_HTTP_STREAM_ERROR; /* router stopping */
     if (s->dleg->result != CURLE_OK) {
         pdl_warn("decode %s broke off mid-response: %s", s->dleg->url, pdl_leg_error(s->dleg));
         pdl_rt_metrics_error(s->rt->metrics, PDL_RTERR_DECODE);
         s->ended = true; /* counted; do not count it again as a client disconnect */
-        return MHD_CONTENT_READER_END_WITH_ERROR;
+        return PDL_HTTP_STREAM_ERROR;
     }
     s->ended = true;
-    return MHD_CONTENT_READER_END_OF_STREAM;
+    return PDL_HTTP_STREAM_END;
 }
 
 static void stream_free(void *cls)
@@ -130,13 +129,13 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
     if (s == NULL) {
         pdl_leg_release(rt->up, dleg);
         finish_request(rt, route, start_ns);
-        return pdl_server_reply(c, 500, NULL, "out of memory", 13);
+        return pdl_http_reply(c, 500, NULL, "out of memory", 13, NULL);
     }
     s->rt = rt;
     s->dleg = dleg;
     s->route = route;
     s->start_ns = start_ns;
-    uint64_t size = MHD_SIZE_UNKNOWN;
+    uint64_t size = PDL_HTTP_SIZE_UNKNOWN;
     const char *cl = pdl_leg_header(dleg, "content-length");
     if (cl != NULL) {
         char *end = NULL;
@@ -145,31 +144,13 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
             size = v;
     }
     s->size = size;
-    struct MHD_Response *r = MHD_create_response_from_callback(size, 16384, &stream_read, s, &stream_free);
-    if (r == NULL) {
-        stream_free(s);
-        return MHD_NO;
-    }
-    for (size_t i = 0; i < dleg->nheaders; i++) {
-        const char *h = dleg->headers[i];
-        const char *colon = strchr(h, ':');
-        if (colon == NULL || hop_by_hop(h))
-            continue;
-        char name[128];
-        size_t nl = (size_t)(colon - h);
-        if (nl == 0 || nl >= sizeof(name))
-            continue;
-        memcpy(name, h, nl);
-        name[nl] = '\0';
-        const char *v = colon + 1;
-        while (*v == ' ' || *v == '\t')
-            v++;
-        MHD_add_response_header(r, name, v);
-    }
+    const char *headers[PDL_LEG_MAX_HEADERS];
+    size_t nh = 0;
+    for (size_t i = 0; i < dleg->nheaders && nh < PDL_LEG_MAX_HEADERS; i++)
+        if (!hop_by_hop(dleg->headers[i]))
+            headers[nh++] = dleg->headers[i];
     unsigned status = dleg->status >= 200 && dleg->status <= 599 ? (unsigned)dleg->status : 502;
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return pdl_http_reply_stream(c, status, size, &stream_read, s, &stream_free, headers, nh);
 }
 
 static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
@@ -177,7 +158,7 @@ static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route
 {
     pdl_rt_metrics_error(rt->metrics, kind);
     finish_request(rt, route, start_ns);
-    return pdl_server_reply(c, status, NULL, msg, len);
+    return pdl_http_reply(c, status, NULL, msg, len, NULL);
 }
 
 static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
@@ -185,16 +166,13 @@ static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t rout
 static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...)
 {
-    char buf[2048];
+    pdl_rt_metrics_error(rt->metrics, kind);
+    finish_request(rt, route, start_ns);
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    int ret = pdl_http_vreplyf(c, status, fmt, ap);
     va_end(ap);
-    if (n < 0)
-        n = 0;
-    if ((size_t)n >= sizeof(buf))
-        n = (int)sizeof(buf) - 1;
-    return fail(rt, c, route, start_ns, kind, status, buf, (size_t)n);
+    return ret;
 }
 
 /* Type checks a typed request parser (vllm-router's serde structs) would do; NULL when fine. */
@@ -533,7 +511,7 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const cha
     if (n == 0) {
         free(w);
         const char *msg = "No workers available via service discovery";
-        return pdl_server_reply(c, 503, NULL, msg, strlen(msg));
+        return pdl_http_reply(c, 503, NULL, msg, strlen(msg), NULL);
     }
     char url[700];
     snprintf(url, sizeof(url), "http://%s%s", w[0].http_address, path);
@@ -544,17 +522,15 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const cha
     if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, NULL, 0, true, &err) != PDL_OK ||
         pdl_leg_wait(rt->up, leg->own_multi, &leg, NULL, 1) != PDL_OK) {
         pdl_leg_release(rt->up, leg);
-        return pdl_server_reply(c, 503, NULL, "router is shutting down or out of memory", 40);
+        return pdl_http_reply(c, 503, NULL, "router is shutting down or out of memory", 40, NULL);
     }
     int ret;
     if (leg->result != CURLE_OK || leg->status < 100) {
-        char msg[1024];
-        int m = snprintf(msg, sizeof(msg), "GET %s failed: %s", url, pdl_leg_error(leg));
-        ret = pdl_server_reply(c, 502, NULL, msg, m > 0 && (size_t)m < sizeof(msg) ? (size_t)m : strlen(msg));
+        ret = pdl_http_replyf(c, 502, "GET %s failed: %s", url, pdl_leg_error(leg));
     } else {
         const char *ct = pdl_leg_header(leg, "content-type");
-        ret = pdl_server_reply(c, (unsigned)leg->status, ct ? ct : "application/json", leg->buf + leg->rpos,
-                               leg->len - leg->rpos);
+        ret = pdl_http_reply(c, (unsigned)leg->status, ct ? ct : "application/json", leg->buf + leg->rpos,
+                               leg->len - leg->rpos, NULL);
     }
     pdl_leg_release(rt->up, leg);
     return ret;

@@ -8,12 +8,11 @@
 #include "router/metrics.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pdlink/strbuf.h"
+#include "app/prom.h"
 
 #define MAX_WORKER_SERIES 1024
 
@@ -159,118 +158,84 @@ uint64_t pdl_rt_metrics_discovery_get(pdl_rt_metrics_t *m, pdl_rt_disc_t what)
     return v;
 }
 
-/* Label values are addresses we stored; escape anyway, as the exposition format requires. */
-static void tb_label(pdl_strbuf_t *b, const char *s)
+/* Legs sent per worker of one role ('P' or 'D'): the worker URL is the label (escaped by the writer). */
+static void render_worker_legs(pdl_prom_t *w, const pdl_rt_metrics_t *m, char role, const char *name,
+                               const char *help)
 {
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            pdl_strbuf_printf(b, "\\%c", *s);
-        else if (*s == '\n')
-            pdl_strbuf_printf(b, "\\n");
-        else
-            pdl_strbuf_printf(b, "%c", *s);
-    }
+    pdl_prom_family(w, name, PDL_PROM_COUNTER, help);
+    for (size_t i = 0; i < m->nworkers; i++)
+        if (m->workers[i].role == role) {
+            const pdl_prom_label_t worker[] = {{"worker", m->workers[i].url}};
+            pdl_prom_u64(w, name, worker, 1, m->workers[i].legs);
+        }
 }
 
 pdl_status_t pdl_rt_metrics_render(pdl_rt_metrics_t *m, pdl_registry_t *reg, uint64_t now_ms, char **text_p,
                                    size_t *len_p)
 {
-    pdl_strbuf_t b = {0};
-    b.cap = 8192;
-    b.p = malloc(b.cap);
-    if (b.p == NULL)
-        return PDL_ERR_NOMEM;
-    b.p[0] = '\0';
     size_t np = 0, nd = 0;
     pdl_transfer_mode_t mode = PDL_MODE_UNKNOWN;
     if (reg != NULL) {
         pdl_registry_counts(reg, now_ms, &np, &nd);
         mode = pdl_registry_mode(reg);
     }
+    pdl_prom_t w;
+    pdl_prom_init(&w);
 
     pthread_mutex_lock(&m->mu);
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_requests_total P/D requests received, by route.\n"
-                  "# TYPE vllm_router_pd_requests_total counter\n");
-    for (int r = 0; r < PDL_ROUTE_COUNT_; r++)
-        pdl_strbuf_printf(&b, "vllm_router_pd_requests_total{route=\"%s\"} %llu\n", pdl_rt_route_path((pdl_rt_route_t)r),
-                  (unsigned long long)m->requests[r]);
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_prefill_requests_total Prefill legs sent, by worker.\n"
-                  "# TYPE vllm_router_pd_prefill_requests_total counter\n");
-    for (size_t i = 0; i < m->nworkers; i++)
-        if (m->workers[i].role == 'P') {
-            pdl_strbuf_printf(&b, "vllm_router_pd_prefill_requests_total{worker=\"");
-            tb_label(&b, m->workers[i].url);
-            pdl_strbuf_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
-        }
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_decode_requests_total Decode legs sent, by worker.\n"
-                  "# TYPE vllm_router_pd_decode_requests_total counter\n");
-    for (size_t i = 0; i < m->nworkers; i++)
-        if (m->workers[i].role == 'D') {
-            pdl_strbuf_printf(&b, "vllm_router_pd_decode_requests_total{worker=\"");
-            tb_label(&b, m->workers[i].url);
-            pdl_strbuf_printf(&b, "\"} %llu\n", (unsigned long long)m->workers[i].legs);
-        }
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_errors_total Failed P/D requests, by error type.\n"
-                  "# TYPE vllm_router_pd_errors_total counter\n");
-    for (int e = 0; e < PDL_RTERR_COUNT_; e++)
-        pdl_strbuf_printf(&b, "vllm_router_pd_errors_total{error_type=\"%s\"} %llu\n", k_error_names[e],
-                  (unsigned long long)m->errors[e]);
-    pdl_strbuf_printf(&b,
-              "# HELP vllm_router_pd_prefill_errors_total Prefill legs that failed (transport or non-2xx).\n"
-              "# TYPE vllm_router_pd_prefill_errors_total counter\n"
-              "vllm_router_pd_prefill_errors_total %llu\n"
-              "# HELP vllm_router_pd_decode_errors_total Decode legs that failed (transport or non-2xx).\n"
-              "# TYPE vllm_router_pd_decode_errors_total counter\n"
-              "vllm_router_pd_decode_errors_total %llu\n",
-              (unsigned long long)m->prefill_errors, (unsigned long long)m->decode_errors);
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_active_requests P/D requests in flight.\n"
-                  "# TYPE vllm_router_pd_active_requests gauge\n"
-                  "vllm_router_pd_active_requests %lld\n",
-              (long long)m->active);
-    pdl_strbuf_printf(&b, "# HELP vllm_router_pd_request_duration_seconds Time from request to the end of the response.\n"
-                  "# TYPE vllm_router_pd_request_duration_seconds histogram\n");
+    pdl_prom_family(&w, "vllm_router_pd_requests_total", PDL_PROM_COUNTER, "P/D requests received, by route.");
     for (int r = 0; r < PDL_ROUTE_COUNT_; r++) {
-        const char *path = pdl_rt_route_path((pdl_rt_route_t)r);
-        uint64_t cum = 0;
-        for (size_t i = 0; i < NBUCKETS; i++) {
-            cum += m->duration[r].buckets[i];
-            pdl_strbuf_printf(&b, "vllm_router_pd_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n", path,
-                      k_buckets[i], (unsigned long long)cum);
-        }
-        pdl_strbuf_printf(&b,
-                  "vllm_router_pd_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n"
-                  "vllm_router_pd_request_duration_seconds_sum{route=\"%s\"} %.6f\n"
-                  "vllm_router_pd_request_duration_seconds_count{route=\"%s\"} %llu\n",
-                  path, (unsigned long long)m->duration[r].count, path, m->duration[r].sum, path,
-                  (unsigned long long)m->duration[r].count);
+        const pdl_prom_label_t route[] = {{"route", pdl_rt_route_path((pdl_rt_route_t)r)}};
+        pdl_prom_u64(&w, "vllm_router_pd_requests_total", route, 1, m->requests[r]);
     }
-    pdl_strbuf_printf(&b, "# HELP vllm_router_discovery_total Discovery socket events (pdlink), by kind.\n"
-                  "# TYPE vllm_router_discovery_total counter\n");
-    for (int d = 0; d < PDL_DISC_COUNT_; d++)
-        pdl_strbuf_printf(&b, "vllm_router_discovery_total{kind=\"%s\"} %llu\n", k_disc_names[d],
-                  (unsigned long long)m->disc[d]);
-    pdl_strbuf_printf(&b,
-              "# HELP vllm_router_discovery_malformed_total Discovery frames dropped as malformed.\n"
-              "# TYPE vllm_router_discovery_malformed_total counter\n"
-              "vllm_router_discovery_malformed_total %llu\n",
-              (unsigned long long)m->disc[PDL_DISC_MALFORMED]);
+    render_worker_legs(&w, m, 'P', "vllm_router_pd_prefill_requests_total", "Prefill legs sent, by worker.");
+    render_worker_legs(&w, m, 'D', "vllm_router_pd_decode_requests_total", "Decode legs sent, by worker.");
+    pdl_prom_family(&w, "vllm_router_pd_errors_total", PDL_PROM_COUNTER, "Failed P/D requests, by error type.");
+    for (int e = 0; e < PDL_RTERR_COUNT_; e++) {
+        const pdl_prom_label_t type[] = {{"error_type", k_error_names[e]}};
+        pdl_prom_u64(&w, "vllm_router_pd_errors_total", type, 1, m->errors[e]);
+    }
+    pdl_prom_family(&w, "vllm_router_pd_prefill_errors_total", PDL_PROM_COUNTER,
+                    "Prefill legs that failed (transport or non-2xx).");
+    pdl_prom_u64(&w, "vllm_router_pd_prefill_errors_total", NULL, 0, m->prefill_errors);
+    pdl_prom_family(&w, "vllm_router_pd_decode_errors_total", PDL_PROM_COUNTER,
+                    "Decode legs that failed (transport or non-2xx).");
+    pdl_prom_u64(&w, "vllm_router_pd_decode_errors_total", NULL, 0, m->decode_errors);
+    pdl_prom_family(&w, "vllm_router_pd_active_requests", PDL_PROM_GAUGE, "P/D requests in flight.");
+    pdl_prom_i64(&w, "vllm_router_pd_active_requests", NULL, 0, m->active);
+    pdl_prom_family(&w, "vllm_router_pd_request_duration_seconds", PDL_PROM_HISTOGRAM,
+                    "Time from request to the end of the response.");
+    for (int r = 0; r < PDL_ROUTE_COUNT_; r++) {
+        uint64_t cumulative[NBUCKETS], sum = 0;
+        for (size_t i = 0; i < NBUCKETS; i++)
+            cumulative[i] = sum += m->duration[r].buckets[i];
+        const pdl_prom_label_t route[] = {{"route", pdl_rt_route_path((pdl_rt_route_t)r)}};
+        pdl_prom_histogram(&w, "vllm_router_pd_request_duration_seconds", route, 1, k_buckets, cumulative, NBUCKETS,
+                           m->duration[r].count, m->duration[r].sum);
+    }
+    pdl_prom_family(&w, "vllm_router_discovery_total", PDL_PROM_COUNTER,
+                    "Discovery socket events (pdlink), by kind.");
+    for (int d = 0; d < PDL_DISC_COUNT_; d++) {
+        const pdl_prom_label_t kind[] = {{"kind", k_disc_names[d]}};
+        pdl_prom_u64(&w, "vllm_router_discovery_total", kind, 1, m->disc[d]);
+    }
+    pdl_prom_family(&w, "vllm_router_discovery_malformed_total", PDL_PROM_COUNTER,
+                    "Discovery frames dropped as malformed.");
+    pdl_prom_u64(&w, "vllm_router_discovery_malformed_total", NULL, 0, m->disc[PDL_DISC_MALFORMED]);
     pthread_mutex_unlock(&m->mu);
 
-    pdl_strbuf_printf(&b,
-              "# HELP vllm_router_pd_registered_workers Live registered instances, by role.\n"
-              "# TYPE vllm_router_pd_registered_workers gauge\n"
-              "vllm_router_pd_registered_workers{role=\"prefill\"} %zu\n"
-              "vllm_router_pd_registered_workers{role=\"decode\"} %zu\n"
-              "# HELP vllm_router_pd_transfer_mode Cluster transfer mode (1 for the locked mode).\n"
-              "# TYPE vllm_router_pd_transfer_mode gauge\n"
-              "vllm_router_pd_transfer_mode{mode=\"READ\"} %d\n"
-              "vllm_router_pd_transfer_mode{mode=\"WRITE\"} %d\n",
-              np, nd, mode == PDL_MODE_READ, mode == PDL_MODE_WRITE);
-    if (b.failed) {
-        free(b.p);
+    pdl_prom_family(&w, "vllm_router_pd_registered_workers", PDL_PROM_GAUGE, "Live registered instances, by role.");
+    const pdl_prom_label_t prefill[] = {{"role", "prefill"}}, decode[] = {{"role", "decode"}};
+    pdl_prom_u64(&w, "vllm_router_pd_registered_workers", prefill, 1, np);
+    pdl_prom_u64(&w, "vllm_router_pd_registered_workers", decode, 1, nd);
+    pdl_prom_family(&w, "vllm_router_pd_transfer_mode", PDL_PROM_GAUGE,
+                    "Cluster transfer mode (1 for the locked mode).");
+    const pdl_prom_label_t mode_read[] = {{"mode", "READ"}}, mode_write[] = {{"mode", "WRITE"}};
+    pdl_prom_u64(&w, "vllm_router_pd_transfer_mode", mode_read, 1, mode == PDL_MODE_READ);
+    pdl_prom_u64(&w, "vllm_router_pd_transfer_mode", mode_write, 1, mode == PDL_MODE_WRITE);
+    char *text = pdl_prom_finish(&w, len_p);
+    if (text == NULL)
         return PDL_ERR_NOMEM;
-    }
-    *text_p = b.p;
-    *len_p = b.len;
+    *text_p = text;
     return PDL_OK;
 }

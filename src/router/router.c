@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <microhttpd.h>
 
 #include "pdlink/log.h"
 
@@ -66,10 +65,8 @@ void pdl_router_destroy(pdl_router_t *rt)
         return;
     atomic_store(&rt->stop, true);
     /* HTTP first: connection threads may hold legs and read the registry until they are joined. */
-    if (rt->prom)
-        MHD_stop_daemon(rt->prom);
-    if (rt->http)
-        MHD_stop_daemon(rt->http);
+    pdl_http_stop(rt->prom);
+    pdl_http_stop(rt->http);
     pdl_discovery_destroy(rt->disc);
     pdl_upstream_destroy(rt->up);
     pdl_policy_destroy(rt->prefill_policy);

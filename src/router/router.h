@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "app/http.h"
 #include "pdlink/status.h"
 #include "router/config.h"
 #include "router/metrics.h"
@@ -20,7 +21,6 @@
 #include "router/registry.h"
 #include "router/upstream.h"
 
-struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct pdl_discovery pdl_discovery_t;
 
@@ -32,7 +32,7 @@ typedef struct pdl_router {
     pdl_policy_t *prefill_policy, *decode_policy;
     pdl_upstream_t *up;
     pdl_discovery_t *disc;
-    struct MHD_Daemon *http, *prom;
+    pdl_http_t *http, *prom;      /* the API listener and the --prometheus-port one (or NULL) */
     int http_port, prom_port, disc_port;
 } pdl_router_t;
 
@@ -50,13 +50,10 @@ void pdl_discovery_destroy(pdl_discovery_t *d);
 
 /* ---- server.c ----------------------------------------------------------------------------- */
 
-/* Start an HTTP listener; metrics_only serves just /metrics (the --prometheus-port listener). */
-pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool metrics_only,
-                              struct MHD_Daemon **d_p, int *bound_port_p, pdl_error_t *err);
-
-/* Queue a text/plain (or given type) response built from a copy of body. */
-int pdl_server_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body,
-                     size_t len);
+/* Start an HTTP listener; metrics_only serves just /metrics (the --prometheus-port listener). Stop it
+ * with pdl_http_stop. */
+pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool metrics_only, pdl_http_t **http_p,
+                              int *bound_port_p, pdl_error_t *err);
 
 /* ---- dispatch.c --------------------------------------------------------------------------- */
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "app/buf.h"
 #include "pdlink/log.h"
 
 struct pdl_upstream {
@@ -146,16 +147,8 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
             leg->len -= leg->rpos;
             leg->rpos = 0;
         }
-        if (leg->len + n > leg->cap) {
-            size_t ncap = leg->cap ? leg->cap : 16384;
-            while (ncap < leg->len + n)
-                ncap *= 2;
-            char *nb = realloc(leg->buf, ncap);
-            if (nb == NULL)
-                return 0;
-            leg->buf = nb;
-            leg->cap = ncap;
-        }
+        if (!pdl_buf_reserve(&leg->buf, &leg->cap, leg->len + n, 16384))
+            return 0;
     }
     memcpy(leg->buf + leg->len, ptr, n);
     leg->len += n;

@@ -5,7 +5,7 @@
  * event), with nothing polling. Without that wake-up the waiter would sleep to its deadline and fail,
  * so the test needs no clock: it only asserts that the allocation succeeds and what it got. Also: a
  * request larger than the free blocks with no wait fails at once, naming the counts.
- * The node's sources are compiled in directly (they belong to the program, not the library).
+ * It links pdl_node, the node program's library.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "node/kvstore.c"
+#include "node/kvstore.h"
 #include "test_connector_util.h"
 
 static pdl_node_kv_t *make_kv(double defer_s)

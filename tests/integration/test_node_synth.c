@@ -1,8 +1,8 @@
 /*
  * test_node_synth.c -- the synthetic model of pdlink-node on the local KV store: a wrong, misplaced or
  * stale byte is detected and named; the digest (hence the output) does not depend on TP size, KV order,
- * K/V arrangement or block size; the seed and the prompt change it. The node's sources are compiled in
- * directly (they belong to the program, not the library).
+ * K/V arrangement or block size; the seed and the prompt change it. It links pdl_node, the node
+ * program's library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,8 +12,8 @@
 
 #include <cmocka.h>
 
-#include "node/kvstore.c"
-#include "node/synth.c"
+#include "node/kvstore.h"
+#include "node/synth.h"
 
 static const char *PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many";
 
@@ -106,7 +106,7 @@ static void corruption_is_detected_and_named(void **state)
     /* One byte of rank 2 (heads 4, 5), layer 1, V half, local head 1 = global head 5, token 6. */
     const pdl_kv_geometry_t *g = pdl_node_kv_geometry(kv, 2);
     uint64_t row = (uint64_t)g->head_dim * g->elem_size;
-    uint64_t off = row_offset(g, blocks[6 / 4], 1, 1, 6 % 4, row) + 3;
+    uint64_t off = pdl_synth_row_offset(g, blocks[6 / 4], 1, 1, 6 % 4, row) + 3;
     uint8_t *layer = pdl_node_kv_layer(kv, 2, 1);
     layer[off] ^= 0x40;
     pdl_synth_check_t c;

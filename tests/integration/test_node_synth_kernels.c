@@ -5,7 +5,7 @@
  * rows of many lengths (whole vectors, partial vectors, partial words) and hashes the bytes it read; the
  * digest the prefill computes while writing equals the one verify computes from memory, for every
  * kernel and several geometries (HND/NHD, separate/interleaved K and V, MLA, split and replicated heads).
- * The node's sources are compiled in directly (they belong to the program, not the library).
+ * It links pdl_node, the node program's library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,8 +16,8 @@
 
 #include <cmocka.h>
 
-#include "node/kvstore.c"
-#include "node/synth.c"
+#include "node/kvstore.h"
+#include "node/synth.h"
 
 static const pdl_synth_kernel_t kernels[] = {PDL_SYNTH_KERNEL_SCALAR, PDL_SYNTH_KERNEL_AVX512,
                                               PDL_SYNTH_KERNEL_AUTO};

@@ -24,7 +24,7 @@ expect_usage "vllm-discovery-address" --vllm-pd-disaggregation --kv-connector mo
 expect_usage "'nixl' is not supported" "${BASE[@]}" --kv-connector nixl
 expect_usage "unknown policy 'cache_aware'" "${BASE[@]}" --policy cache_aware
 expect_usage "--decode-policy: unknown policy 'x'" "${BASE[@]}" --decode-policy x
-expect_usage "--port: '70000'" "${BASE[@]}" --port 70000
+expect_usage "--port '70000'" "${BASE[@]}" --port 70000
 expect_usage "--port needs a value" "${BASE[@]}" --port
 expect_usage "is not HOST:PORT" --vllm-pd-disaggregation --vllm-discovery-address nohostport
 expect_usage "unknown level 'loud'" "${BASE[@]}" --log-level loud

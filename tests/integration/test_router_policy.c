@@ -1,6 +1,6 @@
 /*
- * test_router_policy.c -- pdlink-router's selection policies as a unit (policy.c is compiled into
- * this test, since the router's sources are a program, not part of libpdlink): murmur64a against
+ * test_router_policy.c -- pdlink-router's selection policies as a unit, linked from pdl_router
+ * (the router program's library): murmur64a against
  * its defining properties, furc_hash bounds, consistent_hash stability, balance and
  * minimal movement when a worker leaves, round_robin order, random coverage, hash-key precedence.
  */
@@ -9,10 +9,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
-#include "router/policy.c"
+#include "router/policy.h"
 
 static void murmur64a_matches_reference_vectors(void **state)
 {

@@ -2,7 +2,7 @@
  * test_run_metrics.c -- `pdlink run`'s Prometheus readers: sums by name and label, histogram buckets
  * summed over nodes by their bound (whatever order and spelling the bounds come in, +Inf left out), and
  * percentiles interpolated inside the bucket that holds them, as Prometheus' histogram_quantile does.
- * run_metrics.c is compiled in directly (it belongs to the pdlink program, not the library).
+ * It links pdl_cli, the pdlink program's library.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "cli/run_metrics.c"
+#include "cli/run_metrics.h"
 
 static const char *NODE_A =
     "# HELP pdlink_transfer_seconds Wall time of one pull.\n"
