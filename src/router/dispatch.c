@@ -122,9 +122,10 @@ static bool hop_by_hop(const char *h)
     return false;
 }
 
-/* Queue the decode's response: its status and headers, and its body pulled through stream_read. */
+/* Queue the decode's response: its status and headers, and its body pulled through stream_read.
+ * `failed_leg` (NULL on success) is added as PDL_RT_FAILED_LEG_HEADER to a non-2xx answer. */
 static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *dleg, pdl_rt_route_t route,
-                        uint64_t start_ns)
+                        uint64_t start_ns, const char *failed_leg)
 {
     rt_stream_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -166,6 +167,8 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
             v++;
         MHD_add_response_header(r, name, v);
     }
+    if (failed_leg != NULL)
+        MHD_add_response_header(r, PDL_RT_FAILED_LEG_HEADER, failed_leg);
     unsigned status = dleg->status >= 200 && dleg->status <= 599 ? (unsigned)dleg->status : 502;
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -178,6 +181,43 @@ static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route
     pdl_rt_metrics_error(rt->metrics, kind);
     finish_request(rt, route, start_ns);
     return pdl_server_reply(c, status, NULL, msg, len);
+}
+
+/*
+ * fail() for a leg that failed at a worker: the same body as vllm-router's, plus the header
+ * PDL_RT_FAILED_LEG_HEADER "prefill|decode <http_address>", so a client (pdlink run, the tests) can say
+ * which leg and which worker without parsing the text.
+ */
+static int fail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                    pdl_rt_error_t kind, const char *leg, const char *msg, size_t len)
+{
+    pdl_rt_metrics_error(rt->metrics, kind);
+    finish_request(rt, route, start_ns);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)msg, MHD_RESPMEM_MUST_COPY);
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    MHD_add_response_header(r, PDL_RT_FAILED_LEG_HEADER, leg);
+    enum MHD_Result ret = MHD_queue_response(c, 500, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, const char *leg, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, const char *leg, const char *fmt, ...)
+{
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(buf))
+        n = (int)sizeof(buf) - 1;
+    return fail_leg(rt, c, route, start_ns, kind, leg, buf, (size_t)n);
 }
 
 static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
@@ -345,6 +385,9 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     char purl[700], durl[700], pbase[600], dbase[600];
     snprintf(pbase, sizeof(pbase), "http://%s", P->http_address);
     snprintf(dbase, sizeof(dbase), "http://%s", D->http_address);
+    char pleg_name[sizeof(pbase) + 8], dleg_name[sizeof(dbase) + 8];
+    snprintf(pleg_name, sizeof(pleg_name), "prefill %s", P->http_address);
+    snprintf(dleg_name, sizeof(dleg_name), "decode %s", D->http_address);
     snprintf(purl, sizeof(purl), "%s%s", pbase, path);
     snprintf(durl, sizeof(durl), "%s%s", dbase, path);
     pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", request_id, P->http_address,
@@ -429,7 +472,7 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
         json_error_t perr;
         presp = json_loadb(pleg->buf + pleg->rpos, pleg->len - pleg->rpos, 0, &perr);
         if (!json_is_object(presp)) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
+            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, pleg_name,
                         "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
                         P->http_address, presp ? "wrong type" : perr.text);
             goto out;
@@ -464,8 +507,9 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     /* Decode: a transport error before any response is a 500; any HTTP status is passed through. */
     if (dleg->done && dleg->result != CURLE_OK && dleg->status == 0) {
         pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500,
-                    "Request processing failed: Decode server error: %s: %s", D->http_address, pdl_leg_error(dleg));
+        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_DECODE, dleg_name,
+                        "Request processing failed: Decode server error: %s: %s", D->http_address,
+                        pdl_leg_error(dleg));
         goto out;
     }
     bool dfail = dleg->status < 200 || dleg->status >= 300;
@@ -477,7 +521,7 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     }
     pdl_leg_release(rt->up, pleg);
     pleg = NULL;
-    ret = relay_decode(rt, c, dleg, route, start_ns); /* owns dleg and the request's end from here */
+    ret = relay_decode(rt, c, dleg, route, start_ns, dfail ? dleg_name : NULL); /* owns dleg and the request's end */
     dleg = NULL;
     goto out;
 
@@ -485,18 +529,19 @@ prefill_failed : {
     /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. */
     size_t blen = pleg->len - pleg->rpos;
     if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
-                    "Request processing failed: Prefill server error: %s: %s", P->http_address, pdl_leg_error(pleg));
+        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, pleg_name,
+                        "Request processing failed: Prefill server error: %s: %s", P->http_address,
+                        pdl_leg_error(pleg));
     } else {
         char head[128];
         int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
         char *msg = malloc((size_t)hl + blen + 1);
         if (msg == NULL) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "%s", head);
+            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, pleg_name, "%s", head);
         } else {
             memcpy(msg, head, (size_t)hl);
             memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
-            ret = fail(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, msg, (size_t)hl + blen);
+            ret = fail_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, pleg_name, msg, (size_t)hl + blen);
             free(msg);
         }
     }

@@ -83,8 +83,31 @@ def metrics(port):
     return vals
 
 
-def output_text(code, text, stream, chat):
-    assert code == 200, f"status {code}: {text[:300]}"
+def complete(url, body):
+    """POST a completion: (status, body, failed leg) -- the leg from the router's X-Pdlink-Failed-Leg
+    header ("prefill 127.0.0.1:PORT"), "" when absent."""
+    args = ["curl", "-sS", "-N", "--max-time", "60", "-w", "\n%{http_code} %header{x-pdlink-failed-leg}", url,
+            "-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    text, _, tail = out.stdout.rpartition("\n")
+    code, _, leg = tail.partition(" ")
+    return int(code or 0), text, leg.strip()
+
+
+def failure(code, text, leg):
+    """A failed request as pdlink run reports it: status, which leg and worker, the body's message."""
+    where = " from the %s leg (%s)" % tuple(leg.split(" ", 1)) if " " in leg else ""
+    brace = text.find("{")
+    try:
+        e = json.loads(text[brace:]) if brace >= 0 else None
+        msg = text[:brace] + (e["error"]["message"] if isinstance(e.get("error"), dict) else e["error"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        msg = text[:300]
+    return f"HTTP {code}{where}: {msg}"
+
+
+def output_text(code, text, leg, stream, chat):
+    assert code == 200, failure(code, text, leg)
     if not stream:
         c = json.loads(text)["choices"][0]
         return c["message"]["content"] if chat else c["text"]
@@ -178,7 +201,7 @@ def run_topology(name, p_tps, d_tps, reference):
     for prompt in PROMPTS:
         for path, body, stream, chat in requests_for(prompt):
             # Each pair (P, D) is exercised: round robin walks every combination over the prompts.
-            got = output_text(*curl(f"http://127.0.0.1:{rport}{path}", body), stream, chat)
+            got = output_text(*complete(f"http://127.0.0.1:{rport}{path}", body), stream, chat)
             want = reference[(path, json.dumps(body, sort_keys=True))]
             assert got == want, f"{name}: {path} {body}: got {got!r}, single node says {want!r}"
             n += 1
@@ -215,7 +238,7 @@ def main():
     reference = {}
     for prompt in PROMPTS:
         for path, body, stream, chat in requests_for(prompt):
-            want = output_text(*curl(f"http://127.0.0.1:{ref_port}{path}", body), stream, chat)
+            want = output_text(*complete(f"http://127.0.0.1:{ref_port}{path}", body), stream, chat)
             assert want, f"the reference node generated nothing for {body}"
             reference[(path, json.dumps(body, sort_keys=True))] = want
     for name, p_tps, d_tps in [("1P1D-tp8-tp8", [8], [8]), ("2P1D-tp4x2-tp8", [4, 4], [8]),
