@@ -2,12 +2,14 @@
 #   make run    -- build, then run the main job (pdlink run)
 #   make test   -- build, then every test (ctest)
 #   make ci     -- test + ASan/UBSan build + TSan build + a short run of every fuzz target
+#   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
 BUILD      ?= build
 JOBS       ?= 2
 FUZZ_SECONDS ?= 15
+STRESS_N   ?= 20
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test asan tsan fuzz ci clean
+.PHONY: all deps build run test stress asan tsan fuzz ci clean
 
 all: build
 
@@ -23,6 +25,9 @@ run: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+stress: build
+	BUILD=$(BUILD) JOBS=$(JOBS) ./tests/stress.sh $(STRESS_N)
 
 asan: deps
 	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=address >/dev/null

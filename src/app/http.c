@@ -161,18 +161,53 @@ void pdl_http_stop(pdl_http_t *http)
     free(http);
 }
 
-int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body, size_t len,
-                   const char *request_id)
+/* Adds "Name: value" lines to r; a line without a name, or a name of 128 bytes or more, is skipped. */
+static void add_header_lines(struct MHD_Response *r, const char *const *headers, size_t nheaders)
+{
+    for (size_t i = 0; i < nheaders; i++) {
+        const char *colon = strchr(headers[i], ':');
+        char name[128];
+        size_t nl = colon ? (size_t)(colon - headers[i]) : 0;
+        if (nl == 0 || nl >= sizeof(name))
+            continue;
+        memcpy(name, headers[i], nl);
+        name[nl] = '\0';
+        const char *v = colon + 1;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        MHD_add_response_header(r, name, v);
+    }
+}
+
+int pdl_http_reply_headers(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body,
+                           size_t len, const char *const *headers, size_t nheaders)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (r == NULL)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             content_type ? content_type : "text/plain; charset=utf-8");
-    if (request_id != NULL && request_id[0] != '\0')
-        MHD_add_response_header(r, "X-Request-Id", request_id);
+    add_header_lines(r, headers, nheaders);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
+    return ret;
+}
+
+int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body, size_t len,
+                   const char *request_id)
+{
+    if (request_id == NULL || request_id[0] == '\0')
+        return pdl_http_reply_headers(c, status, content_type, body, len, NULL, 0);
+    char stack[320];
+    size_t n = strlen("X-Request-Id: ") + strlen(request_id) + 1;
+    char *line = n <= sizeof(stack) ? stack : malloc(n);
+    if (line == NULL)
+        return MHD_NO;
+    snprintf(line, n, "X-Request-Id: %s", request_id);
+    const char *h[1] = {line};
+    int ret = pdl_http_reply_headers(c, status, content_type, body, len, h, 1);
+    if (line != stack)
+        free(line);
     return ret;
 }
 
@@ -212,19 +247,7 @@ int pdl_http_reply_stream(struct MHD_Connection *c, unsigned status, uint64_t si
         free_fn(cls);
         return MHD_NO;
     }
-    for (size_t i = 0; i < nheaders; i++) {
-        const char *colon = strchr(headers[i], ':');
-        char name[128];
-        size_t nl = colon ? (size_t)(colon - headers[i]) : 0;
-        if (nl == 0 || nl >= sizeof(name))
-            continue;
-        memcpy(name, headers[i], nl);
-        name[nl] = '\0';
-        const char *v = colon + 1;
-        while (*v == ' ' || *v == '\t')
-            v++;
-        MHD_add_response_header(r, name, v);
-    }
+    add_header_lines(r, headers, nheaders);
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ret;

@@ -60,8 +60,10 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
 /* Stop listening, wait for the connection threads, free. Accepts NULL. */
 void pdl_http_stop(pdl_http_t *http);
 
-/* body[0, len) with a Content-Type (NULL: text/plain; charset=utf-8) and, unless NULL or "", an
- * X-Request-Id header. */
+/* body[0, len) with a Content-Type (NULL: text/plain; charset=utf-8) and the "Name: value" header lines. */
+int pdl_http_reply_headers(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body,
+                           size_t len, const char *const *headers, size_t nheaders);
+/* pdl_http_reply_headers with, unless request_id is NULL or "", an X-Request-Id header. */
 int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body, size_t len,
                    const char *request_id);
 /* text/plain from a format; cut at 2 KiB. */

@@ -42,10 +42,10 @@
 #include "cli/run_http.h"
 #include "cli/run_metrics.h"
 #include "cli/run_netns.h"
-#include "cli/run_ports.h"
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
 #include "pdlink/log.h"
+#include "pdlink/ports.h"
 #include "pdlink/topo.h"
 
 /* The same-run ceilings of `pdlink bench` (SPEC §8), shared so both commands measure alike. */
@@ -109,7 +109,7 @@ typedef struct run_ctx {
     sigset_t child_mask;
     bool interrupted;
     bool tty;
-    pdl_run_ports_t ports;
+    pdl_port_picker_t ports;
     char model_id[128];
     double ceiling_gbps;                /* one thread: one rank's engine */
     int ceiling_threads;
@@ -804,7 +804,7 @@ static int run_reference(run_ctx_t *c)
     snprintf(nd->host, sizeof(nd->host), "127.0.0.1");
     pdl_error_t err;
     pdl_error_clear(&err);
-    if (pdl_run_ports_take(&c->ports, "127.0.0.1", 1, &nd->http_port, &err) != PDL_OK) {
+    if (pdl_port_picker_take(&c->ports, "127.0.0.1", 1, &nd->http_port, &err) != PDL_OK) {
         fprintf(stderr, "pdlink run: %s\n", err.msg);
         return 2;
     }
@@ -1136,7 +1136,7 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     for (int i = 0; i < t->nd; i++)
         need += 1 + 2 * t->dtp[i];
     int port = 0;
-    if (pdl_run_ports_take(&c->ports, "127.0.0.1", need, &port, &err) != PDL_OK) {
+    if (pdl_port_picker_take(&c->ports, "127.0.0.1", need, &port, &err) != PDL_OK) {
         fprintf(stderr, "pdlink run: %s\n", err.msg);
         pdl_run_netns_destroy(ns);
         return 2;
@@ -1397,7 +1397,7 @@ int pdl_cli_run(int argc, char **argv)
     }
     c->tty = isatty(STDERR_FILENO) == 1;
     uint64_t t_start = pdl_now_ms();
-    pdl_run_ports_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
+    pdl_port_picker_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
 
     /* Signals are blocked before libcurl can start a thread, so every thread inherits the mask. */
     pdl_error_t err;

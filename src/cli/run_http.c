@@ -16,11 +16,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "app/buf.h"
 #include "pdlink/log.h"
+#include "router/router.h"
 
-enum { RUN_BODY_MAX = 16 << 20 };
+enum { RUN_BODY_MAX = 16 << 20, RUN_LEG_MAX = 128 };
 
 typedef struct body_buf {
     char *p;
@@ -233,7 +235,66 @@ typedef struct slot {
     pdl_run_req_t *req;
     uint64_t start_ns;
     char url[512];
+    char leg[RUN_LEG_MAX]; /* the router's failed-leg header, "" when absent */
 } slot_t;
+
+/* The error message inside a JSON body: error.message (vLLM, pdlink-node), error as a string, or message. */
+static const char *json_error_message(json_t *root)
+{
+    json_t *e = json_object_get(root, "error");
+    if (json_is_object(e))
+        e = json_object_get(e, "message");
+    if (!json_is_string(e))
+        e = json_object_get(root, "message");
+    return json_is_string(e) ? json_string_value(e) : NULL;
+}
+
+void pdl_run_failure_describe(char *dst, size_t cap, long status, const char *leg, const char *body, size_t len)
+{
+    char where[160] = "";
+    if (leg != NULL && leg[0] != '\0') {
+        /* "prefill 127.0.0.1:8100" -> " from the prefill leg (127.0.0.1:8100)" */
+        const char *sp = strchr(leg, ' ');
+        if (sp != NULL)
+            snprintf(where, sizeof(where), " from the %.*s leg (%s)", (int)(sp - leg), leg, sp + 1);
+        else
+            snprintf(where, sizeof(where), " from the %s leg", leg);
+    }
+    /* The router wraps a prefill's body in text ("Prefill server error 500: {...}"): look at the JSON
+     * from the first '{' too, and keep the text before it. */
+    const char *brace = len > 0 ? memchr(body, '{', len) : NULL;
+    json_t *root = brace ? json_loadb(brace, len - (size_t)(brace - body), 0, NULL) : NULL;
+    const char *msg = root ? json_error_message(root) : NULL;
+    char m[240];
+    if (msg != NULL) {
+        int pre = (int)(brace - body);
+        snprintf(m, sizeof(m), "%.*s%s", pre > 120 ? 120 : pre, body, msg);
+        for (char *q = m; *q; q++)
+            if ((unsigned char)*q < 0x20)
+                *q = ' ';
+    } else {
+        error_excerpt(m, sizeof(m), "body", body, len);
+    }
+    json_decref(root);
+    snprintf(dst, cap, "HTTP %ld%s: %s", status, where, m);
+}
+
+/* Response headers of a workload request: keeps the router's failed-leg header. */
+static size_t header_write(char *data, size_t size, size_t nmemb, void *userp)
+{
+    char *leg = userp; /* RUN_LEG_MAX bytes */
+    size_t n = size * nmemb;
+    static const char name[] = PDL_RT_FAILED_LEG_HEADER ":";
+    if (n > sizeof(name) - 1 && strncasecmp(data, name, sizeof(name) - 1) == 0) {
+        size_t a = sizeof(name) - 1, e = n;
+        while (a < e && (data[a] == ' ' || data[a] == '\t'))
+            a++;
+        while (e > a && (data[e - 1] == '\r' || data[e - 1] == '\n'))
+            e--;
+        snprintf(leg, RUN_LEG_MAX, "%.*s", (int)(e - a), data + a);
+    }
+    return n;
+}
 
 static void slot_finish(slot_t *s, CURLcode rc, const char *ebuf)
 {
@@ -247,9 +308,7 @@ static void slot_finish(slot_t *s, CURLcode rc, const char *ebuf)
         snprintf(r->error, sizeof(r->error), "%s", s->b.overflow ? "response larger than 16 MiB"
                                                    : (ebuf[0] ? ebuf : curl_easy_strerror(rc)));
     } else if (r->http_code != 200) {
-        char m[200];
-        error_excerpt(m, sizeof(m), "body", s->b.p ? s->b.p : "", s->b.len);
-        snprintf(r->error, sizeof(r->error), "HTTP %ld, %s", r->http_code, m);
+        pdl_run_failure_describe(r->error, sizeof(r->error), r->http_code, s->leg, s->b.p ? s->b.p : "", s->b.len);
     } else {
         pdl_error_t e;
         pdl_error_clear(&e);
@@ -317,6 +376,8 @@ pdl_status_t pdl_run_load_drive(const pdl_run_load_t *ld, pdl_run_req_t *reqs, i
             curl_easy_setopt(s->h, CURLOPT_HTTPHEADER, s->hdrs);
             curl_easy_setopt(s->h, CURLOPT_WRITEFUNCTION, body_write);
             curl_easy_setopt(s->h, CURLOPT_WRITEDATA, &s->b);
+            curl_easy_setopt(s->h, CURLOPT_HEADERFUNCTION, header_write);
+            curl_easy_setopt(s->h, CURLOPT_HEADERDATA, s->leg);
             curl_easy_setopt(s->h, CURLOPT_TIMEOUT_MS, ld->timeout_ms);
             curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
             curl_easy_setopt(s->h, CURLOPT_NOPROXY, "*");

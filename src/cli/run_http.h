@@ -61,6 +61,15 @@ pdl_status_t pdl_run_load_drive(const pdl_run_load_t *ld, pdl_run_req_t *reqs, i
 pdl_status_t pdl_run_http_get(const char *url, long timeout_ms, long *code_p, char **body_p, pdl_error_t *err);
 
 /*
+ * Why a request failed, for the report, into dst: "HTTP <status> from the <leg> leg (<worker>):
+ * <message>" when the router named the failed leg (its X-Pdlink-Failed-Leg header, e.g. "prefill
+ * 127.0.0.1:8100"; `leg` NULL or "" when absent), else "HTTP <status>: <message>". The message is the
+ * body's error.message (or error, or message) when the body, or the JSON after the router's text
+ * ("Request processing failed: Prefill server error 500: {...}"), has one; else an excerpt of the body.
+ */
+void pdl_run_failure_describe(char *dst, size_t cap, long status, const char *leg, const char *body, size_t len);
+
+/*
  * Extract the generated text from a complete response body: a JSON completion (choices[0].text or
  * choices[0].message.content) or, when `stream`, an SSE body (concatenating choices[0].text or
  * choices[0].delta.content of every `data:` event up to `data: [DONE]`, which must be present).

@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "pdlink/ports.h"
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
 
@@ -67,6 +68,17 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     free(inst);
 }
 
+/* A rank port in the kernel's ephemeral range can be taken by any outgoing connection before the rank
+ * binds it, which shows up later as a random "Address already in use": say so up front. */
+static void warn_ephemeral_ports(const pdl_instance_config_t *cfg)
+{
+    int first = pdl_topo_port_offset(cfg->dp_rank, cfg->tp_size, 0), last = first + cfg->tp_size - 1;
+    pdl_ports_warn_ephemeral("kv_connector_extra_config.handshake_port", cfg->conn.handshake_port + first,
+                             cfg->conn.handshake_port + last);
+    pdl_ports_warn_ephemeral("kv_connector_extra_config.notify_port", cfg->conn.notify_port + first,
+                             cfg->conn.notify_port + last);
+}
+
 pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_t **inst_out, pdl_error_t *err)
 {
     if (cfg == NULL || inst_out == NULL)
@@ -74,6 +86,7 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     pdl_status_t st = validate_config(cfg, err);
     if (st != PDL_OK)
         return st;
+    warn_ephemeral_ports(cfg);
     pdl_instance_t *inst = calloc(1, sizeof(*inst));
     if (inst == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory");

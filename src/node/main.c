@@ -17,6 +17,7 @@
 
 #include "node/node.h"
 #include "pdlink/log.h"
+#include "pdlink/ports.h"
 #include "pdlink/topo.h"
 
 static void human_bytes(uint64_t b, char *out, size_t cap)
@@ -140,6 +141,9 @@ static int run(pdl_node_t *node)
     }
     pdl_http_t *http = NULL;
     int port = 0;
+    /* Port 0 is chosen by the kernel at bind time; only a configured port can be taken first. */
+    if (a->port > 0)
+        pdl_ports_warn_ephemeral("--port", a->port, a->port);
     if (pdl_node_http_start(node, &http, &port, &err) != PDL_OK) {
         pdl_error("%s", err.msg);
         pdl_node_metrics_destroy(node->metrics);

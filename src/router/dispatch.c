@@ -121,9 +121,10 @@ static bool hop_by_hop(const char *h)
     return false;
 }
 
-/* Queue the decode's response: its status and headers, and its body pulled through stream_read. */
+/* Queue the decode's response: its status and headers, and its body pulled through stream_read.
+ * `failed_leg` (NULL on success) is added as PDL_RT_FAILED_LEG_HEADER to a non-2xx answer. */
 static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *dleg, pdl_rt_route_t route,
-                        uint64_t start_ns)
+                        uint64_t start_ns, const char *failed_leg)
 {
     rt_stream_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -144,21 +145,59 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
             size = v;
     }
     s->size = size;
-    const char *headers[PDL_LEG_MAX_HEADERS];
+    const char *headers[PDL_LEG_MAX_HEADERS + 1];
     size_t nh = 0;
     for (size_t i = 0; i < dleg->nheaders && nh < PDL_LEG_MAX_HEADERS; i++)
         if (!hop_by_hop(dleg->headers[i]))
             headers[nh++] = dleg->headers[i];
+    char leg_line[700];
+    if (failed_leg != NULL) {
+        snprintf(leg_line, sizeof(leg_line), PDL_RT_FAILED_LEG_HEADER ": %s", failed_leg);
+        headers[nh++] = leg_line;
+    }
     unsigned status = dleg->status >= 200 && dleg->status <= 599 ? (unsigned)dleg->status : 502;
     return pdl_http_reply_stream(c, status, size, &stream_read, s, &stream_free, headers, nh);
 }
 
-static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
-                pdl_rt_error_t kind, unsigned status, const char *msg, size_t len)
+/* Count the error, finish the request and answer msg[0, len) as text. leg (NULL: none) is
+ * "prefill|decode <http_address>" for a leg that failed at a worker: the body stays vllm-router's and
+ * PDL_RT_FAILED_LEG_HEADER carries the leg, so a client (pdlink run, the tests) can say which leg and which
+ * worker without parsing the text. */
+static int fail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                    pdl_rt_error_t kind, unsigned status, const char *leg, const char *msg, size_t len)
 {
     pdl_rt_metrics_error(rt->metrics, kind);
     finish_request(rt, route, start_ns);
-    return pdl_http_reply(c, status, NULL, msg, len, NULL);
+    char line[700];
+    const char *h[1] = {line};
+    if (leg != NULL)
+        snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", leg);
+    return pdl_http_reply_headers(c, status, NULL, msg, len, h, leg != NULL ? 1 : 0);
+}
+
+static int vfail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
+    __attribute__((format(printf, 8, 0)));
+static int vfail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
+{
+    char buf[2048];
+    int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+    size_t len = n < 0 ? 0 : (size_t)n >= sizeof(buf) ? sizeof(buf) - 1 : (size_t)n;
+    return fail_leg(rt, c, route, start_ns, kind, status, leg, buf, len);
+}
+
+static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int ret = vfail_leg(rt, c, route, start_ns, kind, status, leg, fmt, ap);
+    va_end(ap);
+    return ret;
 }
 
 static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
@@ -166,11 +205,9 @@ static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t rout
 static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...)
 {
-    pdl_rt_metrics_error(rt->metrics, kind);
-    finish_request(rt, route, start_ns);
     va_list ap;
     va_start(ap, fmt);
-    int ret = pdl_http_vreplyf(c, status, fmt, ap);
+    int ret = vfail_leg(rt, c, route, start_ns, kind, status, NULL, fmt, ap);
     va_end(ap);
     return ret;
 }
@@ -323,6 +360,9 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     char purl[700], durl[700], pbase[600], dbase[600];
     snprintf(pbase, sizeof(pbase), "http://%s", P->http_address);
     snprintf(dbase, sizeof(dbase), "http://%s", D->http_address);
+    char pleg_name[sizeof(pbase) + 8], dleg_name[sizeof(dbase) + 8];
+    snprintf(pleg_name, sizeof(pleg_name), "prefill %s", P->http_address);
+    snprintf(dleg_name, sizeof(dleg_name), "decode %s", D->http_address);
     snprintf(purl, sizeof(purl), "%s%s", pbase, path);
     snprintf(durl, sizeof(durl), "%s%s", dbase, path);
     pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", request_id, P->http_address,
@@ -407,7 +447,7 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
         json_error_t perr;
         presp = json_loadb(pleg->buf + pleg->rpos, pleg->len - pleg->rpos, 0, &perr);
         if (!json_is_object(presp)) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
+            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name,
                         "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
                         P->http_address, presp ? "wrong type" : perr.text);
             goto out;
@@ -442,8 +482,9 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     /* Decode: a transport error before any response is a 500; any HTTP status is passed through. */
     if (dleg->done && dleg->result != CURLE_OK && dleg->status == 0) {
         pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500,
-                    "Request processing failed: Decode server error: %s: %s", D->http_address, pdl_leg_error(dleg));
+        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, dleg_name,
+                        "Request processing failed: Decode server error: %s: %s", D->http_address,
+                        pdl_leg_error(dleg));
         goto out;
     }
     bool dfail = dleg->status < 200 || dleg->status >= 300;
@@ -455,7 +496,7 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     }
     pdl_leg_release(rt->up, pleg);
     pleg = NULL;
-    ret = relay_decode(rt, c, dleg, route, start_ns); /* owns dleg and the request's end from here */
+    ret = relay_decode(rt, c, dleg, route, start_ns, dfail ? dleg_name : NULL); /* owns dleg and the request's end */
     dleg = NULL;
     goto out;
 
@@ -463,18 +504,19 @@ prefill_failed : {
     /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. */
     size_t blen = pleg->len - pleg->rpos;
     if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
-                    "Request processing failed: Prefill server error: %s: %s", P->http_address, pdl_leg_error(pleg));
+        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name,
+                        "Request processing failed: Prefill server error: %s: %s", P->http_address,
+                        pdl_leg_error(pleg));
     } else {
         char head[128];
         int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
         char *msg = malloc((size_t)hl + blen + 1);
         if (msg == NULL) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "%s", head);
+            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name, "%s", head);
         } else {
             memcpy(msg, head, (size_t)hl);
             memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
-            ret = fail(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, msg, (size_t)hl + blen);
+            ret = fail_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name, msg, (size_t)hl + blen);
             free(msg);
         }
     }

@@ -15,6 +15,7 @@
 #include <curl/curl.h>
 
 #include "pdlink/log.h"
+#include "pdlink/ports.h"
 #include "router/router.h"
 
 static void raise_fd_limit(void)
@@ -74,6 +75,14 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    /* Port 0 (what the tests use) is chosen by the kernel at bind time; only a configured port can be
+     * taken by another process's outgoing connection first. */
+    if (cfg.port > 0)
+        pdl_ports_warn_ephemeral("--port", cfg.port, cfg.port);
+    if (cfg.discovery_port > 0)
+        pdl_ports_warn_ephemeral("--vllm-discovery-address", cfg.discovery_port, cfg.discovery_port);
+    if (cfg.prometheus_port > 0)
+        pdl_ports_warn_ephemeral("--prometheus-port", cfg.prometheus_port, cfg.prometheus_port);
     pdl_router_t *rt = NULL;
     if (pdl_router_create(&cfg, &rt, &err) != PDL_OK) {
         pdl_error("cannot start: %s", err.msg);

@@ -21,6 +21,13 @@
 #include "router/registry.h"
 #include "router/upstream.h"
 
+/*
+ * Response header on a completion that failed at a worker: "prefill <http_address>" or "decode
+ * <http_address>". The body stays vllm-router's (a decode's non-2xx is passed through unchanged), so
+ * this is how a client tells which leg failed; `pdlink run` reports it.
+ */
+#define PDL_RT_FAILED_LEG_HEADER "X-Pdlink-Failed-Leg"
+
 struct MHD_Connection;
 typedef struct pdl_discovery pdl_discovery_t;
 

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -234,6 +235,7 @@ typedef struct rh_resp {
     char *body;
     size_t len;
     char content_type[128];
+    char failed_leg[128]; /* the router's X-Pdlink-Failed-Leg header, "" when absent */
     CURLcode rc;
 } rh_resp_t;
 
@@ -248,6 +250,22 @@ static inline size_t rh_on_body(char *p, size_t s, size_t n, void *ud)
     memcpy(r->body + r->len, p, k);
     r->len += k;
     r->body[r->len] = '\0';
+    return k;
+}
+
+static inline size_t rh_on_header(char *p, size_t s, size_t n, void *ud)
+{
+    rh_resp_t *r = ud;
+    size_t k = s * n;
+    static const char name[] = "x-pdlink-failed-leg:";
+    if (k > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
+        size_t a = sizeof(name) - 1, e = k;
+        while (a < e && p[a] == ' ')
+            a++;
+        while (e > a && (p[e - 1] == '\r' || p[e - 1] == '\n'))
+            e--;
+        snprintf(r->failed_leg, sizeof(r->failed_leg), "%.*s", (int)(e - a), p + a);
+    }
     return k;
 }
 
@@ -271,6 +289,8 @@ static inline rh_resp_t rh_http(int port, const char *path, const char *body)
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 60000L);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, rh_on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, rh_on_header);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, &r);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
     if (body != NULL) {
         curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);

@@ -299,12 +299,7 @@ static void faults_handshake_timeout(void **state)
     tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, short_handshake);
     assert_non_null(c);
-    int port = 0;
-    for (int i = 0; i < 100 && port == 0; i++) {
-        int cand = 33000 - 200 - (int)(tc_rand() % 1000) * 4;
-        if (tc_range_free(cand, 4))
-            port = cand;
-    }
+    int port = tp_free_range(4);
     assert_true(port > 0);
     pdl_kv_params_t kp;
     pdl_kv_params_init(&kp);
@@ -425,12 +420,7 @@ static void with_proxy(pdl_instance_config_t *c)
 static void faults_discovery_ping(void **state)
 {
     (void)state;
-    g_ping_port = 0;
-    for (int i = 0; i < 100 && g_ping_port == 0; i++) {
-        int cand = 20001 + (int)(tc_rand() % 5000) * 2;
-        if (tc_port_free(cand))
-            g_ping_port = cand;
-    }
+    g_ping_port = tp_free_range(1);
     assert_true(g_ping_port > 0);
     tc_geo_t g = tc_geo_default(8);
     /* router absent for the whole life of this instance: destroy must still return */
@@ -494,12 +484,7 @@ static void faults_keepalive_from_queued_pull(void **state)
     tc_params(p, "warm", w, 1, &kw);
     tc_params(p, "queued", q, 1, &kq);
     tc_params(p, "dead", w, 1, &kd);
-    int dead = 0;
-    for (int i = 0; i < 100 && dead == 0; i++) {
-        int cand = 20001 + (int)(tc_rand() % 5000) * 2;
-        if (tc_range_free(cand, 1))
-            dead = cand;
-    }
+    int dead = tp_free_range(1);
     assert_true(dead > 0);
     kd.remote_handshake_port = dead;
     snprintf(kd.remote_engine_id, sizeof(kd.remote_engine_id), "nobody:%d", dead);

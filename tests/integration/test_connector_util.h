@@ -1,9 +1,9 @@
 /*
  * test_connector_util.h -- shared helpers of the connector integration tests (header-only, static).
  *
- * - tc_instance: creates an instance on a free port range (random base in [20000, 32000), probed by
- *   binding every port of both ranges, retried when the create still hits EADDRINUSE because another
- *   test grabbed a port in between). Ephemeral ports (>= 32768) are never used as bases.
+ * - tc_instance: creates an instance on free handshake and notify ranges (test_ports.h: outside the
+ *   kernel's ephemeral range, probed by binding), retried on a new range when the create still hits
+ *   EADDRINUSE because another test took a port in between.
  * - tc_fill / tc_verify: KV bytes as a function of (layer, global head, token, dim, byte, K/V, the
  *   block's index in the transfer, a per-transfer seed), written on the producer through its own
  *   geometry and checked on every consumer rank through the consumer's geometry -- so a byte read from
@@ -13,15 +13,12 @@
 #ifndef PDL_TEST_CONNECTOR_UTIL_H
 #define PDL_TEST_CONNECTOR_UTIL_H
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +26,7 @@
 #include "pdlink/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
+#include "test_ports.h"
 
 static inline void tc_sleep_ms(int ms)
 {
@@ -45,27 +43,6 @@ static inline bool tc_wait_for(bool (*cond)(void *), void *arg, int ms)
             return cond(arg);
         tc_sleep_ms(2);
     }
-    return true;
-}
-
-static inline bool tc_port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return false;
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
-    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
-static inline bool tc_range_free(int base, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!tc_port_free(base + i))
-            return false;
     return true;
 }
 
@@ -149,11 +126,11 @@ static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_
                                           pdl_backend_kind_t backend, double defer_s,
                                           void (*tweak)(pdl_instance_config_t *))
 {
-    for (int attempt = 0; attempt < 40; attempt++) {
-        int hs = 20000 + (int)(tc_rand() % 6000) * 2;
-        int nt = hs + 40 + (int)(tc_rand() % 200);
-        if (!tc_range_free(hs, tp) || !tc_range_free(nt, tp))
-            continue;
+    for (int attempt = 0; attempt < 10; attempt++) {
+        int hs = tp_free_range(2 * tp);
+        if (hs < 0)
+            return NULL;
+        int nt = hs + tp;
         pdl_instance_config_t c;
         memset(&c, 0, sizeof(c));
         pdl_connector_config_defaults(&c.conn);
@@ -188,7 +165,7 @@ static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_
             return NULL;
         }
     }
-    fprintf(stderr, "no free port range found\n");
+    fprintf(stderr, "tc_instance: every free port range was taken before the instance could bind it\n");
     return NULL;
 }
 

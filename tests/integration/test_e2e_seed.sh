@@ -5,17 +5,19 @@
 # For each: every completion (streaming and not, completions and chat) equals a single reference
 # node's output for the same prompt; nodes report 0 mismatched KV bytes, the decodes verified KV
 # bytes, every prefill block is freed (pdlink_held_blocks 0) and nothing was reaped (expired 0).
-# Ports: the router binds port 0; node port ranges are probed free just before use.
+# Ports: the router binds port 0; node port ranges come from tests/tools/free_ports.py just before use.
 # Exits 77 (skip) when pdlink-node or pdlink-router has not been built.
 set -u
 B=${PDLINK_BUILD_DIR:-build}
 for prog in pdlink-node pdlink-router; do
   [ -x "$B/$prog" ] || { echo "skip: $B/$prog does not exist yet"; exit 77; }
 done
-exec /usr/bin/python3 - "$B" <<'PYEOF'
-import json, os, random, shutil, signal, socket, subprocess, sys, tempfile, time
+exec /usr/bin/python3 - "$B" "$(dirname "$0")/../tools" <<'PYEOF'
+import json, os, shutil, signal, subprocess, sys, tempfile, time
 
 B = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from free_ports import free_range  # noqa: E402 (the tests' one port rule, outside the ephemeral range)
 T = tempfile.mkdtemp(prefix="pdl-e2e-seed-")
 procs = []
 DEADLINE = 60.0
@@ -50,34 +52,6 @@ def cleanup():
             p.wait()
 
 
-def ephemeral_low():
-    try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_range(n):
-    """A base port with [base, base+n) free on 127.0.0.1 right now, below the kernel's ephemeral
-    range so that outgoing connections (curl, ZeroMQ) cannot take a port between probe and bind."""
-    hi = max(ephemeral_low(), 12000)
-    for _ in range(500):
-        base = random.randrange(10000, hi - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range")
-
-
 def curl(url, body=None, stream=False):
     args = ["curl", "-sS", "-N", "--max-time", "60", "-w", "\n%{http_code}", url]
     if body is not None:
@@ -109,8 +83,31 @@ def metrics(port):
     return vals
 
 
-def output_text(code, text, stream, chat):
-    assert code == 200, f"status {code}: {text[:300]}"
+def complete(url, body):
+    """POST a completion: (status, body, failed leg) -- the leg from the router's X-Pdlink-Failed-Leg
+    header ("prefill 127.0.0.1:PORT"), "" when absent."""
+    args = ["curl", "-sS", "-N", "--max-time", "60", "-w", "\n%{http_code} %header{x-pdlink-failed-leg}", url,
+            "-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    out = subprocess.run(args, capture_output=True, text=True)
+    text, _, tail = out.stdout.rpartition("\n")
+    code, _, leg = tail.partition(" ")
+    return int(code or 0), text, leg.strip()
+
+
+def failure(code, text, leg):
+    """A failed request as pdlink run reports it: status, which leg and worker, the body's message."""
+    where = " from the %s leg (%s)" % tuple(leg.split(" ", 1)) if " " in leg else ""
+    brace = text.find("{")
+    try:
+        e = json.loads(text[brace:]) if brace >= 0 else None
+        msg = text[:brace] + (e["error"]["message"] if isinstance(e.get("error"), dict) else e["error"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        msg = text[:300]
+    return f"HTTP {code}{where}: {msg}"
+
+
+def output_text(code, text, leg, stream, chat):
+    assert code == 200, failure(code, text, leg)
     if not stream:
         c = json.loads(text)["choices"][0]
         return c["message"]["content"] if chat else c["text"]
@@ -136,35 +133,47 @@ def requests_for(prompt):
                                    "max_tokens": 6}, False, True
 
 
+class PortTaken(AssertionError):
+    """A node could not bind a probed port: another process took it between the probe and the bind."""
+
+
 def start_node(tp, role, disc_port, name):
-    # A probed range can still be taken by a test running in parallel: retry with another one.
     for attempt in range(5):
         try:
             return start_node_once(tp, role, disc_port, f"{name}-try{attempt}" if attempt else name)
-        except AssertionError as e:
+        except PortTaken as e:
+            log(f"  {e}; retrying on another range")
             last = e
     raise last
 
 
 def start_node_once(tp, role, disc_port, name):
-    base = free_range(2 * tp + 1)
-    http, hs, nt = base, base + 1, base + 1 + tp
-    args = [f"{B}/pdlink-node", "--model", "tiny", "--host", "127.0.0.1", "--port", str(http),
+    # HTTP on port 0, read back from --port-file (the node advertises the port it bound); only the
+    # connector's rank ports are configured, so only they are probed.
+    pf = os.path.join(T, name + ".port")
+    args = [f"{B}/pdlink-node", "--model", "tiny", "--host", "127.0.0.1", "--port", "0", "--port-file", pf,
             "--tensor-parallel-size", str(tp), "--block-size", "16", "--kv-cache-dtype", "bf16"]
     if role:
+        hs = free_range(2 * tp)
         cfg = {"kv_connector": "MoRIIOConnector", "kv_role": role,
                "kv_connector_extra_config": {"host_ip": "127.0.0.1", "proxy_ip": "127.0.0.1",
-                                             "proxy_ping_port": disc_port, "http_port": http,
-                                             "handshake_port": hs, "notify_port": nt, "read_mode": True,
+                                             "proxy_ping_port": disc_port, "handshake_port": hs,
+                                             "notify_port": hs + tp, "read_mode": True,
                                              "backend": "rdma", "qp_per_transfer": 4, "num_workers": 4}}
         args += ["--kv-transfer-config", json.dumps(cfg)]
     p = spawn(args, name)
+    logf = os.path.join(T, name + ".log")
     def ready():
         if p.poll() is not None:
-            raise AssertionError(f"{name} exited with {p.returncode} (see {T}/{name}.log)")
-        return curl(f"http://127.0.0.1:{http}/health")[0] == 200
+            text = open(logf).read()
+            if "Address already in use" in text:
+                raise PortTaken(f"{name}: {text.strip().splitlines()[-1]}")
+            raise AssertionError(f"{name} exited with {p.returncode} (see {logf}):\n{text[-2000:]}")
+        if not os.path.exists(pf):
+            return False
+        return curl(f"http://127.0.0.1:{open(pf).read().strip()}/health")[0] == 200
     wait_for(ready, name + " ready")
-    return p, http
+    return p, int(open(pf).read())
 
 
 def run_topology(name, p_tps, d_tps, reference):
@@ -192,7 +201,7 @@ def run_topology(name, p_tps, d_tps, reference):
     for prompt in PROMPTS:
         for path, body, stream, chat in requests_for(prompt):
             # Each pair (P, D) is exercised: round robin walks every combination over the prompts.
-            got = output_text(*curl(f"http://127.0.0.1:{rport}{path}", body), stream, chat)
+            got = output_text(*complete(f"http://127.0.0.1:{rport}{path}", body), stream, chat)
             want = reference[(path, json.dumps(body, sort_keys=True))]
             assert got == want, f"{name}: {path} {body}: got {got!r}, single node says {want!r}"
             n += 1
@@ -229,7 +238,7 @@ def main():
     reference = {}
     for prompt in PROMPTS:
         for path, body, stream, chat in requests_for(prompt):
-            want = output_text(*curl(f"http://127.0.0.1:{ref_port}{path}", body), stream, chat)
+            want = output_text(*complete(f"http://127.0.0.1:{ref_port}{path}", body), stream, chat)
             assert want, f"the reference node generated nothing for {body}"
             reference[(path, json.dumps(body, sort_keys=True))] = want
     for name, p_tps, d_tps in [("1P1D-tp8-tp8", [8], [8]), ("2P1D-tp4x2-tp8", [4, 4], [8]),

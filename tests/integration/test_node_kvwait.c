@@ -21,11 +21,11 @@
 
 static pdl_node_kv_t *make_kv(double defer_s)
 {
-    for (int attempt = 0; attempt < 40; attempt++) {
-        int hs = 20000 + (int)(tc_rand() % 6000) * 2;
-        int nt = hs + 40 + (int)(tc_rand() % 200);
-        if (!tc_range_free(hs, 2) || !tc_range_free(nt, 2))
-            continue;
+    for (int attempt = 0; attempt < 10; attempt++) {
+        int hs = tp_free_range(4);
+        if (hs < 0)
+            return NULL;
+        int nt = hs + 2;
         pdl_connector_config_t conn;
         pdl_connector_config_defaults(&conn);
         conn.role = PDL_ROLE_PRODUCER;

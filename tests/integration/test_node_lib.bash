@@ -45,7 +45,14 @@ check_contains() { # check_contains DESCRIPTION HAYSTACK NEEDLE
     if [[ "$2" == *"$3"* ]]; then ok "$1"; else bad "$1: '$3' not in '${2:0:300}'"; fi
 }
 
+# port_taken LOG : true if a node log says it could not bind a port (connector: "bind failed: Address
+# already in use"; HTTP: "cannot listen on HOST:PORT (port in use?)").
+port_taken() {
+    grep -qE 'Address already in use|cannot listen on .*port in use' "$1"
+}
+
 # start_node NAME ARGS... : starts pdlink-node, waits for /health, sets ${NAME}_PORT and ${NAME}_PID.
+# Returns 2 when the node exited because a port was in use, 1 on any other failure.
 start_node() {
     local name=$1
     shift
@@ -68,6 +75,8 @@ start_node() {
         if ! kill -0 "$pid" 2>/dev/null; then
             echo "node $name exited early:"
             cat "$TMP/$name.log"
+            # A port taken between the probe and the bind: with_ports retries on a new range.
+            port_taken "$TMP/$name.log" && return 2
             return 1
         fi
         sleep 0.05
@@ -128,25 +137,37 @@ finish() {
     [[ $FAIL -eq 0 ]]
 }
 
-# free_base COUNT : prints a random port base such that base..base+COUNT-1 are all free on 127.0.0.1
-# (connector ports are bases plus rank offsets, so a whole range must be free).
-free_base() {
-    /usr/bin/python3 - "$1" <<'PY'
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randrange(20000, 60000 - n)
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-PY
+# free_ports COUNT [COUNT...] : one base port per COUNT, from one range outside the kernel's ephemeral
+# range that was free a moment ago (tests/tools/free_ports.py; connector ports are bases plus rank
+# offsets, so a whole range must be free).
+free_ports() {
+    /usr/bin/python3 "$SRC/tests/tools/free_ports.py" "$@"
+}
+
+# with_ports COUNT FN ARGS... : runs `FN BASE ARGS...` with BASE the first of COUNT free ports. Another
+# test can take a probed port before our node binds it; FN returns 2 for that (start_node does) and the
+# call is repeated with a new range, up to 5 times.
+with_ports() {
+    local count=$1 fn=$2 base rc
+    shift 2
+    for _ in 1 2 3 4 5; do
+        base=$(free_ports "$count") || return 1
+        "$fn" "$base" "$@"
+        rc=$?
+        [[ $rc -ne 2 ]] && return $rc
+        echo "  ports $base-$((base + count - 1)) were taken before the node bound them; retrying on another range"
+    done
+    return 1
+}
+
+# kv_node BASE NAME CONFIG_FN ROLE ARGS... : start_node NAME ARGS... with the --kv-transfer-config that
+# `CONFIG_FN ROLE BASE BASE+10` prints (handshake ports from BASE, notify ports from BASE+10: TP <= 10;
+# use with_ports 20). Sets ${NAME}_KV to BASE.
+kv_node() {
+    local base=$1 name=$2 cfg=$3 role=$4
+    shift 4
+    printf -v "${name}_KV" '%s' "$base"
+    start_node "$name" "$@" --kv-transfer-config "$("$cfg" "$role" "$base" $((base + 10)))"
 }
 
 # kv_config ROLE HANDSHAKE_BASE NOTIFY_BASE [EXTRA_JSON_MEMBERS] : the seed's --kv-transfer-config shape

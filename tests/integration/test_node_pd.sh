@@ -7,14 +7,12 @@
 source "$(dirname "$0")/test_node_lib.bash"
 
 PROMPT="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"
-FAST=',"handshake_timeout":2,"transfer_timeout":3'
+fast_config() { kv_config "$1" "$2" "$3" ',"handshake_timeout":2,"transfer_timeout":3'; }
 
-b=$(free_base 40)
-start_node P4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(kv_config kv_producer $b $((b + 10)))" || exit 1
-start_node D8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(kv_config kv_consumer $((b + 20)) $((b + 30)) "$FAST")" || exit 1
-b2=$(free_base 40)
-start_node P8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(kv_config kv_producer $b2 $((b2 + 10)))" || exit 1
-start_node D4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(kv_config kv_consumer $((b2 + 20)) $((b2 + 30)) "$FAST")" || exit 1
+with_ports 20 kv_node P4 kv_config kv_producer --model tiny --num-gpu-blocks 256 -tp 4 || exit 1
+with_ports 20 kv_node D8 fast_config kv_consumer --model tiny --num-gpu-blocks 256 -tp 8 || exit 1
+with_ports 20 kv_node P8 kv_config kv_producer --model tiny --num-gpu-blocks 256 -tp 8 || exit 1
+with_ports 20 kv_node D4 fast_config kv_consumer --model tiny --num-gpu-blocks 256 -tp 4 || exit 1
 start_node S --model tiny -tp 1 || exit 1
 want=$(completion_text $S_PORT "$PROMPT" 12)
 echo "  single node: \"$want\""
@@ -42,15 +40,12 @@ pd "P8->D4" $P8_PORT $D4_PORT 4
 
 # MLA (one latent head, replicated: whole blocks from one producer rank) and token-major (NHD) layouts
 # where a head slice is one run per token.
-b4=$(free_base 40)
-start_node PM --model tiny-mla -tp 8 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_producer $b4 $((b4 + 10)))" || exit 1
-start_node DM --model tiny-mla -tp 2 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_consumer $((b4 + 20)) $((b4 + 30)) "$FAST")" || exit 1
+with_ports 20 kv_node PM kv_config kv_producer --model tiny-mla -tp 8 --num-gpu-blocks 64 || exit 1
+with_ports 20 kv_node DM fast_config kv_consumer --model tiny-mla -tp 2 --num-gpu-blocks 64 || exit 1
 start_node SM --model tiny-mla -tp 1 || exit 1
-b5=$(free_base 40)
-start_node PN --model tiny -tp 2 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 \
-    --kv-transfer-config "$(kv_config kv_producer $b5 $((b5 + 10)))" || exit 1
-start_node DN --model tiny -tp 8 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 \
-    --kv-transfer-config "$(kv_config kv_consumer $((b5 + 20)) $((b5 + 30)) "$FAST")" || exit 1
+with_ports 20 kv_node PN kv_config kv_producer --model tiny -tp 2 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 || exit 1
+with_ports 20 kv_node DN fast_config kv_consumer --model tiny -tp 8 --kv-layout nhd --block-size 8 --num-gpu-blocks 64 \
+    || exit 1
 for pair in "PM DM SM 2" "PN DN S 8"; do
     read -r pn dn sn dtp <<<"$pair"
     pp=${pn}_PORT dp=${dn}_PORT sp=${sn}_PORT
@@ -117,15 +112,14 @@ expect_code "decode leg with the wrong block count" $D8_PORT 400 "remote_block_i
     '{"prompt":"x","kv_transfer_params":{"do_remote_prefill":true,"transfer_id":"t","remote_block_ids":[0,1,2],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_handshake_port":1,"remote_notify_port":1,"tp_size":4}}'
 
 # A decode leg whose producer is gone: the pull fails (500 naming the transfer), blocks are freed.
-dead=$(free_base 10)
+dead=$(free_ports 10)
 expect_code "decode leg with a dead producer" $D8_PORT 500 "tx-dead" \
     "{\"prompt\":\"x\",\"kv_transfer_params\":{\"do_remote_prefill\":true,\"transfer_id\":\"tx-dead\",\"remote_block_ids\":[0],\"remote_engine_id\":\"127.0.0.1:$dead\",\"remote_host\":\"127.0.0.1\",\"remote_handshake_port\":$dead,\"remote_notify_port\":$((dead + 5)),\"tp_size\":4}}"
 check_eq "decode blocks all free after the failed pull" "$(metric $D8_PORT pdlink_free_blocks)" \
     "$(metric $D8_PORT pdlink_total_blocks)"
 
 # A producer with another seed: every received byte is wrong, the decode says so and fails.
-b3=$(free_base 20)
-start_node PX --model tiny --num-gpu-blocks 256 -tp 4 --seed 99 --kv-transfer-config "$(kv_config kv_producer $b3 $((b3 + 10)))" || exit 1
+with_ports 20 kv_node PX kv_config kv_producer --model tiny --num-gpu-blocks 256 -tp 4 --seed 99 || exit 1
 rid="seed-$RANDOM"
 pre=$(prefill_leg $PX_PORT "$PROMPT" tx-seed-$RANDOM $rid 8)
 r=$(curl -s -w ' %{http_code}' -H "X-Request-Id: $rid" --data-binary \

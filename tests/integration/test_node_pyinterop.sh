@@ -13,8 +13,8 @@ PEER=$SRC/tests/python/moriio_peer.py
 /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || { echo "SKIP: python3-zmq/msgpack missing"; exit 77; }
 
 PROMPT="Weng earns 12 dollars an hour for babysitting. Yesterday, she just did 50 minutes of babysitting."
-pb=$(free_base 20)
-start_node P --model tiny -tp 4 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_producer $pb $((pb + 10)))" || exit 1
+with_ports 20 kv_node P kv_config kv_producer --model tiny -tp 4 --num-gpu-blocks 64 || exit 1
+pb=$P_KV
 start_node S --model tiny || exit 1
 want=$(completion_text $S_PORT "$PROMPT" 8)
 
@@ -40,11 +40,10 @@ done
 check_eq "nothing dropped as malformed" "$(metric $P_PORT pdlink_dropped_malformed_total)" 0
 
 # ---- 2. a pdlink-node consumer against an upstream-looking producer (the Python front)
-qb=$(free_base 20)
-start_node P1 --model tiny -tp 1 --num-gpu-blocks 64 --kv-transfer-config "$(kv_config kv_producer $qb $((qb + 10)))" || exit 1
-db=$(free_base 20)
-start_node D --model tiny -tp 2 --num-gpu-blocks 64 \
-    --kv-transfer-config "$(kv_config kv_consumer $db $((db + 10)) ',"handshake_timeout":5,"transfer_timeout":5')" || exit 1
+with_ports 20 kv_node P1 kv_config kv_producer --model tiny -tp 1 --num-gpu-blocks 64 || exit 1
+qb=$P1_KV
+slow_config() { kv_config "$1" "$2" "$3" ',"handshake_timeout":5,"transfer_timeout":5'; }
+with_ports 20 kv_node D slow_config kv_consumer --model tiny -tp 2 --num-gpu-blocks 64 || exit 1
 /usr/bin/python3 "$PEER" front --producer-hs-port $qb --producer-notify-port $((qb + 10)) --strip-pdlink --expect 2 \
     --timeout 30 >"$TMP/front.out" 2>&1 &
 FRONT=$!

@@ -7,12 +7,18 @@
 source "$(dirname "$0")/test_node_lib.bash"
 /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || { echo "SKIP: python3-zmq/msgpack missing"; exit 77; }
 
-ROUTER_PORT=$(free_base 1)
-/usr/bin/python3 - "$ROUTER_PORT" >"$TMP/pings" 2>"$TMP/pings.err" <<'PY' &
-import json, sys, time, msgpack, zmq
+# The stand-in binds a free port itself (no probe-then-bind window) and reports it in a file.
+/usr/bin/python3 - "$SRC/tests/tools" "$TMP/router.port" >"$TMP/pings" 2>"$TMP/pings.err" <<'PY' &
+import json, os, sys, time, msgpack, zmq
+sys.path.insert(0, sys.argv[1])
+import free_ports
 ctx = zmq.Context()
 s = ctx.socket(zmq.ROUTER)
-s.bind("tcp://127.0.0.1:%s" % sys.argv[1])
+lo, hi = free_ports.safe_window(free_ports.ephemeral_range())
+port = s.bind_to_random_port("tcp://127.0.0.1", min_port=lo, max_port=hi + 1, max_tries=1000)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write("%d\n" % port)
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
 seen = {}
 deadline = time.time() + 20
 while time.time() < deadline and len(seen) < 2:
@@ -26,11 +32,10 @@ sys.stdout.flush()
 PY
 CHILDREN+=($!)
 PING_PID=$!
+for _ in $(seq 1 400); do [[ -s $TMP/router.port ]] && break; sleep 0.05; done
+ROUTER_PORT=$(cat "$TMP/router.port" 2>/dev/null)
+[[ -n $ROUTER_PORT ]] || { echo "the stand-in router did not start:"; cat "$TMP/pings.err"; exit 1; }
 
-PH=$(free_base 1)
-DH=$(free_base 1)
-pb=$(free_base 20)
-db=$(free_base 20)
 seed_cfg() { # ROLE HTTP_PORT HANDSHAKE NOTIFY -- the seed's JSON, with its newlines and indentation
     cat <<JSON
 {
@@ -51,8 +56,13 @@ seed_cfg() { # ROLE HTTP_PORT HANDSHAKE NOTIFY -- the seed's JSON, with its newl
   }
 JSON
 }
-seed_node() { # NAME PORT TP ROLE HANDSHAKE NOTIFY
-    local name=$1 port=$2 tp=$3 role=$4 hs=$5 nt=$6
+# seed_node BASE NAME TP ROLE : HTTP port BASE (the seed names it in the config too, so it is not port 0),
+# handshake ports from BASE+1, notify ports from BASE+11 (use with_ports 21). Sets ${NAME}_HTTP and
+# ${NAME}_KV; returns 2 when a port was taken before the node bound it (with_ports retries).
+seed_node() {
+    local port=$1 name=$2 tp=$3 role=$4 hs=$(($1 + 1)) nt=$(($1 + 11))
+    printf -v "${name}_HTTP" '%s' "$port"
+    printf -v "${name}_KV" '%s' "$hs"
     local pf=$TMP/$name.port
     "$NODE_BIN" serve MiniMaxAI/MiniMax-M3-MXFP8 --model tiny \
         --host 127.0.0.1 \
@@ -74,15 +84,24 @@ seed_node() { # NAME PORT TP ROLE HANDSHAKE NOTIFY
     CHILDREN+=($!)
     NODE_NAMES+=("$name")
     printf -v "${name}_PID" '%s' "$!"
+    local pid=$!
     for _ in $(seq 1 400); do
         [[ -s $pf ]] && curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "node $name exited early:"
+            cat "$TMP/$name.log"
+            port_taken "$TMP/$name.log" && return 2
+            return 1
+        fi
         sleep 0.05
     done
+    echo "node $name not ready after 20 s:"
     cat "$TMP/$name.log"
     return 1
 }
-seed_node P $PH 4 kv_producer $pb $((pb + 10)) || exit 1
-seed_node D $DH 8 kv_consumer $db $((db + 10)) || exit 1
+with_ports 21 seed_node P 4 kv_producer || exit 1
+with_ports 21 seed_node D 8 kv_consumer || exit 1
+PH=$P_HTTP DH=$D_HTTP pb=$P_KV
 start_node S --model tiny --served-model-name MiniMaxAI/MiniMax-M3-MXFP8 --kv-cache-dtype fp8 --block-size 128 || exit 1
 
 check_eq "served model name is the seed's" "$(curl -s http://127.0.0.1:$PH/v1/models | jq -r '.data[0].id')" \

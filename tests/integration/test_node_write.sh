@@ -16,21 +16,13 @@ wcfg() { # wcfg ROLE HS NOTIFY : WRITE-mode kv-transfer-config
 }
 zaddr() { printf 'host:127.0.0.1,handshake:%d,notify:%d' "$1" "$2"; }
 
-b=$(free_base 40)
-start_node P4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(wcfg kv_producer $b $((b + 10)))" || exit 1
-start_node D8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(wcfg kv_consumer $((b + 20)) $((b + 30)))" || exit 1
-P4_Z=$(zaddr $b $((b + 10)))
-D8_Z=$(zaddr $((b + 20)) $((b + 30)))
-b2=$(free_base 40)
-start_node P8 --model tiny --num-gpu-blocks 256 -tp 8 --kv-transfer-config "$(wcfg kv_producer $b2 $((b2 + 10)))" || exit 1
-start_node D4 --model tiny --num-gpu-blocks 256 -tp 4 --kv-transfer-config "$(wcfg kv_consumer $((b2 + 20)) $((b2 + 30)))" || exit 1
-P8_Z=$(zaddr $b2 $((b2 + 10)))
-D4_Z=$(zaddr $((b2 + 20)) $((b2 + 30)))
-b3=$(free_base 40)
-start_node PM --model tiny-mla --num-gpu-blocks 64 -tp 8 --kv-transfer-config "$(wcfg kv_producer $b3 $((b3 + 10)))" || exit 1
-start_node DM --model tiny-mla --num-gpu-blocks 64 -tp 2 --kv-transfer-config "$(wcfg kv_consumer $((b3 + 20)) $((b3 + 30)))" || exit 1
-PM_Z=$(zaddr $b3 $((b3 + 10)))
-DM_Z=$(zaddr $((b3 + 20)) $((b3 + 30)))
+for spec in "P4 kv_producer tiny 256 4" "D8 kv_consumer tiny 256 8" "P8 kv_producer tiny 256 8" \
+    "D4 kv_consumer tiny 256 4" "PM kv_producer tiny-mla 64 8" "DM kv_consumer tiny-mla 64 2"; do
+    read -r name role model blocks tp <<<"$spec"
+    with_ports 20 kv_node "$name" wcfg "$role" --model "$model" --num-gpu-blocks "$blocks" -tp "$tp" || exit 1
+    kv=${name}_KV
+    printf -v "${name}_Z" '%s' "$(zaddr ${!kv} $((${!kv} + 10)))"
+done
 start_node S --model tiny -tp 1 || exit 1
 start_node SM --model tiny-mla -tp 1 || exit 1
 want=$(completion_text $S_PORT "$PROMPT" 12)

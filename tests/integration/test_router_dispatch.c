@@ -196,6 +196,7 @@ static void chat_and_streaming_pass_through_byte_for_byte(void **state)
     char owner[64];
     snprintf(owner, sizeof(owner), "fake-P-%d", s.p[0].port);
     assert_non_null(strstr(c.body, owner));
+    assert_string_equal(c.failed_leg, ""); /* only failures name a leg */
     rh_resp_free(&c);
     pd_stop(&s);
 }
@@ -210,6 +211,9 @@ static void prefill_failure_is_500_with_its_body(void **state)
     assert_int_equal(c.status, 500);
     assert_non_null(strstr(c.body, "Prefill server error 503"));
     assert_non_null(strstr(c.body, "prefill-boom-123"));
+    char leg[64];
+    snprintf(leg, sizeof(leg), "prefill 127.0.0.1:%d", s.p[0].port);
+    assert_string_equal(c.failed_leg, leg);
     rh_resp_free(&c);
     assert_int_equal(nreq(&s.d[0]), 0); /* READ: no decode after a failed prefill */
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_prefill_errors_total"), 1);
@@ -220,6 +224,7 @@ static void prefill_failure_is_500_with_its_body(void **state)
     c = rh_http(s.r.http, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":3}");
     assert_int_equal(c.status, 500);
     assert_non_null(strstr(c.body, "Prefill server error"));
+    assert_string_equal(c.failed_leg, leg);
     rh_resp_free(&c);
     assert_int_equal(rh_status(s.r.http, "/liveness"), 200);
     s.np = 0;
@@ -236,6 +241,9 @@ static void decode_failure_is_passed_through(void **state)
     assert_int_equal(c.status, 429);
     assert_int_equal(c.len, strlen("decode-slow-down"));
     assert_memory_equal(c.body, "decode-slow-down", c.len);
+    char leg[64];
+    snprintf(leg, sizeof(leg), "decode 127.0.0.1:%d", s.d[0].port);
+    assert_string_equal(c.failed_leg, leg);
     rh_resp_free(&c);
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_decode_errors_total"), 1);
 
@@ -375,6 +383,7 @@ static void write_mode_sends_both_legs_at_once(void **state)
     c = rh_http(s.r.http, "/v1/completions", "{\"prompt\":\"write me\",\"max_tokens\":4}");
     assert_int_equal(c.status, 500);
     assert_non_null(strstr(c.body, "Prefill server error 500: px"));
+    assert_non_null(strstr(c.failed_leg, "prefill 127.0.0.1:"));
     rh_resp_free(&c);
     pd_stop(&s);
 }

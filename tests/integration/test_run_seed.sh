@@ -13,7 +13,16 @@ for exe in pdlink pdlink-node pdlink-router; do
     fi
 done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_run_seed.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# On failure, the warnings and errors of every child's log (the log directory is removed with $WORK).
+on_exit() {
+    local rc=$?
+    if [ "$rc" -ne 0 ] && ls "$WORK"/logs/*.log >/dev/null 2>&1; then
+        echo "--- warnings and errors in $WORK/logs:"
+        grep -H -E ' (warn|error): ' "$WORK"/logs/*.log | sed "s|$WORK/logs/||" | tail -60
+    fi
+    rm -rf "$WORK"
+}
+trap on_exit EXIT
 
 "$BUILD/pdlink" run --model tiny --requests 12 --concurrency 4 --prompt-tokens 8-80 --max-tokens 8 \
     --json "$WORK/report.json" --log-dir "$WORK/logs" >"$WORK/out.txt" 2>"$WORK/err.txt"

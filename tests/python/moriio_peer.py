@@ -16,11 +16,15 @@ Sub-commands print one JSON object per line on stdout; exit status 0 means every
 """
 import argparse
 import json
+import os
 import sys
 import time
 
 import msgpack
 import zmq
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import free_ports  # noqa: E402 (the tests' one port rule: outside the kernel's ephemeral range)
 
 GET_META_MSG = b"get_meta_msg"
 POP_DONE_RECV = b"pop_done_recv"
@@ -167,12 +171,14 @@ def cmd_front(args):
         meta = {k: meta[k] for k in AGENT_KEYS}  # exactly upstream's MoRIIOAgentMetadata fields, in order
     p1 = msgpack.dumps(meta)
     p2 = msgpack.dumps(layers)
+    # Bound directly at random ports of the safe window and reported, so there is no probe to race.
+    lo, hi = free_ports.safe_window(free_ports.ephemeral_range())
     hs = ctx.socket(zmq.ROUTER)
     hs.setsockopt(zmq.LINGER, 0)
-    hs_port = hs.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=32000)
+    hs_port = hs.bind_to_random_port("tcp://127.0.0.1", min_port=lo, max_port=hi + 1, max_tries=1000)
     nt = ctx.socket(zmq.ROUTER)
     nt.setsockopt(zmq.LINGER, 0)
-    nt_port = nt.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=32000)
+    nt_port = nt.bind_to_random_port("tcp://127.0.0.1", min_port=lo, max_port=hi + 1, max_tries=1000)
     fwd = ctx.socket(zmq.DEALER)
     fwd.setsockopt(zmq.LINGER, 5000)
     fwd.connect("tcp://%s:%d" % (args.producer_host, args.producer_notify_port))
