@@ -45,28 +45,6 @@ uint64_t pdl__mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-const char *pdl_backend_name(pdl_backend_kind_t kind)
-{
-    switch (kind) {
-    case PDL_BACKEND_SHM:
-        return "shm";
-    case PDL_BACKEND_TCP:
-        return "tcp";
-    }
-    return "unknown";
-}
-
-int pdl_backend_parse(const char *s)
-{
-    if (s == NULL)
-        return -1;
-    if (strcmp(s, "shm") == 0)
-        return PDL_BACKEND_SHM;
-    if (strcmp(s, "tcp") == 0)
-        return PDL_BACKEND_TCP;
-    return -1;
-}
-
 static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "write"; }
 
 /* ---------------------------------------------------------------- worker pool */
@@ -182,12 +160,8 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
     if (strlen(host) >= PDL_KEY_MAX)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: host name too long", cfg->key);
-    const pdl_backend_ops_t *ops;
-    if (cfg->backend == PDL_BACKEND_SHM)
-        ops = &pdl__shm_ops;
-    else if (cfg->backend == PDL_BACKEND_TCP)
-        ops = &pdl__tcp_ops;
-    else
+    const pdl_backend_ops_t *ops = pdl__backend_ops(cfg->backend);
+    if (ops == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm or tcp)", cfg->key,
                              (int)cfg->backend);
     if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
