@@ -33,8 +33,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/copy.h"
 #include "engine/backend.h"
-#include "engine/copy.h"
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
