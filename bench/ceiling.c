@@ -3,6 +3,7 @@
  */
 #include "ceiling.h"
 
+#include "common/clock.h"
 #include "common/copy.h" /* the streaming copy shm uses: the ceiling takes the faster of it and memcpy */
 
 #include <arpa/inet.h>
@@ -20,12 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)pdl__clock_now_ns() * 1e-9; }
 
 void *pdl_ceiling_alloc(size_t bytes)
 {

@@ -238,7 +238,7 @@ void pdl_recv_free(pdl_recv_t *rv);
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 
-/* Monotonic time (pdl_now_ns) at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
+/* CLOCK_MONOTONIC time in ns at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
 uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 
 #ifdef __cplusplus

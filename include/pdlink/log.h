@@ -67,10 +67,6 @@ void pdl_ratelimit_init(pdl_ratelimit_t *rl, uint32_t interval_ms, uint32_t burs
 /* True if this event may be logged; *suppressed_out gets the count skipped since the last allowed one. */
 bool pdl_ratelimit_allow(pdl_ratelimit_t *rl, uint64_t *suppressed_out);
 
-/* Monotonic clock in nanoseconds / milliseconds. */
-uint64_t pdl_now_ns(void);
-uint64_t pdl_now_ms(void);
-
 #ifdef __cplusplus
 }
 #endif

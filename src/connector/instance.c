@@ -19,6 +19,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "connector/internal.h"
 
 int pdl__endpoint(char *buf, size_t cap, const char *host, int port)
@@ -487,7 +488,7 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
         return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "hold: transfer %s is already held", transfer_id)
                       : pdl_error_set(err, PDL_ERR_NOMEM, "hold %s: out of memory", transfer_id);
     }
-    uint64_t now = pdl_now_ns();
+    uint64_t now = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
         /* The peer's read request reaches the engine through a socket, which orders nothing for the

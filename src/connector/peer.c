@@ -18,6 +18,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "connector/internal.h"
 
 static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_ns, pdl_bytes_t *out,
@@ -26,7 +27,7 @@ static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_n
     zmq_msg_t f[3];
     int n = 0;
     for (;;) {
-        int64_t left = (int64_t)(deadline_ns - pdl_now_ns()) / 1000000;
+        int64_t left = (int64_t)(deadline_ns - pdl__clock_now_ns()) / 1000000;
         if (n == 0) {
             zmq_pollitem_t it = {.socket = s, .events = ZMQ_POLLIN};
             int rc = zmq_poll(&it, 1, left > 0 ? (long)left : 0);
@@ -88,7 +89,7 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
         zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
     }
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
-    uint64_t deadline = pdl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     pdl_status_t st = PDL_OK;
     if (zmq_connect(s, ep) != 0)
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: connect %s: %s", who, ep,
@@ -157,9 +158,9 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
     char who[PDL_WIRE_HOST_MAX + 64];
     snprintf(who, sizeof(who), "%s:%d (producer tp rank %d)", pull->host, port, prank);
     pdl_bytes_t meta_b = {0}, layers_b = {0};
-    uint64_t t_fetch = pdl_now_ns();
+    uint64_t t_fetch = pdl__clock_now_ns();
     pdl_status_t st = hs_fetch(r, pull->host, port, &meta_b, &layers_b, who, err);
-    uint64_t t_fetched = pdl_now_ns(), t_added = 0;
+    uint64_t t_fetched = pdl__clock_now_ns(), t_added = 0;
     if (st != PDL_OK)
         goto fail_count;
     p = calloc(1, sizeof(*p));
@@ -201,7 +202,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
         pdl_error_prefix(err, "peer %s: engine descriptor", who);
         goto fail_peer;
     }
-    t_added = pdl_now_ns();
+    t_added = pdl__clock_now_ns();
     /* One registration covers every layer (see instance.c), so one session serves all layers. */
     st = pdl_session_open(r->engine, r->kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
     if (st != PDL_OK) {
@@ -221,7 +222,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, const pdl_pull_t *pull, int prank, pdl
     pthread_mutex_lock(&r->ctr_mu);
     r->ctr.handshakes++;
     pthread_mutex_unlock(&r->ctr_mu);
-    uint64_t t_done = pdl_now_ns();
+    uint64_t t_done = pdl__clock_now_ns();
     pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
               "session open %.3f ms",
               r->rank, who, p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks,

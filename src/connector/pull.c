@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "connector/internal.h"
 #include "pdlink/pull_hook.h"
 
@@ -60,7 +61,7 @@ static void pull_rank_done(pdl_pull_t *p, int rank, pdl_status_t st, const char 
         snprintf(p->msg, sizeof(p->msg), "consumer rank %d: %.280s", rank, msg);
     }
     if (--p->pending == 0) {
-        p->end_ns = pdl_now_ns();
+        p->end_ns = pdl__clock_now_ns();
         pthread_cond_broadcast(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
@@ -104,7 +105,7 @@ typedef struct job_times {
 static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
                               uint64_t *descs_out, job_times_t *jt, pdl_error_t *err)
 {
-    uint64_t tp0 = pdl_now_ns();
+    uint64_t tp0 = pdl__clock_now_ns();
     int L = r->inst->cfg.model.num_layers;
     /* Producer ranks the plan reads from, each with its pieces (pieces of one producer are adjacent
      * in head order but we do not rely on it). */
@@ -123,7 +124,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
         if (st != PDL_OK)
             return st;
     }
-    jt->peers = pdl_now_ns() - tp0;
+    jt->peers = pdl__clock_now_ns() - tp0;
     size_t nposted = 0;
     posted_t *posted = calloc((size_t)L * (size_t)npr, sizeof(*posted));
     if (posted == NULL)
@@ -133,7 +134,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
     pdl_status_t st = PDL_OK;
     pdl_peer_t *gone[PDL_TOPO_MAX_TP];
     int ngone = 0;
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     const uint32_t *remote = pull->remote_blocks;
     for (int l = 0; l < L && st == PDL_OK; l++) {
         for (int k = 0; k < npr && st == PDL_OK; k++) {
@@ -142,7 +143,7 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
                 if (plan->pieces[i].producer_rank == pranks[k])
                     pieces[np++] = plan->pieces[i];
             pdl_descv_reset(&dv);
-            uint64_t tb = pdl_now_ns();
+            uint64_t tb = pdl__clock_now_ns();
             st = pdl_layout_build_descs(&r->geo, &peers[k]->geo, PDL_DIR_READ, pieces, np, pull->local_blocks, remote,
                                         pull->n, (uint64_t)l * r->layer_len, (uint64_t)l * peers[k]->layer_len, &dv,
                                         err);
@@ -151,10 +152,10 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
                 break;
             }
             pdl_batch_t *b = NULL;
-            uint64_t tpost = pdl_now_ns();
+            uint64_t tpost = pdl__clock_now_ns();
             jt->build += tpost - tb;
             st = pdl_session_post(peers[k]->session, PDL_OP_READ, dv.v, dv.n, &b, err);
-            jt->post += pdl_now_ns() - tpost;
+            jt->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, "layer %d, producer rank %d: post", l, pranks[k]);
                 if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT)
@@ -170,10 +171,10 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
     }
     pdl_descv_free(&dv);
     /* Wait for everything posted, even after a failure: the batches write into our blocks. */
-    uint64_t tw = pdl_now_ns();
+    uint64_t tw = pdl__clock_now_ns();
     uint64_t deadline = t0 + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
     for (size_t i = 0; i < nposted; i++) {
-        uint64_t now = pdl_now_ns();
+        uint64_t now = pdl__clock_now_ns();
         int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
         pdl_error_t e;
         pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
@@ -196,13 +197,13 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
         pdl_batch_free(posted[i].batch);
     }
     free(posted);
-    jt->wait = pdl_now_ns() - tw;
+    jt->wait = pdl__clock_now_ns() - tw;
     for (int g = 0; g < ngone; g++) {
         pdl_warn("rank %d: evicting peer %s after a failed read", r->rank, gone[g]->key);
         pdl__peer_evict(r, gone[g]);
     }
     pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.read_ns += pdl_now_ns() - t0;
+    r->ctr.read_ns += pdl__clock_now_ns() - t0;
     pthread_mutex_unlock(&r->ctr_mu);
     return st;
 }
@@ -220,7 +221,7 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
     }
     /* Stamped before the first release is queued, so a producer's report can never predate it. */
     pthread_mutex_lock(&pull->mu);
-    pull->release_sent_ns[r->rank] = pdl_now_ns();
+    pull->release_sent_ns[r->rank] = pdl__clock_now_ns();
     pthread_mutex_unlock(&pull->mu);
     for (int g = first; g < first + count; g++) {
         pdl_msg_t m;
@@ -280,29 +281,29 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
     job_times_t jt = {0};
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     jt.queued = t0 - queued_ns;
     pdl_status_t st;
     const pdl_read_plan_t *plan = plan_get(r, pull->producer_tp, &err);
     if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
     } else {
-        if (pdl_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
+        if (pdl__clock_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, pull, plan);
         st = rank_read(r, pull, plan, &bytes, &descs, &jt, &err);
     }
-    uint64_t trel = pdl_now_ns();
+    uint64_t trel = pdl__clock_now_ns();
     send_releases(r, pull, plan, st == PDL_OK);
-    uint64_t thook = pdl_now_ns();
+    uint64_t thook = pdl__clock_now_ns();
     jt.release = thook - trel;
     /* The caller's per-rank work (pull_hook.h), after the releases so the producer never waits for it. */
     if (st == PDL_OK && pull->rank_fn != NULL)
         pull->rank_fn(pull->rank_arg, r->rank);
-    jt.hook = pdl_now_ns() - thook;
+    jt.hook = pdl__clock_now_ns() - thook;
     pdl_debug("rank %d: pull %s: queued %.3f ms, peers %.3f, build %.3f, post %.3f, wait %.3f, release %.3f, "
               "hook %.3f, total %.3f ms; %llu bytes, %llu descs",
               r->rank, pull->transfer_id, jt.queued / 1e6, jt.peers / 1e6, jt.build / 1e6, jt.post / 1e6,
-              jt.wait / 1e6, jt.release / 1e6, jt.hook / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
+              jt.wait / 1e6, jt.release / 1e6, jt.hook / 1e6, (pdl__clock_now_ns() - t0) / 1e6, (unsigned long long)bytes,
               (unsigned long long)descs);
     pthread_mutex_lock(&r->ctr_mu);
     if (st == PDL_OK) {
@@ -466,7 +467,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     p->status = PDL_OK;
     p->pending = inst->tp;
     p->refs = 1 + inst->tp;
-    p->start_ns = pdl_now_ns();
+    p->start_ns = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
         pdl_pull_job_t *j = calloc(1, sizeof(*j));

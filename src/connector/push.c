@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "connector/internal.h"
 
 enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
@@ -181,7 +182,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_pus
     for (int t = 0; t < nt && st == PDL_OK; t++)
         st = pdl__peer_get(r, dial, plan->targets[t].consumer_rank, &peers[t], err);
     pdl_descv_t dv = {0};
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     for (int l = 0; l < L && st == PDL_OK; l++) {
         for (int t = 0; t < nt && st == PDL_OK; t++) {
             pdl_descv_reset(&dv);
@@ -210,7 +211,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_pus
     uint64_t deadline = t0 + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
     pdl_peer_t *gone = NULL;
     for (size_t i = 0; i < nposted; i++) {
-        uint64_t now = pdl_now_ns();
+        uint64_t now = pdl__clock_now_ns();
         int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
         pdl_error_t e;
         pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
@@ -228,7 +229,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const pdl_pus
         pdl__peer_evict(r, gone);
     }
     pthread_mutex_lock(&r->ctr_mu);
-    r->ctr.read_ns += pdl_now_ns() - t0;
+    r->ctr.read_ns += pdl__clock_now_ns() - t0;
     pthread_mutex_unlock(&r->ctr_mu);
 out:
     free(posted);
@@ -411,7 +412,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
             k->decode_dp = (int)msg->decode_rank;
             k->said_tp = said_tp;
             k->rank = r->rank;
-            k->at_ns = pdl_now_ns();
+            k->at_ns = pdl__clock_now_ns();
             if (pdl__strmap_put(&inst->parked, key, k) == 0)
                 parked = true;
             else
@@ -500,7 +501,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     }
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
-    p->created_ns = pdl_now_ns();
+    p->created_ns = pdl__clock_now_ns();
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
 
@@ -709,7 +710,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->expected = expected;
     rv->pending = D;
     rv->status = PDL_OK;
-    rv->deadline_ns = pdl_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
     pthread_mutex_lock(&inst->push_mu);
     int rc = pdl__strmap_put(&inst->recvs, tid, rv);
     rv->in_map = rc == 0;
@@ -886,7 +887,7 @@ void pdl__push_reap(pdl_rank_t *r)
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.read_mode)
         return;
-    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl_now_ns()};
+    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl__clock_now_ns()};
     c.defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9);
     pdl_push_t **freed = NULL;
     size_t nfreed = 0;

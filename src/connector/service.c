@@ -25,6 +25,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "connector/internal.h"
 
 #define SVC_BUDGET 512            /* frames per socket per wake-up */
@@ -167,7 +168,7 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
                                .failed = msg->status == PDL_RELEASE_FAILED};
     pdl_error_t e;
     pthread_mutex_lock(&r->fan_mu);
-    pdl_fanin_result_t res = pdl__fanin_release(r->fanin, &rel, pdl_now_ns(), &e);
+    pdl_fanin_result_t res = pdl__fanin_release(r->fanin, &rel, pdl__clock_now_ns(), &e);
     pthread_mutex_unlock(&r->fan_mu);
     switch (res) {
     case PDL_FANIN_INVALID:
@@ -213,7 +214,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan_mu);
-        bool ok = pdl__fanin_keepalive(r->fanin, msg.transfer_id, pdl_now_ns());
+        bool ok = pdl__fanin_keepalive(r->fanin, msg.transfer_id, pdl__clock_now_ns());
         pthread_mutex_unlock(&r->fan_mu);
         if (!ok)
             pdl_debug("rank %d: keepalive for transfer %s that is not held", r->rank, msg.transfer_id);
@@ -396,7 +397,7 @@ static void reap_tick(pdl_rank_t *r)
 {
     expired_list_t l = {0};
     pthread_mutex_lock(&r->fan_mu);
-    pdl__fanin_reap(r->fanin, pdl_now_ns(), collect_id, &l);
+    pdl__fanin_reap(r->fanin, pdl__clock_now_ns(), collect_id, &l);
     pthread_mutex_unlock(&r->fan_mu);
     for (size_t i = 0; i < l.n; i++) {
         uint64_t sup = 0;
@@ -448,7 +449,7 @@ static void *service_main(void *arg)
         flush_outbound(r);
         reap_tick(r);
         pdl__push_reap(r);
-        ping_tick(r, pdl_now_ms());
+        ping_tick(r, pdl__clock_now_ms());
     }
     flush_outbound(r);
     pdl__dealers_close(&r->dealers);

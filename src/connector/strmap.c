@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/siphash.h"
 
 static uint64_t strmap_hash(const pdl_strmap_t *m, const char *s) { return pdl__siphash24(m->key, s, strlen(s)); }
@@ -33,9 +33,7 @@ static void strmap_seed(pdl_strmap_t *m)
     }
     if (got == sizeof(m->key))
         return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t parts[4] = {(uint64_t)(uintptr_t)m, (uint64_t)ts.tv_sec, (uint64_t)ts.tv_nsec, (uint64_t)getpid()};
+    uint64_t parts[4] = {(uint64_t)(uintptr_t)m, pdl__clock_now_ns(), (uint64_t)getpid(), 0};
     static const uint8_t zero[16];
     uint64_t k0 = pdl__siphash24(zero, parts, sizeof(parts));
     parts[0] ^= k0;

@@ -211,8 +211,6 @@ void pdl__engine_mem_put(pdl_mem_t *m);
 void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err);
 /* Queue chunk idx of b on the worker pool; the worker calls ops->drive_chunk(b, idx). */
 void pdl__engine_pool_drive(pdl_batch_t *b, int idx);
-/* CLOCK_MONOTONIC in ns. */
-uint64_t pdl__mono_ns(void);
 
 /* Mark a session broken (sticky) with a status and message; first call wins. */
 void pdl__session_break(pdl_session_t *s, pdl_status_t st, const char *msg);

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/backend.h"
 
 struct pdl_job {
@@ -37,13 +38,6 @@ struct pdl_job {
     bool drive; /* ops->drive_chunk (the backend completes the chunk) instead of ops->run_chunk */
     struct pdl_job *next;
 };
-
-uint64_t pdl__mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "write"; }
 
@@ -855,21 +849,13 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *b, int timeout_ms, pdl_error_t *err)
 {
     if (b == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_batch_wait: batch is NULL");
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms > 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-    }
+    /* Deadline in pdl__clock_now_ns time: UINT64_MAX waits forever, 0 is one non-blocking pass. */
+    uint64_t deadline = timeout_ms < 0    ? UINT64_MAX
+                        : timeout_ms == 0 ? 0
+                                          : pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    struct timespec dl = pdl__clock_timespec(deadline); /* b->cv waits on CLOCK_MONOTONIC */
     if (b->session->engine->ops->progress) {
         /* The waiting thread moves the batch's bytes itself (tcp): no hand-off, no extra wake-up. */
-        uint64_t deadline = timeout_ms < 0    ? UINT64_MAX
-                            : timeout_ms == 0 ? 0
-                                              : (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec;
         b->session->engine->ops->progress(b, deadline);
     }
     pthread_mutex_lock(&b->mu);

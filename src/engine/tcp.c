@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/iov.h"
 #include "engine/tcp.h"
@@ -567,7 +568,7 @@ static bool rx_pending(const tcp_conn_t *c) { return c->head != NULL && c->head-
 static bool may_block(uint64_t deadline)
 {
     return deadline == UINT64_MAX ||
-           (deadline != 0 && pdl__mono_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
+           (deadline != 0 && pdl__clock_now_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
 }
 
 /*
@@ -637,7 +638,7 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
             if (en == EAGAIN || en == EWOULDBLOCK) {
                 if (!block)
                     return res | IO_AGAIN;
-                if (deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+                if (deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline)
                     return res;
                 continue;
             }
@@ -730,7 +731,7 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
             if (en == EAGAIN || en == EWOULDBLOCK) {
                 if (!block)
                     return res | IO_AGAIN;
-                if (deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+                if (deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline)
                     return res;
                 continue;
             }
@@ -804,7 +805,7 @@ static void drive(tcp_conn_t *c, tcp_op_t *op, uint64_t deadline)
         }
         if (op->done || deadline == 0)
             break;
-        uint64_t now = pdl__mono_ns();
+        uint64_t now = pdl__clock_now_ns();
         if (now >= deadline)
             break;
         if ((tx | rx) & IO_MOVED)
@@ -822,7 +823,7 @@ static void drive(tcp_conn_t *c, tcp_op_t *op, uint64_t deadline)
         if (deadline == UINT64_MAX) {
             pthread_cond_wait(&c->cv, &c->mu);
         } else {
-            struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+            struct timespec ts = pdl__clock_timespec(deadline);
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         c->waiters--;
@@ -877,7 +878,7 @@ static void tcp_progress(pdl_batch_t *b, uint64_t deadline)
         if (ops[i].pool)
             continue;
         drive(ops[i].c, &ops[i], deadline);
-        if (deadline != 0 && deadline != UINT64_MAX && pdl__mono_ns() >= deadline)
+        if (deadline != 0 && deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline)
             break;
     }
 }

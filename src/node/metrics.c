@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "pdlink/log.h"
 #include "pdlink/strbuf.h"
 
@@ -215,7 +216,7 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
             "on this instance (the union of the pulls' intervals).\n"
             "# TYPE pdlink_transfer_busy_seconds_total counter\n");
     pdl_strbuf_printf(&b, "pdlink_transfer_busy_seconds_total{role=\"%s\"} %.9f\n", role,
-        (double)pdl_node_metrics_busy_ns(m, pdl_now_ns()) / 1e9);
+        (double)pdl_node_metrics_busy_ns(m, pdl__clock_now_ns()) / 1e9);
     histogram(&b, "pdlink_transfer_seconds", "Wall time of one pull (all ranks).", role, seconds_bounds, N_SEC,
               m->sec_buckets, atomic_load(&m->sec_count), (double)atomic_load(&m->sec_sum_ns) / 1e9);
     histogram(&b, "pdlink_transfer_bytes", "KV bytes of one pull (all ranks).", role, bytes_bounds, N_BYTES,
