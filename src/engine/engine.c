@@ -145,6 +145,32 @@ static void read_boot_id(char *out, size_t cap)
     out[strcspn(out, "\n")] = '\0';
 }
 
+/* Wake every worker of the pool and join the ones started (creation may have failed half-way). */
+static void pool_stop(pdl_engine_t *e)
+{
+    pthread_mutex_lock(&e->qmu);
+    e->stopping = true;
+    pthread_cond_broadcast(&e->qcv);
+    pthread_mutex_unlock(&e->qmu);
+    for (int i = 0; i < e->nworkers_started; i++)
+        pthread_join(e->workers[i], NULL);
+}
+
+/* Release what pdl_engine_create set up around the pool (the shm live table, the locks) and e itself;
+ * the pool is stopped and the registrations and remotes are gone. */
+static void engine_free(pdl_engine_t *e)
+{
+    free(e->workers);
+    if (e->ctl)
+        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+    if (e->ctl_fd >= 0)
+        close(e->ctl_fd);
+    pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->qmu);
+    pthread_cond_destroy(&e->qcv);
+    free(e);
+}
+
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err)
 {
     if (cfg == NULL || engine_out == NULL)
@@ -233,22 +259,9 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     return PDL_OK;
 
 err_stop:
-    pthread_mutex_lock(&e->qmu);
-    e->stopping = true;
-    pthread_cond_broadcast(&e->qcv);
-    pthread_mutex_unlock(&e->qmu);
-    for (int i = 0; i < e->nworkers_started; i++)
-        pthread_join(e->workers[i], NULL);
+    pool_stop(e);
 err_free:
-    free(e->workers);
-    if (e->ctl)
-        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
-    if (e->ctl_fd >= 0)
-        close(e->ctl_fd);
-    pthread_mutex_destroy(&e->mu);
-    pthread_mutex_destroy(&e->qmu);
-    pthread_cond_destroy(&e->qcv);
-    free(e);
+    engine_free(e);
     return st;
 }
 
@@ -278,13 +291,7 @@ void pdl_engine_destroy(pdl_engine_t *e)
     /* Stop serving first: the server threads hold references on registrations. */
     e->ops->engine_fini(e);
 
-    pthread_mutex_lock(&e->qmu);
-    e->stopping = true;
-    pthread_cond_broadcast(&e->qcv);
-    pthread_mutex_unlock(&e->qmu);
-    for (int i = 0; i < e->nworkers_started; i++)
-        pthread_join(e->workers[i], NULL);
-    free(e->workers);
+    pool_stop(e);
 
     for (size_t i = 0; i < e->nmems; i++)
         mem_free(e->mems[i]);
@@ -296,14 +303,7 @@ void pdl_engine_destroy(pdl_engine_t *e)
         remote_unref_locked(e, r);
     }
     pthread_mutex_unlock(&e->mu);
-    if (e->ctl)
-        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
-    if (e->ctl_fd >= 0)
-        close(e->ctl_fd);
-    pthread_mutex_destroy(&e->mu);
-    pthread_mutex_destroy(&e->qmu);
-    pthread_cond_destroy(&e->qcv);
-    free(e);
+    engine_free(e);
 }
 
 const char *pdl_engine_key(const pdl_engine_t *e) { return e->key; }
