@@ -137,52 +137,34 @@ typedef struct tcp_session {
 #define TCP_RECV_CALL_MAX (256u << 10)
 #define TCP_SEND_CALL_MAX (1u << 20)
 
-/* 0 on success, else -1 with errno (0 for EOF). */
-static int send_all(int fd, struct iovec *v, size_t n)
+/*
+ * Send (receive = false) or receive all bytes of v[0..n) on a blocking socket, at most
+ * TCP_SEND_CALL_MAX / TCP_RECV_CALL_MAX bytes per call (see tcp_server.c for why): the iovec list is
+ * cut there and restored after each call. 0 on success, else -1 with errno (0 for EOF).
+ */
+static int io_all(int fd, struct iovec *v, size_t n, bool receive)
 {
     size_t i = 0;
+    const size_t max = receive ? TCP_RECV_CALL_MAX : TCP_SEND_CALL_MAX;
     while (i < n) {
-        /* At most TCP_SEND_CALL_MAX bytes per call (see tcp_server.c): the iovec list is cut there. */
-        size_t saved;
-        size_t k = pdl__iov_cap(&v[i], n - i, IOV_MAX, TCP_SEND_CALL_MAX, &saved);
-        struct msghdr mh = {0};
-        mh.msg_iov = &v[i];
-        mh.msg_iovlen = k;
-        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
-        pdl__iov_uncap(&v[i], k, saved);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        pdl__iov_advance(v, &i, n, (size_t)w);
-    }
-    return 0;
-}
-
-static int recv_all(int fd, struct iovec *v, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        /* An empty list would make recvmsg return 0, which reads as EOF. */
+        /* A call over only empty iovecs returns 0, which for a receive reads as EOF. */
         if (v[i].iov_len == 0) {
             i++;
             continue;
         }
-        /* At most TCP_RECV_CALL_MAX bytes per call: the iovec list is cut there (and restored). */
         size_t saved;
-        size_t k = pdl__iov_cap(&v[i], n - i, IOV_MAX, TCP_RECV_CALL_MAX, &saved);
+        size_t k = pdl__iov_cap(&v[i], n - i, IOV_MAX, max, &saved);
         struct msghdr mh = {0};
         mh.msg_iov = &v[i];
         mh.msg_iovlen = k;
-        ssize_t r = recvmsg(fd, &mh, MSG_WAITALL);
+        ssize_t r = receive ? recvmsg(fd, &mh, MSG_WAITALL) : sendmsg(fd, &mh, MSG_NOSIGNAL);
         pdl__iov_uncap(&v[i], k, saved);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
             return -1;
         }
-        if (r == 0) {
+        if (r == 0 && receive) {
             errno = 0;
             return -1;
         }
@@ -264,7 +246,7 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
     pdl_tcp_req_encode(hdr, &r);
     struct iovec v[2] = {{hdr, sizeof(hdr)}, {(void *)key, klen}};
     struct iovec rv[1] = {{resp, PDL_TCP_RESP_HDR}};
-    if (send_all(fd, v, 2) != 0 || recv_all(fd, rv, 1) != 0) {
+    if (io_all(fd, v, 2, false) != 0 || io_all(fd, rv, 1, true) != 0) {
         int en = errno;
         if (en == EAGAIN || en == EWOULDBLOCK)
             return pdl_error_set(err, PDL_ERR_TIMEOUT, "engine %s: engine %s at %s:%u did not answer HELLO within %d ms",
@@ -281,7 +263,7 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
                              s->engine->key, s->remote->host, s->remote->port, PDL_TCP_VERSION, rr.magic, rr.version);
     if (rr.status != 0) {
         struct iovec mv[1] = {{resp + PDL_TCP_RESP_HDR, rr.msg_len}};
-        if (rr.msg_len == 0 || recv_all(fd, mv, 1) != 0)
+        if (rr.msg_len == 0 || io_all(fd, mv, 1, true) != 0)
             rr.msg_len = 0;
         resp[PDL_TCP_RESP_HDR + rr.msg_len] = '\0';
         return pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s: %s:%u refused HELLO: %s", s->engine->key,
