@@ -39,6 +39,7 @@
 
 #include "app/parse.h"
 #include "ceiling.h"
+#include "common/clock.h"
 #include "pdlink/engine.h"
 #include "pdlink/layout.h"
 #include "pdlink/log.h"
@@ -431,12 +432,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
 
 /* ---------------------------------------------------------------- helpers */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)pdl__clock_now_ns() * 1e-9; }
 
 static int cmp_double(const void *a, const void *b)
 {

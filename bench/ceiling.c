@@ -3,7 +3,8 @@
  */
 #include "ceiling.h"
 
-#include "engine/copy.h" /* the engine's streaming copy: the ceiling takes the faster of it and memcpy */
+#include "common/clock.h"
+#include "common/copy.h" /* the streaming copy shm uses: the ceiling takes the faster of it and memcpy */
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,12 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)pdl__clock_now_ns() * 1e-9; }
 
 void *pdl_ceiling_alloc(size_t bytes)
 {
@@ -136,7 +132,7 @@ double pdl_ceiling_memcpy_run(pdl_ceiling_memcpy_t *c, void *dst, const void *sr
     double best = 0;
     /* glibc memcpy, and for copies larger than the caches also the streaming copy: the ceiling is the
      * faster of the two (glibc picks its fast large-copy path only above a size it derives from cache
-     * sizes this VM does not report, so either may win; see src/engine/copy.c). */
+     * sizes this VM does not report, so either may win; see src/common/copy.c). */
     size_t per_thread = c->threads == 1 || bytes < PDL_CEILING_SPLIT_MIN ? bytes : bytes / (size_t)c->threads;
     int modes = per_thread >= PDL_COPY_STREAM_MIN_CHUNK && pdl__copy_stream_ok() ? 2 : 1;
     for (int m = 0; m < modes; m++) {

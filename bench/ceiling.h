@@ -4,7 +4,7 @@
  * memcpy: the bandwidth of copying between two warm buffers with T threads (each thread copies 1/T
  * of the bytes between two barriers), whole-loop timer, one untimed warm-up pass first. When each
  * thread copies 8 MiB or more it is the faster of glibc memcpy and the engine's streaming copy (non-temporal,
- * page-interleaved; src/engine/copy.c): on this VM glibc's speed depends on the call size (~10 GB/s
+ * page-interleaved; src/common/copy.c): on this VM glibc's speed depends on the call size (~10 GB/s
  * for 64 MiB calls, ~17 GB/s for 128 MiB ones with 2 threads), and a ceiling must be the best of both. Copies below
  * PDL_CEILING_SPLIT_MIN use one thread, as the engine does (waking a second thread costs more than it
  * saves there). TCP: a plain stream over a loopback (or any local) address with large writes, one

@@ -185,7 +185,7 @@ pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);
 /* Bytes read and descriptors posted by all ranks, final once the pull finished. */
 uint64_t pdl_pull_bytes(const pdl_pull_t *pull);
 uint64_t pdl_pull_descriptors(const pdl_pull_t *pull);
-/* Monotonic time (pdl_now_ns) at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
+/* CLOCK_MONOTONIC time in ns at which consumer rank `tp_rank` queued its releases; 0 if not yet. */
 uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 /* Release the caller's reference; never waits (ranks still reading keep their own). NULL is ignored. */
 void pdl_pull_free(pdl_pull_t *pull);

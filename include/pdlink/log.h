@@ -96,10 +96,6 @@ void pdl_ratelimit_init(pdl_ratelimit_t *rl, uint32_t interval_ms, uint32_t burs
  */
 bool pdl_ratelimit_allow(pdl_ratelimit_t *rl, uint64_t *suppressed_out);
 
-/* CLOCK_MONOTONIC in nanoseconds / milliseconds: for intervals and deadlines, not for wall time. */
-uint64_t pdl_now_ns(void);
-uint64_t pdl_now_ms(void);
-
 #ifdef __cplusplus
 }
 #endif

@@ -50,6 +50,7 @@
 
 /* The same-run ceilings of `pdlink bench` (SPEC §8), shared so both commands measure alike. */
 #include "bench/ceiling.h"
+#include "common/clock.h"
 
 #define RUN_DEFAULT_MODEL "llama-3.1-8b"
 enum {
@@ -734,7 +735,7 @@ static pdl_status_t wait_http_ok(run_ctx_t *c, const char *url, uint64_t deadlin
             return PDL_OK;
         if (!children_alive(c))
             return pdl_error_set(err, PDL_ERR_PEER_GONE, "a process died during start-up");
-        if (pdl_now_ms() >= deadline_ms)
+        if (pdl__clock_now_ms() >= deadline_ms)
             return pdl_error_set(err, PDL_ERR_TIMEOUT, "%s did not return 200 within %d s (last: %s)", url,
                                  RUN_STARTUP_TIMEOUT_MS / 1000, code ? "non-200 status" : e.msg);
         if (!wait_ms(c, 100))
@@ -781,7 +782,7 @@ static pdl_status_t wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadl
             return PDL_OK;
         if (!children_alive(c))
             return pdl_error_set(err, PDL_ERR_PEER_GONE, "a process died during registration");
-        if (pdl_now_ms() >= deadline_ms)
+        if (pdl__clock_now_ms() >= deadline_ms)
             return pdl_error_set(err, PDL_ERR_TIMEOUT,
                                  "router %s lists %d/%d prefill and %d/%d decode workers after %d s", url, p, np, d,
                                  nd, RUN_STARTUP_TIMEOUT_MS / 1000);
@@ -820,7 +821,7 @@ static int run_reference(run_ctx_t *c)
         goto out;
     }
     node_url(nd, "/health", url, sizeof(url));
-    if (wait_http_ok(c, url, pdl_now_ms() + RUN_STARTUP_TIMEOUT_MS, &err) != PDL_OK) {
+    if (wait_http_ok(c, url, pdl__clock_now_ms() + RUN_STARTUP_TIMEOUT_MS, &err) != PDL_OK) {
         if (!c->interrupted && !c->child_died)
             fprintf(stderr, "pdlink run: reference node: %s\n", err.msg);
         rc = c->interrupted ? 2 : 1;
@@ -1167,7 +1168,7 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
         snprintf(nd->child.log_path, sizeof(nd->child.log_path), "%s/%s-%s.log", c->log_dir, t->name, cname);
     }
 
-    uint64_t deadline = pdl_now_ms() + RUN_STARTUP_TIMEOUT_MS;
+    uint64_t deadline = pdl__clock_now_ms() + RUN_STARTUP_TIMEOUT_MS;
     if (start_router(c, ns ? pdl_run_netns_fd(ns, 0) : -1, &err) != PDL_OK) {
         fprintf(stderr, "pdlink run: %s\n", err.msg);
         rc = 2;
@@ -1221,12 +1222,12 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     }
 
     /* Releases are asynchronous: give the held blocks a moment to drain before the final scrape. */
-    uint64_t drain_deadline = pdl_now_ms() + RUN_DRAIN_TIMEOUT_MS;
+    uint64_t drain_deadline = pdl__clock_now_ms() + RUN_DRAIN_TIMEOUT_MS;
     for (;;) {
         int got = scrape_all(c);
         if (got == c->nnodes && total_held(c) == 0)
             break;
-        if (!children_alive(c) || pdl_now_ms() >= drain_deadline || !wait_ms(c, 100))
+        if (!children_alive(c) || pdl__clock_now_ms() >= drain_deadline || !wait_ms(c, 100))
             break;
     }
     if (!c->child_died && !c->interrupted) {
@@ -1396,8 +1397,8 @@ int pdl_cli_run(int argc, char **argv)
         return 2;
     }
     c->tty = isatty(STDERR_FILENO) == 1;
-    uint64_t t_start = pdl_now_ms();
-    pdl_port_picker_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
+    uint64_t t_start = pdl__clock_now_ms();
+    pdl_port_picker_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl__clock_now_ns());
 
     /* Signals are blocked before libcurl can start a thread, so every thread inherits the mask. */
     pdl_error_t err;
@@ -1477,7 +1478,7 @@ int pdl_cli_run(int argc, char **argv)
         .ceiling_kind = strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
         .ceiling_gbps = c->ceiling_gbps,
         .ninst_ceilings = c->ninst_ceil,
-        .elapsed_s = (double)(pdl_now_ms() - t_start) / 1000.0,
+        .elapsed_s = (double)(pdl__clock_now_ms() - t_start) / 1000.0,
         .log_dir = remove_logs ? NULL : c->log_dir,
     };
     for (int i = 0; i < c->ninst_ceil && i < (int)(sizeof(info.inst_ceiling_gbps) / sizeof(double)); i++) {

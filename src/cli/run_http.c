@@ -21,6 +21,7 @@
 #include "app/buf.h"
 #include "pdlink/log.h"
 #include "router/router.h"
+#include "common/clock.h"
 
 enum { RUN_BODY_MAX = 16 << 20, RUN_LEG_MAX = 128 };
 
@@ -36,7 +37,7 @@ static size_t body_write(char *data, size_t size, size_t nmemb, void *userp)
     body_buf_t *b = userp;
     size_t n = size * nmemb;
     if (b->first_byte_ns == 0 && n > 0)
-        b->first_byte_ns = pdl_now_ns();
+        b->first_byte_ns = pdl__clock_now_ns();
     if (b->len + n > RUN_BODY_MAX) {
         b->overflow = true;
         return 0; /* makes libcurl fail the transfer with CURLE_WRITE_ERROR */
@@ -299,7 +300,7 @@ static size_t header_write(char *data, size_t size, size_t nmemb, void *userp)
 static void slot_finish(slot_t *s, CURLcode rc, const char *ebuf)
 {
     pdl_run_req_t *r = s->req;
-    uint64_t now = pdl_now_ns();
+    uint64_t now = pdl__clock_now_ns();
     r->done = true;
     r->total_ms = (double)(now - s->start_ns) / 1e6;
     r->ttft_ms = s->b.first_byte_ns ? (double)(s->b.first_byte_ns - s->start_ns) / 1e6 : -1.0;
@@ -383,7 +384,7 @@ pdl_status_t pdl_run_load_drive(const pdl_run_load_t *ld, pdl_run_req_t *reqs, i
             curl_easy_setopt(s->h, CURLOPT_NOPROXY, "*");
             curl_easy_setopt(s->h, CURLOPT_ERRORBUFFER, ebufs[k]);
             curl_easy_setopt(s->h, CURLOPT_PRIVATE, (void *)s);
-            s->start_ns = pdl_now_ns();
+            s->start_ns = pdl__clock_now_ns();
             curl_multi_add_handle(m, s->h);
             active++;
         }

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "pdlink/log.h"
 
 pdl_status_t pdl_run_child_start(pdl_run_child_t *c, char *const argv[], const sigset_t *child_mask,
@@ -133,13 +134,13 @@ int pdl_run_children_stop(pdl_run_child_t *const *cs, int n, int grace_ms)
         cs[i]->stopping = true;
         pdl_run_child_signal(cs[i], SIGTERM);
     }
-    uint64_t deadline = pdl_now_ms() + (uint64_t)grace_ms;
+    uint64_t deadline = pdl__clock_now_ms() + (uint64_t)grace_ms;
     for (;;) {
         bool all = true;
         for (int i = 0; i < n; i++)
             if (cs[i] != NULL && cs[i]->started && !pdl_run_child_poll(cs[i]))
                 all = false;
-        if (all || pdl_now_ms() >= deadline)
+        if (all || pdl__clock_now_ms() >= deadline)
             break;
         sleep_ms(20);
     }

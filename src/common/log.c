@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+
 static _Atomic int g_level = PDL_LOG_INFO;
 static const char *_Atomic g_ident = "pdlink";
 
@@ -61,15 +63,6 @@ void pdl_log_write(pdl_log_level_t lvl, const char *fmt, ...)
     (void)w;
 }
 
-uint64_t pdl_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t pdl_now_ms(void) { return pdl_now_ns() / 1000000ull; }
-
 void pdl_ratelimit_init(pdl_ratelimit_t *rl, uint32_t interval_ms, uint32_t burst)
 {
     rl->interval_ms = interval_ms;
@@ -81,7 +74,7 @@ void pdl_ratelimit_init(pdl_ratelimit_t *rl, uint32_t interval_ms, uint32_t burs
 
 bool pdl_ratelimit_allow(pdl_ratelimit_t *rl, uint64_t *suppressed_out)
 {
-    uint64_t now = pdl_now_ms();
+    uint64_t now = pdl__clock_now_ms();
     uint64_t start = atomic_load(&rl->window_start_ms);
     if (start == 0 || now - start >= rl->interval_ms) {
         /* One thread wins the window reset; the others fall through and count in the new window. */

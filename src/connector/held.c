@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 static void emit(pdl_instance_t *inst, pdl_instance_event_t ev, const char *transfer_id, int rank)
 {
@@ -123,7 +124,7 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
     st = pdl__held_add(inst, transfer_id, ids, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "hold");
-    uint64_t now = pdl_now_ns();
+    uint64_t now = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
         /* The peer's read request reaches the engine through a socket, which orders nothing for the

@@ -21,6 +21,7 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_ns, pdl_bytes_t *out,
                                     const char *who, pdl_error_t *err)
@@ -28,7 +29,7 @@ static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_n
     zmq_msg_t f[3];
     int n = 0;
     for (;;) {
-        int64_t left = (int64_t)(deadline_ns - pdl_now_ns()) / 1000000;
+        int64_t left = (int64_t)(deadline_ns - pdl__clock_now_ns()) / 1000000;
         if (n == 0) {
             zmq_pollitem_t it = {.socket = s, .events = ZMQ_POLLIN};
             int rc = zmq_poll(&it, 1, left > 0 ? (long)left : 0);
@@ -90,7 +91,7 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
         zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
     }
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
-    uint64_t deadline = pdl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t deadline = pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     pdl_status_t st = PDL_OK;
     if (zmq_connect(s, ep) != 0)
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: connect %s: %s", who, ep,
@@ -161,9 +162,9 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_ad
     snprintf(who, sizeof(who), "%s:%d (%s tp rank %d)", addr->host, port,
              addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
     pdl_bytes_t meta_b = {0}, layers_b = {0};
-    uint64_t t_fetch = pdl_now_ns();
+    uint64_t t_fetch = pdl__clock_now_ns();
     pdl_status_t st = hs_fetch(r, addr->host, port, &meta_b, &layers_b, who, err);
-    uint64_t t_fetched = pdl_now_ns(), t_added = 0;
+    uint64_t t_fetched = pdl__clock_now_ns(), t_added = 0;
     if (st != PDL_OK)
         goto fail_count;
     p = calloc(1, sizeof(*p));
@@ -205,7 +206,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_ad
         pdl_error_prefix(err, "peer %s: engine descriptor", who);
         goto fail_peer;
     }
-    t_added = pdl_now_ns();
+    t_added = pdl__clock_now_ns();
     /* One registration covers every layer (see instance.c), so one session serves all layers. */
     st = pdl_session_open(r->mem.engine, r->mem.kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
     if (st != PDL_OK) {
@@ -223,7 +224,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_ad
     pdl_bytes_free(&meta_b);
     pdl_bytes_free(&layers_b);
     PDL_CTR_ADD(r, handshakes, 1);
-    uint64_t t_done = pdl_now_ns();
+    uint64_t t_done = pdl__clock_now_ns();
     pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
               "session open %.3f ms",
               r->rank, who, p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks,

@@ -32,6 +32,7 @@
 
 #include "connector/internal.h"
 #include "pdlink/pull_hook.h"
+#include "common/clock.h"
 
 static void pull_unref(pdl_pull_t *p)
 {
@@ -60,7 +61,7 @@ static void pull_rank_done(pdl_pull_t *p, int rank, pdl_status_t st, const char 
         snprintf(p->msg, sizeof(p->msg), "consumer rank %d: %.280s", rank, msg);
     }
     if (--p->pending == 0) {
-        p->end_ns = pdl_now_ns();
+        p->end_ns = pdl__clock_now_ns();
         pthread_cond_broadcast(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
@@ -127,7 +128,7 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
     }
     /* Stamped before the first release is queued, so a producer's report can never predate it. */
     pthread_mutex_lock(&pull->mu);
-    pull->release_sent_ns[r->rank] = pdl_now_ns();
+    pull->release_sent_ns[r->rank] = pdl__clock_now_ns();
     pthread_mutex_unlock(&pull->mu);
     for (int g = first; g < first + count; g++) {
         pdl_msg_t m;
@@ -188,29 +189,29 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
     pdl_xfer_times_t xt = {0};
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     uint64_t queued = t0 - queued_ns;
     pdl_status_t st;
     const pdl_read_plan_t *plan = plan_get(r, pull->producer.tp, &err);
     if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
     } else {
-        if (pdl_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
+        if (pdl__clock_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, pull, plan);
         st = rank_read(r, pull, plan, &bytes, &descs, &xt, &err);
     }
-    uint64_t trel = pdl_now_ns();
+    uint64_t trel = pdl__clock_now_ns();
     send_releases(r, pull, plan, st == PDL_OK);
-    uint64_t thook = pdl_now_ns();
+    uint64_t thook = pdl__clock_now_ns();
     uint64_t release = thook - trel;
     /* The caller's per-rank work (pull_hook.h), after the releases so the producer never waits for it. */
     if (st == PDL_OK && pull->rank_fn != NULL)
         pull->rank_fn(pull->rank_arg, r->rank);
-    uint64_t hook = pdl_now_ns() - thook;
+    uint64_t hook = pdl__clock_now_ns() - thook;
     pdl_debug("rank %d: pull %s: queued %.3f ms, peers %.3f, build %.3f, post %.3f, wait %.3f, release %.3f, "
               "hook %.3f, total %.3f ms; %llu bytes, %llu descs",
               r->rank, pull->transfer_id, queued / 1e6, xt.peers / 1e6, xt.build / 1e6, xt.post / 1e6, xt.wait / 1e6,
-              release / 1e6, hook / 1e6, (pdl_now_ns() - t0) / 1e6, (unsigned long long)bytes,
+              release / 1e6, hook / 1e6, (pdl__clock_now_ns() - t0) / 1e6, (unsigned long long)bytes,
               (unsigned long long)descs);
     pthread_mutex_lock(&r->ctr.mu);
     if (st == PDL_OK) {
@@ -363,7 +364,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     p->status = PDL_OK;
     p->pending = inst->tp;
     p->refs = 1 + inst->tp;
-    p->start_ns = pdl_now_ns();
+    p->start_ns = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
         pull_job_t *j = calloc(1, sizeof(*j));

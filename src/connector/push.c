@@ -32,6 +32,7 @@
 #include <time.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 /* WRITE mode, producer: one rank's share of a push, started when the consumer's block list is known. */
 typedef struct push_job {
@@ -321,7 +322,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
             k->decode_dp = (int)msg->decode_rank;
             k->said_tp = said_tp;
             k->rank = r->rank;
-            k->at_ns = pdl_now_ns();
+            k->at_ns = pdl__clock_now_ns();
             if (pdl__strmap_put(&inst->parked, key, k) == 0)
                 parked = true;
             else
@@ -406,7 +407,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     }
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
-    p->created_ns = pdl_now_ns();
+    p->created_ns = pdl__clock_now_ns();
 
     /* The consumer reads nothing; our own writer threads read the blocks after a queue hand-off, and
      * the tcp backend's threads through the engine: publish to both. */
@@ -603,7 +604,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->expected = expected;
     rv->pending = D;
     rv->status = PDL_OK;
-    rv->deadline_ns = pdl_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
     pthread_mutex_lock(&inst->push_mu);
     int rc = pdl__strmap_put(&inst->recvs, tid, rv);
     rv->in_map = rc == 0;
@@ -780,7 +781,7 @@ void pdl__push_reap(pdl_rank_t *r)
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.read_mode)
         return;
-    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl_now_ns()};
+    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl__clock_now_ns()};
     c.defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9);
     pdl_push_t **freed = NULL;
     size_t nfreed = 0;

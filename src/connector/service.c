@@ -27,6 +27,7 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 #define SVC_BUDGET 512            /* frames per socket per wake-up */
 #define SVC_MAX_FRAME ((int64_t)PDL_WIRE_MAX_FRAME)
@@ -165,7 +166,7 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
                                .failed = msg->status == PDL_RELEASE_FAILED};
     pdl_error_t e;
     pthread_mutex_lock(&r->fan.mu);
-    pdl_fanin_result_t res = pdl__fanin_release(r->fan.fanin, &rel, pdl_now_ns(), &e);
+    pdl_fanin_result_t res = pdl__fanin_release(r->fan.fanin, &rel, pdl__clock_now_ns(), &e);
     pthread_mutex_unlock(&r->fan.mu);
     switch (res) {
     case PDL_FANIN_INVALID:
@@ -211,7 +212,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);
-        bool ok = pdl__fanin_keepalive(r->fan.fanin, msg.transfer_id, pdl_now_ns());
+        bool ok = pdl__fanin_keepalive(r->fan.fanin, msg.transfer_id, pdl__clock_now_ns());
         pthread_mutex_unlock(&r->fan.mu);
         if (!ok)
             pdl_debug("rank %d: keepalive for transfer %s that is not held", r->rank, msg.transfer_id);
@@ -281,7 +282,7 @@ static void reap_tick(pdl_rank_t *r)
 {
     expired_list_t l = {0};
     pthread_mutex_lock(&r->fan.mu);
-    pdl__fanin_reap(r->fan.fanin, pdl_now_ns(), collect_id, &l);
+    pdl__fanin_reap(r->fan.fanin, pdl__clock_now_ns(), collect_id, &l);
     pthread_mutex_unlock(&r->fan.mu);
     for (size_t i = 0; i < l.n; i++) {
         uint64_t sup = 0;
@@ -333,7 +334,7 @@ static void *service_main(void *arg)
         pdl__outq_flush(r, &r->svc.dealers);
         reap_tick(r);
         pdl__push_reap(r);
-        ping_tick(r, pdl_now_ms());
+        ping_tick(r, pdl__clock_now_ms());
     }
     pdl__outq_flush(r, &r->svc.dealers);
     pdl__dealers_close(&r->svc.dealers);

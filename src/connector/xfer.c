@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 typedef struct posted {
     pdl_batch_t *batch;
@@ -68,7 +69,7 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
                            uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err)
 {
     const char *remote_role = x->dir == PDL_DIR_READ ? "producer" : "consumer";
-    uint64_t tp0 = pdl_now_ns();
+    uint64_t tp0 = pdl__clock_now_ns();
     int L = r->inst->cfg.model.num_layers;
     /* Remote ranks in first-seen order, each with its pieces (pieces of one remote rank are adjacent in
      * head order, but nothing here relies on it). */
@@ -87,7 +88,7 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
         if (st != PDL_OK)
             return st;
     }
-    times->peers += pdl_now_ns() - tp0;
+    times->peers += pdl__clock_now_ns() - tp0;
     posted_t *posted = calloc((size_t)L * (size_t)(nr > 0 ? nr : 1), sizeof(*posted));
     if (posted == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", x->dir == PDL_DIR_READ ? "read" : "write");
@@ -98,7 +99,7 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
     pdl_peer_t *gone[PDL_TOPO_MAX_TP];
     int ngone = 0;
     pdl_op_t op = x->dir == PDL_DIR_READ ? PDL_OP_READ : PDL_OP_WRITE;
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     for (int l = 0; l < L && st == PDL_OK; l++) {
         for (int k = 0; k < nr && st == PDL_OK; k++) {
             int np = 0;
@@ -106,7 +107,7 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
                 if (x->pieces[i].remote_rank == rranks[k])
                     pieces[np++] = x->pieces[i].piece;
             pdl_descv_reset(&dv);
-            uint64_t tb = pdl_now_ns();
+            uint64_t tb = pdl__clock_now_ns();
             st = pdl_layout_build_descs(&r->mem.geo, &peers[k]->geo, x->dir, pieces, np, x->local_blocks,
                                         x->remote_blocks, x->n, (uint64_t)l * r->mem.layer_len,
                                         (uint64_t)l * peers[k]->layer_len, &dv, err);
@@ -115,10 +116,10 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
                 break;
             }
             pdl_batch_t *b = NULL;
-            uint64_t tpost = pdl_now_ns();
+            uint64_t tpost = pdl__clock_now_ns();
             times->build += tpost - tb;
             st = pdl_session_post(peers[k]->session, op, dv.v, dv.n, &b, err);
-            times->post += pdl_now_ns() - tpost;
+            times->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, "layer %d, %s rank %d: post", l, remote_role, rranks[k]);
                 if (is_gone(st))
@@ -131,11 +132,11 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
         }
     }
     pdl_descv_free(&dv);
-    uint64_t tw = pdl_now_ns();
+    uint64_t tw = pdl__clock_now_ns();
     double timeout_s = r->inst->cfg.conn.transfer_timeout_s;
     uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
     for (size_t i = 0; i < nposted; i++) {
-        uint64_t now = pdl_now_ns();
+        uint64_t now = pdl__clock_now_ns();
         int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
         pdl_error_t e;
         pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
@@ -153,12 +154,12 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
         pdl_batch_free(posted[i].batch);
     }
     free(posted);
-    times->wait += pdl_now_ns() - tw;
+    times->wait += pdl__clock_now_ns() - tw;
     evict_gone(r, side, x, gone, ngone);
     if (x->dir == PDL_DIR_READ)
-        PDL_CTR_ADD(r, read_ns, pdl_now_ns() - t0);
+        PDL_CTR_ADD(r, read_ns, pdl__clock_now_ns() - t0);
     else
-        PDL_CTR_ADD(r, write_ns, pdl_now_ns() - t0);
+        PDL_CTR_ADD(r, write_ns, pdl__clock_now_ns() - t0);
     return st;
 }
 

@@ -207,16 +207,25 @@ void pdl__engine_mem_put(pdl_mem_t *m);
 void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err);
 /* Queue chunk idx of b on the worker pool; the worker calls ops->drive_chunk(b, idx). */
 void pdl__engine_pool_drive(pdl_batch_t *b, int idx);
-/* CLOCK_MONOTONIC in ns. */
-uint64_t pdl__mono_ns(void);
 
 /* Mark a session broken (sticky) with a status and message; first call wins. */
 void pdl__session_break(pdl_session_t *s, pdl_status_t st, const char *msg);
 
-/* Descriptor codecs (desc.c). */
+/*
+ * Descriptor codecs (desc.c). pack describes a live engine or registration (this process's pid);
+ * encode writes a descriptor from its decoded form; unpack decodes bytes from a peer (PDL_ERR_INVALID
+ * for an empty buffer, PDL_ERR_MISMATCH for another version or an unknown backend, PDL_ERR_PARSE for
+ * anything malformed; `*r` / `*rm` is meaningful only on PDL_OK). Encoded bytes are malloc'd and
+ * handed to `out` (pdl_bytes_free); encoding fails only with PDL_ERR_NOMEM.
+ */
 pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_error_t *err);
+pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pdl_error_t *err);
 pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *r, pdl_error_t *err);
 pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_t *err);
+pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_error_t *err);
 pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, pdl_error_t *err);
+
+/* The backend behind a kind (backends.c, the one table of backends and their names); NULL if unknown. */
+const pdl_backend_ops_t *pdl__backend_ops(pdl_backend_kind_t kind);
 
 #endif /* PDL_ENGINE_BACKEND_H */

@@ -6,92 +6,116 @@
  * Memory descriptor: {"magic":"pdlink-mem","v":1,"engine","id","size","kind":"memfd"|"user","addr",
  *                     "fd","pid","slot"}
  * A map is order-free and unknown keys are ignored, so later versions can add fields; a different "v"
- * is PDL_ERR_MISMATCH, anything malformed is PDL_ERR_PARSE. The bytes come from a peer: every field is
- * type-checked and every string is bounded before it is copied.
+ * is PDL_ERR_MISMATCH, anything malformed is PDL_ERR_PARSE. The bytes come from a peer, so they enter
+ * msgpack-c only through the wire layer's guarded door (pdl__mp_unpack, src/wire/mp.c), which refuses a
+ * container header announcing more elements than the bytes that follow could hold before msgpack-c
+ * allocates a table for it (`df ff ff ff ff` would otherwise ask for a multi-GiB map). Every field is
+ * then type-checked and every string is bounded before it is copied.
+ *
+ * Encoding goes from the decoded form (pdl_remote_t, pdl_rmem_t), so a live engine's descriptor and a
+ * re-encoded peer descriptor come from the same code; the fuzz target fuzz/fuzz_engine_desc.c checks
+ * that decode → encode → decode is the identity.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <msgpack.h>
-
 #include "engine/backend.h"
+#include "wire/mp.h" /* the one guarded door into msgpack-c for bytes from peers, and the encoder glue */
 
-static void pack_str(msgpack_packer *pk, const char *s)
+/* Elements a descriptor may announce in all (msgpack-c allocates a table for each container before
+ * reading it). Version 1 has 10 keys = 20 elements; the rest leaves room for fields a later version
+ * adds, which this one skips. */
+#define DESC_MAX_ITEMS 1024
+
+static void enc_kv_str(pdl__mp_enc_t *enc, const char *k, const char *v)
 {
-    size_t n = strlen(s);
-    msgpack_pack_str(pk, n);
-    msgpack_pack_str_body(pk, s, n);
+    pdl__enc_str(enc, k);
+    pdl__enc_str(enc, v);
 }
 
-static void pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
+static void enc_kv_u64(pdl__mp_enc_t *enc, const char *k, uint64_t v)
 {
-    pack_str(pk, k);
-    pack_str(pk, v);
+    pdl__enc_str(enc, k);
+    pdl__enc_uint(enc, v);
 }
 
-static void pack_kv_u64(msgpack_packer *pk, const char *k, uint64_t v)
+static void enc_kv_i64(pdl__mp_enc_t *enc, const char *k, int64_t v)
 {
-    pack_str(pk, k);
-    msgpack_pack_uint64(pk, v);
+    pdl__enc_str(enc, k);
+    pdl__enc_int(enc, v);
 }
 
-static void pack_kv_i64(msgpack_packer *pk, const char *k, int64_t v)
+pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pdl_error_t *err)
 {
-    pack_str(pk, k);
-    msgpack_pack_int64(pk, v);
+    pdl__mp_enc_t enc;
+    pdl__enc_init(&enc);
+    pdl__enc_map(&enc, 10);
+    enc_kv_str(&enc, "magic", "pdlink-engine");
+    enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
+    enc_kv_str(&enc, "key", r->key);
+    enc_kv_str(&enc, "backend", pdl_backend_name(r->backend));
+    enc_kv_str(&enc, "host", r->host);
+    enc_kv_u64(&enc, "port", r->port);
+    enc_kv_i64(&enc, "pid", r->pid);
+    enc_kv_str(&enc, "hostname", r->hostname);
+    enc_kv_str(&enc, "boot_id", r->boot_id);
+    enc_kv_i64(&enc, "ctl_fd", r->ctl_fd);
+    return pdl__enc_finish(&enc, "engine descriptor", out, err);
 }
 
-static pdl_status_t take_sbuf(msgpack_sbuffer *sb, pdl_bytes_t *out, pdl_error_t *err)
+pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_error_t *err)
 {
-    if (sb->data == NULL) {
-        msgpack_sbuffer_destroy(sb);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "out of memory packing a descriptor");
-    }
-    out->data = (uint8_t *)sb->data; /* msgpack's sbuffer uses malloc/realloc, so free() releases it */
-    out->len = sb->size;
-    return PDL_OK;
+    pdl__mp_enc_t enc;
+    pdl__enc_init(&enc);
+    pdl__enc_map(&enc, 10);
+    enc_kv_str(&enc, "magic", "pdlink-mem");
+    enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
+    enc_kv_str(&enc, "engine", rm->engine_key);
+    enc_kv_u64(&enc, "id", rm->id);
+    enc_kv_u64(&enc, "size", rm->size);
+    enc_kv_str(&enc, "kind", rm->kind == PDL_MEM_MEMFD ? "memfd" : "user");
+    enc_kv_u64(&enc, "addr", rm->addr);
+    enc_kv_i64(&enc, "fd", rm->fd);
+    enc_kv_i64(&enc, "pid", rm->pid);
+    enc_kv_i64(&enc, "slot", rm->slot);
+    return pdl__enc_finish(&enc, "memory descriptor", out, err);
 }
 
 pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_error_t *err)
 {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 10);
-    pack_kv_str(&pk, "magic", "pdlink-engine");
-    pack_kv_u64(&pk, "v", PDL_ENGINE_DESC_VERSION);
-    pack_kv_str(&pk, "key", e->key);
-    pack_kv_str(&pk, "backend", pdl_backend_name(e->backend));
-    pack_kv_str(&pk, "host", e->host);
-    pack_kv_u64(&pk, "port", e->port);
-    pack_kv_i64(&pk, "pid", (int64_t)getpid());
-    pack_kv_str(&pk, "hostname", e->hostname);
-    pack_kv_str(&pk, "boot_id", e->boot_id);
-    pack_kv_i64(&pk, "ctl_fd", e->ctl_fd);
-    return take_sbuf(&sb, out, err);
+    /* The descriptor is the peer's view of this engine: fill that view and encode it, so packing a live
+     * engine and re-encoding a decoded descriptor (fuzz/fuzz_engine_desc.c) share one encoder. */
+    pdl_remote_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory packing its descriptor", e->key);
+    memcpy(r->key, e->key, sizeof(r->key));
+    memcpy(r->host, e->host, sizeof(r->host));
+    memcpy(r->hostname, e->hostname, sizeof(r->hostname));
+    memcpy(r->boot_id, e->boot_id, sizeof(r->boot_id));
+    r->backend = e->backend;
+    r->port = e->port;
+    r->pid = (int64_t)getpid();
+    r->ctl_fd = e->ctl_fd;
+    pdl_status_t st = pdl__engine_desc_encode(r, out, err);
+    free(r);
+    return st;
 }
 
 pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_t *err)
 {
-    msgpack_sbuffer sb;
-    msgpack_packer pk;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 10);
-    pack_kv_str(&pk, "magic", "pdlink-mem");
-    pack_kv_u64(&pk, "v", PDL_ENGINE_DESC_VERSION);
-    pack_kv_str(&pk, "engine", m->engine->key);
-    pack_kv_u64(&pk, "id", m->id);
-    pack_kv_u64(&pk, "size", m->size);
-    pack_kv_str(&pk, "kind", m->kind == PDL_MEM_MEMFD ? "memfd" : "user");
-    pack_kv_u64(&pk, "addr", (uint64_t)(uintptr_t)m->ptr);
-    pack_kv_i64(&pk, "fd", m->memfd);
-    pack_kv_i64(&pk, "pid", (int64_t)getpid());
-    pack_kv_i64(&pk, "slot", m->slot);
-    return take_sbuf(&sb, out, err);
+    pdl_rmem_t rm = {
+        .id = m->id,
+        .size = m->size,
+        .kind = m->kind,
+        .addr = (uint64_t)(uintptr_t)m->ptr,
+        .fd = m->memfd,
+        .pid = (int64_t)getpid(),
+        .slot = m->slot,
+    };
+    memcpy(rm.engine_key, m->engine->key, sizeof(rm.engine_key));
+    return pdl__mem_desc_encode(&rm, out, err);
 }
 
 /* --- unpacking --- */
@@ -115,10 +139,12 @@ static pdl_status_t parse_map(const char *what, const void *buf, size_t len, con
                              len);
     msgpack_unpacked u;
     msgpack_unpacked_init(&u);
-    size_t off = 0;
-    pdl_status_t st = PDL_OK;
-    if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || u.data.type != MSGPACK_OBJECT_MAP) {
-        st = pdl_error_set(err, PDL_ERR_PARSE, "%s: not a msgpack map", what);
+    pdl_status_t st = pdl__mp_unpack(buf, len, DESC_MAX_ITEMS, what, &u, err);
+    if (st != PDL_OK)
+        goto out;
+    if (u.data.type != MSGPACK_OBJECT_MAP) {
+        st = pdl_error_set(err, PDL_ERR_PARSE, "%s: payload is %s, expected a msgpack map", what,
+                           pdl__mp_kind(&u.data));
         goto out;
     }
     const msgpack_object_map *map = &u.data.via.map;

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/backend.h"
 
 struct pdl_job {
@@ -37,35 +38,6 @@ struct pdl_job {
     int idx;
     bool drive; /* ops->drive_chunk (the backend completes the chunk) instead of ops->run_chunk */
 };
-
-uint64_t pdl__mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-const char *pdl_backend_name(pdl_backend_kind_t kind)
-{
-    switch (kind) {
-    case PDL_BACKEND_SHM:
-        return "shm";
-    case PDL_BACKEND_TCP:
-        return "tcp";
-    }
-    return "unknown";
-}
-
-int pdl_backend_parse(const char *s)
-{
-    if (s == NULL)
-        return -1;
-    if (strcmp(s, "shm") == 0)
-        return PDL_BACKEND_SHM;
-    if (strcmp(s, "tcp") == 0)
-        return PDL_BACKEND_TCP;
-    return -1;
-}
 
 static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "write"; }
 
@@ -148,6 +120,18 @@ static void read_boot_id(char *out, size_t cap)
     out[strcspn(out, "\n")] = '\0';
 }
 
+/* Release what pdl_engine_create set up around the pool (the shm live table, the lock) and e itself;
+ * the pool is stopped and the registrations and remotes are gone. */
+static void engine_free(pdl_engine_t *e)
+{
+    if (e->ctl)
+        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+    if (e->ctl_fd >= 0)
+        close(e->ctl_fd);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err)
 {
     if (cfg == NULL || engine_out == NULL)
@@ -157,12 +141,8 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
     if (strlen(host) >= PDL_KEY_MAX)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: host name too long", cfg->key);
-    const pdl_backend_ops_t *ops;
-    if (cfg->backend == PDL_BACKEND_SHM)
-        ops = &pdl__shm_ops;
-    else if (cfg->backend == PDL_BACKEND_TCP)
-        ops = &pdl__tcp_ops;
-    else
+    const pdl_backend_ops_t *ops = pdl__backend_ops(cfg->backend);
+    if (ops == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm or tcp)", cfg->key,
                              (int)cfg->backend);
     if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
@@ -231,12 +211,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
 err_stop:
     pdl__workq_stop(&e->pool);
 err_free:
-    if (e->ctl)
-        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
-    if (e->ctl_fd >= 0)
-        close(e->ctl_fd);
-    pthread_mutex_destroy(&e->mu);
-    free(e);
+    engine_free(e);
     return st;
 }
 
@@ -278,12 +253,7 @@ void pdl_engine_destroy(pdl_engine_t *e)
         remote_unref_locked(e, r);
     }
     pthread_mutex_unlock(&e->mu);
-    if (e->ctl)
-        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
-    if (e->ctl_fd >= 0)
-        close(e->ctl_fd);
-    pthread_mutex_destroy(&e->mu);
-    free(e);
+    engine_free(e);
 }
 
 const char *pdl_engine_key(const pdl_engine_t *e) { return e->key; }
@@ -829,21 +799,13 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *b, int timeout_ms, pdl_error_t *err)
 {
     if (b == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_batch_wait: batch is NULL");
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms > 0) {
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
-    }
+    /* Deadline in pdl__clock_now_ns time: UINT64_MAX waits forever, 0 is one non-blocking pass. */
+    uint64_t deadline = timeout_ms < 0    ? UINT64_MAX
+                        : timeout_ms == 0 ? 0
+                                          : pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    struct timespec dl = pdl__clock_timespec(deadline); /* b->cv waits on CLOCK_MONOTONIC */
     if (b->session->engine->ops->progress) {
         /* The waiting thread moves the batch's bytes itself (tcp): no hand-off, no extra wake-up. */
-        uint64_t deadline = timeout_ms < 0    ? UINT64_MAX
-                            : timeout_ms == 0 ? 0
-                                              : (uint64_t)dl.tv_sec * 1000000000ull + (uint64_t)dl.tv_nsec;
         b->session->engine->ops->progress(b, deadline);
     }
     pthread_mutex_lock(&b->mu);

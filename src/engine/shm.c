@@ -33,8 +33,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+#include "common/copy.h"
 #include "engine/backend.h"
-#include "engine/copy.h"
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
@@ -149,7 +150,7 @@ static bool peer_dead(shm_remote_t *sr)
 {
     if (atomic_load_explicit(&sr->dead, memory_order_relaxed))
         return true;
-    uint64_t now = pdl_now_ns();
+    uint64_t now = pdl__clock_now_ns();
     if (now - atomic_load_explicit(&sr->alive_at_ns, memory_order_relaxed) < SHM_ALIVE_CHECK_NS)
         return false;
     struct pollfd p = {.fd = sr->pidfd, .events = POLLIN};

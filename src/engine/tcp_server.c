@@ -36,12 +36,9 @@
 #include <arpa/inet.h>
 
 #include "engine/backend.h"
+#include "engine/iov.h"
 #include "engine/tcp.h"
 #include "engine/tcp_wire.h"
-
-#ifndef IOV_MAX
-#define IOV_MAX 1024
-#endif
 
 /*
  * Bytes per sendmsg. One call with a whole 64 MiB response ran at 0.6x the TCP-stream ceiling; 1 MiB
@@ -387,39 +384,20 @@ static int conn_progress(srv_conn_t *c)
             break;
         case RX_PAYLOAD: {
             struct msghdr mh = {0};
-            size_t cnt = c->iov_n - c->iov_i;
-            mh.msg_iov = &c->iov[c->iov_i];
-            mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
             /* At most PDL_TCP_RECV_CALL_MAX bytes per call, for the reason given for sends. */
-            size_t k = 0, bytes = 0, saved = 0;
-            while (k < mh.msg_iovlen && bytes < PDL_TCP_RECV_CALL_MAX)
-                bytes += c->iov[c->iov_i + k++].iov_len;
-            if (bytes > PDL_TCP_RECV_CALL_MAX) {
-                saved = c->iov[c->iov_i + k - 1].iov_len;
-                c->iov[c->iov_i + k - 1].iov_len -= bytes - PDL_TCP_RECV_CALL_MAX;
-            }
+            size_t saved;
+            size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, PDL_TCP_RECV_CALL_MAX, &saved);
+            mh.msg_iov = &c->iov[c->iov_i];
             mh.msg_iovlen = k;
             n = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
-            if (saved)
-                c->iov[c->iov_i + k - 1].iov_len = saved;
+            pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
             if (n <= 0) {
                 int r = on_io_error(c, n, true);
                 return r > 0 ? 0 : -1;
             }
             turn += (uint64_t)n;
             atomic_fetch_add(&e->st_bytes_served, (uint64_t)n);
-            size_t left = (size_t)n;
-            while (left > 0) {
-                struct iovec *v = &c->iov[c->iov_i];
-                if (left >= v->iov_len) {
-                    left -= v->iov_len;
-                    c->iov_i++;
-                } else {
-                    v->iov_base = (uint8_t *)v->iov_base + left;
-                    v->iov_len -= left;
-                    left = 0;
-                }
-            }
+            pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
             if (c->iov_i == c->iov_n) {
                 conn_set_mem(srv, c, NULL);
                 c->iov_n = 1;
@@ -443,25 +421,17 @@ static int conn_progress(srv_conn_t *c)
         }
         case TX: {
             struct msghdr mh = {0};
-            size_t cnt = c->iov_n - c->iov_i;
-            mh.msg_iov = &c->iov[c->iov_i];
-            mh.msg_iovlen = cnt > IOV_MAX ? IOV_MAX : cnt;
             /* At most send_max payload bytes per call: the iovec list is cut there (and restored). The
              * response header rides on top of the first call: counting it would leave a 32-byte tail
              * of every MiB-multiple response for a second call, one epoll round later (with the turn
              * limit), while the initiator waits for exactly those bytes (+20% on a 1 MiB READ). */
             size_t cap = srv->send_max + (c->iov_i == 0 ? c->iov[0].iov_len : 0);
-            size_t k = 0, bytes = 0, saved = 0;
-            while (k < mh.msg_iovlen && bytes < cap)
-                bytes += c->iov[c->iov_i + k++].iov_len;
-            if (bytes > cap) {
-                saved = c->iov[c->iov_i + k - 1].iov_len;
-                c->iov[c->iov_i + k - 1].iov_len -= bytes - cap;
-            }
+            size_t saved;
+            size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, cap, &saved);
+            mh.msg_iov = &c->iov[c->iov_i];
             mh.msg_iovlen = k;
             n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (saved)
-                c->iov[c->iov_i + k - 1].iov_len = saved;
+            pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
             if (n < 0) {
                 if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
                     set_events(c, EPOLLOUT);
@@ -471,18 +441,7 @@ static int conn_progress(srv_conn_t *c)
                 return -1;
             }
             turn += (uint64_t)n;
-            size_t left = (size_t)n;
-            while (left > 0) {
-                struct iovec *v = &c->iov[c->iov_i];
-                if (left >= v->iov_len) {
-                    left -= v->iov_len;
-                    c->iov_i++;
-                } else {
-                    v->iov_base = (uint8_t *)v->iov_base + left;
-                    v->iov_len -= left;
-                    left = 0;
-                }
-            }
+            pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
             if (c->iov_i == c->iov_n) {
                 if (c->mem != NULL && c->req.op == PDL_TCP_OP_READ)
                     atomic_fetch_add(&e->st_bytes_served, c->payload);

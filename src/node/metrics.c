@@ -20,6 +20,7 @@
 
 #include "app/prom.h"
 #include "pdlink/log.h"
+#include "common/clock.h"
 
 /* 1-1.5-2-3-5-7 per decade from 100 us to 30 s: fine enough that a percentile interpolated inside a
  * bucket (as `pdlink run` and Prometheus' histogram_quantile do) is within a factor 1.5 of the truth. */
@@ -187,7 +188,7 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
                     "Wall time during which at least one pull was in flight on this instance (the union of the "
                     "pulls' intervals).");
     pdl_prom_f64(&w, "pdlink_transfer_busy_seconds_total", by_role, 1,
-                 (double)pdl_node_metrics_busy_ns(m, pdl_now_ns()) / 1e9);
+                 (double)pdl_node_metrics_busy_ns(m, pdl__clock_now_ns()) / 1e9);
     render_histogram(&w, "pdlink_transfer_seconds", "Wall time of one pull (all ranks).", by_role, seconds_bounds,
                      N_SEC, m->sec_buckets, atomic_load(&m->sec_count), (double)atomic_load(&m->sec_sum_ns) / 1e9);
     render_histogram(&w, "pdlink_transfer_bytes", "KV bytes of one pull (all ranks).", by_role, bytes_bounds,

@@ -18,7 +18,7 @@ void pdl_node_metrics_destroy(pdl_node_metrics_t *m);
 
 void pdl_node_metrics_request(pdl_node_metrics_t *m, bool ok);
 void pdl_node_metrics_verified(pdl_node_metrics_t *m, uint64_t verified, uint64_t mismatched);
-/* A pull starts / ends on this instance (pdl_now_ns times): the busy time is the union of the
+/* A pull starts / ends on this instance (pdl__clock_now_ns times): the busy time is the union of the
  * [begin, end] intervals, exported as pdlink_transfer_busy_seconds_total. Every begin needs an end. */
 void pdl_node_metrics_pull_begin(pdl_node_metrics_t *m, uint64_t now_ns);
 void pdl_node_metrics_pull_end(pdl_node_metrics_t *m, uint64_t now_ns);

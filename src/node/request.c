@@ -19,6 +19,7 @@
 #include "pdlink/log.h"
 #include "pdlink/pull_hook.h"
 #include "pdlink/wire.h"
+#include "common/clock.h"
 
 static const char *error_type_of(int status)
 {
@@ -199,7 +200,7 @@ static void make_request_id(char *out, size_t cap)
 {
     uint8_t rnd[16];
     if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
-        uint64_t t = pdl_now_ns();
+        uint64_t t = pdl__clock_now_ns();
         for (size_t i = 0; i < sizeof(rnd); i++)
             rnd[i] = (uint8_t)(t >> ((i % 8) * 8)) ^ (uint8_t)(i * 37);
     }
@@ -430,7 +431,7 @@ static void pull_verify_rank(void *arg, int tp_rank)
     pull_verify_t *v = arg;
     if (tp_rank < 0 || tp_rank >= v->tp)
         return;
-    v->reads_done_ns[tp_rank] = pdl_now_ns();
+    v->reads_done_ns[tp_rank] = pdl__clock_now_ns();
     pdl_synth_verify_rank(v->kv, v->seed, &v->prompt, v->blocks, tp_rank, PDL_SYNTH_KERNEL_AUTO, &v->parts[tp_rank]);
 }
 
@@ -446,7 +447,7 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     pdl_error_clear(&err);
     pdl_pull_t *pull = NULL;
     pull_verify_t *v = pull_verify_new(node, prompt, blocks, nblocks);
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     pdl_node_metrics_pull_begin(node->metrics, t0);
     pdl_status_t st;
     if (v != NULL) {
@@ -462,7 +463,7 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_pull_wait(pull, (int)(budget_s * 1000.0), &err);
     }
-    uint64_t t1 = pdl_now_ns();
+    uint64_t t1 = pdl__clock_now_ns();
     if (st == PDL_OK && v != NULL) {
         uint64_t last = t0;
         for (int r = 0; r < v->tp; r++)
@@ -507,7 +508,7 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     pdl_error_clear(&err);
     pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
     pdl_recv_t *rv = NULL;
-    uint64_t t0 = pdl_now_ns();
+    uint64_t t0 = pdl__clock_now_ns();
     pdl_node_metrics_pull_begin(node->metrics, t0);
     pdl_status_t st = pdl_instance_expect_push(inst, &req->params, req->request_id, blocks, nblocks, &rv, &err);
     if (st == PDL_OK) {
@@ -515,7 +516,7 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_recv_wait(rv, (int)(budget_s * 1000.0), &err);
     }
-    uint64_t t1 = pdl_now_ns();
+    uint64_t t1 = pdl__clock_now_ns();
     pdl_node_metrics_pull_end(node->metrics, t1);
     uint64_t bytes = 0;
     int layers = 0;
@@ -584,7 +585,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
         pdl_node_result_error(res, 500, "out of memory for a request of %zu tokens", prompt.n);
         return;
     }
-    uint64_t t_alloc = pdl_now_ns();
+    uint64_t t_alloc = pdl__clock_now_ns();
     if (pdl_node_kv_alloc(node->kv, nblocks, blocks, node->args.kv_wait_ms, &err) != PDL_OK) {
         free(blocks);
         pdl_synth_prompt_free(&prompt);
@@ -597,7 +598,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
      * every received byte (each rank right after its reads, see pull_kv), taking the digest from what
      * it read.
      */
-    uint64_t t_fill = pdl_now_ns(), c_fill = thread_cpu_ns();
+    uint64_t t_fill = pdl__clock_now_ns(), c_fill = thread_cpu_ns();
     pdl_synth_check_t check;
     memset(&check, 0, sizeof(check));
     bool ok = true;
@@ -608,7 +609,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
         ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res);
     else
         check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
-    uint64_t t_verify = pdl_now_ns(), c_verify = thread_cpu_ns();
+    uint64_t t_verify = pdl__clock_now_ns(), c_verify = thread_cpu_ns();
     if (ok && receives) {
         pdl_node_metrics_verified(node->metrics, check.verified_bytes, check.mismatched_bytes);
         if (check.mismatched_bytes != 0) {
@@ -619,7 +620,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             ok = false;
         }
     }
-    uint64_t t_gen = pdl_now_ns(), c_gen = thread_cpu_ns();
+    uint64_t t_gen = pdl__clock_now_ns(), c_gen = thread_cpu_ns();
     if (ok) {
         pdl_synth_generate(check.digest, (size_t)req->max_tokens, res->tokens);
         res->num_tokens = (size_t)req->max_tokens;
@@ -658,7 +659,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             nblocks = 0; /* the instance owns them now */
         }
     }
-    uint64_t t_end = pdl_now_ns();
+    uint64_t t_end = pdl__clock_now_ns();
     pdl_node_kv_free(node->kv, blocks, nblocks);
     free(blocks);
     pdl_debug("request %s: %zu tokens, %zu blocks: alloc %.3f ms, %s %.3f ms (cpu %.3f), verify %.3f ms (cpu %.3f), "

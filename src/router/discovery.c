@@ -17,6 +17,7 @@
 
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
@@ -54,7 +55,7 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len)
         return;
     }
     bool added = false;
-    pdl_status_t st = pdl_registry_upsert(rt->reg, &reg, pdl_now_ms(), &added, &err);
+    pdl_status_t st = pdl_registry_upsert(rt->reg, &reg, pdl__clock_now_ms(), &added, &err);
     if (st == PDL_ERR_MISMATCH) {
         pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_MODE_MISMATCH, 1);
         if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
@@ -86,7 +87,7 @@ static void *discovery_main(void *arg)
     while (!atomic_load(&rt->stop)) {
         zmq_pollitem_t item = {.socket = d->sock, .events = ZMQ_POLLIN};
         int rc = zmq_poll(&item, 1, 100);
-        size_t expired = pdl_registry_sweep(rt->reg, pdl_now_ms());
+        size_t expired = pdl_registry_sweep(rt->reg, pdl__clock_now_ms());
         if (expired)
             pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_EXPIRED, expired);
         if (rc <= 0)

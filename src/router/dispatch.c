@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
@@ -38,7 +39,7 @@ void pdl_router_uuid4(uint8_t out[16])
         ssize_t n = getrandom(out + got, 16 - got, 0);
         if (n <= 0) {
             /* getrandom only fails before the pool is seeded on ancient kernels; ids must still differ. */
-            uint64_t t = pdl_now_ns() ^ ((uint64_t)(uintptr_t)out << 17);
+            uint64_t t = pdl__clock_now_ns() ^ ((uint64_t)(uintptr_t)out << 17);
             for (size_t i = got; i < 16; i++) {
                 t = t * 6364136223846793005ull + 1442695040888963407ull;
                 out[i] = (uint8_t)(t >> 56);
@@ -72,7 +73,7 @@ typedef struct rt_stream {
 
 static void finish_request(pdl_router_t *rt, pdl_rt_route_t route, uint64_t start_ns)
 {
-    pdl_rt_metrics_duration(rt->metrics, route, (double)(pdl_now_ns() - start_ns) / 1e9);
+    pdl_rt_metrics_duration(rt->metrics, route, (double)(pdl__clock_now_ns() - start_ns) / 1e9);
     pdl_rt_metrics_active(rt->metrics, -1);
 }
 
@@ -285,7 +286,7 @@ static const pdl_worker_t *pick(pdl_policy_t *pol, const pdl_worker_t *w, size_t
 int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, const char *body,
                             size_t len, const char *const *trace_headers, size_t ntrace)
 {
-    uint64_t start_ns = pdl_now_ns();
+    uint64_t start_ns = pdl__clock_now_ns();
     const char *path = pdl_rt_route_path(route);
     pdl_rt_metrics_request(rt->metrics, route);
     pdl_rt_metrics_active(rt->metrics, +1);
@@ -307,7 +308,7 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     }
 
     int ret;
-    uint64_t now = pdl_now_ms();
+    uint64_t now = pdl__clock_now_ms();
     pdl_worker_t *pw = NULL, *dw = NULL;
     size_t np = 0, nd = 0;
     pdl_leg_t *pleg = NULL, *dleg = NULL;
@@ -543,7 +544,7 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const cha
 {
     pdl_worker_t *w = NULL;
     size_t n = 0;
-    uint64_t now = pdl_now_ms();
+    uint64_t now = pdl__clock_now_ms();
     pdl_registry_snapshot(rt->reg, 'P', now, &w, &n);
     if (n == 0) {
         free(w);

@@ -16,6 +16,7 @@
 #include "app/http.h"
 #include "pdlink/log.h"
 #include "router/router.h"
+#include "common/clock.h"
 
 /* Bodies are relayed to both legs; 64 MiB bounds what one client can make the router hold. */
 #define PDL_SERVER_MAX_BODY (64u << 20)
@@ -24,7 +25,7 @@ static int serve_metrics(pdl_router_t *rt, struct MHD_Connection *c)
 {
     char *text = NULL;
     size_t len = 0;
-    if (pdl_rt_metrics_render(rt->metrics, rt->reg, pdl_now_ms(), &text, &len) != PDL_OK)
+    if (pdl_rt_metrics_render(rt->metrics, rt->reg, pdl__clock_now_ms(), &text, &len) != PDL_OK)
         return pdl_http_replyf(c, 500, "out of memory rendering metrics");
     int r = pdl_http_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
     free(text);
@@ -36,7 +37,7 @@ static json_t *workers_json(pdl_router_t *rt, char role)
     json_t *arr = json_array();
     pdl_worker_t *w = NULL;
     size_t n = 0;
-    uint64_t now = pdl_now_ms();
+    uint64_t now = pdl__clock_now_ms();
     if (pdl_registry_snapshot(rt->reg, role, now, &w, &n) == PDL_OK) {
         for (size_t i = 0; i < n; i++) {
             json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:I, s:I}", "http_address", w[i].http_address,
@@ -65,7 +66,7 @@ static int serve_list_workers(pdl_router_t *rt, struct MHD_Connection *c)
     for (int k = 0; k < 2; k++) {
         pdl_worker_t *w = NULL;
         size_t n = 0;
-        if (pdl_registry_snapshot(rt->reg, k == 0 ? 'P' : 'D', pdl_now_ms(), &w, &n) == PDL_OK)
+        if (pdl_registry_snapshot(rt->reg, k == 0 ? 'P' : 'D', pdl__clock_now_ms(), &w, &n) == PDL_OK)
             for (size_t i = 0; i < n; i++) {
                 char u[600];
                 snprintf(u, sizeof(u), "http://%s", w[i].http_address);
@@ -79,7 +80,7 @@ static int serve_list_workers(pdl_router_t *rt, struct MHD_Connection *c)
 static int serve_health(pdl_router_t *rt, struct MHD_Connection *c, bool readiness)
 {
     size_t np = 0, nd = 0;
-    pdl_registry_counts(rt->reg, pdl_now_ms(), &np, &nd);
+    pdl_registry_counts(rt->reg, pdl__clock_now_ms(), &np, &nd);
     bool ok = np > 0 && nd > 0;
     if (readiness) {
         json_t *j = json_pack("{s:s, s:{s:I, s:I}, s:{s:I, s:I}}", "status", ok ? "ready" : "not_ready", "prefill",

@@ -1,7 +1,9 @@
 /*
  * mp.h -- internal helpers shared by the wire codecs: one guarded entry point into msgpack-c's
  * decoder, typed accessors on decoded objects that produce key-naming errors, encoder glue and a
- * strict UTF-8 check. Not a public header; only the codecs in src/wire include it.
+ * strict UTF-8 check. Not a public header: the codecs in src/wire and the engine's descriptor codec
+ * (src/engine/desc.c, a layer above) include it. Every decoder of bytes from the network calls
+ * pdl__mp_unpack and never msgpack_unpack_next / msgpack_unpacker directly.
  */
 #ifndef PDLINK_WIRE_MP_H
 #define PDLINK_WIRE_MP_H

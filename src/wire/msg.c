@@ -283,25 +283,25 @@ pdl_status_t pdl_wire_decode_msg(const void *buf, size_t len, pdl_msg_t *out, pd
         return pdl_error_set(err, PDL_ERR_PARSE, "notify: frame of %zu bytes exceeds the %u byte limit", len,
                              (unsigned)PDL_WIRE_MAX_FRAME);
 
-    pdl__mp_scan_t scan = pdl__mp_scan(buf, len, NOTIFY_MAX_ITEMS, NULL);
-    if (scan == PDL__MP_ONE) {
-        msgpack_unpacked u;
-        msgpack_unpacked_init(&u);
-        size_t off = 0;
-        msgpack_unpack_return r = msgpack_unpack_next(&u, buf, len, &off);
-        if (r == MSGPACK_UNPACK_SUCCESS && off == len && u.data.type == MSGPACK_OBJECT_MAP) {
-            pdl_status_t st = decode_map(&u.data, out, err);
-            msgpack_unpacked_destroy(&u);
-            if (st != PDL_OK) {
-                pdl_msg_clear(out);
-                pdl_msg_init(out, PDL_MSG_LEGACY);
-            }
-            return st;
-        }
+    /* Through the guarded door; its error is not reported because a frame that is not one msgpack map
+     * within limits may still be a legacy text id (below). */
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    if (pdl__mp_unpack(buf, len, NOTIFY_MAX_ITEMS, "notify", &u, NULL) == PDL_OK &&
+        u.data.type == MSGPACK_OBJECT_MAP) {
+        pdl_status_t st = decode_map(&u.data, out, err);
         msgpack_unpacked_destroy(&u);
-        /* A msgpack scalar such as the one-byte id "7" takes the text path, as upstream does; so does a
-         * value msgpack-c refuses (nested deeper than its 32-level stack), which is then not UTF-8. */
+        if (st != PDL_OK) {
+            pdl_msg_clear(out);
+            pdl_msg_init(out, PDL_MSG_LEGACY);
+        }
+        return st;
     }
+    msgpack_unpacked_destroy(&u);
+    /* A msgpack scalar such as the one-byte id "7" takes the text path, as upstream does; so does a
+     * value msgpack-c refuses (nested deeper than its 32-level stack), which is then not UTF-8. The
+     * scan again (cheap, no allocation) only to say why the frame is no map. */
+    pdl__mp_scan_t scan = pdl__mp_scan(buf, len, NOTIFY_MAX_ITEMS, NULL);
 
     /* Legacy completion: the frame's text is a transfer id. */
     const char *why = scan == PDL__MP_ONE        ? "a msgpack value that is not a map"

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include <zmq.h>
 
+#include "common/clock.h"
 #include "test_connector_util.h"
 
 #define ROUNDS 300
@@ -28,7 +29,7 @@ static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int ra
     rep_t *r = arg;
     int i;
     if (ev == PDL_EVENT_RANK_REPORTED && sscanf(tid, "lat-%d", &i) == 1 && i >= 0 && i < ROUNDS && rank >= 0)
-        atomic_store(&r->ns[i][rank], pdl_now_ns());
+        atomic_store(&r->ns[i][rank], pdl__clock_now_ns());
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -74,11 +75,11 @@ static void zmq_round_trip(uint64_t *out)
     char msg[72], back[128];
     memset(msg, 'r', sizeof(msg));
     for (int i = 0; i < ZMQ_ROUNDS + 100; i++) {
-        uint64_t t0 = pdl_now_ns();
+        uint64_t t0 = pdl__clock_now_ns();
         zmq_send(dealer, msg, sizeof(msg), 0);
         assert_int_equal(zmq_recv(dealer, back, sizeof(back), 0), (int)sizeof(msg));
         if (i >= 100)
-            out[i - 100] = pdl_now_ns() - t0;
+            out[i - 100] = pdl__clock_now_ns() - t0;
     }
     pthread_join(th, NULL);
     zmq_close(dealer);

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
 #include "pdlink/params.h"
@@ -37,9 +38,9 @@ static inline void tc_sleep_ms(int ms)
 /* Poll `cond(arg)` every 2 ms until true or `ms` pass; returns the final value. */
 static inline bool tc_wait_for(bool (*cond)(void *), void *arg, int ms)
 {
-    uint64_t end = pdl_now_ms() + (uint64_t)ms;
+    uint64_t end = pdl__clock_now_ms() + (uint64_t)ms;
     while (!cond(arg)) {
-        if (pdl_now_ms() > end)
+        if (pdl__clock_now_ms() > end)
             return cond(arg);
         tc_sleep_ms(2);
     }
@@ -50,7 +51,7 @@ static inline unsigned tc_rand(void)
 {
     static _Thread_local unsigned s;
     if (s == 0)
-        s = (unsigned)getpid() * 2654435761u ^ (unsigned)pdl_now_ns();
+        s = (unsigned)getpid() * 2654435761u ^ (unsigned)pdl__clock_now_ns();
     s = s * 1103515245u + 12345u;
     return s >> 8;
 }

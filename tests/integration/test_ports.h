@@ -19,6 +19,7 @@
 
 #include "pdlink/log.h"
 #include "pdlink/ports.h"
+#include "common/clock.h"
 
 /* First port of `count` consecutive ports free on 127.0.0.1, or -1 (with the reason on stderr). */
 static inline int tp_free_range(int count)
@@ -26,7 +27,7 @@ static inline int tp_free_range(int count)
     static pdl_port_picker_t picker;
     static bool ready;
     if (!ready) {
-        pdl_port_picker_init(&picker, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
+        pdl_port_picker_init(&picker, ((uint64_t)getpid() << 32) ^ pdl__clock_now_ns());
         ready = true;
     }
     int first = -1;

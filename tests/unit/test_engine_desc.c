@@ -3,6 +3,8 @@
  * backend mismatch, and the argument checks of the public API.
  */
 #include <setjmp.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -175,6 +177,111 @@ static void test_hostile_descriptors(void **state)
     pdl_engine_destroy(e);
 }
 
+/*
+ * Largest single allocation seen while `watch_allocs` is set. Sanitizer builds (ASan, TSan) let a test
+ * install malloc hooks; the hook has no context argument, hence the two statics. Plain builds lack the
+ * hook and rely on the error text, which only the guarded door produces.
+ */
+extern int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void *, size_t),
+                                                     void (*free_hook)(const volatile void *)) __attribute__((weak));
+static _Atomic size_t largest_alloc;
+static _Atomic int watch_allocs;
+
+static void alloc_hook(const volatile void *p, size_t n)
+{
+    (void)p;
+    if (watch_allocs && n > largest_alloc)
+        largest_alloc = n;
+}
+
+/* The sanitizers install hooks only in pairs. */
+static void free_hook(const volatile void *p) { (void)p; }
+
+/*
+ * A few bytes announcing a huge map or array: msgpack-c would allocate the element table from the
+ * header alone (`df ff ff ff ff` is a map of 2^32 - 1 pairs, 128 GiB of table). The descriptor decoders
+ * must refuse them through the guarded door (too many elements for a descriptor, or more than the
+ * bytes that follow could hold) before any table is allocated.
+ */
+static void test_hostile_headers(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        uint8_t b[24];
+        size_t n;
+        const char *why;
+    } cases[] = {
+        {"map32 of 2^32-1 pairs", {0xdf, 0xff, 0xff, 0xff, 0xff}, 5, "more than 1024 msgpack elements"},
+        {"array32 of 2^32-1", {0xdd, 0xff, 0xff, 0xff, 0xff}, 5, "more than 1024 msgpack elements"},
+        {"map16 of 65535 pairs", {0xde, 0xff, 0xff}, 3, "more than 1024 msgpack elements"},
+        {"map32 of 2^20 pairs", {0xdf, 0x00, 0x10, 0x00, 0x00}, 5, "more than 1024 msgpack elements"},
+        {"array16 of 512, no elements", {0xdc, 0x02, 0x00}, 3, "truncated"},
+        /* {"x": array32 of 2^32-1}, {"magic": {"x": map32 of 2^32-1}} */
+        {"nested array32", {0x81, 0xa1, 'x', 0xdd, 0xff, 0xff, 0xff, 0xff}, 8, "more than 1024 msgpack elements"},
+        {"nested map32",
+         {0x81, 0xa5, 'm', 'a', 'g', 'i', 'c', 0x81, 0xa1, 'x', 0xdf, 0xff, 0xff, 0xff, 0xff},
+         15,
+         "more than 1024 msgpack elements"},
+        {"nested array16 of 512", {0x81, 0xa1, 'x', 0xdc, 0x02, 0x00, 0xc0}, 7, "truncated"},
+        /* an array in an array in ... 40 deep: msgpack-c's parser stack holds 32 */
+        {"deep", {0}, 0, NULL},
+    };
+    uint8_t deep[41];
+    memset(deep, 0x91, 40);
+    deep[40] = 0xc0;
+    /* Allocated before watching: the decoders' allocations are what is measured. */
+    size_t big = 5 + 60000;
+    uint8_t *many = malloc(big);
+    assert_non_null(many);
+    memcpy(many, (const uint8_t[]){0xdd, 0x00, 0x00, 0xea, 0x60}, 5);
+    memset(many + 5, 0xc0, 60000);
+
+    bool hooked = __sanitizer_install_malloc_and_free_hooks != NULL &&
+                  __sanitizer_install_malloc_and_free_hooks(alloc_hook, free_hook) != 0;
+    largest_alloc = 0;
+    watch_allocs = 1;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const uint8_t *b = cases[i].n > 0 ? cases[i].b : deep;
+        size_t n = cases[i].n > 0 ? cases[i].n : sizeof(deep);
+        pdl_remote_t r;
+        pdl_rmem_t rm;
+        pdl_error_t err = {0};
+        assert_int_equal(pdl__engine_desc_unpack(b, n, &r, &err), PDL_ERR_PARSE);
+        print_message("%s: %s\n", cases[i].name, err.msg);
+        assert_non_null(strstr(err.msg, "engine descriptor"));
+        if (cases[i].why != NULL)
+            assert_non_null(strstr(err.msg, cases[i].why));
+        else
+            assert_non_null(strstr(err.msg, "nested deeper"));
+        assert_int_equal(pdl__mem_desc_unpack(b, n, &rm, &err), PDL_ERR_PARSE);
+        assert_non_null(strstr(err.msg, "memory descriptor"));
+    }
+    /* A real-looking descriptor map with an unknown key whose value is the hostile header. */
+    uint8_t desc[64];
+    size_t n = 0;
+    const uint8_t head[] = {0x82, 0xa5, 'm', 'a', 'g', 'i', 'c', 0xad};
+    memcpy(desc + n, head, sizeof(head)), n += sizeof(head);
+    memcpy(desc + n, "pdlink-engine", 13), n += 13;
+    const uint8_t tail[] = {0xa5, 'e', 'x', 't', 'r', 'a', 0xdd, 0xff, 0xff, 0xff, 0xff};
+    memcpy(desc + n, tail, sizeof(tail)), n += sizeof(tail);
+    pdl_remote_t r;
+    pdl_error_t err = {0};
+    assert_int_equal(pdl__engine_desc_unpack(desc, n, &r, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "more than 1024 msgpack elements"));
+    /* Within the bytes but past the element limit: an array of 60000 nils. */
+    assert_int_equal(pdl__engine_desc_unpack(many, big, &r, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "more than"));
+    watch_allocs = 0;
+    free(many);
+    if (hooked) {
+        print_message("largest allocation while decoding: %zu bytes\n", (size_t)largest_alloc);
+        assert_true(largest_alloc < 64 * 1024); /* msgpack-c's zone chunks; no element table */
+    }
+    else
+        print_message("no sanitizer malloc hook in this build: checked by error text only\n");
+}
+
 static void test_config_checks(void **state)
 {
     (void)state;
@@ -237,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_engine_roundtrip),    cmocka_unit_test(test_mem_roundtrip),
         cmocka_unit_test(test_version_mismatch),    cmocka_unit_test(test_hostile_descriptors),
         cmocka_unit_test(test_config_checks),       cmocka_unit_test(test_tcp_congestion),
+        cmocka_unit_test(test_hostile_headers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,7 @@
 
 #include "pdlink/log.h"
 #include "pdlink/ports.h"
+#include "common/clock.h"
 
 static void test_parse_range(void **state)
 {
@@ -121,7 +122,7 @@ static void test_picker_skips_held_ports(void **state)
 {
     (void)state;
     pdl_port_picker_t pp;
-    pdl_port_picker_init(&pp, ((uint64_t)getpid() << 32) ^ pdl_now_ns());
+    pdl_port_picker_init(&pp, ((uint64_t)getpid() << 32) ^ pdl__clock_now_ns());
     pdl_port_range_t eph = pdl_ports_ephemeral();
     pdl_error_t err;
     int first = 0;

@@ -1,5 +1,5 @@
 /*
- * copy.c -- a streaming copy for large shm transfers.
+ * copy.c -- a streaming copy for large shm transfers and the memcpy ceiling (see copy.h).
  *
  * Why: on these VMs glibc's memcpy moves a 64 MiB call at ~10 GB/s with two threads, but a 128 MiB
  * call at ~17 GB/s (it switches to a page-interleaved non-temporal loop only above a size threshold
@@ -10,7 +10,7 @@
  * by data that will not be reused from cache anyway). Measured: 16-17 GB/s with two threads on 64 MiB
  * pieces, against 9.4-10.5 GB/s for memcpy (bench/compare notes in docs/engine.md).
  */
-#include "engine/copy.h"
+#include "common/copy.h"
 
 #include <stdint.h>
 #include <string.h>

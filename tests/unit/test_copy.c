@@ -1,6 +1,7 @@
 /*
- * test_engine_copy.c -- the shm backend's streaming copy (src/engine/copy.c) copies exactly the bytes
- * asked for, whatever the sizes and alignments, and nothing around them.
+ * test_copy.c -- the streaming copy (src/common/copy.c; used by the shm backend and the memcpy
+ * ceiling) copies exactly the bytes asked for, whatever the sizes and alignments, and nothing around
+ * them.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "engine/copy.h"
+#include "common/copy.h"
 
 static void test_copy_sizes_and_alignments(void **state)
 {
