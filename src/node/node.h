@@ -51,6 +51,7 @@ typedef struct pdl_node {
     pdl_node_metrics_t *metrics;
     time_t started;
     atomic_bool ready;            /* KV store and connector up: requests are served */
+    atomic_bool tp_disagree_warned; /* kv_transfer_params tp_size != remote_tp_size was logged once */
 } pdl_node_t;
 
 #define PDL_NODE_RID_MAX 600

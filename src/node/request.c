@@ -297,6 +297,18 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
             return false;
         }
     }
+    if (req->params.tp_size > 0 && req->params.remote_tp_size > 0 &&
+        req->params.tp_size != req->params.remote_tp_size) {
+        /* Upstream MoRIIO takes the peer's TP from tp_size (what the prefill reported) before
+         * remote_tp_size (what a router may have added, possibly stale), and so does the connector
+         * (pdl_kv_params_peer_tp). Say so once per process, not on every request of a router that
+         * always sends both, and hand the connector agreeing values so it does not warn again. */
+        if (!atomic_exchange(&node->tp_disagree_warned, true))
+            pdl_warn("request %s: kv_transfer_params tp_size %d and remote_tp_size %d disagree; using tp_size %d "
+                     "as upstream MoRIIO does (logged once)", req->request_id, req->params.tp_size,
+                     req->params.remote_tp_size, req->params.tp_size);
+        req->params.remote_tp_size = req->params.tp_size;
+    }
     const pdl_kv_params_t *p = &req->params;
     req->mode = PDL_NODE_MODE_LOCAL;
     if (p->do_remote_prefill && p->do_remote_decode) {
