@@ -29,6 +29,7 @@
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
+#include "router/serde_text.h"
 
 #define RT_REQUEST_ID_MAX (4 * PDL_WIRE_HOST_MAX + 128)
 
@@ -312,9 +313,13 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
         goto out;
     }
 
-    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers. */
+    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers, and
+     * that text is vllm-router's serde re-serialisation, so both routers put a request on the same
+     * workers (serde_text.h); our own dump only for a body it would refuse or we do not reproduce. */
     size_t tlen = 0;
-    char *text = dump(req, &tlen);
+    char *text = pdl_rt_serde_text(req, route == PDL_ROUTE_CHAT, &tlen);
+    if (text == NULL)
+        text = dump(req, &tlen);
     key = pdl_policy_hash_key(req, text ? text : "", tlen);
     free(text);
     const pdl_worker_t *P = pick(rt->prefill_policy, pw, np, key);
