@@ -8,7 +8,8 @@
  *          the prefill's kv_transfer_params verbatim)
  *   WRITE: prefill leg and decode leg at once (both on one curl multi); wait for the whole prefill
  *          and the decode's headers
- *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode)
+ *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode);
+ *   a prefill 4xx goes to the client as it is (status and body), as vllm-router does
  *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
  *   passed through, the body pulled by MHD's content reader as the client drains it.
  *
@@ -487,9 +488,16 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     goto out;
 
 prefill_failed : {
-    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. */
+    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a
+     * 4xx from the prefill (the request itself is bad: an unknown model, a prompt too long) reaches
+     * the client unchanged, status and body, as vllm-router 0.1.17 does: a client then sees a 400 it
+     * does not retry rather than a 500 that the openai client and lm-eval retry. */
     size_t blen = pleg->len - pleg->rpos;
-    if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
+    if (pleg->status >= 400 && pleg->status < 500) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_PREFILL);
+        finish_request(rt, route, start_ns);
+        ret = pdl_server_reply(c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen);
+    } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
         ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
                     "Request processing failed: Prefill server error: %s: %s", P->http_address, pdl_leg_error(pleg));
     } else {
