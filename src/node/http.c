@@ -7,7 +7,7 @@
  * threads, which is fine at this scale and keeps the request code straight-line.
  *
  * Response shapes follow vLLM's OpenAI server: `id` "cmpl-<request id>" ("chatcmpl-" for chat), `object`,
- * `created`, `model`, `choices` with `finish_reason` and `logprobs: null`, `usage`, and a top-level
+ * `created`, `model`, `choices` with `finish_reason`, `stop_reason` and `logprobs`, `usage`, and a top-level
  * `kv_transfer_params` (null unless the connector returned params). Streams are `data: {chunk}\n\n` lines
  * ending with `data: [DONE]\n\n`; the KV work is done before the first byte, so a failure is a proper
  * error status rather than a broken stream. Errors are {"error": {message, type, param, code}}.

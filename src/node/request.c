@@ -1,8 +1,9 @@
 /*
  * request.c -- what one completion request does on a pdlink-node (see node.h for the three flows).
  *
- * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string (or an array
- * holding one string), chat `messages` are rendered with a fixed template, `n` must be 1, `max_tokens`
+ * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string, a list of
+ * token ids or a batch of either, chat `messages` are rendered with a fixed template, `n` copies the
+ * greedy answer, `stop`/`min_tokens`/`echo`/`logprobs`/`seed` behave as vLLM's, `max_tokens`
  * defaults to 16, and `kv_transfer_params` is a top-level object whose semantics are MoRIIO's (SPEC §4,
  * moriio-spec §6.1). Input is hostile: every field is type-checked and a wrong one is a 400 naming it.
  */
