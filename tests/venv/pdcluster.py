@@ -143,12 +143,19 @@ class Cluster:
         for p, _ in reversed(self.procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p, _ in self.procs:
+        unclean = []
+        for p, name in self.procs:
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            # pdlink's own programs exit 0 on SIGTERM (a sanitizer report at exit makes that non-zero).
+            if os.path.basename(p.args[0]).startswith("pdlink-") and p.returncode != 0:
+                unclean.append(f"{name} exited with {p.returncode}")
+        if unclean and not keep_logs:
+            print(f"logs kept in {self.tmp}")
+            raise AssertionError("; ".join(unclean))
         if keep_logs:
             print(f"logs kept in {self.tmp}")
         else:
