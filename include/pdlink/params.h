@@ -81,9 +81,10 @@ pdl_status_t pdl_kv_params_from_json(const json_t *obj, pdl_kv_params_t *out, pd
 json_t *pdl_kv_params_to_json(const pdl_kv_params_t *p);
 
 /*
- * The peer's TP size as the consumer takes it: remote_tp_size, else tp_size, else local_tp.
- * *disagree (may be NULL) is set to whether both keys are present with different values (log a
- * warning then). `p` must not be NULL. Cannot fail.
+ * The peer's TP size as upstream MoRIIO takes it: tp_size, else remote_tp_size, else 1 (local_tp is
+ * ignored; kept for source compatibility). *disagree (may be NULL) is set when both keys are present
+ * with different values (log a warning; pdlink-node warns once per process and normalises).
+ * `p` must not be NULL. Cannot fail.
  */
 int pdl_kv_params_peer_tp(const pdl_kv_params_t *p, int local_tp, bool *disagree);
 

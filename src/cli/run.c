@@ -44,6 +44,7 @@
 #include "cli/run_netns.h"
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
+#include "cli/run_router.h"
 #include "pdlink/log.h"
 #include "pdlink/ports.h"
 #include "pdlink/topo.h"
@@ -87,6 +88,7 @@ typedef struct run_opts {
     int reference_tp;
     int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
     const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
+    const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
 } run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
@@ -103,7 +105,8 @@ typedef struct run_node {
 typedef struct run_ctx {
     run_opts_t o;
     char exe_dir[PATH_MAX];
-    char node_exe[PATH_MAX + 32], router_exe[PATH_MAX + 32];
+    char node_exe[PATH_MAX + 32];
+    pdl_run_router_t rt;                /* the router in front of the nodes (run_router.h) */
     char log_dir[384];                  /* short enough for every log path to fit */
     bool log_dir_is_temp;
     int sigfd;
@@ -209,6 +212,9 @@ static void usage(FILE *f)
             "  --quiet                 no progress display on stderr\n"
             "  --child-log-level L     --log-level of the nodes and the router (default info; debug logs\n"
             "                          where each pull and request spends its time, see --log-dir)\n"
+            "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
+            "                          one from the project venv or $PATH, with the seed's flags and\n"
+            "                          consistent_hash), or the path of a router executable\n"
             "  --help\n",
             RUN_DEFAULT_MODEL);
 }
@@ -254,7 +260,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
     };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG };
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER };
     static const struct option longopts[] = {
         {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
         {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
@@ -265,6 +271,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         {"json", required_argument, NULL, O_JSON},       {"log-dir", required_argument, NULL, O_LOGDIR},
         {"quiet", no_argument, NULL, O_QUIET},           {"help", no_argument, NULL, O_HELP},
         {"child-log-level", required_argument, NULL, O_CHILDLOG},
+        {"router", required_argument, NULL, O_ROUTER},
         /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
         {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
         {NULL, 0, NULL, 0},
@@ -351,6 +358,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             }
             o->child_log_level = optarg;
             break;
+        case O_ROUTER: o->router = optarg; break;
         case O_HELP:
         case 'h': usage(stdout); return 1;
         case O_FAULT:
@@ -696,23 +704,13 @@ static pdl_status_t start_node(run_ctx_t *c, run_node_t *nd, const char *proxy_i
 static pdl_status_t start_router(run_ctx_t *c, int netns_fd, pdl_error_t *err)
 {
     char *argv[40] = {NULL};
-    argv_add(argv, 40, "%s", c->router_exe);
-    argv_add(argv, 40, "--host");
-    argv_add(argv, 40, "%s", c->router_host);
-    argv_add(argv, 40, "--port");
-    argv_add(argv, 40, "%d", c->router_port);
-    argv_add(argv, 40, "--vllm-pd-disaggregation");
-    argv_add(argv, 40, "--kv-connector");
-    argv_add(argv, 40, "moriio");
-    argv_add(argv, 40, "--vllm-discovery-address");
-    argv_add(argv, 40, "%s:%d", c->router_host, c->disc_port);
-    /* round_robin spreads a fixed workload over both instances of 2p1d/1p2d for sure. */
-    argv_add(argv, 40, "--policy");
-    argv_add(argv, 40, "round_robin");
-    argv_add(argv, 40, "--prometheus-port");
-    argv_add(argv, 40, "%d", c->prom_port);
-    argv_add(argv, 40, "--log-level");
-    argv_add(argv, 40, "%s", c->o.child_log_level);
+    /* round_robin spreads a fixed workload over both instances of 2p1d/1p2d for sure; the real
+     * vllm-router runs with the seed's consistent_hash (run_router.c). */
+    if (pdl_run_router_argv(&c->rt, argv, 40, c->router_host, c->router_port, c->disc_port, c->prom_port,
+                            "round_robin", c->o.child_log_level) < 0) {
+        str_argv_free(argv);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "router command line for %s", c->rt.exe);
+    }
     pdl_status_t st = pdl_run_child_start(&c->router, argv, &c->child_mask, netns_fd, err);
     str_argv_free(argv);
     return st;
@@ -767,7 +765,11 @@ static pdl_status_t wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadl
         char *body = NULL;
         pdl_run_http_get(url, 2000, &code, &body, NULL);
         int p = -1, d = -1;
-        if (code == 200 && body != NULL) {
+        if (c->rt.real) {
+            /* vllm-router lists discovered instances nowhere but in its log (run_router.h). */
+            p = pdl_run_router_log_count(c->router.log_path, true);
+            d = pdl_run_router_log_count(c->router.log_path, false);
+        } else if (code == 200 && body != NULL) {
             p = workers_count(body, "prefill");
             d = workers_count(body, "decode");
         }
@@ -1146,7 +1148,8 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     c->disc_port = port++;
     c->prom_port = port++;
     snprintf(c->router.name, sizeof(c->router.name), "router");
-    snprintf(c->router.what, sizeof(c->router.what), "pdlink-router, port %d, discovery %d", c->router_port, c->disc_port);
+    snprintf(c->router.what, sizeof(c->router.what), "%s, port %d, discovery %d",
+             c->rt.real ? "vllm-router" : "pdlink-router", c->router_port, c->disc_port);
     snprintf(c->router.log_path, sizeof(c->router.log_path), "%s/%s-router.log", c->log_dir, t->name);
     for (int i = 0; i < ninst; i++) {
         run_node_t *nd = &c->nodes[c->nnodes++];
@@ -1272,17 +1275,19 @@ static int find_executables(run_ctx_t *c)
         *slash = '\0';
     snprintf(c->exe_dir, sizeof(c->exe_dir), "%s", self);
     snprintf(c->node_exe, sizeof(c->node_exe), "%s/pdlink-node", c->exe_dir);
-    snprintf(c->router_exe, sizeof(c->router_exe), "%s/pdlink-router", c->exe_dir);
-    const char *missing[2];
-    int nm = 0;
-    if (access(c->node_exe, X_OK) != 0)
-        missing[nm++] = c->node_exe;
-    if (access(c->router_exe, X_OK) != 0)
-        missing[nm++] = c->router_exe;
-    for (int i = 0; i < nm; i++)
+    int bad = 0;
+    if (access(c->node_exe, X_OK) != 0) {
         fprintf(stderr, "pdlink run: %s not found or not executable (it is built next to pdlink: "
-                        "cmake --build <build dir>)\n", missing[i]);
-    return nm > 0 ? -1 : 0;
+                        "cmake --build <build dir>)\n", c->node_exe);
+        bad = -1;
+    }
+    pdl_error_t e;
+    pdl_error_clear(&e);
+    if (pdl_run_router_resolve(c->o.router, c->exe_dir, &c->rt, &e) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", e.msg);
+        bad = -1;
+    }
+    return bad;
 }
 
 static int make_log_dir(run_ctx_t *c)

@@ -7,7 +7,7 @@
  * threads, which is fine at this scale and keeps the request code straight-line.
  *
  * Response shapes follow vLLM's OpenAI server: `id` "cmpl-<request id>" ("chatcmpl-" for chat), `object`,
- * `created`, `model`, `choices` with `finish_reason` and `logprobs: null`, `usage`, and a top-level
+ * `created`, `model`, `choices` with `finish_reason`, `stop_reason` and `logprobs`, `usage`, and a top-level
  * `kv_transfer_params` (null unless the connector returned params). Streams are `data: {chunk}\n\n` lines
  * ending with `data: [DONE]\n\n`; the KV work is done before the first byte, so a failure is a proper
  * error status rather than a broken stream. Errors are {"error": {message, type, param, code}}.
@@ -45,21 +45,23 @@ static int send_result_error(struct MHD_Connection *c, const pdl_node_result_t *
 
 /* ---- completion bodies ------------------------------------------------------------------------ */
 
-/* Words of tokens [from, to); a completion continues the prompt so each word has a leading space, a
- * chat message starts with its first word. */
+/* Text of generated tokens [from, to), cut at the stop string (res->text_limit) as the client sees it:
+ * a completion continues the prompt so each word has a leading space, a chat message starts with its
+ * first word. */
 static char *generated_text(const pdl_node_result_t *res, size_t from, size_t to, bool chat)
 {
-    size_t cap = 1;
-    for (size_t i = from; i < to; i++)
-        cap += 1 + strlen(pdl_synth_word(res->tokens[i]));
-    char *s = malloc(cap);
-    if (s == NULL)
+    size_t total = pdl_node_token_text(res->tokens, 0, to, chat, NULL);
+    size_t start = pdl_node_token_text(res->tokens, 0, from, chat, NULL);
+    char *all = malloc(total + 1);
+    if (all == NULL)
         return NULL;
-    size_t n = 0;
-    for (size_t i = from; i < to; i++)
-        n += (size_t)sprintf(s + n, "%s%s", chat && i == 0 ? "" : " ", pdl_synth_word(res->tokens[i]));
-    s[n] = '\0';
-    return s;
+    pdl_node_token_text(res->tokens, 0, to, chat, all);
+    size_t end = total < res->text_limit ? total : res->text_limit;
+    if (start > end)
+        start = end;
+    memmove(all, all + start, end - start);
+    all[end - start] = '\0';
+    return all;
 }
 
 static json_t *usage_json(const pdl_node_result_t *res)
@@ -73,25 +75,207 @@ static void resp_id(const pdl_node_request_t *req, char *out, size_t cap)
     snprintf(out, cap, "%s%s", req->chat ? "chatcmpl-" : "cmpl-", req->request_id);
 }
 
+static json_t *stop_reason_json(const pdl_node_request_t *req, const pdl_node_result_t *res)
+{
+    if (res->stop_index >= 0 && (size_t)res->stop_index < req->nstop)
+        return json_string(req->stop[res->stop_index]);
+    return json_null();
+}
+
+/* ---- synthetic logprobs --------------------------------------------------------------------------
+ * The model is greedy and deterministic, so its "logprobs" are too: the chosen token is always the most
+ * likely one, and every value is a function of the prompt's KV digest (generated tokens) or of the
+ * prompt prefix hash (echoed prompt tokens), multiples of 1/1024 so that they print exactly. A P/D pair
+ * and a single node therefore return identical logprobs, as they return identical text. */
+
+static uint64_t lp_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double lp_value(uint64_t h) { return -(double)(h % 4096u) / 1024.0; }
+
+/* {word: logprob} of the chosen token first, then k-1 runner-up vocabulary words, each less likely. */
+static json_t *top_map(const char *chosen, double lp, int k, uint64_t h)
+{
+    json_t *m = json_object();
+    json_object_set_new(m, chosen, json_real(lp));
+    for (int j = 1; j < k && j < 64; j++) {
+        const char *w = pdl_synth_word((uint32_t)((h >> 7) + (uint64_t)j) % 64u);
+        char key[64];
+        snprintf(key, sizeof(key), " %s", w);
+        if (json_object_get(m, key) == NULL)
+            json_object_set_new(m, key, json_real(lp - (double)j));
+    }
+    return m;
+}
+
+/* The words of a text prompt as tokens (BOS is ""), for echo; token-id prompts show "<id>". */
+static char *prompt_token_text(const pdl_node_request_t *req, const pdl_node_result_t *res, size_t t)
+{
+    char buf[64];
+    if (req->prompt_ids != NULL) {
+        snprintf(buf, sizeof(buf), "<%u>", res->prompt_token_ids ? res->prompt_token_ids[t] : 0u);
+        return strdup(buf);
+    }
+    if (t == 0)
+        return strdup("");
+    const char *p = req->prompt, *e = req->prompt + req->prompt_len;
+    for (size_t w = 1;; w++) {
+        while (p < e && strchr(" \t\n\r\f\v", *p) != NULL && *p != '\0')
+            p++;
+        const char *st = p;
+        while (p < e && strchr(" \t\n\r\f\v", *p) == NULL)
+            p++;
+        if (p == st)
+            return strdup("");
+        if (w == t) {
+            char *out = malloc((size_t)(p - st) + 2);
+            if (out != NULL)
+                sprintf(out, "%s%.*s", t == 1 ? "" : " ", (int)(p - st), st);
+            return out;
+        }
+    }
+}
+
+/*
+ * Completions logprobs for echoed prompt tokens (when echo) and generated tokens [from, to): vLLM's
+ * {tokens, token_logprobs, top_logprobs, text_offset}; the first prompt token has null ones.
+ */
+static json_t *completion_logprobs(const pdl_node_request_t *req, const pdl_node_result_t *res, bool with_prompt,
+                                   size_t from, size_t to, size_t offset)
+{
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    if (with_prompt && res->prompt_prefix != NULL)
+        for (size_t t = 0; t < res->prompt_tokens; t++) {
+            char *w = prompt_token_text(req, res, t);
+            if (w == NULL)
+                continue;
+            json_array_append_new(toks, json_string(w));
+            json_array_append_new(offs, json_integer((json_int_t)offset));
+            offset += strlen(w);
+            if (t == 0) {
+                json_array_append_new(lps, json_null());
+                json_array_append_new(tops, json_null());
+            } else {
+                double lp = lp_value(res->prompt_prefix[t]);
+                json_array_append_new(lps, json_real(lp));
+                json_array_append_new(tops, top_map(w, lp, req->logprobs, res->prompt_prefix[t]));
+            }
+            free(w);
+        }
+    for (size_t i = from; i < to; i++) {
+        char *w = generated_text(res, i, i + 1, false);
+        if (w == NULL)
+            continue;
+        uint64_t h = lp_mix(res->digest + i);
+        double lp = lp_value(h) / 8.0; /* a confident model: the chosen token is likely */
+        json_array_append_new(toks, json_string(w));
+        json_array_append_new(lps, json_real(lp));
+        json_array_append_new(tops, top_map(w, lp, req->logprobs, h));
+        json_array_append_new(offs, json_integer((json_int_t)offset));
+        offset += strlen(w);
+        free(w);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "text_offset", offs, "token_logprobs", lps, "tokens", toks,
+                     "top_logprobs", tops);
+}
+
+/* Chat logprobs: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}. */
+static json_t *bytes_of(const char *w)
+{
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)w; *p; p++)
+        json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+static json_t *chat_logprobs(const pdl_node_request_t *req, const pdl_node_result_t *res, size_t from, size_t to)
+{
+    json_t *content = json_array();
+    for (size_t i = from; i < to; i++) {
+        char *w = generated_text(res, i, i + 1, true);
+        if (w == NULL)
+            continue;
+        uint64_t h = lp_mix(res->digest + i);
+        double lp = lp_value(h) / 8.0;
+        json_t *top = json_array();
+        json_t *m = top_map(w, lp, req->logprobs, h);
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v) json_array_append_new(
+            top, json_pack("{s:s, s:O, s:o}", "token", k, "logprob", v, "bytes", bytes_of(k)));
+        json_decref(m);
+        json_array_append_new(content, json_pack("{s:s, s:f, s:o, s:o}", "token", w, "logprob", lp, "bytes",
+                                                 bytes_of(w), "top_logprobs", top));
+        free(w);
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* The n choices of one prompt's result, indexes base .. base+n-1 (greedy: n identical ones). */
+static bool append_choices(json_t *choices, const pdl_node_request_t *req, const pdl_node_result_t *res,
+                           size_t base)
+{
+    char *gen = generated_text(res, 0, res->num_tokens, req->chat);
+    if (gen == NULL)
+        return false;
+    for (int j = 0; j < req->n; j++) {
+        json_t *lp = json_null();
+        json_t *choice;
+        if (req->chat) {
+            if (req->logprobs >= 0)
+                lp = chat_logprobs(req, res, 0, res->num_tokens);
+            choice = json_pack("{s:I, s:{s:s, s:s}, s:o, s:s, s:o}", "index", (json_int_t)(base + (size_t)j),
+                               "message", "role", "assistant", "content", gen, "logprobs", lp, "finish_reason",
+                               res->finish_reason, "stop_reason", stop_reason_json(req, res));
+        } else {
+            const char *echo = req->echo ? req->prompt : "";
+            char *text = malloc(strlen(echo) + strlen(gen) + 1);
+            if (text == NULL) {
+                free(gen);
+                return false;
+            }
+            sprintf(text, "%s%s", echo, gen);
+            if (req->logprobs >= 0)
+                lp = completion_logprobs(req, res, req->echo, 0, res->num_tokens, 0);
+            choice = json_pack("{s:I, s:s, s:o, s:s, s:o}", "index", (json_int_t)(base + (size_t)j), "text", text,
+                               "logprobs", lp, "finish_reason", res->finish_reason, "stop_reason",
+                               stop_reason_json(req, res));
+            free(text);
+        }
+        if (choice == NULL || json_array_append_new(choices, choice) != 0) {
+            free(gen);
+            return false;
+        }
+    }
+    free(gen);
+    return true;
+}
+
+/* The response of a whole request: `nres` prompt results (a batch) of `req`'s n choices each. */
 static json_t *full_response(pdl_node_t *node, const pdl_node_request_t *req, pdl_node_result_t *res)
 {
     char id[PDL_NODE_RID_MAX + 16];
     resp_id(req, id, sizeof(id));
-    char *text = generated_text(res, 0, res->num_tokens, req->chat);
-    if (text == NULL)
+    json_t *choices = json_array();
+    if (choices == NULL || !append_choices(choices, req, res, 0)) {
+        json_decref(choices);
         return NULL;
-    json_t *choice;
-    if (req->chat)
-        choice = json_pack("{s:i, s:{s:s, s:s}, s:n, s:s, s:n}", "index", 0, "message", "role", "assistant",
-                           "content", text, "logprobs", "finish_reason", res->finish_reason, "stop_reason");
-    else
-        choice = json_pack("{s:i, s:s, s:n, s:s, s:n}", "index", 0, "text", text, "logprobs", "finish_reason",
-                           res->finish_reason, "stop_reason");
-    free(text);
+    }
     json_t *params = res->kv_transfer_params ? json_incref(res->kv_transfer_params) : json_null();
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o, s:o}", "id", id, "object",
+    json_t *usage = usage_json(res);
+    if (usage != NULL && req->n > 1) /* n sequences of num_tokens each */
+        json_object_set_new(usage, "completion_tokens", json_integer((json_int_t)(res->num_tokens * (size_t)req->n)));
+    if (usage != NULL && req->n > 1)
+        json_object_set_new(usage, "total_tokens",
+                            json_integer((json_int_t)(res->prompt_tokens + res->num_tokens * (size_t)req->n)));
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o, s:o}", "id", id, "object",
                      req->chat ? "chat.completion" : "text_completion", "created", (json_int_t)time(NULL), "model",
-                     node->served_name, "choices", choice, "usage", usage_json(res), "kv_transfer_params", params);
+                     node->served_name, "choices", choices, "usage", usage, "kv_transfer_params", params);
 }
 
 /* ---- SSE streaming ---------------------------------------------------------------------------- */
@@ -130,6 +314,13 @@ static bool sse_next(sse_stream_t *s)
                                                 "assistant", "content", "", "logprobs", "finish_reason"));
                 break;
             }
+            if (s->req.echo) {
+                /* vLLM streams an echoed prompt as the first chunk of the choice. */
+                json_t *lp = s->req.logprobs >= 0 ? completion_logprobs(&s->req, &s->res, true, 0, 0, 0) : json_null();
+                chunk = chunk_json(s, json_pack("[{s:i, s:s, s:o, s:n, s:n}]", "index", 0, "text", s->req.prompt,
+                                                "logprobs", lp, "finish_reason", "stop_reason"));
+                break;
+            }
             continue;
         }
         if (s->phase == 1) {
@@ -143,11 +334,21 @@ static bool sse_next(sse_stream_t *s)
             s->next++;
             bool last = s->next == s->res.num_tokens;
             json_t *fin = last ? json_string(s->res.finish_reason) : json_null();
+            json_t *lp = json_null();
+            if (s->req.logprobs >= 0) {
+                json_decref(lp);
+                lp = s->req.chat ? chat_logprobs(&s->req, &s->res, s->next - 1, s->next)
+                                 : completion_logprobs(&s->req, &s->res, false, s->next - 1, s->next,
+                                                       (s->req.echo ? s->req.prompt_len : 0) +
+                                                           pdl_node_token_text(s->res.tokens, 0, s->next - 1, false,
+                                                                               NULL));
+            }
             json_t *choice =
-                s->req.chat ? json_pack("{s:i, s:{s:s}, s:n, s:o}", "index", 0, "delta", "content", text, "logprobs",
-                                        "finish_reason", fin)
-                            : json_pack("{s:i, s:s, s:n, s:o, s:n}", "index", 0, "text", text, "logprobs",
-                                        "finish_reason", fin, "stop_reason");
+                s->req.chat ? json_pack("{s:i, s:{s:s}, s:o, s:o}", "index", 0, "delta", "content", text, "logprobs",
+                                        lp, "finish_reason", fin)
+                            : json_pack("{s:i, s:s, s:o, s:o, s:o}", "index", 0, "text", text, "logprobs", lp,
+                                        "finish_reason", fin, "stop_reason",
+                                        last ? stop_reason_json(&s->req, &s->res) : json_null());
             free(text);
             chunk = chunk_json(s, json_pack("[o]", choice));
             if (chunk != NULL && last && s->res.kv_transfer_params != NULL)
@@ -257,6 +458,34 @@ static int handle_completion(pdl_node_t *node, const pdl_http_request_t *hr, boo
     pdl_node_metrics_request(node->metrics, true);
     if (!req.stream) {
         json_t *resp = full_response(node, &req, &res);
+        /* A batch: prompts 2..k run one after the other, their choices numbered prompt_index*n + j and
+         * their usage added, as vLLM answers a list prompt. */
+        for (size_t i = 0; resp != NULL && req.more_prompts != NULL && i < json_array_size(req.more_prompts); i++) {
+            pdl_node_result_t r2;
+            memset(&r2, 0, sizeof(r2));
+            if (pdl_node_request_set_prompt(&req, json_array_get(req.more_prompts, i), i + 1, &r2))
+                pdl_node_request_run(node, &req, &r2);
+            json_t *usage = json_object_get(resp, "usage");
+            if (r2.http_status != 200 ||
+                !append_choices(json_object_get(resp, "choices"), &req, &r2, (i + 1) * (size_t)req.n)) {
+                json_decref(resp);
+                char rid[PDL_NODE_RID_MAX + 1];
+                memcpy(rid, req.request_id, sizeof(rid));
+                int er = r2.http_status != 200 ? send_result_error(c, &r2, rid)
+                                                : send_error(c, 500, "InternalServerError", "out of memory", rid);
+                pdl_node_result_clear(&r2);
+                pdl_node_request_clear(&req);
+                pdl_node_result_clear(&res);
+                return er;
+            }
+            json_int_t pt = json_integer_value(json_object_get(usage, "prompt_tokens")) + (json_int_t)r2.prompt_tokens;
+            json_int_t ct = json_integer_value(json_object_get(usage, "completion_tokens")) +
+                            (json_int_t)(r2.num_tokens * (size_t)req.n);
+            json_object_set_new(usage, "prompt_tokens", json_integer(pt));
+            json_object_set_new(usage, "completion_tokens", json_integer(ct));
+            json_object_set_new(usage, "total_tokens", json_integer(pt + ct));
+            pdl_node_result_clear(&r2);
+        }
         char rid[PDL_NODE_RID_MAX + 1];
         memcpy(rid, req.request_id, sizeof(rid));
         pdl_node_request_clear(&req);

@@ -52,6 +52,7 @@ typedef struct pdl_node {
     pdl_node_metrics_t *metrics;
     time_t started;
     atomic_bool ready;            /* KV store and connector up: requests are served */
+    atomic_bool tp_disagree_warned; /* kv_transfer_params tp_size != remote_tp_size was logged once */
 } pdl_node_t;
 
 #define PDL_NODE_RID_MAX 600
@@ -67,8 +68,17 @@ typedef enum pdl_node_mode {
 typedef struct pdl_node_request {
     bool chat;
     char request_id[PDL_NODE_RID_MAX + 1];
-    char *prompt;                 /* owned, NUL-terminated */
+    char *prompt;                 /* owned, NUL-terminated; "" for a token-id prompt */
     size_t prompt_len;
+    uint32_t *prompt_ids;         /* owned; a token-id prompt (prompt: [ids]) when non-NULL */
+    size_t n_prompt_ids;
+    json_t *more_prompts;         /* owned; prompts 2..k of a batched completion (http runs each) */
+    int n;                        /* choices per prompt (greedy: identical) */
+    char **stop;                  /* owned; stop strings (vLLM's `stop`), nstop of them */
+    size_t nstop;
+    int min_tokens;               /* stop strings apply from this many tokens on (vLLM) */
+    bool echo;                    /* completions: the prompt comes back before the completion */
+    int logprobs;                 /* -1 none; completions: top-N count; chat: top_logprobs */
     int max_tokens;
     bool stream;
     bool include_usage;
@@ -84,6 +94,11 @@ typedef struct pdl_node_result {
     uint32_t *tokens;             /* owned; generated tokens */
     size_t num_tokens;
     const char *finish_reason;
+    size_t text_limit;            /* bytes of the generated text the client gets (SIZE_MAX: all) */
+    int stop_index;               /* -1, or the req->stop entry that ended generation (stop_reason) */
+    uint64_t digest;              /* the prompt's KV digest (synthetic logprobs derive from it) */
+    uint64_t *prompt_prefix;      /* owned; prefix hashes of the prompt tokens (echo logprobs) */
+    uint32_t *prompt_token_ids;   /* owned; the prompt's tokens */
     json_t *kv_transfer_params;   /* owned reference or NULL */
 } pdl_node_result_t;
 
@@ -95,6 +110,11 @@ typedef struct pdl_node_result {
 bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
                             pdl_node_request_t *req, pdl_node_result_t *res);
 void pdl_node_request_clear(pdl_node_request_t *req);
+/* Replace the prompt of a parsed request with prompt `index` of its batch (more_prompts). */
+bool pdl_node_request_set_prompt(pdl_node_request_t *req, const json_t *prompt, size_t index, pdl_node_result_t *res);
+/* The text of generated tokens [from, to) as the client sees it (a leading space per word, except the
+ * first word of a chat message) into out (NULL: only measure); returns its length in bytes. */
+size_t pdl_node_token_text(const uint32_t *tokens, size_t from, size_t to, bool chat, char *out);
 
 /* Execute a parsed request; fills res (success or a 4xx/5xx with a message). */
 void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res);

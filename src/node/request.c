@@ -1,12 +1,14 @@
 /*
  * request.c -- what one completion request does on a pdlink-node (see node.h for the three flows).
  *
- * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string (or an array
- * holding one string), chat `messages` are rendered with a fixed template, `n` must be 1, `max_tokens`
+ * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string, a list of
+ * token ids or a batch of either, chat `messages` are rendered with a fixed template, `n` copies the
+ * greedy answer, `stop`/`min_tokens`/`echo`/`logprobs`/`seed` behave as vLLM's, `max_tokens`
  * defaults to 16, and `kv_transfer_params` is a top-level object whose semantics are MoRIIO's (SPEC §4,
  * moriio-spec §6.1). Input is hostile: every field is type-checked and a wrong one is a 400 naming it.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,8 @@ void pdl_node_result_error(pdl_node_result_t *res, int http_status, const char *
 void pdl_node_result_clear(pdl_node_result_t *res)
 {
     free(res->tokens);
+    free(res->prompt_prefix);
+    free(res->prompt_token_ids);
     if (res->kv_transfer_params != NULL)
         json_decref(res->kv_transfer_params);
     memset(res, 0, sizeof(*res));
@@ -53,6 +57,12 @@ void pdl_node_result_clear(pdl_node_result_t *res)
 void pdl_node_request_clear(pdl_node_request_t *req)
 {
     free(req->prompt);
+    free(req->prompt_ids);
+    if (req->more_prompts != NULL)
+        json_decref(req->more_prompts);
+    for (size_t i = 0; i < req->nstop; i++)
+        free(req->stop[i]);
+    free(req->stop);
     pdl_kv_params_clear(&req->params);
     memset(req, 0, sizeof(*req));
 }
@@ -68,27 +78,39 @@ static bool append(char **buf, size_t *len, size_t *cap, const char *s, size_t n
     return true;
 }
 
-static bool parse_prompt(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+/* A token-id prompt: a non-empty array of integers that fit a token id. */
+static bool parse_ids(const json_t *a, const char *what, pdl_node_request_t *req, pdl_node_result_t *res)
 {
-    const json_t *p = json_object_get(body, "prompt");
-    if (p == NULL || json_is_null(p)) {
-        pdl_node_result_error(res, 400, "prompt: required");
+    size_t n = json_array_size(a);
+    if (n == 0) {
+        pdl_node_result_error(res, 400, "%s: a token-id prompt must not be empty", what);
         return false;
     }
-    if (json_is_array(p)) {
-        if (json_array_size(p) != 1) {
-            pdl_node_result_error(res, 400, "prompt: an array must hold exactly one string (batched prompts "
-                                            "are not supported), got %zu elements", json_array_size(p));
-            return false;
-        }
-        p = json_array_get(p, 0);
-        if (!json_is_string(p)) {
-            pdl_node_result_error(res, 400, "prompt[0]: expected a string (token id prompts are not supported)");
-            return false;
-        }
+    req->prompt_ids = malloc(n * sizeof(uint32_t));
+    req->prompt = strdup("");
+    if (req->prompt_ids == NULL || req->prompt == NULL) {
+        pdl_node_result_error(res, 500, "out of memory for a %zu-token prompt", n);
+        return false;
     }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_array_get(a, i);
+        if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > UINT32_MAX) {
+            pdl_node_result_error(res, 400, "%s[%zu]: expected a token id (an integer 0..4294967295)", what, i);
+            return false;
+        }
+        req->prompt_ids[i] = (uint32_t)json_integer_value(t);
+    }
+    req->n_prompt_ids = n;
+    return true;
+}
+
+/* One prompt of `prompt`: a string, or a token-id array (vLLM's str | list[int]). */
+static bool parse_one_prompt(const json_t *p, const char *what, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    if (json_is_array(p))
+        return parse_ids(p, what, req, res);
     if (!json_is_string(p)) {
-        pdl_node_result_error(res, 400, "prompt: expected a string");
+        pdl_node_result_error(res, 400, "%s: expected a string or an array of token ids", what);
         return false;
     }
     size_t n = json_string_length(p);
@@ -100,6 +122,92 @@ static bool parse_prompt(const json_t *body, pdl_node_request_t *req, pdl_node_r
     memcpy(req->prompt, json_string_value(p), n);
     req->prompt[n] = '\0';
     req->prompt_len = n;
+    return true;
+}
+
+/*
+ * `prompt` as vLLM takes it: a string, a list of token ids, or a batch (a list of strings or of token-id
+ * lists). This request keeps the first prompt; the others go to more_prompts, which the HTTP layer runs
+ * one by one into choices prompt_index*n + j, as vLLM numbers them.
+ */
+static bool parse_prompt(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    if (p == NULL || json_is_null(p)) {
+        pdl_node_result_error(res, 400, "prompt: required");
+        return false;
+    }
+    if (!json_is_array(p))
+        return parse_one_prompt(p, "prompt", req, res);
+    if (json_array_size(p) == 0) {
+        pdl_node_result_error(res, 400, "prompt: an empty array");
+        return false;
+    }
+    const json_t *first = json_array_get(p, 0);
+    if (json_is_integer(first))
+        return parse_ids(p, "prompt", req, res);
+    for (size_t i = 1; i < json_array_size(p); i++)
+        if (json_typeof(json_array_get(p, i)) != json_typeof(first)) {
+            pdl_node_result_error(res, 400, "prompt[%zu]: a batch must hold only strings or only token-id lists", i);
+            return false;
+        }
+    if (!parse_one_prompt(first, "prompt[0]", req, res))
+        return false;
+    if (json_array_size(p) > 1) {
+        req->more_prompts = json_array();
+        for (size_t i = 1; req->more_prompts != NULL && i < json_array_size(p); i++)
+            json_array_append(req->more_prompts, json_array_get(p, i));
+        if (req->more_prompts == NULL) {
+            pdl_node_result_error(res, 500, "out of memory for a batch of %zu prompts", json_array_size(p));
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The next prompt of a batch into `req` (already parsed once): replaces the prompt, keeps the rest. */
+bool pdl_node_request_set_prompt(pdl_node_request_t *req, const json_t *prompt, size_t index, pdl_node_result_t *res)
+{
+    free(req->prompt);
+    free(req->prompt_ids);
+    req->prompt = NULL;
+    req->prompt_ids = NULL;
+    req->prompt_len = req->n_prompt_ids = 0;
+    char what[32];
+    snprintf(what, sizeof(what), "prompt[%zu]", index);
+    return parse_one_prompt(prompt, what, req, res);
+}
+
+/* `stop`: null, a string or an array of strings (empty ones never match, as in vLLM). */
+static bool parse_stop(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    const json_t *v = json_object_get(body, "stop");
+    if (v == NULL || json_is_null(v))
+        return true;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_array(v) && !json_is_string(v)) {
+        pdl_node_result_error(res, 400, "stop: expected a string or an array of strings");
+        return false;
+    }
+    req->stop = calloc(n ? n : 1, sizeof(char *));
+    if (req->stop == NULL) {
+        pdl_node_result_error(res, 500, "out of memory for %zu stop strings", n);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(x)) {
+            pdl_node_result_error(res, 400, "stop[%zu]: expected a string", i);
+            return false;
+        }
+        if (json_string_length(x) == 0)
+            continue;
+        if ((req->stop[req->nstop] = strdup(json_string_value(x))) == NULL) {
+            pdl_node_result_error(res, 500, "out of memory for stop strings");
+            return false;
+        }
+        req->nstop++;
+    }
     return true;
 }
 
@@ -296,10 +404,44 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
         return false;
     if (chat && !opt_positive_int(body, "max_completion_tokens", &req->max_tokens, res))
         return false;
-    const json_t *n = json_object_get(body, "n");
-    if (n != NULL && !json_is_null(n) && !(json_is_integer(n) && json_integer_value(n) == 1)) {
-        pdl_node_result_error(res, 400, "n: only n = 1 is supported");
+    req->n = 1;
+    req->logprobs = -1;
+    if (!opt_positive_int(body, "n", &req->n, res) || !parse_stop(body, req, res))
         return false;
+    if (req->n > 128) {
+        pdl_node_result_error(res, 400, "n: at most 128 choices");
+        return false;
+    }
+    const json_t *mt = json_object_get(body, "min_tokens");
+    if (mt != NULL && !json_is_null(mt)) {
+        if (!json_is_integer(mt) || json_integer_value(mt) < 0 || json_integer_value(mt) > (1 << 24)) {
+            pdl_node_result_error(res, 400, "min_tokens: expected a non-negative integer");
+            return false;
+        }
+        req->min_tokens = (int)json_integer_value(mt);
+    }
+    const json_t *seed = json_object_get(body, "seed");
+    if (seed != NULL && !json_is_null(seed) && !json_is_integer(seed)) {
+        /* Accepted and type-checked; a greedy deterministic model has nothing to seed. */
+        pdl_node_result_error(res, 400, "seed: expected an integer");
+        return false;
+    }
+    if (!opt_type(body, "echo", is_bool, "a boolean", res))
+        return false;
+    req->echo = !chat && json_is_true(json_object_get(body, "echo"));
+    const json_t *lp = json_object_get(body, chat ? "top_logprobs" : "logprobs");
+    if (chat) {
+        if (!opt_type(body, "logprobs", is_bool, "a boolean", res))
+            return false;
+        if (json_is_true(json_object_get(body, "logprobs")))
+            req->logprobs = 0;
+    }
+    if (lp != NULL && !json_is_null(lp) && !(chat && req->logprobs < 0)) {
+        if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 20) {
+            pdl_node_result_error(res, 400, "%s: expected an integer 0..20", chat ? "top_logprobs" : "logprobs");
+            return false;
+        }
+        req->logprobs = (int)json_integer_value(lp);
     }
     if (!opt_type(body, "stream", is_bool, "a boolean", res) ||
         !opt_type(body, "temperature", is_number, "a number", res) ||
@@ -308,6 +450,10 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
         !opt_type(body, "kv_transfer_params", is_object, "an object", res))
         return false;
     req->stream = json_is_true(json_object_get(body, "stream"));
+    if (req->stream && (req->n > 1 || req->more_prompts != NULL)) {
+        pdl_node_result_error(res, 400, "stream: streaming a batch of prompts or n > 1 is not supported by pdlink-node");
+        return false;
+    }
     const json_t *so = json_object_get(body, "stream_options");
     if (json_is_object(so)) {
         const json_t *iu = json_object_get(so, "include_usage");
@@ -327,11 +473,30 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
             return false;
         }
     }
+    if (req->params.tp_size > 0 && req->params.remote_tp_size > 0 &&
+        req->params.tp_size != req->params.remote_tp_size) {
+        /* Upstream MoRIIO takes the peer's TP from tp_size (what the prefill reported) before
+         * remote_tp_size (what a router may have added, possibly stale), and so does the connector
+         * (pdl_kv_params_peer_tp). Say so once per process, not on every request of a router that
+         * always sends both, and hand the connector agreeing values so it does not warn again. */
+        if (!atomic_exchange(&node->tp_disagree_warned, true))
+            pdl_warn("request %s: kv_transfer_params tp_size %d and remote_tp_size %d disagree; using tp_size %d "
+                     "as upstream MoRIIO does (logged once)", req->request_id, req->params.tp_size,
+                     req->params.remote_tp_size, req->params.tp_size);
+        req->params.remote_tp_size = req->params.tp_size;
+    }
     const pdl_kv_params_t *p = &req->params;
     req->mode = PDL_NODE_MODE_LOCAL;
     if (p->do_remote_prefill && p->do_remote_decode) {
         pdl_node_result_error(res, 400,
                               "kv_transfer_params: do_remote_prefill and do_remote_decode cannot both be true");
+        return false;
+    }
+    if ((p->do_remote_prefill || p->do_remote_decode) && node->role != PDL_NODE_ALONE &&
+        (req->n > 1 || req->more_prompts != NULL)) {
+        /* One transfer id names one prompt's KV: a batch or n > 1 would need one per sequence. */
+        pdl_node_result_error(res, 400, "%s: a P/D request (kv_transfer_params) carries one prompt and n = 1",
+                              req->more_prompts != NULL ? "prompt" : "n");
         return false;
     }
     if (node->role == PDL_NODE_ALONE) {
@@ -550,12 +715,94 @@ static uint64_t thread_cpu_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+size_t pdl_node_token_text(const uint32_t *tokens, size_t from, size_t to, bool chat, char *out)
+{
+    size_t n = 0;
+    for (size_t i = from; i < to; i++) {
+        const char *w = pdl_synth_word(tokens[i]);
+        size_t wl = strlen(w);
+        bool space = !(chat && i == 0);
+        if (out != NULL) {
+            if (space)
+                out[n] = ' ';
+            memcpy(out + n + (space ? 1 : 0), w, wl);
+        }
+        n += wl + (space ? 1 : 0);
+    }
+    if (out != NULL)
+        out[n] = '\0';
+    return n;
+}
+
+/*
+ * vLLM's stop strings: after each generated token (once min_tokens are out) the text so far is searched
+ * for every stop string; the first hit ends generation there, the text is cut before the stop string
+ * and finish_reason becomes "stop" with stop_reason naming it. Tokens after it are dropped.
+ */
+static void apply_stop(const pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    if (req->nstop == 0 || res->num_tokens == 0)
+        return;
+    size_t total = pdl_node_token_text(res->tokens, 0, res->num_tokens, req->chat, NULL);
+    char *text = malloc(total + 1);
+    if (text == NULL)
+        return;
+    pdl_node_token_text(res->tokens, 0, res->num_tokens, req->chat, text);
+    size_t end = 0;
+    for (size_t i = 0; i < res->num_tokens; i++) {
+        end += pdl_node_token_text(res->tokens, i, i + 1, req->chat && i == 0, NULL);
+        if ((int)(i + 1) < req->min_tokens)
+            continue;
+        char saved = text[end];
+        text[end] = '\0';
+        size_t best = SIZE_MAX;
+        int which = -1;
+        for (size_t k = 0; k < req->nstop; k++) {
+            const char *hit = strstr(text, req->stop[k]);
+            if (hit != NULL && (size_t)(hit - text) < best) {
+                best = (size_t)(hit - text);
+                which = (int)k;
+            }
+        }
+        text[end] = saved;
+        if (which >= 0) {
+            res->num_tokens = i + 1;
+            res->text_limit = best;
+            res->stop_index = which;
+            res->finish_reason = "stop";
+            break;
+        }
+    }
+    free(text);
+}
+
+/* The prompt's tokens and prefix hashes, for echo and prompt logprobs (owned by the result). */
+static void keep_prompt(const pdl_synth_prompt_t *p, pdl_node_result_t *res)
+{
+    res->prompt_prefix = malloc((p->n ? p->n : 1) * sizeof(uint64_t));
+    res->prompt_token_ids = malloc((p->n ? p->n : 1) * sizeof(uint32_t));
+    if (res->prompt_prefix == NULL || res->prompt_token_ids == NULL) {
+        free(res->prompt_prefix);
+        free(res->prompt_token_ids);
+        res->prompt_prefix = NULL;
+        res->prompt_token_ids = NULL;
+        return;
+    }
+    memcpy(res->prompt_prefix, p->prefix, p->n * sizeof(uint64_t));
+    memcpy(res->prompt_token_ids, p->tokens, p->n * sizeof(uint32_t));
+}
+
 void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
     pdl_synth_prompt_t prompt;
-    if (pdl_synth_tokenize(node->args.seed, req->prompt, req->prompt_len, &prompt, &err) != PDL_OK) {
+    res->stop_index = -1;
+    res->text_limit = SIZE_MAX;
+    pdl_status_t tst = req->prompt_ids != NULL
+                           ? pdl_synth_from_ids(node->args.seed, req->prompt_ids, req->n_prompt_ids, &prompt, &err)
+                           : pdl_synth_tokenize(node->args.seed, req->prompt, req->prompt_len, &prompt, &err);
+    if (tst != PDL_OK) {
         pdl_node_result_error(res, 500, "%s", err.msg);
         return;
     }
@@ -625,8 +872,16 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
         pdl_synth_generate(check.digest, (size_t)req->max_tokens, res->tokens);
         res->num_tokens = (size_t)req->max_tokens;
         res->finish_reason = "length";
+        res->digest = check.digest;
+        apply_stop(req, res);
+        keep_prompt(&prompt, res);
     }
-    if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD) {
+    if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD && strcmp(res->finish_reason, "length") != 0) {
+        /* vLLM's producer returns kv_transfer_params only for a request capped by length: a stop
+         * string in the first token ends it without a transfer, and the router then sends the decode
+         * null params, so it prefills locally. Our blocks are simply freed below. */
+        pdl_debug("request %s: stopped (%s) on the prefill: no transfer", req->request_id, res->finish_reason);
+    } else if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD) {
         pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
         pdl_kv_params_t held;
         res->kv_transfer_params = NULL;

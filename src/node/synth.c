@@ -80,13 +80,40 @@ pdl_status_t pdl_synth_tokenize(uint64_t seed, const char *text, size_t len, pdl
             i++;
         if (i == start)
             break;
-        uint32_t tok = 100u + (uint32_t)(fnv1a64(text + start, i - start) % 50000u);
+        uint32_t tok = pdl_synth_word_token(text + start, i - start);
         h = mix64(h ^ ((uint64_t)tok * GOLDEN) ^ ((uint64_t)n << 48));
         out->tokens[n] = tok;
         out->prefix[n++] = h;
     }
     out->n = n;
     return PDL_OK;
+}
+
+pdl_status_t pdl_synth_from_ids(uint64_t seed, const uint32_t *ids, size_t n, pdl_synth_prompt_t *out,
+                                pdl_error_t *err)
+{
+    memset(out, 0, sizeof(*out));
+    out->tokens = malloc((n ? n : 1) * sizeof(uint32_t));
+    out->prefix = malloc((n ? n : 1) * sizeof(uint64_t));
+    if (out->tokens == NULL || out->prefix == NULL) {
+        pdl_synth_prompt_free(out);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "tokenizer: out of memory for a %zu-token prompt", n);
+    }
+    /* The same chain as pdl_synth_tokenize, with the first id in BOS's place: [BOS, ids of the words]
+     * hashes exactly like the text of those words. */
+    uint64_t h = 0;
+    for (size_t i = 0; i < n; i++) {
+        h = i == 0 ? mix64(seed ^ ((uint64_t)ids[0] * GOLDEN)) : mix64(h ^ ((uint64_t)ids[i] * GOLDEN) ^ ((uint64_t)i << 48));
+        out->tokens[i] = ids[i];
+        out->prefix[i] = h;
+    }
+    out->n = n;
+    return PDL_OK;
+}
+
+uint32_t pdl_synth_word_token(const char *word, size_t len)
+{
+    return 100u + (uint32_t)(fnv1a64(word, len) % 50000u);
 }
 
 void pdl_synth_prompt_free(pdl_synth_prompt_t *p)

@@ -39,6 +39,12 @@ typedef struct pdl_synth_prompt {
 pdl_status_t pdl_synth_tokenize(uint64_t seed, const char *text, size_t len, pdl_synth_prompt_t *out,
                                 pdl_error_t *err);
 void pdl_synth_prompt_free(pdl_synth_prompt_t *p);
+/* A prompt given as token ids (vLLM's token-id prompts), used as they are: with ids[0] == BOS and the
+ * ids of the words (pdl_synth_word_token) it equals the text prompt of those words. n >= 1. */
+pdl_status_t pdl_synth_from_ids(uint64_t seed, const uint32_t *ids, size_t n, pdl_synth_prompt_t *out,
+                                pdl_error_t *err);
+/* The token id of one word of a text prompt. */
+uint32_t pdl_synth_word_token(const char *word, size_t len);
 
 /* Blocks a prompt of n tokens needs: ceil(n / block_size). */
 size_t pdl_synth_blocks_needed(size_t n_tokens, int block_size);

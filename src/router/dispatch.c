@@ -8,7 +8,8 @@
  *          the prefill's kv_transfer_params verbatim)
  *   WRITE: prefill leg and decode leg at once (both on one curl multi); wait for the whole prefill
  *          and the decode's headers
- *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode)
+ *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode);
+ *   a prefill 4xx goes to the client as it is (status and body), as vllm-router does
  *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
  *   passed through, the body pulled by MHD's content reader as the client drains it.
  *
@@ -29,6 +30,7 @@
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
+#include "router/serde_text.h"
 
 #define RT_REQUEST_ID_MAX (4 * PDL_WIRE_HOST_MAX + 128)
 
@@ -328,9 +330,13 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
         goto out;
     }
 
-    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers. */
+    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers, and
+     * that text is vllm-router's serde re-serialisation, so both routers put a request on the same
+     * workers (serde_text.h); our own dump only for a body it would refuse or we do not reproduce. */
     size_t tlen = 0;
-    char *text = dump(req, &tlen);
+    char *text = pdl_rt_serde_text(req, route == PDL_ROUTE_CHAT, &tlen);
+    if (text == NULL)
+        text = dump(req, &tlen);
     key = pdl_policy_hash_key(req, text ? text : "", tlen);
     free(text);
     const pdl_worker_t *P = pick(rt->prefill_policy, pw, np, key);
@@ -502,9 +508,20 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
     goto out;
 
 prefill_failed : {
-    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. */
+    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a
+     * 4xx from the prefill (the request itself is bad: an unknown model, a prompt too long) reaches
+     * the client unchanged, status and body, as vllm-router 0.1.17 does: a client then sees a 400 it
+     * does not retry rather than a 500 that the openai client and lm-eval retry. */
     size_t blen = pleg->len - pleg->rpos;
-    if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
+    if (pleg->status >= 400 && pleg->status < 500) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_PREFILL);
+        finish_request(rt, route, start_ns);
+        char line[700];
+        snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", pleg_name);
+        const char *h[1] = {line};
+        ret = pdl_http_reply_headers(c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen, h,
+                                     1);
+    } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
         ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name,
                         "Request processing failed: Prefill server error: %s: %s", P->http_address,
                         pdl_leg_error(pleg));

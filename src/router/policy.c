@@ -3,8 +3,8 @@
  *
  * The hash functions follow the description in router-spec §4.1 of vllm-router's port of mcrouter's
  * hash.c: murmur64a with seed 4193360111, furc_hash over a bit stream of chained murmur words, and
- * fbi_hash = murmur64a(le32(furc_hash(key, 2^23-1))). Byte-exact parity with the Rust router is not
- * needed (its key is serde's re-serialised JSON); what matters is that the mapping is stable.
+ * fbi_hash = murmur64a(le32(furc_hash(key, 2^23-1))). The same worker as the Rust router picks is
+ * reached by hashing the same text, serde's re-serialised JSON (serde_text.h), with the same ring.
  * The ring is a sorted array of (hash, worker index) rebuilt only when the url list changes.
  */
 #include "router/policy.h"

@@ -10,9 +10,9 @@
  * to_json builds what a prefill returns in READ mode: do_remote_prefill true, do_remote_decode false,
  * remote_block_ids, remote_engine_id, remote_host, remote_handshake_port, remote_notify_port,
  * remote_dp_size, tp_size (the prefill's TP) and the echoed transfer_id; remote_dp_rank is added when
- * set. It never writes remote_tp_size: a router forwards these params to the decode, whose consumer
- * reads remote_tp_size first (SPEC §4), and a stale value copied from the request the prefill received
- * (the decode's own TP) would silently break the rank mapping.
+ * set. It never writes remote_tp_size: a router forwards these params to the decode, and a value copied
+ * from the request the prefill received (the decode's own TP) would be stale. The consumer reads
+ * tp_size first anyway (pdl_kv_params_peer_tp, as upstream MoRIIO does).
  */
 #include "pdlink/params.h"
 
@@ -227,11 +227,17 @@ json_t *pdl_kv_params_to_json(const pdl_kv_params_t *p)
 
 int pdl_kv_params_peer_tp(const pdl_kv_params_t *p, int local_tp, bool *disagree)
 {
+    /* Upstream MoRIIO's request metadata: tp_size if present, else remote_tp_size, else 1. tp_size is
+     * what the prefill itself reported in its READ-mode return, so it wins over a remote_tp_size a
+     * router added or left stale; falling back to 1 rather than our own TP is upstream's choice too,
+     * and keeps a pdlink peer and an upstream peer on the same ranks for the same params. local_tp
+     * stays in the signature for the callers but no longer decides anything. */
+    (void)local_tp;
     if (disagree != NULL)
         *disagree = p->remote_tp_size > 0 && p->tp_size > 0 && p->remote_tp_size != p->tp_size;
-    if (p->remote_tp_size > 0)
-        return p->remote_tp_size;
     if (p->tp_size > 0)
         return p->tp_size;
-    return local_tp;
+    if (p->remote_tp_size > 0)
+        return p->remote_tp_size;
+    return 1;
 }

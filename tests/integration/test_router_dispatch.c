@@ -219,6 +219,15 @@ static void prefill_failure_is_500_with_its_body(void **state)
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_prefill_errors_total"), 1);
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_errors_total{error_type=\"prefill_error\"}"), 1);
 
+    /* A prefill 4xx (the request is bad) is passed through, status and body, as vllm-router 0.1.17 does. */
+    assert_true(rh_fake_control(&s.p[0], "{\"fail_status\": 400, \"fail_body\": \"{\\\"error\\\": \\\"bad-7\\\"}\"}"));
+    c = rh_http(s.r.http, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":3}");
+    assert_int_equal(c.status, 400);
+    assert_string_equal(c.body, "{\"error\": \"bad-7\"}");
+    rh_resp_free(&c);
+    assert_int_equal(nreq(&s.d[0]), 0);
+    assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_prefill_errors_total"), 2);
+
     /* Prefill unreachable (killed): also a 500, router alive. */
     rh_stop(s.p[0].pid, SIGKILL);
     c = rh_http(s.r.http, "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":3}");

@@ -173,19 +173,46 @@ static void peer_tp_rule(void **state)
     pdl_kv_params_t p;
     pdl_kv_params_init(&p);
     bool dis = true;
-    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 8);
+    /* Neither key: upstream's 1, whatever our own TP is. */
+    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 1);
     assert_false(dis);
     p.tp_size = 4;
     assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 4);
     assert_false(dis);
-    p.remote_tp_size = 2;
-    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 2);
+    /* Both and different: tp_size (what the prefill reported) wins, and the caller is told. */
+    p.remote_tp_size = 8;
+    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 4);
     assert_true(dis);
-    p.tp_size = 2;
-    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 2);
+    p.tp_size = 8;
+    assert_int_equal(pdl_kv_params_peer_tp(&p, 8, &dis), 8);
     assert_false(dis);
+    /* remote_tp_size alone (WRITE-mode legs from vllm-router carry only it). */
     p.tp_size = 0;
+    p.remote_tp_size = 2;
     assert_int_equal(pdl_kv_params_peer_tp(&p, 8, NULL), 2);
+}
+
+/* The decode leg exactly as vllm-router 0.1.17 forwarded it in READ mode (captured from a run against
+ * pdlink-nodes), plus the stale remote_tp_size of a router that copies the decode's own TP: the peer TP
+ * must be the prefill's tp_size, as upstream MoRIIO reads it. */
+static void peer_tp_real_router_leg(void **state)
+{
+    (void)state;
+    const char *leg = "{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_block_ids\":[1,2,3],"
+                      "\"remote_engine_id\":\"127.0.0.1:23301\",\"remote_host\":\"127.0.0.1\","
+                      "\"remote_handshake_port\":23301,\"remote_notify_port\":23401,\"remote_dp_size\":1,"
+                      "\"tp_size\":4,\"transfer_id\":\"tx-3fb7dfc6f32448a6b34df6f4ba6ed42f\","
+                      "\"remote_tp_size\":8}";
+    json_t *j = json_loads(leg, 0, NULL);
+    assert_non_null(j);
+    pdl_kv_params_t d;
+    pdl_error_t err = {0};
+    assert_int_equal(pdl_kv_params_from_json(j, &d, &err), PDL_OK);
+    bool dis = false;
+    assert_int_equal(pdl_kv_params_peer_tp(&d, 8, &dis), 4);
+    assert_true(dis);
+    pdl_kv_params_clear(&d);
+    json_decref(j);
 }
 
 int main(void)
@@ -196,6 +223,7 @@ int main(void)
         cmocka_unit_test(wrong_types_name_the_key),
         cmocka_unit_test(prefill_return_json),
         cmocka_unit_test(peer_tp_rule),
+        cmocka_unit_test(peer_tp_real_router_leg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
