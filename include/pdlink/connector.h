@@ -64,6 +64,10 @@ typedef struct pdl_connector_config {
     double transfer_timeout_s;             /* 30 */
     double defer_timeout_s;                /* 60 */
     double handshake_timeout_s;            /* 10 */
+    /* pdlink's keys (upstream has none of these): */
+    double peer_backoff_s;          /* 2: a failed peer is refused at once for this long, then retried */
+    double peer_backoff_max_s;      /* 30: the backoff doubles per consecutive failure up to this */
+    double consumer_gone_timeout_s; /* 5: a producer frees the holds of a consumer unreachable this long */
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -247,7 +251,15 @@ typedef enum pdl_counter_kind {
     X(write_done_failed_status, "pdlink_write_done_failed_total", PDL_COUNTER_COUNT,                                \
       "WRITE mode: write_done messages saying failed.")                                                           \
     X(write_done_late, "pdlink_write_done_late_total", PDL_COUNTER_COUNT,                                           \
-      "WRITE mode: write_done for no waiting transfer, or a duplicate (decode).")
+      "WRITE mode: write_done for no waiting transfer, or a duplicate (decode).")                                 \
+    X(peer_backoff_refusals, "pdlink_peer_backoff_refusals_total", PDL_COUNTER_COUNT,                               \
+      "Transfers failed at once because their peer failed recently (peer_backoff).")                             \
+    X(stale_retries, "pdlink_stale_session_retries_total", PDL_COUNTER_COUNT,                                       \
+      "Transfers retried once after a fresh handshake because a cached session was stale (peer restarted).")     \
+    X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
+      "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
+    X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
+      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

@@ -52,8 +52,11 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         pdl__reader_stop(&inst->ranks[i]);
         pdl__writer_stop(&inst->ranks[i]);
     }
-    for (int i = 0; i < inst->tp; i++)
+    for (int i = 0; i < inst->tp; i++) {
         pdl__service_stop(&inst->ranks[i]);
+        pdl__xfer_lanes_fini(&inst->ranks[i].readers);
+        pdl__xfer_lanes_fini(&inst->ranks[i].writers);
+    }
     if (inst->zctx)
         zmq_ctx_term(inst->zctx);
     for (int i = 0; i < inst->tp; i++)

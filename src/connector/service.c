@@ -31,6 +31,7 @@
 #define SVC_BUDGET 512            /* frames per socket per wake-up */
 #define SVC_MAX_FRAME ((int64_t)PDL_WIRE_MAX_FRAME)
 #define SVC_PING_INTERVAL_MS 3000 /* MoRIIO's PING_INTERVAL */
+#define SVC_SWEEP_INTERVAL_MS 5000 /* idle DEALERs are looked for this often (idle = 30 s) */
 
 static void set_int_opt(void *s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof(v)); }
 
@@ -333,7 +334,14 @@ static void *service_main(void *arg)
         pdl__outq_flush(r, &r->svc.dealers);
         reap_tick(r);
         pdl__push_reap(r);
-        ping_tick(r, pdl_now_ms());
+        uint64_t now_ms = pdl_now_ms();
+        ping_tick(r, now_ms);
+        if (now_ms >= r->svc.next_sweep_ms) {
+            r->svc.next_sweep_ms = now_ms + SVC_SWEEP_INTERVAL_MS;
+            pdl__dealers_sweep(&r->svc.dealers, pdl_now_ns(), (uint64_t)PDL_DEALER_IDLE_MS * 1000000ull);
+            pdl__xfer_lanes_sweep(&r->readers);
+            pdl__xfer_lanes_sweep(&r->writers);
+        }
     }
     pdl__outq_flush(r, &r->svc.dealers);
     pdl__dealers_close(&r->svc.dealers);

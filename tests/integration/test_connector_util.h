@@ -69,6 +69,32 @@ static inline bool tc_range_free(int base, int n)
     return true;
 }
 
+/* A "blackholed" peer: n consecutive ports that accept TCP connections into the kernel's backlog and
+ * never answer (nobody calls accept), like a host whose process hangs. Returns the first port and
+ * fills fds[n] (close them to end it); 0 when no free range was found. */
+static inline int tc_blackhole(int n, int *fds)
+{
+    for (int attempt = 0; attempt < 200; attempt++) {
+        int base = 20001 + (int)(rand() % 12000);
+        int i = 0;
+        for (; i < n; i++) {
+            fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fds[i], 64) != 0) {
+                if (fds[i] >= 0)
+                    close(fds[i]);
+                break;
+            }
+        }
+        if (i == n)
+            return base;
+        while (i-- > 0)
+            close(fds[i]);
+    }
+    return 0;
+}
+
 static inline unsigned tc_rand(void)
 {
     static _Thread_local unsigned s;
