@@ -157,6 +157,16 @@ size_t pdl_instance_free_block_count(pdl_instance_t *inst);
  */
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err);
+/*
+ * The same, for the consumer named by `request_id` (MoRIIO's "___prefill_addr_..___decode_addr_.._hex";
+ * may be NULL or carry no decode address: then it is pdl_instance_hold). The producer probes that
+ * consumer's handshake port while it holds KV for it, and when the consumer is gone -- its port refuses
+ * connections twice in a row, or nothing answered for consumer_gone_timeout -- frees its holds at once
+ * (counted in consumer_gone_freed, events RANK_EXPIRED and FREED) instead of after defer_timeout.
+ * Fails like pdl_instance_hold.
+ */
+pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
+                                   const uint32_t *ids, size_t n, pdl_error_t *err);
 /* Transfers currently held (producer) and blocks they hold. */
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
@@ -193,6 +203,18 @@ uint64_t pdl_pull_descriptors(const pdl_pull_t *pull);
 uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 /* Release the caller's reference; never waits (ranks still reading keep their own). NULL is ignored. */
 void pdl_pull_free(pdl_pull_t *pull);
+
+/*
+ * Consumer (READ mode): the transfer named by `params` (and `request_id`, as for a pull) will NOT be
+ * pulled -- the request was rejected or failed before its pull. Sends at once, from every rank, the
+ * releases a failed pull would send (status "failed"), so the producer frees its blocks now instead of
+ * after its defer_timeout. Asynchronous: the messages are queued on the ranks' service threads. Never
+ * call it for a transfer that was pulled (its releases are already sent). Fails with PDL_ERR_INVALID
+ * (no transfer_id or producer address, an impossible TP pair; named), PDL_ERR_UNSUPPORTED (not a
+ * READ-mode consumer) or PDL_ERR_NOMEM; releases queued before a failure still leave.
+ */
+pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                  pdl_error_t *err);
 
 /*
  * Counters per rank (SPEC §5), one table for the struct, the Prometheus names, types and help text:

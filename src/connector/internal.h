@@ -5,7 +5,8 @@
  * Files and what each one owns; an arrow is "calls into", and there is no arrow back:
  *
  *   instance.c  creates and destroys an instance: starts and stops every part below; accessors
- *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t)
+ *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t);
+ *     │               binds the rank's ROUTERs (service.c) before the engine picks its data port
  *     ├─> service.c   the service thread: handshake/notify ROUTERs, ping, reapers (pdl_rank_svc_t)
  *     │     ├─> push.c    WRITE-mode messages (remote_blocks, write_done) and the push reaper
  *     │     └─> held.c
@@ -244,6 +245,8 @@ typedef struct pdl_rank_svc {
     pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
     uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
+    pdl_strmap_t watch;     /* rank 0 of a READ producer: consumer "host:port" -> probe state (watch.c) */
+    uint64_t next_watch_ns;
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
     pdl_bytes_t ping_payload;
@@ -281,21 +284,34 @@ void pdl__rank_fini(pdl_rank_t *r);
 typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
+    char consumer[PDL_WIRE_HOST_MAX + 16]; /* "host:port" of the consumer's handshake port; "" = unknown */
     int resolved;
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
 
-/* Record `ids` under transfer_id (copied); PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
+/* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
+ * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                           pdl_error_t *err);
+                           const char *consumer, pdl_error_t *err);
 /* Undo pdl__held_add (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 /* Rank `rank` is done with transfer_id (reported, or expired); the last rank frees the blocks. */
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
 void pdl__held_free_all(pdl_instance_t *inst);
 
+/* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
+
+/* Service thread of rank 0 of a READ producer, every tick: probe the consumers named by held
+ * transfers and free the holds of those gone (consumer_gone_timeout). */
+void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns);
+/* Service thread at exit: close the probes. */
+void pdl__watch_fini(pdl_rank_t *r);
+
 /* ---- service.c / pull.c / push.c lifecycles ---------------------------------------------------- */
 
+/* Bind the rank's handshake and notify ROUTERs (rank init, before the engine picks its data port) /
+ * start the service thread on them. */
+pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err);
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
 void pdl__service_stop(pdl_rank_t *r);
 pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err);

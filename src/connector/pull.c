@@ -453,3 +453,56 @@ void pdl_pull_free(pdl_pull_t *pull)
     if (pull)
         pull_unref(pull);
 }
+
+/* ---- abandon: a transfer the consumer will not pull ---------------------------------------------- */
+
+pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                  pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: missing argument");
+    if (inst->cfg.conn.role != PDL_ROLE_CONSUMER || !inst->cfg.conn.read_mode)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "abandon %s: only a READ-mode consumer releases a producer's blocks (a WRITE-mode "
+                             "producer frees an unpushed transfer after defer_timeout)",
+                             params->transfer_id);
+    if (params->transfer_id[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: kv_transfer_params.transfer_id is missing");
+    pdl_peer_addr_t pr;
+    pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &pr, err);
+    if (st != PDL_OK)
+        return st;
+    /* Exactly the releases a failed pull sends: every consumer rank to every producer rank of its group,
+     * status failed, so each producer rank's fan-in completes and the blocks are freed now instead of
+     * after defer_timeout. Queued on each rank's service thread: the caller (an HTTP thread) never
+     * blocks, and a lane busy with a slow producer does not delay them. */
+    for (int d = 0; d < inst->tp; d++) {
+        pdl_rank_t *r = &inst->ranks[d];
+        int first = 0, count = 0;
+        st = pdl_topo_group(pr.tp, inst->tp, d, &first, &count, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, "abandon %s", params->transfer_id);
+        for (int g = first; g < first + count; g++) {
+            pdl_msg_t m;
+            pdl_msg_init(&m, PDL_MSG_RELEASE);
+            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", params->transfer_id);
+            m.consumer_tp_size = inst->tp;
+            m.consumer_tp_rank = d;
+            m.status = PDL_RELEASE_FAILED;
+            m.producer_tp_size = pr.tp;
+            m.producer_tp_rank = g;
+            pdl_bytes_t b = {0};
+            st = pdl_wire_encode_msg(&m, &b, err);
+            pdl_msg_clear(&m);
+            if (st == PDL_OK)
+                st = pdl__outq_send(r, pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g), PDL_OUT_RELEASE,
+                                    &b, err);
+            pdl_bytes_free(&b);
+            if (st != PDL_OK)
+                return pdl_error_prefix(err, "abandon %s: release to producer rank %d", params->transfer_id, g);
+        }
+    }
+    PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);
+    pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, pr.engine_id);
+    return PDL_OK;
+}

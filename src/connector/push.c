@@ -427,7 +427,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     for (int i = 0; i < inst->tp; i++)
         pdl_engine_publish(inst->ranks[i].mem.engine);
 
-    st = pdl__held_add(inst, tid, ids, n, err);
+    st = pdl__held_add(inst, tid, ids, n, NULL, err);
     if (st != PDL_OK) {
         pdl_error_prefix(err, "push");
         goto fail;

@@ -336,6 +336,7 @@ static void *service_main(void *arg)
         pdl__push_reap(r);
         uint64_t now_ms = pdl_now_ms();
         ping_tick(r, now_ms);
+        pdl__watch_tick(r, pdl_now_ns());
         if (now_ms >= r->svc.next_sweep_ms) {
             r->svc.next_sweep_ms = now_ms + SVC_SWEEP_INTERVAL_MS;
             pdl__dealers_sweep(&r->svc.dealers, pdl_now_ns(), (uint64_t)PDL_DEALER_IDLE_MS * 1000000ull);
@@ -345,6 +346,7 @@ static void *service_main(void *arg)
     }
     pdl__outq_flush(r, &r->svc.dealers);
     pdl__dealers_close(&r->svc.dealers);
+    pdl__watch_fini(r);
     if (r->svc.ping_sock)
         zmq_close(r->svc.ping_sock);
     zmq_close(r->svc.hs_sock);
@@ -378,15 +380,23 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     return s;
 }
 
-pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
+pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err)
 {
-    pdl_instance_t *inst = r->inst;
     r->svc.hs_sock = bind_router(r, r->hs_port, "handshake", err);
     if (r->svc.hs_sock == NULL)
         return err ? err->status : PDL_ERR_TRANSPORT;
     r->svc.notify_sock = bind_router(r, r->notify_port, "notify", err);
-    if (r->svc.notify_sock == NULL)
-        goto fail;
+    if (r->svc.notify_sock == NULL) {
+        zmq_close(r->svc.hs_sock);
+        r->svc.hs_sock = NULL;
+        return err ? err->status : PDL_ERR_TRANSPORT;
+    }
+    return PDL_OK;
+}
+
+pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
+{
+    pdl_instance_t *inst = r->inst;
     r->out.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (r->out.wake_fd < 0) {
         pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: eventfd: %s", r->rank, strerror(errno));
@@ -426,6 +436,12 @@ fail:
 void pdl__service_stop(pdl_rank_t *r)
 {
     if (!r->svc.started) {
+        /* Bound by rank init, never started (a later step of create failed). */
+        if (r->svc.hs_sock)
+            zmq_close(r->svc.hs_sock);
+        if (r->svc.notify_sock)
+            zmq_close(r->svc.notify_sock);
+        r->svc.hs_sock = r->svc.notify_sock = NULL;
         pdl_bytes_free(&r->svc.ping_payload);
         return;
     }
