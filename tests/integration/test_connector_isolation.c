@@ -258,6 +258,7 @@ static void isolation_first_pull_after_producer_restart(void **state)
         if (round == 0) {
             /* Restart the producer on the same ports. */
             pdl_instance_config_t cfg = p->cfg;
+            cfg.attn_backend_name = NULL; /* points into the instance destroyed next */
             pdl_instance_destroy(p);
             p = NULL;
             for (int i = 0; i < 200 && p == NULL; i++) {
