@@ -314,9 +314,10 @@ void pdl__watch_fini(pdl_rank_t *r);
 pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err);
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
 void pdl__service_stop(pdl_rank_t *r);
-pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err);
+/* Initialise the rank's READ / WRITE lanes (no thread yet; cannot fail) / stop them. */
+void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
-pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
 /* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);

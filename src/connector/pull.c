@@ -248,12 +248,7 @@ static void reader_run(pdl_xfer_side_t *side, pdl_workq_item_t *item, bool stopp
     free(j);
 }
 
-pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err)
-{
-    (void)err;
-    pdl__xfer_lanes_init(&r->readers, reader_run, "reader");
-    return PDL_OK;
-}
+void pdl__reader_start(pdl_rank_t *r) { pdl__xfer_lanes_init(&r->readers, reader_run, "reader"); }
 
 void pdl__reader_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->readers); }
 

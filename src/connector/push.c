@@ -260,12 +260,7 @@ static void writer_run(pdl_xfer_side_t *side, pdl_workq_item_t *item, bool stopp
     free(j);
 }
 
-pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err)
-{
-    (void)err;
-    pdl__xfer_lanes_init(&r->writers, writer_run, "writer");
-    return PDL_OK;
-}
+void pdl__writer_start(pdl_rank_t *r) { pdl__xfer_lanes_init(&r->writers, writer_run, "writer"); }
 
 void pdl__writer_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->writers); }
 

@@ -282,7 +282,7 @@ pdl_xfer_side_t *pdl__xfer_lane(pdl_rank_t *r, pdl_xfer_lanes_t *l, const pdl_pe
 void pdl__xfer_lanes_sweep(pdl_xfer_lanes_t *l)
 {
     pthread_mutex_lock(&l->mu);
-    for (int i = 0; i < l->n && !l->stopped; i++)
+    for (int i = 0; !l->stopped && i < l->n; i++)
         if (!atomic_exchange(&l->all[i]->sweep_queued, true))
             pdl__workq_push(&l->all[i]->q, &l->all[i]->sweep);
     pthread_mutex_unlock(&l->mu);
@@ -290,12 +290,16 @@ void pdl__xfer_lanes_sweep(pdl_xfer_lanes_t *l)
 
 void pdl__xfer_lanes_stop(pdl_rank_t *r, pdl_xfer_lanes_t *l)
 {
+    /* Take the lanes out under the lock: the service thread may still sweep until it stops. */
+    pdl_xfer_side_t *all[PDL_XFER_MAX_LANES];
     pthread_mutex_lock(&l->mu);
     l->stopped = true;
     int n = l->n;
+    memcpy(all, l->all, sizeof(all[0]) * (size_t)n);
+    l->n = 0;
     pthread_mutex_unlock(&l->mu);
     for (int i = 0; i < n; i++) {
-        pdl_xfer_side_t *side = l->all[i];
+        pdl_xfer_side_t *side = all[i];
         if (side->started)
             pdl__workq_stop(&side->q);
         pdl__peers_free(r, &side->peers);
@@ -304,10 +308,8 @@ void pdl__xfer_lanes_stop(pdl_rank_t *r, pdl_xfer_lanes_t *l)
         for (int k = 0; k < side->nplans; k++)
             free(side->plans[k]);
         free(side);
-        l->all[i] = NULL;
     }
-    l->n = 0;
-    pdl__strmap_free(&l->map);
+    pdl__strmap_free(&l->map); /* only pdl__xfer_lane uses it, and it sees `stopped` */
 }
 
 void pdl__xfer_lanes_fini(pdl_xfer_lanes_t *l) { pthread_mutex_destroy(&l->mu); }
