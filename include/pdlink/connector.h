@@ -64,6 +64,10 @@ typedef struct pdl_connector_config {
     double transfer_timeout_s;             /* 30 */
     double defer_timeout_s;                /* 60 */
     double handshake_timeout_s;            /* 10 */
+    /* pdlink's keys (upstream has none of these): */
+    double peer_backoff_s;          /* 2: a failed peer is refused at once for this long, then retried */
+    double peer_backoff_max_s;      /* 30: the backoff doubles per consecutive failure up to this */
+    double consumer_gone_timeout_s; /* 5: a producer frees the holds of a consumer unreachable this long */
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -153,6 +157,16 @@ size_t pdl_instance_free_block_count(pdl_instance_t *inst);
  */
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err);
+/*
+ * The same, for the consumer named by `request_id` (MoRIIO's "___prefill_addr_..___decode_addr_.._hex";
+ * may be NULL or carry no decode address: then it is pdl_instance_hold). The producer probes that
+ * consumer's handshake port while it holds KV for it, and when the consumer is gone -- its port refuses
+ * connections twice in a row, or nothing answered for consumer_gone_timeout -- frees its holds at once
+ * (counted in consumer_gone_freed, events RANK_EXPIRED and FREED) instead of after defer_timeout.
+ * Fails like pdl_instance_hold.
+ */
+pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
+                                   const uint32_t *ids, size_t n, pdl_error_t *err);
 /* Transfers currently held (producer) and blocks they hold. */
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
@@ -189,6 +203,18 @@ uint64_t pdl_pull_descriptors(const pdl_pull_t *pull);
 uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 /* Release the caller's reference; never waits (ranks still reading keep their own). NULL is ignored. */
 void pdl_pull_free(pdl_pull_t *pull);
+
+/*
+ * Consumer (READ mode): the transfer named by `params` (and `request_id`, as for a pull) will NOT be
+ * pulled -- the request was rejected or failed before its pull. Sends at once, from every rank, the
+ * releases a failed pull would send (status "failed"), so the producer frees its blocks now instead of
+ * after its defer_timeout. Asynchronous: the messages are queued on the ranks' service threads. Never
+ * call it for a transfer that was pulled (its releases are already sent). Fails with PDL_ERR_INVALID
+ * (no transfer_id or producer address, an impossible TP pair; named), PDL_ERR_UNSUPPORTED (not a
+ * READ-mode consumer) or PDL_ERR_NOMEM; releases queued before a failure still leave.
+ */
+pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                  pdl_error_t *err);
 
 /*
  * Counters per rank (SPEC §5), one table for the struct, the Prometheus names, types and help text:
@@ -247,7 +273,15 @@ typedef enum pdl_counter_kind {
     X(write_done_failed_status, "pdlink_write_done_failed_total", PDL_COUNTER_COUNT,                                \
       "WRITE mode: write_done messages saying failed.")                                                           \
     X(write_done_late, "pdlink_write_done_late_total", PDL_COUNTER_COUNT,                                           \
-      "WRITE mode: write_done for no waiting transfer, or a duplicate (decode).")
+      "WRITE mode: write_done for no waiting transfer, or a duplicate (decode).")                                 \
+    X(peer_backoff_refusals, "pdlink_peer_backoff_refusals_total", PDL_COUNTER_COUNT,                               \
+      "Transfers failed at once because their peer failed recently (peer_backoff).")                             \
+    X(stale_retries, "pdlink_stale_session_retries_total", PDL_COUNTER_COUNT,                                       \
+      "Transfers retried once after a fresh handshake because a cached session was stale (peer restarted).")     \
+    X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
+      "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
+    X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
+      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

@@ -40,6 +40,9 @@ void pdl_connector_config_defaults(pdl_connector_config_t *cfg)
     cfg->transfer_timeout_s = 30.0;
     cfg->defer_timeout_s = 60.0;
     cfg->handshake_timeout_s = 10.0;
+    cfg->peer_backoff_s = 2.0;
+    cfg->peer_backoff_max_s = 30.0;
+    cfg->consumer_gone_timeout_s = 5.0;
 }
 
 /* Integer from a JSON integer, an integral real, or a string of decimal digits. */
@@ -129,6 +132,11 @@ static const key_row_t k_rows[] = {
     {"transfer_timeout", K_SECONDS, OFF(transfer_timeout_s), "read deadline in seconds (30)"},
     {"defer_timeout", K_SECONDS, OFF(defer_timeout_s), "lease of held blocks in seconds (60)"},
     {"handshake_timeout", K_SECONDS, OFF(handshake_timeout_s), "handshake deadline in seconds (10)"},
+    {"peer_backoff", K_SECONDS, OFF(peer_backoff_s),
+     "pdlink: after a peer failed, requests fail fast for this long before one retries; doubles per failure (2)"},
+    {"peer_backoff_max", K_SECONDS, OFF(peer_backoff_max_s), "pdlink: cap of peer_backoff's doubling (30)"},
+    {"consumer_gone_timeout", K_SECONDS, OFF(consumer_gone_timeout_s),
+     "pdlink: a producer frees the holds of a consumer unreachable for this long (5)"},
 };
 #undef OFF
 

@@ -36,13 +36,14 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
 }
 
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                           pdl_error_t *err)
+                           const char *consumer, pdl_error_t *err)
 {
     pdl_held_t *h = calloc(1, sizeof(*h));
     if (h == NULL || (h->ids = malloc(n * sizeof(uint32_t))) == NULL) {
         free(h);
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
     }
+    snprintf(h->consumer, sizeof(h->consumer), "%s", consumer ? consumer : "");
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
     pthread_mutex_lock(&inst->held_mu);
@@ -114,6 +115,12 @@ void pdl__held_free_all(pdl_instance_t *inst)
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err)
 {
+    return pdl_instance_hold_for(inst, transfer_id, NULL, ids, n, err);
+}
+
+pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
+                                   const uint32_t *ids, size_t n, pdl_error_t *err)
+{
     if (transfer_id == NULL || transfer_id[0] == '\0' || strlen(transfer_id) > PDL_WIRE_ID_MAX)
         return pdl_error_set(err, PDL_ERR_INVALID, "hold: transfer id empty or longer than %d bytes", PDL_WIRE_ID_MAX);
     if (n == 0 || ids == NULL)
@@ -121,7 +128,12 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "hold %s", transfer_id);
-    st = pdl__held_add(inst, transfer_id, ids, n, err);
+    /* The consumer, when the request id names it (MoRIIO's "___decode_addr_"): watched by watch.c. */
+    char consumer[PDL_WIRE_HOST_MAX + 16] = "";
+    pdl_zmq_addr_t da;
+    if (request_id != NULL && pdl_wire_parse_request_id(request_id, NULL, &da, NULL) == PDL_OK)
+        snprintf(consumer, sizeof(consumer), strchr(da.host, ':') ? "[%s]:%d" : "%s:%d", da.host, da.handshake_port);
+    st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "hold");
     uint64_t now = pdl__clock_now_ns();

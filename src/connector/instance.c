@@ -53,8 +53,11 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         pdl__reader_stop(&inst->ranks[i]);
         pdl__writer_stop(&inst->ranks[i]);
     }
-    for (int i = 0; i < inst->tp; i++)
+    for (int i = 0; i < inst->tp; i++) {
         pdl__service_stop(&inst->ranks[i]);
+        pdl__xfer_lanes_fini(&inst->ranks[i].readers);
+        pdl__xfer_lanes_fini(&inst->ranks[i].writers);
+    }
     if (inst->zctx)
         zmq_ctx_term(inst->zctx);
     for (int i = 0; i < inst->tp; i++)
@@ -117,6 +120,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         st = pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (ranks or zmq context)");
         goto fail;
     }
+    /* Lanes first, for every rank: they start no thread until a transfer needs one, and the service
+     * threads (started below) sweep them from their first tick; destroy stops them on every rank. */
+    for (int i = 0; i < inst->tp; i++) {
+        pdl__reader_start(&inst->ranks[i]);
+        pdl__writer_start(&inst->ranks[i]);
+    }
     /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
     for (int i = 0; i < inst->tp; i++) {
         st = pdl__rank_init(inst, &inst->ranks[i], i, err);
@@ -130,15 +139,6 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         st = pdl__service_start(&inst->ranks[i], err);
         if (st != PDL_OK)
             goto fail;
-        /* The reader serves READ pulls; a WRITE producer's writer serves its pushes. */
-        st = pdl__reader_start(&inst->ranks[i], err);
-        if (st != PDL_OK)
-            goto fail;
-        if (!cfg->conn.read_mode && cfg->conn.role == PDL_ROLE_PRODUCER) {
-            st = pdl__writer_start(&inst->ranks[i], err);
-            if (st != PDL_OK)
-                goto fail;
-        }
     }
     pdl_info("instance %s (%s, TP %d, DP rank %d/%d): handshake ports %d-%d, notify ports %d-%d, backend %s, %u "
              "blocks x %d layers",
@@ -149,7 +149,7 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     *inst_out = inst;
     return PDL_OK;
 fail:
-    if (inst->ranks == NULL) {
+    if (inst->ranks == NULL) { /* no lanes were initialised */
         if (inst->zctx)
             zmq_ctx_term(inst->zctx);
         pdl__blockalloc_destroy(inst->blocks);

@@ -5,7 +5,8 @@
  * Files and what each one owns; an arrow is "calls into", and there is no arrow back:
  *
  *   instance.c  creates and destroys an instance: starts and stops every part below; accessors
- *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t)
+ *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t);
+ *     │               binds the rank's ROUTERs (service.c) before the engine picks its data port
  *     ├─> service.c   the service thread: handshake/notify ROUTERs, ping, reapers (pdl_rank_svc_t)
  *     │     ├─> push.c    WRITE-mode messages (remote_blocks, write_done) and the push reaper
  *     │     └─> held.c
@@ -34,6 +35,7 @@
 #include "common/workq.h"
 #include "connector/blockalloc.h"
 #include "connector/fanin.h"
+#include "connector/peerhealth.h"
 #include "connector/strmap.h"
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
@@ -98,6 +100,12 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
  * counting it by `kind`; only the thread that owns `cache` may call this. False when not sent. */
 bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
 void pdl__dealers_close(pdl_strmap_t *cache);
+/* Close the DEALERs of `cache` unused for idle_ns (all of them when idle_ns is 0): a DEALER to a peer
+ * that died reconnects forever otherwise (see sender.c). Only the cache's thread may call this. */
+void pdl__dealers_sweep(pdl_strmap_t *cache, uint64_t now_ns, uint64_t idle_ns);
+/* How long a cached DEALER may stay unused: long enough that a busy peer's socket is never churned,
+ * short enough that one to a dead peer makes only a few (backed-off) connect attempts. */
+#define PDL_DEALER_IDLE_MS 30000
 /* Queue a message for rank r's service thread (any thread). Takes the payload (left empty) on
  * success; PDL_ERR_NOMEM, or PDL_ERR_INVALID when host:port makes no endpoint. */
 pdl_status_t pdl__outq_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
@@ -128,26 +136,53 @@ struct pdl_peer {
     uint64_t layer_len;
 };
 
-/* The peer for rank `remote_rank` of `addr` from `cache`, handshaking (and caching it) if needed.
- * Fails with the handshake's status (PDL_ERR_TIMEOUT, _TRANSPORT, _PARSE, _MISMATCH, _NOMEM) and a
- * message naming the peer as "<role> tp rank N"; a failure is not cached. The cache belongs to the
- * calling thread; the peer stays owned by the cache. */
-pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_addr_t *addr, int remote_rank,
-                           pdl_peer_t **peer_out, pdl_error_t *err);
+typedef struct pdl_xfer_side pdl_xfer_side_t;
+
+/* The peer for rank `remote_rank` of `addr` from the side's cache, handshaking (and caching it) if
+ * needed; *handshaked (may be NULL) says whether it did. A peer that failed recently is refused at once
+ * from the side's peer health (peerhealth.h) with the remembered status and reason, instead of paying
+ * the handshake timeout again. Fails with the handshake's status (PDL_ERR_TIMEOUT, _PEER_GONE (nothing
+ * listens: refused at once), _TRANSPORT, _PARSE, _MISMATCH, _NOMEM) and a message naming the peer as
+ * "<role> tp rank N"; a failure is not cached. Only the side's thread may call this. */
+pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int remote_rank,
+                           pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err);
 /* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
 void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer);
 void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache);
 
 /* ---- xfer.c: the transfer executor ----------------------------------------------------------- */
 
-/* One thread's side of transfers in one direction: its queue and thread, and the caches only that
- * thread touches. pull.c owns a rank's reader, push.c its writer. */
-typedef struct pdl_xfer_side {
+/* One lane of transfers in one direction: one pdl_workq_t thread serving every transfer with ONE
+ * remote instance, with the caches only that thread touches. A rank has a lane per remote instance
+ * (pdl_xfer_lanes_t), so a peer that hangs (handshake timeout, transfer timeout) holds up only the
+ * transfers that need it. pull.c runs a rank's READ lanes, push.c its WRITE lanes. */
+typedef void (*pdl_xfer_run_fn)(pdl_xfer_side_t *side, pdl_workq_item_t *job, bool stopping);
+struct pdl_xfer_side {
+    pdl_rank_t *rank;
+    pdl_xfer_run_fn run;
+    char key[PDL_WIRE_ID_MAX + 16]; /* "engine_id|dp" of the remote instance */
     pdl_workq_t q;
     bool started;
-    pdl_strmap_t peers;   /* "engine_id|dp|rank" -> pdl_peer_t* */
-    pdl_strmap_t dealers; /* endpoint -> DEALER for the notifications this thread sends */
-} pdl_xfer_side_t;
+    pdl_strmap_t peers;       /* "engine_id|dp|rank" -> pdl_peer_t* */
+    pdl_strmap_t dealers;     /* endpoint -> DEALER (sender.c) for the notifications this lane sends */
+    pdl_peerhealth_t health;  /* remote ranks that failed recently (peerhealth.h) */
+    pdl_workq_item_t sweep;   /* queued by the service thread: close idle DEALERs (sender.c) */
+    atomic_bool sweep_queued;
+    pdl_read_plan_t *plans[8]; /* pull.c: cached read plans, one per producer TP seen */
+    int nplans;
+};
+
+/* A rank's lanes in one direction, created on first use and stopped with the rank. */
+#define PDL_XFER_MAX_LANES 64
+typedef struct pdl_xfer_lanes {
+    pthread_mutex_t mu;
+    pdl_strmap_t map; /* "engine_id|dp" -> pdl_xfer_side_t* */
+    pdl_xfer_side_t *all[PDL_XFER_MAX_LANES];
+    int n;
+    bool stopped;
+    pdl_xfer_run_fn run;
+    const char *what; /* "reader" / "writer", for thread names and logs */
+} pdl_xfer_lanes_t;
 
 /* One piece of a transfer: a head range moved between us and one rank of the remote instance. */
 typedef struct pdl_xfer_piece {
@@ -177,10 +212,16 @@ typedef struct pdl_xfer_times {
  * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
                            uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err);
-/* Start the side's thread (run/on_exit as in workq.h) / stop it and free its caches. */
-pdl_status_t pdl__xfer_side_start(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_workq_run_fn run,
-                                  pdl_workq_exit_fn on_exit, const char *what, pdl_error_t *err);
-void pdl__xfer_side_stop(pdl_rank_t *r, pdl_xfer_side_t *side);
+/* Lanes: init (no thread yet) / the lane for remote instance `addr`, started on first use (beyond
+ * PDL_XFER_MAX_LANES remote instances, lanes are shared by hash) -- NULL with err set when its thread
+ * cannot start or the rank is stopping / queue the service thread's idle-DEALER sweep on every lane /
+ * stop every lane (queued jobs run with stopping = true) and free their caches. */
+void pdl__xfer_lanes_init(pdl_xfer_lanes_t *l, pdl_xfer_run_fn run, const char *what);
+pdl_xfer_side_t *pdl__xfer_lane(pdl_rank_t *r, pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr, pdl_error_t *err);
+void pdl__xfer_lanes_sweep(pdl_xfer_lanes_t *l);
+void pdl__xfer_lanes_stop(pdl_rank_t *r, pdl_xfer_lanes_t *l);
+/* After every thread that may call pdl__xfer_lanes_sweep (the service thread) stopped. */
+void pdl__xfer_lanes_fini(pdl_xfer_lanes_t *l);
 
 /* ---- the rank ---------------------------------------------------------------------------------- */
 
@@ -203,6 +244,9 @@ typedef struct pdl_rank_svc {
     void *hs_sock, *notify_sock, *ping_sock;
     pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
+    uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
+    pdl_strmap_t watch;     /* rank 0 of a READ producer: consumer "host:port" -> probe state (watch.c) */
+    uint64_t next_watch_ns;
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
     pdl_bytes_t ping_payload;
@@ -224,10 +268,8 @@ struct pdl_rank {
     pdl_outq_t out;         /* sender.c */
     pdl_rank_svc_t svc;     /* service.c */
     pdl_rank_fan_t fan;     /* service.c (releases), held.c (holds) */
-    pdl_xfer_side_t reader; /* pull.c */
-    pdl_xfer_side_t writer; /* push.c */
-    pdl_read_plan_t *plans[8]; /* pull.c, reader thread: cached read plans, one per producer TP seen */
-    int nplans;
+    pdl_xfer_lanes_t readers; /* pull.c: READ lanes, one per producer instance */
+    pdl_xfer_lanes_t writers; /* push.c: WRITE lanes, one per consumer instance */
 };
 
 /* rank.c */
@@ -242,26 +284,40 @@ void pdl__rank_fini(pdl_rank_t *r);
 typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
+    char consumer[PDL_WIRE_HOST_MAX + 16]; /* "host:port" of the consumer's handshake port; "" = unknown */
     int resolved;
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
 
-/* Record `ids` under transfer_id (copied); PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
+/* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
+ * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                           pdl_error_t *err);
+                           const char *consumer, pdl_error_t *err);
 /* Undo pdl__held_add (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 /* Rank `rank` is done with transfer_id (reported, or expired); the last rank frees the blocks. */
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
 void pdl__held_free_all(pdl_instance_t *inst);
 
+/* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
+
+/* Service thread of rank 0 of a READ producer, every tick: probe the consumers named by held
+ * transfers and free the holds of those gone (consumer_gone_timeout). */
+void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns);
+/* Service thread at exit: close the probes. */
+void pdl__watch_fini(pdl_rank_t *r);
+
 /* ---- service.c / pull.c / push.c lifecycles ---------------------------------------------------- */
 
+/* Bind the rank's handshake and notify ROUTERs (rank init, before the engine picks its data port) /
+ * start the service thread on them. */
+pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err);
 pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err);
 void pdl__service_stop(pdl_rank_t *r);
-pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err);
+/* Initialise the rank's READ / WRITE lanes (no thread yet; cannot fail) / stop them. */
+void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
-pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err);
+void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
 /* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);

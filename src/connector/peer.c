@@ -4,9 +4,17 @@
  * The remote is a producer (READ mode: we read from it) or a consumer (WRITE mode: we write to it);
  * messages name it by its role.
  *
- * Peers are cached per rank and per direction under "engine_id|dp|rank", each cache used by one
- * thread only (pdl_xfer_side_t). A peer is evicted when a transfer reports it gone; a failed handshake
- * is not cached, so a peer that restarts with a fixed configuration is picked up by the next transfer.
+ * Peers are cached per lane under "engine_id|dp|rank", each cache used by one thread only
+ * (pdl_xfer_side_t). A peer is evicted when a transfer reports it gone; a failed handshake is not
+ * cached, but remembered in the lane's peer health (peerhealth.h) when it says the peer is unreachable
+ * (timeout, refused, transport): transfers within the backoff fail at once with that reason, and the
+ * first one after it tries again, so a peer that restarts is picked up within one backoff period.
+ *
+ * Fast failure: ZeroMQ never reports a refused connect (it retries silently), so a handshake with a
+ * peer whose process is gone would wait the whole handshake_timeout. Before the ZeroMQ exchange a
+ * plain TCP connect to the handshake port tells at once: refused means nothing listens
+ * (PDL_ERR_PEER_GONE, in microseconds), no answer within the timeout means the host is unreachable
+ * (PDL_ERR_TIMEOUT). The probe is closed at once; a ROUTER sees a connection without a greeting.
  *
  * Compatibility (pdlink peers, i.e. a handshake carrying pdlink_version): head_dim, kv_elem_size,
  * block_size, num_layers, total_num_kv_heads, is_mla and layout must equal ours, tp_size/tp_rank/
@@ -15,9 +23,15 @@
  * Upstream peers (no pdlink keys) are assumed to run the same model, as upstream assumes (reference
  * §3.2); only their block_len is checked against our geometry for their TP.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "connector/internal.h"
@@ -72,6 +86,63 @@ static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_n
     return st;
 }
 
+static bool same_sockaddr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return false;
+    if (a->ss_family == AF_INET) {
+        const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+        return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+    }
+    const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+    return x->sin6_port == y->sin6_port && memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(x->sin6_addr)) == 0;
+}
+
+/* Is anything listening on host:port? PDL_OK yes; PDL_ERR_PEER_GONE refused (or a connect that met
+ * itself: on loopback a connect to a free port in the ephemeral range can pick that very port as its
+ * source, TCP's simultaneous open, and "succeed" with nobody there); PDL_ERR_TIMEOUT no answer. */
+static pdl_status_t hs_probe(const char *host, int port, int timeout_ms, const char *who, pdl_error_t *err)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &ai);
+    if (rc != 0)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: cannot resolve %s: %s", who, host,
+                             gai_strerror(rc));
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    pdl_status_t st = PDL_OK;
+    if (fd < 0) {
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: socket: %s", who, strerror(errno));
+    } else if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        st = pdl_error_set(err, errno == ECONNREFUSED ? PDL_ERR_PEER_GONE : PDL_ERR_TRANSPORT,
+                           "handshake with %s: connect: %s", who, strerror(errno));
+    } else {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int n;
+        do
+            n = poll(&pf, 1, timeout_ms);
+        while (n < 0 && errno == EINTR);
+        int soerr = 0;
+        socklen_t sl = sizeof(soerr);
+        struct sockaddr_storage me, them;
+        socklen_t ml = sizeof(me), tl = sizeof(them);
+        if (n == 0)
+            st = pdl_error_set(err, PDL_ERR_TIMEOUT, "handshake with %s: no answer to connect within %d ms", who,
+                               timeout_ms);
+        else if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr != 0)
+            st = pdl_error_set(err, soerr == ECONNREFUSED ? PDL_ERR_PEER_GONE : PDL_ERR_TRANSPORT,
+                               "handshake with %s: connect: %s", who, strerror(soerr ? soerr : errno));
+        else if (getsockname(fd, (struct sockaddr *)&me, &ml) == 0 && getpeername(fd, (struct sockaddr *)&them, &tl) == 0 &&
+                 same_sockaddr(&me, &them))
+            st = pdl_error_set(err, PDL_ERR_PEER_GONE, "handshake with %s: nothing listens (connected to itself)", who);
+    }
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(ai);
+    return st;
+}
+
 /* One get_meta_msg exchange on a fresh DEALER (upstream does the same: a socket per handshake). */
 static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_bytes_t *meta, pdl_bytes_t *layers,
                              const char *who, pdl_error_t *err)
@@ -92,8 +163,10 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
     }
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
     uint64_t deadline = pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    pdl_status_t st = PDL_OK;
-    if (zmq_connect(s, ep) != 0)
+    pdl_status_t st = hs_probe(host, port, timeout_ms, who, err);
+    if (st != PDL_OK)
+        ;
+    else if (zmq_connect(s, ep) != 0)
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: connect %s: %s", who, ep,
                            zmq_strerror(zmq_errno()));
     else if (zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), ZMQ_DONTWAIT) < 0)
@@ -147,11 +220,19 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_peer_addr_t *add
     return PDL_OK;
 }
 
-pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_addr_t *addr, int prank,
-                           pdl_peer_t **peer_out, pdl_error_t *err)
+static bool unreachable(pdl_status_t st)
 {
+    return st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT;
+}
+
+pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int prank,
+                           pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err)
+{
+    pdl_strmap_t *cache = &side->peers;
     char key[PDL_WIRE_ID_MAX + 64];
     snprintf(key, sizeof(key), "%s|%d|%d", addr->engine_id, addr->dp, prank);
+    if (handshaked)
+        *handshaked = false;
     pdl_peer_t *p = pdl__strmap_get(cache, key);
     if (p) {
         *peer_out = p;
@@ -161,6 +242,12 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_ad
     char who[PDL_WIRE_HOST_MAX + 64];
     snprintf(who, sizeof(who), "%s:%d (%s tp rank %d)", addr->host, port,
              addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
+    char why[PDL_HEALTH_REASON_MAX + 64];
+    pdl_status_t hst = PDL_ERR_PEER_GONE;
+    if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
+        PDL_CTR_ADD(r, peer_backoff_refusals, 1);
+        return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
+    }
     pdl_bytes_t meta_b = {0}, layers_b = {0};
     uint64_t t_fetch = pdl__clock_now_ns();
     pdl_status_t st = hs_fetch(r, addr->host, port, &meta_b, &layers_b, who, err);
@@ -224,6 +311,9 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_strmap_t *cache, const pdl_peer_ad
     pdl_bytes_free(&meta_b);
     pdl_bytes_free(&layers_b);
     PDL_CTR_ADD(r, handshakes, 1);
+    pdl__health_ok(&side->health, key);
+    if (handshaked)
+        *handshaked = true;
     uint64_t t_done = pdl__clock_now_ns();
     pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
               "session open %.3f ms",
@@ -240,6 +330,12 @@ fail_bytes:
     pdl_bytes_free(&layers_b);
 fail_count:
     PDL_CTR_ADD(r, handshake_failures, 1);
+    /* Remembered only when it says the peer cannot be reached: a mismatch is fast to find again, and a
+     * fixed peer must not wait out a backoff. */
+    if (unreachable(st))
+        pdl__health_failed(&side->health, key, pdl__clock_now_ns(), st, err ? err->msg : pdl_status_name(st));
+    else
+        pdl__health_ok(&side->health, key);
     /* Logged once, by the transfer that fails because of it (pull.c, push.c). */
     pdl_debug("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
     return st;

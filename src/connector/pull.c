@@ -1,8 +1,9 @@
 /*
  * pull.c -- READ mode on the consumer (SPEC §5 steps 2-3): pdl_instance_pull and the per-rank reader.
  *
- * A pull is one job per consumer rank. Each rank's reader thread (pdl_xfer_side_t) takes its jobs in
- * order and, for one job: looks up its read plan (computed once per producer TP and cached: the
+ * A pull is one job per consumer rank, queued on that rank's READ lane for the producer instance
+ * (xfer.c: one thread per remote instance, so a dead producer delays only the pulls from it). The lane
+ * takes its jobs in order and, for one job: looks up its read plan (computed once per producer TP and cached: the
  * consumer's D, H and geometry are fixed for the instance), hands the plan's pieces to the transfer
  * executor (xfer.c: handshakes, one batched READ per layer per producer rank, the wait within
  * transfer_timeout), and then sends a
@@ -67,11 +68,11 @@ static void pull_rank_done(pdl_pull_t *p, int rank, pdl_status_t st, const char 
     pthread_mutex_unlock(&p->mu);
 }
 
-static const pdl_read_plan_t *plan_get(pdl_rank_t *r, int P, pdl_error_t *err)
+static const pdl_read_plan_t *plan_get(pdl_rank_t *r, pdl_xfer_side_t *side, int P, pdl_error_t *err)
 {
-    for (int i = 0; i < r->nplans; i++)
-        if (r->plans[i]->prefill_tp == P)
-            return r->plans[i];
+    for (int i = 0; i < side->nplans; i++)
+        if (side->plans[i]->prefill_tp == P)
+            return side->plans[i];
     pdl_read_plan_t *plan = malloc(sizeof(*plan));
     if (plan == NULL) {
         pdl_error_set(err, PDL_ERR_NOMEM, "read plan: out of memory");
@@ -82,12 +83,12 @@ static const pdl_read_plan_t *plan_get(pdl_rank_t *r, int P, pdl_error_t *err)
         free(plan);
         return NULL;
     }
-    if (r->nplans == (int)(sizeof(r->plans) / sizeof(r->plans[0]))) {
-        free(r->plans[0]); /* bounded cache: drop the oldest */
-        memmove(r->plans, r->plans + 1, sizeof(r->plans[0]) * (size_t)(r->nplans - 1));
-        r->nplans--;
+    if (side->nplans == (int)(sizeof(side->plans) / sizeof(side->plans[0]))) {
+        free(side->plans[0]); /* bounded cache: drop the oldest */
+        memmove(side->plans, side->plans + 1, sizeof(side->plans[0]) * (size_t)(side->nplans - 1));
+        side->nplans--;
     }
-    r->plans[r->nplans++] = plan;
+    side->plans[side->nplans++] = plan;
     return plan;
 }
 
@@ -99,7 +100,7 @@ typedef struct pull_job {
 } pull_job_t;
 
 /* Reads of one rank through the executor: the plan's pieces, all from the pull's producer. */
-static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
+static pdl_status_t rank_read(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
                               uint64_t *descs_out, pdl_xfer_times_t *xt, pdl_error_t *err)
 {
     pdl_xfer_piece_t pieces[PDL_TOPO_MAX_TP];
@@ -112,10 +113,11 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_pl
                     .local_blocks = pull->local_blocks,
                     .remote_blocks = pull->remote_blocks,
                     .n = pull->n};
-    return pdl__xfer_run(r, &r->reader, &x, bytes_out, descs_out, xt, err);
+    return pdl__xfer_run(r, side, &x, bytes_out, descs_out, xt, err);
 }
 
-static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok)
+/* Releases of one rank for a pull, on `dealers` (the lane's cache, or the service thread's). */
+static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok)
 {
     int first = 0, count = 0;
     if (plan) {
@@ -148,7 +150,7 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
         else if (pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) < 0)
             pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->producer.host);
         else
-            pdl__dealer_send(r, &r->reader.dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
+            pdl__dealer_send(r, dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
@@ -159,12 +161,12 @@ static void send_releases(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t
 
 /* Keepalive to every producer rank of the group that is a cached pdlink peer. Upstream producers
  * treat an unknown message type as fatal for their notify listener, so they never get one. */
-static void send_keepalives(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan_t *plan)
+static void send_keepalives(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, const pdl_read_plan_t *plan)
 {
     for (int g = plan->group_first; g < plan->group_first + plan->group_count; g++) {
         char key[PDL_WIRE_ID_MAX + 64];
         snprintf(key, sizeof(key), "%s|%d|%d", pull->producer.engine_id, pull->producer.dp, g);
-        const pdl_peer_t *peer = pdl__strmap_get(&r->reader.peers, key);
+        const pdl_peer_t *peer = pdl__strmap_get(&side->peers, key);
         if (peer == NULL || !peer->meta.has_pdlink)
             continue;
         pdl_msg_t m;
@@ -177,13 +179,13 @@ static void send_keepalives(pdl_rank_t *r, pdl_pull_t *pull, const pdl_read_plan
         int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
         if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK &&
             pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) >= 0)
-            pdl__dealer_send(r, &r->reader.dealers, ep, PDL_OUT_KEEPALIVE, &b);
+            pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_KEEPALIVE, &b);
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
 }
 
-static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
+static void run_job(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, uint64_t queued_ns)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -192,16 +194,20 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
     uint64_t t0 = pdl__clock_now_ns();
     uint64_t queued = t0 - queued_ns;
     pdl_status_t st;
-    const pdl_read_plan_t *plan = plan_get(r, pull->producer.tp, &err);
+    const pdl_read_plan_t *plan = plan_get(r, side, pull->producer.tp, &err);
     if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
     } else {
         if (pdl__clock_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
-            send_keepalives(r, pull, plan);
-        st = rank_read(r, pull, plan, &bytes, &descs, &xt, &err);
+            send_keepalives(r, side, pull, plan);
+        st = rank_read(r, side, pull, plan, &bytes, &descs, &xt, &err);
     }
     uint64_t trel = pdl__clock_now_ns();
-    send_releases(r, pull, plan, st == PDL_OK);
+    send_releases(r, &side->dealers, pull, plan, st == PDL_OK);
+    /* The producer looks gone: let the releases just sent leave (linger) and stop reconnecting to it
+     * (sender.c: dead peers and self-connects). */
+    if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
+        pdl__dealers_sweep(&side->dealers, 0, 0);
     uint64_t thook = pdl__clock_now_ns();
     uint64_t release = thook - trel;
     /* The caller's per-rank work (pull_hook.h), after the releases so the producer never waits for it. */
@@ -229,41 +235,74 @@ static void run_job(pdl_rank_t *r, pdl_pull_t *pull, uint64_t queued_ns)
 
 /* The reader's job: a rank's share of a pull. At shutdown the share fails at once, releasing the
  * producer ranks with status "failed" so they free their blocks without waiting for defer_timeout. */
-static void reader_run(void *arg, pdl_workq_item_t *item, bool stopping)
+static void reader_run(pdl_xfer_side_t *side, pdl_workq_item_t *item, bool stopping)
 {
-    pdl_rank_t *r = arg;
+    pdl_rank_t *r = side->rank;
     pull_job_t *j = (pull_job_t *)item;
     if (stopping) {
-        send_releases(r, j->pull, NULL, false);
+        send_releases(r, &side->dealers, j->pull, NULL, false);
         pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
     } else {
-        run_job(r, j->pull, j->queued_ns);
+        run_job(r, side, j->pull, j->queued_ns);
     }
     pull_unref(j->pull);
     free(j);
 }
 
-/* Closed by the reader itself: the sockets are its own (linger: releases just sent still leave). */
-static void reader_exit(void *arg)
-{
-    pdl_rank_t *r = arg;
-    pdl__dealers_close(&r->reader.dealers);
-}
+void pdl__reader_start(pdl_rank_t *r) { pdl__xfer_lanes_init(&r->readers, reader_run, "reader"); }
 
-pdl_status_t pdl__reader_start(pdl_rank_t *r, pdl_error_t *err)
-{
-    return pdl__xfer_side_start(r, &r->reader, reader_run, reader_exit, "reader", err);
-}
-
-void pdl__reader_stop(pdl_rank_t *r)
-{
-    pdl__xfer_side_stop(r, &r->reader);
-    for (int i = 0; i < r->nplans; i++)
-        free(r->plans[i]);
-    r->nplans = 0;
-}
+void pdl__reader_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->readers); }
 
 /* ---- public API ------------------------------------------------------------------------------- */
+
+/* The producer instance named by a pull's params (or its request id), checked against our TP. Errors
+ * name the transfer; the caller prefixes what it was doing. */
+static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                  const char *what, pdl_peer_addr_t *pr, pdl_error_t *err)
+{
+    memset(pr, 0, sizeof(*pr));
+    pr->role = PDL_ROLE_PRODUCER;
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
+        pr->hs_base = params->remote_handshake_port;
+        pr->notify_base = params->remote_notify_port;
+    } else {
+        pdl_zmq_addr_t pa;
+        pdl_error_t e;
+        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK) {
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "%s %s: no peer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
+                                 "remote_notify_port and the request id %s",
+                                 what, params->transfer_id, request_id ? e.msg : "is absent");
+        }
+        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
+        pr->hs_base = pa.handshake_port;
+        pr->notify_base = pa.notify_port;
+    }
+    if (params->remote_engine_id[0])
+        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s", params->remote_engine_id);
+    else
+        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
+    bool disagree = false;
+    pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    if (disagree)
+        pdl_warn("%s %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", what, params->transfer_id,
+                 params->remote_tp_size, params->tp_size, pr->tp);
+    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    int dummy;
+    pdl_error_t e;
+    if (pr->tp < 1 || pr->tp > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, inst->tp, pr->tp, &dummy, &e) != PDL_OK) {
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer TP %d with consumer TP %d: %s", what, params->transfer_id,
+                             pr->tp, inst->tp, pr->tp < 1 ? "invalid size" : e.msg);
+    }
+    int top = pr->dp * pr->tp + pr->tp;
+    if (pr->hs_base < 1 || pr->hs_base + top > 65536 || pr->notify_base < 1 || pr->notify_base + top > 65536) {
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer ports %d/%d + %d ranks exceed 65535",
+                             what, params->transfer_id, pr->hs_base, pr->notify_base, top);
+    }
+    return PDL_OK;
+}
+
 
 pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
@@ -298,48 +337,8 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
         return pdl_error_set(err, PDL_ERR_NOMEM, "pull: out of memory");
     p->inst = inst;
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", params->transfer_id);
-    pdl_peer_addr_t *pr = &p->producer;
-    pr->role = PDL_ROLE_PRODUCER;
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
-        pr->hs_base = params->remote_handshake_port;
-        pr->notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t pa;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK) {
-            free(p);
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "pull %s: no peer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
-                                 "remote_notify_port and the request id %s",
-                                 params->transfer_id, request_id ? e.msg : "is absent");
-        }
-        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
-        pr->hs_base = pa.handshake_port;
-        pr->notify_base = pa.notify_port;
-    }
-    if (params->remote_engine_id[0])
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s", params->remote_engine_id);
-    else
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
-    bool disagree = false;
-    pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    if (disagree)
-        pdl_warn("pull %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", p->transfer_id,
-                 params->remote_tp_size, params->tp_size, pr->tp);
-    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    int dummy;
-    pdl_error_t e;
-    if (pr->tp < 1 || pr->tp > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, inst->tp, pr->tp, &dummy, &e) != PDL_OK) {
-        st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer TP %d with consumer TP %d: %s", p->transfer_id,
-                           pr->tp, inst->tp, pr->tp < 1 ? "invalid size" : e.msg);
-        free(p);
-        return st;
-    }
-    int top = pr->dp * pr->tp + pr->tp;
-    if (pr->hs_base < 1 || pr->hs_base + top > 65536 || pr->notify_base < 1 || pr->notify_base + top > 65536) {
-        st = pdl_error_set(err, PDL_ERR_INVALID, "pull %s: producer ports %d/%d + %d ranks exceed 65535", p->transfer_id,
-                           pr->hs_base, pr->notify_base, top);
+    st = producer_addr(inst, params, request_id, "pull", &p->producer, err);
+    if (st != PDL_OK) {
         free(p);
         return st;
     }
@@ -367,15 +366,17 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     p->start_ns = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];
-        pull_job_t *j = calloc(1, sizeof(*j));
+        pdl_error_t le;
+        pdl_xfer_side_t *lane = pdl__xfer_lane(r, &r->readers, &p->producer, &le);
+        pull_job_t *j = lane ? calloc(1, sizeof(*j)) : NULL;
         if (j == NULL) {
-            pull_rank_done(p, i, PDL_ERR_NOMEM, "out of memory", 0, 0);
+            pull_rank_done(p, i, lane ? PDL_ERR_NOMEM : le.status, lane ? "out of memory" : le.msg, 0, 0);
             pull_unref(p);
             continue;
         }
         j->pull = p;
         j->queued_ns = p->start_ns;
-        pdl__workq_push(&r->reader.q, &j->item);
+        pdl__workq_push(&lane->q, &j->item);
     }
     *pull_out = p;
     return PDL_OK;
@@ -447,4 +448,57 @@ void pdl_pull_free(pdl_pull_t *pull)
 {
     if (pull)
         pull_unref(pull);
+}
+
+/* ---- abandon: a transfer the consumer will not pull ---------------------------------------------- */
+
+pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                  pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: missing argument");
+    if (inst->cfg.conn.role != PDL_ROLE_CONSUMER || !inst->cfg.conn.read_mode)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "abandon %s: only a READ-mode consumer releases a producer's blocks (a WRITE-mode "
+                             "producer frees an unpushed transfer after defer_timeout)",
+                             params->transfer_id);
+    if (params->transfer_id[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: kv_transfer_params.transfer_id is missing");
+    pdl_peer_addr_t pr;
+    pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &pr, err);
+    if (st != PDL_OK)
+        return st;
+    /* Exactly the releases a failed pull sends: every consumer rank to every producer rank of its group,
+     * status failed, so each producer rank's fan-in completes and the blocks are freed now instead of
+     * after defer_timeout. Queued on each rank's service thread: the caller (an HTTP thread) never
+     * blocks, and a lane busy with a slow producer does not delay them. */
+    for (int d = 0; d < inst->tp; d++) {
+        pdl_rank_t *r = &inst->ranks[d];
+        int first = 0, count = 0;
+        st = pdl_topo_group(pr.tp, inst->tp, d, &first, &count, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, "abandon %s", params->transfer_id);
+        for (int g = first; g < first + count; g++) {
+            pdl_msg_t m;
+            pdl_msg_init(&m, PDL_MSG_RELEASE);
+            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", params->transfer_id);
+            m.consumer_tp_size = inst->tp;
+            m.consumer_tp_rank = d;
+            m.status = PDL_RELEASE_FAILED;
+            m.producer_tp_size = pr.tp;
+            m.producer_tp_rank = g;
+            pdl_bytes_t b = {0};
+            st = pdl_wire_encode_msg(&m, &b, err);
+            pdl_msg_clear(&m);
+            if (st == PDL_OK)
+                st = pdl__outq_send(r, pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g), PDL_OUT_RELEASE,
+                                    &b, err);
+            pdl_bytes_free(&b);
+            if (st != PDL_OK)
+                return pdl_error_prefix(err, "abandon %s: release to producer rank %d", params->transfer_id, g);
+        }
+    }
+    PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);
+    pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, pr.engine_id);
+    return PDL_OK;
 }

@@ -121,9 +121,7 @@ static pdl_push_t *push_rank_final(pdl_instance_t *inst, pdl_push_t *p, int rank
     return p;
 }
 
-static void enqueue_job(pdl_rank_t *r, push_job_t *j) { pdl__workq_push(&r->writer.q, &j->item); }
-
-/* ---- producer: the writer thread -------------------------------------------------------------- */
+/* ---- producer: the writer lanes --------------------------------------------------------------- */
 
 /* The consumer instance as this job dials it: its engine id is "host:handshake base". */
 static void consumer_addr(const pdl_push_t *p, const push_job_t *j, pdl_peer_addr_t *a)
@@ -138,8 +136,26 @@ static void consumer_addr(const pdl_push_t *p, const push_job_t *j, pdl_peer_add
     a->role = PDL_ROLE_CONSUMER;
 }
 
+/* Queue a rank's share on its WRITE lane for the consumer instance (xfer.c: one thread per remote
+ * instance, so a dead consumer delays only the pushes to it). Without a lane (shutting down, out of
+ * memory) the share is dropped like one queued at shutdown: instance destroy frees its blocks. */
+static void enqueue_job(pdl_rank_t *r, push_job_t *j)
+{
+    pdl_peer_addr_t a;
+    consumer_addr(j->push, j, &a);
+    pdl_error_t e;
+    pdl_xfer_side_t *lane = pdl__xfer_lane(r, &r->writers, &a, &e);
+    if (lane != NULL) {
+        pdl__workq_push(&lane->q, &j->item);
+        return;
+    }
+    pdl_warn("rank %d: push of %s not started: %s", r->rank, j->push->transfer_id, e.msg);
+    free(j->blocks);
+    free(j);
+}
+
 /* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank. */
-static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
+static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
                                uint64_t *descs_out, pdl_error_t *err)
 {
     pdl_instance_t *inst = r->inst;
@@ -167,14 +183,14 @@ static pdl_status_t rank_write(pdl_rank_t *r, const pdl_push_t *p, const push_jo
                         .remote_blocks = j->blocks,
                         .n = j->n};
         pdl_xfer_times_t xt = {0};
-        st = pdl__xfer_run(r, &r->writer, &x, bytes_out, descs_out, &xt, err);
+        st = pdl__xfer_run(r, side, &x, bytes_out, descs_out, &xt, err);
     }
     free(pieces);
     free(plan);
     return st;
 }
 
-static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const push_job_t *j, bool ok)
+static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, bool ok)
 {
     pdl_instance_t *inst = r->inst;
     int first = 0, count = 0, decode_dp = j->decode_dp;
@@ -195,24 +211,27 @@ static void send_write_done(pdl_rank_t *r, const pdl_push_t *p, const push_job_t
             pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
         else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
             pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
-        else if (pdl__dealer_send(r, &r->writer.dealers, ep, PDL_OUT_OTHER, &b))
+        else if (pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_OTHER, &b))
             PDL_CTR_ADD(r, write_done_sent, 1);
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
 }
 
-static void run_push_job(pdl_rank_t *r, push_job_t *j)
+static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
 {
     pdl_instance_t *inst = r->inst;
     pdl_push_t *p = j->push;
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
-    pdl_status_t st = rank_write(r, p, j, &bytes, &descs, &err);
+    pdl_status_t st = rank_write(r, side, p, j, &bytes, &descs, &err);
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
-    send_write_done(r, p, j, st == PDL_OK);
+    send_write_done(r, side, p, j, st == PDL_OK);
+    /* The consumer looks gone: stop reconnecting to it once write_done left (sender.c). */
+    if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
+        pdl__dealers_sweep(&side->dealers, 0, 0);
     pthread_mutex_lock(&r->ctr.mu);
     if (st == PDL_OK) {
         r->ctr.v.transfers++;
@@ -233,28 +252,18 @@ static void run_push_job(pdl_rank_t *r, push_job_t *j)
 
 /* The writer's job. At shutdown a queued share is dropped unrun: its push and held blocks are freed
  * by instance destroy (pdl__push_free_all, pdl__held_free_all). */
-static void writer_run(void *arg, pdl_workq_item_t *item, bool stopping)
+static void writer_run(pdl_xfer_side_t *side, pdl_workq_item_t *item, bool stopping)
 {
-    pdl_rank_t *r = arg;
     push_job_t *j = (push_job_t *)item;
     if (!stopping)
-        run_push_job(r, j);
+        run_push_job(side->rank, side, j);
     free(j->blocks);
     free(j);
 }
 
-static void writer_exit(void *arg)
-{
-    pdl_rank_t *r = arg;
-    pdl__dealers_close(&r->writer.dealers);
-}
+void pdl__writer_start(pdl_rank_t *r) { pdl__xfer_lanes_init(&r->writers, writer_run, "writer"); }
 
-pdl_status_t pdl__writer_start(pdl_rank_t *r, pdl_error_t *err)
-{
-    return pdl__xfer_side_start(r, &r->writer, writer_run, writer_exit, "writer", err);
-}
-
-void pdl__writer_stop(pdl_rank_t *r) { pdl__xfer_side_stop(r, &r->writer); }
+void pdl__writer_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->writers); }
 
 /* ---- producer: messages and API --------------------------------------------------------------- */
 
@@ -414,7 +423,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     for (int i = 0; i < inst->tp; i++)
         pdl_engine_publish(inst->ranks[i].mem.engine);
 
-    st = pdl__held_add(inst, tid, ids, n, err);
+    st = pdl__held_add(inst, tid, ids, n, NULL, err);
     if (st != PDL_OK) {
         pdl_error_prefix(err, "push");
         goto fail;

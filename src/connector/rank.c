@@ -9,6 +9,12 @@
  *
  * pdl__rank_init also initialises the parts other files own (counters, outbound queue, fan-in), so
  * instance destroy can tear every rank down the same way.
+ *
+ * Ports: the rank's handshake and notify ROUTERs are bound FIRST, then the engine picks its data port
+ * (tcp: an ephemeral one), and a data port inside the instance's configured handshake or notify range
+ * (all DP ranks: base .. base + dp_size * tp_size) is refused and picked again. Before, the engine bound
+ * first, and on a host whose configured ranges lie in the ephemeral range (the seed's second prefill
+ * uses notify port 40006) its port could take one of them: "Address already in use" at start.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +84,44 @@ static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_erro
     return st;
 }
 
+static bool in_range(int port, int base, int n) { return port >= base && port < base + n; }
+
+/* An engine whose data port lies outside the configured handshake/notify ranges. Rejected engines are
+ * kept until the end so the system cannot hand out the same port again. */
+static pdl_status_t engine_outside_ranges(const pdl_instance_config_t *cfg, const pdl_engine_config_t *ec,
+                                          pdl_engine_t **out, pdl_error_t *err)
+{
+    enum { ATTEMPTS = 16 };
+    pdl_engine_t *rejected[ATTEMPTS];
+    int nrej = 0;
+    int n = cfg->dp_size * cfg->tp_size;
+    pdl_status_t st = PDL_OK;
+    for (;;) {
+        pdl_engine_t *e = NULL;
+        st = pdl_engine_create(ec, &e, err);
+        if (st != PDL_OK)
+            break;
+        int port = pdl_engine_port(e);
+        if (port == 0 || (!in_range(port, cfg->conn.handshake_port, n) && !in_range(port, cfg->conn.notify_port, n))) {
+            *out = e;
+            break;
+        }
+        pdl_debug("engine %s: data port %d lies in the configured handshake/notify ranges; picking another", ec->key,
+                  port);
+        if (nrej == ATTEMPTS) {
+            pdl_engine_destroy(e);
+            st = pdl_error_set(err, PDL_ERR_TRANSPORT,
+                               "engine %s: %d data ports in a row fell inside handshake_port %d / notify_port %d + %d",
+                               ec->key, ATTEMPTS + 1, cfg->conn.handshake_port, cfg->conn.notify_port, n);
+            break;
+        }
+        rejected[nrej++] = e;
+    }
+    for (int i = 0; i < nrej; i++)
+        pdl_engine_destroy(rejected[i]);
+    return st;
+}
+
 void pdl__rank_init_locks(pdl_rank_t *r)
 {
     pdl__ctr_init(&r->ctr);
@@ -127,7 +171,10 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
                               .backend = cfg->conn.backend,
                               .qp_per_transfer = cfg->conn.qp_per_transfer,
                               .num_workers = cfg->conn.num_workers};
-    st = pdl_engine_create(&ec, &m->engine, err);
+    st = pdl__service_bind(r, err);
+    if (st != PDL_OK)
+        return st;
+    st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "instance rank %d", rank);
     st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);

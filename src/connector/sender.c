@@ -6,6 +6,15 @@
  * (pdl_rank_svc_t.dealers), the reader's and the writer's (pdl_xfer_side_t.dealers). The reader sends
  * its releases on its own cache: one thread hop less on the release path (measured: the hop cost
  * ~100 us under load on 2 cores).
+ *
+ * Dead peers: a DEALER whose peer is gone keeps reconnecting, and on loopback a connect to a port
+ * nobody listens on can pick that same port as its source (TCP simultaneous open: the socket connects
+ * to itself). Linux walks the source ports of repeated connects to one destination, so a DEALER
+ * retrying every 100 ms to a dead prefill's notify port inside the ephemeral range (e.g. 40006)
+ * eventually connected to itself and held the port: the restarted prefill could not bind it. So the
+ * retries back off (100 ms doubling to 5 s, ZMQ_RECONNECT_IVL_MAX) and DEALERs unused for
+ * PDL_DEALER_IDLE_MS (internal.h) are closed (pdl__dealers_sweep, run by each owner thread), as are a lane's DEALERs
+ * once its peer failed (xfer.c): a dead peer gets a handful of connect attempts, not an endless walk.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -16,8 +25,17 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 #define DEALER_LINGER_MS 1000 /* let releases queued at shutdown reach the producer */
+#define DEALER_RECONNECT_MS 100      /* libzmq's default first retry */
+#define DEALER_RECONNECT_MAX_MS 5000 /* then doubling up to this */
+
+/* A cached DEALER and when it last sent (its owner thread's clock). */
+typedef struct dealer {
+    void *sock;
+    uint64_t used_ns;
+} dealer_t;
 
 static void set_int_opt(void *s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof(v)); }
 
@@ -32,18 +50,29 @@ static void dealer_close(void *arg, const char *key, void *value)
 {
     (void)arg;
     (void)key;
-    zmq_close(value);
+    dealer_t *d = value;
+    zmq_close(d->sock);
+    free(d);
 }
 
 static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint)
 {
-    void *s = pdl__strmap_get(cache, endpoint);
-    if (s)
-        return s;
-    s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
-    if (s == NULL)
+    dealer_t *d = pdl__strmap_get(cache, endpoint);
+    if (d) {
+        d->used_ns = pdl__clock_now_ns();
+        return d->sock;
+    }
+    d = calloc(1, sizeof(*d));
+    void *s = d ? zmq_socket(r->inst->zctx, ZMQ_DEALER) : NULL;
+    if (s == NULL) {
+        free(d);
         return NULL;
+    }
+    d->sock = s;
+    d->used_ns = pdl__clock_now_ns();
     set_int_opt(s, ZMQ_LINGER, DEALER_LINGER_MS);
+    set_int_opt(s, ZMQ_RECONNECT_IVL, DEALER_RECONNECT_MS);
+    set_int_opt(s, ZMQ_RECONNECT_IVL_MAX, DEALER_RECONNECT_MAX_MS);
     set_int_opt(s, ZMQ_SNDHWM, 100000);
     set_int_opt(s, ZMQ_TCP_KEEPALIVE, 1);
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_IDLE, 30);
@@ -51,9 +80,10 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_CNT, 3);
     if (strchr(endpoint, '['))
         set_int_opt(s, ZMQ_IPV6, 1);
-    if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, s) != 0) {
+    if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, d) != 0) {
         pdl_warn("rank %d: cannot connect to %s: %s", r->rank, endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s);
+        free(d);
         return NULL;
     }
     return s;
@@ -87,10 +117,8 @@ bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, 
     if (log)
         pdl_warn("rank %d: notify to %s failed: %s (socket evicted; %" PRIu64 " similar since)", r->rank, endpoint,
                  s ? zmq_strerror(zmq_errno()) : "no socket", sup);
-    if (s) {
-        pdl__strmap_remove(cache, endpoint);
-        zmq_close(s);
-    }
+    if (s)
+        dealer_close(NULL, endpoint, pdl__strmap_remove(cache, endpoint));
     return false;
 }
 
@@ -98,6 +126,33 @@ void pdl__dealers_close(pdl_strmap_t *cache)
 {
     pdl__strmap_foreach(cache, dealer_close, NULL);
     pdl__strmap_free(cache);
+}
+
+typedef struct sweep_ctx {
+    uint64_t now_ns, idle_ns;
+    char *keys[64];
+    int n;
+} sweep_ctx_t;
+
+static void collect_idle(void *arg, const char *key, void *value)
+{
+    sweep_ctx_t *c = arg;
+    const dealer_t *d = value;
+    if (c->n < 64 && (c->idle_ns == 0 || c->now_ns - d->used_ns >= c->idle_ns))
+        c->keys[c->n++] = strdup(key);
+}
+
+void pdl__dealers_sweep(pdl_strmap_t *cache, uint64_t now_ns, uint64_t idle_ns)
+{
+    /* The map may not change during foreach: collect, then close (at most 64 per call; the rest go at
+     * the next sweep). */
+    sweep_ctx_t c = {.now_ns = now_ns, .idle_ns = idle_ns};
+    pdl__strmap_foreach(cache, collect_idle, &c);
+    for (int i = 0; i < c.n; i++) {
+        if (c.keys[i] != NULL)
+            dealer_close(NULL, c.keys[i], pdl__strmap_remove(cache, c.keys[i]));
+        free(c.keys[i]);
+    }
 }
 
 void pdl__outq_init(pdl_outq_t *q)

@@ -32,6 +32,7 @@
 #define SVC_BUDGET 512            /* frames per socket per wake-up */
 #define SVC_MAX_FRAME ((int64_t)PDL_WIRE_MAX_FRAME)
 #define SVC_PING_INTERVAL_MS 3000 /* MoRIIO's PING_INTERVAL */
+#define SVC_SWEEP_INTERVAL_MS 5000 /* idle DEALERs are looked for this often (idle = 30 s) */
 
 static void set_int_opt(void *s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof(v)); }
 
@@ -334,10 +335,19 @@ static void *service_main(void *arg)
         pdl__outq_flush(r, &r->svc.dealers);
         reap_tick(r);
         pdl__push_reap(r);
-        ping_tick(r, pdl__clock_now_ms());
+        uint64_t now_ms = pdl__clock_now_ms();
+        ping_tick(r, now_ms);
+        pdl__watch_tick(r, pdl__clock_now_ns());
+        if (now_ms >= r->svc.next_sweep_ms) {
+            r->svc.next_sweep_ms = now_ms + SVC_SWEEP_INTERVAL_MS;
+            pdl__dealers_sweep(&r->svc.dealers, pdl__clock_now_ns(), (uint64_t)PDL_DEALER_IDLE_MS * 1000000ull);
+            pdl__xfer_lanes_sweep(&r->readers);
+            pdl__xfer_lanes_sweep(&r->writers);
+        }
     }
     pdl__outq_flush(r, &r->svc.dealers);
     pdl__dealers_close(&r->svc.dealers);
+    pdl__watch_fini(r);
     if (r->svc.ping_sock)
         zmq_close(r->svc.ping_sock);
     zmq_close(r->svc.hs_sock);
@@ -371,15 +381,23 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     return s;
 }
 
-pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
+pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err)
 {
-    pdl_instance_t *inst = r->inst;
     r->svc.hs_sock = bind_router(r, r->hs_port, "handshake", err);
     if (r->svc.hs_sock == NULL)
         return err ? err->status : PDL_ERR_TRANSPORT;
     r->svc.notify_sock = bind_router(r, r->notify_port, "notify", err);
-    if (r->svc.notify_sock == NULL)
-        goto fail;
+    if (r->svc.notify_sock == NULL) {
+        zmq_close(r->svc.hs_sock);
+        r->svc.hs_sock = NULL;
+        return err ? err->status : PDL_ERR_TRANSPORT;
+    }
+    return PDL_OK;
+}
+
+pdl_status_t pdl__service_start(pdl_rank_t *r, pdl_error_t *err)
+{
+    pdl_instance_t *inst = r->inst;
     r->out.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (r->out.wake_fd < 0) {
         pdl_error_set(err, PDL_ERR_SYSTEM, "rank %d: eventfd: %s", r->rank, strerror(errno));
@@ -419,6 +437,12 @@ fail:
 void pdl__service_stop(pdl_rank_t *r)
 {
     if (!r->svc.started) {
+        /* Bound by rank init, never started (a later step of create failed). */
+        if (r->svc.hs_sock)
+            zmq_close(r->svc.hs_sock);
+        if (r->svc.notify_sock)
+            zmq_close(r->svc.notify_sock);
+        r->svc.hs_sock = r->svc.notify_sock = NULL;
         pdl_bytes_free(&r->svc.ping_payload);
         return;
     }

@@ -10,7 +10,18 @@
  * ranks of the same remote instance: they live and die with it, and a stale one would otherwise fail
  * the next transfer too. The wall time goes to read_ns or write_ns by direction.
  *
- * The side (pdl_xfer_side_t) is one pdl_workq_t thread with the peer and DEALER caches it alone uses.
+ * Stale sessions: when a transfer fails as gone on peers that were cached before it started (the
+ * remote restarted at the same address with a new engine, or its connections broke while idle), the
+ * executor evicts them and runs the transfer ONCE more, handshaking afresh; so the first request after
+ * a peer's restart succeeds. Peers it handshook itself are not retried: their failure is real news.
+ *
+ * Lanes: a side (pdl_xfer_side_t) is one pdl_workq_t thread with the peer and DEALER caches it alone
+ * uses, serving the transfers with ONE remote instance. A rank keeps a lane per remote instance
+ * (pdl_xfer_lanes_t, created on first use), so a handshake or transfer that hangs on one dead peer
+ * delays only the transfers that need that peer: before, one rank thread served every peer in order,
+ * and after kill -9 of one of two prefills every pull -- also from the healthy one -- waited out the
+ * dead one's 10 s handshake timeout. A lane's peer health (peerhealth.h) makes the transfers queued
+ * behind a failed handshake fail at once with its reason instead of timing out one after another.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,8 +76,8 @@ static void evict_gone(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x
         pdl__peer_evict(r, &side->peers, c.found[i]);
 }
 
-pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
-                           uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err)
+static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
+                              uint64_t *descs, pdl_xfer_times_t *times, bool *stale, pdl_error_t *err)
 {
     const char *remote_role = x->dir == PDL_DIR_READ ? "producer" : "consumer";
     uint64_t tp0 = pdl__clock_now_ns();
@@ -83,8 +94,9 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
             rranks[nr++] = x->pieces[i].remote_rank;
     }
     pdl_peer_t *peers[PDL_TOPO_MAX_TP];
+    bool fresh[PDL_TOPO_MAX_TP];
     for (int k = 0; k < nr; k++) {
-        pdl_status_t st = pdl__peer_get(r, &side->peers, x->peer, rranks[k], &peers[k], err);
+        pdl_status_t st = pdl__peer_get(r, side, x->peer, rranks[k], &peers[k], &fresh[k], err);
         if (st != PDL_OK)
             return st;
     }
@@ -155,6 +167,10 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
     }
     free(posted);
     times->wait += pdl__clock_now_ns() - tw;
+    for (int g = 0; g < ngone; g++)
+        for (int k = 0; k < nr; k++)
+            if (gone[g] == peers[k] && !fresh[k])
+                *stale = true;
     evict_gone(r, side, x, gone, ngone);
     if (x->dir == PDL_DIR_READ)
         PDL_CTR_ADD(r, read_ns, pdl__clock_now_ns() - t0);
@@ -163,21 +179,138 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
     return st;
 }
 
-pdl_status_t pdl__xfer_side_start(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_workq_run_fn run,
-                                  pdl_workq_exit_fn on_exit, const char *what, pdl_error_t *err)
+pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
+                           uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err)
 {
-    char who[64];
-    snprintf(who, sizeof(who), "rank %d %s", r->rank, what);
-    pdl_status_t st = pdl__workq_start(&side->q, 1, run, on_exit, r, who, err);
-    side->started = st == PDL_OK;
+    /* Bytes and descriptors of the attempt that counts (a retried one posted them again). */
+    uint64_t b = 0, d = 0;
+    bool stale = false;
+    pdl_status_t st = xfer_once(r, side, x, &b, &d, times, &stale, err);
+    if (st != PDL_OK && stale && is_gone(st)) {
+        pdl_info("rank %d: %s with %s failed on a cached session (%s); retrying once after a fresh handshake",
+                 r->rank, x->dir == PDL_DIR_READ ? "read" : "write", x->peer->engine_id, err ? err->msg : "gone");
+        PDL_CTR_ADD(r, stale_retries, 1);
+        b = d = 0;
+        stale = false;
+        st = xfer_once(r, side, x, &b, &d, times, &stale, err);
+    }
+    *bytes += b;
+    *descs += d;
     return st;
 }
 
-void pdl__xfer_side_stop(pdl_rank_t *r, pdl_xfer_side_t *side)
+/* ---- lanes ------------------------------------------------------------------------------------ */
+
+static void lane_run(void *arg, pdl_workq_item_t *item, bool stopping)
 {
-    if (side->started)
-        pdl__workq_stop(&side->q);
-    side->started = false;
-    pdl__peers_free(r, &side->peers);
-    pdl__dealers_close(&side->dealers); /* normally closed by the thread at exit; idempotent */
+    pdl_xfer_side_t *side = arg;
+    if (item == &side->sweep) {
+        atomic_store(&side->sweep_queued, false);
+        if (!stopping)
+            pdl__dealers_sweep(&side->dealers, pdl__clock_now_ns(), (uint64_t)PDL_DEALER_IDLE_MS * 1000000ull);
+        return;
+    }
+    side->run(side, item, stopping);
 }
+
+/* The lane's sockets are its own: closed by its thread (linger: notifications just sent still leave). */
+static void lane_exit(void *arg)
+{
+    pdl_xfer_side_t *side = arg;
+    pdl__dealers_close(&side->dealers);
+}
+
+void pdl__xfer_lanes_init(pdl_xfer_lanes_t *l, pdl_xfer_run_fn run, const char *what)
+{
+    memset(l, 0, sizeof(*l));
+    pthread_mutex_init(&l->mu, NULL);
+    l->run = run;
+    l->what = what;
+}
+
+pdl_xfer_side_t *pdl__xfer_lane(pdl_rank_t *r, pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr, pdl_error_t *err)
+{
+    char key[sizeof(((pdl_xfer_side_t *)0)->key)];
+    snprintf(key, sizeof(key), "%s|%d", addr->engine_id, addr->dp);
+    pthread_mutex_lock(&l->mu);
+    pdl_xfer_side_t *side = l->stopped ? NULL : pdl__strmap_get(&l->map, key);
+    if (side != NULL || l->stopped) {
+        pthread_mutex_unlock(&l->mu);
+        if (side == NULL)
+            pdl_error_set(err, PDL_ERR_BAD_STATE, "rank %d: instance is shutting down", r->rank);
+        return side;
+    }
+    if (l->n == PDL_XFER_MAX_LANES) {
+        /* More remote instances than lanes: share one by hash (rare; isolation degrades gracefully). */
+        uint64_t h = 1469598103934665603ull;
+        for (const char *c = key; *c; c++)
+            h = (h ^ (uint8_t)*c) * 1099511628211ull;
+        side = l->all[h % PDL_XFER_MAX_LANES];
+        pthread_mutex_unlock(&l->mu);
+        return side;
+    }
+    side = calloc(1, sizeof(*side));
+    if (side == NULL) {
+        pthread_mutex_unlock(&l->mu);
+        pdl_error_set(err, PDL_ERR_NOMEM, "rank %d: out of memory for a %s lane", r->rank, l->what);
+        return NULL;
+    }
+    side->rank = r;
+    side->run = l->run;
+    snprintf(side->key, sizeof(side->key), "%s", key);
+    const pdl_connector_config_t *c = &r->inst->cfg.conn;
+    pdl__health_init(&side->health, (uint64_t)(c->peer_backoff_s * 1e9), (uint64_t)(c->peer_backoff_max_s * 1e9), 1024);
+    char who[PDL_WIRE_ID_MAX + 64];
+    snprintf(who, sizeof(who), "rank %d %s for %s", r->rank, l->what, key);
+    pdl_status_t st = pdl__workq_start(&side->q, 1, lane_run, lane_exit, side, who, err);
+    if (st == PDL_OK && pdl__strmap_put(&l->map, key, side) != 0) {
+        pdl__workq_stop(&side->q);
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "rank %d: out of memory for a %s lane", r->rank, l->what);
+    }
+    if (st != PDL_OK) {
+        pthread_mutex_unlock(&l->mu);
+        pdl__health_fini(&side->health);
+        free(side);
+        return NULL;
+    }
+    side->started = true;
+    l->all[l->n++] = side;
+    pthread_mutex_unlock(&l->mu);
+    pdl_debug("rank %d: %s lane for %s started", r->rank, l->what, key);
+    return side;
+}
+
+void pdl__xfer_lanes_sweep(pdl_xfer_lanes_t *l)
+{
+    pthread_mutex_lock(&l->mu);
+    for (int i = 0; !l->stopped && i < l->n; i++)
+        if (!atomic_exchange(&l->all[i]->sweep_queued, true))
+            pdl__workq_push(&l->all[i]->q, &l->all[i]->sweep);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void pdl__xfer_lanes_stop(pdl_rank_t *r, pdl_xfer_lanes_t *l)
+{
+    /* Take the lanes out under the lock: the service thread may still sweep until it stops. */
+    pdl_xfer_side_t *all[PDL_XFER_MAX_LANES];
+    pthread_mutex_lock(&l->mu);
+    l->stopped = true;
+    int n = l->n;
+    memcpy(all, l->all, sizeof(all[0]) * (size_t)n);
+    l->n = 0;
+    pthread_mutex_unlock(&l->mu);
+    for (int i = 0; i < n; i++) {
+        pdl_xfer_side_t *side = all[i];
+        if (side->started)
+            pdl__workq_stop(&side->q);
+        pdl__peers_free(r, &side->peers);
+        pdl__dealers_close(&side->dealers); /* normally closed by the thread at exit; idempotent */
+        pdl__health_fini(&side->health);
+        for (int k = 0; k < side->nplans; k++)
+            free(side->plans[k]);
+        free(side);
+    }
+    pdl__strmap_free(&l->map); /* only pdl__xfer_lane uses it, and it sees `stopped` */
+}
+
+void pdl__xfer_lanes_fini(pdl_xfer_lanes_t *l) { pthread_mutex_destroy(&l->mu); }

@@ -356,8 +356,29 @@ static bool check_remote_leg(const pdl_node_t *node, const pdl_node_request_t *r
     return true;
 }
 
+
+static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
+                          pdl_node_request_t *req, pdl_node_result_t *res);
+static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id);
+
+/* A rejected decode request still releases the transfer its kv_transfer_params name (abandon_transfer),
+ * whatever made it invalid (e.g. "max_tokens": -1 is refused before the params are even read). */
 bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
                             pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    if (request_parse(node, chat, body, request_id, req, res))
+        return true;
+    const json_t *kp = json_is_object(body) ? json_object_get(body, "kv_transfer_params") : NULL;
+    pdl_kv_params_t params;
+    pdl_kv_params_init(&params);
+    if (json_is_object(kp) && pdl_kv_params_from_json(kp, &params, NULL) == PDL_OK)
+        abandon_transfer(node, &params, req->request_id[0] ? req->request_id : NULL);
+    pdl_kv_params_clear(&params);
+    return false;
+}
+
+static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
+                          pdl_node_request_t *req, pdl_node_result_t *res)
 {
     memset(req, 0, sizeof(*req));
     pdl_kv_params_init(&req->params);
@@ -606,7 +627,8 @@ static void pull_verify_rank(void *arg, int tp_rank)
  * done, not when its verification was: verification is the node's work, not the transfer's.
  */
 static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
-                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res)
+                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res,
+                    bool *released)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -624,6 +646,7 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         st = pdl_instance_pull(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks, nblocks, &pull,
                                &err);
     }
+    *released = pull != NULL; /* a started pull releases the producer itself, whatever its outcome */
     if (st == PDL_OK) {
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_pull_wait(pull, (int)(budget_s * 1000.0), &err);
@@ -792,7 +815,37 @@ static void keep_prompt(const pdl_synth_prompt_t *p, pdl_node_result_t *res)
     memcpy(res->prompt_token_ids, p->tokens, p->n * sizeof(uint32_t));
 }
 
+/*
+ * A decode that will not pull a transfer it was given (the request was rejected or failed before its
+ * pull) tells the producer at once (pdl_instance_abandon: failed releases), so the prefill's blocks are
+ * not pinned until its defer_timeout. Before, two rejected requests with long prompts pinned 1,002 of a
+ * prefill's 1,024 blocks for 60 s. READ mode only: a WRITE-mode prefill frees an unpushed transfer
+ * after its defer_timeout.
+ */
+static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id)
+{
+    if (node->role != PDL_NODE_CONSUMER || !node->conn.read_mode || !params->do_remote_prefill ||
+        params->transfer_id[0] == '\0')
+        return;
+    pdl_error_t err;
+    if (pdl_instance_abandon(pdl_node_kv_instance(node->kv), params, request_id, &err) != PDL_OK)
+        pdl_warn("request %s: transfer %s not released early (the prefill frees it after its defer_timeout): %s",
+                 request_id, params->transfer_id, err.msg);
+    else
+        pdl_info("request %s: failed before its pull; transfer %s released", request_id, params->transfer_id);
+}
+
+static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released);
+
 void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    bool released = false;
+    request_run(node, req, res, &released);
+    if (req->mode == PDL_NODE_MODE_PULL && !released)
+        abandon_transfer(node, &req->params, req->request_id);
+}
+
+static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -853,7 +906,7 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
     if (req->mode == PDL_NODE_MODE_RECV)
         ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res);
     else if (req->mode == PDL_NODE_MODE_PULL)
-        ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res);
+        ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res, released);
     else
         check.digest = pdl_synth_prefill(node->kv, node->args.seed, &prompt, blocks);
     uint64_t t_verify = pdl__clock_now_ns(), c_verify = thread_cpu_ns();
@@ -893,7 +946,8 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
             pdl_node_result_error(res, 500, "kv_transfer_params: could not build the params of %s",
                                   req->params.transfer_id);
             ok = false;
-        } else if (pdl_instance_hold(inst, req->params.transfer_id, blocks, nblocks, &err) != PDL_OK) {
+        } else if (pdl_instance_hold_for(inst, req->params.transfer_id, req->request_id, blocks, nblocks, &err) !=
+                   PDL_OK) {
             pdl_node_result_error(res, 500, "holding the KV of transfer %s failed: %s", req->params.transfer_id,
                                   err.msg);
             ok = false;

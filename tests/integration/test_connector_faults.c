@@ -15,6 +15,7 @@
 #include <cmocka.h>
 #include <zmq.h>
 
+#include "pdlink/pull_hook.h"
 #include "test_connector_util.h"
 
 #define TOTAL 16
@@ -292,14 +293,17 @@ static void faults_handshake_mismatch(void **state)
 
 static void short_handshake(pdl_instance_config_t *c) { c->conn.handshake_timeout_s = 0.3; }
 
-/* A producer that is not there: the handshake times out, the pull fails, nothing hangs. */
+/* A producer that does not answer (its ports accept connections, nothing replies): the handshake
+ * times out, the pull fails, nothing hangs. A producer whose ports are closed fails at once with
+ * "Connection refused" (no handshake_timeout: the connect probe in peer.c). */
 static void faults_handshake_timeout(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, short_handshake);
     assert_non_null(c);
-    int port = tp_free_range(4);
+    int fds[2];
+    int port = tc_blackhole(2, fds);
     assert_true(port > 0);
     pdl_kv_params_t kp;
     pdl_kv_params_init(&kp);
@@ -321,10 +325,18 @@ static void faults_handshake_timeout(void **state)
     pdl_pull_free(pull);
     assert_int_equal(TC_SUM(c, handshake_failures), 2);
     assert_int_equal(TC_SUM(c, read_failures), 2);
+    for (int i = 0; i < 2; i++)
+        close(fds[i]);
+    /* Now closed: refused at once -- another engine id, so the first failure's backoff does not apply. */
+    snprintf(kp.remote_engine_id, sizeof(kp.remote_engine_id), "closed:%d", port);
+    assert_int_equal(pdl_instance_pull(c, &kp, NULL, lb, 1, &pull, &e), PDL_OK);
+    assert_int_equal(pdl_pull_wait(pull, 60000, &e), PDL_ERR_PEER_GONE);
+    assert_non_null(strstr(e.msg, "refused"));
+    pdl_pull_free(pull);
+    assert_int_equal(TC_SUM(c, handshake_failures), 4);
     kp.remote_block_ids = NULL;
     pdl_instance_destroy(c);
 }
-
 
 /* Peer address from the request id when the params lack it; neither → a clear error. */
 static void faults_peer_address_sources(void **state)
@@ -459,43 +471,54 @@ static void faults_discovery_ping(void **state)
     zmq_ctx_term(ctx);
 }
 
-static void hs_1500ms(pdl_instance_config_t *c) { c->conn.handshake_timeout_s = 1.5; }
+/* Holds a lane: waits until the test queued the next pull, then 1.1 s more, so that pull provably
+ * waited over 1 s in its lane's queue (the keepalive threshold). */
+typedef struct slow_hook {
+    atomic_int go;
+} slow_hook_t;
 
-/* A pull that waited more than 1 s in its rank's queue (behind a pull whose handshake times out after
- * 1.5 s) extends the producer's lease with a keepalive -- to a pdlink peer only -- then reads. */
+static void slow_rank(void *arg, int rank)
+{
+    (void)rank;
+    slow_hook_t *h = arg;
+    while (!atomic_load(&h->go))
+        tc_sleep_ms(1);
+    tc_sleep_ms(1100);
+}
+
+/* A pull that waited more than 1 s in its lane's queue (behind a pull whose hook holds the lane)
+ * extends the producer's lease with a keepalive -- to a pdlink peer only -- then reads. */
 static void faults_keepalive_from_queued_pull(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, hs_1500ms);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
     assert_non_null(p);
     assert_non_null(c);
-    uint32_t w[1], q[1], lw[1], lq[1], ld[1];
+    uint32_t w[1], q[1], lw[1], lq[1], ls[1];
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, w, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, q, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lw, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lq, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, 1, ld, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, 1, ls, NULL), PDL_OK);
     tc_fill(p, 8, false, q, 1, 31);
     assert_int_equal(pdl_instance_hold(p, "warm", w, 1, NULL), PDL_OK);
     assert_int_equal(pdl_instance_hold(p, "queued", q, 1, NULL), PDL_OK);
-    pdl_kv_params_t kw, kq, kd;
+    pdl_kv_params_t kw, kq;
     tc_params(p, "warm", w, 1, &kw);
     tc_params(p, "queued", q, 1, &kq);
-    tc_params(p, "dead", w, 1, &kd);
-    int dead = tp_free_range(1);
-    assert_true(dead > 0);
-    kd.remote_handshake_port = dead;
-    snprintf(kd.remote_engine_id, sizeof(kd.remote_engine_id), "nobody:%d", dead);
-    pdl_pull_t *pw, *pd, *pq;
+    pdl_pull_t *pw, *ps, *pq;
     pdl_error_t e;
     assert_int_equal(pdl_instance_pull(c, &kw, NULL, lw, 1, &pw, &e), PDL_OK); /* caches the pdlink peer */
     assert_int_equal(pdl_pull_wait(pw, 30000, &e), PDL_OK);
     assert_int_equal(TC_GET(c, 0, keepalives_sent), 0);
-    assert_int_equal(pdl_instance_pull(c, &kd, NULL, ld, 1, &pd, &e), PDL_OK);
+    /* "warm" again (its late releases are harmless), with a hook that holds the lane. */
+    slow_hook_t h = {0};
+    assert_int_equal(pdl_instance_pull_hooked(c, &kw, NULL, ls, 1, slow_rank, &h, NULL, &ps, &e), PDL_OK);
     assert_int_equal(pdl_instance_pull(c, &kq, NULL, lq, 1, &pq, &e), PDL_OK);
-    assert_int_equal(pdl_pull_wait(pd, 30000, &e), PDL_ERR_TIMEOUT);
+    atomic_store(&h.go, 1);
+    assert_int_equal(pdl_pull_wait(ps, 30000, &e), PDL_OK);
     assert_int_equal(pdl_pull_wait(pq, 30000, &e), PDL_OK);
     uint64_t checked = 0;
     assert_int_equal(tc_verify(c, 8, false, lq, 1, 31, &checked), 0);
@@ -503,11 +526,10 @@ static void faults_keepalive_from_queued_pull(void **state)
     WAIT_CTR(p, 0, keepalives_received, 1);
     assert_true(tc_wait_for(tc_no_held, p, 20000));
     pdl_pull_free(pw);
-    pdl_pull_free(pd);
+    pdl_pull_free(ps);
     pdl_pull_free(pq);
     pdl_kv_params_clear(&kw);
     pdl_kv_params_clear(&kq);
-    pdl_kv_params_clear(&kd);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }

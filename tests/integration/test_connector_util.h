@@ -13,12 +13,15 @@
 #ifndef PDL_TEST_CONNECTOR_UTIL_H
 #define PDL_TEST_CONNECTOR_UTIL_H
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +48,45 @@ static inline bool tc_wait_for(bool (*cond)(void *), void *arg, int ms)
         tc_sleep_ms(2);
     }
     return true;
+}
+
+static inline bool tc_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return false;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_ANY)};
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A "blackholed" peer: n consecutive ports that accept TCP connections into the kernel's backlog and
+ * never answer (nobody calls accept), like a host whose process hangs. Returns the first port and
+ * fills fds[n] (close them to end it); 0 when no free range was found. */
+static inline int tc_blackhole(int n, int *fds)
+{
+    for (int attempt = 0; attempt < 200; attempt++) {
+        int base = 20001 + (int)(rand() % 12000);
+        int i = 0;
+        for (; i < n; i++) {
+            fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i)),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof(a)) != 0 || listen(fds[i], 64) != 0) {
+                if (fds[i] >= 0)
+                    close(fds[i]);
+                break;
+            }
+        }
+        if (i == n)
+            return base;
+        while (i-- > 0)
+            close(fds[i]);
+    }
+    return 0;
 }
 
 static inline unsigned tc_rand(void)
