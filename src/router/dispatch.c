@@ -122,7 +122,7 @@ static bool hop_by_hop(const char *h)
 }
 
 /* Queue the decode's response: its status and headers, and its body pulled through stream_read. */
-static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *dleg, pdl_rt_route_t route,
+static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, pdl_rt_route_t route,
                         uint64_t start_ns)
 {
     rt_stream_t *s = calloc(1, sizeof(*s));
@@ -153,7 +153,7 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
     return pdl_http_reply_stream(c, status, size, &stream_read, s, &stream_free, headers, nh);
 }
 
-static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int fail(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                 pdl_rt_error_t kind, unsigned status, const char *msg, size_t len)
 {
     pdl_rt_metrics_error(rt->metrics, kind);
@@ -161,9 +161,9 @@ static int fail(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route
     return pdl_http_reply(c, status, NULL, msg, len, NULL);
 }
 
-static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...)
 {
     pdl_rt_metrics_error(rt->metrics, kind);
@@ -245,7 +245,7 @@ static const pdl_worker_t *pick(pdl_policy_t *pol, const pdl_worker_t *w, size_t
     return &w[idx < n ? idx : 0];
 }
 
-int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, const char *body,
+int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, const char *body,
                             size_t len, const char *const *trace_headers, size_t ntrace)
 {
     uint64_t start_ns = pdl_now_ns();
@@ -497,7 +497,7 @@ out:
     return ret;
 }
 
-int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const char *path)
+int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *path)
 {
     pdl_worker_t *w = NULL;
     size_t n = 0;

@@ -24,6 +24,9 @@ typedef struct stream_state {
     atomic_int *freed;
 } stream_state_t;
 
+#define SMALL_LIMITS                                                                                             \
+    {.idle_timeout_s = 60, .max_connections = 16, .threads = 1, .workers = 4, .body_budget = 1 << 20}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     (void)pos;
@@ -123,7 +126,7 @@ static void serves_bodies_headers_and_streams(void **state)
     (void)state;
     atomic_int freed = 0;
     const pdl_http_params_t p = {.host = "127.0.0.1", .port = 0, .what = "--host", .max_body = 16,
-                                 .connection_limit = 16, .handler = handler, .cls = &freed};
+                                 .limits = SMALL_LIMITS, .handler = handler, .cls = &freed};
     pdl_http_t *http = NULL;
     int port = 0;
     pdl_error_t err;
@@ -163,7 +166,7 @@ static void unresolvable_host_names_the_flag(void **state)
 {
     (void)state;
     const pdl_http_params_t p = {.host = "no-such-host.invalid", .port = 0, .what = "--prometheus-host",
-                                 .max_body = 16, .connection_limit = 16, .handler = handler};
+                                 .max_body = 16, .limits = SMALL_LIMITS, .handler = handler};
     pdl_http_t *http = NULL;
     int port = 0;
     pdl_error_t err;
