@@ -10,7 +10,13 @@
  *          and the decode's headers
  *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode)
  *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
- *   passed through, the body pulled by MHD's content reader as the client drains it.
+ *   passed through, the body pulled by the stream's reader as the client drains it.
+ *   READ, decode failed (transport error or non-2xx) ──▶ failed-status releases to every rank of the
+ *   prefill (release.c), so its blocks are not held until its 60 s reaper.
+ *
+ * validate() refuses, before any leg, what a decode would refuse although the prefill leg accepts it: the
+ * fields the router rewrites for the prefill (max_tokens, max_completion_tokens, min_tokens, stream,
+ * stream_options) are exactly the ones a prefill cannot check for the decode.
  *
  * The stream object owns the decode leg; MHD frees it when the response ends or the client goes
  * away, which removes the leg from curl and closes an unfinished backend connection (vLLM then
@@ -27,6 +33,7 @@
 
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
+#include "router/release.h"
 #include "router/router.h"
 
 #define RT_REQUEST_ID_MAX (4 * PDL_WIRE_HOST_MAX + 128)
@@ -187,6 +194,34 @@ static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf,
             snprintf(buf, cap, "field '%s' must be an integer", ints[i]);
             return buf;
         }
+    /* The prefill leg runs with max_tokens 1 whatever the client asked; a decode (vLLM's SamplingParams,
+     * pdlink-node) refuses fewer than 1 token, so a request asking for that would pin the prefill's KV. */
+    for (int i = 0; i < 2; i++)
+        if (json_is_integer(v = json_object_get(body, ints[i])) && json_integer_value(v) < 1) {
+            snprintf(buf, cap, "field '%s' must be at least 1, got %lld", ints[i],
+                     (long long)json_integer_value(v));
+            return buf;
+        }
+    const json_t *mt = json_object_get(body, "max_tokens"), *mn = json_object_get(body, "min_tokens");
+    if (json_is_integer(mn) && json_integer_value(mn) < 0)
+        return "field 'min_tokens' must be at least 0";
+    if (json_is_integer(mn) && json_is_integer(mt) && json_integer_value(mn) > json_integer_value(mt)) {
+        snprintf(buf, cap, "field 'min_tokens' (%lld) must not exceed 'max_tokens' (%lld)",
+                 (long long)json_integer_value(mn), (long long)json_integer_value(mt));
+        return buf;
+    }
+    if ((v = json_object_get(body, "n")) != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return "field 'n' must be 1 (one completion per prefill transfer)";
+    /* The prefill leg drops stream_options; vLLM's decode refuses them without stream true. */
+    if ((v = json_object_get(body, "stream_options")) != NULL && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return "field 'stream_options' must be an object";
+        const json_t *iu = json_object_get(v, "include_usage");
+        if (iu != NULL && !json_is_null(iu) && !json_is_boolean(iu))
+            return "field 'stream_options.include_usage' must be a boolean";
+        if (!json_is_true(json_object_get(body, "stream")))
+            return "field 'stream_options' is only allowed with 'stream': true";
+    }
     if ((v = json_object_get(body, "kv_transfer_params")) != NULL && !json_is_object(v) && !json_is_null(v))
         return "field 'kv_transfer_params' must be an object";
     if (route == PDL_ROUTE_CHAT) {
@@ -199,6 +234,8 @@ static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf,
             return "field 'prompt' is required";
         if (!json_is_string(v) && !json_is_array(v))
             return "field 'prompt' must be a string or an array";
+        if ((json_is_string(v) && json_string_length(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))
+            return "field 'prompt' must not be empty";
     }
     return NULL;
 }
@@ -439,8 +476,12 @@ int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t
         }
     }
 
-    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. */
-    if (dleg->done && dleg->result != CURLE_OK && dleg->status == 0) {
+    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. Either
+     * way, in READ mode the decode will not release what the prefill holds for it: the router does. */
+    bool dgone = dleg->done && dleg->result != CURLE_OK && dleg->status == 0;
+    if (mode == PDL_MODE_READ && (dgone || dleg->status < 200 || dleg->status >= 300))
+        pdl_rt_release_send(rt->rel, json_object_get(presp, "kv_transfer_params"), P->zmq_address, request_id);
+    if (dgone) {
         pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
         ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500,
                     "Request processing failed: Decode server error: %s: %s", D->http_address, pdl_leg_error(dleg));

@@ -21,7 +21,7 @@
 #include "router/registry.h"
 #include "router/upstream.h"
 
-struct MHD_Connection;
+typedef struct pdl_rt_release pdl_rt_release_t;
 typedef struct pdl_discovery pdl_discovery_t;
 
 typedef struct pdl_router {
@@ -32,6 +32,7 @@ typedef struct pdl_router {
     pdl_policy_t *prefill_policy, *decode_policy;
     pdl_upstream_t *up;
     pdl_discovery_t *disc;
+    pdl_rt_release_t *rel;        /* failed-status releases when a decode leg fails (release.h) */
     pdl_http_t *http, *prom;      /* the API listener and the --prometheus-port one (or NULL) */
     int http_port, prom_port, disc_port;
 } pdl_router_t;
