@@ -72,8 +72,8 @@ check_eq "decode refuses the over-long request (400 passed through)" "${r%% *}" 
 check_contains "the decode's error is passed through" "$r" "maximum context length"
 check_eq "the prefill served its leg" "$(metric $P_PORT pdlink_requests_total)" "$((before + 1))"
 wait_until "prefill blocks freed after the decode's 400 (no 60 s reaper wait)" 20 held_zero
-# The prefill may free the blocks before the router has written the line that counts its sends.
-wait_until "the router logged the releases" 20 grep -q "sent failed-status releases of transfer" "$TMP/router.log"
+failed_releases() { [[ $(metric $P_PORT pdlink_releases_failed_total) == "$1" ]]; }
+wait_until "both prefill ranks received a failed-status release (the router's)" 20 failed_releases 2
 
 # 4 (first): a normal request works and leaves nothing held
 body=$(jq -cn --arg p "$PROMPT" '{prompt:$p, max_tokens:8}')
@@ -87,6 +87,7 @@ wait "$D_PID" 2>/dev/null
 r=$(post $RPORT /v1/completions "$body")
 check_eq "a dead decode is a 500" "${r%% *}" 500
 wait_until "prefill blocks freed after the decode leg was refused" 20 held_zero
+check_eq "by the router's failed-status releases" "$(metric $P_PORT pdlink_releases_failed_total)" 4
 
 kill -TERM "$RPID"
 wait "$RPID"
