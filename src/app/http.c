@@ -1,116 +1,577 @@
 /*
  * http.c -- libmicrohttpd glue shared by pdlink-node and pdlink-router (see http.h).
  *
- * MHD calls the access handler several times per request: once with the headers (when *req_cls is still
- * NULL, we only allocate the body buffer), once per chunk of upload data, and once more with no data when
- * the body is complete, which is when the program's handler runs. The buffer grows by doubling up to
- * max_body; past it the chunks are dropped (still acknowledged, so MHD keeps reading and the client gets
- * the handler's answer rather than a reset).
+ * MHD runs `threads` polling threads (epoll) that own every socket. It calls the access handler several
+ * times per request: once with the headers (when *req_cls is still NULL: we allocate the request and
+ * charge a declared Content-Length to the body budget), once per chunk of upload data, and once more with
+ * no data when the body is complete. Then the request is suspended and queued for a worker; the worker
+ * runs the program's handler, whose reply is recorded on the request, and resumes the connection; MHD
+ * calls the access handler a last time, which queues the recorded response. Queueing from inside the
+ * access handler keeps to MHD's rule that responses are queued from its callbacks.
+ *
+ *   headers ─▶ READING ─(body complete: suspend, queue)─▶ RUNNING (worker: handler)
+ *           ─(resume)─▶ DONE (MHD thread: queue the response)
+ *
+ * A streamed body is a pump: the worker calls the program's reader into a one-chunk buffer; MHD's content
+ * reader copies it out, and when it is empty (the program's reader is blocked upstream) suspends the
+ * connection and returns 0, which MHD allows only for a suspended connection; the worker resumes it when
+ * the next chunk (or the end) is there. So a blocked stream holds a worker and no polling thread.
+ *
+ * Bodies grow by doubling up to max_body; past it, or past the listener's body budget, chunks are dropped
+ * (still acknowledged, so MHD keeps reading and the client gets the handler's answer rather than a
+ * reset). Idle connections are closed by MHD's own timeout (MHD_OPTION_CONNECTION_TIMEOUT, which
+ * suspended connections do not count against: a request waiting for its worker or a stream waiting for
+ * its upstream is not idle); connection counts by MHD's global and per-IP limits. When the process runs
+ * out of descriptors MHD itself stops polling the listening socket until a connection closes; its
+ * messages about that are logged as warnings at most once per PDL_HTTP_WARN_EVERY_MS.
  */
 #include "app/http.h"
 
 #include <netdb.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include <microhttpd.h>
 
 #include "app/buf.h"
+#include "app/parse.h"
 #include "pdlink/log.h"
 
 _Static_assert(PDL_HTTP_STREAM_END == MHD_CONTENT_READER_END_OF_STREAM, "reader codes are MHD's");
 _Static_assert(PDL_HTTP_STREAM_ERROR == MHD_CONTENT_READER_END_WITH_ERROR, "reader codes are MHD's");
 _Static_assert(PDL_HTTP_SIZE_UNKNOWN == MHD_SIZE_UNKNOWN, "unknown size is MHD's");
 
+/* One chunk of a streamed body: what MHD asks for at most per call (its buffer), so one copy per call. */
+#define PUMP_CHUNK 16384
+/* Resource-limit warnings from MHD come once per rejected or failed accept; one line per 10 s is enough. */
+#define PDL_HTTP_WARN_EVERY_MS 10000
+
+typedef struct http_pump http_pump_t;
+
 struct pdl_http {
     struct MHD_Daemon *daemon;
     pdl_http_handler_fn handler;
     void *cls;
     size_t max_body;
+    size_t body_budget;
+    size_t stack_size;
+    unsigned max_workers;
+    atomic_size_t body_held;
+    atomic_uint_fast64_t refused_body;
+    atomic_uint_fast64_t warn_last_ms, warn_dropped;
+
+    pthread_mutex_t mu;          /* guards everything below */
+    pthread_cond_t cv;           /* a request was queued, or stopping */
+    pdl_http_conn_t *head, *tail; /* requests waiting for a worker */
+    unsigned queued, nworkers, idle;
+    pthread_t *threads;          /* [max_workers], the first nworkers started */
+    http_pump_t *pumps;          /* streams whose reader is still running, to wake at stop */
+    bool stopping;
 };
 
-typedef struct http_body {
-    char *p;
-    size_t len, cap;
-    bool too_large;
-} http_body_t;
+typedef enum { CONN_READING, CONN_RUNNING, CONN_DONE } conn_state_t;
 
-/* Append a chunk; false only when memory runs out. */
-static bool body_append(http_body_t *b, const char *data, size_t n, size_t max)
+struct pdl_http_conn {
+    pdl_http_t *h;
+    struct MHD_Connection *mc;
+    const char *url, *method;
+    char *body;
+    size_t len, cap, charged; /* charged: bytes counted against h->body_budget */
+    bool too_large, over_budget;
+    conn_state_t state;
+    int ret;                  /* the handler's MHD_Result */
+    struct MHD_Response *resp;
+    unsigned status;
+    http_pump_t *pump;        /* set by pdl_http_reply_stream, run by the worker after the handler */
+    pdl_http_conn_t *next;
+};
+
+struct http_pump {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* the chunk was drained, or the client is gone, or stopping */
+    struct MHD_Connection *mc;
+    pdl_http_reader_fn reader;
+    void *cls;
+    void (*free_fn)(void *cls);
+    char buf[PUMP_CHUNK];
+    size_t len, off;
+    uint64_t pos;
+    bool eof, error, gone, stopping, suspended;
+    int refs;                 /* the worker and MHD's response */
+    http_pump_t *prev, *next; /* in h->pumps */
+};
+
+static uint64_t now_ms(void)
 {
-    if (b->too_large || n > max - b->len) {
-        b->too_large = true;
-        return true;
-    }
-    if (!pdl_buf_reserve(&b->p, &b->cap, b->len + n + 1, 4096))
-        return false;
-    memcpy(b->p + b->len, data, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---- the body budget ------------------------------------------------------------------------- */
+
+/* Count n more bytes against the budget; false (nothing counted) when it would go past it. */
+static bool budget_take(pdl_http_t *h, pdl_http_conn_t *c, size_t n)
+{
+    size_t held = atomic_load(&h->body_held);
+    do {
+        if (n > h->body_budget || held > h->body_budget - n)
+            return false;
+    } while (!atomic_compare_exchange_weak(&h->body_held, &held, held + n));
+    c->charged += n;
     return true;
 }
 
-static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+static void body_drop(pdl_http_conn_t *c)
+{
+    atomic_fetch_sub(&c->h->body_held, c->charged);
+    c->charged = 0;
+    free(c->body);
+    c->body = NULL;
+    c->len = c->cap = 0;
+}
+
+/* Append a chunk; false only when memory runs out. */
+static bool body_append(pdl_http_conn_t *c, const char *data, size_t n)
+{
+    pdl_http_t *h = c->h;
+    if (c->too_large || c->over_budget)
+        return true;
+    if (n > h->max_body - c->len) {
+        c->too_large = true;
+        atomic_fetch_add(&h->refused_body, 1);
+        body_drop(c);
+        return true;
+    }
+    size_t cap = c->cap;
+    char *p = c->body;
+    if (!pdl_buf_reserve(&p, &cap, c->len + n + 1, 4096))
+        return false;
+    c->body = p;
+    /* A declared length was charged up front; a chunked body is charged as its buffer grows. */
+    if (cap > c->charged && !budget_take(c->h, c, cap - c->charged)) {
+        c->cap = cap;
+        c->over_budget = true;
+        atomic_fetch_add(&h->refused_body, 1);
+        body_drop(c);
+        return true;
+    }
+    c->cap = cap;
+    memcpy(c->body + c->len, data, n);
+    c->len += n;
+    c->body[c->len] = '\0';
+    return true;
+}
+
+/* At the headers: refuse a declared length over max_body at once, and charge the rest to the budget so
+ * that eight clients announcing 60 MB each cannot all start buffering. */
+static void body_declare(pdl_http_conn_t *c)
+{
+    const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (cl == NULL)
+        return;
+    char *end = NULL;
+    unsigned long long v = strtoull(cl, &end, 10);
+    if (end == cl || *end != '\0' || v == 0)
+        return; /* MHD refuses a malformed length itself */
+    if (v > c->h->max_body) {
+        c->too_large = true;
+        atomic_fetch_add(&c->h->refused_body, 1);
+        return;
+    }
+    size_t want = (size_t)v + 1;
+    char *p = NULL;
+    size_t cap = 0;
+    if (!budget_take(c->h, c, want)) {
+        c->over_budget = true;
+        atomic_fetch_add(&c->h->refused_body, 1);
+        return;
+    }
+    if (pdl_buf_reserve(&p, &cap, want, want)) {
+        c->body = p;
+        c->cap = cap;
+    }
+}
+
+/* ---- streamed bodies ---------------------------------------------------------------------------- */
+
+static void pump_unref(http_pump_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    bool last = --p->refs == 0;
+    pthread_mutex_unlock(&p->mu);
+    if (last) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        free(p);
+    }
+}
+
+/* MHD's content reader, on a polling thread: never blocks. */
+static ssize_t pump_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    http_pump_t *p = cls;
+    pthread_mutex_lock(&p->mu);
+    ssize_t ret;
+    if (p->off < p->len) {
+        size_t n = p->len - p->off < max ? p->len - p->off : max;
+        memcpy(buf, p->buf + p->off, n);
+        p->off += n;
+        if (p->off == p->len) {
+            p->off = p->len = 0;
+            pthread_cond_signal(&p->cv);
+        }
+        ret = (ssize_t)n;
+    } else if (p->eof) {
+        ret = MHD_CONTENT_READER_END_OF_STREAM;
+    } else if (p->error) {
+        ret = MHD_CONTENT_READER_END_WITH_ERROR;
+    } else {
+        /* Nothing yet: park the connection until the worker has a chunk (it resumes under p->suspended). */
+        p->suspended = true;
+        MHD_suspend_connection(p->mc);
+        ret = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return ret;
+}
+
+/* MHD is done with the response: the stream ended or the client went away. */
+static void pump_gone(void *cls)
+{
+    http_pump_t *p = cls;
+    pthread_mutex_lock(&p->mu);
+    p->gone = true;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    pump_unref(p);
+}
+
+/* Hand a suspended connection back to MHD. Called without p->mu: MHD takes its own locks in resume. */
+static void pump_wake(http_pump_t *p, bool suspended)
+{
+    if (suspended)
+        MHD_resume_connection(p->mc);
+}
+
+/* The worker's half: feed the program's reader into the chunk until the end, an error, the client gone or
+ * the listener stopping; then free the program's state. */
+static void pump_run(pdl_http_t *h, http_pump_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (p->len > 0 && !p->gone && !p->stopping)
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->gone || p->stopping)
+            break;
+        pthread_mutex_unlock(&p->mu);
+        ssize_t n = p->reader(p->cls, p->pos, p->buf, sizeof(p->buf));
+        pthread_mutex_lock(&p->mu);
+        if (n >= 0) {
+            p->len = (size_t)n;
+            p->off = 0;
+            p->pos += (uint64_t)n;
+        } else if (n == MHD_CONTENT_READER_END_OF_STREAM) {
+            p->eof = true;
+        } else {
+            p->error = true;
+        }
+        if (n != 0 || p->eof || p->error) {
+            bool s = p->suspended && !p->gone;
+            p->suspended = false;
+            pthread_mutex_unlock(&p->mu);
+            pump_wake(p, s);
+            pthread_mutex_lock(&p->mu);
+        }
+        if (p->eof || p->error)
+            break;
+    }
+    /* Stopping mid-stream: MHD must not find the connection suspended at MHD_stop_daemon. */
+    bool s = false;
+    if (!p->eof && !p->gone) {
+        p->error = true;
+        s = p->suspended;
+        p->suspended = false;
+    }
+    pthread_mutex_unlock(&p->mu);
+    pump_wake(p, s);
+    p->free_fn(p->cls);
+
+    pthread_mutex_lock(&h->mu);
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        h->pumps = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    pthread_mutex_unlock(&h->mu);
+    pump_unref(p);
+}
+
+/* ---- workers ---------------------------------------------------------------------------------- */
+
+static void record(pdl_http_conn_t *c, unsigned status, struct MHD_Response *r)
+{
+    if (c->resp != NULL) /* a handler that answers twice: the first answer stands */
+        MHD_destroy_response(r);
+    else {
+        c->resp = r;
+        c->status = status;
+    }
+}
+
+static void run_request(pdl_http_t *h, pdl_http_conn_t *c, bool stopping)
+{
+    int ret;
+    if (stopping) {
+        ret = pdl_http_replyf(c, 503, "shutting down");
+    } else {
+        pdl_http_request_t req = {.conn = c,
+                                  .url = c->url,
+                                  .method = c->method,
+                                  .body = c->body ? c->body : "",
+                                  .len = c->len,
+                                  .too_large = c->too_large,
+                                  .over_budget = c->over_budget};
+        ret = h->handler(h->cls, &req);
+    }
+    http_pump_t *pump = c->pump;
+    c->ret = ret == MHD_YES ? MHD_YES : MHD_NO;
+    c->state = CONN_DONE;
+    /* From here MHD owns c again (it may free it before this returns): only the pump is ours. */
+    MHD_resume_connection(c->mc);
+    if (pump != NULL)
+        pump_run(h, pump);
+}
+
+static void *worker_main(void *arg)
+{
+    pdl_http_t *h = arg;
+    pthread_mutex_lock(&h->mu);
+    for (;;) {
+        while (h->head == NULL && !h->stopping) {
+            h->idle++;
+            pthread_cond_wait(&h->cv, &h->mu);
+            h->idle--;
+        }
+        pdl_http_conn_t *c = h->head;
+        if (c == NULL)
+            break;
+        h->head = c->next;
+        if (h->head == NULL)
+            h->tail = NULL;
+        h->queued--;
+        bool stopping = h->stopping;
+        pthread_mutex_unlock(&h->mu);
+        run_request(h, c, stopping);
+        pthread_mutex_lock(&h->mu);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+/* Queue a complete request for a worker, starting one when none is idle and the pool is not full.
+ * Suspends the connection (MHD thread, inside the access handler). False when no worker exists and none
+ * can be started: the caller answers itself. */
+static bool enqueue(pdl_http_t *h, pdl_http_conn_t *c)
+{
+    pthread_mutex_lock(&h->mu);
+    if (h->idle <= h->queued && h->nworkers < h->max_workers && !h->stopping) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        if (h->stack_size != 0)
+            pthread_attr_setstacksize(&attr, h->stack_size);
+        if (pthread_create(&h->threads[h->nworkers], &attr, worker_main, h) == 0)
+            h->nworkers++;
+        else
+            pdl_warn("http: cannot start a worker thread (%u running): requests wait for a running one",
+                     h->nworkers);
+        pthread_attr_destroy(&attr);
+    }
+    if (h->nworkers == 0 || h->stopping) {
+        pthread_mutex_unlock(&h->mu);
+        return false;
+    }
+    c->state = CONN_RUNNING;
+    MHD_suspend_connection(c->mc);
+    c->next = NULL;
+    if (h->tail)
+        h->tail->next = c;
+    else
+        h->head = c;
+    h->tail = c;
+    h->queued++;
+    pthread_cond_signal(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return true;
+}
+
+/* ---- MHD callbacks ------------------------------------------------------------------------------ */
+
+static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **req_cls)
 {
     (void)version;
     pdl_http_t *h = cls;
-    http_body_t *b = *req_cls;
-    if (b == NULL) {
-        b = calloc(1, sizeof(*b));
-        if (b == NULL)
+    pdl_http_conn_t *c = *req_cls;
+    if (c == NULL) {
+        c = calloc(1, sizeof(*c));
+        if (c == NULL)
             return MHD_NO;
-        *req_cls = b;
+        c->h = h;
+        c->mc = mc;
+        c->url = url;
+        c->method = method;
+        *req_cls = c;
+        body_declare(c);
         return MHD_YES;
+    }
+    if (c->state == CONN_DONE) {
+        if (c->resp == NULL)
+            return MHD_NO; /* the handler answered nothing: close rather than hang */
+        enum MHD_Result r = MHD_queue_response(mc, c->status, c->resp);
+        MHD_destroy_response(c->resp);
+        c->resp = NULL;
+        return r == MHD_YES && c->ret == MHD_YES ? MHD_YES : MHD_NO;
     }
     if (*upload_size != 0) {
         size_t n = *upload_size;
         *upload_size = 0;
-        return body_append(b, upload, n, h->max_body) ? MHD_YES : MHD_NO;
+        return body_append(c, upload, n) ? MHD_YES : MHD_NO;
     }
-    pdl_http_request_t req = {
-        .conn = c, .url = url, .method = method, .body = b->p ? b->p : "", .len = b->len, .too_large = b->too_large};
-    return h->handler(h->cls, &req) == MHD_YES ? MHD_YES : MHD_NO;
+    if (c->state == CONN_READING && enqueue(h, c))
+        return MHD_YES;
+    struct MHD_Response *r = MHD_create_response_from_buffer(13, (void *)"shutting down", MHD_RESPMEM_PERSISTENT);
+    if (r == NULL)
+        return MHD_NO;
+    enum MHD_Result ret = MHD_queue_response(mc, 503, r);
+    MHD_destroy_response(r);
+    return ret;
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **req_cls, enum MHD_RequestTerminationCode toe)
+static void on_completed(void *cls, struct MHD_Connection *mc, void **req_cls, enum MHD_RequestTerminationCode toe)
 {
     (void)cls;
-    (void)c;
+    (void)mc;
     (void)toe;
-    http_body_t *b = *req_cls;
-    if (b != NULL) {
-        free(b->p);
-        free(b);
+    pdl_http_conn_t *c = *req_cls;
+    if (c != NULL) {
+        body_drop(c);
+        if (c->resp != NULL)
+            MHD_destroy_response(c->resp);
+        free(c);
         *req_cls = NULL;
     }
 }
 
-/* MHD's own complaints (a client that sent garbage, a thread that could not start) at debug level: they
- * are about one connection, and the program reports what matters through its answers. */
+/* MHD's complaints about one connection (garbage from a client) at debug level: the program reports what
+ * matters through its answers. Running out of connections or descriptors is the operator's business: a
+ * warning, at most once per PDL_HTTP_WARN_EVERY_MS with the count of lines held back. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
-    if (!pdl_log_enabled(PDL_LOG_DEBUG))
-        return;
+    pdl_http_t *h = cls;
     char buf[512];
     vsnprintf(buf, sizeof(buf), fmt, ap);
     size_t l = strlen(buf);
     while (l > 0 && buf[l - 1] == '\n')
         buf[--l] = '\0';
-    pdl_debug("http: %s", buf);
+    bool limit = strstr(buf, "limit") != NULL || strstr(buf, "Too many") != NULL ||
+                 strstr(buf, "accept") != NULL;
+    if (!limit) {
+        if (pdl_log_enabled(PDL_LOG_DEBUG))
+            pdl_debug("http: %s", buf);
+        return;
+    }
+    uint64_t now = now_ms(), last = atomic_load(&h->warn_last_ms);
+    if (last != 0 && now - last < PDL_HTTP_WARN_EVERY_MS) {
+        atomic_fetch_add(&h->warn_dropped, 1);
+        return;
+    }
+    if (!atomic_compare_exchange_strong(&h->warn_last_ms, &last, now)) {
+        atomic_fetch_add(&h->warn_dropped, 1);
+        return;
+    }
+    uint64_t dropped = atomic_exchange(&h->warn_dropped, 0);
+    pdl_warn("http: %s (%llu more such lines in the last %d s)", buf, (unsigned long long)dropped,
+             PDL_HTTP_WARN_EVERY_MS / 1000);
 }
+
+/* ---- flags ------------------------------------------------------------------------------------- */
+
+bool pdl_http_is_opt(int opt)
+{
+    return opt >= PDL_HTTP_OPT_BASE && opt < PDL_HTTP_OPT_END;
+}
+
+pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *flag, const char *value,
+                                  pdl_error_t *err)
+{
+    int v = 0;
+    pdl_status_t st;
+    switch (opt) {
+    case PDL_HTTP_OPT_IDLE_TIMEOUT:
+        if ((st = pdl_parse_int(flag, value, 0, 86400, &v, err)) == PDL_OK)
+            l->idle_timeout_s = (unsigned)v;
+        return st;
+    case PDL_HTTP_OPT_MAX_CONNECTIONS:
+        if ((st = pdl_parse_int(flag, value, 1, 1 << 20, &v, err)) == PDL_OK)
+            l->max_connections = (unsigned)v;
+        return st;
+    case PDL_HTTP_OPT_MAX_PER_CLIENT:
+        if ((st = pdl_parse_int(flag, value, 0, 1 << 20, &v, err)) == PDL_OK)
+            l->max_per_client = (unsigned)v;
+        return st;
+    case PDL_HTTP_OPT_THREADS:
+        if ((st = pdl_parse_int(flag, value, 1, 256, &v, err)) == PDL_OK)
+            l->threads = (unsigned)v;
+        return st;
+    case PDL_HTTP_OPT_WORKERS:
+        if ((st = pdl_parse_int(flag, value, 1, 1 << 16, &v, err)) == PDL_OK)
+            l->workers = (unsigned)v;
+        return st;
+    }
+    return pdl_error_set(err, PDL_ERR_INVALID, "%s: not an HTTP flag", flag);
+}
+
+/* ---- the listener ------------------------------------------------------------------------------- */
 
 const char *pdl_http_header(const pdl_http_request_t *req, const char *name)
 {
-    return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+    return MHD_lookup_connection_value(req->conn->mc, MHD_HEADER_KIND, name);
+}
+
+/* The connection limit that leaves a quarter of the descriptors (at least 64) to the rest of the process:
+ * ZeroMQ sockets, upstream connections, the KV engine. Past it MHD stops accepting by itself, which is
+ * the cheap way to meet EMFILE (it then pauses its listener until a connection closes). */
+static unsigned fd_bounded(unsigned want, const char *what)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return want;
+    rlim_t reserve = rl.rlim_cur / 4 > 64 ? rl.rlim_cur / 4 : 64;
+    rlim_t room = rl.rlim_cur > reserve + 16 ? rl.rlim_cur - reserve : 16;
+    if ((rlim_t)want <= room)
+        return want;
+    pdl_warn("%s: --http-max-connections %u lowered to %u: the descriptor limit (ulimit -n) is %llu", what, want,
+             (unsigned)room, (unsigned long long)rl.rlim_cur);
+    return (unsigned)room;
 }
 
 pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int *bound_port_p, pdl_error_t *err)
 {
+    const pdl_http_limits_t *l = &p->limits;
+    if (l->max_connections == 0 || l->threads == 0 || l->workers == 0 || l->body_budget == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "%s: HTTP limits must be > 0 (connections %u, threads %u, workers %u, body budget %zu)",
+                             p->what, l->max_connections, l->threads, l->workers, l->body_budget);
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof(hints));
     hints.ai_family = AF_UNSPEC;
@@ -123,32 +584,55 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': cannot resolve: %s", p->what, p->host,
                              gai_strerror(gai));
     pdl_http_t *h = calloc(1, sizeof(*h));
-    if (h == NULL) {
+    pthread_t *threads = calloc(l->workers, sizeof(*threads));
+    if (h == NULL || threads == NULL) {
+        free(h);
+        free(threads);
         freeaddrinfo(ai);
         return pdl_error_set(err, PDL_ERR_NOMEM, "http: out of memory");
     }
     h->handler = p->handler;
     h->cls = p->cls;
     h->max_body = p->max_body;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG;
+    h->body_budget = l->body_budget;
+    h->stack_size = p->thread_stack_size;
+    h->max_workers = l->workers;
+    h->threads = threads;
+    atomic_init(&h->body_held, 0);
+    atomic_init(&h->refused_body, 0);
+    atomic_init(&h->warn_last_ms, 0);
+    atomic_init(&h->warn_dropped, 0);
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->cv, NULL);
+
+    unsigned max_conn = fd_bounded(l->max_connections, p->what);
+    unsigned per_client = l->max_per_client != 0 ? l->max_per_client : max_conn - max_conn / 4;
+    if (per_client > max_conn)
+        per_client = max_conn;
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* No idle timeout: a client waiting for a long completion sends nothing for minutes. */
     h->daemon = MHD_start_daemon(
-        flags, (uint16_t)p->port, NULL, NULL, &on_access, h, MHD_OPTION_EXTERNAL_LOGGER, &on_mhd_log, NULL,
+        flags, (uint16_t)p->port, NULL, NULL, &on_access, h, MHD_OPTION_EXTERNAL_LOGGER, &on_mhd_log, h,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, NULL,
-        MHD_OPTION_CONNECTION_LIMIT, p->connection_limit, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0,
-        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_THREAD_STACK_SIZE, p->thread_stack_size,
-        MHD_OPTION_END);
+        MHD_OPTION_THREAD_POOL_SIZE, l->threads, MHD_OPTION_CONNECTION_LIMIT, max_conn,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT, l->idle_timeout_s,
+        MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (h->daemon == NULL) {
+        pthread_cond_destroy(&h->cv);
+        pthread_mutex_destroy(&h->mu);
+        free(h->threads);
         free(h);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "cannot listen for HTTP on %s:%d (address in use or not local?)",
                              p->host, p->port);
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     *bound_port_p = info ? (int)info->port : p->port;
+    pdl_debug("http %s:%d: %u polling threads, up to %u workers, %u connections (%u per client), idle timeout "
+              "%u s, body budget %zu bytes",
+              p->host, *bound_port_p, l->threads, l->workers, max_conn, per_client, l->idle_timeout_s,
+              l->body_budget);
     *http_p = h;
     return PDL_OK;
 }
@@ -157,9 +641,46 @@ void pdl_http_stop(pdl_http_t *http)
 {
     if (http == NULL)
         return;
-    MHD_stop_daemon(http->daemon);
-    free(http);
+    pdl_http_t *h = http;
+    pthread_mutex_lock(&h->mu);
+    h->stopping = true;
+    pthread_cond_broadcast(&h->cv);
+    for (http_pump_t *p = h->pumps; p != NULL; p = p->next) {
+        pthread_mutex_lock(&p->mu);
+        p->stopping = true;
+        pthread_cond_signal(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    unsigned n = h->nworkers;
+    pthread_mutex_unlock(&h->mu);
+    /* Workers answer what is queued with 503, finish their handler and stream, and resume every connection
+     * they suspended: MHD_stop_daemon must find none suspended. */
+    for (unsigned i = 0; i < n; i++)
+        pthread_join(h->threads[i], NULL);
+    MHD_stop_daemon(h->daemon);
+    pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->mu);
+    free(h->threads);
+    free(h);
 }
+
+void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (http == NULL)
+        return;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    out->connections = info ? info->num_connections : 0;
+    pthread_mutex_lock(&http->mu);
+    out->workers = http->nworkers;
+    out->busy = http->nworkers - http->idle;
+    out->queued = http->queued;
+    pthread_mutex_unlock(&http->mu);
+    out->body_bytes = atomic_load(&http->body_held);
+    out->refused_body = atomic_load(&http->refused_body);
+}
+
+/* ---- replies ------------------------------------------------------------------------------------- */
 
 /* Adds "Name: value" lines to r; a line without a name, or a name of 128 bytes or more, is skipped. */
 static void add_header_lines(struct MHD_Response *r, const char *const *headers, size_t nheaders)
@@ -179,8 +700,8 @@ static void add_header_lines(struct MHD_Response *r, const char *const *headers,
     }
 }
 
-int pdl_http_reply_headers(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body,
-                           size_t len, const char *const *headers, size_t nheaders)
+int pdl_http_reply_headers(pdl_http_conn_t *c, unsigned status, const char *content_type, const char *body, size_t len,
+                           const char *const *headers, size_t nheaders)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (r == NULL)
@@ -188,12 +709,11 @@ int pdl_http_reply_headers(struct MHD_Connection *c, unsigned status, const char
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                             content_type ? content_type : "text/plain; charset=utf-8");
     add_header_lines(r, headers, nheaders);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    record(c, status, r);
+    return MHD_YES;
 }
 
-int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body, size_t len,
+int pdl_http_reply(pdl_http_conn_t *c, unsigned status, const char *content_type, const char *body, size_t len,
                    const char *request_id)
 {
     if (request_id == NULL || request_id[0] == '\0')
@@ -211,7 +731,7 @@ int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *conten
     return ret;
 }
 
-int pdl_http_vreplyf(struct MHD_Connection *c, unsigned status, const char *fmt, va_list ap)
+int pdl_http_vreplyf(pdl_http_conn_t *c, unsigned status, const char *fmt, va_list ap)
 {
     char buf[2048];
     int n = vsnprintf(buf, sizeof(buf), fmt, ap);
@@ -219,7 +739,7 @@ int pdl_http_vreplyf(struct MHD_Connection *c, unsigned status, const char *fmt,
     return pdl_http_reply(c, status, NULL, buf, len, NULL);
 }
 
-int pdl_http_replyf(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
+int pdl_http_replyf(pdl_http_conn_t *c, unsigned status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -228,7 +748,7 @@ int pdl_http_replyf(struct MHD_Connection *c, unsigned status, const char *fmt, 
     return ret;
 }
 
-int pdl_http_reply_json(struct MHD_Connection *c, unsigned status, json_t *obj, const char *request_id)
+int pdl_http_reply_json(pdl_http_conn_t *c, unsigned status, json_t *obj, const char *request_id)
 {
     char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
@@ -239,16 +759,39 @@ int pdl_http_reply_json(struct MHD_Connection *c, unsigned status, json_t *obj, 
     return ret;
 }
 
-int pdl_http_reply_stream(struct MHD_Connection *c, unsigned status, uint64_t size, pdl_http_reader_fn reader,
-                          void *cls, void (*free_fn)(void *cls), const char *const *headers, size_t nheaders)
+int pdl_http_reply_stream(pdl_http_conn_t *c, unsigned status, uint64_t size, pdl_http_reader_fn reader, void *cls,
+                          void (*free_fn)(void *cls), const char *const *headers, size_t nheaders)
 {
-    struct MHD_Response *r = MHD_create_response_from_callback(size, 16384, reader, cls, free_fn);
+    http_pump_t *p = c->pump == NULL && c->resp == NULL ? calloc(1, sizeof(*p)) : NULL;
+    if (p == NULL) {
+        free_fn(cls);
+        return MHD_NO;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->mc = c->mc;
+    p->reader = reader;
+    p->cls = cls;
+    p->free_fn = free_fn;
+    p->refs = 2;
+    struct MHD_Response *r = MHD_create_response_from_callback(size, PUMP_CHUNK, pump_read, p, pump_gone);
     if (r == NULL) {
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        free(p);
         free_fn(cls);
         return MHD_NO;
     }
     add_header_lines(r, headers, nheaders);
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    pdl_http_t *h = c->h;
+    pthread_mutex_lock(&h->mu);
+    p->stopping = h->stopping;
+    p->next = h->pumps;
+    if (h->pumps)
+        h->pumps->prev = p;
+    h->pumps = p;
+    pthread_mutex_unlock(&h->mu);
+    record(c, status, r);
+    c->pump = p;
+    return MHD_YES;
 }

@@ -2,17 +2,24 @@
  * http.h -- the libmicrohttpd glue of pdlink-node and pdlink-router: a listener, whole request bodies,
  * and the ways to answer (a copied buffer, formatted text, JSON, or a body pulled through a callback).
  *
- * Threading: MHD runs one thread per connection, so a handler may block (the node waits for a KV pull,
- * the router for the prefill leg) without holding up other requests. A handler is called once per
- * request, after the whole body has arrived; a body larger than max_body is not kept, and the handler
- * sees too_large instead (answering 413 is its choice, so each program keeps its own error shape).
+ * Threading: a few MHD polling threads (epoll) own every connection, so an idle or slow client costs a
+ * socket and no thread. A request whose body is complete is suspended and handed to a worker from a pool
+ * of at most `workers` threads, started as needed; the handler runs there and may block (the node waits
+ * for a KV pull, the router for the prefill leg). A streamed body's reader also runs on that worker,
+ * which fills a buffer the polling thread drains, so a reader may block too (the router's reads the
+ * decode's body). When every worker is busy, requests wait (suspended, not timed out) for one to free.
  *
- * Every reply function queues one response and returns an MHD_Result (MHD_NO closes the connection);
- * bodies are copied, so the caller keeps ownership of what it passes.
+ * A handler is called once per request, after the whole body has arrived; a body larger than max_body or
+ * one that would take the bodies held at once past body_budget is not kept, and the handler sees
+ * too_large or over_budget instead (413 or 503 is its choice, so each program keeps its error shape).
+ *
+ * Every reply function records one response, which is queued when the handler returns, and returns an
+ * MHD_Result (MHD_NO closes the connection); bodies are copied, so the caller keeps what it passes.
  */
 #ifndef PDL_APP_HTTP_H
 #define PDL_APP_HTTP_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -22,71 +29,125 @@
 
 #include "pdlink/status.h"
 
-struct MHD_Connection;
 typedef struct pdl_http pdl_http_t;
+/* One request being answered; valid until the handler returns (or, for a stream, its free_fn runs). */
+typedef struct pdl_http_conn pdl_http_conn_t;
 
 typedef struct pdl_http_request {
-    struct MHD_Connection *conn;
+    pdl_http_conn_t *conn;
     const char *url;
     const char *method;
     const char *body; /* NUL-terminated ("" when none); valid until the handler returns */
     size_t len;
     bool too_large;   /* the body exceeded max_body and was dropped */
+    bool over_budget; /* the body would have taken the bodies held at once past body_budget; dropped */
 } pdl_http_request_t;
 
 /* A request header's value (case-insensitive name), or NULL; valid until the handler returns. */
 const char *pdl_http_header(const pdl_http_request_t *req, const char *name);
 
-/* Answer one request; returns an MHD_Result. */
+/* Answer one request; returns an MHD_Result. Runs on a worker thread, one call per request. */
 typedef int (*pdl_http_handler_fn)(void *cls, const pdl_http_request_t *req);
+
+/*
+ * What one listener may hold. Every program sets its own defaults and lets the operator change them
+ * with the PDL_HTTP_LONGOPTS flags (docs/node.md, docs/router.md).
+ */
+typedef struct pdl_http_limits {
+    unsigned idle_timeout_s;  /* --http-idle-timeout: close a connection silent this long (0 = never) */
+    unsigned max_connections; /* --http-max-connections: all clients together */
+    unsigned max_per_client;  /* --http-max-connections-per-client: one IP address (0 = 3/4 of the above) */
+    unsigned threads;         /* --http-threads: MHD polling threads */
+    unsigned workers;         /* --http-workers: at most this many requests run (block) at once */
+    size_t body_budget;       /* bytes of request bodies held at once by the whole listener */
+} pdl_http_limits_t;
+
+/* Flag values of the shared HTTP flags; a program's own flag values stay below PDL_HTTP_OPT_BASE. */
+enum {
+    PDL_HTTP_OPT_BASE = 0x4800,
+    PDL_HTTP_OPT_IDLE_TIMEOUT = PDL_HTTP_OPT_BASE,
+    PDL_HTTP_OPT_MAX_CONNECTIONS,
+    PDL_HTTP_OPT_MAX_PER_CLIENT,
+    PDL_HTTP_OPT_THREADS,
+    PDL_HTTP_OPT_WORKERS,
+    PDL_HTTP_OPT_END
+};
+/* getopt entries of the shared flags, for a program's longopts table. */
+#define PDL_HTTP_LONGOPTS                                                                                        \
+    {"http-idle-timeout", required_argument, NULL, PDL_HTTP_OPT_IDLE_TIMEOUT},                                   \
+        {"http-max-connections", required_argument, NULL, PDL_HTTP_OPT_MAX_CONNECTIONS},                         \
+        {"http-max-connections-per-client", required_argument, NULL, PDL_HTTP_OPT_MAX_PER_CLIENT},               \
+        {"http-threads", required_argument, NULL, PDL_HTTP_OPT_THREADS},                                         \
+        {"http-workers", required_argument, NULL, PDL_HTTP_OPT_WORKERS}
+
+/* True when opt is one of PDL_HTTP_LONGOPTS. */
+bool pdl_http_is_opt(int opt);
+/* Apply one shared flag (opt from PDL_HTTP_LONGOPTS, flag as typed, its value) to *l. Returns PDL_OK or
+ * PDL_ERR_INVALID with err naming the flag and the value. */
+pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *flag, const char *value,
+                                  pdl_error_t *err);
 
 typedef struct pdl_http_params {
     const char *host;           /* bind address, resolved with getaddrinfo (IPv4 or IPv6) */
     int port;                   /* 0 = any free port, read back through *bound_port_p */
     const char *what;           /* names the listener in errors: "--host", "--prometheus-host" */
     size_t max_body;            /* bytes kept per request body */
-    unsigned connection_limit;
-    size_t thread_stack_size;   /* 0 = the system default */
+    pdl_http_limits_t limits;
+    size_t thread_stack_size;   /* of the workers; 0 = the system default */
     pdl_http_handler_fn handler;
     void *cls;                  /* passed to handler; must outlive pdl_http_stop */
 } pdl_http_params_t;
 
 /*
  * Listen and serve. Returns PDL_OK with *http_p and *bound_port_p set, PDL_ERR_INVALID when the host does
- * not resolve, PDL_ERR_NOMEM, or PDL_ERR_SYSTEM when MHD cannot listen (port in use, address not local);
- * err names the address.
+ * not resolve or a limit is 0 where it may not be, PDL_ERR_NOMEM, or PDL_ERR_SYSTEM when MHD cannot
+ * listen (port in use, address not local); err names the address. max_connections is lowered (with a
+ * warning) to leave a quarter of RLIMIT_NOFILE to the rest of the process, so MHD stops accepting at
+ * its limit instead of running into EMFILE.
  */
 pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int *bound_port_p, pdl_error_t *err);
-/* Stop listening, wait for the connection threads, free. Accepts NULL. */
+/* Stop: queued requests get 503, running handlers and streams are waited for (a blocking reader must
+ * return once its program is stopping), then MHD stops and everything is freed. Accepts NULL. */
 void pdl_http_stop(pdl_http_t *http);
 
+/* What a listener holds now, for /metrics. */
+typedef struct pdl_http_stats {
+    unsigned connections;  /* open client connections */
+    unsigned workers;      /* worker threads started */
+    unsigned busy;         /* workers running a handler or a stream */
+    unsigned queued;       /* complete requests waiting for a worker */
+    size_t body_bytes;     /* request body bytes held (counted against body_budget) */
+    uint64_t refused_body; /* bodies refused: over max_body or over body_budget */
+} pdl_http_stats_t;
+void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out);
+
 /* body[0, len) with a Content-Type (NULL: text/plain; charset=utf-8) and the "Name: value" header lines. */
-int pdl_http_reply_headers(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body,
-                           size_t len, const char *const *headers, size_t nheaders);
+int pdl_http_reply_headers(pdl_http_conn_t *c, unsigned status, const char *content_type, const char *body, size_t len,
+                           const char *const *headers, size_t nheaders);
 /* pdl_http_reply_headers with, unless request_id is NULL or "", an X-Request-Id header. */
-int pdl_http_reply(struct MHD_Connection *c, unsigned status, const char *content_type, const char *body, size_t len,
+int pdl_http_reply(pdl_http_conn_t *c, unsigned status, const char *content_type, const char *body, size_t len,
                    const char *request_id);
 /* text/plain from a format; cut at 2 KiB. */
-int pdl_http_replyf(struct MHD_Connection *c, unsigned status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int pdl_http_vreplyf(struct MHD_Connection *c, unsigned status, const char *fmt, va_list ap)
+int pdl_http_replyf(pdl_http_conn_t *c, unsigned status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int pdl_http_vreplyf(pdl_http_conn_t *c, unsigned status, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 /* application/json of obj, whose reference this takes (NULL means out of memory: a 500). */
-int pdl_http_reply_json(struct MHD_Connection *c, unsigned status, json_t *obj, const char *request_id);
+int pdl_http_reply_json(pdl_http_conn_t *c, unsigned status, json_t *obj, const char *request_id);
 
 /* Produces the next bytes of a streamed body at pos into buf[0, max): returns the count, or
- * PDL_HTTP_STREAM_END at the end, or PDL_HTTP_STREAM_ERROR to cut the connection. */
+ * PDL_HTTP_STREAM_END at the end, or PDL_HTTP_STREAM_ERROR to cut the connection. May block. */
 typedef ssize_t (*pdl_http_reader_fn)(void *cls, uint64_t pos, char *buf, size_t max);
 #define PDL_HTTP_STREAM_END ((ssize_t)-1)
 #define PDL_HTTP_STREAM_ERROR ((ssize_t)-2)
 #define PDL_HTTP_SIZE_UNKNOWN UINT64_MAX
 
 /*
- * A body pulled through reader as the client drains it (SSE, or a relayed upstream body). size is the
- * Content-Length or PDL_HTTP_SIZE_UNKNOWN (chunked). headers are "Name: value" lines. free_fn(cls) runs
- * exactly once: when the response ends or the client goes away, or before this returns MHD_NO.
+ * A body pulled through reader (on the handler's worker, after the handler returns) as the client drains
+ * it (SSE, or a relayed upstream body). size is the Content-Length or PDL_HTTP_SIZE_UNKNOWN (chunked).
+ * headers are "Name: value" lines. free_fn(cls) runs exactly once, on the worker: after the reader's last
+ * call (the end, an error, the client gone, or the listener stopping), or before this returns MHD_NO.
  */
-int pdl_http_reply_stream(struct MHD_Connection *c, unsigned status, uint64_t size, pdl_http_reader_fn reader,
-                          void *cls, void (*free_fn)(void *cls), const char *const *headers, size_t nheaders);
+int pdl_http_reply_stream(pdl_http_conn_t *c, unsigned status, uint64_t size, pdl_http_reader_fn reader, void *cls,
+                          void (*free_fn)(void *cls), const char *const *headers, size_t nheaders);
 
 #endif /* PDL_APP_HTTP_H */

@@ -35,6 +35,11 @@ void pdl_node_args_defaults(pdl_node_args_t *a)
         .kv_layout = PDL_KV_HND,
         .kv_wait_ms = 30000,
         .max_tokens_default = 16,
+        /* A node's clients are routers and proxies holding pooled keep-alive connections. 60 s idle is
+         * longer than any pool keeps one; 1024 workers cover the concurrency a router sends (each waiting
+         * KV pull is a worker); 256 MiB of bodies is 16 bodies at the 16 MiB a request may have. */
+        .http = {.idle_timeout_s = 60, .max_connections = 4096, .threads = 2, .workers = 1024,
+                 .body_budget = 256u << 20},
     };
 }
 
@@ -64,6 +69,12 @@ const char *pdl_node_args_usage(void)
            "  --kv-layout hnd|nhd            KV order inside a block (pdlink; default hnd)\n"
            "  --kv-interleaved               K and V interleaved per block instead of [2][blocks] (pdlink)\n"
            "  --kv-wait-timeout SECONDS      wait this long for free KV blocks before a 503 (pdlink; default 30)\n"
+           "  --http-idle-timeout SECONDS    close an HTTP connection silent this long (pdlink; default 60, 0 = never)\n"
+           "  --http-max-connections N       open HTTP connections at most (pdlink; default 4096, lowered to 3/4 of\n"
+           "                                 ulimit -n)\n"
+           "  --http-max-connections-per-client N  from one IP address (pdlink; default 3/4 of the above)\n"
+           "  --http-threads N               HTTP polling threads (pdlink; default 2)\n"
+           "  --http-workers N               requests handled at once; more wait (pdlink; default 1024)\n"
            "  --log-level error|warn|info|debug|trace\n"
            "  --help, --version\n"
            "Accepted and ignored: --trust-remote-code --language-model-only --no-enable-prefix-caching\n"
@@ -159,6 +170,7 @@ static const struct option node_options[] = {
     {"uvicorn-log-level", required_argument, NULL, OPT_IGNORED_VALUE},
     {"swap-space", required_argument, NULL, OPT_IGNORED_VALUE},
     {"compilation-config", required_argument, NULL, OPT_IGNORED_VALUE},
+    PDL_HTTP_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
 
@@ -184,6 +196,8 @@ static pdl_status_t take_positional(parse_ctx_t *p, const char *arg, pdl_error_t
 /* One flag with its value (NULL for a switch); `flag` is the name as typed, for messages. */
 static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, const char *value, pdl_error_t *err)
 {
+    if (pdl_http_is_opt(opt))
+        return pdl_http_limits_take(&a->http, opt, flag, value, err);
     switch (opt) {
     case OPT_HELP: a->help = true; return PDL_OK;
     case OPT_VERSION: a->version = true; return PDL_OK;

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "app/http.h"
 #include "pdlink/layout.h"
 #include "pdlink/status.h"
 
@@ -35,6 +36,7 @@ typedef struct pdl_node_args {
     bool kv_interleaved;            /* pdlink extension --kv-interleaved: [blocks][2] instead of [2][blocks] */
     int kv_wait_ms;                 /* pdlink extension --kv-wait-timeout SECONDS: wait for free blocks */
     int max_tokens_default;         /* default max_tokens when a request has none (vLLM: 16) */
+    pdl_http_limits_t http;         /* pdlink extension --http-*: the HTTP listener's limits */
     bool help;
     bool version;
 } pdl_node_args_t;

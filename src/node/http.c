@@ -2,9 +2,9 @@
  * http.c -- pdlink-node's OpenAI-compatible HTTP API on libmicrohttpd.
  *
  * Routes: POST /v1/completions, POST /v1/chat/completions (JSON or SSE), GET /v1/models, GET /health,
- * GET /metrics, GET /version. MHD runs one thread per connection, so a request that waits for a KV pull
- * blocks only its own connection; hundreds of concurrent streams through a router are hundreds of
- * threads, which is fine at this scale and keeps the request code straight-line.
+ * GET /metrics, GET /version. app/http.c runs each complete request on one of its workers, so a request
+ * that waits for a KV pull blocks only its own worker and the request code stays straight-line; idle
+ * connections cost no thread.
  *
  * Response shapes follow vLLM's OpenAI server: `id` "cmpl-<request id>" ("chatcmpl-" for chat), `object`,
  * `created`, `model`, `choices` with `finish_reason`, `stop_reason` and `logprobs`, `usage`, and a top-level
@@ -26,7 +26,7 @@
 
 /* ---- responses -------------------------------------------------------------------------------- */
 
-static int send_error(struct MHD_Connection *c, unsigned status, const char *type, const char *msg,
+static int send_error(pdl_http_conn_t *c, unsigned status, const char *type, const char *msg,
                       const char *request_id)
 {
     json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message", msg, "type", type, "param", "code",
@@ -37,7 +37,7 @@ static int send_error(struct MHD_Connection *c, unsigned status, const char *typ
     return pdl_http_reply_json(c, status, e, request_id);
 }
 
-static int send_result_error(struct MHD_Connection *c, const pdl_node_result_t *res, const char *rid)
+static int send_result_error(pdl_http_conn_t *c, const pdl_node_result_t *res, const char *rid)
 {
     return send_error(c, (unsigned)res->http_status, res->error_type ? res->error_type : "BadRequestError",
                       res->error, rid);
@@ -419,13 +419,18 @@ static void sse_free(void *cls)
 
 static int handle_completion(pdl_node_t *node, const pdl_http_request_t *hr, bool chat)
 {
-    struct MHD_Connection *c = hr->conn;
+    pdl_http_conn_t *c = hr->conn;
     const char *rid_hdr = pdl_http_header(hr, "X-Request-Id");
     pdl_node_result_t res;
     memset(&res, 0, sizeof(res));
     if (hr->too_large) {
         pdl_node_metrics_request(node->metrics, false);
         return send_error(c, 413, "RequestEntityTooLarge", "request body: larger than 16 MiB", NULL);
+    }
+    if (hr->over_budget) {
+        pdl_node_metrics_request(node->metrics, false);
+        return send_error(c, 503, "ServiceUnavailableError",
+                          "request bodies in flight: over the node's 256 MiB budget; retry later", NULL);
     }
     json_error_t jerr;
     json_t *body = hr->len ? json_loadb(hr->body, hr->len, 0, &jerr) : NULL;
@@ -510,7 +515,7 @@ static int handle_completion(pdl_node_t *node, const pdl_http_request_t *hr, boo
     return pdl_http_reply_stream(c, 200, PDL_HTTP_SIZE_UNKNOWN, sse_read, s, sse_free, headers, 3);
 }
 
-static int handle_models(pdl_node_t *node, struct MHD_Connection *c)
+static int handle_models(pdl_node_t *node, pdl_http_conn_t *c)
 {
     json_t *m = json_pack("{s:s, s:[{s:s, s:s, s:I, s:s, s:s, s:n, s:i}]}", "object", "list", "data", "id",
                           node->served_name, "object", "model", "created", (json_int_t)node->started, "owned_by",
@@ -518,7 +523,7 @@ static int handle_models(pdl_node_t *node, struct MHD_Connection *c)
     return pdl_http_reply_json(c, 200, m, NULL);
 }
 
-static int handle_metrics(pdl_node_t *node, struct MHD_Connection *c)
+static int handle_metrics(pdl_node_t *node, pdl_http_conn_t *c)
 {
     char *text = pdl_node_metrics_render(node->metrics, node->kv, node->role_label);
     if (text == NULL)
@@ -531,7 +536,7 @@ static int handle_metrics(pdl_node_t *node, struct MHD_Connection *c)
 static int on_request(void *cls, const pdl_http_request_t *hr)
 {
     pdl_node_t *node = cls;
-    struct MHD_Connection *c = hr->conn;
+    pdl_http_conn_t *c = hr->conn;
     const char *url = hr->url, *method = hr->method;
     if (!atomic_load(&node->ready))
         return send_error(c, 503, "ServiceUnavailableError", "starting up or shutting down", NULL);
@@ -566,7 +571,7 @@ pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_http_t **http_p, int *por
                                  .port = node->args.port,
                                  .what = "--host",
                                  .max_body = BODY_MAX,
-                                 .connection_limit = 4096,
+                                 .limits = node->args.http,
                                  .handler = on_request,
                                  .cls = node};
     return pdl_http_start(&p, http_p, port_p, err);

@@ -30,6 +30,14 @@ void pdl_router_config_init(pdl_router_config_t *c)
     snprintf(c->prometheus_host, sizeof(c->prometheus_host), "127.0.0.1");
     c->worker_ttl_ms = 5000;
     c->intra_node_dp_size = 1;
+    /* Bodies are relayed to both legs; 64 MiB bounds what one client can make the router hold. The
+     * in-flight budget bounds all of them: a routed request holds about five copies of its body while
+     * its legs are built (parsed, prefill and decode JSON, their texts), so 256 MiB of bodies is about
+     * 1.3 GiB at the peak. Clients of a router are many and long-lived (streams), hence 8192
+     * connections and 1024 workers (each running request or stream is one). */
+    c->max_payload_size = 64u << 20;
+    c->http = (pdl_http_limits_t){.idle_timeout_s = 60, .max_connections = 8192, .threads = 2, .workers = 1024,
+                                  .body_budget = 256u << 20};
 }
 
 const char *pdl_policy_kind_name(pdl_policy_kind_t k)
@@ -64,6 +72,13 @@ const char *pdl_router_usage(void)
            "  --log-level L                   error | warn | info | debug | trace (default info)\n"
            "  --prometheus-host HOST          metrics listener address (default 127.0.0.1)\n"
            "  --prometheus-port PORT          separate metrics listener; /metrics is also on --port\n"
+           "  --max-payload-size BYTES        one request body at most (default 67108864 = 64 MiB; 413 above)\n"
+           "  --max-payload-in-flight BYTES   request bodies held at once (default 268435456 = 256 MiB; 503 above)\n"
+           "  --http-idle-timeout SECONDS     close a connection silent this long (default 60, 0 = never)\n"
+           "  --http-max-connections N        open connections at most (default 8192, lowered to 3/4 of ulimit -n)\n"
+           "  --http-max-connections-per-client N  from one IP address (default 3/4 of the above)\n"
+           "  --http-threads N                HTTP polling threads (default 2)\n"
+           "  --http-workers N                requests and streams handled at once; more wait (default 1024)\n"
            "  -h, --help                      show this text\n"
            "\n"
            "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
@@ -119,6 +134,7 @@ static pdl_status_t parse_hostport(const char *flag, const char *v, char *host, 
 enum {
     OPT_HELP = 256, OPT_PD, OPT_HOST, OPT_PORT, OPT_KV_CONNECTOR, OPT_DISCOVERY, OPT_POLICY, OPT_PREFILL_POLICY,
     OPT_DECODE_POLICY, OPT_LOG_LEVEL, OPT_PROM_PORT, OPT_PROM_HOST, OPT_WORKER_TTL, OPT_PORT_FILE, OPT_DP_SIZE,
+    OPT_MAX_PAYLOAD, OPT_MAX_PAYLOAD_IN_FLIGHT,
 };
 
 static const struct option router_options[] = {
@@ -138,6 +154,9 @@ static const struct option router_options[] = {
     {"worker-ttl-ms", required_argument, NULL, OPT_WORKER_TTL},
     {"port-file", required_argument, NULL, OPT_PORT_FILE},
     {"intra-node-data-parallel-size", required_argument, NULL, OPT_DP_SIZE},
+    {"max-payload-size", required_argument, NULL, OPT_MAX_PAYLOAD},
+    {"max-payload-in-flight", required_argument, NULL, OPT_MAX_PAYLOAD_IN_FLIGHT},
+    PDL_HTTP_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
 
@@ -153,6 +172,9 @@ static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int op
 {
     pdl_status_t st;
     int x = 0;
+    long l = 0;
+    if (pdl_http_is_opt(opt))
+        return pdl_http_limits_take(&c->http, opt, flag, v, err);
     switch (opt) {
     case OPT_HELP: c->help = true; return PDL_OK;
     case OPT_PD: c->pd_disaggregation = true; return PDL_OK;
@@ -190,6 +212,14 @@ static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int op
         return st;
     case OPT_PORT_FILE: return copy_str(flag, v, c->port_file, sizeof(c->port_file), err);
     case OPT_DP_SIZE: return pdl_parse_int(flag, v, 1, 1024, &c->intra_node_dp_size, err);
+    case OPT_MAX_PAYLOAD:
+        if ((st = pdl_parse_long(flag, v, 1, 1l << 40, &l, err)) == PDL_OK)
+            c->max_payload_size = (size_t)l;
+        return st;
+    case OPT_MAX_PAYLOAD_IN_FLIGHT:
+        if ((st = pdl_parse_long(flag, v, 1, 1l << 40, &l, err)) == PDL_OK)
+            c->http.body_budget = (size_t)l;
+        return st;
     }
     return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in config.c)", flag);
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "app/http.h"
 #include "pdlink/status.h"
 
 typedef enum pdl_policy_kind {
@@ -34,6 +35,8 @@ typedef struct pdl_router_config {
     uint32_t worker_ttl_ms;        /* hidden: registration TTL, default 5000 (vllm-router's 5 s) */
     char port_file[1024];          /* hidden: write "http=P discovery=P prometheus=P" here once bound */
     int intra_node_dp_size;        /* --intra-node-data-parallel-size, default 1 */
+    size_t max_payload_size;       /* --max-payload-size: one request body, default 64 MiB */
+    pdl_http_limits_t http;        /* --http-* and --max-payload-in-flight (http.body_budget) */
     bool help;
 } pdl_router_config_t;
 

@@ -11,7 +11,13 @@
  *   prefill failed ──500 "Request processing failed: Prefill server error ..."──▶ client (no decode);
  *   a prefill 4xx goes to the client as it is (status and body), as vllm-router does
  *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
- *   passed through, the body pulled by MHD's content reader as the client drains it.
+ *   passed through, the body pulled by the stream's reader as the client drains it.
+ *   READ, decode failed (transport error or non-2xx) ──▶ failed-status releases to every rank of the
+ *   prefill (release.c), so its blocks are not held until its 60 s reaper.
+ *
+ * validate() refuses, before any leg, what a decode would refuse although the prefill leg accepts it: the
+ * fields the router rewrites for the prefill (max_tokens, max_completion_tokens, min_tokens, stream,
+ * stream_options) are exactly the ones a prefill cannot check for the decode.
  *
  * The stream object owns the decode leg; MHD frees it when the response ends or the client goes
  * away, which removes the leg from curl and closes an unfinished backend connection (vLLM then
@@ -29,6 +35,7 @@
 #include "common/clock.h"
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
+#include "router/release.h"
 #include "router/router.h"
 #include "router/serde_text.h"
 
@@ -126,7 +133,7 @@ static bool hop_by_hop(const char *h)
 
 /* Queue the decode's response: its status and headers, and its body pulled through stream_read.
  * `failed_leg` (NULL on success) is added as PDL_RT_FAILED_LEG_HEADER to a non-2xx answer. */
-static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *dleg, pdl_rt_route_t route,
+static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, pdl_rt_route_t route,
                         uint64_t start_ns, const char *failed_leg)
 {
     rt_stream_t *s = calloc(1, sizeof(*s));
@@ -166,7 +173,7 @@ static int relay_decode(pdl_router_t *rt, struct MHD_Connection *c, pdl_leg_t *d
  * "prefill|decode <http_address>" for a leg that failed at a worker: the body stays vllm-router's and
  * PDL_RT_FAILED_LEG_HEADER carries the leg, so a client (pdlink run, the tests) can say which leg and which
  * worker without parsing the text. */
-static int fail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int fail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *msg, size_t len)
 {
     pdl_rt_metrics_error(rt->metrics, kind);
@@ -178,10 +185,10 @@ static int fail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t r
     return pdl_http_reply_headers(c, status, NULL, msg, len, h, leg != NULL ? 1 : 0);
 }
 
-static int vfail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int vfail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                      pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
     __attribute__((format(printf, 8, 0)));
-static int vfail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int vfail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                      pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
 {
     char buf[2048];
@@ -190,10 +197,10 @@ static int vfail_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t 
     return fail_leg(rt, c, route, start_ns, kind, status, leg, buf, len);
 }
 
-static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                      pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
-static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                      pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
 {
     va_list ap;
@@ -203,9 +210,9 @@ static int failf_leg(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t 
     return ret;
 }
 
-static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static int failf(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, uint64_t start_ns,
+static int failf(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
                  pdl_rt_error_t kind, unsigned status, const char *fmt, ...)
 {
     va_list ap;
@@ -227,6 +234,34 @@ static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf,
             snprintf(buf, cap, "field '%s' must be an integer", ints[i]);
             return buf;
         }
+    /* The prefill leg runs with max_tokens 1 whatever the client asked; a decode (vLLM's SamplingParams,
+     * pdlink-node) refuses fewer than 1 token, so a request asking for that would pin the prefill's KV. */
+    for (int i = 0; i < 2; i++)
+        if (json_is_integer(v = json_object_get(body, ints[i])) && json_integer_value(v) < 1) {
+            snprintf(buf, cap, "field '%s' must be at least 1, got %lld", ints[i],
+                     (long long)json_integer_value(v));
+            return buf;
+        }
+    const json_t *mt = json_object_get(body, "max_tokens"), *mn = json_object_get(body, "min_tokens");
+    if (json_is_integer(mn) && json_integer_value(mn) < 0)
+        return "field 'min_tokens' must be at least 0";
+    if (json_is_integer(mn) && json_is_integer(mt) && json_integer_value(mn) > json_integer_value(mt)) {
+        snprintf(buf, cap, "field 'min_tokens' (%lld) must not exceed 'max_tokens' (%lld)",
+                 (long long)json_integer_value(mn), (long long)json_integer_value(mt));
+        return buf;
+    }
+    if ((v = json_object_get(body, "n")) != NULL && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return "field 'n' must be 1 (one completion per prefill transfer)";
+    /* The prefill leg drops stream_options; vLLM's decode refuses them without stream true. */
+    if ((v = json_object_get(body, "stream_options")) != NULL && !json_is_null(v)) {
+        if (!json_is_object(v))
+            return "field 'stream_options' must be an object";
+        const json_t *iu = json_object_get(v, "include_usage");
+        if (iu != NULL && !json_is_null(iu) && !json_is_boolean(iu))
+            return "field 'stream_options.include_usage' must be a boolean";
+        if (!json_is_true(json_object_get(body, "stream")))
+            return "field 'stream_options' is only allowed with 'stream': true";
+    }
     if ((v = json_object_get(body, "kv_transfer_params")) != NULL && !json_is_object(v) && !json_is_null(v))
         return "field 'kv_transfer_params' must be an object";
     if (route == PDL_ROUTE_CHAT) {
@@ -239,6 +274,8 @@ static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf,
             return "field 'prompt' is required";
         if (!json_is_string(v) && !json_is_array(v))
             return "field 'prompt' must be a string or an array";
+        if ((json_is_string(v) && json_string_length(v) == 0) || (json_is_array(v) && json_array_size(v) == 0))
+            return "field 'prompt' must not be empty";
     }
     return NULL;
 }
@@ -285,7 +322,7 @@ static const pdl_worker_t *pick(pdl_policy_t *pol, const pdl_worker_t *w, size_t
     return &w[idx < n ? idx : 0];
 }
 
-int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, const char *body,
+int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, const char *body,
                             size_t len, const char *const *trace_headers, size_t ntrace)
 {
     uint64_t start_ns = pdl__clock_now_ns();
@@ -486,8 +523,12 @@ int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_r
         }
     }
 
-    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. */
-    if (dleg->done && dleg->result != CURLE_OK && dleg->status == 0) {
+    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. Either
+     * way, in READ mode the decode will not release what the prefill holds for it: the router does. */
+    bool dgone = dleg->done && dleg->result != CURLE_OK && dleg->status == 0;
+    if (mode == PDL_MODE_READ && (dgone || dleg->status < 200 || dleg->status >= 300))
+        pdl_rt_release_send(rt->rel, json_object_get(presp, "kv_transfer_params"), P->zmq_address, request_id);
+    if (dgone) {
         pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
         ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, dleg_name,
                         "Request processing failed: Decode server error: %s: %s", D->http_address,
@@ -557,7 +598,7 @@ out:
     return ret;
 }
 
-int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const char *path)
+int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *path)
 {
     pdl_worker_t *w = NULL;
     size_t n = 0;

@@ -2,6 +2,7 @@
  * router.c -- build and tear down a pdl_router_t: registry, policies, HTTP client pool, discovery
  * socket and the HTTP listeners, in that order; destroy undoes it in reverse.
  */
+#include "router/release.h"
 #include "router/router.h"
 
 #include <stdio.h>
@@ -31,7 +32,8 @@ pdl_status_t pdl_router_create(const pdl_router_config_t *cfg, pdl_router_t **rt
         (st = pdl_rt_metrics_create(&rt->metrics)) != PDL_OK ||
         (st = pdl_policy_create(cfg->prefill_policy, s, &rt->prefill_policy)) != PDL_OK ||
         (st = pdl_policy_create(cfg->decode_policy, s ^ 0x5bd1e995u, &rt->decode_policy)) != PDL_OK ||
-        (st = pdl_upstream_create(RT_POOL_IDLE, &rt->stop, &rt->up)) != PDL_OK) {
+        (st = pdl_upstream_create(RT_POOL_IDLE, &rt->stop, &rt->up)) != PDL_OK ||
+        (st = pdl_rt_release_create(&rt->rel, err)) != PDL_OK) {
         pdl_router_destroy(rt);
         return pdl_error_set(err, st, "out of memory creating the router");
     }
@@ -69,6 +71,7 @@ void pdl_router_destroy(pdl_router_t *rt)
     pdl_http_stop(rt->http);
     pdl_discovery_destroy(rt->disc);
     pdl_upstream_destroy(rt->up);
+    pdl_rt_release_destroy(rt->rel);
     pdl_policy_destroy(rt->prefill_policy);
     pdl_policy_destroy(rt->decode_policy);
     pdl_rt_metrics_destroy(rt->metrics);

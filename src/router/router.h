@@ -28,7 +28,7 @@
  */
 #define PDL_RT_FAILED_LEG_HEADER "X-Pdlink-Failed-Leg"
 
-struct MHD_Connection;
+typedef struct pdl_rt_release pdl_rt_release_t;
 typedef struct pdl_discovery pdl_discovery_t;
 
 typedef struct pdl_router {
@@ -39,6 +39,7 @@ typedef struct pdl_router {
     pdl_policy_t *prefill_policy, *decode_policy;
     pdl_upstream_t *up;
     pdl_discovery_t *disc;
+    pdl_rt_release_t *rel;        /* failed-status releases when a decode leg fails (release.h) */
     pdl_http_t *http, *prom;      /* the API listener and the --prometheus-port one (or NULL) */
     int http_port, prom_port, disc_port;
 } pdl_router_t;
@@ -68,11 +69,11 @@ pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool
  * Route one completion request (body complete). trace_headers are "Name: value" strings copied from
  * the client (traceparent, tracestate, baggage). Queues the response; returns an MHD_Result.
  */
-int pdl_dispatch_completion(pdl_router_t *rt, struct MHD_Connection *c, pdl_rt_route_t route, const char *body,
+int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, const char *body,
                             size_t len, const char *const *trace_headers, size_t ntrace);
 
 /* GET proxied to one live instance (prefill first): /v1/models and friends. */
-int pdl_dispatch_proxy_get(pdl_router_t *rt, struct MHD_Connection *c, const char *path);
+int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *path);
 
 /* 16 random bytes shaped as a uuid4 (version and variant bits), as Python's uuid.uuid4().bytes. */
 void pdl_router_uuid4(uint8_t out[16]);

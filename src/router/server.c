@@ -1,11 +1,12 @@
 /*
  * server.c -- pdlink-router's HTTP front (libmicrohttpd): routing, request bodies, simple endpoints.
  *
- * MHD runs one thread per connection. That is what lets a completion be handled with blocking
- * waits: the prefill leg is awaited in the connection's thread, and the decode body is pulled by the
- * response's content reader in that same thread (dispatch.c), so hundreds of concurrent streams are
- * hundreds of mostly sleeping threads and nothing else. POST bodies are collected by app/http.c up to
- * PDL_SERVER_MAX_BODY; a larger one gets 413. This file depends on dispatch.c, never the other way.
+ * app/http.c runs each complete request on one of its workers, so a completion is handled with blocking
+ * waits: the prefill leg is awaited on the worker, and the decode body is pulled by the stream's reader on
+ * that same worker (dispatch.c). Hundreds of concurrent streams are hundreds of mostly sleeping workers;
+ * idle client connections cost no thread. POST bodies are collected by app/http.c up to
+ * --max-payload-size (413 above) while all bodies held stay under --max-payload-in-flight (503 above).
+ * This file depends on dispatch.c, never the other way.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +19,7 @@
 #include "router/router.h"
 #include "common/clock.h"
 
-/* Bodies are relayed to both legs; 64 MiB bounds what one client can make the router hold. */
-#define PDL_SERVER_MAX_BODY (64u << 20)
-
-static int serve_metrics(pdl_router_t *rt, struct MHD_Connection *c)
+static int serve_metrics(pdl_router_t *rt, pdl_http_conn_t *c)
 {
     char *text = NULL;
     size_t len = 0;
@@ -53,14 +51,14 @@ static json_t *workers_json(pdl_router_t *rt, char role)
     return arr;
 }
 
-static int serve_workers(pdl_router_t *rt, struct MHD_Connection *c)
+static int serve_workers(pdl_router_t *rt, pdl_http_conn_t *c)
 {
     json_t *j = json_pack("{s:o, s:o, s:s}", "prefill", workers_json(rt, 'P'), "decode", workers_json(rt, 'D'),
                           "transfer_mode", pdl_transfer_mode_name(pdl_registry_mode(rt->reg)));
     return pdl_http_reply_json(c, 200, j, NULL);
 }
 
-static int serve_list_workers(pdl_router_t *rt, struct MHD_Connection *c)
+static int serve_list_workers(pdl_router_t *rt, pdl_http_conn_t *c)
 {
     json_t *urls = json_array();
     for (int k = 0; k < 2; k++) {
@@ -77,7 +75,7 @@ static int serve_list_workers(pdl_router_t *rt, struct MHD_Connection *c)
     return pdl_http_reply_json(c, 200, json_pack("{s:o}", "urls", urls), NULL);
 }
 
-static int serve_health(pdl_router_t *rt, struct MHD_Connection *c, bool readiness)
+static int serve_health(pdl_router_t *rt, pdl_http_conn_t *c, bool readiness)
 {
     size_t np = 0, nd = 0;
     pdl_registry_counts(rt->reg, pdl__clock_now_ms(), &np, &nd);
@@ -108,6 +106,25 @@ static void collect_trace(const pdl_http_request_t *req, char out[3][1024], cons
     }
 }
 
+/* A body the router would not hold: over --max-payload-size (413, the client must send less) or over
+ * --max-payload-in-flight (503, the router is busy with other bodies: retry). */
+static int body_refused(pdl_router_t *rt, pdl_http_conn_t *c, bool too_large)
+{
+    char msg[200];
+    if (too_large)
+        snprintf(msg, sizeof(msg), "request body exceeds --max-payload-size (%zu bytes)", rt->cfg.max_payload_size);
+    else
+        snprintf(msg, sizeof(msg),
+                 "request bodies in flight would exceed --max-payload-in-flight (%zu bytes); retry later",
+                 rt->cfg.http.body_budget);
+    unsigned status = too_large ? 413 : 503;
+    return pdl_http_reply_json(c, status,
+                               json_pack("{s:{s:s, s:s, s:i}}", "error", "message", msg, "type",
+                                         too_large ? "payload_too_large" : "payload_budget_exhausted", "code",
+                                         (int)status),
+                               NULL);
+}
+
 static bool is_get_route(const char *url)
 {
     static const char *const routes[] = {"/health", "/readiness", "/liveness", "/metrics", "/workers",
@@ -121,15 +138,15 @@ static bool is_get_route(const char *url)
 
 static int handle(pdl_router_t *rt, bool metrics_only, const pdl_http_request_t *req)
 {
-    struct MHD_Connection *c = req->conn;
+    pdl_http_conn_t *c = req->conn;
     const char *url = req->url, *method = req->method;
     bool is_post = strcmp(method, "POST") == 0;
     bool is_get = strcmp(method, "GET") == 0;
     bool is_completion = strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0;
 
     if (is_post && !metrics_only) {
-        if (req->too_large)
-            return pdl_http_replyf(c, 413, "request body exceeds %u bytes", PDL_SERVER_MAX_BODY);
+        if (req->too_large || req->over_budget)
+            return body_refused(rt, c, req->too_large);
         if (!is_completion)
             return pdl_http_replyf(c, is_get_route(url) ? 405 : 404,
                                    "no POST route %s (pdlink-router serves /v1/completions and /v1/chat/completions)",
@@ -186,13 +203,21 @@ static int on_metrics_port(void *cls, const pdl_http_request_t *req)
 pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool metrics_only, pdl_http_t **http_p,
                               int *bound_port_p, pdl_error_t *err)
 {
-    /* 512 KiB stacks: a router holds a thread per stream, and thousands of 8 MiB default stacks would
-     * reserve gigabytes of address space for frames that stay small. */
+    /* 512 KiB stacks: a router holds a worker per stream, and a thousand 8 MiB default stacks would
+     * reserve gigabytes of address space for frames that stay small. The metrics port takes no bodies
+     * and a few scrapers: small limits. */
+    pdl_http_limits_t limits = rt->cfg.http;
+    if (metrics_only) {
+        limits.max_connections = 64;
+        limits.max_per_client = 0;
+        limits.workers = 4;
+        limits.threads = 1;
+    }
     const pdl_http_params_t p = {.host = host,
                                  .port = port,
                                  .what = metrics_only ? "--prometheus-host" : "--host",
-                                 .max_body = PDL_SERVER_MAX_BODY,
-                                 .connection_limit = 8192,
+                                 .max_body = metrics_only ? 0 : rt->cfg.max_payload_size,
+                                 .limits = limits,
                                  .thread_stack_size = 512 * 1024,
                                  .handler = metrics_only ? on_metrics_port : on_api,
                                  .cls = rt};
