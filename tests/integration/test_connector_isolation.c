@@ -121,23 +121,8 @@ static void isolation_blackholed_producer(void **state)
     pdl_instance_destroy(p);
 }
 
-typedef struct ev_count {
-    atomic_int freed, expired;
-} ev_count_t;
-
-static void on_ev(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
-{
-    (void)tid;
-    (void)rank;
-    ev_count_t *c = arg;
-    if (ev == PDL_EVENT_FREED)
-        atomic_fetch_add(&c->freed, 1);
-    else if (ev == PDL_EVENT_RANK_EXPIRED)
-        atomic_fetch_add(&c->expired, 1);
-}
-
 typedef struct freed_cond {
-    ev_count_t *c;
+    tc_events_t *c;
     int want;
 } freed_cond_t;
 
@@ -157,8 +142,8 @@ static void isolation_abandon_releases_at_once(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_SHM, 600, NULL);
     assert_non_null(p);
     assert_non_null(c);
-    ev_count_t ev = {0};
-    pdl_instance_set_event_fn(p, on_ev, &ev);
+    tc_events_t ev = {0};
+    pdl_instance_set_event_fn(p, tc_on_event, &ev);
     uint32_t b[3];
     assert_int_equal(pdl_instance_alloc_blocks(p, 3, b, NULL), PDL_OK);
     assert_int_equal(pdl_instance_hold(p, "rejected", b, 3, NULL), PDL_OK);
@@ -171,7 +156,7 @@ static void isolation_abandon_releases_at_once(void **state)
     assert_true(tc_wait_for(freed_reached, &fc, 20000));
     fprintf(stderr, "isolation: abandoned transfer freed on the producer after %.1f ms (defer_timeout 600 s)\n",
             (pdl__clock_now_ns() - t0) / 1e6);
-    assert_int_equal(atomic_load(&ev.expired), 0);
+    assert_int_equal(atomic_load(&ev.expired_all), 0);
     assert_int_equal(pdl_instance_held_blocks(p), 0);
     assert_int_equal(TC_SUM(p, releases_failed_status), 4); /* two consumer ranks x two producer ranks */
     assert_int_equal(TC_SUM(c, transfers_abandoned), 1);
@@ -197,8 +182,8 @@ static void isolation_gone_consumer_holds_freed(void **state)
     assert_non_null(p);
     assert_non_null(c);
     assert_non_null(live);
-    ev_count_t ev = {0};
-    pdl_instance_set_event_fn(p, on_ev, &ev);
+    tc_events_t ev = {0};
+    pdl_instance_set_event_fn(p, tc_on_event, &ev);
     uint8_t uuid[16] = {1};
     char rid[1024], rid_live[1024];
     assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,

@@ -21,42 +21,15 @@
 #define NBLK 3      /* blocks per transfer */
 #define TOTAL_BLOCKS 24
 
-typedef struct ev_count {
-    _Atomic int reported[PDL_TOPO_MAX_TP];
-    _Atomic int expired[PDL_TOPO_MAX_TP];
-    _Atomic int freed;
-} ev_count_t;
-
-static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
-{
-    (void)tid;
-    ev_count_t *c = arg;
-    if (ev == PDL_EVENT_RANK_REPORTED)
-        atomic_fetch_add(&c->reported[rank], 1);
-    else if (ev == PDL_EVENT_RANK_EXPIRED)
-        atomic_fetch_add(&c->expired[rank], 1);
-    else if (ev == PDL_EVENT_FREED)
-        atomic_fetch_add(&c->freed, 1);
-}
-
-static bool all_free(void *arg)
-{
-    pdl_instance_t **v = arg;
-    for (int i = 0; v[i]; i++)
-        if (pdl_instance_held_transfers(v[i]) != 0)
-            return false;
-    return true;
-}
-
 static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
-    ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
+    tc_events_t *ev = calloc((size_t)tc->nprod, sizeof(tc_events_t));
     assert_non_null(ev);
     for (int i = 0; i < tc->nprod; i++) {
         prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
         assert_non_null(prod[i]);
-        pdl_instance_set_event_fn(prod[i], on_event, &ev[i]);
+        pdl_instance_set_event_fn(prod[i], tc_on_event, &ev[i]);
     }
     for (int j = 0; j < tc->ncons; j++) {
         cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
@@ -115,7 +88,7 @@ static void run_case(const tc_topo_t *tc)
     assert_int_equal(pull_bytes, want_checked);
 
     pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     int expected;
     assert_int_equal(pdl_topo_expected_acks(tc->P, tc->D, &expected, NULL), PDL_OK);
     uint64_t sent = 0, received = 0;

@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -316,6 +317,39 @@ static inline uint64_t tc_get(pdl_instance_t *inst, int rank, size_t off)
 #define TC_GET(inst, rank, field) tc_get((inst), (rank), offsetof(pdl_rank_counters_t, field))
 
 static inline bool tc_no_held(void *arg) { return pdl_instance_held_transfers((pdl_instance_t *)arg) == 0; }
+
+/* tc_wait_for condition: no instance of the NULL-terminated array arg holds a transfer. */
+static inline bool tc_none_held(void *arg)
+{
+    pdl_instance_t **v = arg;
+    for (int i = 0; v[i]; i++)
+        if (pdl_instance_held_transfers(v[i]) != 0)
+            return false;
+    return true;
+}
+
+/* Producer events counted per rank (pdl_instance_set_event_fn(inst, tc_on_event, &count)). */
+typedef struct tc_events {
+    _Atomic int reported[PDL_TOPO_MAX_TP];
+    _Atomic int expired[PDL_TOPO_MAX_TP];
+    _Atomic int expired_all; /* RANK_EXPIRED of any rank */
+    _Atomic int freed;
+} tc_events_t;
+
+static inline void tc_on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
+{
+    (void)tid;
+    tc_events_t *c = arg;
+    bool in = rank >= 0 && rank < PDL_TOPO_MAX_TP;
+    if (ev == PDL_EVENT_RANK_REPORTED && in)
+        atomic_fetch_add(&c->reported[rank], 1);
+    else if (ev == PDL_EVENT_RANK_EXPIRED) {
+        atomic_fetch_add(&c->expired_all, 1);
+        if (in)
+            atomic_fetch_add(&c->expired[rank], 1);
+    } else if (ev == PDL_EVENT_FREED)
+        atomic_fetch_add(&c->freed, 1);
+}
 
 /* Build kv_transfer_params as a consumer receives them (through JSON, like the router passes them). */
 static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32_t *ids, size_t n, pdl_kv_params_t *out)

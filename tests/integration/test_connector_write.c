@@ -25,37 +25,10 @@
 #define NBLK 3
 #define TOTAL_BLOCKS 24
 
-typedef struct ev_count {
-    _Atomic int reported[PDL_TOPO_MAX_TP];
-    _Atomic int expired[PDL_TOPO_MAX_TP];
-    _Atomic int freed;
-} ev_count_t;
-
-static void on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
-{
-    (void)tid;
-    ev_count_t *c = arg;
-    if (ev == PDL_EVENT_RANK_REPORTED)
-        atomic_fetch_add(&c->reported[rank], 1);
-    else if (ev == PDL_EVENT_RANK_EXPIRED)
-        atomic_fetch_add(&c->expired[rank], 1);
-    else if (ev == PDL_EVENT_FREED)
-        atomic_fetch_add(&c->freed, 1);
-}
-
 static void write_mode(pdl_instance_config_t *c)
 {
     c->conn.read_mode = false;
     c->allow_write_mode = true;
-}
-
-static bool all_free(void *arg)
-{
-    pdl_instance_t **v = arg;
-    for (int i = 0; v[i]; i++)
-        if (pdl_instance_held_transfers(v[i]) != 0)
-            return false;
-    return true;
 }
 
 typedef struct parked_wait {
@@ -90,12 +63,12 @@ static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
 static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
-    ev_count_t *ev = calloc((size_t)tc->nprod, sizeof(ev_count_t));
+    tc_events_t *ev = calloc((size_t)tc->nprod, sizeof(tc_events_t));
     assert_non_null(ev);
     for (int i = 0; i < tc->nprod; i++) {
         prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
         assert_non_null(prod[i]);
-        pdl_instance_set_event_fn(prod[i], on_event, &ev[i]);
+        pdl_instance_set_event_fn(prod[i], tc_on_event, &ev[i]);
     }
     for (int j = 0; j < tc->ncons; j++) {
         cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
@@ -166,7 +139,7 @@ static void run_case(const tc_topo_t *tc)
     assert_int_equal(checked, want_checked);
 
     pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     uint64_t written = 0, rb_sent = 0, rb_recv = 0, wd_sent = 0, wd_recv = 0;
     for (int i = 0; i < tc->nprod; i++) {
         for (int r = 0; r < tc->P; r++) {
@@ -227,9 +200,9 @@ static void write_expired_without_remote_blocks(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
     assert_non_null(p);
     assert_non_null(c);
-    ev_count_t ev;
+    tc_events_t ev;
     memset(&ev, 0, sizeof(ev));
-    pdl_instance_set_event_fn(p, on_event, &ev);
+    pdl_instance_set_event_fn(p, tc_on_event, &ev);
     uint32_t blk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
     char rid[1024];
@@ -243,7 +216,7 @@ static void write_expired_without_remote_blocks(void **state)
     pdl_kv_params_clear(&pk);
     assert_int_equal(pdl_instance_held_blocks(p), NBLK);
     pdl_instance_t *plist[2] = {p, NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     for (int r = 0; r < 4; r++) {
         assert_int_equal(TC_GET(p, r, expired), 1);
         assert_int_equal(atomic_load(&ev.expired[r]), 1);
@@ -290,7 +263,7 @@ static void write_failed_is_load_error(void **state)
     pdl_recv_free(rv);
     pdl_instance_free_blocks(c, cblk, NBLK);
     pdl_instance_t *plist[2] = {p, NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     for (int r = 0; r < 8; r++) {
         assert_int_equal(TC_GET(p, r, write_failures), 1);
         assert_int_equal(TC_GET(p, r, expired), 0);
@@ -433,7 +406,7 @@ static void write_consumer_tp_from_remote_blocks(void **state)
     assert_int_equal(tc_verify(c, 8, false, cblk, NBLK, 77, &checked), 0);
     assert_true(checked > 0);
     pdl_instance_t *plist[2] = {p, NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     assert_int_equal(TC_SUM(p, write_failures), 0);
     pdl_kv_params_clear(&pk);
     pdl_kv_params_clear(&ck);
@@ -554,7 +527,7 @@ static void write_first_push_after_consumer_restart(void **state)
         fail_msg("push after the restart: %s", e.msg);
     assert_int_equal(TC_GET(p, 0, handshakes), 4);
     pdl_instance_t *plist[2] = {p, NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
@@ -574,7 +547,7 @@ static void write_time_counted_as_write(void **state)
     if (push_once(p, c, "tx-timed", 1, &e) != PDL_OK)
         fail_msg("push: %s", e.msg);
     pdl_instance_t *plist[2] = {p, NULL};
-    assert_true(tc_wait_for(all_free, plist, 20000));
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
     for (int r = 0; r < 2; r++) {
         assert_int_equal(TC_GET(p, r, read_ns), 0);
         assert_true(TC_GET(p, r, write_ns) > 0);

@@ -5,31 +5,7 @@
 #      pdlink-node / pdlink-router process behind;
 #   2. SIGINT while the workload runs: the run stops every child and exits non-zero;
 #   3. usage errors exit 2 (unknown topology, --mode write before WRITE exists).
-# Exit 77 (skip) when pdlink-node or pdlink-router is not built.
-set -u
-BUILD=${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR must point at the build directory}
-for exe in pdlink pdlink-node pdlink-router; do
-    if [ ! -x "$BUILD/$exe" ]; then
-        echo "SKIP: $BUILD/$exe is not built yet"
-        exit 77
-    fi
-done
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/test_run_fault.XXXXXX")
-cleanup() {
-    [ -n "${RUNPID:-}" ] && kill -KILL "$RUNPID" 2>/dev/null
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-
-# Pids of every node and router that wrote to a log under $1 and are still running.
-survivors() {
-    local pid out=""
-    for pid in $(grep -ho 'pdlink-\(node\|router\)\[[0-9]*\]' "$1"/*.log 2>/dev/null | grep -o '[0-9]*' | sort -u); do
-        kill -0 "$pid" 2>/dev/null && out="$out $pid"
-    done
-    echo "$out"
-}
+source "$(dirname "$0")/test_run_lib.bash" test_run_fault pdlink pdlink-node pdlink-router
 
 # 1. A decode node dies mid-run.
 "$BUILD/pdlink" run --model tiny --topology 1p2d --requests 60 --concurrency 2 --prompt-tokens 8-64 --max-tokens 8 \
@@ -52,8 +28,7 @@ assert any("decode-0" in n for n in t["notes"]), t["notes"]
 assert t["ok"] < t["requests"]
 ' "$WORK/fault.json" || fail "JSON report of the fault run"
 sleep 0.2
-left=$(survivors "$WORK/logs1")
-[ -z "$left" ] || fail "processes left behind after the fault run:$left"
+no_child_left "$WORK/logs1"
 
 # 2. SIGINT during the workload.
 "$BUILD/pdlink" run --model tiny --topology 2p1d --requests 4000 --concurrency 2 --prompt-tokens 8-16 \
@@ -74,8 +49,7 @@ cat "$WORK/err2.txt" | tail -5
 [ "$rc" -ne 0 ] || fail "pdlink run exited 0 after SIGINT"
 grep -q 'Interrupt received, stopping' "$WORK/err2.txt" || fail "no interruption message"
 sleep 0.2
-left=$(survivors "$WORK/logs2")
-[ -z "$left" ] || fail "processes left behind after SIGINT:$left"
+no_child_left "$WORK/logs2"
 
 # 3. Usage errors.
 "$BUILD/pdlink" run --topology 3p3d >/dev/null 2>"$WORK/err3.txt"

@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""check_run_report.py -- the checks every test_run_*.sh makes of `pdlink run --json`'s report.
+
+All five seed topologies pass with every request answered, parity n/n with a single node, 0 mismatched
+bytes, 0 expired transfers, 0 blocks held, KV moved and verified, and the releases (READ) or write_done
+messages (WRITE) sent, received and expected all equal. --vllm-router LOGDIR also checks that the real
+vllm-router served each topology (its own log lines: MoRIIO READ mode, consistent_hash per leg).
+Exits 1 with the failed assertion on stderr.
+"""
+import argparse
+import json
+import os
+import sys
+
+SEED = ["1p1d", "2p1d", "1p2d", "p4d8", "p8d4"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("report")
+    ap.add_argument("--mode", choices=["read", "write"], default="read")
+    ap.add_argument("--backend", default="shm")
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--streaming", type=int, default=3, help="streamed requests per topology")
+    ap.add_argument("--vllm-router", metavar="LOGDIR", help="the router was vllm-router; its logs are here")
+    a = ap.parse_args()
+    r = json.load(open(a.report))
+    n_req = a.requests
+    names = [t["name"] for t in r["topologies"]]
+    assert names == SEED, names
+    assert r["pass"] is True and r["passed"] == 5, r["passed"]
+    assert r["model"] == "tiny" and r["backend"] == a.backend and r["mode"] == a.mode, (r["model"], r["backend"], r["mode"])
+    assert r["ceiling"]["gbps"] is None or r["ceiling"]["gbps"] > 0, r["ceiling"]
+    for t in r["topologies"]:
+        n = t["name"]
+        assert t["requests"] == n_req and t["ok"] == n_req and t["failed"] == 0, (n, t["ok"], t["failed"])
+        assert t["parity_ok"] == t["parity_total"] == n_req, (n, t["parity_ok"])
+        assert t["bytes_mismatched"] == 0, (n, t["bytes_mismatched"])
+        assert t["expired"] == 0 and t["held_blocks"] == 0, (n, t["expired"], t["held_blocks"])
+        assert t["kv_bytes"] > 0 and 0 < t["bytes_verified"] <= t["kv_bytes"], n
+        assert t["descriptors"] > 0, n
+        assert t["pulls"] == n_req, (n, t["pulls"])
+        # READ: every consumer rank releases every producer rank of its group; WRITE: every producer
+        # rank sends write_done to every consumer rank of its notify set. Both are max(P, D) per request.
+        assert t["releases_sent"] == t["releases_received"] == t["releases_expected"], \
+            (n, t["releases_sent"], t["releases_received"], t["releases_expected"])
+        assert t["releases_expected"] == n_req * max(max(t["prefill_tp"]), max(t["decode_tp"])), \
+            (n, t["releases_expected"])
+        assert t["metrics_complete"] is True and t["pass"] is True, n
+        if a.vllm_router is None:
+            assert t["streaming"] == a.streaming, (n, t["streaming"])
+            assert t["ttft_p50_ms"] is not None and 0 < t["ttft_p50_ms"] <= t["ttft_p99_ms"], n
+            assert t["transfer_gbps"] is not None and t["transfer_gbps"] > 0, n
+        else:
+            log = open(os.path.join(a.vllm_router, n + "-router.log"), errors="replace").read()
+            assert "kv_connector=MoriIO" in log, n
+            assert "MoRI-IO transfer mode set to Read" in log, n
+            assert log.count("Consistent hash routing") >= 2 * n_req, (n, log.count("Consistent hash routing"))
+    by = {t["name"]: t for t in r["topologies"]}
+    # The split-head topologies move the same KV as the homogeneous one, in more descriptors.
+    assert by["p4d8"]["kv_bytes"] == by["1p1d"]["kv_bytes"], (by["p4d8"]["kv_bytes"], by["1p1d"]["kv_bytes"])
+    assert by["p4d8"]["descriptors"] > by["1p1d"]["descriptors"], (by["p4d8"]["descriptors"], by["1p1d"]["descriptors"])
+    print("report OK:", ", ".join("%s %d/%d" % (t["name"], t["parity_ok"], t["parity_total"]) for t in r["topologies"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
