@@ -145,8 +145,6 @@ pdl_status_t pdl_engine_pack(pdl_engine_t *engine, pdl_bytes_t *out, pdl_error_t
  *   PDL_ERR_SYSTEM      shm: pidfd_open, opening or mapping its registration table failed (the message
  *                       says when shm needs the same uid or root).
  *   PDL_ERR_NOMEM.
- * Pass a non-NULL err: with err NULL a malformed descriptor returns PDL_OK without adding anything
- * (pdl_error_prefix).
  */
 pdl_status_t pdl_engine_add_remote(pdl_engine_t *engine, const void *desc, size_t len, char *key_out,
                                    size_t key_cap, pdl_error_t *err);
@@ -225,8 +223,6 @@ pdl_status_t pdl_mem_pack(const pdl_mem_t *mem, pdl_bytes_t *out, pdl_error_t *e
  *   PDL_ERR_TRANSPORT tcp: the host does not resolve, or another connection error.
  *   PDL_ERR_SYSTEM    shm: opening or mapping the remote memfd failed.
  *   PDL_ERR_NOMEM.
- * Pass a non-NULL err: with err NULL a malformed descriptor returns PDL_OK without setting
- * *session_out (pdl_error_prefix).
  */
 pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void *remote_mem_desc, size_t len,
                               pdl_session_t **session_out, pdl_error_t *err);

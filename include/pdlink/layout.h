@@ -97,7 +97,6 @@ typedef enum pdl_dir {
  *                    num_blocks. Each message names the value and the limit.
  *   PDL_ERR_MISMATCH head_dim, elem_size, block_size or is_mla differ between the sides.
  *   PDL_ERR_NOMEM    `out` could not grow; `out->n` is restored to its value on entry.
- * Pass a non-NULL err: with err NULL an invalid geometry can be reported as PDL_OK (pdl_error_prefix).
  */
 pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,
                                     pdl_dir_t dir, const pdl_plan_piece_t *pieces, int num_pieces,
@@ -109,7 +108,7 @@ pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv
  * of one block pair. HND on both sides gives one range; NHD on both sides one range per token; mixed
  * orders one range per (head, token). `pdlink plan` uses it to show where a head slice lies inside a
  * block. Same checks, errors and ownership as pdl_layout_build_descs (piece NULL is PDL_ERR_INVALID),
- * plus PDL_ERR_INVALID for `half` outside [0, halves). Pass a non-NULL err, for the same reason.
+ * plus PDL_ERR_INVALID for `half` outside [0, halves).
  */
 pdl_status_t pdl_layout_piece_ranges(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,
                                      pdl_dir_t dir, const pdl_plan_piece_t *piece, int half, uint32_t local_block,

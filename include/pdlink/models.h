@@ -59,8 +59,7 @@ int pdl_model_dtype_size(const char *dtype);
  * (pdl_layout_validate). Every failure is PDL_ERR_INVALID, the message prefixed "model <name>" and
  * naming the values: m or out NULL; tp outside [1, PDL_TOPO_MAX_TP] or heads not splittable over it
  * ("8 KV heads cannot be split over TP 3 ..."); block_size or num_blocks 0, an order other than
- * HND/NHD, or a region that overflows 64 bits. Pass a non-NULL err: with err NULL every failure but
- * the first returns PDL_OK without writing *out (pdl_error_prefix).
+ * HND/NHD, or a region that overflows 64 bits.
  */
 pdl_status_t pdl_model_geometry(const pdl_model_preset_t *m, int tp, uint32_t block_size, uint64_t num_blocks,
                                 uint32_t elem_size, pdl_kv_order_t order, bool kv_separate, pdl_kv_geometry_t *out,

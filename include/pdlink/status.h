@@ -7,7 +7,7 @@
  * apart. Success is 0, "in progress" is 1, every failure is negative. A function that fails fills an
  * optional pdl_error_t with a message a user can act on (which key, which peer, which value); callers
  * pass the status up and do not rewrite the message. `err` may be NULL wherever a function takes one:
- * the status is still returned, only the message is lost (but see the caveat at pdl_error_prefix).
+ * the status is still returned, only the message is lost.
  * Functions that return -1 or NULL instead of a status say so in their own comment.
  */
 #ifndef PDLINK_STATUS_H
@@ -100,17 +100,13 @@ pdl_status_t pdl_error_vset(pdl_error_t *err, pdl_status_t st, const char *fmt, 
     __attribute__((format(printf, 3, 0)));
 
 /*
- * Prepend printf-style context to the message already in `err` ("<context>: <old message>"), keeping
- * its status, so a caller adds what it was doing without hiding the callee's reason. The result is
- * truncated to PDL_ERR_MSG_LEN - 1 bytes. Returns err->status.
- *
- * Caveat: with err NULL it returns PDL_OK, not the failure being reported. So
- * `return pdl_error_prefix(err, ...)` after a failed call reports success to a caller that passed a NULL
- * err; keep the status in a variable and return that. pdl_layout_build_descs, pdl_layout_piece_ranges,
- * pdl_model_geometry, pdl_engine_add_remote and pdl_session_open return this way on some failures, so
- * their comments ask for a non-NULL err.
+ * Prepend printf-style context to the message already in `err` ("<context>: <old message>"), so a caller
+ * adds what it was doing without hiding the callee's reason, and return `st` (the callee's failure):
+ * `return pdl_error_prefix(err, st, "peer %s", who);`. The status in err is left as the callee set it;
+ * a NULL err is ignored (st is still returned). The message is truncated to PDL_ERR_MSG_LEN - 1 bytes.
  */
-pdl_status_t pdl_error_prefix(pdl_error_t *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+pdl_status_t pdl_error_prefix(pdl_error_t *err, pdl_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* Reset `err` to PDL_OK with an empty message; a NULL err is ignored. Cannot fail. */
 void pdl_error_clear(pdl_error_t *err);

@@ -468,11 +468,11 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
         pdl_topo_expected_write_done(P, D, &wdone, err) != PDL_OK)
         return NULL;
     if (pdl_topo_heads(P, c->heads, c->mla, 0, &phf, &phc, err) != PDL_OK) {
-        pdl_error_prefix(err, "prefill");
+        pdl_error_prefix(err, PDL_ERR_INVALID, "prefill");
         return NULL;
     }
     if (pdl_topo_heads(D, c->heads, c->mla, 0, &chf, &chc, err) != PDL_OK) {
-        pdl_error_prefix(err, "decode");
+        pdl_error_prefix(err, PDL_ERR_INVALID, "decode");
         return NULL;
     }
     const pdl_kv_geometry_t pg = side_geometry(c, phc, c->num_blocks), cg = side_geometry(c, chc, c->num_blocks);
@@ -673,9 +673,9 @@ static json_t *plan_json(const plan_cfg_t *c, pdl_error_t *err)
                     char single[32];
                     snprintf(single, sizeof(single), "P%d/D%d", P, D);
                     if (strcmp(single, tp->name) == 0)
-                        pdl_error_prefix(err, "%s", tp->name);
+                        pdl_error_prefix(err, PDL_ERR_INVALID, "%s", tp->name);
                     else
-                        pdl_error_prefix(err, "topology %s, pair %s", tp->name, single);
+                        pdl_error_prefix(err, PDL_ERR_INVALID, "topology %s, pair %s", tp->name, single);
                     json_decref(doc);
                     return NULL;
                 }

@@ -48,10 +48,10 @@ pdl_status_t pdl_error_set(pdl_error_t *err, pdl_status_t st, const char *fmt, .
     return st;
 }
 
-pdl_status_t pdl_error_prefix(pdl_error_t *err, const char *fmt, ...)
+pdl_status_t pdl_error_prefix(pdl_error_t *err, pdl_status_t st, const char *fmt, ...)
 {
     if (err == NULL)
-        return PDL_OK;
+        return st;
     char old[PDL_ERR_MSG_LEN];
     memcpy(old, err->msg, sizeof(old));
     old[sizeof(old) - 1] = '\0';
@@ -68,7 +68,7 @@ pdl_status_t pdl_error_prefix(pdl_error_t *err, const char *fmt, ...)
         for (const char *c = parts[i]; *c && used < sizeof(err->msg) - 1; c++)
             err->msg[used++] = *c;
     err->msg[used] = '\0';
-    return err->status;
+    return st;
 }
 
 void pdl_error_clear(pdl_error_t *err)

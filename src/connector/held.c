@@ -127,7 +127,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         return pdl_error_set(err, PDL_ERR_INVALID, "hold %s: no blocks", transfer_id);
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "hold %s", transfer_id);
+        return pdl_error_prefix(err, st, "hold %s", transfer_id);
     /* The consumer, when the request id names it (MoRIIO's "___decode_addr_"): watched by watch.c. */
     char consumer[PDL_WIRE_HOST_MAX + 16] = "";
     pdl_zmq_addr_t da;
@@ -135,7 +135,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         snprintf(consumer, sizeof(consumer), strchr(da.host, ':') ? "[%s]:%d" : "%s:%d", da.host, da.handshake_port);
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "hold");
+        return pdl_error_prefix(err, st, "hold");
     uint64_t now = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];

@@ -266,7 +266,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     if (st == PDL_OK)
         st = pdl_wire_decode_layer_map(layers_b.data, layers_b.len, &lm, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, "handshake with %s", who);
+        pdl_error_prefix(err, st, "handshake with %s", who);
         goto fail_peer;
     }
     st = check_compat(r, addr, prank, &p->meta, &lm, who, err);
@@ -290,14 +290,14 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     st = pdl_engine_add_remote(r->mem.engine, p->meta.agent_metadata.data, p->meta.agent_metadata.len,
                                p->remote_engine_key, sizeof(p->remote_engine_key), err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, "peer %s: engine descriptor", who);
+        pdl_error_prefix(err, st, "peer %s: engine descriptor", who);
         goto fail_peer;
     }
     t_added = pdl__clock_now_ns();
     /* One registration covers every layer (see instance.c), so one session serves all layers. */
     st = pdl_session_open(r->mem.engine, r->mem.kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, "peer %s: session", who);
+        pdl_error_prefix(err, st, "peer %s: session", who);
         pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
         goto fail_peer;
     }

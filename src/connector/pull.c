@@ -330,7 +330,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
                              params->transfer_id, n, params->num_remote_blocks);
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "pull %s: local blocks", params->transfer_id);
+        return pdl_error_prefix(err, st, "pull %s: local blocks", params->transfer_id);
 
     pdl_pull_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
@@ -477,7 +477,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
         int first = 0, count = 0;
         st = pdl_topo_group(pr.tp, inst->tp, d, &first, &count, err);
         if (st != PDL_OK)
-            return pdl_error_prefix(err, "abandon %s", params->transfer_id);
+            return pdl_error_prefix(err, st, "abandon %s", params->transfer_id);
         for (int g = first; g < first + count; g++) {
             pdl_msg_t m;
             pdl_msg_init(&m, PDL_MSG_RELEASE);
@@ -495,7 +495,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
                                     &b, err);
             pdl_bytes_free(&b);
             if (st != PDL_OK)
-                return pdl_error_prefix(err, "abandon %s: release to producer rank %d", params->transfer_id, g);
+                return pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
         }
     }
     PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);

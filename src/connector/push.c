@@ -374,7 +374,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         return pdl_error_set(err, PDL_ERR_INVALID, "push %s: no blocks", tid);
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "push %s", tid);
+        return pdl_error_prefix(err, st, "push %s", tid);
     pdl_push_t *p = calloc(1, sizeof(*p));
     if (p == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
         (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
@@ -425,7 +425,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
 
     st = pdl__held_add(inst, tid, ids, n, NULL, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, "push");
+        pdl_error_prefix(err, st, "push");
         goto fail;
     }
     push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
@@ -564,7 +564,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: %zu local blocks", tid, n);
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "expect_push %s: local blocks", tid);
+        return pdl_error_prefix(err, st, "expect_push %s: local blocks", tid);
     char host[PDL_WIRE_HOST_MAX + 1];
     int notify_base;
     if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {

@@ -144,7 +144,7 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     pdl_status_t st = pdl_topo_heads(cfg->tp_size, cfg->model.total_kv_heads, cfg->model.is_mla, rank, &first,
                                      &count, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "instance rank %d", rank);
+        return pdl_error_prefix(err, st, "instance rank %d", rank);
     m->geo.num_blocks = cfg->num_blocks;
     m->geo.block_size = (uint32_t)cfg->model.block_size;
     m->geo.num_heads = (uint32_t)count;
@@ -155,7 +155,7 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     m->geo.is_mla = cfg->model.is_mla;
     st = pdl_layout_validate(&m->geo, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "instance rank %d geometry", rank);
+        return pdl_error_prefix(err, st, "instance rank %d geometry", rank);
     m->layer_len = pdl_layout_region_len(&m->geo);
     uint64_t total = m->layer_len * (uint64_t)cfg->model.num_layers;
     if (total / (uint64_t)cfg->model.num_layers != m->layer_len || total > (1ull << 46))
@@ -176,10 +176,10 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
         return st;
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "instance rank %d", rank);
+        return pdl_error_prefix(err, st, "instance rank %d", rank);
     st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+        return pdl_error_prefix(err, st, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
     m->kv_ptr = pdl_mem_ptr(m->kv);
     memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
 

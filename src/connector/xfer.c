@@ -124,7 +124,7 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
                                         x->remote_blocks, x->n, (uint64_t)l * r->mem.layer_len,
                                         (uint64_t)l * peers[k]->layer_len, &dv, err);
             if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, %s rank %d", l, remote_role, rranks[k]);
+                pdl_error_prefix(err, st, "layer %d, %s rank %d", l, remote_role, rranks[k]);
                 break;
             }
             pdl_batch_t *b = NULL;
@@ -133,7 +133,7 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
             st = pdl_session_post(peers[k]->session, op, dv.v, dv.n, &b, err);
             times->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
-                pdl_error_prefix(err, "layer %d, %s rank %d: post", l, remote_role, rranks[k]);
+                pdl_error_prefix(err, st, "layer %d, %s rank %d: post", l, remote_role, rranks[k]);
                 if (is_gone(st))
                     add_gone(gone, &ngone, peers[k]);
                 break;

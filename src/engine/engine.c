@@ -292,7 +292,7 @@ pdl_status_t pdl_engine_add_remote(pdl_engine_t *e, const void *desc, size_t len
     pdl_status_t st = pdl__engine_desc_unpack(desc, len, r, err);
     if (st != PDL_OK) {
         free(r);
-        return pdl_error_prefix(err, "engine %s", e->key);
+        return pdl_error_prefix(err, st, "engine %s", e->key);
     }
     if (r->backend != e->backend) {
         st = pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s (backend %s): remote engine %s uses backend %s", e->key,
@@ -561,7 +561,7 @@ pdl_status_t pdl_session_open(pdl_engine_t *e, pdl_mem_t *local, const void *rem
     pdl_status_t st = pdl__mem_desc_unpack(remote_mem_desc, len, &s->rmem, err);
     if (st != PDL_OK) {
         free(s);
-        return pdl_error_prefix(err, "engine %s", e->key);
+        return pdl_error_prefix(err, st, "engine %s", e->key);
     }
     s->engine = e;
     s->local = local;

@@ -99,9 +99,9 @@ static pdl_status_t check_sides(const pdl_kv_geometry_t *local, const pdl_kv_geo
 {
     pdl_status_t st = pdl_layout_validate(local, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "local KV geometry");
+        return pdl_error_prefix(err, st, "local KV geometry");
     if ((st = pdl_layout_validate(remote, err)) != PDL_OK)
-        return pdl_error_prefix(err, "remote KV geometry");
+        return pdl_error_prefix(err, st, "remote KV geometry");
     if (local->head_dim != remote->head_dim)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "head_dim differs: local %u, remote %u", local->head_dim,
                              remote->head_dim);

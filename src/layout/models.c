@@ -121,7 +121,7 @@ pdl_status_t pdl_model_geometry(const pdl_model_preset_t *m, int tp, uint32_t bl
     /* Rank 0 is representative: every rank of one instance holds the same number of heads. */
     pdl_status_t st = pdl_topo_heads(tp, m->total_kv_heads, m->is_mla, 0, &first, &count, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "model %s", m->name);
+        return pdl_error_prefix(err, st, "model %s", m->name);
     pdl_kv_geometry_t g = {
         .num_blocks = num_blocks,
         .block_size = block_size,
@@ -133,7 +133,7 @@ pdl_status_t pdl_model_geometry(const pdl_model_preset_t *m, int tp, uint32_t bl
         .is_mla = m->is_mla,
     };
     if ((st = pdl_layout_validate(&g, err)) != PDL_OK)
-        return pdl_error_prefix(err, "model %s", m->name);
+        return pdl_error_prefix(err, st, "model %s", m->name);
     *out = g;
     return PDL_OK;
 }

@@ -106,7 +106,7 @@ pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t *
         pdl_status_t st = pdl_topo_heads(cfg->tp_size, cfg->model.total_kv_heads, cfg->model.is_mla, r,
                                          &rk->first_head, &rk->num_heads, err);
         if (st != PDL_OK) {
-            pdl_error_prefix(err, "--tensor-parallel-size %d with %d KV heads", cfg->tp_size,
+            pdl_error_prefix(err, st, "--tensor-parallel-size %d with %d KV heads", cfg->tp_size,
                              cfg->model.total_kv_heads);
             pdl_node_kv_destroy(kv);
             return st;

@@ -57,7 +57,7 @@ static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_er
     }
     pdl_status_t st = pdl_connector_config_parse(text, &node->conn, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, "--kv-transfer-config");
+        pdl_error_prefix(err, st, "--kv-transfer-config");
         return st;
     }
     if (node->conn.role == PDL_ROLE_PRODUCER) {

@@ -179,9 +179,9 @@ static pdl_status_t check_topology(int prefill_tp, int decode_tp, int total_head
     if (st != PDL_OK)
         return st;
     if ((st = pdl_topo_heads(prefill_tp, total_heads, is_mla, 0, NULL, NULL, err)) != PDL_OK)
-        return pdl_error_prefix(err, "prefill");
+        return pdl_error_prefix(err, st, "prefill");
     if ((st = pdl_topo_heads(decode_tp, total_heads, is_mla, 0, NULL, NULL, err)) != PDL_OK)
-        return pdl_error_prefix(err, "decode");
+        return pdl_error_prefix(err, st, "decode");
     return PDL_OK;
 }
 

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "pdlink/layout.h"
+#include "pdlink/models.h"
 #include "pdlink/topo.h"
 
 /* ---- unit checks ---------------------------------------------------------------------------- */
@@ -64,6 +65,23 @@ static void lengths_and_offsets(void **state)
     assert_int_equal(pdl_layout_block_len(&m), 16 * 576 * 2);
     assert_int_equal(pdl_layout_half_offset(&m, 4, 0), 4 * 16 * 576 * 2);
     assert_int_equal(pdl_layout_region_len(&m), 10 * 16 * 576 * 2);
+}
+
+/* Failures behind a prefixed message still fail without an err (they used to return PDL_OK). */
+static void errors_without_err(void **state)
+{
+    (void)state;
+    pdl_kv_geometry_t g;
+    const pdl_model_preset_t *m = pdl_model_find("tiny");
+    assert_non_null(m);
+    assert_int_equal(pdl_model_geometry(m, 3, 16, 8, 2, PDL_KV_HND, false, &g, NULL), PDL_ERR_INVALID);
+    assert_int_equal(pdl_model_geometry(m, 1, 0, 8, 2, PDL_KV_HND, false, &g, NULL), PDL_ERR_INVALID);
+    pdl_kv_geometry_t bad = {0};
+    pdl_descv_t dv = {0};
+    pdl_plan_piece_t pc = {0};
+    uint32_t ids[1] = {0};
+    assert_int_equal(pdl_layout_build_descs(&bad, &bad, PDL_DIR_READ, &pc, 1, ids, ids, 1, 0, 0, &dv, NULL),
+                     PDL_ERR_INVALID);
 }
 
 static void validate_errors(void **state)
@@ -506,6 +524,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(order_names),
         cmocka_unit_test(lengths_and_offsets),
+        cmocka_unit_test(errors_without_err),
         cmocka_unit_test(validate_errors),
         cmocka_unit_test(build_errors),
         cmocka_unit_test(worked_example_p4_d8),

@@ -25,8 +25,10 @@ static void test_error_set_and_prefix(void **state)
     assert_int_equal(pdl_error_set(&e, PDL_ERR_INVALID, "decode TP %d is not a multiple of prefill TP %d", 6, 4),
                      PDL_ERR_INVALID);
     assert_int_equal(e.status, PDL_ERR_INVALID);
-    pdl_error_prefix(&e, "peer %s", "10.0.0.1:6301");
+    assert_int_equal(pdl_error_prefix(&e, PDL_ERR_INVALID, "peer %s", "10.0.0.1:6301"), PDL_ERR_INVALID);
     assert_string_equal(e.msg, "peer 10.0.0.1:6301: decode TP 6 is not a multiple of prefill TP 4");
+    /* The failure reaches a caller that passed no err (it used to come back as PDL_OK). */
+    assert_int_equal(pdl_error_prefix(NULL, PDL_ERR_PEER_GONE, "peer %s", "x"), PDL_ERR_PEER_GONE);
     assert_int_equal(pdl_error_set(NULL, PDL_ERR_TIMEOUT, "x"), PDL_ERR_TIMEOUT);
 }
 
