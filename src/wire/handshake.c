@@ -397,13 +397,12 @@ pdl_status_t pdl_layer_map_add(pdl_layer_map_t *m, const char *name, const void 
                              name, PDL_WIRE_MAX_DESC_BYTES);
     pdl_layer_entry_t *l = (pdl_layer_entry_t *)pdl_layer_map_find(m, name);
     if (l == NULL) {
-        if (m->num_layers >= PDL_WIRE_MAX_LAYERS)
-            return pdl_error_set(err, PDL_ERR_INVALID, LMAP_CTX ": more than %d layers", PDL_WIRE_MAX_LAYERS);
         st = add_layer(m, name, strlen(name), &l, err);
         if (st != PDL_OK)
             return st;
         st = add_desc(l, desc, len, err);
-        if (st != PDL_OK) { /* leave the map as it was */
+        if (st != PDL_OK) { /* leave the map as it was (add_desc may have grown descs before failing) */
+            free(l->descs);
             free(l->name);
             m->num_layers--;
         }
