@@ -82,16 +82,20 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
         h->rank_done[rank / 64] |= 1ull << (rank % 64);
         if (++h->resolved == inst->tp) {
             pdl__strmap_remove(&inst->held, transfer_id);
-            inst->held_blocks -= h->n;
+            inst->freeing++;
             freed = h;
         }
     }
     pthread_mutex_unlock(&inst->held_mu);
     if (freed) {
         pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
+        emit(inst, PDL_EVENT_FREED, transfer_id, -1);
+        pthread_mutex_lock(&inst->held_mu);
+        inst->held_blocks -= freed->n;
+        inst->freeing--;
+        pthread_mutex_unlock(&inst->held_mu);
         free(freed->ids);
         free(freed);
-        emit(inst, PDL_EVENT_FREED, transfer_id, -1);
     }
 }
 
@@ -164,7 +168,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
 size_t pdl_instance_held_transfers(pdl_instance_t *inst)
 {
     pthread_mutex_lock(&inst->held_mu);
-    size_t n = inst->held.count;
+    size_t n = inst->held.count + inst->freeing;
     pthread_mutex_unlock(&inst->held_mu);
     return n;
 }

@@ -345,6 +345,10 @@ struct pdl_instance {
     pthread_mutex_t held_mu;
     pdl_strmap_t held; /* transfer id -> pdl_held_t* */
     size_t held_blocks;
+    /* Transfers resolved but still being freed (blocks back to the allocator, FREED delivered): they
+     * still count in pdl_instance_held_transfers/_blocks, so a caller that sees 0 also sees their
+     * blocks free and their events delivered. */
+    size_t freeing;
     pthread_mutex_t cb_mu;
     pdl_instance_event_fn event_fn;
     void *event_arg;
