@@ -42,6 +42,7 @@
 
 #include "app/buf.h"
 #include "app/parse.h"
+#include "common/clock.h"
 #include "pdlink/log.h"
 
 _Static_assert(PDL_HTTP_STREAM_END == MHD_CONTENT_READER_END_OF_STREAM, "reader codes are MHD's");
@@ -107,13 +108,6 @@ struct http_pump {
     int refs;                 /* the worker and MHD's response */
     http_pump_t *prev, *next; /* in h->pumps */
 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* ---- the body budget ------------------------------------------------------------------------- */
 
@@ -490,7 +484,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
             pdl_debug("http: %s", buf);
         return;
     }
-    uint64_t now = now_ms(), last = atomic_load(&h->warn_last_ms);
+    uint64_t now = pdl__clock_now_ms(), last = atomic_load(&h->warn_last_ms);
     if (last != 0 && now - last < PDL_HTTP_WARN_EVERY_MS) {
         atomic_fetch_add(&h->warn_dropped, 1);
         return;
