@@ -356,7 +356,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     memcpy(p->local_blocks, local_blocks, n * sizeof(uint32_t));
     memcpy(p->remote_blocks, params->remote_block_ids + (params->num_remote_blocks - n), n * sizeof(uint32_t));
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    pdl__clock_cond_init(&p->cv);
     p->rank_fn = fn;
     p->rank_arg = arg;
     p->rank_arg_free = free_fn; /* set last: every failure above leaves arg with the caller */
@@ -386,23 +386,10 @@ pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err)
 {
     if (pull == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pull_wait: no pull");
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (timeout_ms >= 0) {
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-    }
+    uint64_t deadline = pdl__clock_deadline_ms(timeout_ms);
     pthread_mutex_lock(&pull->mu);
-    while (pull->pending > 0) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&pull->cv, &pull->mu);
-        else if (pthread_cond_timedwait(&pull->cv, &pull->mu, &ts) != 0)
-            break;
-    }
+    while (pull->pending > 0 && pdl__clock_cond_wait(&pull->cv, &pull->mu, deadline))
+        ;
     pdl_status_t st;
     if (pull->pending > 0)
         st = pdl_error_set(err, PDL_ERR_TIMEOUT, "pull %s: %d ranks still reading after %d ms", pull->transfer_id,

@@ -602,7 +602,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->seen = calloc((size_t)D, sizeof(*rv->seen));
     rv->failed = calloc((size_t)D, sizeof(bool));
     rv->rank_failed_by = -1;
-    pthread_cond_init(&rv->cv, NULL);
+    pdl__clock_cond_init(&rv->cv);
     if (rv->count == NULL || rv->done == NULL || rv->seen == NULL || rv->failed == NULL) {
         recv_free_parts(rv);
         return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
@@ -664,23 +664,10 @@ pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
     if (rv == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "recv_wait: no receive");
     pdl_instance_t *inst = rv->inst;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (timeout_ms >= 0) {
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-    }
+    uint64_t deadline = pdl__clock_deadline_ms(timeout_ms);
     pthread_mutex_lock(&inst->push_mu);
-    while (rv->pending > 0) {
-        if (timeout_ms < 0)
-            pthread_cond_wait(&rv->cv, &inst->push_mu);
-        else if (pthread_cond_timedwait(&rv->cv, &inst->push_mu, &ts) != 0)
-            break;
-    }
+    while (rv->pending > 0 && pdl__clock_cond_wait(&rv->cv, &inst->push_mu, deadline))
+        ;
     pdl_status_t st;
     if (rv->pending > 0)
         st = pdl_error_set(err, PDL_ERR_TIMEOUT, "receive %s: %d ranks still waiting for write_done after %d ms",

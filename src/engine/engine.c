@@ -748,11 +748,7 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     b->pending = b->nchunks;
     b->status = PDL_INPROGRESS;
     pthread_mutex_init(&b->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&b->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    pdl__clock_cond_init(&b->cv);
     b->priv = priv ? privp : NULL;
     for (int q = 0; q < b->nchunks; q++) {
         jobs[q].batch = b;

@@ -303,23 +303,18 @@ static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
         free(ts);
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
     }
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     for (int i = 0; i < e->qp_per_transfer; i++) {
         ts->c[i].fd = -1;
         ts->c[i].ci = i;
         pthread_mutex_init(&ts->c[i].mu, NULL);
-        pthread_cond_init(&ts->c[i].cv, &ca);
+        pdl__clock_cond_init(&ts->c[i].cv);
         ts->n++;
         ts->c[i].frame = malloc(PDL_TCP_REQ_HDR + (size_t)PDL_TCP_MAX_SEGS * PDL_TCP_SEG);
         if (ts->c[i].frame == NULL) {
-            pthread_condattr_destroy(&ca);
             session_free(ts);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
         }
     }
-    pthread_condattr_destroy(&ca);
     s->bk = ts;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     char port[8];

@@ -19,6 +19,7 @@
 
 #include "pdlink/log.h"
 #include "pdlink/topo.h"
+#include "common/clock.h"
 
 typedef struct node_rank {
     pdl_kv_geometry_t geom;
@@ -95,7 +96,7 @@ pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t *
     kv->tp_size = cfg->tp_size;
     kv->num_blocks = cfg->num_blocks;
     pthread_mutex_init(&kv->mu, NULL);
-    pthread_cond_init(&kv->freed, NULL);
+    pdl__clock_cond_init(&kv->freed);
     kv->ranks = calloc((size_t)cfg->tp_size, sizeof(*kv->ranks));
     if (kv->ranks == NULL) {
         pdl_node_kv_destroy(kv);
@@ -226,27 +227,12 @@ void pdl_node_kv_heads(const pdl_node_kv_t *kv, int tp_rank, int *first, int *co
     *count = kv->ranks[tp_rank].num_heads;
 }
 
-static struct timespec deadline_in(int wait_ms)
-{
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += wait_ms / 1000;
-    deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    return deadline;
-}
-
 static pdl_status_t alloc_local(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, int wait_ms, pdl_error_t *err)
 {
-    struct timespec deadline = deadline_in(wait_ms);
+    uint64_t deadline = pdl__clock_deadline_ms(wait_ms > 0 ? wait_ms : 0);
     pthread_mutex_lock(&kv->mu);
-    while (kv->num_free < n) {
-        if (wait_ms <= 0 || pthread_cond_timedwait(&kv->freed, &kv->mu, &deadline) == ETIMEDOUT)
-            break;
-    }
+    while (kv->num_free < n && pdl__clock_cond_wait(&kv->freed, &kv->mu, deadline))
+        ;
     if (kv->num_free < n) {
         size_t free_now = kv->num_free;
         pthread_mutex_unlock(&kv->mu);
@@ -268,14 +254,14 @@ pdl_status_t pdl_node_kv_alloc(pdl_node_kv_t *kv, size_t n, uint32_t *ids_out, i
         return PDL_OK;
     if (kv->inst == NULL)
         return alloc_local(kv, n, ids_out, wait_ms, err);
-    struct timespec deadline = deadline_in(wait_ms > 0 ? wait_ms : 0);
+    uint64_t deadline = pdl__clock_deadline_ms(wait_ms > 0 ? wait_ms : 0);
     pthread_mutex_lock(&kv->mu);
     pdl_status_t st;
     for (;;) {
         st = pdl_instance_alloc_blocks(kv->inst, n, ids_out, err);
         if (st != PDL_ERR_NOMEM || wait_ms <= 0)
             break;
-        if (pthread_cond_timedwait(&kv->freed, &kv->mu, &deadline) == ETIMEDOUT)
+        if (!pdl__clock_cond_wait(&kv->freed, &kv->mu, deadline))
             break; /* err holds the last attempt's message (needed / free counts) */
     }
     pthread_mutex_unlock(&kv->mu);
