@@ -416,6 +416,19 @@ static void bg_start(bg_fetch_t *b, int port, const char *path, const char *post
     assert_int_equal(pthread_create(&b->t, NULL, bg_fetch_main, b), 0);
 }
 
+/* True once no request body is charged to the budget; false at deadline_ms from now. */
+static bool budget_drains(pdl_http_t *http, int deadline_ms)
+{
+    for (int waited = 0; waited < deadline_ms; waited += 10) {
+        pdl_http_stats_t st;
+        pdl_http_stats(http, &st);
+        if (st.body_bytes == 0)
+            return true;
+        usleep(10000);
+    }
+    return false;
+}
+
 static void body_over_budget_is_refused_until_one_is_freed(void **state)
 {
     (void)state;
@@ -443,10 +456,13 @@ static void body_over_budget_is_refused_until_one_is_freed(void **state)
     pthread_join(held.t, NULL);
     assert_int_equal(held.f.status, 200);
     assert_string_equal(held.f.body, "held 60");
+    /* A body is uncharged when MHD completes its connection, which may come just after the client has
+     * read the answer: wait for it (the deadline only bounds a failure). */
+    assert_true(budget_drains(http, 30000));
     fetch(port, "/echo", body60, NULL, &f); /* the budget came back */
     assert_int_equal(f.status, 200);
+    assert_true(budget_drains(http, 30000));
     pdl_http_stats(http, &st);
-    assert_int_equal(st.body_bytes, 0);
     assert_int_equal(st.refused_body, 1);
     pdl_http_stop(http);
 }
@@ -540,7 +556,7 @@ static long cpu_ticks(pid_t pid)
     return utime + stime;
 }
 
-static void out_of_descriptors_the_listener_idles(void **state)
+static __attribute__((unused)) void out_of_descriptors_the_listener_idles(void **state)
 {
     (void)state;
     enum { NOFILE = 256, N = 300 };
@@ -641,7 +657,11 @@ int main(void)
         cmocka_unit_test(body_over_budget_is_refused_until_one_is_freed),
         cmocka_unit_test(blocked_streams_and_handlers_hold_workers_not_the_poller),
         cmocka_unit_test(requests_beyond_the_workers_wait_for_one),
+#if !defined(__SANITIZE_THREAD__)
+        /* Forks a child that starts threads; TSan's runtime does not support that in a process that
+         * already ran threads (the child hung), so the plain and ASan builds run it. */
         cmocka_unit_test(out_of_descriptors_the_listener_idles),
+#endif
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     curl_global_cleanup();
