@@ -193,7 +193,8 @@ void pdl_engine_publish(pdl_engine_t *engine);
 
 /*
  * Accessors of a registration (`mem` must not be NULL): its address and size in this process, and its
- * id, unique in this engine (never reused, starting at 1).
+ * id: a random non-zero 64-bit number drawn with getrandom, unique among this engine's live and
+ * recently deregistered registrations, so a peer that was not given a memory descriptor cannot guess it.
  */
 void *pdl_mem_ptr(const pdl_mem_t *mem);
 size_t pdl_mem_size(const pdl_mem_t *mem);
@@ -236,6 +237,36 @@ pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void
  */
 void pdl_session_close(pdl_session_t *session);
 
+/*
+ * Grants (docs/security.md). A guarded registration is served by the tcp backend only to requests that
+ * name a live grant covering every byte they touch; every other request is refused (status
+ * PDL_ERR_DENIED, counted in requests_denied) and no byte of it is read or written. A registration is
+ * open (served to any request inside it, as before) until pdl_mem_guard. The shm backend has no server:
+ * a shm peer maps the memfd or uses process_vm_readv, which the kernel allows only to the same uid or
+ * root, so grants do not apply to it.
+ *
+ * pdl_mem_guard: guard `mem` from now on (requests already being served finish). Cannot fail; `mem`
+ * must not be NULL.
+ *
+ * pdl_engine_grant: allow requests named `name` (1..PDL_GRANT_NAME_MAX bytes, e.g. a transfer id) to
+ * do `ops` (PDL_GRANT_READ | PDL_GRANT_WRITE) inside the n ranges (offsets in `mem`, copied; they may
+ * overlap and come in any order) until pdl_engine_revoke. A range outside the region is allowed but
+ * useless (the region's bounds are checked first). PDL_ERR_INVALID (NULL argument, bad name or ops,
+ * n == 0, an empty or wrapping range), PDL_ERR_BAD_STATE (a grant of that name exists), PDL_ERR_NOMEM.
+ *
+ * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a request being served
+ * finishes. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
+ */
+#define PDL_GRANT_NAME_MAX 512 /* = PDL_WIRE_ID_MAX: a transfer id fits */
+enum { PDL_GRANT_READ = 1u, PDL_GRANT_WRITE = 2u };
+typedef struct pdl_range {
+    uint64_t off, len;
+} pdl_range_t;
+void pdl_mem_guard(pdl_mem_t *mem);
+pdl_status_t pdl_engine_grant(pdl_engine_t *engine, pdl_mem_t *mem, const char *name, unsigned ops,
+                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
+pdl_status_t pdl_engine_revoke(pdl_engine_t *engine, const char *name, pdl_error_t *err);
+
 typedef enum pdl_op {
     PDL_OP_READ = 1,  /* remote → local */
     PDL_OP_WRITE = 2, /* local → remote */
@@ -272,6 +303,14 @@ typedef enum pdl_op {
  */
 pdl_status_t pdl_session_post(pdl_session_t *session, pdl_op_t op, const pdl_desc_t *descs, size_t n,
                               pdl_batch_t **batch_out, pdl_error_t *err);
+/*
+ * pdl_session_post for a guarded remote registration: every request of the batch names the grant
+ * `grant` (1..PDL_GRANT_NAME_MAX bytes; NULL or "" = none, which is pdl_session_post). The owner refuses
+ * the batch with PDL_ERR_DENIED unless that grant covers it. shm ignores the name (see pdl_mem_guard).
+ * PDL_ERR_INVALID also for a name that is too long.
+ */
+pdl_status_t pdl_session_post_granted(pdl_session_t *session, pdl_op_t op, const char *grant, const pdl_desc_t *descs,
+                                      size_t n, pdl_batch_t **batch_out, pdl_error_t *err);
 
 /*
  * PDL_INPROGRESS while running, then the batch's final status, with err filled (a copy of the batch's
@@ -313,7 +352,9 @@ typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;
     uint64_t bytes_read, bytes_written;        /* as initiator */
     uint64_t bytes_served;                     /* as owner (tcp) */
-    uint64_t requests_refused;                 /* unknown id / out of range / overflow */
+    uint64_t requests_refused;                 /* unknown id / out of range / overflow / denied */
+    uint64_t requests_denied;                  /* of those: no grant covered them (guarded region) */
+    uint64_t requests_served;                  /* as owner (tcp): READ/WRITE requests served */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
 } pdl_engine_stats_t;
 

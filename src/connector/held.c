@@ -59,8 +59,50 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
                   : pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
 }
 
+/* Revoke rank `rank`'s grant of transfer_id if it has one (WRITE pushes and already revoked ones have
+ * none: NOT_FOUND is expected then). */
+static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
+{
+    if (inst->cfg.conn.read_mode)
+        pdl_engine_revoke(inst->ranks[rank].mem.engine, transfer_id, NULL);
+}
+
+pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                             pdl_error_t *err)
+{
+    int L = inst->cfg.model.num_layers;
+    for (int i = 0; i < inst->tp; i++) {
+        pdl_rank_mem_t *m = &inst->ranks[i].mem;
+        int halves = pdl_layout_num_halves(&m->geo);
+        uint64_t blen = pdl_layout_block_len(&m->geo);
+        size_t nr = (size_t)L * n * (size_t)halves;
+        pdl_range_t *rg = malloc(nr * sizeof(*rg));
+        if (rg == NULL) {
+            for (int k = 0; k < i; k++)
+                revoke(inst, transfer_id, k);
+            return pdl_error_set(err, PDL_ERR_NOMEM, "hold %s: out of memory for %zu grant ranges", transfer_id, nr);
+        }
+        size_t k = 0;
+        for (int l = 0; l < L; l++)
+            for (size_t b = 0; b < n; b++)
+                for (int h = 0; h < halves; h++)
+                    rg[k++] = (pdl_range_t){(uint64_t)l * m->layer_len + pdl_layout_half_offset(&m->geo, ids[b], h),
+                                            blen};
+        pdl_status_t st = pdl_engine_grant(m->engine, m->kv, transfer_id, PDL_GRANT_READ, rg, nr, err);
+        free(rg);
+        if (st != PDL_OK) {
+            for (int q = 0; q < i; q++)
+                revoke(inst, transfer_id, q);
+            return pdl_error_prefix(err, "hold %s: rank %d", transfer_id, i);
+        }
+    }
+    return PDL_OK;
+}
+
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
 {
+    for (int i = 0; i < inst->tp; i++)
+        revoke(inst, transfer_id, i);
     pthread_mutex_lock(&inst->held_mu);
     pdl_held_t *h = pdl__strmap_remove(&inst->held, transfer_id);
     if (h != NULL)
@@ -80,6 +122,8 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
     pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
     if (h && !((h->rank_done[rank / 64] >> (rank % 64)) & 1u)) {
         h->rank_done[rank / 64] |= 1ull << (rank % 64);
+        /* This rank's consumers released (or the lease ended): nobody may read its blocks any more. */
+        revoke(inst, transfer_id, rank);
         if (++h->resolved == inst->tp) {
             pdl__strmap_remove(&inst->held, transfer_id);
             inst->held_blocks -= h->n;
@@ -136,6 +180,11 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "hold");
+    st = pdl__held_grant(inst, transfer_id, ids, n, err);
+    if (st != PDL_OK) {
+        pdl__held_cancel(inst, transfer_id);
+        return st;
+    }
     uint64_t now = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];

@@ -198,6 +198,7 @@ typedef struct pdl_xfer {
     int npieces;
     const uint32_t *local_blocks, *remote_blocks;
     size_t n;
+    const char *grant; /* READ: the transfer id, the grant the producer's engine serves it under; else NULL */
 } pdl_xfer_t;
 
 /* Where an executed transfer spent its time (debug log lines). */
@@ -290,12 +291,18 @@ typedef struct pdl_held {
 } pdl_held_t;
 
 /* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
- * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
+ * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. A held transfer's blocks may be read by whoever
+ * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err);
-/* Undo pdl__held_add (the blocks stay with the caller). */
+/* READ mode: let every rank's engine serve reads of the held blocks (all layers, both halves) to
+ * requests naming transfer_id; PDL_ERR_INVALID/_NOMEM from pdl_engine_grant, with no grant left. */
+pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                             pdl_error_t *err);
+/* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
-/* Rank `rank` is done with transfer_id (reported, or expired); the last rank frees the blocks. */
+/* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees
+ * the blocks. */
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
 void pdl__held_free_all(pdl_instance_t *inst);
 

@@ -112,7 +112,8 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *
                     .npieces = plan->num_pieces,
                     .local_blocks = pull->local_blocks,
                     .remote_blocks = pull->remote_blocks,
-                    .n = pull->n};
+                    .n = pull->n,
+                    .grant = pull->transfer_id};
     return pdl__xfer_run(r, side, &x, bytes_out, descs_out, xt, err);
 }
 

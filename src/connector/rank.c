@@ -180,6 +180,11 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+    /* Least privilege (docs/security.md): the engine serves this region only inside grants -- READ
+     * mode: the blocks a producer holds for a transfer, to requests naming it. A WRITE-mode consumer's
+     * region is still open: the producers' pushes carry no grant yet. */
+    if (cfg->conn.read_mode || cfg->conn.role == PDL_ROLE_PRODUCER)
+        pdl_mem_guard(m->kv);
     m->kv_ptr = pdl_mem_ptr(m->kv);
     memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
 

@@ -24,11 +24,13 @@
 #include <sys/types.h>
 
 #include "common/workq.h"
+#include "engine/grant.h"
 #include "pdlink/engine.h"
 #include "pdlink/log.h"
 
 #define PDL_KEY_MAX 256      /* engine keys, hosts, hostnames (bytes incl. NUL) */
 #define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm peers */
+#define PDL_DEAD_IDS 256     /* deregistered ids remembered for the error message */
 
 typedef enum pdl_mem_kind {
     PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
@@ -45,6 +47,7 @@ struct pdl_mem {
     int slot;           /* index in the shm live table (-1 if the table is full) */
     _Atomic int refs;   /* in-flight server requests (tcp); the table's own reference is not counted */
     _Atomic bool dead;  /* deregistered: refuse new requests */
+    _Atomic bool guarded; /* tcp: serve only requests a grant covers (pdl_mem_guard) */
 };
 
 /* A memory descriptor received from a peer (unpacked pdl_mem_pack bytes). */
@@ -110,6 +113,7 @@ struct pdl_batch {
     pdl_error_t err;
     _Atomic bool cancel;
     void *priv;      /* ops->chunk_priv bytes per chunk, in the same allocation (backend state) */
+    char grant[PDL_GRANT_NAME_MAX + 1]; /* tcp: the grant every request names; "" = none */
 };
 
 /* Which optional entries a backend has. */
@@ -178,7 +182,11 @@ struct pdl_engine {
     pthread_mutex_t mu; /* registrations, remotes, sessions */
     pdl_mem_t **mems;
     size_t nmems, capmems;
-    uint64_t next_mem_id;
+    /* Registration ids are random (pdl_mem_id); the last PDL_DEAD_IDS deregistered ones are kept so a
+     * request naming one is told "deregistered" rather than "no such registration". */
+    uint64_t dead_ids[PDL_DEAD_IDS];
+    unsigned dead_next;
+    pdl_grants_t grants; /* grant.h; its own lock */
     pdl_remote_t *remotes;
     pdl_session_t *sessions;
 
@@ -191,7 +199,7 @@ struct pdl_engine {
 
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
-        st_requests_refused, st_conn_malformed;
+        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed;
 
     pdl_ratelimit_t rl_malformed;
     pdl_ratelimit_t rl_refused;

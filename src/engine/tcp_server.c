@@ -36,6 +36,7 @@
 #include <arpa/inet.h>
 
 #include "engine/backend.h"
+#include "engine/grant.h"
 #include "engine/iov.h"
 #include "engine/tcp.h"
 #include "engine/tcp_wire.h"
@@ -267,6 +268,17 @@ static int on_segs(srv_conn_t *c)
         }
         c->iov[i + 1] = (struct iovec){(uint8_t *)m->ptr + off, len};
     }
+    char why[PDL_TCP_MAX_MSG / 2];
+    if (atomic_load(&m->guarded) &&
+        !pdl__grants_check(&e->grants, (const char *)c->segs + (size_t)c->req.nseg * PDL_TCP_SEG, c->req.grant_len,
+                           m->id, c->req.op == PDL_TCP_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE, c->segs, c->req.nseg,
+                           why, sizeof(why))) {
+        pdl__engine_mem_put(m);
+        atomic_fetch_add(&e->st_requests_denied, 1);
+        refuse(c, PDL_ERR_DENIED, "%s of region %" PRIu64 " of engine %s denied: %s", opn, c->req.reg_id, e->key, why);
+        return 0;
+    }
+    atomic_fetch_add(&e->st_requests_served, 1);
     conn_set_mem(srv, c, m);
     c->payload = c->req.total_len;
     if (c->req.op == PDL_TCP_OP_READ) {
@@ -288,11 +300,12 @@ static int on_header(srv_conn_t *c)
         return conn_malformed(c, "bad magic 0x%08x", r->magic);
     if (r->version != PDL_TCP_VERSION)
         return conn_malformed(c, "protocol version %u, this engine speaks %d", r->version, PDL_TCP_VERSION);
-    if (r->reserved != 0)
-        return conn_malformed(c, "reserved header field is %u, not 0", r->reserved);
+    if (r->grant_len > PDL_GRANT_NAME_MAX)
+        return conn_malformed(c, "grant name of %u bytes (at most %d)", r->grant_len, PDL_GRANT_NAME_MAX);
     if (r->op == PDL_TCP_OP_HELLO) {
-        if (r->nseg != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
-            return conn_malformed(c, "HELLO with %u segments and a %" PRIu64 "-byte key", r->nseg, r->total_len);
+        if (r->nseg != 0 || r->grant_len != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
+            return conn_malformed(c, "HELLO with %u segments, a %u-byte grant name and a %" PRIu64 "-byte key",
+                                  r->nseg, r->grant_len, r->total_len);
         c->got = 0;
         c->st = RX_KEY;
         return 0;
@@ -304,7 +317,8 @@ static int on_header(srv_conn_t *c)
     if (r->total_len > PDL_TCP_MAX_REQ_BYTES)
         return conn_malformed(c, "request of %" PRIu64 " bytes exceeds the %llu-byte limit", r->total_len,
                               PDL_TCP_MAX_REQ_BYTES);
-    c->seg_need = (size_t)r->nseg * PDL_TCP_SEG;
+    /* The segment table and the grant name are received as one block. */
+    c->seg_need = (size_t)r->nseg * PDL_TCP_SEG + r->grant_len;
     uint8_t *s = realloc(c->segs, c->seg_need);
     if (s == NULL)
         return conn_malformed(c, "out of memory for %u segments", r->nseg);
