@@ -68,6 +68,7 @@ typedef struct pdl_connector_config {
     double peer_backoff_s;          /* 2: a failed peer is refused at once for this long, then retried */
     double peer_backoff_max_s;      /* 30: the backoff doubles per consecutive failure up to this */
     double consumer_gone_timeout_s; /* 5: a producer frees the holds of a consumer unreachable this long */
+    bool bind_all; /* false: handshake, notify and data ports listen on host_ip only; true: on every address */
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -281,7 +282,17 @@ typedef enum pdl_counter_kind {
     X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
-      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")
+      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")              \
+    X(data_requests_served, "pdlink_data_requests_served_total", PDL_COUNTER_COUNT,                                 \
+      "Remote READ/WRITE requests this rank's tcp engine served (inside a grant).")                              \
+    X(data_requests_denied, "pdlink_data_requests_denied_total", PDL_COUNTER_COUNT,                                 \
+      "Remote READ/WRITE requests refused for want of a grant: 0 bytes read or written (docs/security.md).")     \
+    X(peer_identity_refused, "pdlink_peer_identity_refused_total", PDL_COUNTER_COUNT,                               \
+      "Transfers refused: the engine id they claim is not the verified identity of the address (security.md).") \
+    X(untrusted_refused, "pdlink_untrusted_refused_total", PDL_COUNTER_COUNT,                                       \
+      "Transfers or data connections refused: the peer's host is not in trusted_hosts (docs/security.md).")      \
+    X(releases_refused, "pdlink_releases_refused_total", PDL_COUNTER_COUNT,                                         \
+      "Releases dropped: sent from another host than the consumer the transfer was served to (security.md).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

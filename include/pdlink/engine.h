@@ -89,6 +89,12 @@ typedef struct pdl_engine_config {
      * name must be settable (tcp_allowed_congestion_control, or CAP_NET_ADMIN) or create fails.
      */
     const char *tcp_congestion;
+    /*
+     * tcp: false (default) = listen on `host` only, the address peers are told; true = listen on every
+     * address of host's family (0.0.0.0 or ::) and still advertise `host`. Binding only the advertised
+     * address keeps the data port off interfaces nobody was meant to reach it on (docs/security.md).
+     */
+    bool bind_all;
 } pdl_engine_config_t;
 
 /*

@@ -137,6 +137,8 @@ static const key_row_t k_rows[] = {
     {"peer_backoff_max", K_SECONDS, OFF(peer_backoff_max_s), "pdlink: cap of peer_backoff's doubling (30)"},
     {"consumer_gone_timeout", K_SECONDS, OFF(consumer_gone_timeout_s),
      "pdlink: a producer frees the holds of a consumer unreachable for this long (5)"},
+    {"bind_all", K_BOOL, OFF(bind_all),
+     "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},
 };
 #undef OFF
 

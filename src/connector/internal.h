@@ -119,7 +119,11 @@ void pdl__outq_fini(pdl_outq_t *q);
 
 /* Where a remote instance listens and what it is: the far end of a transfer. */
 typedef struct pdl_peer_addr {
-    char engine_id[PDL_WIRE_ID_MAX + 1]; /* cache key: "host:handshake base" unless the params named one */
+    /* Cache key: always "host:handshake base", what is dialled and verified. Before it was the params'
+     * remote_engine_id, which a client chooses: one request naming the real prefill's id with another
+     * host planted that host under the real id for every later request (issue 12). */
+    char engine_id[PDL_WIRE_ID_MAX + 1];
+    char claimed_id[PDL_WIRE_ID_MAX + 1]; /* the params' remote_engine_id ("" = none): checked, never trusted */
     char host[PDL_WIRE_HOST_MAX + 1];
     int hs_base, notify_base; /* port bases; a rank listens on base + dp * tp + rank */
     int dp;                   /* the remote instance's DP rank */

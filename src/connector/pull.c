@@ -280,10 +280,8 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
         pr->hs_base = pa.handshake_port;
         pr->notify_base = pa.notify_port;
     }
-    if (params->remote_engine_id[0])
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s", params->remote_engine_id);
-    else
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
+    snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
+    snprintf(pr->claimed_id, sizeof(pr->claimed_id), "%s", params->remote_engine_id);
     bool disagree = false;
     pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     if (disagree)

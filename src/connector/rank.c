@@ -170,7 +170,8 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
                               .port = 0,
                               .backend = cfg->conn.backend,
                               .qp_per_transfer = cfg->conn.qp_per_transfer,
-                              .num_workers = cfg->conn.num_workers};
+                              .num_workers = cfg->conn.num_workers,
+                              .bind_all = cfg->conn.bind_all};
     st = pdl__service_bind(r, err);
     if (st != PDL_OK)
         return st;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -356,6 +357,17 @@ static void *service_main(void *arg)
     return NULL;
 }
 
+/* The first address `host` resolves to, as numeric text; 0, or -1 when it does not resolve. */
+static int numeric_host(const char *host, char *out, size_t cap)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return -1;
+    int rc = getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) == 0 ? 0 : -1;
+    freeaddrinfo(ai);
+    return rc;
+}
+
 static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t *err)
 {
     void *s = zmq_socket(r->inst->zctx, ZMQ_ROUTER);
@@ -368,12 +380,26 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     /* Default RCVHWM (1000 messages per connection): a flooding sender is slowed by TCP backpressure
      * instead of queueing unbounded memory here. */
-    if (strchr(r->inst->cfg.conn.host_ip, ':'))
+    /* host_ip only, unless bind_all: upstream binds every address (the "*" endpoint), which put the
+     * handshake and notify ports on interfaces host_ip never named (issue 12). libzmq binds only
+     * interface names and numeric addresses, so a host name is resolved here first. */
+    const pdl_connector_config_t *cc = &r->inst->cfg.conn;
+    char host[PDL_WIRE_HOST_MAX + 1] = "*";
+    char ep[PDL_WIRE_HOST_MAX + 32];
+    if (!cc->bind_all && numeric_host(cc->host_ip, host, sizeof(host)) != 0) {
+        pdl_error_set(err, PDL_ERR_INVALID, "rank %d %s port %d: host_ip '%s' does not resolve (set bind_all to listen "
+                      "on every address)", r->rank, what, port, cc->host_ip);
+        zmq_close(s);
+        return NULL;
+    }
+    if (strchr(cc->bind_all ? cc->host_ip : host, ':'))
         set_int_opt(s, ZMQ_IPV6, 1);
-    char ep[64];
-    snprintf(ep, sizeof(ep), "tcp://*:%d", port);
+    if (strcmp(host, "*") == 0)
+        snprintf(ep, sizeof(ep), "tcp://*:%d", port);
+    else
+        pdl__endpoint(ep, sizeof(ep), host, port);
     if (zmq_bind(s, ep) != 0) {
-        pdl_error_set(err, PDL_ERR_TRANSPORT, "rank %d %s port %d: bind failed: %s", r->rank, what, port,
+        pdl_error_set(err, PDL_ERR_TRANSPORT, "rank %d %s port %d: bind %s failed: %s", r->rank, what, port, ep,
                       zmq_strerror(zmq_errno()));
         zmq_close(s);
         return NULL;

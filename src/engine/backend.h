@@ -173,6 +173,7 @@ struct pdl_engine {
     char hostname[PDL_KEY_MAX];
     char boot_id[64];
     uint16_t port;
+    bool bind_all; /* tcp: listen on the wildcard address, advertise host */
     pdl_backend_kind_t backend;
     char tcp_cc[16]; /* congestion control set on tcp data sockets; "" = system default */
     int qp_per_transfer;

@@ -172,6 +172,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     if (cfg->backend == PDL_BACKEND_TCP && cfg->tcp_congestion != NULL)
         snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", cfg->tcp_congestion);
     e->num_workers = cfg->num_workers;
+    e->bind_all = cfg->bind_all;
     e->ops = ops;
     e->ctl_fd = -1;
     pdl__grants_init(&e->grants);

@@ -626,12 +626,18 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
                            gai_strerror(rc));
         goto err_free;
     }
+    if (e->bind_all) { /* the wildcard of host's family, same port */
+        if (ai->ai_family == AF_INET6)
+            ((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr = in6addr_any;
+        else
+            ((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr = htonl(INADDR_ANY);
+    }
     srv->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (srv->lfd < 0 || setsockopt(srv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
         bind(srv->lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(srv->lfd, 512) != 0) {
-        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u: %s", e->key, e->host, e->port,
-                           strerror(errno));
+        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u%s: %s", e->key, e->host, e->port,
+                           e->bind_all ? " (bind_all: every address)" : "", strerror(errno));
         freeaddrinfo(ai);
         goto err_free;
     }
