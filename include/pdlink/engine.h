@@ -263,6 +263,11 @@ void pdl_session_close(pdl_session_t *session);
  * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a request being served
  * finishes. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
  */
+/*
+ * pdl_engine_grant_peer: the numeric address of the host the grant was first served to ("" while
+ * unused) into host (cap bytes) -- the peer that took part in the transfer, e.g. to check who may
+ * release it. PDL_ERR_NOT_FOUND when no grant has that name, PDL_ERR_INVALID for a NULL argument.
+ */
 #define PDL_GRANT_NAME_MAX 512 /* = PDL_WIRE_ID_MAX: a transfer id fits */
 enum { PDL_GRANT_READ = 1u, PDL_GRANT_WRITE = 2u };
 typedef struct pdl_range {
@@ -272,6 +277,7 @@ void pdl_mem_guard(pdl_mem_t *mem);
 pdl_status_t pdl_engine_grant(pdl_engine_t *engine, pdl_mem_t *mem, const char *name, unsigned ops,
                               const pdl_range_t *ranges, size_t n, pdl_error_t *err);
 pdl_status_t pdl_engine_revoke(pdl_engine_t *engine, const char *name, pdl_error_t *err);
+pdl_status_t pdl_engine_grant_peer(pdl_engine_t *engine, const char *name, char *host, size_t cap, pdl_error_t *err);
 
 typedef enum pdl_op {
     PDL_OP_READ = 1,  /* remote → local */

@@ -10,9 +10,11 @@
  * The per-rank release counting itself lives in each rank's fan-in (fanin.c), keyed by the same id:
  * it is that rank's state machine, not a second record of the blocks.
  */
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "connector/internal.h"
 #include "common/clock.h"
@@ -35,6 +37,47 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
     pthread_mutex_unlock(&inst->cb_mu);
 }
 
+/* The host part of "host:port" / "[v6]:port" when it is a numeric address (no DNS: a name could
+ * resolve to anything later), normalised as getnameinfo prints it; else "". */
+static void numeric_host_of(const char *hostport, char *out, size_t cap)
+{
+    out[0] = '\0';
+    char host[PDL_WIRE_HOST_MAX + 16];
+    snprintf(host, sizeof(host), "%s", hostport[0] == '[' ? hostport + 1 : hostport);
+    char *end = hostport[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
+    if (end)
+        *end = '\0';
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (host[0] == '\0' || getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return;
+    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) != 0)
+        out[0] = '\0';
+    freeaddrinfo(ai);
+}
+
+bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap)
+{
+    pdl_instance_t *inst = r->inst;
+    expected[0] = '\0';
+    if (sender == NULL || sender[0] == '\0')
+        return true;
+    if (inst->cfg.conn.read_mode)
+        pdl_engine_grant_peer(r->mem.engine, transfer_id, expected, cap, NULL);
+    if (expected[0] == '\0') {
+        pthread_mutex_lock(&inst->held_mu);
+        const pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
+        if (h)
+            snprintf(expected, cap, "%s", h->consumer_ip);
+        pthread_mutex_unlock(&inst->held_mu);
+    }
+    if (expected[0] == '\0' || strcmp(sender, expected) == 0)
+        return true;
+    /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
+    char proxy[64];
+    numeric_host_of(inst->cfg.conn.proxy_ip, proxy, sizeof(proxy));
+    return proxy[0] != '\0' && strcmp(sender, proxy) == 0;
+}
+
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err)
 {
@@ -44,6 +87,7 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
     }
     snprintf(h->consumer, sizeof(h->consumer), "%s", consumer ? consumer : "");
+    numeric_host_of(h->consumer, h->consumer_ip, sizeof(h->consumer_ip));
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
     pthread_mutex_lock(&inst->held_mu);
@@ -93,7 +137,8 @@ pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, cons
         if (st != PDL_OK) {
             for (int q = 0; q < i; q++)
                 revoke(inst, transfer_id, q);
-            return pdl_error_prefix(err, "hold %s: rank %d", transfer_id, i);
+            pdl_error_prefix(err, "hold %s: rank %d", transfer_id, i); /* PDL_OK when err is NULL: keep st */
+            return st;
         }
     }
     return PDL_OK;

@@ -64,7 +64,7 @@ typedef struct pdl_rank_ctr {
     pthread_mutex_t mu;
     pdl_rank_counters_t v;
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
-    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl;
+    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl, refused_rl;
 } pdl_rank_ctr_t;
 
 void pdl__ctr_init(pdl_rank_ctr_t *c);
@@ -290,6 +290,7 @@ typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
     char consumer[PDL_WIRE_HOST_MAX + 16]; /* "host:port" of the consumer's handshake port; "" = unknown */
+    char consumer_ip[64]; /* that host when it is a numeric address; "" = unknown or a name */
     int resolved;
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
@@ -303,6 +304,15 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
  * requests naming transfer_id; PDL_ERR_INVALID/_NOMEM from pdl_engine_grant, with no grant left. */
 pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                              pdl_error_t *err);
+/*
+ * May a release of transfer_id reach rank r from host `sender` (numeric, as libzmq reports the
+ * connection's peer; NULL = unknown)? The consumer is the host the rank's engine first served the
+ * transfer's grant to, else the host its request id names (pdl_instance_hold_for); a release from
+ * another host, other than the router's (proxy_ip), is refused, with the expected host in `expected`.
+ * Without a known consumer (an upstream peer reads over its own transport, no request id, a name
+ * instead of an address, a transfer not held yet) every release is accepted, as upstream does.
+ */
+bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap);
 /* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 /* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees

@@ -160,8 +160,22 @@ static void collect_id(void *arg, const char *id)
         l->ids[l->n++] = c;
 }
 
-static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
+static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
+    char expected[64];
+    if (!pdl__held_release_allowed(r, msg->transfer_id, sender, expected, sizeof(expected))) {
+        /* Issue 12: a forged release freed another transfer's blocks while its consumer still read. */
+        PDL_CTR_ADD(r, releases_refused, 1);
+        pthread_mutex_lock(&r->ctr.mu);
+        uint64_t sup = 0;
+        bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &sup);
+        pthread_mutex_unlock(&r->ctr.mu);
+        if (log)
+            pdl_warn("rank %d: refused a release of transfer %.100s from %s: it was served to %s (%" PRIu64
+                     " similar suppressed)",
+                     r->rank, msg->transfer_id, sender, expected, sup);
+        return;
+    }
     pdl_fanin_release_t rel = {.transfer_id = msg->transfer_id,
                                .consumer_tp_size = msg->type == PDL_MSG_LEGACY ? 1 : msg->consumer_tp_size,
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
@@ -210,7 +224,8 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     switch (msg.type) {
     case PDL_MSG_RELEASE:
     case PDL_MSG_LEGACY:
-        notify_release(r, &msg);
+        /* libzmq's "Peer-Address": the numeric address of the connection the frame came in on. */
+        notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);

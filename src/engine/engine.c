@@ -557,6 +557,15 @@ void *pdl_mem_ptr(const pdl_mem_t *m) { return m->ptr; }
 size_t pdl_mem_size(const pdl_mem_t *m) { return m->size; }
 uint64_t pdl_mem_id(const pdl_mem_t *m) { return m->id; }
 
+pdl_status_t pdl_engine_grant_peer(pdl_engine_t *e, const char *name, char *host, size_t cap, pdl_error_t *err)
+{
+    if (e == NULL || name == NULL || host == NULL || cap == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_grant_peer: NULL argument");
+    if (!pdl__grants_peer(&e->grants, name, host, cap))
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: no grant %s", e->key, name);
+    return PDL_OK;
+}
+
 void pdl_mem_guard(pdl_mem_t *m) { atomic_store(&m->guarded, true); }
 
 pdl_status_t pdl_engine_grant(pdl_engine_t *e, pdl_mem_t *mem, const char *name, unsigned ops,
@@ -566,8 +575,8 @@ pdl_status_t pdl_engine_grant(pdl_engine_t *e, pdl_mem_t *mem, const char *name,
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_grant: engine and mem must not be NULL");
     pdl_status_t st = pdl__grants_add(&e->grants, name, mem->id, ops, ranges, n, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, "engine %s", e->key);
-    return PDL_OK;
+        pdl_error_prefix(err, "engine %s", e->key); /* returns PDL_OK when err is NULL: keep st */
+    return st;
 }
 
 pdl_status_t pdl_engine_revoke(pdl_engine_t *e, const char *name, pdl_error_t *err)

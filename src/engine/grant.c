@@ -17,6 +17,7 @@ struct pdl_grant {
     size_t name_len;
     uint64_t mem_id;
     unsigned ops;
+    char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
     pdl_range_t *r; /* sorted by off, merged: no two overlap or touch */
     size_t n;
 };
@@ -161,8 +162,18 @@ static bool covered(const pdl_grant_t *x, uint64_t off, uint64_t len)
     return off - r->off <= r->len && len <= r->len - (off - r->off);
 }
 
+bool pdl__grants_peer(pdl_grants_t *g, const char *name, char *out, size_t cap)
+{
+    pthread_mutex_lock(&g->mu);
+    const pdl_grant_t *x = *find(g, name, strlen(name));
+    if (x)
+        snprintf(out, cap, "%s", x->served_to);
+    pthread_mutex_unlock(&g->mu);
+    return x != NULL;
+}
+
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
-                       const uint8_t *segs, uint32_t nseg, char *why, size_t cap)
+                       const uint8_t *segs, uint32_t nseg, const char *peer, char *why, size_t cap)
 {
     if (name_len == 0) {
         snprintf(why, cap, "the region is guarded and the request names no grant");
@@ -170,7 +181,7 @@ bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint6
     }
     bool ok = true;
     pthread_mutex_lock(&g->mu);
-    const pdl_grant_t *x = *find(g, name, name_len);
+    pdl_grant_t *x = *find(g, name, name_len);
     if (x == NULL || x->mem_id != mem_id) {
         /* The name is the peer's: print only its length, never its bytes, into logs. */
         snprintf(why, cap, "no grant of that name (%zu bytes) for this region", name_len);
@@ -187,6 +198,8 @@ bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint6
                 ok = false;
             }
         }
+        if (ok && x->served_to[0] == '\0')
+            snprintf(x->served_to, sizeof(x->served_to), "%s", peer);
     }
     pthread_mutex_unlock(&g->mu);
     return ok;

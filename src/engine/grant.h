@@ -20,6 +20,7 @@
 #include "pdlink/engine.h"
 
 #define PDL_GRANT_BUCKETS 256
+#define PDL_GRANT_PEER_MAX 64 /* a numeric IPv6 address with a scope fits */
 
 typedef struct pdl_grant pdl_grant_t;
 
@@ -42,12 +43,15 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
 /* Remove a grant; false when no grant has that name. */
 bool pdl__grants_revoke(pdl_grants_t *g, const char *name);
 /*
- * May a request named `name` (name_len bytes, not NUL-terminated) do `op` (PDL_GRANT_READ or _WRITE)
- * on registration mem_id, on the nseg segments at `segs` (tcp wire form: u64 offset, u64 length,
- * little-endian)? True only when a grant of that name exists for that registration and op and every
- * segment lies inside one of its ranges; else false with the reason in why (cap bytes).
+ * May a request named `name` (name_len bytes, not NUL-terminated) from host `peer` (numeric) do `op`
+ * (PDL_GRANT_READ or _WRITE) on registration mem_id, on the nseg segments at `segs` (tcp wire form: u64
+ * offset, u64 length, little-endian)? True only when a grant of that name exists for that registration
+ * and op and every segment lies inside one of its ranges; the first such peer is remembered as the one
+ * the grant was served to (pdl__grants_peer). Else false with the reason in why (cap bytes).
  */
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
-                       const uint8_t *segs, uint32_t nseg, char *why, size_t cap);
+                       const uint8_t *segs, uint32_t nseg, const char *peer, char *why, size_t cap);
+/* The host the grant was first served to ("" = not served yet) into out; false when no such grant. */
+bool pdl__grants_peer(pdl_grants_t *g, const char *name, char *out, size_t cap);
 
 #endif /* PDL_ENGINE_GRANT_H */

@@ -79,7 +79,8 @@ typedef struct srv_conn {
     int fd;
     int st;
     uint32_t events;
-    char peer[64];
+    char peer[64];      /* "host:port", for messages */
+    char peer_host[64]; /* numeric host alone: whom a grant was served to */
     srv_thread_t *th;
     uint8_t hdr[PDL_TCP_REQ_HDR];
     size_t got;
@@ -272,7 +273,7 @@ static int on_segs(srv_conn_t *c)
     if (atomic_load(&m->guarded) &&
         !pdl__grants_check(&e->grants, (const char *)c->segs + (size_t)c->req.nseg * PDL_TCP_SEG, c->req.grant_len,
                            m->id, c->req.op == PDL_TCP_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE, c->segs, c->req.nseg,
-                           why, sizeof(why))) {
+                           c->peer_host, why, sizeof(why))) {
         pdl__engine_mem_put(m);
         atomic_fetch_add(&e->st_requests_denied, 1);
         refuse(c, PDL_ERR_DENIED, "%s of region %" PRIu64 " of engine %s denied: %s", opn, c->req.reg_id, e->key, why);
@@ -492,6 +493,7 @@ static void conn_accept(pdl_tcp_server_t *srv)
         char port[8] = "?";
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
         snprintf(c->peer, sizeof(c->peer), "%s:%s", host, port);
+        snprintf(c->peer_host, sizeof(c->peer_host), "%s", host);
         pthread_mutex_lock(&srv->mu);
         srv_thread_t *th = &srv->th[srv->rr++ % (unsigned)srv->nthreads];
         c->th = th;

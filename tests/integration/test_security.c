@@ -11,6 +11,9 @@
  * - redirect_refused: one pull whose params claim the real prefill's remote_engine_id at another
  *   prefill's address. Before: the other prefill was cached under the real id and the next normal
  *   pull read from it. Now that pull is refused with both ids named and the next one verifies.
+ * - forged_release_refused: a release from another host (127.0.0.2) than the consumer's. Before: it
+ *   freed the held blocks before the consumer read them. Now it is refused and counted, before the read
+ *   (the consumer named by the request id) and after it (the host the grant was served to).
  * - control_ports_bind_host_ip: with host_ip 127.0.0.1 the handshake and notify ports are not bound on
  *   every address (another loopback address can bind the same port); with bind_all they are.
  */
@@ -246,6 +249,99 @@ static void redirect_refused(void **state)
     pdl_instance_destroy(real);
 }
 
+/* A release of `tid` (consumer_tp_size 1: it alone completes a TP1 fan-in) sent to notify `port` from
+ * local address `src` -- 127.0.0.2 plays another host: loopback routes all of 127/8. */
+static void send_release(const char *src, int port, const char *tid)
+{
+    pdl_msg_t m;
+    pdl_msg_init(&m, PDL_MSG_RELEASE);
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
+    m.status = PDL_RELEASE_OK;
+    pdl_bytes_t b;
+    assert_int_equal(pdl_wire_encode_msg(&m, &b, NULL), PDL_OK);
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 2000;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[96];
+    snprintf(ep, sizeof(ep), "tcp://%s:0;127.0.0.1:%d", src, port); /* libzmq: source;destination */
+    assert_int_equal(zmq_connect(s, ep), 0);
+    assert_true(zmq_send(s, b.data, b.len, 0) >= 0);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    pdl_bytes_free(&b);
+}
+
+typedef struct ctr_at_least {
+    pdl_instance_t *inst;
+    size_t off;
+    uint64_t want;
+} ctr_at_least_t;
+
+static bool ctr_reached(void *arg)
+{
+    ctr_at_least_t *c = arg;
+    return tc_get(c->inst, 0, c->off) >= c->want;
+}
+
+/*
+ * Forged releases: from another host, for a transfer held for a consumer its request id names (refused
+ * before any read), and for one whose grant was served to a host (refused after the read). Before, the
+ * first one freed the held blocks while the consumer had not read them. Releases from the consumer's
+ * host are accepted as before.
+ */
+static void forged_release_refused(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, NULL);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, NULL);
+    assert_non_null(p);
+    assert_non_null(c);
+    int notify = pdl_instance_notify_port(p, 0);
+    uint8_t uuid[16] = {12};
+    char rid[1024];
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
+                                           sizeof(rid)) > 0);
+    uint32_t pb[NBLK], cb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
+    tc_fill(p, 8, false, pb, NBLK, 9);
+    assert_int_equal(pdl_instance_hold_for(p, "tx-f1", rid, pb, NBLK, NULL), PDL_OK);
+    send_release("127.0.0.2", notify, "tx-f1");
+    ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, releases_refused), 1};
+    assert_true(tc_wait_for(ctr_reached, &w, 60000));
+    assert_int_equal(pdl_instance_held_blocks(p), NBLK);
+    pdl_kv_params_t kp;
+    tc_params(p, "tx-f1", pb, NBLK, &kp);
+    pull_ok(c, &kp, cb);
+    pdl_kv_params_clear(&kp);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 9, &checked), 0);
+    assert_true(tc_wait_for(tc_no_held, p, 60000)); /* the consumer's own release (127.0.0.1) */
+
+    /* No request id: the consumer is whoever the grant was served to. */
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_hold(p, "tx-f2", pb, NBLK, NULL), PDL_OK);
+    outsider_t o; /* the "consumer" here, reading from 127.0.0.1 */
+    outsider_open(&o, pdl_instance_handshake_port(p, 0));
+    pdl_error_t e;
+    uint64_t blk = o.size / (uint64_t)g.layers / 2 / TOTAL;
+    if (outsider_op(&o, PDL_OP_READ, "tx-f2", pb[0] * blk, blk, &e) != PDL_OK)
+        fail_msg("read under tx-f2: %s", e.msg);
+    send_release("127.0.0.2", notify, "tx-f2");
+    w.want = 2;
+    assert_true(tc_wait_for(ctr_reached, &w, 60000));
+    assert_int_equal(pdl_instance_held_blocks(p), NBLK);
+    send_release("127.0.0.1", notify, "tx-f2");
+    assert_true(tc_wait_for(tc_no_held, p, 60000));
+    assert_int_equal(TC_GET(p, 0, releases_refused), 2);
+    printf("forged releases: 2 refused, held blocks stayed %d until the consumer's own release\n", NBLK);
+    outsider_close(&o);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 /* Can another loopback address bind `port`? Not when something listens on it on every address. */
 static bool other_address_can_bind(int port)
 {
@@ -287,6 +383,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(outsider_data_plane),
         cmocka_unit_test(redirect_refused),
+        cmocka_unit_test(forged_release_refused),
         cmocka_unit_test(control_ports_bind_host_ip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
