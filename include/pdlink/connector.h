@@ -37,6 +37,7 @@ extern "C" {
 
 /* Bytes of a host name or address, without the NUL (the wire's limit, checked where they meet). */
 #define PDL_CONNECTOR_HOST_MAX 256
+#define PDL_CONNECTOR_TRUSTED_MAX 1023 /* bytes of trusted_hosts as text */
 
 /* kv_transfer_params (pdlink/params.h); the connector only takes and fills them. */
 typedef struct pdl_kv_params pdl_kv_params_t;
@@ -69,6 +70,8 @@ typedef struct pdl_connector_config {
     double peer_backoff_max_s;      /* 30: the backoff doubles per consecutive failure up to this */
     double consumer_gone_timeout_s; /* 5: a producer frees the holds of a consumer unreachable this long */
     bool bind_all; /* false: handshake, notify and data ports listen on host_ip only; true: on every address */
+    /* Comma-separated addresses/CIDRs a decode may dial and a producer serves; "" = everyone. */
+    char trusted_hosts[PDL_CONNECTOR_TRUSTED_MAX + 1];
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */

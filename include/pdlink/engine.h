@@ -95,6 +95,12 @@ typedef struct pdl_engine_config {
      * address keeps the data port off interfaces nobody was meant to reach it on (docs/security.md).
      */
     bool bind_all;
+    /*
+     * tcp: NULL or "" = serve any peer; else comma-separated numeric addresses/CIDRs ("10.0.0.0/8,
+     * 127.0.0.1"): a data connection from any other address is closed at accept, before it sends a
+     * byte, and counted in connections_refused_untrusted. A malformed list fails create (INVALID).
+     */
+    const char *trusted_hosts;
 } pdl_engine_config_t;
 
 /*
@@ -367,6 +373,7 @@ typedef struct pdl_engine_stats {
     uint64_t requests_refused;                 /* unknown id / out of range / overflow / denied */
     uint64_t requests_denied;                  /* of those: no grant covered them (guarded region) */
     uint64_t requests_served;                  /* as owner (tcp): READ/WRITE requests served */
+    uint64_t connections_refused_untrusted;    /* as owner (tcp): closed at accept, not in trusted_hosts */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
 } pdl_engine_stats_t;
 

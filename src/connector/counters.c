@@ -79,6 +79,7 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     pdl_engine_get_stats(r->mem.engine, &es);
     out->data_requests_served = es.requests_served;
     out->data_requests_denied = es.requests_denied;
+    out->untrusted_refused += es.connections_refused_untrusted;
     return PDL_OK;
 }
 

@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/cidr.h"
 #include "common/workq.h"
 #include "connector/blockalloc.h"
 #include "connector/fanin.h"
@@ -74,6 +75,14 @@ void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v);
 #define PDL_CTR_ADD(r, field, v) pdl__ctr_add(&(r)->ctr, offsetof(pdl_rank_counters_t, field), (v))
 /* Count a dropped frame in dropped_malformed and log it through the kind's rate limiter. */
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- config.c: trusted_hosts -------------------------------------------------------------------- */
+
+/* May we dial `host` (a name or an address; every address it resolves to must be trusted), may we
+ * serve the peer at `numeric` (libzmq's Peer-Address; NULL = unknown, refused when a list is set)?
+ * Always true with an empty trusted_hosts. */
+bool pdl__trust_host(const pdl_cidrs_t *trusted, const char *host);
+bool pdl__trust_addr(const pdl_cidrs_t *trusted, const char *numeric);
 
 /* ---- sender.c: DEALER caches, endpoints, the outbound queue ---------------------------------- */
 
@@ -358,6 +367,7 @@ struct pdl_instance {
     char zmq_address[2 * PDL_WIRE_HOST_MAX];
     void *zctx;
     pdl_blockalloc_t *blocks;
+    pdl_cidrs_t trusted; /* trusted_hosts, parsed once (config.c: pdl__trust_*); n == 0 = everyone */
     int tp;
     pdl_rank_t *ranks; /* tp of them */
     atomic_bool stopping;

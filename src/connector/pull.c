@@ -299,6 +299,12 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
         return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer ports %d/%d + %d ranks exceed 65535",
                              what, params->transfer_id, pr->hs_base, pr->notify_base, top);
     }
+    /* Before anything is dialled: a request must not make the decode connect wherever it says. */
+    if (!pdl__trust_host(&inst->trusted, pr->host)) {
+        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        return pdl_error_set(err, PDL_ERR_DENIED, "%s %s: producer host %.200s is not in trusted_hosts (%.200s)", what,
+                             params->transfer_id, pr->host, inst->cfg.conn.trusted_hosts);
+    }
     return PDL_OK;
 }
 

@@ -401,6 +401,12 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         p->notify_base = da.notify_port;
     }
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+    if (!pdl__trust_host(&inst->trusted, p->host)) {
+        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
+                           p->host, inst->cfg.conn.trusted_hosts);
+        goto fail;
+    }
     bool disagree = false;
     p->consumer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     if (disagree)

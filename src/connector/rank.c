@@ -171,7 +171,8 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
                               .backend = cfg->conn.backend,
                               .qp_per_transfer = cfg->conn.qp_per_transfer,
                               .num_workers = cfg->conn.num_workers,
-                              .bind_all = cfg->conn.bind_all};
+                              .bind_all = cfg->conn.bind_all,
+                              .trusted_hosts = cfg->conn.trusted_hosts};
     st = pdl__service_bind(r, err);
     if (st != PDL_OK)
         return st;

@@ -106,8 +106,29 @@ static void hs_reply(pdl_rank_t *r, zmq_msg_t *identity, const pdl_bytes_t *payl
         pdl_debug("rank %d: handshake reply not sent: %s", r->rank, zmq_strerror(zmq_errno()));
 }
 
+/* trusted_hosts: a frame from another address is dropped unanswered and counted (untrusted_refused). */
+static bool from_trusted(pdl_rank_t *r, mp_t *m, const char *what)
+{
+    /* The identity frame is made by the ROUTER; the frames after it came off the wire and carry the
+     * connection's metadata. */
+    const char *peer = m->kept > 1 ? zmq_msg_gets(&m->part[1], "Peer-Address") : NULL;
+    if (pdl__trust_addr(&r->inst->trusted, peer))
+        return true;
+    PDL_CTR_ADD(r, untrusted_refused, 1);
+    pthread_mutex_lock(&r->ctr.mu);
+    uint64_t sup = 0;
+    bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &sup);
+    pthread_mutex_unlock(&r->ctr.mu);
+    if (log)
+        pdl_warn("rank %d: dropped a %s message from %s: not in trusted_hosts (%" PRIu64 " similar suppressed)",
+                 r->rank, what, peer ? peer : "an unknown address", sup);
+    return false;
+}
+
 static void hs_handle(pdl_rank_t *r, mp_t *m)
 {
+    if (!from_trusted(r, m, "handshake"))
+        return;
     zmq_msg_t *id = &m->part[0];
     if (r->svc.followup_len > 0 && zmq_msg_size(id) == r->svc.followup_len &&
         memcmp(zmq_msg_data(id), r->svc.followup_identity, r->svc.followup_len) == 0) {
@@ -210,6 +231,8 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
 
 static void notify_handle(pdl_rank_t *r, mp_t *m)
 {
+    if (!from_trusted(r, m, "notify"))
+        return;
     zmq_msg_t *pl = mp_payload(m);
     if (pl == NULL) {
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_FRAMES, "notify message of %d frames (expected 1)", m->total - 1);

@@ -24,6 +24,7 @@
 #include <sys/types.h>
 
 #include "common/workq.h"
+#include "common/cidr.h"
 #include "engine/grant.h"
 #include "pdlink/engine.h"
 #include "pdlink/log.h"
@@ -188,6 +189,7 @@ struct pdl_engine {
     uint64_t dead_ids[PDL_DEAD_IDS];
     unsigned dead_next;
     pdl_grants_t grants; /* grant.h; its own lock */
+    pdl_cidrs_t trusted; /* tcp: peers served; n == 0 = everyone (fixed after create) */
     pdl_remote_t *remotes;
     pdl_session_t *sessions;
 
@@ -200,7 +202,7 @@ struct pdl_engine {
 
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
-        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed;
+        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed, st_conn_untrusted;
 
     pdl_ratelimit_t rl_malformed;
     pdl_ratelimit_t rl_refused;

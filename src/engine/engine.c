@@ -130,6 +130,7 @@ static void engine_free(pdl_engine_t *e)
     if (e->ctl_fd >= 0)
         close(e->ctl_fd);
     pdl__grants_fini(&e->grants);
+    pdl__cidrs_free(&e->trusted);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -160,6 +161,12 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     pdl_engine_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", cfg->key);
+    pdl_status_t pst = pdl__cidrs_parse(cfg->trusted_hosts, &e->trusted, err);
+    if (pst != PDL_OK) {
+        free(e);
+        pdl_error_prefix(err, "engine %s", cfg->key);
+        return pst;
+    }
     snprintf(e->key, sizeof(e->key), "%s", cfg->key);
     snprintf(e->host, sizeof(e->host), "%s", host);
     if (gethostname(e->hostname, sizeof(e->hostname) - 1) != 0)
@@ -281,6 +288,7 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->requests_refused = atomic_load(&e->st_requests_refused);
     out->requests_denied = atomic_load(&e->st_requests_denied);
     out->requests_served = atomic_load(&e->st_requests_served);
+    out->connections_refused_untrusted = atomic_load(&e->st_conn_untrusted);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
 }
 

@@ -481,6 +481,17 @@ static void conn_accept(pdl_tcp_server_t *srv)
                 pdl_warn("engine %s: accept: %s", srv->e->key, strerror(errno));
             return;
         }
+        if (srv->e->trusted.n > 0 && !pdl__cidrs_match(&srv->e->trusted, (struct sockaddr *)&ss)) {
+            char host[INET6_ADDRSTRLEN] = "?";
+            getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), NULL, 0, NI_NUMERICHOST);
+            atomic_fetch_add(&srv->e->st_conn_untrusted, 1);
+            uint64_t suppressed = 0;
+            if (pdl_ratelimit_allow(&srv->e->rl_refused, &suppressed))
+                pdl_warn("engine %s: closed a data connection from %s: not in trusted_hosts (%" PRIu64
+                         " similar suppressed)", srv->e->key, host, suppressed);
+            close(fd);
+            continue;
+        }
         srv_conn_t *c = calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);

@@ -14,6 +14,8 @@
  * - forged_release_refused: a release from another host (127.0.0.2) than the consumer's. Before: it
  *   freed the held blocks before the consumer read them. Now it is refused and counted, before the read
  *   (the consumer named by the request id) and after it (the host the grant was served to).
+ * - trusted_hosts_enforced: trusted_hosts refuses a pull to a host outside it before dialling, and a
+ *   prefill drops handshakes from hosts outside it.
  * - control_ports_bind_host_ip: with host_ip 127.0.0.1 the handshake and notify ports are not bound on
  *   every address (another loopback address can bind the same port); with bind_all they are.
  */
@@ -375,6 +377,69 @@ static void control_ports_bind_host_ip(void **state)
     pdl_instance_destroy(p);
 }
 
+static void trust_other_host(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.2"); }
+static void trust_loopback(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.0/8, ::1"); }
+
+/*
+ * trusted_hosts: a decode whose list lacks the prefill's host refuses the pull before dialling it; a
+ * prefill whose list lacks the caller's host drops its handshake unanswered; a list that has them works.
+ */
+static void trusted_hosts_enforced(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, trust_loopback);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, trust_other_host);
+    pdl_instance_t *ok = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, trust_loopback);
+    pdl_instance_t *guarded = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, trust_other_host);
+    assert_non_null(p);
+    assert_non_null(c);
+    assert_non_null(ok);
+    assert_non_null(guarded);
+    uint32_t pb[NBLK], cb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
+    tc_fill(p, 8, false, pb, NBLK, 5);
+    assert_int_equal(pdl_instance_hold(p, "tx-t", pb, NBLK, NULL), PDL_OK);
+    pdl_kv_params_t kp;
+    tc_params(p, "tx-t", pb, NBLK, &kp);
+    pdl_pull_t *pull;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_pull(c, &kp, NULL, cb, NBLK, &pull, &e), PDL_ERR_DENIED);
+    assert_non_null(strstr(e.msg, "producer host 127.0.0.1 is not in trusted_hosts (127.0.0.2)"));
+    assert_int_equal(TC_GET(c, 0, untrusted_refused), 1);
+    assert_int_equal(TC_SUM(c, handshakes) + TC_SUM(p, handshakes), 0);
+    uint32_t ob[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(ok, NBLK, ob, NULL), PDL_OK);
+    pull_ok(ok, &kp, ob);
+    pdl_kv_params_clear(&kp);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(ok, 8, false, ob, NBLK, 5, &checked), 0);
+
+    /* The guarded prefill drops a handshake from 127.0.0.1 without answering. */
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", pdl_instance_handshake_port(guarded, 0));
+    assert_int_equal(zmq_connect(s, ep), 0);
+    assert_true(zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), 0) >= 0);
+    ctr_at_least_t w = {guarded, offsetof(pdl_rank_counters_t, untrusted_refused), 1};
+    assert_true(tc_wait_for(ctr_reached, &w, 60000));
+    assert_int_equal(TC_GET(guarded, 0, handshakes), 0);
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    assert_int_equal(zmq_msg_recv(&m, s, ZMQ_DONTWAIT), -1); /* nothing was sent back */
+    zmq_msg_close(&m);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    pdl_instance_destroy(guarded);
+    pdl_instance_destroy(ok);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 int main(void)
 {
     const char *lvl = getenv("PDLINK_LOG_LEVEL");
@@ -385,6 +450,7 @@ int main(void)
         cmocka_unit_test(redirect_refused),
         cmocka_unit_test(forged_release_refused),
         cmocka_unit_test(control_ports_bind_host_ip),
+        cmocka_unit_test(trusted_hosts_enforced),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,8 +34,8 @@ typedef struct pair {
 
 static void pair_open(pair_t *p, pdl_backend_kind_t b)
 {
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL, false};
-    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL, false};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL, false, NULL};
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&oc, &p->owner, &err), PDL_OK);
     assert_int_equal(pdl_engine_create(&ic, &p->init, &err), PDL_OK);
@@ -380,7 +380,7 @@ static void test_remove_remote(void **state)
 static void test_dereg_while_serving_tcp(void **state)
 {
     (void)state;
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL, *m2 = NULL;
     pdl_error_t err;
@@ -425,7 +425,7 @@ static void test_dereg_while_serving_tcp(void **state)
 static void test_ids_random(void **state)
 {
     (void)state;
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
     pdl_engine_t *e;
     assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
     pdl_mem_t *m[8];
@@ -521,6 +521,31 @@ static void test_guarded_tcp(void **state)
     pair_close(&p);
 }
 
+/* trusted_hosts: a data connection from an address outside the list is closed at accept, before a byte. */
+static void test_untrusted_tcp(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {.key = "producer:tp1", .host = "127.0.0.1", .backend = PDL_BACKEND_TCP,
+                              .qp_per_transfer = 1, .num_workers = 1, .trusted_hosts = "127.0.0.2, 10.0.0.0/8"};
+    pdl_engine_t *e;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_OK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(pdl_engine_port(e))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    uint8_t b[1];
+    assert_int_equal(recv(fd, b, 1, 0), 0); /* closed by the owner without reading anything */
+    close(fd);
+    pdl_engine_stats_t st;
+    pdl_engine_get_stats(e, &st);
+    assert_int_equal(st.connections_refused_untrusted, 1);
+    pdl_engine_destroy(e);
+    oc.trusted_hosts = "owner.example";
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "engine producer:tp1: trusted_hosts: 'owner.example' is not a numeric"));
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -529,7 +554,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
-        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_guarded_tcp),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
