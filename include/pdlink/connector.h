@@ -315,6 +315,11 @@ typedef struct pdl_counter_info {
 const pdl_counter_info_t *pdl_rank_counters_table(size_t *n);
 /* Snapshot of rank tp_rank's counters into *out; PDL_ERR_INVALID for a bad rank or NULL out. */
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
+/*
+ * The remote accesses rank tp_rank's engine served, per peer host (pdl_engine_peer_stats: up to `cap`
+ * rows into out, the number of rows returned; 0 for a NULL inst or a rank outside [0, tp)).
+ */
+size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap);
 
 /*
  * Events of held transfers, for programs that want to react (metrics, tests). RANK_REPORTED: a producer

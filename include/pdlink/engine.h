@@ -380,6 +380,21 @@ typedef struct pdl_engine_stats {
 /* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */
 void pdl_engine_get_stats(pdl_engine_t *engine, pdl_engine_stats_t *out);
 
+/*
+ * Remote accesses this engine served (tcp owner side), per peer host: the requests admitted (inside
+ * their region and, for a guarded one, a grant) and their bytes. The first PDL_ENGINE_MAX_PEERS hosts
+ * get a row each; later ones are added to a row whose host is "other", so a peer cycling through
+ * addresses cannot grow the table.
+ */
+#define PDL_ENGINE_MAX_PEERS 64
+typedef struct pdl_engine_peer_stats {
+    char host[64]; /* numeric address, or "other" */
+    uint64_t requests, bytes;
+} pdl_engine_peer_stats_t;
+/* Copy up to `cap` rows into out (in first-served order); returns how many rows exist (may be > cap).
+ * `engine` must not be NULL; out may be NULL when cap is 0. Thread-safe, cannot fail. */
+size_t pdl_engine_peer_stats(pdl_engine_t *engine, pdl_engine_peer_stats_t *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

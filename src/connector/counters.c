@@ -83,6 +83,13 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     return PDL_OK;
 }
 
+size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap)
+{
+    if (inst == NULL || tp_rank < 0 || tp_rank >= inst->tp)
+        return 0;
+    return pdl_engine_peer_stats(inst->ranks[tp_rank].mem.engine, out, cap);
+}
+
 static const pdl_counter_info_t counter_table[] = {
 #define PDL__COUNTER_INFO(field, name, kind, help) {name, help, kind, offsetof(pdl_rank_counters_t, field)},
     PDL_RANK_COUNTERS(PDL__COUNTER_INFO)

@@ -190,6 +190,9 @@ struct pdl_engine {
     unsigned dead_next;
     pdl_grants_t grants; /* grant.h; its own lock */
     pdl_cidrs_t trusted; /* tcp: peers served; n == 0 = everyone (fixed after create) */
+    pthread_mutex_t peers_mu; /* peers, npeers */
+    pdl_engine_peer_stats_t peers[PDL_ENGINE_MAX_PEERS + 1]; /* the last one is "other" */
+    size_t npeers;
     pdl_remote_t *remotes;
     pdl_session_t *sessions;
 
@@ -210,6 +213,8 @@ struct pdl_engine {
     void *bk; /* backend state (tcp: listener and server threads) */
 };
 
+/* The tcp server admitted a request of `bytes` from numeric `host` (pdl_engine_peer_stats). */
+void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes);
 /* Look up a live registration by id and take a reference (tcp server); NULL if unknown or dead. */
 pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead);
 void pdl__engine_mem_put(pdl_mem_t *m);

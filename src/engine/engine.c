@@ -131,6 +131,7 @@ static void engine_free(pdl_engine_t *e)
         close(e->ctl_fd);
     pdl__grants_fini(&e->grants);
     pdl__cidrs_free(&e->trusted);
+    pthread_mutex_destroy(&e->peers_mu);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -183,6 +184,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     e->ops = ops;
     e->ctl_fd = -1;
     pdl__grants_init(&e->grants);
+    pthread_mutex_init(&e->peers_mu, NULL);
     pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
     pdl_ratelimit_init(&e->rl_refused, 1000, 5);
     pthread_mutex_init(&e->mu, NULL);
@@ -290,6 +292,38 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->requests_served = atomic_load(&e->st_requests_served);
     out->connections_refused_untrusted = atomic_load(&e->st_conn_untrusted);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
+}
+
+void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)
+{
+    pthread_mutex_lock(&e->peers_mu);
+    size_t i = 0;
+    while (i < e->npeers && i < PDL_ENGINE_MAX_PEERS && strcmp(e->peers[i].host, host) != 0)
+        i++;
+    if (i == e->npeers) { /* a new host: its own row while there is room, else "other" */
+        if (e->npeers < PDL_ENGINE_MAX_PEERS)
+            snprintf(e->peers[i].host, sizeof(e->peers[i].host), "%s", host);
+        else
+            snprintf(e->peers[i].host, sizeof(e->peers[i].host), "other");
+        e->npeers++;
+    }
+    if (i >= PDL_ENGINE_MAX_PEERS) { /* rows are full: count under "other" */
+        i = PDL_ENGINE_MAX_PEERS;
+        e->npeers = PDL_ENGINE_MAX_PEERS + 1;
+    }
+    e->peers[i].requests++;
+    e->peers[i].bytes += bytes;
+    pthread_mutex_unlock(&e->peers_mu);
+}
+
+size_t pdl_engine_peer_stats(pdl_engine_t *e, pdl_engine_peer_stats_t *out, size_t cap)
+{
+    pthread_mutex_lock(&e->peers_mu);
+    size_t n = e->npeers;
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = e->peers[i];
+    pthread_mutex_unlock(&e->peers_mu);
+    return n;
 }
 
 /* ---------------------------------------------------------------- remote engines */

@@ -280,6 +280,7 @@ static int on_segs(srv_conn_t *c)
         return 0;
     }
     atomic_fetch_add(&e->st_requests_served, 1);
+    pdl__engine_peer_served(e, c->peer_host, c->req.total_len);
     conn_set_mem(srv, c, m);
     c->payload = c->req.total_len;
     if (c->req.op == PDL_TCP_OP_READ) {

@@ -194,6 +194,11 @@ static void outsider_data_plane(void **state)
     assert_int_equal(outsider_op(&o, PDL_OP_READ, "tx-secret-1", pb[0] * blk, blk, &e), PDL_ERR_DENIED);
     assert_int_equal(TC_GET(p, 0, data_requests_denied), 6);
     assert_true(TC_GET(p, 0, data_requests_served) >= 2);
+    /* Who read: every served request is on the one loopback peer's row. */
+    pdl_engine_peer_stats_t rows[4];
+    assert_int_equal(pdl_instance_peer_stats(p, 0, rows, 4), 1);
+    assert_string_equal(rows[0].host, "127.0.0.1");
+    assert_int_equal(rows[0].requests, TC_GET(p, 0, data_requests_served));
     printf("outsider: whole-region read, guessed-grant read, 2 writes, out-of-grant read, read after release: "
            "%llu requests denied, 0 bytes; the consumer verified %llu bytes\n",
            (unsigned long long)TC_GET(p, 0, data_requests_denied), (unsigned long long)checked);

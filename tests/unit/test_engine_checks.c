@@ -149,9 +149,15 @@ static void test_initiator_checks_tcp(void **state)
 
 /* ---------------------------------------------------------------- owner side, raw frames */
 
-static int raw_hello(uint16_t port, const char *key)
+/* A data connection from local address `src` (host order; 0 = the kernel's choice) after its HELLO. */
+static int raw_hello_from(uint16_t port, const char *key, uint32_t src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (src != 0) {
+        struct sockaddr_in me = {.sin_family = AF_INET};
+        me.sin_addr.s_addr = htonl(src);
+        assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
@@ -167,6 +173,8 @@ static int raw_hello(uint16_t port, const char *key)
     assert_int_equal(rr.status, 0);
     return fd;
 }
+
+static int raw_hello(uint16_t port, const char *key) { return raw_hello_from(port, key, 0); }
 
 /* Send one request naming `grant` (NULL: none), as an outsider's own client would; return the response
  * status; read and return payload/message into buf. */
@@ -546,6 +554,33 @@ static void test_untrusted_tcp(void **state)
     assert_non_null(strstr(err.msg, "engine producer:tp1: trusted_hosts: 'owner.example' is not a numeric"));
 }
 
+/* Issue 12: successful remote accesses are counted per peer host; past PDL_ENGINE_MAX_PEERS hosts
+ * (127.0.0.2 .. 127.0.0.80 here: loopback routes all of 127/8) the rest share the row "other". */
+static void test_peer_stats_tcp(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_TCP);
+    uint8_t buf[64];
+    uint64_t got, seg[2] = {0, 16};
+    for (uint32_t h = 2; h <= 80; h++) {
+        int fd = raw_hello_from(pdl_engine_port(p.owner), "producer:tp1", 0x7f000000u + h);
+        for (uint32_t k = 0; k < (h == 2 ? 3u : 1u); k++)
+            assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, pdl_mem_id(p.om), seg, 1, NULL, buf, sizeof(buf), &got), 0);
+        close(fd);
+    }
+    pdl_engine_peer_stats_t rows[PDL_ENGINE_MAX_PEERS + 1];
+    size_t n = pdl_engine_peer_stats(p.owner, rows, PDL_ENGINE_MAX_PEERS + 1);
+    assert_int_equal(n, PDL_ENGINE_MAX_PEERS + 1);
+    assert_string_equal(rows[0].host, "127.0.0.2");
+    assert_int_equal(rows[0].requests, 3);
+    assert_int_equal(rows[0].bytes, 48);
+    assert_string_equal(rows[63].host, "127.0.0.65");
+    assert_string_equal(rows[64].host, "other");
+    assert_int_equal(rows[64].requests, 80 - 65); /* 127.0.0.66 .. 127.0.0.80 */
+    pair_close(&p);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -554,7 +589,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
-        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
