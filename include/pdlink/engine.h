@@ -313,8 +313,8 @@ typedef enum pdl_op {
  *   PDL_ERR_PEER_GONE the remote engine was removed, or (shm) its process exited.
  *   PDL_ERR_NOT_FOUND shm: the remote region is no longer registered.
  *   PDL_ERR_NOMEM.
- * A batch that was posted ends in PDL_OK or in: PDL_ERR_NOT_FOUND or PDL_ERR_INVALID (tcp: the owner
- * refused a request; the session stays usable); PDL_ERR_PEER_GONE or PDL_ERR_TRANSPORT (tcp: the
+ * A batch that was posted ends in PDL_OK or in: PDL_ERR_NOT_FOUND, PDL_ERR_INVALID or PDL_ERR_DENIED
+ * (tcp: the owner refused a request; the session stays usable); PDL_ERR_PEER_GONE or PDL_ERR_TRANSPORT (tcp: the
  * connection was lost, and the session breaks; shm: process_vm_readv/writev found the owner gone or
  * its memory unmapped); PDL_ERR_SYSTEM (shm: another process_vm error); PDL_ERR_BAD_STATE (cancelled
  * by pdl_batch_free).
@@ -363,8 +363,10 @@ size_t pdl_batch_num_descs(const pdl_batch_t *batch);
  * `batches_ok`/`batches_failed` count finished batches, `bytes_read`/`bytes_written` the bytes of the
  * successful READ/WRITE batches. As owner, tcp only (shm has no server): `bytes_served` the payload
  * bytes served to peers, `requests_refused` the requests refused (unknown or deregistered region,
- * range outside it, overflowing sum), `connections_dropped_malformed` the data connections closed
- * because a peer sent bytes that do not follow the protocol.
+ * range outside it, overflowing sum, no grant), `requests_denied` those of them refused for want of a
+ * grant on a guarded region, `requests_served` the requests admitted, `connections_refused_untrusted`
+ * the data connections closed at accept (trusted_hosts), `connections_dropped_malformed` the data
+ * connections closed because a peer sent bytes that do not follow the protocol.
  */
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;

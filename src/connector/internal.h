@@ -151,8 +151,10 @@ struct pdl_peer {
 
 typedef struct pdl_xfer_side pdl_xfer_side_t;
 
-/* The peer for rank `remote_rank` of `addr` from the side's cache, handshaking (and caching it) if
- * needed; *handshaked (may be NULL) says whether it did. A peer that failed recently is refused at once
+/* The peer for rank `remote_rank` of `addr` from the side's cache (keyed by the dialled address),
+ * handshaking (and caching it) if needed; *handshaked (may be NULL) says whether it did. A request
+ * whose addr->claimed_id is not the engine id the address answered with fails with PDL_ERR_DENIED
+ * naming both (the peer stays cached). A peer that failed recently is refused at once
  * from the side's peer health (peerhealth.h) with the remembered status and reason, instead of paying
  * the handshake timeout again. Fails with the handshake's status (PDL_ERR_TIMEOUT, _PEER_GONE (nothing
  * listens: refused at once), _TRANSPORT, _PARSE, _MISMATCH, _NOMEM) and a message naming the peer as
