@@ -126,6 +126,19 @@ bool pdl__cidrs_match_text(const pdl_cidrs_t *l, const char *numeric)
     return false;
 }
 
+int pdl__host_numeric(const char *host, bool names, char *out, size_t cap)
+{
+    out[0] = '\0';
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = names ? 0 : AI_NUMERICHOST}, *ai = NULL;
+    if (host == NULL || host[0] == '\0' || getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return -1;
+    int rc = getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) == 0 ? 0 : -1;
+    if (rc != 0)
+        out[0] = '\0';
+    freeaddrinfo(ai);
+    return rc;
+}
+
 bool pdl__cidrs_match_host(const pdl_cidrs_t *l, const char *host)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;

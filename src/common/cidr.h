@@ -38,6 +38,12 @@ bool pdl__cidrs_match(const pdl_cidrs_t *l, const struct sockaddr *sa);
 /* Is the numeric address text in the list? False for text that is not a numeric address. */
 bool pdl__cidrs_match_text(const pdl_cidrs_t *l, const char *numeric);
 /*
+ * The first address `host` resolves to, as numeric text (getnameinfo's form) in out; with `names`
+ * false a host name is not looked up (AI_NUMERICHOST: what a name resolves to can change). 0, or -1
+ * when it does not resolve (out is then "").
+ */
+int pdl__host_numeric(const char *host, bool names, char *out, size_t cap);
+/*
  * Does `host` (a name or a numeric address) resolve only to addresses in the list? False when it does
  * not resolve. Blocks for the name lookup like a connect to it would.
  */

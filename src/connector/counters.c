@@ -30,6 +30,23 @@ void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v)
     pthread_mutex_unlock(&c->mu);
 }
 
+void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
+{
+    pthread_mutex_lock(&r->ctr.mu);
+    *(uint64_t *)((char *)&r->ctr.v + offset) += 1;
+    uint64_t suppressed = 0;
+    bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &suppressed);
+    pthread_mutex_unlock(&r->ctr.mu);
+    if (!log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdl_warn("rank %d: %s (%llu similar refusals since the last report)", r->rank, msg, (unsigned long long)suppressed);
+}
+
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)
 {
     /* Drops are counted by the service thread only, so the kind's limiter needs no lock of its own;

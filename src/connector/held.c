@@ -10,11 +10,9 @@
  * The per-rank release counting itself lives in each rank's fan-in (fanin.c), keyed by the same id:
  * it is that rank's state machine, not a second record of the blocks.
  */
-#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 
 #include "connector/internal.h"
 #include "common/clock.h"
@@ -47,12 +45,7 @@ static void numeric_host_of(const char *hostport, char *out, size_t cap)
     char *end = hostport[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
     if (end)
         *end = '\0';
-    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (host[0] == '\0' || getaddrinfo(host, NULL, &hints, &ai) != 0)
-        return;
-    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) != 0)
-        out[0] = '\0';
-    freeaddrinfo(ai);
+    pdl__host_numeric(host, false, out, cap);
 }
 
 bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap)
@@ -74,8 +67,7 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
         return true;
     /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
     char proxy[64];
-    numeric_host_of(inst->cfg.conn.proxy_ip, proxy, sizeof(proxy));
-    return proxy[0] != '\0' && strcmp(sender, proxy) == 0;
+    return pdl__host_numeric(inst->cfg.conn.proxy_ip, false, proxy, sizeof(proxy)) == 0 && strcmp(sender, proxy) == 0;
 }
 
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
@@ -114,6 +106,8 @@ static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
 pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                              pdl_error_t *err)
 {
+    if (!inst->cfg.conn.read_mode) /* WRITE mode: nobody reads a producer's region (revoke() agrees) */
+        return PDL_OK;
     int L = inst->cfg.model.num_layers;
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_mem_t *m = &inst->ranks[i].mem;

@@ -73,6 +73,10 @@ void pdl__ctr_fini(pdl_rank_ctr_t *c);
 /* Add v to the counter at `offset` in pdl_rank_counters_t (use PDL_CTR_ADD). */
 void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v);
 #define PDL_CTR_ADD(r, field, v) pdl__ctr_add(&(r)->ctr, offsetof(pdl_rank_counters_t, field), (v))
+/* Count a refused peer in the counter at `offset` (releases_refused, untrusted_refused: use
+ * PDL_CTR_REFUSED) and log it through the rank's refusal rate limiter (docs/security.md). */
+void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define PDL_CTR_REFUSED(r, field, ...) pdl__ctr_refused((r), offsetof(pdl_rank_counters_t, field), __VA_ARGS__)
 /* Count a dropped frame in dropped_malformed and log it through the kind's rate limiter. */
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <netdb.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -114,14 +113,8 @@ static bool from_trusted(pdl_rank_t *r, mp_t *m, const char *what)
     const char *peer = m->kept > 1 ? zmq_msg_gets(&m->part[1], "Peer-Address") : NULL;
     if (pdl__trust_addr(&r->inst->trusted, peer))
         return true;
-    PDL_CTR_ADD(r, untrusted_refused, 1);
-    pthread_mutex_lock(&r->ctr.mu);
-    uint64_t sup = 0;
-    bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &sup);
-    pthread_mutex_unlock(&r->ctr.mu);
-    if (log)
-        pdl_warn("rank %d: dropped a %s message from %s: not in trusted_hosts (%" PRIu64 " similar suppressed)",
-                 r->rank, what, peer ? peer : "an unknown address", sup);
+    PDL_CTR_REFUSED(r, untrusted_refused, "dropped a %s message from %s: not in trusted_hosts", what,
+                    peer ? peer : "an unknown address");
     return false;
 }
 
@@ -186,15 +179,8 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
     char expected[64];
     if (!pdl__held_release_allowed(r, msg->transfer_id, sender, expected, sizeof(expected))) {
         /* Issue 12: a forged release freed another transfer's blocks while its consumer still read. */
-        PDL_CTR_ADD(r, releases_refused, 1);
-        pthread_mutex_lock(&r->ctr.mu);
-        uint64_t sup = 0;
-        bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &sup);
-        pthread_mutex_unlock(&r->ctr.mu);
-        if (log)
-            pdl_warn("rank %d: refused a release of transfer %.100s from %s: it was served to %s (%" PRIu64
-                     " similar suppressed)",
-                     r->rank, msg->transfer_id, sender, expected, sup);
+        PDL_CTR_REFUSED(r, releases_refused, "refused a release of transfer %.100s from %s: its consumer is %s",
+                        msg->transfer_id, sender, expected);
         return;
     }
     pdl_fanin_release_t rel = {.transfer_id = msg->transfer_id,
@@ -395,17 +381,6 @@ static void *service_main(void *arg)
     return NULL;
 }
 
-/* The first address `host` resolves to, as numeric text; 0, or -1 when it does not resolve. */
-static int numeric_host(const char *host, char *out, size_t cap)
-{
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
-        return -1;
-    int rc = getnameinfo(ai->ai_addr, ai->ai_addrlen, out, (socklen_t)cap, NULL, 0, NI_NUMERICHOST) == 0 ? 0 : -1;
-    freeaddrinfo(ai);
-    return rc;
-}
-
 static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t *err)
 {
     void *s = zmq_socket(r->inst->zctx, ZMQ_ROUTER);
@@ -424,7 +399,7 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     const pdl_connector_config_t *cc = &r->inst->cfg.conn;
     char host[PDL_WIRE_HOST_MAX + 1] = "*";
     char ep[PDL_WIRE_HOST_MAX + 32];
-    if (!cc->bind_all && numeric_host(cc->host_ip, host, sizeof(host)) != 0) {
+    if (!cc->bind_all && pdl__host_numeric(cc->host_ip, true, host, sizeof(host)) != 0) {
         pdl_error_set(err, PDL_ERR_INVALID, "rank %d %s port %d: host_ip '%s' does not resolve (set bind_all to listen "
                       "on every address)", r->rank, what, port, cc->host_ip);
         zmq_close(s);

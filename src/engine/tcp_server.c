@@ -11,8 +11,14 @@
  *      |                      |----checks ok, WRITE---> RX_PAYLOAD (readv into region) --> TX --> RX_HDR
  *      |                      `----refused------------> [RX_DRAIN (WRITE payload)] --> TX (error) --> RX_HDR
  *      `--HELLO--> RX_KEY --> TX --> RX_HDR
- *   any state: bad magic/version/op, nseg or total_len over the limits, segment lengths not summing to
- *   total_len, or EOF inside a frame → the connection is closed, counted and logged (rate-limited).
+ *   any state: bad magic/version/op, nseg, total_len or grant_len over the limits, segment lengths not
+ *   summing to total_len, or EOF inside a frame → the connection is closed, counted and logged
+ *   (rate-limited).
+ *
+ * RX_SEGS receives the segment table and the grant name together. "checks ok" = a live registration,
+ * every segment inside it, and for a guarded registration a grant of that name, op and registration
+ * covering every segment (grant.c; docs/security.md); refused otherwise (PDL_ERR_DENIED for the grant).
+ * A connection from outside the engine's trusted_hosts is closed at accept, before any state.
  *
  * While a request reads or writes a region it holds a reference on it; deregistration shuts down the
  * connections holding one (tcp_server_kick) and waits for the references to drain.

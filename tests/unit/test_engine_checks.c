@@ -581,6 +581,32 @@ static void test_peer_stats_tcp(void **state)
     pair_close(&p);
 }
 
+/* Can 127.0.0.2 bind `port`? Not while something listens on it on every address. */
+static bool other_address_can_bind(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(0x7f000002);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* The data port listens on `host` only, unless bind_all (issue 12). */
+static void test_bind_all_tcp(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {.key = "producer:tp1", .host = "127.0.0.1", .backend = PDL_BACKEND_TCP,
+                              .qp_per_transfer = 1, .num_workers = 1};
+    for (int all = 0; all < 2; all++) {
+        oc.bind_all = all;
+        pdl_engine_t *e;
+        assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
+        assert_int_equal(other_address_can_bind(pdl_engine_port(e)), !all);
+        pdl_engine_destroy(e);
+    }
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -589,7 +615,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
-        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
