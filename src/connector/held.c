@@ -95,47 +95,11 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
                   : pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
 }
 
-/* Revoke rank `rank`'s grant of transfer_id if it has one (WRITE pushes and already revoked ones have
- * none: NOT_FOUND is expected then). */
+/* READ mode only: a WRITE push's blocks are read by nobody but this process (rank.c grants). */
 static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
 {
     if (inst->cfg.conn.read_mode)
-        pdl_engine_revoke(inst->ranks[rank].mem.engine, transfer_id, NULL);
-}
-
-pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                             pdl_error_t *err)
-{
-    if (!inst->cfg.conn.read_mode) /* WRITE mode: nobody reads a producer's region (revoke() agrees) */
-        return PDL_OK;
-    int L = inst->cfg.model.num_layers;
-    for (int i = 0; i < inst->tp; i++) {
-        pdl_rank_mem_t *m = &inst->ranks[i].mem;
-        int halves = pdl_layout_num_halves(&m->geo);
-        uint64_t blen = pdl_layout_block_len(&m->geo);
-        size_t nr = (size_t)L * n * (size_t)halves;
-        pdl_range_t *rg = malloc(nr * sizeof(*rg));
-        if (rg == NULL) {
-            for (int k = 0; k < i; k++)
-                revoke(inst, transfer_id, k);
-            return pdl_error_set(err, PDL_ERR_NOMEM, "hold %s: out of memory for %zu grant ranges", transfer_id, nr);
-        }
-        size_t k = 0;
-        for (int l = 0; l < L; l++)
-            for (size_t b = 0; b < n; b++)
-                for (int h = 0; h < halves; h++)
-                    rg[k++] = (pdl_range_t){(uint64_t)l * m->layer_len + pdl_layout_half_offset(&m->geo, ids[b], h),
-                                            blen};
-        pdl_status_t st = pdl_engine_grant(m->engine, m->kv, transfer_id, PDL_GRANT_READ, rg, nr, err);
-        free(rg);
-        if (st != PDL_OK) {
-            for (int q = 0; q < i; q++)
-                revoke(inst, transfer_id, q);
-            pdl_error_prefix(err, "hold %s: rank %d", transfer_id, i); /* PDL_OK when err is NULL: keep st */
-            return st;
-        }
-    }
-    return PDL_OK;
+        pdl__rank_revoke(inst, transfer_id, rank);
 }
 
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
@@ -219,7 +183,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, "hold");
-    st = pdl__held_grant(inst, transfer_id, ids, n, err);
+    st = inst->cfg.conn.read_mode ? pdl__rank_grant(inst, transfer_id, PDL_GRANT_READ, ids, n, err) : PDL_OK;
     if (st != PDL_OK) {
         pdl__held_cancel(inst, transfer_id);
         return st;

@@ -297,6 +297,13 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
 /* Locks and queues only: for ranks after the one whose init failed, so destroy can treat all alike. */
 void pdl__rank_init_locks(pdl_rank_t *r);
 void pdl__rank_fini(pdl_rank_t *r);
+/* Let every rank's engine serve `ops` (PDL_GRANT_READ: a READ hold; PDL_GRANT_WRITE: a WRITE receive)
+ * on blocks `ids` -- every layer, both halves, the rank's heads -- to requests naming `name` (the
+ * transfer id); statuses of pdl_engine_grant, with no grant left behind on failure (docs/security.md).
+ * pdl__rank_revoke: forget rank `rank`'s grant of `name` (-1: every rank's); none is fine. */
+pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
+                             pdl_error_t *err);
+void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank);
 
 /* ---- held.c: held transfers ------------------------------------------------------------------ */
 
@@ -315,10 +322,6 @@ typedef struct pdl_held {
  * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err);
-/* READ mode: let every rank's engine serve reads of the held blocks (all layers, both halves) to
- * requests naming transfer_id; PDL_ERR_INVALID/_NOMEM from pdl_engine_grant, with no grant left. */
-pdl_status_t pdl__held_grant(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                             pdl_error_t *err);
 /*
  * May a release of transfer_id reach rank r from host `sender` (numeric, as libzmq reports the
  * connection's peer; NULL = unknown)? The consumer is the host the rank's engine first served the

@@ -14,6 +14,8 @@
  * - forged_release_refused: a release from another host (127.0.0.2) than the consumer's. Before: it
  *   freed the held blocks before the consumer read them. Now it is refused and counted, before the read
  *   (the consumer named by the request id) and after it (the host the grant was served to).
+ * - write_mode_consumer_guarded: a WRITE-mode decode's region takes writes only into the blocks it expects
+ *   a push into, under the transfer id, until the receive ends.
  * - trusted_hosts_enforced: trusted_hosts refuses a pull to a host outside it before dialling, and a
  *   prefill drops handshakes from hosts outside it.
  * - control_ports_bind_host_ip: with host_ip 127.0.0.1 the handshake and notify ports are not bound on
@@ -382,6 +384,69 @@ static void control_ports_bind_host_ip(void **state)
     pdl_instance_destroy(p);
 }
 
+static void write_mode(pdl_instance_config_t *c)
+{
+    c->conn.read_mode = false;
+    c->allow_write_mode = true;
+}
+
+/*
+ * WRITE mode: a decode expecting a push grants WRITE of exactly the blocks it expects, under the transfer
+ * id, until the receive ends. An outsider writes nothing without the id, nothing outside those blocks
+ * with it, reads nothing at all, and nothing once the receive was freed; the real push verifies.
+ */
+static void write_mode_consumer_guarded(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint8_t uuid[16] = {21};
+    char rid[1024];
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
+                                           sizeof(rid)) > 0);
+    uint32_t pb[NBLK], cb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
+    tc_fill(p, 8, false, pb, NBLK, 3);
+    pdl_kv_params_t ck, pk;
+    pdl_kv_params_init(&ck);
+    pdl_kv_params_init(&pk);
+    snprintf(ck.transfer_id, sizeof(ck.transfer_id), "tx-w");
+    snprintf(pk.transfer_id, sizeof(pk.transfer_id), "tx-w");
+    ck.remote_tp_size = pk.remote_tp_size = 1;
+    pdl_recv_t *rv;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+
+    outsider_t o;
+    outsider_open(&o, pdl_instance_handshake_port(c, 0));
+    uint64_t blk = o.size / (uint64_t)g.layers / 2 / TOTAL;
+    uint32_t other = 0;
+    while (other == cb[0] || other == cb[1])
+        other++;
+    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, NULL, cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, "tx-w", other * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(outsider_op(&o, PDL_OP_READ, "tx-w", cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(TC_GET(c, 0, data_requests_denied), 3);
+
+    /* The real push lands and verifies. */
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+    if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
+        fail_msg("receive: %s", e.msg);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 3, &checked), 0);
+    pdl_recv_free(rv);
+    /* The receive is over: the grant went with it. */
+    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, "tx-w", cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(TC_GET(c, 0, data_requests_denied), 4);
+    outsider_close(&o);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void trust_other_host(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.2"); }
 static void trust_loopback(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.0/8, ::1"); }
 
@@ -454,6 +519,7 @@ int main(void)
         cmocka_unit_test(outsider_data_plane),
         cmocka_unit_test(redirect_refused),
         cmocka_unit_test(forged_release_refused),
+        cmocka_unit_test(write_mode_consumer_guarded),
         cmocka_unit_test(control_ports_bind_host_ip),
         cmocka_unit_test(trusted_hosts_enforced),
     };
