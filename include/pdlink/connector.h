@@ -37,6 +37,7 @@ extern "C" {
 
 /* Bytes of a host name or address, without the NUL (the wire's limit, checked where they meet). */
 #define PDL_CONNECTOR_HOST_MAX 256
+#define PDL_CONNECTOR_TRUSTED_MAX 1023 /* bytes of trusted_hosts as text */
 
 /* kv_transfer_params (pdlink/params.h); the connector only takes and fills them. */
 typedef struct pdl_kv_params pdl_kv_params_t;
@@ -68,6 +69,9 @@ typedef struct pdl_connector_config {
     double peer_backoff_s;          /* 2: a failed peer is refused at once for this long, then retried */
     double peer_backoff_max_s;      /* 30: the backoff doubles per consecutive failure up to this */
     double consumer_gone_timeout_s; /* 5: a producer frees the holds of a consumer unreachable this long */
+    bool bind_all; /* false: handshake, notify and data ports listen on host_ip only; true: on every address */
+    /* Comma-separated addresses/CIDRs a decode may dial and a producer serves; "" = everyone. */
+    char trusted_hosts[PDL_CONNECTOR_TRUSTED_MAX + 1];
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -282,7 +286,17 @@ typedef enum pdl_counter_kind {
     X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
-      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")
+      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")              \
+    X(data_requests_served, "pdlink_data_requests_served_total", PDL_COUNTER_COUNT,                                 \
+      "Remote READ/WRITE requests this rank's tcp engine served (inside a grant).")                              \
+    X(data_requests_denied, "pdlink_data_requests_denied_total", PDL_COUNTER_COUNT,                                 \
+      "Remote READ/WRITE requests refused for want of a grant: 0 bytes read or written (docs/security.md).")     \
+    X(peer_identity_refused, "pdlink_peer_identity_refused_total", PDL_COUNTER_COUNT,                               \
+      "Transfers refused: the engine id they claim is not the verified identity of the address (security.md).") \
+    X(untrusted_refused, "pdlink_untrusted_refused_total", PDL_COUNTER_COUNT,                                       \
+      "Transfers or data connections refused: the peer's host is not in trusted_hosts (docs/security.md).")      \
+    X(releases_refused, "pdlink_releases_refused_total", PDL_COUNTER_COUNT,                                         \
+      "Releases dropped: sent from another host than the consumer the transfer was served to (security.md).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;
@@ -302,6 +316,11 @@ typedef struct pdl_counter_info {
 const pdl_counter_info_t *pdl_rank_counters_table(size_t *n);
 /* Snapshot of rank tp_rank's counters into *out; PDL_ERR_INVALID for a bad rank or NULL out. */
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
+/*
+ * The remote accesses rank tp_rank's engine served, per peer host (pdl_engine_peer_stats: up to `cap`
+ * rows into out, the number of rows returned; 0 for a NULL inst or a rank outside [0, tp)).
+ */
+size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap);
 
 /*
  * Events of held transfers, for programs that want to react (metrics, tests). RANK_REPORTED: a producer

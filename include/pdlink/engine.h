@@ -89,6 +89,18 @@ typedef struct pdl_engine_config {
      * name must be settable (tcp_allowed_congestion_control, or CAP_NET_ADMIN) or create fails.
      */
     const char *tcp_congestion;
+    /*
+     * tcp: false (default) = listen on `host` only, the address peers are told; true = listen on every
+     * address of host's family (0.0.0.0 or ::) and still advertise `host`. Binding only the advertised
+     * address keeps the data port off interfaces nobody was meant to reach it on (docs/security.md).
+     */
+    bool bind_all;
+    /*
+     * tcp: NULL or "" = serve any peer; else comma-separated numeric addresses/CIDRs ("10.0.0.0/8,
+     * 127.0.0.1"): a data connection from any other address is closed at accept, before it sends a
+     * byte, and counted in connections_refused_untrusted. A malformed list fails create (INVALID).
+     */
+    const char *trusted_hosts;
 } pdl_engine_config_t;
 
 /*
@@ -191,7 +203,8 @@ void pdl_engine_publish(pdl_engine_t *engine);
 
 /*
  * Accessors of a registration (`mem` must not be NULL): its address and size in this process, and its
- * id, unique in this engine (never reused, starting at 1).
+ * id: a random non-zero 64-bit number drawn with getrandom, unique among this engine's live and
+ * recently deregistered registrations, so a peer that was not given a memory descriptor cannot guess it.
  */
 void *pdl_mem_ptr(const pdl_mem_t *mem);
 size_t pdl_mem_size(const pdl_mem_t *mem);
@@ -232,6 +245,42 @@ pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void
  */
 void pdl_session_close(pdl_session_t *session);
 
+/*
+ * Grants (docs/security.md). A guarded registration is served by the tcp backend only to requests that
+ * name a live grant covering every byte they touch; every other request is refused (status
+ * PDL_ERR_DENIED, counted in requests_denied) and no byte of it is read or written. A registration is
+ * open (served to any request inside it, as before) until pdl_mem_guard. The shm backend has no server:
+ * a shm peer maps the memfd or uses process_vm_readv, which the kernel allows only to the same uid or
+ * root, so grants do not apply to it.
+ *
+ * pdl_mem_guard: guard `mem` from now on (requests already being served finish). Cannot fail; `mem`
+ * must not be NULL.
+ *
+ * pdl_engine_grant: allow requests named `name` (1..PDL_GRANT_NAME_MAX bytes, e.g. a transfer id) to
+ * do `ops` (PDL_GRANT_READ | PDL_GRANT_WRITE) inside the n ranges (offsets in `mem`, copied; they may
+ * overlap and come in any order) until pdl_engine_revoke. A range outside the region is allowed but
+ * useless (the region's bounds are checked first). PDL_ERR_INVALID (NULL argument, bad name or ops,
+ * n == 0, an empty or wrapping range), PDL_ERR_BAD_STATE (a grant of that name exists), PDL_ERR_NOMEM.
+ *
+ * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a request being served
+ * finishes. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
+ */
+/*
+ * pdl_engine_grant_peer: the numeric address of the host the grant was first served to ("" while
+ * unused) into host (cap bytes) -- the peer that took part in the transfer, e.g. to check who may
+ * release it. PDL_ERR_NOT_FOUND when no grant has that name, PDL_ERR_INVALID for a NULL argument.
+ */
+#define PDL_GRANT_NAME_MAX 512 /* = PDL_WIRE_ID_MAX: a transfer id fits */
+enum { PDL_GRANT_READ = 1u, PDL_GRANT_WRITE = 2u };
+typedef struct pdl_range {
+    uint64_t off, len;
+} pdl_range_t;
+void pdl_mem_guard(pdl_mem_t *mem);
+pdl_status_t pdl_engine_grant(pdl_engine_t *engine, pdl_mem_t *mem, const char *name, unsigned ops,
+                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
+pdl_status_t pdl_engine_revoke(pdl_engine_t *engine, const char *name, pdl_error_t *err);
+pdl_status_t pdl_engine_grant_peer(pdl_engine_t *engine, const char *name, char *host, size_t cap, pdl_error_t *err);
+
 typedef enum pdl_op {
     PDL_OP_READ = 1,  /* remote → local */
     PDL_OP_WRITE = 2, /* local → remote */
@@ -260,14 +309,22 @@ typedef enum pdl_op {
  *   PDL_ERR_PEER_GONE the remote engine was removed, or (shm) its process exited.
  *   PDL_ERR_NOT_FOUND shm: the remote region is no longer registered.
  *   PDL_ERR_NOMEM.
- * A batch that was posted ends in PDL_OK or in: PDL_ERR_NOT_FOUND or PDL_ERR_INVALID (tcp: the owner
- * refused a request; the session stays usable); PDL_ERR_PEER_GONE or PDL_ERR_TRANSPORT (tcp: the
+ * A batch that was posted ends in PDL_OK or in: PDL_ERR_NOT_FOUND, PDL_ERR_INVALID or PDL_ERR_DENIED
+ * (tcp: the owner refused a request; the session stays usable); PDL_ERR_PEER_GONE or PDL_ERR_TRANSPORT (tcp: the
  * connection was lost, and the session breaks; shm: process_vm_readv/writev found the owner gone or
  * its memory unmapped); PDL_ERR_SYSTEM (shm: another process_vm error); PDL_ERR_BAD_STATE (cancelled
  * by pdl_batch_free).
  */
 pdl_status_t pdl_session_post(pdl_session_t *session, pdl_op_t op, const pdl_desc_t *descs, size_t n,
                               pdl_batch_t **batch_out, pdl_error_t *err);
+/*
+ * pdl_session_post for a guarded remote registration: every request of the batch names the grant
+ * `grant` (1..PDL_GRANT_NAME_MAX bytes; NULL or "" = none, which is pdl_session_post). The owner refuses
+ * the batch with PDL_ERR_DENIED unless that grant covers it. shm ignores the name (see pdl_mem_guard).
+ * PDL_ERR_INVALID also for a name that is too long.
+ */
+pdl_status_t pdl_session_post_granted(pdl_session_t *session, pdl_op_t op, const char *grant, const pdl_desc_t *descs,
+                                      size_t n, pdl_batch_t **batch_out, pdl_error_t *err);
 
 /*
  * PDL_INPROGRESS while running, then the batch's final status, with err filled (a copy of the batch's
@@ -302,19 +359,39 @@ size_t pdl_batch_num_descs(const pdl_batch_t *batch);
  * `batches_ok`/`batches_failed` count finished batches, `bytes_read`/`bytes_written` the bytes of the
  * successful READ/WRITE batches. As owner, tcp only (shm has no server): `bytes_served` the payload
  * bytes served to peers, `requests_refused` the requests refused (unknown or deregistered region,
- * range outside it, overflowing sum), `connections_dropped_malformed` the data connections closed
- * because a peer sent bytes that do not follow the protocol.
+ * range outside it, overflowing sum, no grant), `requests_denied` those of them refused for want of a
+ * grant on a guarded region, `requests_served` the requests admitted, `connections_refused_untrusted`
+ * the data connections closed at accept (trusted_hosts), `connections_dropped_malformed` the data
+ * connections closed because a peer sent bytes that do not follow the protocol.
  */
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;
     uint64_t bytes_read, bytes_written;        /* as initiator */
     uint64_t bytes_served;                     /* as owner (tcp) */
-    uint64_t requests_refused;                 /* unknown id / out of range / overflow */
+    uint64_t requests_refused;                 /* unknown id / out of range / overflow / denied */
+    uint64_t requests_denied;                  /* of those: no grant covered them (guarded region) */
+    uint64_t requests_served;                  /* as owner (tcp): READ/WRITE requests served */
+    uint64_t connections_refused_untrusted;    /* as owner (tcp): closed at accept, not in trusted_hosts */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
 } pdl_engine_stats_t;
 
 /* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */
 void pdl_engine_get_stats(pdl_engine_t *engine, pdl_engine_stats_t *out);
+
+/*
+ * Remote accesses this engine served (tcp owner side), per peer host: the requests admitted (inside
+ * their region and, for a guarded one, a grant) and their bytes. The first PDL_ENGINE_MAX_PEERS hosts
+ * get a row each; later ones are added to a row whose host is "other", so a peer cycling through
+ * addresses cannot grow the table.
+ */
+#define PDL_ENGINE_MAX_PEERS 64
+typedef struct pdl_engine_peer_stats {
+    char host[64]; /* numeric address, or "other" */
+    uint64_t requests, bytes;
+} pdl_engine_peer_stats_t;
+/* Copy up to `cap` rows into out (in first-served order); returns how many rows exist (may be > cap).
+ * `engine` must not be NULL; out may be NULL when cap is 0. Thread-safe, cannot fail. */
+size_t pdl_engine_peer_stats(pdl_engine_t *engine, pdl_engine_peer_stats_t *out, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,8 @@ extern "C" {
  *   ERR_MISMATCH  the peer is well-formed but incompatible (another descriptor version, backend or
  *                 geometry).
  *   ERR_SYSTEM    a system call failed; the message names the call and strerror(errno).
+ *   ERR_DENIED    the peer is not allowed to do this: no grant covers the access, the peer is not a
+ *                 trusted host, or it claims an identity its address does not have (docs/security.md).
  */
 #define PDL_STATUS_MAP(XX)                                                    \
     XX(OK, 0, "success")                                                      \
@@ -52,7 +54,8 @@ extern "C" {
     XX(ERR_PARSE, -8, "malformed input")                                      \
     XX(ERR_UNSUPPORTED, -9, "unsupported")                                    \
     XX(ERR_MISMATCH, -10, "incompatible peer")                                \
-    XX(ERR_SYSTEM, -11, "system call failed")
+    XX(ERR_SYSTEM, -11, "system call failed")                                 \
+    XX(ERR_DENIED, -12, "permission denied")
 
 typedef enum pdl_status {
 #define PDL_STATUS_ENUM_(name, val, msg) PDL_##name = (val),

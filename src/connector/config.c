@@ -18,6 +18,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "connector/internal.h"
 #include "pdlink/connector.h"
 #include "pdlink/wire.h"
 
@@ -107,7 +108,7 @@ static void json_brief(const json_t *v, char *buf, size_t cap)
     free(s);
 }
 
-typedef enum { K_STR, K_PORT, K_BASE_PORT, K_BOOL, K_BACKEND, K_POSINT, K_BATCH, K_SECONDS } key_kind_t;
+typedef enum { K_STR, K_PORT, K_BASE_PORT, K_BOOL, K_BACKEND, K_POSINT, K_BATCH, K_SECONDS, K_HOSTS } key_kind_t;
 
 typedef struct key_row {
     const char *name;
@@ -137,6 +138,11 @@ static const key_row_t k_rows[] = {
     {"peer_backoff_max", K_SECONDS, OFF(peer_backoff_max_s), "pdlink: cap of peer_backoff's doubling (30)"},
     {"consumer_gone_timeout", K_SECONDS, OFF(consumer_gone_timeout_s),
      "pdlink: a producer frees the holds of a consumer unreachable for this long (5)"},
+    {"trusted_hosts", K_HOSTS, OFF(trusted_hosts),
+     "pdlink: addresses/CIDRs (list or comma-separated string) a decode may dial and a producer serves; "
+     "empty = everyone"},
+    {"bind_all", K_BOOL, OFF(bind_all),
+     "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},
 };
 #undef OFF
 
@@ -177,11 +183,11 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
         return PDL_OK;
     case K_BOOL:
         if (json_is_boolean(v)) {
-            cfg->read_mode = json_is_true(v);
+            *(bool *)(base + row->offset) = json_is_true(v);
             return PDL_OK;
         }
         if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
-            cfg->read_mode = json_integer_value(v) == 1;
+            *(bool *)(base + row->offset) = json_integer_value(v) == 1;
             return PDL_OK;
         }
         if (json_is_string(v)) {
@@ -193,11 +199,11 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
             for (size_t n = strlen(t); n > 0 && isspace((unsigned char)t[n - 1]); n--)
                 t[n - 1] = '\0';
             if (strcasecmp(t, "true") == 0 || strcmp(t, "1") == 0) {
-                cfg->read_mode = true;
+                *(bool *)(base + row->offset) = true;
                 return PDL_OK;
             }
             if (strcasecmp(t, "false") == 0 || strcmp(t, "0") == 0) {
-                cfg->read_mode = false;
+                *(bool *)(base + row->offset) = false;
                 return PDL_OK;
             }
         }
@@ -243,6 +249,33 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
                                  "kv_connector_extra_config.%s: expected -1 or a positive integer, got %s", row->name, vb);
         *(int *)(base + row->offset) = (int)ll;
         return PDL_OK;
+    case K_HOSTS: {
+        /* A JSON list of strings or one comma-separated string; kept as text, checked here. */
+        char *out = base + row->offset;
+        size_t cap = PDL_CONNECTOR_TRUSTED_MAX + 1, len = 0;
+        out[0] = '\0';
+        size_t n = json_is_array(v) ? json_array_size(v) : 1;
+        for (size_t i = 0; i < n; i++) {
+            const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+            if (!json_is_string(e))
+                return pdl_error_set(err, PDL_ERR_INVALID,
+                                     "kv_connector_extra_config.%s: expected a list of addresses/CIDRs or a "
+                                     "comma-separated string, got %s", row->name, vb);
+            int w = snprintf(out + len, cap - len, "%s%s", len ? "," : "", json_string_value(e));
+            if (w < 0 || (size_t)w >= cap - len)
+                return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: longer than %d bytes",
+                                     row->name, PDL_CONNECTOR_TRUSTED_MAX);
+            len += (size_t)w;
+        }
+        pdl_cidrs_t l;
+        pdl_status_t st = pdl__cidrs_parse(out, &l, err);
+        if (st != PDL_OK) {
+            pdl_error_prefix(err, st, "kv_connector_extra_config");
+            return st;
+        }
+        pdl__cidrs_free(&l);
+        return PDL_OK;
+    }
     case K_SECONDS:
         if (!json_to_double(v, &d) || d <= 0 || d > 86400.0 * 365)
             return pdl_error_set(err, PDL_ERR_INVALID,
@@ -365,4 +398,14 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
 out:
     json_decref(root);
     return st;
+}
+
+bool pdl__trust_host(const pdl_cidrs_t *trusted, const char *host)
+{
+    return trusted->n == 0 || pdl__cidrs_match_host(trusted, host);
+}
+
+bool pdl__trust_addr(const pdl_cidrs_t *trusted, const char *numeric)
+{
+    return trusted->n == 0 || pdl__cidrs_match_text(trusted, numeric);
 }

@@ -18,6 +18,7 @@ void pdl__ctr_init(pdl_rank_ctr_t *c)
     pdl_ratelimit_init(&c->expired_rl, 10000, 5);
     pdl_ratelimit_init(&c->ping_rl, 30000, 1);
     pdl_ratelimit_init(&c->send_rl, 10000, 1);
+    pdl_ratelimit_init(&c->refused_rl, 10000, 5);
 }
 
 void pdl__ctr_fini(pdl_rank_ctr_t *c) { pthread_mutex_destroy(&c->mu); }
@@ -27,6 +28,23 @@ void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v)
     pthread_mutex_lock(&c->mu);
     *(uint64_t *)((char *)&c->v + offset) += v;
     pthread_mutex_unlock(&c->mu);
+}
+
+void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
+{
+    pthread_mutex_lock(&r->ctr.mu);
+    *(uint64_t *)((char *)&r->ctr.v + offset) += 1;
+    uint64_t suppressed = 0;
+    bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &suppressed);
+    pthread_mutex_unlock(&r->ctr.mu);
+    if (!log)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    pdl_warn("rank %d: %s (%llu similar refusals since the last report)", r->rank, msg, (unsigned long long)suppressed);
 }
 
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)
@@ -74,7 +92,19 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     out->releases_parked_dropped = fc.parked_dropped;
     out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
     out->keepalives_received = fc.keepalives;
+    pdl_engine_stats_t es;
+    pdl_engine_get_stats(r->mem.engine, &es);
+    out->data_requests_served = es.requests_served;
+    out->data_requests_denied = es.requests_denied;
+    out->untrusted_refused += es.connections_refused_untrusted;
     return PDL_OK;
+}
+
+size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap)
+{
+    if (inst == NULL || tp_rank < 0 || tp_rank >= inst->tp)
+        return 0;
+    return pdl_engine_peer_stats(inst->ranks[tp_rank].mem.engine, out, cap);
 }
 
 static const pdl_counter_info_t counter_table[] = {

@@ -35,6 +35,41 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
     pthread_mutex_unlock(&inst->cb_mu);
 }
 
+/* The host part of "host:port" / "[v6]:port" when it is a numeric address (no DNS: a name could
+ * resolve to anything later), normalised as getnameinfo prints it; else "". */
+static void numeric_host_of(const char *hostport, char *out, size_t cap)
+{
+    out[0] = '\0';
+    char host[PDL_WIRE_HOST_MAX + 16];
+    snprintf(host, sizeof(host), "%s", hostport[0] == '[' ? hostport + 1 : hostport);
+    char *end = hostport[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
+    if (end)
+        *end = '\0';
+    pdl__host_numeric(host, false, out, cap);
+}
+
+bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap)
+{
+    pdl_instance_t *inst = r->inst;
+    expected[0] = '\0';
+    if (sender == NULL || sender[0] == '\0')
+        return true;
+    if (inst->cfg.conn.read_mode)
+        pdl_engine_grant_peer(r->mem.engine, transfer_id, expected, cap, NULL);
+    if (expected[0] == '\0') {
+        pthread_mutex_lock(&inst->held_mu);
+        const pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
+        if (h)
+            snprintf(expected, cap, "%s", h->consumer_ip);
+        pthread_mutex_unlock(&inst->held_mu);
+    }
+    if (expected[0] == '\0' || strcmp(sender, expected) == 0)
+        return true;
+    /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
+    char proxy[64];
+    return pdl__host_numeric(inst->cfg.conn.proxy_ip, false, proxy, sizeof(proxy)) == 0 && strcmp(sender, proxy) == 0;
+}
+
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err)
 {
@@ -44,6 +79,7 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
     }
     snprintf(h->consumer, sizeof(h->consumer), "%s", consumer ? consumer : "");
+    numeric_host_of(h->consumer, h->consumer_ip, sizeof(h->consumer_ip));
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
     pthread_mutex_lock(&inst->held_mu);
@@ -59,8 +95,17 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
                   : pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
 }
 
+/* READ mode only: a WRITE push's blocks are read by nobody but this process (rank.c grants). */
+static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
+{
+    if (inst->cfg.conn.read_mode)
+        pdl__rank_revoke(inst, transfer_id, rank);
+}
+
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
 {
+    for (int i = 0; i < inst->tp; i++)
+        revoke(inst, transfer_id, i);
     pthread_mutex_lock(&inst->held_mu);
     pdl_held_t *h = pdl__strmap_remove(&inst->held, transfer_id);
     if (h != NULL)
@@ -80,6 +125,8 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
     pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
     if (h && !((h->rank_done[rank / 64] >> (rank % 64)) & 1u)) {
         h->rank_done[rank / 64] |= 1ull << (rank % 64);
+        /* This rank's consumers released (or the lease ended): nobody may read its blocks any more. */
+        revoke(inst, transfer_id, rank);
         if (++h->resolved == inst->tp) {
             pdl__strmap_remove(&inst->held, transfer_id);
             inst->freeing++;
@@ -140,6 +187,11 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "hold");
+    st = inst->cfg.conn.read_mode ? pdl__rank_grant(inst, transfer_id, PDL_GRANT_READ, ids, n, err) : PDL_OK;
+    if (st != PDL_OK) {
+        pdl__held_cancel(inst, transfer_id);
+        return st;
+    }
     uint64_t now = pdl__clock_now_ns();
     for (int i = 0; i < inst->tp; i++) {
         pdl_rank_t *r = &inst->ranks[i];

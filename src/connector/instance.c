@@ -66,6 +66,7 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     pdl__held_free_all(inst);
     pdl__push_free_all(inst);
     pdl__blockalloc_destroy(inst->blocks);
+    pdl__cidrs_free(&inst->trusted);
     pthread_mutex_destroy(&inst->held_mu);
     pthread_mutex_destroy(&inst->cb_mu);
     free(inst);
@@ -112,6 +113,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
                  cfg->conn.handshake_port, cfg->conn.notify_port);
 
     st = pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
+    if (st == PDL_OK)
+        st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
     if (st != PDL_OK)
         goto fail;
     inst->ranks = calloc((size_t)inst->tp, sizeof(pdl_rank_t));
@@ -153,6 +156,7 @@ fail:
         if (inst->zctx)
             zmq_ctx_term(inst->zctx);
         pdl__blockalloc_destroy(inst->blocks);
+        pdl__cidrs_free(&inst->trusted);
         pthread_mutex_destroy(&inst->held_mu);
         pthread_mutex_destroy(&inst->cb_mu);
         pthread_mutex_destroy(&inst->push_mu);

@@ -32,6 +32,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/cidr.h"
 #include "common/workq.h"
 #include "connector/blockalloc.h"
 #include "connector/fanin.h"
@@ -64,7 +65,7 @@ typedef struct pdl_rank_ctr {
     pthread_mutex_t mu;
     pdl_rank_counters_t v;
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
-    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl;
+    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl, refused_rl;
 } pdl_rank_ctr_t;
 
 void pdl__ctr_init(pdl_rank_ctr_t *c);
@@ -72,8 +73,20 @@ void pdl__ctr_fini(pdl_rank_ctr_t *c);
 /* Add v to the counter at `offset` in pdl_rank_counters_t (use PDL_CTR_ADD). */
 void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v);
 #define PDL_CTR_ADD(r, field, v) pdl__ctr_add(&(r)->ctr, offsetof(pdl_rank_counters_t, field), (v))
+/* Count a refused peer in the counter at `offset` (releases_refused, untrusted_refused: use
+ * PDL_CTR_REFUSED) and log it through the rank's refusal rate limiter (docs/security.md). */
+void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+#define PDL_CTR_REFUSED(r, field, ...) pdl__ctr_refused((r), offsetof(pdl_rank_counters_t, field), __VA_ARGS__)
 /* Count a dropped frame in dropped_malformed and log it through the kind's rate limiter. */
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- config.c: trusted_hosts -------------------------------------------------------------------- */
+
+/* May we dial `host` (a name or an address; every address it resolves to must be trusted), may we
+ * serve the peer at `numeric` (libzmq's Peer-Address; NULL = unknown, refused when a list is set)?
+ * Always true with an empty trusted_hosts. */
+bool pdl__trust_host(const pdl_cidrs_t *trusted, const char *host);
+bool pdl__trust_addr(const pdl_cidrs_t *trusted, const char *numeric);
 
 /* ---- sender.c: DEALER caches, endpoints, the outbound queue ---------------------------------- */
 
@@ -119,7 +132,11 @@ void pdl__outq_fini(pdl_outq_t *q);
 
 /* Where a remote instance listens and what it is: the far end of a transfer. */
 typedef struct pdl_peer_addr {
-    char engine_id[PDL_WIRE_ID_MAX + 1]; /* cache key: "host:handshake base" unless the params named one */
+    /* Cache key: always "host:handshake base", what is dialled and verified. Before it was the params'
+     * remote_engine_id, which a client chooses: one request naming the real prefill's id with another
+     * host planted that host under the real id for every later request (issue 12). */
+    char engine_id[PDL_WIRE_ID_MAX + 1];
+    char claimed_id[PDL_WIRE_ID_MAX + 1]; /* the params' remote_engine_id ("" = none): checked, never trusted */
     char host[PDL_WIRE_HOST_MAX + 1];
     int hs_base, notify_base; /* port bases; a rank listens on base + dp * tp + rank */
     int dp;                   /* the remote instance's DP rank */
@@ -138,8 +155,10 @@ struct pdl_peer {
 
 typedef struct pdl_xfer_side pdl_xfer_side_t;
 
-/* The peer for rank `remote_rank` of `addr` from the side's cache, handshaking (and caching it) if
- * needed; *handshaked (may be NULL) says whether it did. A peer that failed recently is refused at once
+/* The peer for rank `remote_rank` of `addr` from the side's cache (keyed by the dialled address),
+ * handshaking (and caching it) if needed; *handshaked (may be NULL) says whether it did. A request
+ * whose addr->claimed_id is not the engine id the address answered with fails with PDL_ERR_DENIED
+ * naming both (the peer stays cached). A peer that failed recently is refused at once
  * from the side's peer health (peerhealth.h) with the remembered status and reason, instead of paying
  * the handshake timeout again. Fails with the handshake's status (PDL_ERR_TIMEOUT, _PEER_GONE (nothing
  * listens: refused at once), _TRANSPORT, _PARSE, _MISMATCH, _NOMEM) and a message naming the peer as
@@ -198,6 +217,7 @@ typedef struct pdl_xfer {
     int npieces;
     const uint32_t *local_blocks, *remote_blocks;
     size_t n;
+    const char *grant; /* READ: the transfer id, the grant the producer's engine serves it under; else NULL */
 } pdl_xfer_t;
 
 /* Where an executed transfer spent its time (debug log lines). */
@@ -277,6 +297,13 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
 /* Locks and queues only: for ranks after the one whose init failed, so destroy can treat all alike. */
 void pdl__rank_init_locks(pdl_rank_t *r);
 void pdl__rank_fini(pdl_rank_t *r);
+/* Let every rank's engine serve `ops` (PDL_GRANT_READ: a READ hold; PDL_GRANT_WRITE: a WRITE receive)
+ * on blocks `ids` -- every layer, both halves, the rank's heads -- to requests naming `name` (the
+ * transfer id); statuses of pdl_engine_grant, with no grant left behind on failure (docs/security.md).
+ * pdl__rank_revoke: forget rank `rank`'s grant of `name` (-1: every rank's); none is fine. */
+pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
+                             pdl_error_t *err);
+void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank);
 
 /* ---- held.c: held transfers ------------------------------------------------------------------ */
 
@@ -285,17 +312,29 @@ typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
     char consumer[PDL_WIRE_HOST_MAX + 16]; /* "host:port" of the consumer's handshake port; "" = unknown */
+    char consumer_ip[64]; /* that host when it is a numeric address; "" = unknown or a name */
     int resolved;
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
 
 /* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
- * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. */
+ * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. A held transfer's blocks may be read by whoever
+ * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err);
-/* Undo pdl__held_add (the blocks stay with the caller). */
+/*
+ * May a release of transfer_id reach rank r from host `sender` (numeric, as libzmq reports the
+ * connection's peer; NULL = unknown)? The consumer is the host the rank's engine first served the
+ * transfer's grant to, else the host its request id names (pdl_instance_hold_for); a release from
+ * another host, other than the router's (proxy_ip), is refused, with the expected host in `expected`.
+ * Without a known consumer (an upstream peer reads over its own transport, no request id, a name
+ * instead of an address, a transfer not held yet) every release is accepted, as upstream does.
+ */
+bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap);
+/* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
-/* Rank `rank` is done with transfer_id (reported, or expired); the last rank frees the blocks. */
+/* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees
+ * the blocks. */
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
 void pdl__held_free_all(pdl_instance_t *inst);
 
@@ -337,6 +376,7 @@ struct pdl_instance {
     char zmq_address[2 * PDL_WIRE_HOST_MAX];
     void *zctx;
     pdl_blockalloc_t *blocks;
+    pdl_cidrs_t trusted; /* trusted_hosts, parsed once (config.c: pdl__trust_*); n == 0 = everyone */
     int tp;
     pdl_rank_t *ranks; /* tp of them */
     atomic_bool stopping;

@@ -220,6 +220,20 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_peer_addr_t *add
     return PDL_OK;
 }
 
+/* The engine id a request claims must be the one the dialled address answered with. The peer stays
+ * cached: it is what that address is; only the request that lied is refused. */
+static pdl_status_t check_identity(pdl_rank_t *r, const pdl_peer_addr_t *addr, const pdl_peer_t *p, const char *who,
+                                   pdl_error_t *err)
+{
+    if (addr->claimed_id[0] == '\0' || strcmp(addr->claimed_id, p->meta.engine_id) == 0)
+        return PDL_OK;
+    PDL_CTR_ADD(r, peer_identity_refused, 1);
+    return pdl_error_set(err, PDL_ERR_DENIED,
+                         "kv_transfer_params.remote_engine_id is %.100s, but %s is engine %.100s (verified in its "
+                         "handshake): refusing to read from an address the request misattributes",
+                         addr->claimed_id, who, p->meta.engine_id);
+}
+
 static bool unreachable(pdl_status_t st)
 {
     return st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT;
@@ -233,15 +247,15 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     snprintf(key, sizeof(key), "%s|%d|%d", addr->engine_id, addr->dp, prank);
     if (handshaked)
         *handshaked = false;
-    pdl_peer_t *p = pdl__strmap_get(cache, key);
-    if (p) {
-        *peer_out = p;
-        return PDL_OK;
-    }
     int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
     char who[PDL_WIRE_HOST_MAX + 64];
     snprintf(who, sizeof(who), "%s:%d (%s tp rank %d)", addr->host, port,
              addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
+    pdl_peer_t *p = pdl__strmap_get(cache, key);
+    if (p) {
+        *peer_out = p;
+        return check_identity(r, addr, p, who, err);
+    }
     char why[PDL_HEALTH_REASON_MAX + 64];
     pdl_status_t hst = PDL_ERR_PEER_GONE;
     if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
@@ -320,7 +334,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
               r->rank, who, p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks,
               (t_fetched - t_fetch) / 1e6, (t_added - t_fetched) / 1e6, (t_done - t_added) / 1e6);
     *peer_out = p;
-    return PDL_OK;
+    return check_identity(r, addr, p, who, err);
 fail_peer:
     pdl_layer_map_clear(&lm);
     pdl_agent_meta_clear(&p->meta);

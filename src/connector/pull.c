@@ -112,7 +112,8 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *
                     .npieces = plan->num_pieces,
                     .local_blocks = pull->local_blocks,
                     .remote_blocks = pull->remote_blocks,
-                    .n = pull->n};
+                    .n = pull->n,
+                    .grant = pull->transfer_id};
     return pdl__xfer_run(r, side, &x, bytes_out, descs_out, xt, err);
 }
 
@@ -279,10 +280,8 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
         pr->hs_base = pa.handshake_port;
         pr->notify_base = pa.notify_port;
     }
-    if (params->remote_engine_id[0])
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s", params->remote_engine_id);
-    else
-        snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
+    snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
+    snprintf(pr->claimed_id, sizeof(pr->claimed_id), "%s", params->remote_engine_id);
     bool disagree = false;
     pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     if (disagree)
@@ -299,6 +298,12 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
     if (pr->hs_base < 1 || pr->hs_base + top > 65536 || pr->notify_base < 1 || pr->notify_base + top > 65536) {
         return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer ports %d/%d + %d ranks exceed 65535",
                              what, params->transfer_id, pr->hs_base, pr->notify_base, top);
+    }
+    /* Before anything is dialled: a request must not make the decode connect wherever it says. */
+    if (!pdl__trust_host(&inst->trusted, pr->host)) {
+        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        return pdl_error_set(err, PDL_ERR_DENIED, "%s %s: producer host %.200s is not in trusted_hosts (%.200s)", what,
+                             params->transfer_id, pr->host, inst->cfg.conn.trusted_hosts);
     }
     return PDL_OK;
 }

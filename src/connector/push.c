@@ -181,7 +181,8 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
                         .npieces = plan->num_targets,
                         .local_blocks = p->ids + (p->n - j->n),
                         .remote_blocks = j->blocks,
-                        .n = j->n};
+                        .n = j->n,
+                        .grant = p->transfer_id};
         pdl_xfer_times_t xt = {0};
         st = pdl__xfer_run(r, side, &x, bytes_out, descs_out, &xt, err);
     }
@@ -401,6 +402,12 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         p->notify_base = da.notify_port;
     }
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+    if (!pdl__trust_host(&inst->trusted, p->host)) {
+        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
+                           p->host, inst->cfg.conn.trusted_hosts);
+        goto fail;
+    }
     bool disagree = false;
     p->consumer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     if (disagree)
@@ -487,6 +494,8 @@ static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const ch
         rv->status = st;
         snprintf(rv->msg, sizeof(rv->msg), "consumer rank %d: %s", rank, msg);
     }
+    /* No producer rank of its group writes into this rank's blocks any more. */
+    pdl__rank_revoke(rv->inst, rv->transfer_id, rank);
     if (--rv->pending == 0) {
         pdl__strmap_remove(&rv->inst->recvs, rv->transfer_id);
         rv->in_map = false;
@@ -623,6 +632,13 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)
                       : pdl_error_set(err, PDL_ERR_NOMEM, "expect_push %s: out of memory", tid);
     }
+    /* Before remote_blocks goes out: the producers' writes into these blocks name the transfer. */
+    st = pdl__rank_grant(inst, tid, PDL_GRANT_WRITE, local_blocks, n, err);
+    if (st != PDL_OK) {
+        pdl_recv_free(rv);
+        pdl_error_prefix(err, st, "expect_push");
+        return st;
+    }
     /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. */
     for (int d = 0; d < D; d++) {
         pdl_rank_t *r = &inst->ranks[d];
@@ -702,8 +718,10 @@ void pdl_recv_free(pdl_recv_t *rv)
         return;
     pdl_instance_t *inst = rv->inst;
     pthread_mutex_lock(&inst->push_mu);
-    if (rv->in_map)
+    if (rv->in_map) {
         pdl__strmap_remove(&inst->recvs, rv->transfer_id);
+        pdl__rank_revoke(inst, rv->transfer_id, -1); /* abandoned before every rank finished */
+    }
     pthread_mutex_unlock(&inst->push_mu);
     recv_free_parts(rv);
 }

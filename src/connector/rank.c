@@ -170,7 +170,9 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
                               .port = 0,
                               .backend = cfg->conn.backend,
                               .qp_per_transfer = cfg->conn.qp_per_transfer,
-                              .num_workers = cfg->conn.num_workers};
+                              .num_workers = cfg->conn.num_workers,
+                              .bind_all = cfg->conn.bind_all,
+                              .trusted_hosts = cfg->conn.trusted_hosts};
     st = pdl__service_bind(r, err);
     if (st != PDL_OK)
         return st;
@@ -180,6 +182,10 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+    /* Least privilege (docs/security.md): the engine serves this region only inside grants -- the
+     * blocks a READ producer holds for a transfer, the blocks a WRITE consumer expects a push into,
+     * each to requests naming that transfer. */
+    pdl_mem_guard(m->kv);
     m->kv_ptr = pdl_mem_ptr(m->kv);
     memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
 
@@ -207,4 +213,44 @@ void pdl__rank_fini(pdl_rank_t *r)
     pthread_mutex_destroy(&r->fan.mu);
     pdl__outq_fini(&r->out);
     pdl__ctr_fini(&r->ctr);
+}
+
+void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank)
+{
+    for (int i = rank < 0 ? 0 : rank; i < (rank < 0 ? inst->tp : rank + 1); i++)
+        pdl_engine_revoke(inst->ranks[i].mem.engine, name, NULL); /* NOT_FOUND: nothing to forget */
+}
+
+pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
+                             pdl_error_t *err)
+{
+    int L = inst->cfg.model.num_layers;
+    for (int i = 0; i < inst->tp; i++) {
+        pdl_rank_mem_t *m = &inst->ranks[i].mem;
+        int halves = pdl_layout_num_halves(&m->geo);
+        uint64_t blen = pdl_layout_block_len(&m->geo);
+        size_t nr = (size_t)L * n * (size_t)halves;
+        pdl_range_t *rg = malloc(nr * sizeof(*rg));
+        pdl_status_t st;
+        if (rg == NULL) {
+            st = pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %zu grant ranges", name, nr);
+        } else {
+            size_t k = 0;
+            for (int l = 0; l < L; l++)
+                for (size_t b = 0; b < n; b++)
+                    for (int h = 0; h < halves; h++)
+                        rg[k++] = (pdl_range_t){(uint64_t)l * m->layer_len + pdl_layout_half_offset(&m->geo, ids[b], h),
+                                                blen};
+            st = pdl_engine_grant(m->engine, m->kv, name, ops, rg, nr, err);
+            free(rg);
+            if (st != PDL_OK)
+                pdl_error_prefix(err, st, "%s: rank %d", name, i);
+        }
+        if (st != PDL_OK) {
+            for (int q = 0; q < i; q++)
+                pdl__rank_revoke(inst, name, q);
+            return st;
+        }
+    }
+    return PDL_OK;
 }

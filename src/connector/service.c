@@ -105,8 +105,23 @@ static void hs_reply(pdl_rank_t *r, zmq_msg_t *identity, const pdl_bytes_t *payl
         pdl_debug("rank %d: handshake reply not sent: %s", r->rank, zmq_strerror(zmq_errno()));
 }
 
+/* trusted_hosts: a frame from another address is dropped unanswered and counted (untrusted_refused). */
+static bool from_trusted(pdl_rank_t *r, mp_t *m, const char *what)
+{
+    /* The identity frame is made by the ROUTER; the frames after it came off the wire and carry the
+     * connection's metadata. */
+    const char *peer = m->kept > 1 ? zmq_msg_gets(&m->part[1], "Peer-Address") : NULL;
+    if (pdl__trust_addr(&r->inst->trusted, peer))
+        return true;
+    PDL_CTR_REFUSED(r, untrusted_refused, "dropped a %s message from %s: not in trusted_hosts", what,
+                    peer ? peer : "an unknown address");
+    return false;
+}
+
 static void hs_handle(pdl_rank_t *r, mp_t *m)
 {
+    if (!from_trusted(r, m, "handshake"))
+        return;
     zmq_msg_t *id = &m->part[0];
     if (r->svc.followup_len > 0 && zmq_msg_size(id) == r->svc.followup_len &&
         memcmp(zmq_msg_data(id), r->svc.followup_identity, r->svc.followup_len) == 0) {
@@ -159,8 +174,15 @@ static void collect_id(void *arg, const char *id)
         l->ids[l->n++] = c;
 }
 
-static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
+static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
+    char expected[64];
+    if (!pdl__held_release_allowed(r, msg->transfer_id, sender, expected, sizeof(expected))) {
+        /* Issue 12: a forged release freed another transfer's blocks while its consumer still read. */
+        PDL_CTR_REFUSED(r, releases_refused, "refused a release of transfer %.100s from %s: its consumer is %s",
+                        msg->transfer_id, sender, expected);
+        return;
+    }
     pdl_fanin_release_t rel = {.transfer_id = msg->transfer_id,
                                .consumer_tp_size = msg->type == PDL_MSG_LEGACY ? 1 : msg->consumer_tp_size,
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
@@ -195,6 +217,8 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg)
 
 static void notify_handle(pdl_rank_t *r, mp_t *m)
 {
+    if (!from_trusted(r, m, "notify"))
+        return;
     zmq_msg_t *pl = mp_payload(m);
     if (pl == NULL) {
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_FRAMES, "notify message of %d frames (expected 1)", m->total - 1);
@@ -209,7 +233,8 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     switch (msg.type) {
     case PDL_MSG_RELEASE:
     case PDL_MSG_LEGACY:
-        notify_release(r, &msg);
+        /* libzmq's "Peer-Address": the numeric address of the connection the frame came in on. */
+        notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);
@@ -368,12 +393,26 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     /* Default RCVHWM (1000 messages per connection): a flooding sender is slowed by TCP backpressure
      * instead of queueing unbounded memory here. */
-    if (strchr(r->inst->cfg.conn.host_ip, ':'))
+    /* host_ip only, unless bind_all: upstream binds every address (the "*" endpoint), which put the
+     * handshake and notify ports on interfaces host_ip never named (issue 12). libzmq binds only
+     * interface names and numeric addresses, so a host name is resolved here first. */
+    const pdl_connector_config_t *cc = &r->inst->cfg.conn;
+    char host[PDL_WIRE_HOST_MAX + 1] = "*";
+    char ep[PDL_WIRE_HOST_MAX + 32];
+    if (!cc->bind_all && pdl__host_numeric(cc->host_ip, true, host, sizeof(host)) != 0) {
+        pdl_error_set(err, PDL_ERR_INVALID, "rank %d %s port %d: host_ip '%s' does not resolve (set bind_all to listen "
+                      "on every address)", r->rank, what, port, cc->host_ip);
+        zmq_close(s);
+        return NULL;
+    }
+    if (strchr(cc->bind_all ? cc->host_ip : host, ':'))
         set_int_opt(s, ZMQ_IPV6, 1);
-    char ep[64];
-    snprintf(ep, sizeof(ep), "tcp://*:%d", port);
+    if (strcmp(host, "*") == 0)
+        snprintf(ep, sizeof(ep), "tcp://*:%d", port);
+    else
+        pdl__endpoint(ep, sizeof(ep), host, port);
     if (zmq_bind(s, ep) != 0) {
-        pdl_error_set(err, PDL_ERR_TRANSPORT, "rank %d %s port %d: bind failed: %s", r->rank, what, port,
+        pdl_error_set(err, PDL_ERR_TRANSPORT, "rank %d %s port %d: bind %s failed: %s", r->rank, what, port, ep,
                       zmq_strerror(zmq_errno()));
         zmq_close(s);
         return NULL;

@@ -130,7 +130,7 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
             pdl_batch_t *b = NULL;
             uint64_t tpost = pdl__clock_now_ns();
             times->build += tpost - tb;
-            st = pdl_session_post(peers[k]->session, op, dv.v, dv.n, &b, err);
+            st = pdl_session_post_granted(peers[k]->session, op, x->grant, dv.v, dv.n, &b, err);
             times->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, st, "layer %d, %s rank %d: post", l, remote_role, rranks[k]);

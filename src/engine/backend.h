@@ -24,11 +24,14 @@
 #include <sys/types.h>
 
 #include "common/workq.h"
+#include "common/cidr.h"
+#include "engine/grant.h"
 #include "pdlink/engine.h"
 #include "pdlink/log.h"
 
 #define PDL_KEY_MAX 256      /* engine keys, hosts, hostnames (bytes incl. NUL) */
 #define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm peers */
+#define PDL_DEAD_IDS 256     /* deregistered ids remembered for the error message */
 
 typedef enum pdl_mem_kind {
     PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
@@ -45,6 +48,7 @@ struct pdl_mem {
     int slot;           /* index in the shm live table (-1 if the table is full) */
     _Atomic int refs;   /* in-flight server requests (tcp); the table's own reference is not counted */
     _Atomic bool dead;  /* deregistered: refuse new requests */
+    _Atomic bool guarded; /* tcp: serve only requests a grant covers (pdl_mem_guard) */
 };
 
 /* A memory descriptor received from a peer (unpacked pdl_mem_pack bytes). */
@@ -110,6 +114,7 @@ struct pdl_batch {
     pdl_error_t err;
     _Atomic bool cancel;
     void *priv;      /* ops->chunk_priv bytes per chunk, in the same allocation (backend state) */
+    char grant[PDL_GRANT_NAME_MAX + 1]; /* tcp: the grant every request names; "" = none */
 };
 
 /* Which optional entries a backend has. */
@@ -169,6 +174,7 @@ struct pdl_engine {
     char hostname[PDL_KEY_MAX];
     char boot_id[64];
     uint16_t port;
+    bool bind_all; /* tcp: listen on the wildcard address, advertise host */
     pdl_backend_kind_t backend;
     char tcp_cc[16]; /* congestion control set on tcp data sockets; "" = system default */
     int qp_per_transfer;
@@ -178,7 +184,15 @@ struct pdl_engine {
     pthread_mutex_t mu; /* registrations, remotes, sessions */
     pdl_mem_t **mems;
     size_t nmems, capmems;
-    uint64_t next_mem_id;
+    /* Registration ids are random (pdl_mem_id); the last PDL_DEAD_IDS deregistered ones are kept so a
+     * request naming one is told "deregistered" rather than "no such registration". */
+    uint64_t dead_ids[PDL_DEAD_IDS];
+    unsigned dead_next;
+    pdl_grants_t grants; /* grant.h; its own lock */
+    pdl_cidrs_t trusted; /* tcp: peers served; n == 0 = everyone (fixed after create) */
+    pthread_mutex_t peers_mu; /* peers, npeers */
+    pdl_engine_peer_stats_t peers[PDL_ENGINE_MAX_PEERS + 1]; /* the last one is "other" */
+    size_t npeers;
     pdl_remote_t *remotes;
     pdl_session_t *sessions;
 
@@ -191,7 +205,7 @@ struct pdl_engine {
 
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
-        st_requests_refused, st_conn_malformed;
+        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed, st_conn_untrusted;
 
     pdl_ratelimit_t rl_malformed;
     pdl_ratelimit_t rl_refused;
@@ -199,6 +213,8 @@ struct pdl_engine {
     void *bk; /* backend state (tcp: listener and server threads) */
 };
 
+/* The tcp server admitted a request of `bytes` from numeric `host` (pdl_engine_peer_stats). */
+void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes);
 /* Look up a live registration by id and take a reference (tcp server); NULL if unknown or dead. */
 pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead);
 void pdl__engine_mem_put(pdl_mem_t *m);

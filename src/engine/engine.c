@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -128,6 +129,9 @@ static void engine_free(pdl_engine_t *e)
         munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
     if (e->ctl_fd >= 0)
         close(e->ctl_fd);
+    pdl__grants_fini(&e->grants);
+    pdl__cidrs_free(&e->trusted);
+    pthread_mutex_destroy(&e->peers_mu);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -158,6 +162,12 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     pdl_engine_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", cfg->key);
+    pdl_status_t pst = pdl__cidrs_parse(cfg->trusted_hosts, &e->trusted, err);
+    if (pst != PDL_OK) {
+        free(e);
+        pdl_error_prefix(err, pst, "engine %s", cfg->key);
+        return pst;
+    }
     snprintf(e->key, sizeof(e->key), "%s", cfg->key);
     snprintf(e->host, sizeof(e->host), "%s", host);
     if (gethostname(e->hostname, sizeof(e->hostname) - 1) != 0)
@@ -170,9 +180,11 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     if (cfg->backend == PDL_BACKEND_TCP && cfg->tcp_congestion != NULL)
         snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", cfg->tcp_congestion);
     e->num_workers = cfg->num_workers;
+    e->bind_all = cfg->bind_all;
     e->ops = ops;
-    e->next_mem_id = 1;
     e->ctl_fd = -1;
+    pdl__grants_init(&e->grants);
+    pthread_mutex_init(&e->peers_mu, NULL);
     pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
     pdl_ratelimit_init(&e->rl_refused, 1000, 5);
     pthread_mutex_init(&e->mu, NULL);
@@ -276,7 +288,42 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->bytes_written = atomic_load(&e->st_bytes_written);
     out->bytes_served = atomic_load(&e->st_bytes_served);
     out->requests_refused = atomic_load(&e->st_requests_refused);
+    out->requests_denied = atomic_load(&e->st_requests_denied);
+    out->requests_served = atomic_load(&e->st_requests_served);
+    out->connections_refused_untrusted = atomic_load(&e->st_conn_untrusted);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
+}
+
+void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)
+{
+    pthread_mutex_lock(&e->peers_mu);
+    size_t i = 0;
+    while (i < e->npeers && i < PDL_ENGINE_MAX_PEERS && strcmp(e->peers[i].host, host) != 0)
+        i++;
+    if (i == e->npeers) { /* a new host: its own row while there is room, else "other" */
+        if (e->npeers < PDL_ENGINE_MAX_PEERS)
+            snprintf(e->peers[i].host, sizeof(e->peers[i].host), "%s", host);
+        else
+            snprintf(e->peers[i].host, sizeof(e->peers[i].host), "other");
+        e->npeers++;
+    }
+    if (i >= PDL_ENGINE_MAX_PEERS) { /* rows are full: count under "other" */
+        i = PDL_ENGINE_MAX_PEERS;
+        e->npeers = PDL_ENGINE_MAX_PEERS + 1;
+    }
+    e->peers[i].requests++;
+    e->peers[i].bytes += bytes;
+    pthread_mutex_unlock(&e->peers_mu);
+}
+
+size_t pdl_engine_peer_stats(pdl_engine_t *e, pdl_engine_peer_stats_t *out, size_t cap)
+{
+    pthread_mutex_lock(&e->peers_mu);
+    size_t n = e->npeers;
+    for (size_t i = 0; i < n && i < cap; i++)
+        out[i] = e->peers[i];
+    pthread_mutex_unlock(&e->peers_mu);
+    return n;
 }
 
 /* ---------------------------------------------------------------- remote engines */
@@ -380,6 +427,29 @@ void pdl_engine_publish(pdl_engine_t *e)
 
 /* ---------------------------------------------------------------- registrations */
 
+/* Under e->mu: a random non-zero id no live or remembered registration has. A peer learns an id only
+ * from a memory descriptor (pdl_mem_pack), so ids 1, 2, 3... would let anyone who reaches the data
+ * port name every region; 64 random bits cannot be enumerated over a network. */
+static uint64_t new_mem_id(pdl_engine_t *e)
+{
+    for (;;) {
+        uint64_t id = 0;
+        size_t got = 0;
+        while (got < sizeof(id)) { /* blocks only until the kernel's pool is first seeded (at boot) */
+            ssize_t r = getrandom((uint8_t *)&id + got, sizeof(id) - got, 0);
+            if (r > 0)
+                got += (size_t)r;
+        }
+        bool taken = id == 0;
+        for (size_t i = 0; i < e->nmems && !taken; i++)
+            taken = e->mems[i]->id == id;
+        for (unsigned i = 0; i < PDL_DEAD_IDS && !taken; i++)
+            taken = e->dead_ids[i] == id;
+        if (!taken)
+            return id;
+    }
+}
+
 static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kind_t kind, int memfd,
                             pdl_mem_t **mem_out, pdl_error_t *err)
 {
@@ -404,7 +474,7 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
         e->mems = v;
         e->capmems = cap;
     }
-    m->id = e->next_mem_id++;
+    m->id = new_mem_id(e);
     if (e->ctl) {
         for (int i = 0; i < PDL_SHM_SLOTS; i++) {
             if (atomic_load_explicit(&e->ctl[i], memory_order_relaxed) == 0) {
@@ -481,6 +551,7 @@ void pdl_engine_deregister_mem(pdl_engine_t *e, pdl_mem_t *m)
         return;
     }
     e->mems[i] = e->mems[--e->nmems];
+    e->dead_ids[e->dead_next++ % PDL_DEAD_IDS] = m->id;
     atomic_store(&m->dead, true);
     if (e->ctl && m->slot >= 0)
         atomic_store_explicit(&e->ctl[m->slot], 0, memory_order_release);
@@ -511,8 +582,9 @@ pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead)
     }
     if (found)
         atomic_fetch_add(&found->refs, 1);
-    else if (id > 0 && id < e->next_mem_id)
-        *was_dead = true;
+    else
+        for (unsigned i = 0; i < PDL_DEAD_IDS && !*was_dead; i++)
+            *was_dead = id != 0 && e->dead_ids[i] == id;
     pthread_mutex_unlock(&e->mu);
     return found;
 }
@@ -526,6 +598,37 @@ void pdl__engine_mem_put(pdl_mem_t *m)
 void *pdl_mem_ptr(const pdl_mem_t *m) { return m->ptr; }
 size_t pdl_mem_size(const pdl_mem_t *m) { return m->size; }
 uint64_t pdl_mem_id(const pdl_mem_t *m) { return m->id; }
+
+pdl_status_t pdl_engine_grant_peer(pdl_engine_t *e, const char *name, char *host, size_t cap, pdl_error_t *err)
+{
+    if (e == NULL || name == NULL || host == NULL || cap == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_grant_peer: NULL argument");
+    if (!pdl__grants_peer(&e->grants, name, host, cap))
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: no grant %s", e->key, name);
+    return PDL_OK;
+}
+
+void pdl_mem_guard(pdl_mem_t *m) { atomic_store(&m->guarded, true); }
+
+pdl_status_t pdl_engine_grant(pdl_engine_t *e, pdl_mem_t *mem, const char *name, unsigned ops,
+                              const pdl_range_t *ranges, size_t n, pdl_error_t *err)
+{
+    if (e == NULL || mem == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_grant: engine and mem must not be NULL");
+    pdl_status_t st = pdl__grants_add(&e->grants, name, mem->id, ops, ranges, n, err);
+    if (st != PDL_OK)
+        pdl_error_prefix(err, st, "engine %s", e->key);
+    return st;
+}
+
+pdl_status_t pdl_engine_revoke(pdl_engine_t *e, const char *name, pdl_error_t *err)
+{
+    if (e == NULL || name == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_revoke: engine and name must not be NULL");
+    if (!pdl__grants_revoke(&e->grants, name))
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: no grant %s", e->key, name);
+    return PDL_OK;
+}
 
 pdl_status_t pdl_mem_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_t *err)
 {
@@ -646,6 +749,16 @@ static pdl_status_t check_range(const pdl_session_t *s, pdl_op_t op, size_t i, c
 pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *descs, size_t n,
                               pdl_batch_t **batch_out, pdl_error_t *err)
 {
+    return pdl_session_post_granted(s, op, NULL, descs, n, batch_out, err);
+}
+
+pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char *grant, const pdl_desc_t *descs,
+                                      size_t n, pdl_batch_t **batch_out, pdl_error_t *err)
+{
+    size_t glen = grant ? strlen(grant) : 0;
+    if (glen > PDL_GRANT_NAME_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_post: grant name of %zu bytes (at most %d)", glen,
+                             PDL_GRANT_NAME_MAX);
     if (s == NULL || batch_out == NULL || (descs == NULL && n > 0))
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_post: session, descs and batch_out must not be NULL");
     pdl_engine_t *e = s->engine;
@@ -739,6 +852,7 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     }
     b->session = s;
     b->op = op;
+    memcpy(b->grant, grant ? grant : "", glen + 1);
     b->d = cut;
     b->n = nc;
     b->n_merged = k;

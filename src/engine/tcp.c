@@ -309,7 +309,7 @@ static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
         pthread_mutex_init(&ts->c[i].mu, NULL);
         pdl__clock_cond_init(&ts->c[i].cv);
         ts->n++;
-        ts->c[i].frame = malloc(PDL_TCP_REQ_HDR + (size_t)PDL_TCP_MAX_SEGS * PDL_TCP_SEG);
+        ts->c[i].frame = malloc(PDL_TCP_REQ_HDR + (size_t)PDL_TCP_MAX_SEGS * PDL_TCP_SEG + PDL_GRANT_NAME_MAX);
         if (ts->c[i].frame == NULL) {
             session_free(ts);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
@@ -576,11 +576,14 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
             uint32_t nseg;
             uint64_t bytes;
             piece_walk(op->b, &op->tx, c->frame + PDL_TCP_REQ_HDR, &nseg, &bytes);
+            /* The grant name follows the segment table (tcp_wire.h). */
+            size_t glen = strlen(op->b->grant);
+            memcpy(c->frame + PDL_TCP_REQ_HDR + (size_t)nseg * PDL_TCP_SEG, op->b->grant, glen);
             pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION,
                                (uint16_t)(op->b->op == PDL_OP_READ ? PDL_TCP_OP_READ : PDL_TCP_OP_WRITE),
-                               nseg, 0, s->rmem.id, bytes, ++c->tag_tx};
+                               nseg, (uint32_t)glen, s->rmem.id, bytes, ++c->tag_tx};
             pdl_tcp_req_encode(c->frame, &r);
-            c->frame_len = PDL_TCP_REQ_HDR + (size_t)nseg * PDL_TCP_SEG;
+            c->frame_len = PDL_TCP_REQ_HDR + (size_t)nseg * PDL_TCP_SEG + glen;
             c->frame_off = 0;
             c->tx_op = op;
             c->tx_pay = start;
@@ -647,7 +650,7 @@ static void finish_piece_locked(pdl_session_t *s, tcp_conn_t *c, tcp_op_t *op, i
     op->inflight--;
     op->due--;
     if (status != 0 && op->st == PDL_OK) {
-        pdl_status_t st = (status < 0 && status >= PDL_ERR_SYSTEM) ? (pdl_status_t)status : PDL_ERR_TRANSPORT;
+        pdl_status_t st = (status < 0 && status >= PDL_ERR_DENIED) ? (pdl_status_t)status : PDL_ERR_TRANSPORT;
         op->st = pdl_error_set(&op->err, st, "engine %s: %s", s->engine->key, msg);
     }
     op_maybe_complete_locked(c, op);

@@ -11,8 +11,14 @@
  *      |                      |----checks ok, WRITE---> RX_PAYLOAD (readv into region) --> TX --> RX_HDR
  *      |                      `----refused------------> [RX_DRAIN (WRITE payload)] --> TX (error) --> RX_HDR
  *      `--HELLO--> RX_KEY --> TX --> RX_HDR
- *   any state: bad magic/version/op, nseg or total_len over the limits, segment lengths not summing to
- *   total_len, or EOF inside a frame → the connection is closed, counted and logged (rate-limited).
+ *   any state: bad magic/version/op, nseg, total_len or grant_len over the limits, segment lengths not
+ *   summing to total_len, or EOF inside a frame → the connection is closed, counted and logged
+ *   (rate-limited).
+ *
+ * RX_SEGS receives the segment table and the grant name together. "checks ok" = a live registration,
+ * every segment inside it, and for a guarded registration a grant of that name, op and registration
+ * covering every segment (grant.c; docs/security.md); refused otherwise (PDL_ERR_DENIED for the grant).
+ * A connection from outside the engine's trusted_hosts is closed at accept, before any state.
  *
  * While a request reads or writes a region it holds a reference on it; deregistration shuts down the
  * connections holding one (tcp_server_kick) and waits for the references to drain.
@@ -36,6 +42,7 @@
 #include <arpa/inet.h>
 
 #include "engine/backend.h"
+#include "engine/grant.h"
 #include "engine/iov.h"
 #include "engine/tcp.h"
 #include "engine/tcp_wire.h"
@@ -78,7 +85,8 @@ typedef struct srv_conn {
     int fd;
     int st;
     uint32_t events;
-    char peer[64];
+    char peer[64];      /* "host:port", for messages */
+    char peer_host[64]; /* numeric host alone: whom a grant was served to */
     srv_thread_t *th;
     uint8_t hdr[PDL_TCP_REQ_HDR];
     size_t got;
@@ -267,6 +275,18 @@ static int on_segs(srv_conn_t *c)
         }
         c->iov[i + 1] = (struct iovec){(uint8_t *)m->ptr + off, len};
     }
+    char why[PDL_TCP_MAX_MSG / 2];
+    if (atomic_load(&m->guarded) &&
+        !pdl__grants_check(&e->grants, (const char *)c->segs + (size_t)c->req.nseg * PDL_TCP_SEG, c->req.grant_len,
+                           m->id, c->req.op == PDL_TCP_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE, c->segs, c->req.nseg,
+                           c->peer_host, why, sizeof(why))) {
+        pdl__engine_mem_put(m);
+        atomic_fetch_add(&e->st_requests_denied, 1);
+        refuse(c, PDL_ERR_DENIED, "%s of region %" PRIu64 " of engine %s denied: %s", opn, c->req.reg_id, e->key, why);
+        return 0;
+    }
+    atomic_fetch_add(&e->st_requests_served, 1);
+    pdl__engine_peer_served(e, c->peer_host, c->req.total_len);
     conn_set_mem(srv, c, m);
     c->payload = c->req.total_len;
     if (c->req.op == PDL_TCP_OP_READ) {
@@ -288,11 +308,12 @@ static int on_header(srv_conn_t *c)
         return conn_malformed(c, "bad magic 0x%08x", r->magic);
     if (r->version != PDL_TCP_VERSION)
         return conn_malformed(c, "protocol version %u, this engine speaks %d", r->version, PDL_TCP_VERSION);
-    if (r->reserved != 0)
-        return conn_malformed(c, "reserved header field is %u, not 0", r->reserved);
+    if (r->grant_len > PDL_GRANT_NAME_MAX)
+        return conn_malformed(c, "grant name of %u bytes (at most %d)", r->grant_len, PDL_GRANT_NAME_MAX);
     if (r->op == PDL_TCP_OP_HELLO) {
-        if (r->nseg != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
-            return conn_malformed(c, "HELLO with %u segments and a %" PRIu64 "-byte key", r->nseg, r->total_len);
+        if (r->nseg != 0 || r->grant_len != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
+            return conn_malformed(c, "HELLO with %u segments, a %u-byte grant name and a %" PRIu64 "-byte key",
+                                  r->nseg, r->grant_len, r->total_len);
         c->got = 0;
         c->st = RX_KEY;
         return 0;
@@ -304,7 +325,8 @@ static int on_header(srv_conn_t *c)
     if (r->total_len > PDL_TCP_MAX_REQ_BYTES)
         return conn_malformed(c, "request of %" PRIu64 " bytes exceeds the %llu-byte limit", r->total_len,
                               PDL_TCP_MAX_REQ_BYTES);
-    c->seg_need = (size_t)r->nseg * PDL_TCP_SEG;
+    /* The segment table and the grant name are received as one block. */
+    c->seg_need = (size_t)r->nseg * PDL_TCP_SEG + r->grant_len;
     uint8_t *s = realloc(c->segs, c->seg_need);
     if (s == NULL)
         return conn_malformed(c, "out of memory for %u segments", r->nseg);
@@ -466,6 +488,17 @@ static void conn_accept(pdl_tcp_server_t *srv)
                 pdl_warn("engine %s: accept: %s", srv->e->key, strerror(errno));
             return;
         }
+        if (srv->e->trusted.n > 0 && !pdl__cidrs_match(&srv->e->trusted, (struct sockaddr *)&ss)) {
+            char host[INET6_ADDRSTRLEN] = "?";
+            getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), NULL, 0, NI_NUMERICHOST);
+            atomic_fetch_add(&srv->e->st_conn_untrusted, 1);
+            uint64_t suppressed = 0;
+            if (pdl_ratelimit_allow(&srv->e->rl_refused, &suppressed))
+                pdl_warn("engine %s: closed a data connection from %s: not in trusted_hosts (%" PRIu64
+                         " similar suppressed)", srv->e->key, host, suppressed);
+            close(fd);
+            continue;
+        }
         srv_conn_t *c = calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);
@@ -478,6 +511,7 @@ static void conn_accept(pdl_tcp_server_t *srv)
         char port[8] = "?";
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof(host), port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
         snprintf(c->peer, sizeof(c->peer), "%s:%s", host, port);
+        snprintf(c->peer_host, sizeof(c->peer_host), "%s", host);
         pthread_mutex_lock(&srv->mu);
         srv_thread_t *th = &srv->th[srv->rr++ % (unsigned)srv->nthreads];
         c->th = th;
@@ -612,12 +646,18 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
                            gai_strerror(rc));
         goto err_free;
     }
+    if (e->bind_all) { /* the wildcard of host's family, same port */
+        if (ai->ai_family == AF_INET6)
+            ((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr = in6addr_any;
+        else
+            ((struct sockaddr_in *)ai->ai_addr)->sin_addr.s_addr = htonl(INADDR_ANY);
+    }
     srv->lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (srv->lfd < 0 || setsockopt(srv->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
         bind(srv->lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(srv->lfd, 512) != 0) {
-        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u: %s", e->key, e->host, e->port,
-                           strerror(errno));
+        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u%s: %s", e->key, e->host, e->port,
+                           e->bind_all ? " (bind_all: every address)" : "", strerror(errno));
         freeaddrinfo(ai);
         goto err_free;
     }

@@ -4,10 +4,11 @@
  * Every integer is little-endian. A connection starts with a HELLO request naming the engine the
  * initiator expects; then READ and WRITE requests follow, one response each, in order.
  *
- *   request  (40 bytes): magic "PDLD" u32 | version u16 | op u16 | nseg u32 | reserved u32 (0)
+ *   request  (40 bytes): magic "PDLD" u32 | version u16 | op u16 | nseg u32 | grant_len u32
  *                        | reg_id u64 | total_len u64 | tag u64
- *            then nseg × { offset u64, length u64 }, then for WRITE total_len payload bytes, for
- *            HELLO total_len bytes of the expected engine key (nseg = 0).
+ *            then nseg × { offset u64, length u64 }, then grant_len (0..512) bytes naming the grant
+ *            the request is made under (version 2; docs/security.md), then for WRITE total_len payload
+ *            bytes, for HELLO total_len bytes of the expected engine key (nseg = 0, grant_len = 0).
  *   response (32 bytes): magic "PDLR" u32 | version u16 | reserved u16 | status i32 | msg_len u32
  *                        | tag u64 | payload_len u64
  *            then msg_len bytes of error text (status != 0), then for a successful READ payload_len
@@ -27,7 +28,9 @@
 
 #define PDL_TCP_REQ_MAGIC 0x444c4450u  /* "PDLD" as little-endian bytes */
 #define PDL_TCP_RESP_MAGIC 0x524c4450u /* "PDLR" */
-#define PDL_TCP_VERSION 1
+/* 2: the reserved u32 became grant_len. A version-1 peer sends 0 there and would be understood, but it
+ * would not understand a version-2 request that names a grant, so the versions are kept apart. */
+#define PDL_TCP_VERSION 2
 #define PDL_TCP_REQ_HDR 40
 #define PDL_TCP_RESP_HDR 32
 #define PDL_TCP_SEG 16
@@ -44,7 +47,7 @@ enum { PDL_TCP_OP_READ = 1, PDL_TCP_OP_WRITE = 2, PDL_TCP_OP_HELLO = 3 };
 typedef struct pdl_tcp_req {
     uint32_t magic;
     uint16_t version, op;
-    uint32_t nseg, reserved;
+    uint32_t nseg, grant_len;
     uint64_t reg_id, total_len, tag;
 } pdl_tcp_req_t;
 
@@ -96,7 +99,7 @@ static inline void pdl_tcp_req_encode(uint8_t *b, const pdl_tcp_req_t *r)
     pdl_tcp_put16(b + 4, r->version);
     pdl_tcp_put16(b + 6, r->op);
     pdl_tcp_put32(b + 8, r->nseg);
-    pdl_tcp_put32(b + 12, r->reserved);
+    pdl_tcp_put32(b + 12, r->grant_len);
     pdl_tcp_put64(b + 16, r->reg_id);
     pdl_tcp_put64(b + 24, r->total_len);
     pdl_tcp_put64(b + 32, r->tag);
@@ -108,7 +111,7 @@ static inline void pdl_tcp_req_decode(const uint8_t *b, pdl_tcp_req_t *r)
     r->version = pdl_tcp_get16(b + 4);
     r->op = pdl_tcp_get16(b + 6);
     r->nseg = pdl_tcp_get32(b + 8);
-    r->reserved = pdl_tcp_get32(b + 12);
+    r->grant_len = pdl_tcp_get32(b + 12);
     r->reg_id = pdl_tcp_get64(b + 16);
     r->total_len = pdl_tcp_get64(b + 24);
     r->tag = pdl_tcp_get64(b + 32);

@@ -147,6 +147,31 @@ static void render_rank_counters(pdl_prom_t *w, pdl_instance_t *inst, int tp, co
     free(rc);
 }
 
+/* Issue 12: who read or wrote this node's KV -- the remote accesses each rank's engine served, per
+ * peer host. One family after the other: the text format wants a family's samples together. */
+static void render_peer_stats(pdl_prom_t *w, pdl_instance_t *inst, int tp, const char *role)
+{
+    static const struct {
+        const char *name, *help;
+        bool bytes;
+    } fam[] = {{"pdlink_data_peer_requests_total",
+                "Remote READ/WRITE requests this rank's engine served, per peer host (\"other\" past 64 hosts).", false},
+               {"pdlink_data_peer_bytes_total", "Bytes of those requests, per peer host.", true}};
+    pdl_engine_peer_stats_t rows[PDL_ENGINE_MAX_PEERS + 1];
+    for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+        pdl_prom_family(w, fam[f].name, PDL_PROM_COUNTER, fam[f].help);
+        for (int r = 0; inst != NULL && r < tp; r++) {
+            size_t n = pdl_instance_peer_stats(inst, r, rows, PDL_ENGINE_MAX_PEERS + 1);
+            char rank[16];
+            snprintf(rank, sizeof(rank), "%d", r);
+            for (size_t i = 0; i < n && i <= PDL_ENGINE_MAX_PEERS; i++) {
+                const pdl_prom_label_t labels[] = {{"rank", rank}, {"role", role}, {"peer", rows[i].host}};
+                pdl_prom_u64(w, fam[f].name, labels, 3, fam[f].bytes ? rows[i].bytes : rows[i].requests);
+            }
+        }
+    }
+}
+
 static void render_histogram(pdl_prom_t *w, const char *name, const char *help, const pdl_prom_label_t *role,
                              const double *bounds, size_t nb, _Atomic uint64_t *buckets, uint64_t count, double sum)
 {
@@ -163,6 +188,7 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
     pdl_prom_init(&w);
     pdl_instance_t *inst = pdl_node_kv_instance(kv);
     render_rank_counters(&w, inst, pdl_node_kv_tp_size(kv), role);
+    render_peer_stats(&w, inst, pdl_node_kv_tp_size(kv), role);
 
     const pdl_prom_label_t by_role[] = {{"role", role}};
     pdl_prom_family(&w, "pdlink_held_transfers", PDL_PROM_GAUGE, "Transfers held for a consumer.");

@@ -192,10 +192,39 @@ static void blockalloc_alloc_free_exhaust(void **state)
     assert_int_equal(pdl__blockalloc_create(0, &a, NULL), PDL_ERR_INVALID);
 }
 
+/* Issue 12's keys. bind_all is the second boolean key: the bool parser wrote read_mode whatever the key,
+ * so "bind_all": true turned READ mode on and left bind_all false. */
+static void config_security_keys(void **state)
+{
+    (void)state;
+    pdl_connector_config_t c;
+    assert_int_equal(pdl_connector_config_from_extra("{\"bind_all\": true}", (pdl_connector_config_defaults(&c), &c),
+                                                     NULL),
+                     PDL_OK);
+    assert_true(c.bind_all);
+    assert_false(c.read_mode);
+    assert_string_equal(c.trusted_hosts, "");
+    assert_int_equal(pdl_connector_config_from_extra("{\"trusted_hosts\": [\"10.0.0.0/8\", \"::1\"]}", &c, NULL),
+                     PDL_OK);
+    assert_string_equal(c.trusted_hosts, "10.0.0.0/8,::1");
+    assert_int_equal(pdl_connector_config_from_extra("{\"trusted_hosts\": \"127.0.0.1, 192.168.1.0/24\"}", &c, NULL),
+                     PDL_OK);
+    assert_string_equal(c.trusted_hosts, "127.0.0.1, 192.168.1.0/24");
+    pdl_error_t e;
+    assert_int_equal(pdl_connector_config_from_extra("{\"trusted_hosts\": [\"prefill-0.svc\"]}", &c, &e),
+                     PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "kv_connector_extra_config: trusted_hosts: 'prefill-0.svc' is not a numeric"));
+    assert_int_equal(pdl_connector_config_from_extra("{\"trusted_hosts\": \"10.0.0.0/33\"}", &c, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "prefix length must be 0..32"));
+    assert_int_equal(pdl_connector_config_from_extra("{\"trusted_hosts\": [7]}", &c, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "kv_connector_extra_config.trusted_hosts: expected a list"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_defaults_match_moriio),
+        cmocka_unit_test(config_security_keys),
         cmocka_unit_test(config_seed_json),
         cmocka_unit_test(config_read_mode_forms),
         cmocka_unit_test(config_backend_mapping),

@@ -6,11 +6,13 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -32,8 +34,8 @@ typedef struct pair {
 
 static void pair_open(pair_t *p, pdl_backend_kind_t b)
 {
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL};
-    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL, false, NULL};
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&oc, &p->owner, &err), PDL_OK);
     assert_int_equal(pdl_engine_create(&ic, &p->init, &err), PDL_OK);
@@ -60,6 +62,16 @@ static void pair_close(pair_t *p)
     pdl_engine_destroy(p->owner);
 }
 
+/* `fmt` with its "%ID" (if any) replaced by the registration id: ids are random (engine.h). */
+static void with_id(char *out, size_t cap, const char *fmt, uint64_t id)
+{
+    const char *at = strstr(fmt, "%ID");
+    if (at == NULL)
+        snprintf(out, cap, "%s", fmt);
+    else
+        snprintf(out, cap, "%.*s%" PRIu64 "%s", (int)(at - fmt), fmt, id, at + 3);
+}
+
 static pdl_status_t run1(pdl_session_t *s, pdl_op_t op, uint64_t lo, uint64_t ro, uint64_t len, pdl_error_t *err)
 {
     pdl_desc_t d = {lo, ro, len};
@@ -81,10 +93,10 @@ static void initiator_checks(pdl_backend_kind_t backend)
         uint64_t lo, ro, len;
         const char *needle;
     } bad[] = {
-        {0, SZ + 1, 1, "read [65537, +1) outside region 1 of engine producer:tp1 (size 65536)"}, /* offset beyond */
+        {0, SZ + 1, 1, "read [65537, +1) outside region %ID of engine producer:tp1 (size 65536)"}, /* offset beyond */
         {0, SZ, 1, "read [65536, +1) outside region"},                                          /* offset at end */
         {0, 1, SZ, "read [1, +65536) outside region"},                                          /* length beyond */
-        {0, UINT64_MAX - 10, 100, "outside region 1 of engine producer:tp1"},                   /* overflow */
+        {0, UINT64_MAX - 10, 100, "outside region %ID of engine producer:tp1"},                 /* overflow */
         {0, 4096, UINT64_MAX, "outside local region"},                                          /* huge length */
         {SZ - 10, 0, 11, "outside local region"},                                               /* local range */
         {0, 0, 0, "length 0"},                                                                  /* empty */
@@ -92,14 +104,18 @@ static void initiator_checks(pdl_backend_kind_t backend)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         pdl_status_t st = run1(p.s, PDL_OP_READ, bad[i].lo, bad[i].ro, bad[i].len, &err);
         assert_int_equal(st, PDL_ERR_INVALID);
-        if (strstr(err.msg, bad[i].needle) == NULL)
-            fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, bad[i].needle);
+        char needle[160];
+        with_id(needle, sizeof(needle), bad[i].needle, pdl_mem_id(p.om));
+        if (strstr(err.msg, needle) == NULL)
+            fail_msg("case %zu: '%s' lacks '%s'", i, err.msg, needle);
         assert_non_null(strstr(err.msg, "engine consumer:tp0"));
     }
     /* The exact format of the message. */
     run1(p.s, PDL_OP_READ, 0, 4096, SZ, &err);
-    assert_non_null(strstr(err.msg, "engine consumer:tp0: read [4096, +65536) outside region 1 of engine "
-                                    "producer:tp1 (size 65536)"));
+    char exact[160];
+    with_id(exact, sizeof(exact), "engine consumer:tp0: read [4096, +65536) outside region %ID of engine producer:tp1 (size 65536)",
+            pdl_mem_id(p.om));
+    assert_non_null(strstr(err.msg, exact));
     assert_int_equal(run1(p.s, PDL_OP_WRITE, 0, 1, SZ, &err), PDL_ERR_INVALID);
     assert_non_null(strstr(err.msg, "write [1, +65536)"));
     /* Nothing was transferred and nothing failed: refused before posting. */
@@ -110,10 +126,12 @@ static void initiator_checks(pdl_backend_kind_t backend)
     assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, SZ, &err), PDL_OK);
 
     /* Deregistration on the owner: the next batch fails with NOT_FOUND. */
+    char region[64];
+    with_id(region, sizeof(region), "region %ID", pdl_mem_id(p.om));
     pdl_engine_deregister_mem(p.owner, p.om);
     p.om = NULL;
     assert_int_equal(run1(p.s, PDL_OP_READ, 0, 0, 4096, &err), PDL_ERR_NOT_FOUND);
-    assert_non_null(strstr(err.msg, "region 1"));
+    assert_non_null(strstr(err.msg, region));
     pair_close(&p);
 }
 
@@ -131,9 +149,15 @@ static void test_initiator_checks_tcp(void **state)
 
 /* ---------------------------------------------------------------- owner side, raw frames */
 
-static int raw_hello(uint16_t port, const char *key)
+/* A data connection from local address `src` (host order; 0 = the kernel's choice) after its HELLO. */
+static int raw_hello_from(uint16_t port, const char *key, uint32_t src)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (src != 0) {
+        struct sockaddr_in me = {.sin_family = AF_INET};
+        me.sin_addr.s_addr = htonl(src);
+        assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+    }
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
@@ -150,15 +174,19 @@ static int raw_hello(uint16_t port, const char *key)
     return fd;
 }
 
-/* Send one request; return the response status; read and return payload/message into buf. */
-static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, uint32_t nseg, const uint8_t *payload,
-                       uint8_t *buf, size_t cap, uint64_t *got)
+static int raw_hello(uint16_t port, const char *key) { return raw_hello_from(port, key, 0); }
+
+/* Send one request naming `grant` (NULL: none), as an outsider's own client would; return the response
+ * status; read and return payload/message into buf. */
+static int32_t raw_req_g(int fd, uint16_t op, uint64_t id, const char *grant, const uint64_t *segs, uint32_t nseg,
+                         const uint8_t *payload, uint8_t *buf, size_t cap, uint64_t *got)
 {
     uint8_t h[PDL_TCP_REQ_HDR];
     uint64_t total = 0;
     for (uint32_t i = 0; i < nseg; i++)
         total += segs[2 * i + 1];
-    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, op, nseg, 0, id, total, 99};
+    uint32_t glen = grant ? (uint32_t)strlen(grant) : 0;
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, op, nseg, glen, id, total, 99};
     pdl_tcp_req_encode(h, &r);
     assert_int_equal(send(fd, h, sizeof(h), 0), (ssize_t)sizeof(h));
     uint8_t sb[16 * 8];
@@ -167,6 +195,8 @@ static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, u
         pdl_tcp_put64(sb + 16 * i + 8, segs[2 * i + 1]);
     }
     assert_int_equal(send(fd, sb, 16 * nseg, 0), (ssize_t)(16 * nseg));
+    if (glen)
+        assert_int_equal(send(fd, grant, glen, 0), (ssize_t)glen);
     if (op == PDL_TCP_OP_WRITE)
         assert_int_equal(send(fd, payload, total, 0), (ssize_t)total);
     uint8_t rh[PDL_TCP_RESP_HDR];
@@ -182,6 +212,12 @@ static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, u
     buf[n] = 0;
     *got = n;
     return rr.status;
+}
+
+static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, uint32_t nseg, const uint8_t *payload,
+                       uint8_t *buf, size_t cap, uint64_t *got)
+{
+    return raw_req_g(fd, op, id, NULL, segs, nseg, payload, buf, cap, got);
 }
 
 static void test_owner_checks_tcp(void **state)
@@ -203,17 +239,19 @@ static void test_owner_checks_tcp(void **state)
     } bad[] = {
         {999, 0, 16, PDL_ERR_NOT_FOUND, "no such registration"},
         {0, 0, 16, PDL_ERR_NOT_FOUND, "no such registration"},
-        {1, SZ + 1, 1, PDL_ERR_INVALID, "read [65537, +1) outside region 1 of engine producer:tp1 (size 65536)"},
-        {1, 0, SZ + 1, PDL_ERR_INVALID, "outside region"},
-        {1, UINT64_MAX - 8, 16, PDL_ERR_INVALID, "outside region"},
-        {1, SZ, 1, PDL_ERR_INVALID, "outside region"},
+        {id, SZ + 1, 1, PDL_ERR_INVALID, "read [65537, +1) outside region %ID of engine producer:tp1 (size 65536)"},
+        {id, 0, SZ + 1, PDL_ERR_INVALID, "outside region"},
+        {id, UINT64_MAX - 8, 16, PDL_ERR_INVALID, "outside region"},
+        {id, SZ, 1, PDL_ERR_INVALID, "outside region"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint64_t seg[2] = {bad[i].off, bad[i].len};
-        int32_t st = raw_req(fd, PDL_TCP_OP_READ, bad[i].id ? bad[i].id : 0, seg, 1, NULL, buf, sizeof(buf), &got);
+        int32_t st = raw_req(fd, PDL_TCP_OP_READ, bad[i].id, seg, 1, NULL, buf, sizeof(buf), &got);
         assert_int_equal(st, bad[i].st);
-        if (strstr((char *)buf, bad[i].needle) == NULL)
-            fail_msg("case %zu: '%s' lacks '%s'", i, buf, bad[i].needle);
+        char needle[160];
+        with_id(needle, sizeof(needle), bad[i].needle, id);
+        if (strstr((char *)buf, needle) == NULL)
+            fail_msg("case %zu: '%s' lacks '%s'", i, buf, needle);
     }
     /* One bad segment among good ones refuses the whole request. */
     uint64_t mixed[4] = {0, 16, SZ - 8, 16};
@@ -297,6 +335,8 @@ static void transitions(pdl_backend_kind_t backend)
     for (int i = 0; i < 10; i++)
         assert_int_equal(im[8192 + i], (uint8_t)(i * 13 + 1));
     /* A failed batch reports the same status from poll and wait. */
+    char region[64];
+    with_id(region, sizeof(region), "region %ID", pdl_mem_id(p.om));
     pdl_engine_deregister_mem(p.owner, p.om);
     p.om = NULL;
     if (backend == PDL_BACKEND_TCP) {
@@ -304,7 +344,7 @@ static void transitions(pdl_backend_kind_t backend)
         assert_int_equal(pdl_session_post(p.s, PDL_OP_READ, d, 1, &b, &err), PDL_OK);
         assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_NOT_FOUND);
         assert_int_equal(pdl_batch_poll(b, &err), PDL_ERR_NOT_FOUND);
-        assert_non_null(strstr(err.msg, "region 1"));
+        assert_non_null(strstr(err.msg, region));
         pdl_batch_free(b);
         pdl_engine_stats_t s;
         pdl_engine_get_stats(p.init, &s);
@@ -348,7 +388,7 @@ static void test_remove_remote(void **state)
 static void test_dereg_while_serving_tcp(void **state)
 {
     (void)state;
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL, *m2 = NULL;
     pdl_error_t err;
@@ -388,6 +428,185 @@ static void test_dereg_while_serving_tcp(void **state)
     pdl_engine_destroy(e);
 }
 
+/* Issue 12: registration ids must not be guessable. Before, they were 1, 2, 3... and the handshake
+ * metadata anyone can fetch named them anyway; a raw READ of registration 1 returned the region. */
+static void test_ids_random(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
+    pdl_engine_t *e;
+    assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
+    pdl_mem_t *m[8];
+    int small = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(pdl_engine_alloc_mem(e, 4096, &m[i], NULL), PDL_OK);
+        small += pdl_mem_id(m[i]) < (1ull << 32);
+        for (int k = 0; k < i; k++)
+            assert_true(pdl_mem_id(m[k]) != pdl_mem_id(m[i]));
+    }
+    /* 8 random 64-bit ids all fall below 2^32 with probability 2^-256. */
+    assert_true(small < 8);
+    for (int i = 0; i < 8; i++)
+        pdl_engine_deregister_mem(e, m[i]);
+    pdl_engine_destroy(e);
+}
+
+/*
+ * Issue 12: a guarded region is served only inside a grant. An outsider who reached the data port
+ * and knows the registration id (here: told it) reads 0 bytes and writes 0 bytes without the grant's
+ * name, and even with it gets nothing outside the granted ranges or ops; every refusal is counted.
+ */
+static void test_guarded_tcp(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_TCP);
+    uint8_t *om = pdl_mem_ptr(p.om);
+    for (size_t i = 0; i < SZ; i++)
+        om[i] = (uint8_t)(i * 7);
+    uint64_t id = pdl_mem_id(p.om);
+    pdl_mem_guard(p.om);
+    pdl_error_t err;
+    /* Two separate ranges, given out of order and overlapping: [4096, 12288) and [32768, 36864). */
+    pdl_range_t rg[3] = {{32768, 4096}, {4096, 4096}, {6144, 6144}};
+    assert_int_equal(pdl_engine_grant(p.owner, p.om, "tx-a", PDL_GRANT_READ, rg, 3, &err), PDL_OK);
+    assert_int_equal(pdl_engine_grant(p.owner, p.om, "tx-a", PDL_GRANT_READ, rg, 1, &err), PDL_ERR_BAD_STATE);
+    int fd = raw_hello(pdl_engine_port(p.owner), "producer:tp1");
+    uint8_t buf[SZ + 1024];
+    uint64_t got;
+    uint64_t whole[2] = {0, SZ};
+    /* The attack of the issue: a raw READ of the whole region without a grant. */
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, id, whole, 1, NULL, buf, sizeof(buf), &got), PDL_ERR_DENIED);
+    assert_non_null(strstr((char *)buf, "denied: the region is guarded and the request names no grant"));
+    /* A guessed grant name, a granted range under a wrong name, a range beyond the grant. */
+    uint64_t inside[2] = {4096, 8192};
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_READ, id, "tx-b", inside, 1, NULL, buf, sizeof(buf), &got),
+                     PDL_ERR_DENIED);
+    uint64_t across[2] = {4096, 8193};
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_READ, id, "tx-a", across, 1, NULL, buf, sizeof(buf), &got),
+                     PDL_ERR_DENIED);
+    assert_non_null(strstr((char *)buf, "[4096, +8193) is outside grant tx-a"));
+    uint64_t gap[4] = {4096, 16, 20000, 16}; /* one good segment, one in the gap: the whole request */
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_READ, id, "tx-a", gap, 2, NULL, buf, sizeof(buf), &got), PDL_ERR_DENIED);
+    /* A WRITE, with and without the (read-only) grant: nothing lands. */
+    uint8_t payload[32];
+    memset(payload, 0xEE, sizeof(payload));
+    uint64_t w[2] = {4096, 32};
+    assert_int_equal(raw_req(fd, PDL_TCP_OP_WRITE, id, w, 1, payload, buf, sizeof(buf), &got), PDL_ERR_DENIED);
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_WRITE, id, "tx-a", w, 1, payload, buf, sizeof(buf), &got),
+                     PDL_ERR_DENIED);
+    assert_non_null(strstr((char *)buf, "grant tx-a does not allow writes"));
+    for (size_t i = 0; i < SZ; i++)
+        assert_int_equal(om[i], (uint8_t)(i * 7));
+    pdl_engine_stats_t st;
+    pdl_engine_get_stats(p.owner, &st);
+    assert_int_equal(st.requests_denied, 6);
+    assert_int_equal(st.requests_refused, 6);
+    assert_int_equal(st.bytes_served, 0);
+    assert_int_equal(st.requests_served, 0);
+    /* Inside the grant, on the same connection (refusals keep it in sync), and through the API. */
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_READ, id, "tx-a", inside, 1, NULL, buf, sizeof(buf), &got), 0);
+    assert_int_equal(got, 8192);
+    assert_int_equal(buf[0], (uint8_t)(4096 * 7));
+    pdl_desc_t d[2] = {{0, 32768, 4096}, {4096, 4096, 16}};
+    pdl_batch_t *b;
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-a", d, 2, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_OK);
+    pdl_batch_free(b);
+    assert_int_equal(((uint8_t *)pdl_mem_ptr(p.im))[0], (uint8_t)(32768 * 7));
+    assert_int_equal(pdl_session_post(p.s, PDL_OP_READ, d, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+    pdl_batch_free(b);
+    /* Revoked: denied again. */
+    assert_int_equal(pdl_engine_revoke(p.owner, "tx-a", &err), PDL_OK);
+    assert_int_equal(pdl_engine_revoke(p.owner, "tx-a", &err), PDL_ERR_NOT_FOUND);
+    assert_int_equal(raw_req_g(fd, PDL_TCP_OP_READ, id, "tx-a", inside, 1, NULL, buf, sizeof(buf), &got),
+                     PDL_ERR_DENIED);
+    pdl_engine_get_stats(p.owner, &st);
+    assert_int_equal(st.requests_denied, 8);
+    assert_int_equal(st.requests_served, 2);
+    close(fd);
+    pair_close(&p);
+}
+
+/* trusted_hosts: a data connection from an address outside the list is closed at accept, before a byte. */
+static void test_untrusted_tcp(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {.key = "producer:tp1", .host = "127.0.0.1", .backend = PDL_BACKEND_TCP,
+                              .qp_per_transfer = 1, .num_workers = 1, .trusted_hosts = "127.0.0.2, 10.0.0.0/8"};
+    pdl_engine_t *e;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_OK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(pdl_engine_port(e))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    uint8_t b[1];
+    assert_int_equal(recv(fd, b, 1, 0), 0); /* closed by the owner without reading anything */
+    close(fd);
+    pdl_engine_stats_t st;
+    pdl_engine_get_stats(e, &st);
+    assert_int_equal(st.connections_refused_untrusted, 1);
+    pdl_engine_destroy(e);
+    oc.trusted_hosts = "owner.example";
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_ERR_INVALID);
+    assert_non_null(strstr(err.msg, "engine producer:tp1: trusted_hosts: 'owner.example' is not a numeric"));
+}
+
+/* Issue 12: successful remote accesses are counted per peer host; past PDL_ENGINE_MAX_PEERS hosts
+ * (127.0.0.2 .. 127.0.0.80 here: loopback routes all of 127/8) the rest share the row "other". */
+static void test_peer_stats_tcp(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_TCP);
+    uint8_t buf[64];
+    uint64_t got, seg[2] = {0, 16};
+    for (uint32_t h = 2; h <= 80; h++) {
+        int fd = raw_hello_from(pdl_engine_port(p.owner), "producer:tp1", 0x7f000000u + h);
+        for (uint32_t k = 0; k < (h == 2 ? 3u : 1u); k++)
+            assert_int_equal(raw_req(fd, PDL_TCP_OP_READ, pdl_mem_id(p.om), seg, 1, NULL, buf, sizeof(buf), &got), 0);
+        close(fd);
+    }
+    pdl_engine_peer_stats_t rows[PDL_ENGINE_MAX_PEERS + 1];
+    size_t n = pdl_engine_peer_stats(p.owner, rows, PDL_ENGINE_MAX_PEERS + 1);
+    assert_int_equal(n, PDL_ENGINE_MAX_PEERS + 1);
+    assert_string_equal(rows[0].host, "127.0.0.2");
+    assert_int_equal(rows[0].requests, 3);
+    assert_int_equal(rows[0].bytes, 48);
+    assert_string_equal(rows[63].host, "127.0.0.65");
+    assert_string_equal(rows[64].host, "other");
+    assert_int_equal(rows[64].requests, 80 - 65); /* 127.0.0.66 .. 127.0.0.80 */
+    pair_close(&p);
+}
+
+/* Can 127.0.0.2 bind `port`? Not while something listens on it on every address. */
+static bool other_address_can_bind(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(0x7f000002);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+/* The data port listens on `host` only, unless bind_all (issue 12). */
+static void test_bind_all_tcp(void **state)
+{
+    (void)state;
+    pdl_engine_config_t oc = {.key = "producer:tp1", .host = "127.0.0.1", .backend = PDL_BACKEND_TCP,
+                              .qp_per_transfer = 1, .num_workers = 1};
+    for (int all = 0; all < 2; all++) {
+        oc.bind_all = all;
+        pdl_engine_t *e;
+        assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
+        assert_int_equal(other_address_can_bind(pdl_engine_port(e)), !all);
+        pdl_engine_destroy(e);
+    }
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -396,6 +615,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,206 @@
+/*
+ * grant.c -- the grants of an engine (see grant.h): a hash table of named, sorted and merged range
+ * lists, checked by the tcp server before it serves a request on a guarded registration.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "engine/grant.h"
+#include "engine/tcp_wire.h"
+
+struct pdl_grant {
+    struct pdl_grant *next;
+    char name[PDL_GRANT_NAME_MAX + 1];
+    size_t name_len;
+    uint64_t mem_id;
+    unsigned ops;
+    char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
+    pdl_range_t *r; /* sorted by off, merged: no two overlap or touch */
+    size_t n;
+};
+
+void pdl__grants_init(pdl_grants_t *g)
+{
+    memset(g, 0, sizeof(*g));
+    pthread_mutex_init(&g->mu, NULL);
+    /* getrandom without flags blocks only until the kernel's pool is first seeded (at boot). */
+    size_t got = 0;
+    while (got < sizeof(g->key)) {
+        ssize_t r = getrandom(g->key + got, sizeof(g->key) - got, 0);
+        if (r > 0)
+            got += (size_t)r;
+    }
+}
+
+static void grant_free(pdl_grant_t *x)
+{
+    free(x->r);
+    free(x);
+}
+
+void pdl__grants_fini(pdl_grants_t *g)
+{
+    for (size_t i = 0; i < PDL_GRANT_BUCKETS; i++) {
+        while (g->b[i]) {
+            pdl_grant_t *x = g->b[i];
+            g->b[i] = x->next;
+            grant_free(x);
+        }
+    }
+    pthread_mutex_destroy(&g->mu);
+}
+
+static size_t bucket(const pdl_grants_t *g, const char *name, size_t len)
+{
+    return (size_t)(pdl__siphash24(g->key, name, len) % PDL_GRANT_BUCKETS);
+}
+
+/* Under g->mu. */
+static pdl_grant_t **find(pdl_grants_t *g, const char *name, size_t len)
+{
+    pdl_grant_t **pp = &g->b[bucket(g, name, len)];
+    while (*pp && ((*pp)->name_len != len || memcmp((*pp)->name, name, len) != 0))
+        pp = &(*pp)->next;
+    return pp;
+}
+
+static int by_off(const void *a, const void *b)
+{
+    const pdl_range_t *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
+                             const pdl_range_t *ranges, size_t n, pdl_error_t *err)
+{
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len > PDL_GRANT_NAME_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "grant: name empty or longer than %d bytes", PDL_GRANT_NAME_MAX);
+    if ((ops & (PDL_GRANT_READ | PDL_GRANT_WRITE)) == 0 || (ops & ~(unsigned)(PDL_GRANT_READ | PDL_GRANT_WRITE)))
+        return pdl_error_set(err, PDL_ERR_INVALID, "grant %s: ops 0x%x, expected PDL_GRANT_READ and/or _WRITE", name,
+                             ops);
+    if (n == 0 || ranges == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "grant %s: no ranges", name);
+    pdl_grant_t *x = calloc(1, sizeof(*x));
+    if (x == NULL || (x->r = malloc(n * sizeof(*x->r))) == NULL) {
+        free(x);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "grant %s: out of memory for %zu ranges", name, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ranges[i].len == 0 || ranges[i].off > UINT64_MAX - ranges[i].len) {
+            grant_free(x);
+            return pdl_error_set(err, PDL_ERR_INVALID, "grant %s: range %zu [%" PRIu64 ", +%" PRIu64 ") is empty or wraps",
+                                 name, i, ranges[i].off, ranges[i].len);
+        }
+    }
+    memcpy(x->r, ranges, n * sizeof(*x->r));
+    qsort(x->r, n, sizeof(*x->r), by_off);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k > 0 && x->r[i].off <= x->r[k - 1].off + x->r[k - 1].len) {
+            uint64_t end = x->r[i].off + x->r[i].len;
+            if (end > x->r[k - 1].off + x->r[k - 1].len)
+                x->r[k - 1].len = end - x->r[k - 1].off;
+        } else {
+            x->r[k++] = x->r[i];
+        }
+    }
+    x->n = k;
+    memcpy(x->name, name, len + 1);
+    x->name_len = len;
+    x->mem_id = mem_id;
+    x->ops = ops;
+    pthread_mutex_lock(&g->mu);
+    pdl_grant_t **pp = find(g, name, len);
+    bool taken = *pp != NULL;
+    if (!taken) {
+        *pp = x;
+        g->count++;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (taken) {
+        grant_free(x);
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "grant %s: a grant of that name exists (revoke it first)", name);
+    }
+    return PDL_OK;
+}
+
+bool pdl__grants_revoke(pdl_grants_t *g, const char *name)
+{
+    size_t len = name ? strlen(name) : 0;
+    pthread_mutex_lock(&g->mu);
+    pdl_grant_t **pp = find(g, name ? name : "", len);
+    pdl_grant_t *x = *pp;
+    if (x) {
+        *pp = x->next;
+        g->count--;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (x)
+        grant_free(x);
+    return x != NULL;
+}
+
+/* Is [off, off + len) inside one range of x? The ranges are merged, so one range must hold it all. */
+static bool covered(const pdl_grant_t *x, uint64_t off, uint64_t len)
+{
+    size_t lo = 0, hi = x->n; /* the last range with r.off <= off is at lo - 1 after the search */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (x->r[mid].off <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return false;
+    const pdl_range_t *r = &x->r[lo - 1];
+    /* off >= r->off; the subtraction form cannot overflow (the server bounded off + len already). */
+    return off - r->off <= r->len && len <= r->len - (off - r->off);
+}
+
+bool pdl__grants_peer(pdl_grants_t *g, const char *name, char *out, size_t cap)
+{
+    pthread_mutex_lock(&g->mu);
+    const pdl_grant_t *x = *find(g, name, strlen(name));
+    if (x)
+        snprintf(out, cap, "%s", x->served_to);
+    pthread_mutex_unlock(&g->mu);
+    return x != NULL;
+}
+
+bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
+                       const uint8_t *segs, uint32_t nseg, const char *peer, char *why, size_t cap)
+{
+    if (name_len == 0) {
+        snprintf(why, cap, "the region is guarded and the request names no grant");
+        return false;
+    }
+    bool ok = true;
+    pthread_mutex_lock(&g->mu);
+    pdl_grant_t *x = *find(g, name, name_len);
+    if (x == NULL || x->mem_id != mem_id) {
+        /* The name is the peer's: print only its length, never its bytes, into logs. */
+        snprintf(why, cap, "no grant of that name (%zu bytes) for this region", name_len);
+        ok = false;
+    } else if ((x->ops & op) == 0) {
+        snprintf(why, cap, "grant %s does not allow %s", x->name, op == PDL_GRANT_READ ? "reads" : "writes");
+        ok = false;
+    } else {
+        for (uint32_t i = 0; i < nseg && ok; i++) {
+            uint64_t off = pdl_tcp_get64(segs + (size_t)i * PDL_TCP_SEG);
+            uint64_t len = pdl_tcp_get64(segs + (size_t)i * PDL_TCP_SEG + 8);
+            if (!covered(x, off, len)) {
+                snprintf(why, cap, "[%" PRIu64 ", +%" PRIu64 ") is outside grant %s", off, len, x->name);
+                ok = false;
+            }
+        }
+        if (ok && x->served_to[0] == '\0')
+            snprintf(x->served_to, sizeof(x->served_to), "%s", peer);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
