@@ -281,7 +281,9 @@ typedef enum pdl_counter_kind {
     X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
-      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")
+      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")               \
+    X(data_connections_shed, "pdlink_data_connections_shed_total", PDL_COUNTER_COUNT,                               \
+      "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

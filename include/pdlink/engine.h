@@ -307,7 +307,8 @@ size_t pdl_batch_num_descs(const pdl_batch_t *batch);
  * successful READ/WRITE batches. As owner, tcp only (shm has no server): `bytes_served` the payload
  * bytes served to peers, `requests_refused` the requests refused (unknown or deregistered region,
  * range outside it, overflowing sum), `connections_dropped_malformed` the data connections closed
- * because a peer sent bytes that do not follow the protocol.
+ * because a peer sent bytes that do not follow the protocol, `connections_shed` the data connections
+ * accepted and closed at once because the process was out of file descriptors (EMFILE/ENFILE).
  */
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;
@@ -315,6 +316,7 @@ typedef struct pdl_engine_stats {
     uint64_t bytes_served;                     /* as owner (tcp) */
     uint64_t requests_refused;                 /* unknown id / out of range / overflow */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
+    uint64_t connections_shed;                 /* closed at once: out of descriptors */
 } pdl_engine_stats_t;
 
 /* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */

@@ -74,6 +74,11 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     out->releases_parked_dropped = fc.parked_dropped;
     out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
     out->keepalives_received = fc.keepalives;
+    if (r->mem.engine != NULL) {
+        pdl_engine_stats_t es;
+        pdl_engine_get_stats(r->mem.engine, &es);
+        out->data_connections_shed = es.connections_shed;
+    }
     return PDL_OK;
 }
 

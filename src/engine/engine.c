@@ -175,6 +175,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     e->ctl_fd = -1;
     pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
     pdl_ratelimit_init(&e->rl_refused, 1000, 5);
+    pdl_ratelimit_init(&e->rl_shed, 10000, 1);
     pthread_mutex_init(&e->mu, NULL);
 
     pdl_status_t st;
@@ -277,6 +278,7 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->bytes_served = atomic_load(&e->st_bytes_served);
     out->requests_refused = atomic_load(&e->st_requests_refused);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
+    out->connections_shed = atomic_load(&e->st_conn_shed);
 }
 
 /* ---------------------------------------------------------------- remote engines */
