@@ -283,7 +283,9 @@ typedef enum pdl_counter_kind {
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
       "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")               \
     X(data_connections_shed, "pdlink_data_connections_shed_total", PDL_COUNTER_COUNT,                               \
-      "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")
+      "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")    \
+    X(listener_pauses, "pdlink_listener_pauses_total", PDL_COUNTER_COUNT,                                           \
+      "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

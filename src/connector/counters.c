@@ -18,6 +18,7 @@ void pdl__ctr_init(pdl_rank_ctr_t *c)
     pdl_ratelimit_init(&c->expired_rl, 10000, 5);
     pdl_ratelimit_init(&c->ping_rl, 30000, 1);
     pdl_ratelimit_init(&c->send_rl, 10000, 1);
+    pdl_ratelimit_init(&c->listen_rl, 10000, 1);
 }
 
 void pdl__ctr_fini(pdl_rank_ctr_t *c) { pthread_mutex_destroy(&c->mu); }

@@ -32,8 +32,11 @@
 
 #include <cmocka.h>
 
+#include <zmq.h>
+
 #include "pdlink/engine.h"
 #include "engine/tcp_wire.h" /* the HELLO frame */
+#include "test_connector_util.h"
 
 enum { CHILD_NOFILE = 64, FLOOD = 120 };
 
@@ -61,14 +64,18 @@ static long cpu_ticks(pid_t pid)
     return utime + stime;
 }
 
+/* A connected socket, or -1 if refused (a paused ROUTER's port is closed). */
 static int connect_to(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(fd >= 0);
     struct sockaddr_in s = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     s.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&s, sizeof(s)), 0);
-    return fd;
+    if (connect(fd, (struct sockaddr *)&s, sizeof(s)) == 0)
+        return fd;
+    assert_int_equal(errno, ECONNREFUSED);
+    close(fd);
+    return -1;
 }
 
 /* Poll fds[0, n) until `want` of them were closed by the server (EOF or reset) or the deadline passed;
@@ -208,6 +215,8 @@ static void engine_child(void)
 static bool hello_answered(int port)
 {
     int fd = connect_to(port);
+    if (fd < 0)
+        return false;
     uint8_t b[PDL_TCP_REQ_HDR + 16];
     const char *key = "fd:tp0";
     pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_HELLO, 0, 0, 0, strlen(key), 7};
@@ -235,7 +244,7 @@ static void engine_data_port_sheds_and_idles(void **state)
     /* Every connect succeeds (the kernel queues what the child cannot accept). */
     static int fds[FLOOD];
     for (int i = 0; i < FLOOD; i++)
-        fds[i] = connect_to((int)port);
+        assert_true((fds[i] = connect_to((int)port)) >= 0);
     /* The child has fewer than CHILD_NOFILE descriptors for connections, so at least FLOOD -
      * CHILD_NOFILE are shed: accepted and closed at once. Before, none was: they hung in the queue. */
     int closed = wait_closed(fds, FLOOD, FLOOD - CHILD_NOFILE, mono_ms() + 60000);
@@ -276,10 +285,103 @@ static void engine_data_port_sheds_and_idles(void **state)
     child_end(&c);
 }
 
+/* ---- the connector's ZeroMQ ROUTERs ------------------------------------------------------------- */
+
+static void connector_child(void)
+{
+    tc_geo_t g = tc_geo_default(2);
+    /* shm: no tcp data port, so only the ROUTERs accept connections. */
+    pdl_instance_t *inst = tc_instance(PDL_ROLE_PRODUCER, 1, &g, 16, PDL_BACKEND_SHM, 60, NULL);
+    if (inst == NULL)
+        _exit(4);
+    uint64_t port = (uint64_t)pdl_instance_handshake_port(inst, 0);
+    if (write(4, &port, sizeof(port)) != sizeof(port))
+        _exit(5);
+    char op;
+    while (read(3, &op, 1) == 1 && op != 'Q') {
+        pdl_rank_counters_t c;
+        pdl_instance_counters(inst, 0, &c, NULL);
+        uint64_t v = c.listener_pauses;
+        if (write(4, &v, sizeof(v)) != sizeof(v))
+            _exit(6);
+    }
+    pdl_instance_destroy(inst);
+    _exit(0);
+}
+
+/* A get_meta_msg handshake on the port: true if both replies came within 10 s. */
+static bool handshake_answered(int port)
+{
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0, tmo = 10000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", port);
+    bool ok = zmq_connect(s, ep) == 0 && zmq_send(s, "", 0, ZMQ_SNDMORE) == 0 &&
+              zmq_send(s, "get_meta_msg", 12, 0) == 12;
+    for (int i = 0; ok && i < 2; i++) {
+        char buf[8];
+        int more = 1;
+        size_t ml = sizeof(more);
+        /* [empty, payload] per reply */
+        ok = zmq_recv(s, buf, sizeof(buf), 0) >= 0 && zmq_getsockopt(s, ZMQ_RCVMORE, &more, &ml) == 0 && more &&
+             zmq_recv(s, buf, sizeof(buf), 0) >= 0;
+    }
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+    return ok;
+}
+
+static void connector_routers_idle(void **state)
+{
+    (void)state;
+    child_t c;
+    if (child_fork(&c))
+        connector_child();
+    uint64_t port = 0;
+    assert_int_equal(read(c.reply, &port, sizeof(port)), (ssize_t)sizeof(port));
+    assert_true(handshake_answered((int)port));
+    /* Some connects may be refused: the port is closed while the ROUTER pauses. */
+    static int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++)
+        fds[i] = connect_to((int)port);
+    /* Out of descriptors, libzmq's accept fails; the rank pauses the listener (counted). */
+    uint64_t deadline = mono_ms() + 60000;
+    while (child_ask(&c, 'S') == 0 && mono_ms() < deadline)
+        usleep(10000);
+    assert_true(child_ask(&c, 'S') >= 1);
+    long t0 = cpu_ticks(c.pid);
+    uint64_t w0 = mono_ms();
+    usleep(1000 * 1000);
+    long ticks = cpu_ticks(c.pid) - t0;
+    uint64_t wall = mono_ms() - w0;
+    long hz = sysconf(_SC_CLK_TCK);
+    print_message("child CPU while flooded: %ld ticks in %llu ms (%ld ticks/s)\n", ticks, (unsigned long long)wall,
+                  hz);
+    assert_true(ticks * 1000 < (long)wall * hz / 4);
+    for (int i = 0; i < FLOOD; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    /* Descriptors free again: handshakes answered again. */
+    bool served = false;
+    while (!served && mono_ms() < deadline + 60000)
+        served = handshake_answered((int)port);
+    assert_true(served);
+    int lines = 0;
+    int pause_lines = log_lines(&c, "out of file descriptors", &lines);
+    print_message("log: %d lines, %d about pausing\n", lines, pause_lines);
+    assert_true(pause_lines >= 1);
+    assert_true(lines <= 4 + (int)((mono_ms() - w0) / 10000) * 2);
+    child_end(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(engine_data_port_sheds_and_idles),
+        cmocka_unit_test(connector_routers_idle),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
