@@ -343,6 +343,11 @@ void pdl__writer_stop(pdl_rank_t *r);
 /* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push. */
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg);
+/* pdl_instance_abandon in WRITE mode (either role). */
+pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               pdl_error_t *err);
 /* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
  * remote_blocks and consumer waits past transfer_timeout. */
 void pdl__push_reap(pdl_rank_t *r);

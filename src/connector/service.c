@@ -209,7 +209,11 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     switch (msg.type) {
     case PDL_MSG_RELEASE:
     case PDL_MSG_LEGACY:
-        notify_release(r, &msg);
+        /* WRITE mode holds no fan-in: a failed release there means the consumer gave the push up. */
+        if (!r->inst->cfg.conn.read_mode && msg.status == PDL_RELEASE_FAILED)
+            pdl__push_on_abandon(r, &msg);
+        else
+            notify_release(r, &msg);
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);
