@@ -588,6 +588,28 @@ static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const ch
     }
 }
 
+/*
+ * Under push_mu, consumer: a failed write_done for a transfer not expected (yet). Before its receive
+ * starts, no producer rank has the block list, so it can only be a producer's abandon (the prefill
+ * refused the request; the router sends both WRITE legs at once, so this can come first). Parked under
+ * "0|transfer id" (rank 0's reaper drops it after defer_timeout; at most half the park), it fails the
+ * receive at once when pdl_instance_expect_push comes.
+ */
+static void park_early_failure(pdl_instance_t *inst, const char *transfer_id)
+{
+    char key[PDL_WIRE_ID_MAX + 16];
+    snprintf(key, sizeof(key), "0|%s", transfer_id);
+    if (inst->parked.count >= PUSH_MAX_PARKED / 2 || pdl__strmap_get(&inst->parked, key) != NULL)
+        return;
+    parked_rb_t *k = calloc(1, sizeof(*k));
+    if (k == NULL)
+        return;
+    k->abandoned = true;
+    k->at_ns = pdl__clock_now_ns();
+    if (pdl__strmap_put(&inst->parked, key, k) != 0)
+        free(k);
+}
+
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
 {
     pdl_instance_t *inst = r->inst;
@@ -595,6 +617,8 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
     bool failed = msg->status == PDL_RELEASE_FAILED;
     pthread_mutex_lock(&inst->push_mu);
     pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
+    if (rv == NULL && failed && msg->transfer_id[0] != '\0')
+        park_early_failure(inst, msg->transfer_id);
     if (rv != NULL && !rv->done[r->rank]) {
         int first = 0, count = 0;
         bool ok_rank = true;
@@ -738,14 +762,27 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->pending = D;
     rv->status = PDL_OK;
     rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    char early_key[PDL_WIRE_ID_MAX + 16];
+    snprintf(early_key, sizeof(early_key), "0|%s", tid);
     pthread_mutex_lock(&inst->push_mu);
     int rc = pdl__strmap_put(&inst->recvs, tid, rv);
     rv->in_map = rc == 0;
+    parked_rb_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
+    if (early != NULL)
+        for (int d = 0; d < D; d++)
+            recv_rank_finish(rv, d, PDL_ERR_TRANSPORT,
+                             "the producer abandoned the transfer (a failed write_done came before this receive)");
     pthread_mutex_unlock(&inst->push_mu);
     if (rc != 0) {
         recv_free_parts(rv);
         return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)
                       : pdl_error_set(err, PDL_ERR_NOMEM, "expect_push %s: out of memory", tid);
+    }
+    if (early != NULL) {
+        /* No remote_blocks: nobody will push. pdl_recv_wait reports the failure at once. */
+        parked_free(early);
+        *recv_out = rv;
+        return PDL_OK;
     }
     /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. */
     for (int d = 0; d < D; d++) {
@@ -1033,8 +1070,11 @@ void pdl__push_reap(pdl_rank_t *r)
         else if (gone != NULL)
             push_free(gone);
     }
+    size_t dropped_rb = 0; /* parked abandons expire uncounted: they were acted on when they came */
     for (size_t i = 0; i < c.np; i++) {
-        parked_free(pdl__strmap_remove(&inst->parked, c.parked_keys[i]));
+        parked_rb_t *k = pdl__strmap_remove(&inst->parked, c.parked_keys[i]);
+        dropped_rb += k != NULL && !k->abandoned;
+        parked_free(k);
         free(c.parked_keys[i]);
     }
     char tmsg[128];
@@ -1046,9 +1086,9 @@ void pdl__push_reap(pdl_rank_t *r)
     for (size_t i = 0; i < nfreed; i++)
         push_free(freed[i]);
     free(freed);
-    if (c.np > 0) {
-        PDL_CTR_ADD(r, remote_blocks_dropped, c.np);
-        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, c.np);
+    if (dropped_rb > 0) {
+        PDL_CTR_ADD(r, remote_blocks_dropped, dropped_rb);
+        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, dropped_rb);
     }
     free(c.parked_keys);
     free(c.late);

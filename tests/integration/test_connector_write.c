@@ -579,6 +579,45 @@ static void write_producer_abandon_fails_receive(void **state)
     pdl_instance_destroy(p);
 }
 
+/* The same when the prefill gives up before the decode's receive starts (the router sends both legs at
+ * once, so the abandon can win the race): the failed write_done are parked on the consumer and the
+ * receive, when it comes, fails at once without sending remote_blocks. */
+static void write_producer_abandon_before_receive(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    assert_non_null(p);
+    assert_non_null(c);
+    char rid[1024];
+    make_rid(p, c, 9, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-refused-first", 4, &pk);
+    leg_params("tx-refused-first", 8, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_abandon(p, &pk, rid, &e), PDL_OK);
+    /* P8/D4: each producer rank sends its failed write_done to its one consumer rank. */
+    ctr_wait_t w = {c, offsetof(pdl_rank_counters_t, write_done_failed_status), 8};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    uint32_t cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 60000, &e);
+    assert_int_not_equal(st, PDL_OK);
+    assert_int_not_equal(st, PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "abandoned"));
+    assert_int_equal(TC_SUM(c, remote_blocks_sent), 0);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    assert_int_equal(pdl_instance_free_block_count(c), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 /* A WRITE-mode instance on the given port bases (to restart a consumer where it was). */
 static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t *g, pdl_backend_kind_t backend, int hs,
                                          int nt)
@@ -736,6 +775,7 @@ int main(void)
         cmocka_unit_test(write_abandon_frees_push_p4d8),
         cmocka_unit_test(write_abandon_before_push_p8d4),
         cmocka_unit_test(write_producer_abandon_fails_receive),
+        cmocka_unit_test(write_producer_abandon_before_receive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
