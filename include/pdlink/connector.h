@@ -210,13 +210,20 @@ uint64_t pdl_pull_release_sent_ns(const pdl_pull_t *pull, int tp_rank);
 void pdl_pull_free(pdl_pull_t *pull);
 
 /*
- * Consumer (READ mode): the transfer named by `params` (and `request_id`, as for a pull) will NOT be
- * pulled -- the request was rejected or failed before its pull. Sends at once, from every rank, the
- * releases a failed pull would send (status "failed"), so the producer frees its blocks now instead of
- * after its defer_timeout. Asynchronous: the messages are queued on the ranks' service threads. Never
- * call it for a transfer that was pulled (its releases are already sent). Fails with PDL_ERR_INVALID
- * (no transfer_id or producer address, an impossible TP pair; named), PDL_ERR_UNSUPPORTED (not a
- * READ-mode consumer) or PDL_ERR_NOMEM; releases queued before a failure still leave.
+ * This side will not take part in the transfer named by `params` (and `request_id`, as for a pull or a
+ * push): the request was rejected or failed before its pull, receive or push. Tells the peer at once so
+ * nothing stays pinned until a timeout:
+ *   READ consumer  -- the releases a failed pull would send (status "failed"), from every rank: the
+ *                     producer frees its blocks now instead of after its defer_timeout;
+ *   WRITE consumer -- a failed-status release to every producer rank (once each): a pdlink producer
+ *                     frees the push's blocks now (a rank already writing finishes first), or, before the
+ *                     push exists, as soon as it is made;
+ *   WRITE producer -- the failed write_done a failed push sends, to every consumer rank: the decode's
+ *                     receive fails now instead of at transfer_timeout, so it frees its blocks.
+ * Asynchronous: the messages are queued on the ranks' service threads. Never call it for a transfer that
+ * was pulled, received or pushed (its messages are already sent). Fails with PDL_ERR_INVALID (no
+ * transfer_id or peer address, an impossible TP pair; named), PDL_ERR_UNSUPPORTED (a READ-mode
+ * producer) or PDL_ERR_NOMEM; messages queued before a failure still leave.
  */
 pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                   pdl_error_t *err);
@@ -296,7 +303,13 @@ typedef enum pdl_counter_kind {
     X(untrusted_refused, "pdlink_untrusted_refused_total", PDL_COUNTER_COUNT,                                       \
       "Transfers or data connections refused: the peer's host is not in trusted_hosts (docs/security.md).")      \
     X(releases_refused, "pdlink_releases_refused_total", PDL_COUNTER_COUNT,                                         \
-      "Releases dropped: sent from another host than the consumer the transfer was served to (security.md).")
+      "Releases dropped: sent from another host than the consumer the transfer was served to (security.md).") \
+    X(data_connections_shed, "pdlink_data_connections_shed_total", PDL_COUNTER_COUNT,                               \
+      "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")    \
+    X(pushes_abandoned, "pdlink_pushes_abandoned_total", PDL_COUNTER_COUNT,                                         \
+      "WRITE mode: failed releases a prefill rank acted on: its push freed at once, or when made.")              \
+    X(listener_pauses, "pdlink_listener_pauses_total", PDL_COUNTER_COUNT,                                           \
+      "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

@@ -362,7 +362,8 @@ size_t pdl_batch_num_descs(const pdl_batch_t *batch);
  * range outside it, overflowing sum, no grant), `requests_denied` those of them refused for want of a
  * grant on a guarded region, `requests_served` the requests admitted, `connections_refused_untrusted`
  * the data connections closed at accept (trusted_hosts), `connections_dropped_malformed` the data
- * connections closed because a peer sent bytes that do not follow the protocol.
+ * connections closed because a peer sent bytes that do not follow the protocol, `connections_shed` the data
+ * connections accepted and closed at once because the process was out of file descriptors (EMFILE/ENFILE).
  */
 typedef struct pdl_engine_stats {
     uint64_t batches_ok, batches_failed;
@@ -373,6 +374,7 @@ typedef struct pdl_engine_stats {
     uint64_t requests_served;                  /* as owner (tcp): READ/WRITE requests served */
     uint64_t connections_refused_untrusted;    /* as owner (tcp): closed at accept, not in trusted_hosts */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
+    uint64_t connections_shed;                 /* closed at once: out of descriptors */
 } pdl_engine_stats_t;
 
 /* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */

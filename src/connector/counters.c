@@ -19,6 +19,7 @@ void pdl__ctr_init(pdl_rank_ctr_t *c)
     pdl_ratelimit_init(&c->ping_rl, 30000, 1);
     pdl_ratelimit_init(&c->send_rl, 10000, 1);
     pdl_ratelimit_init(&c->refused_rl, 10000, 5);
+    pdl_ratelimit_init(&c->listen_rl, 10000, 1);
 }
 
 void pdl__ctr_fini(pdl_rank_ctr_t *c) { pthread_mutex_destroy(&c->mu); }
@@ -92,11 +93,14 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     out->releases_parked_dropped = fc.parked_dropped;
     out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
     out->keepalives_received = fc.keepalives;
-    pdl_engine_stats_t es;
-    pdl_engine_get_stats(r->mem.engine, &es);
-    out->data_requests_served = es.requests_served;
-    out->data_requests_denied = es.requests_denied;
-    out->untrusted_refused += es.connections_refused_untrusted;
+    if (r->mem.engine != NULL) {
+        pdl_engine_stats_t es;
+        pdl_engine_get_stats(r->mem.engine, &es);
+        out->data_requests_served = es.requests_served;
+        out->data_requests_denied = es.requests_denied;
+        out->untrusted_refused += es.connections_refused_untrusted;
+        out->data_connections_shed = es.connections_shed;
+    }
     return PDL_OK;
 }
 

@@ -65,7 +65,7 @@ typedef struct pdl_rank_ctr {
     pthread_mutex_t mu;
     pdl_rank_counters_t v;
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
-    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl, refused_rl;
+    pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl, refused_rl, listen_rl;
 } pdl_rank_ctr_t;
 
 void pdl__ctr_init(pdl_rank_ctr_t *c);
@@ -257,11 +257,21 @@ typedef struct pdl_rank_mem {
 } pdl_rank_mem_t;
 
 /* service.c: the service thread and the sockets only it touches. */
+/* listen.c: one ROUTER's accept monitor and pause state (service thread only). */
+typedef struct pdl_listen {
+    void *router, *mon; /* mon: PAIR connected to the ROUTER's monitor; NULL if none */
+    const char *what;   /* "handshake" / "notify" */
+    char endpoint[128]; /* as bound (ZMQ_LAST_ENDPOINT), for unbind and bind again */
+    bool paused;
+    uint64_t resume_ms;
+} pdl_listen_t;
+
 typedef struct pdl_rank_svc {
     pthread_t thread;
     bool started;
     atomic_bool stop;
     void *hs_sock, *notify_sock, *ping_sock;
+    pdl_listen_t hs_listen, notify_listen; /* listen.c */
     pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
     uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
@@ -338,6 +348,17 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
 void pdl__held_free_all(pdl_instance_t *inst);
 
+/* ---- listen.c: ROUTERs out of file descriptors ---------------------------------------------- */
+
+/* Monitor `router` (bound) for failed accepts; without a monitor it only warns. Service thread. */
+void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char *what);
+/* The monitor is readable: unbind the ROUTER for a pause if an accept failed for want of descriptors. */
+void pdl__listen_on_event(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms);
+/* Bind a paused ROUTER again once its pause is over. */
+void pdl__listen_tick(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms);
+/* Stop the monitor (before the ROUTER is closed). */
+void pdl__listen_fini(pdl_listen_t *l);
+
 /* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
 
 /* Service thread of rank 0 of a READ producer, every tick: probe the consumers named by held
@@ -361,6 +382,11 @@ void pdl__writer_stop(pdl_rank_t *r);
 /* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push. */
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg);
+/* pdl_instance_abandon in WRITE mode (either role). */
+pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               pdl_error_t *err);
 /* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
  * remote_blocks and consumer waits past transfer_timeout. */
 void pdl__push_reap(pdl_rank_t *r);

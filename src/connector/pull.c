@@ -449,13 +449,15 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
 {
     if (inst == NULL || params == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "abandon: missing argument");
-    if (inst->cfg.conn.role != PDL_ROLE_CONSUMER || !inst->cfg.conn.read_mode)
-        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "abandon %s: only a READ-mode consumer releases a producer's blocks (a WRITE-mode "
-                             "producer frees an unpushed transfer after defer_timeout)",
-                             params->transfer_id);
     if (params->transfer_id[0] == '\0')
         return pdl_error_set(err, PDL_ERR_INVALID, "abandon: kv_transfer_params.transfer_id is missing");
+    if (!inst->cfg.conn.read_mode)
+        return pdl__push_abandon(inst, params, request_id, err);
+    if (inst->cfg.conn.role != PDL_ROLE_CONSUMER)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "abandon %s: a READ-mode producer has nothing to abandon (it holds only what it "
+                             "prefilled, until the consumer releases it)",
+                             params->transfer_id);
     pdl_peer_addr_t pr;
     pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &pr, err);
     if (st != PDL_OK)

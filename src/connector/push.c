@@ -62,7 +62,8 @@ typedef struct pdl_push {
 } pdl_push_t;
 
 typedef struct parked_rb {
-    uint32_t *blocks;
+    uint32_t *blocks; /* NULL when abandoned */
+    bool abandoned;   /* the consumer said it will not take the push (a failed release came first) */
     size_t n;
     int decode_dp;
     int said_tp; /* consumer_tp_size from the message, 0 when absent */
@@ -191,6 +192,20 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
     return st;
 }
 
+static pdl_status_t encode_write_done(const pdl_rank_t *r, const char *transfer_id, bool ok, pdl_bytes_t *b,
+                                      pdl_error_t *err)
+{
+    pdl_msg_t m;
+    pdl_msg_init(&m, PDL_MSG_WRITE_DONE);
+    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", transfer_id);
+    m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
+    m.producer_tp_size = r->inst->tp;
+    m.producer_tp_rank = r->rank;
+    pdl_status_t st = pdl_wire_encode_msg(&m, b, err);
+    pdl_msg_clear(&m);
+    return st;
+}
+
 static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, bool ok)
 {
     pdl_instance_t *inst = r->inst;
@@ -198,24 +213,17 @@ static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push
     if (pdl_topo_consumers_of(inst->tp, j->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
         return;
     for (int c = first; c < first + count; c++) {
-        pdl_msg_t m;
-        pdl_msg_init(&m, PDL_MSG_WRITE_DONE);
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", p->transfer_id);
-        m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
-        m.producer_tp_size = inst->tp;
-        m.producer_tp_rank = r->rank;
         pdl_bytes_t b = {0};
         pdl_error_t e;
         char ep[PDL_WIRE_HOST_MAX + 32];
         int off = pdl_topo_port_offset(decode_dp, j->consumer_tp, c);
-        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
+        if (encode_write_done(r, p->transfer_id, ok, &b, &e) != PDL_OK)
             pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
         else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
             pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
         else if (pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_OTHER, &b))
             PDL_CTR_ADD(r, write_done_sent, 1);
         pdl_bytes_free(&b);
-        pdl_msg_clear(&m);
     }
 }
 
@@ -359,6 +367,90 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
     }
 }
 
+/* The consumer a WRITE producer serves: params' remote_host/ports, else the request id's decode address. */
+static pdl_status_t consumer_of(const pdl_kv_params_t *params, const char *request_id, const char *what,
+                                char host[PDL_WIRE_HOST_MAX + 1], int *hs_base, int *notify_base, pdl_error_t *err)
+{
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(host, PDL_WIRE_HOST_MAX + 1, "%s", params->remote_host);
+        *hs_base = params->remote_handshake_port;
+        *notify_base = params->remote_notify_port;
+        return PDL_OK;
+    }
+    pdl_zmq_addr_t da;
+    pdl_error_t e;
+    if (request_id == NULL || pdl_wire_parse_request_id(request_id, NULL, &da, &e) != PDL_OK)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "%s %s: no consumer address: kv_transfer_params lacks remote_host/"
+                             "remote_handshake_port/remote_notify_port and the request id %s",
+                             what, params->transfer_id, request_id ? e.msg : "is absent");
+    snprintf(host, PDL_WIRE_HOST_MAX + 1, "%s", da.host);
+    *hs_base = da.handshake_port;
+    *notify_base = da.notify_port;
+    return PDL_OK;
+}
+
+/*
+ * A failed release on a WRITE producer: the consumer will not take this push (its request was rejected
+ * or failed; pdl_instance_abandon on the decode, or the router when the decode leg failed). A rank
+ * still WAITING for remote_blocks is done at once and its blocks are freed with the push's last rank;
+ * a rank already writing finishes (its write_done follows). Before the push exists the abandon is
+ * parked like an early remote_blocks (and replaces one parked for the same rank), so a decode that
+ * gives up before the prefill finished frees the push as soon as it is made.
+ */
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg)
+{
+    pdl_instance_t *inst = r->inst;
+    if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0') {
+        pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "failed release for transfer '%s' in WRITE mode: %s",
+                      msg->transfer_id,
+                      inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer" : "no transfer_id");
+        return;
+    }
+    char key[PDL_WIRE_ID_MAX + 16];
+    snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
+    bool resolved = false, parked = false;
+    pdl_push_t *gone = NULL;
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
+    if (p != NULL) {
+        if (p->state[r->rank] == RS_WAITING) {
+            gone = push_rank_final(inst, p, r->rank, RS_EXPIRED);
+            resolved = true;
+        }
+    } else {
+        parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+        /* Abandons may name pushes that already finished (the router's and the decode's both come after a
+         * failed decode leg): they take at most half the park, so early remote_blocks keep room. */
+        if (k == NULL && inst->parked.count < PUSH_MAX_PARKED / 2 && (k = calloc(1, sizeof(*k))) != NULL) {
+            k->rank = r->rank;
+            if (pdl__strmap_put(&inst->parked, key, k) != 0) {
+                free(k);
+                k = NULL;
+            }
+        }
+        if (k != NULL) {
+            free(k->blocks);
+            k->blocks = NULL;
+            k->n = 0;
+            k->abandoned = true;
+            k->at_ns = pdl__clock_now_ns();
+            parked = true;
+        }
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    push_free(gone);
+    if (resolved || parked)
+        PDL_CTR_ADD(r, pushes_abandoned, 1);
+    if (resolved) {
+        pdl_debug("rank %d: push %s abandoned by its consumer; blocks freed with the last rank", r->rank,
+                  msg->transfer_id);
+        pdl__held_rank_resolved(inst, msg->transfer_id, r->rank, true);
+    } else if (parked) {
+        pdl_debug("rank %d: abandon of %s parked until its push", r->rank, msg->transfer_id);
+    }
+}
+
 pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *ids, size_t n, pdl_error_t *err)
 {
@@ -383,24 +475,9 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         return pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
     }
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", tid);
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(p->host, sizeof(p->host), "%s", params->remote_host);
-        p->hs_base = params->remote_handshake_port;
-        p->notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t da;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, NULL, &da, &e) != PDL_OK) {
-            st = pdl_error_set(err, PDL_ERR_INVALID,
-                               "push %s: no consumer address: kv_transfer_params lacks remote_host/"
-                               "remote_handshake_port/remote_notify_port and the request id %s",
-                               tid, request_id ? e.msg : "is absent");
-            goto fail;
-        }
-        snprintf(p->host, sizeof(p->host), "%s", da.host);
-        p->hs_base = da.handshake_port;
-        p->notify_base = da.notify_port;
-    }
+    st = consumer_of(params, request_id, "push", p->host, &p->hs_base, &p->notify_base, err);
+    if (st != PDL_OK)
+        goto fail;
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
     if (!pdl__trust_host(&inst->trusted, p->host)) {
         PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
@@ -436,8 +513,10 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         goto fail;
     }
     push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
+    bool *abandoned = calloc((size_t)inst->tp, sizeof(*abandoned));
+    pdl_push_t *all_abandoned = NULL;
     pthread_mutex_lock(&inst->push_mu);
-    int rc = jobs == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
+    int rc = jobs == NULL || abandoned == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
     if (rc == 0) {
         for (int i = 0; i < inst->tp; i++) {
             char key[PDL_WIRE_ID_MAX + 16];
@@ -445,6 +524,15 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
             parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
             if (k == NULL)
                 continue;
+            if (k->abandoned) {
+                /* The consumer gave up before the prefill finished: this rank is done at once. */
+                parked_free(pdl__strmap_remove(&inst->parked, key));
+                abandoned[i] = true;
+                pdl_push_t *gone = push_rank_final(inst, p, i, RS_EXPIRED);
+                if (gone != NULL)
+                    all_abandoned = gone;
+                continue;
+            }
             jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp, k->said_tp);
             if (jobs[i] == NULL)
                 continue; /* stays parked; the rank is reaped after defer_timeout */
@@ -457,6 +545,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     pthread_mutex_unlock(&inst->push_mu);
     if (rc != 0) {
         free(jobs);
+        free(abandoned);
         pdl__held_cancel(inst, tid);
         st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already being pushed", tid)
                     : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
@@ -466,6 +555,11 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         if (jobs[i] != NULL)
             enqueue_job(&inst->ranks[i], jobs[i]);
     free(jobs);
+    for (int i = 0; i < inst->tp; i++)
+        if (abandoned[i])
+            pdl__held_rank_resolved(inst, tid, i, true);
+    free(abandoned);
+    push_free(all_abandoned); /* every rank abandoned: the push left the map; p is not used after this */
     return PDL_OK;
 fail:
     push_free(p);
@@ -503,6 +597,28 @@ static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const ch
     }
 }
 
+/*
+ * Under push_mu, consumer: a failed write_done for a transfer not expected (yet). Before its receive
+ * starts, no producer rank has the block list, so it can only be a producer's abandon (the prefill
+ * refused the request; the router sends both WRITE legs at once, so this can come first). Parked under
+ * "0|transfer id" (rank 0's reaper drops it after defer_timeout; at most half the park), it fails the
+ * receive at once when pdl_instance_expect_push comes.
+ */
+static void park_early_failure(pdl_instance_t *inst, const char *transfer_id)
+{
+    char key[PDL_WIRE_ID_MAX + 16];
+    snprintf(key, sizeof(key), "0|%s", transfer_id);
+    if (inst->parked.count >= PUSH_MAX_PARKED / 2 || pdl__strmap_get(&inst->parked, key) != NULL)
+        return;
+    parked_rb_t *k = calloc(1, sizeof(*k));
+    if (k == NULL)
+        return;
+    k->abandoned = true;
+    k->at_ns = pdl__clock_now_ns();
+    if (pdl__strmap_put(&inst->parked, key, k) != 0)
+        free(k);
+}
+
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
 {
     pdl_instance_t *inst = r->inst;
@@ -510,6 +626,8 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
     bool failed = msg->status == PDL_RELEASE_FAILED;
     pthread_mutex_lock(&inst->push_mu);
     pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
+    if (rv == NULL && failed && msg->transfer_id[0] != '\0')
+        park_early_failure(inst, msg->transfer_id);
     if (rv != NULL && !rv->done[r->rank]) {
         int first = 0, count = 0;
         bool ok_rank = true;
@@ -556,6 +674,54 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
                   r->rank, msg->transfer_id, msg->producer_tp_rank);
 }
 
+/* The producer a WRITE consumer receives from: host and notify base (params, else the request id's
+ * prefill address), its TP, and its DP rank. */
+typedef struct producer_ref {
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int notify_base, tp, dp;
+} producer_ref_t;
+
+static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                const char *what, producer_ref_t *pr, pdl_error_t *err)
+{
+    const char *tid = params->transfer_id;
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
+        pr->notify_base = params->remote_notify_port;
+    } else {
+        pdl_zmq_addr_t pa;
+        pdl_error_t e;
+        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "%s %s: no producer address: kv_transfer_params lacks remote_host/"
+                                 "remote_handshake_port/remote_notify_port and the request id %s",
+                                 what, tid, request_id ? e.msg : "is absent");
+        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
+        pr->notify_base = pa.notify_port;
+    }
+    bool disagree = false;
+    int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    int D = inst->tp, dummy;
+    pdl_error_t e;
+    if (P < 1 || P > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, D, P, &dummy, &e) != PDL_OK)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer TP %d with consumer TP %d: %s", what, tid, P, D,
+                             P < 1 || P > PDL_TOPO_MAX_TP ? "invalid size" : e.msg);
+    pr->tp = P;
+    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    if (pr->notify_base + pr->dp * P + P > 65536)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer notify port %d + %d ranks exceed 65535", what, tid,
+                             pr->notify_base, pr->dp * P + P);
+    return PDL_OK;
+}
+
+/* Consumer rank d tells producer rank g (each g once: by the first consumer rank of its group), as
+ * remote_blocks and abandons are sent. */
+static bool consumer_speaks_for(int P, int D, int d, int g)
+{
+    int cfirst = 0, ccount = 0;
+    return pdl_topo_consumers_of(P, D, g, &cfirst, &ccount, NULL) == PDL_OK && cfirst == d;
+}
+
 pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                       const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
 {
@@ -574,35 +740,17 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "expect_push %s: local blocks", tid);
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int notify_base;
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(host, sizeof(host), "%s", params->remote_host);
-        notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t pa;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "expect_push %s: no producer address: kv_transfer_params lacks remote_host/"
-                                 "remote_handshake_port/remote_notify_port and the request id %s",
-                                 tid, request_id ? e.msg : "is absent");
-        snprintf(host, sizeof(host), "%s", pa.host);
-        notify_base = pa.notify_port;
-    }
-    bool disagree = false;
-    int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    int D = inst->tp;
-    int remote_dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    int expected = 0, dummy;
+    producer_ref_t pr;
+    st = producer_of(inst, params, request_id, "expect_push", &pr, err);
+    if (st != PDL_OK)
+        return st;
+    const char *host = pr.host;
+    int notify_base = pr.notify_base, P = pr.tp, D = inst->tp, remote_dp = pr.dp;
+    int expected = 0;
     pdl_error_t e;
-    if (P < 1 || P > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, D, P, &dummy, &e) != PDL_OK ||
-        pdl_topo_expected_write_done(P, D, &expected, &e) != PDL_OK)
+    if (pdl_topo_expected_write_done(P, D, &expected, &e) != PDL_OK)
         return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: producer TP %d with consumer TP %d: %s", tid, P, D,
-                             P < 1 || P > PDL_TOPO_MAX_TP ? "invalid size" : e.msg);
-    if (notify_base + remote_dp * P + P > 65536)
-        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: producer notify port %d + %d ranks exceed 65535",
-                             tid, notify_base, remote_dp * P + P);
+                             e.msg);
     pdl_recv_t *rv = calloc(1, sizeof(*rv));
     if (rv == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
@@ -623,14 +771,27 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->pending = D;
     rv->status = PDL_OK;
     rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
+    char early_key[PDL_WIRE_ID_MAX + 16];
+    snprintf(early_key, sizeof(early_key), "0|%s", tid);
     pthread_mutex_lock(&inst->push_mu);
     int rc = pdl__strmap_put(&inst->recvs, tid, rv);
     rv->in_map = rc == 0;
+    parked_rb_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
+    if (early != NULL)
+        for (int d = 0; d < D; d++)
+            recv_rank_finish(rv, d, PDL_ERR_TRANSPORT,
+                             "the producer abandoned the transfer (a failed write_done came before this receive)");
     pthread_mutex_unlock(&inst->push_mu);
     if (rc != 0) {
         recv_free_parts(rv);
         return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)
                       : pdl_error_set(err, PDL_ERR_NOMEM, "expect_push %s: out of memory", tid);
+    }
+    if (early != NULL) {
+        /* No remote_blocks: nobody will push. pdl_recv_wait reports the failure at once. */
+        parked_free(early);
+        *recv_out = rv;
+        return PDL_OK;
     }
     /* Before remote_blocks goes out: the producers' writes into these blocks name the transfer. */
     st = pdl__rank_grant(inst, tid, PDL_GRANT_WRITE, local_blocks, n, err);
@@ -645,8 +806,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         int gfirst = 0, gcount = 0;
         pdl_topo_group(P, D, d, &gfirst, &gcount, NULL);
         for (int g = gfirst; g < gfirst + gcount; g++) {
-            int cfirst = 0, ccount = 0;
-            if (pdl_topo_consumers_of(P, D, g, &cfirst, &ccount, NULL) != PDL_OK || cfirst != d)
+            if (!consumer_speaks_for(P, D, d, g))
                 continue;
             pdl_msg_t m;
             pdl_msg_init(&m, PDL_MSG_REMOTE_BLOCKS);
@@ -724,6 +884,104 @@ void pdl_recv_free(pdl_recv_t *rv)
     }
     pthread_mutex_unlock(&inst->push_mu);
     recv_free_parts(rv);
+}
+
+/* ---- abandon (pdl_instance_abandon in WRITE mode) ---------------------------------------------- */
+
+/* Consumer: a failed release to every producer rank, each once (pdl__push_on_abandon frees it there). */
+static pdl_status_t abandon_as_consumer(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                        pdl_error_t *err)
+{
+    producer_ref_t pr;
+    pdl_status_t st = producer_of(inst, params, request_id, "abandon", &pr, err);
+    for (int d = 0; st == PDL_OK && d < inst->tp; d++) {
+        int gfirst = 0, gcount = 0;
+        pdl_topo_group(pr.tp, inst->tp, d, &gfirst, &gcount, NULL);
+        for (int g = gfirst; st == PDL_OK && g < gfirst + gcount; g++) {
+            if (!consumer_speaks_for(pr.tp, inst->tp, d, g))
+                continue;
+            pdl_msg_t m;
+            pdl_msg_init(&m, PDL_MSG_RELEASE);
+            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", params->transfer_id);
+            m.consumer_tp_size = inst->tp;
+            m.consumer_tp_rank = d;
+            m.status = PDL_RELEASE_FAILED;
+            m.producer_tp_size = pr.tp;
+            m.producer_tp_rank = g;
+            pdl_bytes_t b = {0};
+            st = pdl_wire_encode_msg(&m, &b, err);
+            pdl_msg_clear(&m);
+            if (st == PDL_OK)
+                st = pdl__outq_send(&inst->ranks[d], pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g),
+                                    PDL_OUT_RELEASE, &b, err);
+            pdl_bytes_free(&b);
+            if (st != PDL_OK)
+                pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
+        }
+    }
+    return st;
+}
+
+/* Producer: the failed write_done a failed push sends, from every rank to every consumer rank of its
+ * notify set, so the decode's receive fails now instead of at transfer_timeout and frees its blocks;
+ * remote_blocks parked for the transfer are dropped. */
+static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                        pdl_error_t *err)
+{
+    const char *tid = params->transfer_id;
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int hs_base = 0, notify_base = 0;
+    pdl_status_t st = consumer_of(params, request_id, "abandon", host, &hs_base, &notify_base, err);
+    if (st != PDL_OK)
+        return st;
+    bool disagree = false;
+    int D = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
+    int dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    for (int r = 0; r < inst->tp; r++) {
+        char key[PDL_WIRE_ID_MAX + 16];
+        snprintf(key, sizeof(key), "%d|%s", r, tid);
+        pthread_mutex_lock(&inst->push_mu);
+        parked_rb_t *k = pdl__strmap_remove(&inst->parked, key);
+        pthread_mutex_unlock(&inst->push_mu);
+        if (k != NULL) {
+            /* The consumer's own word on its TP and DP rank beats the params'. */
+            D = k->said_tp > 0 ? k->said_tp : D;
+            dp = k->decode_dp;
+            parked_free(k);
+        }
+    }
+    int first = 0, count = 0;
+    for (int r = 0; st == PDL_OK && r < inst->tp; r++) {
+        pdl_rank_t *rk = &inst->ranks[r];
+        st = pdl_topo_consumers_of(inst->tp, D, r, &first, &count, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "abandon %s: consumer TP %d with producer TP %d", tid, D, inst->tp);
+        for (int c = first; st == PDL_OK && c < first + count; c++) {
+            pdl_bytes_t b = {0};
+            st = encode_write_done(rk, tid, false, &b, err);
+            if (st == PDL_OK)
+                st = pdl__outq_send(rk, host, notify_base + pdl_topo_port_offset(dp, D, c), PDL_OUT_OTHER, &b, err);
+            pdl_bytes_free(&b);
+            if (st == PDL_OK)
+                PDL_CTR_ADD(rk, write_done_sent, 1);
+            else
+                pdl_error_prefix(err, st, "abandon %s: write_done to consumer rank %d", tid, c);
+        }
+    }
+    return st;
+}
+
+pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               pdl_error_t *err)
+{
+    pdl_status_t st = inst->cfg.conn.role == PDL_ROLE_CONSUMER ? abandon_as_consumer(inst, params, request_id, err)
+                                                               : abandon_as_producer(inst, params, request_id, err);
+    if (st == PDL_OK) {
+        PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);
+        pdl_debug("abandon %s (WRITE mode): failed %s queued", params->transfer_id,
+                  inst->cfg.conn.role == PDL_ROLE_CONSUMER ? "releases" : "write_done");
+    }
+    return st;
 }
 
 /* ---- reaping ---------------------------------------------------------------------------------- */
@@ -817,8 +1075,11 @@ void pdl__push_reap(pdl_rank_t *r)
         else if (gone != NULL)
             push_free(gone);
     }
+    size_t dropped_rb = 0; /* parked abandons expire uncounted: they were acted on when they came */
     for (size_t i = 0; i < c.np; i++) {
-        parked_free(pdl__strmap_remove(&inst->parked, c.parked_keys[i]));
+        parked_rb_t *k = pdl__strmap_remove(&inst->parked, c.parked_keys[i]);
+        dropped_rb += k != NULL && !k->abandoned;
+        parked_free(k);
         free(c.parked_keys[i]);
     }
     char tmsg[128];
@@ -830,9 +1091,9 @@ void pdl__push_reap(pdl_rank_t *r)
     for (size_t i = 0; i < nfreed; i++)
         push_free(freed[i]);
     free(freed);
-    if (c.np > 0) {
-        PDL_CTR_ADD(r, remote_blocks_dropped, c.np);
-        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, c.np);
+    if (dropped_rb > 0) {
+        PDL_CTR_ADD(r, remote_blocks_dropped, dropped_rb);
+        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, dropped_rb);
     }
     free(c.parked_keys);
     free(c.late);

@@ -233,8 +233,11 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     switch (msg.type) {
     case PDL_MSG_RELEASE:
     case PDL_MSG_LEGACY:
-        /* libzmq's "Peer-Address": the numeric address of the connection the frame came in on. */
-        notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
+        /* WRITE mode holds no fan-in: a failed release there means the consumer gave the push up. */
+        if (!r->inst->cfg.conn.read_mode && msg.status == PDL_RELEASE_FAILED)
+            pdl__push_on_abandon(r, &msg);
+        else
+            notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);
@@ -337,13 +340,18 @@ static void *service_main(void *arg)
     pdl_rank_t *r = arg;
     double defer = r->inst->cfg.conn.defer_timeout_s;
     long tick_ms = defer < 1.0 ? 10 : 50; /* the reaper's resolution */
-    zmq_pollitem_t items[3] = {
+    pdl__listen_watch(r, &r->svc.hs_listen, r->svc.hs_sock, "handshake");
+    pdl__listen_watch(r, &r->svc.notify_listen, r->svc.notify_sock, "notify");
+    /* The accept monitors last: a missing one is polled as fd -1, which poll ignores. */
+    zmq_pollitem_t items[5] = {
         {.socket = r->svc.hs_sock, .events = ZMQ_POLLIN},
         {.socket = r->svc.notify_sock, .events = ZMQ_POLLIN},
         {.socket = NULL, .fd = r->out.wake_fd, .events = ZMQ_POLLIN},
+        {.socket = r->svc.hs_listen.mon, .fd = -1, .events = ZMQ_POLLIN},
+        {.socket = r->svc.notify_listen.mon, .fd = -1, .events = ZMQ_POLLIN},
     };
     while (!atomic_load(&r->svc.stop)) {
-        int n = zmq_poll(items, 3, tick_ms);
+        int n = zmq_poll(items, 5, tick_ms);
         if (n < 0 && zmq_errno() != EINTR) {
             pdl_error("rank %d: zmq_poll: %s", r->rank, zmq_strerror(zmq_errno()));
             break;
@@ -357,6 +365,12 @@ static void *service_main(void *arg)
             if (read(r->out.wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
                 pdl_warn("rank %d: eventfd read: %s", r->rank, strerror(errno));
         }
+        if (n > 0 && (items[3].revents & ZMQ_POLLIN))
+            pdl__listen_on_event(r, &r->svc.hs_listen, pdl__clock_now_ms());
+        if (n > 0 && (items[4].revents & ZMQ_POLLIN))
+            pdl__listen_on_event(r, &r->svc.notify_listen, pdl__clock_now_ms());
+        pdl__listen_tick(r, &r->svc.hs_listen, pdl__clock_now_ms());
+        pdl__listen_tick(r, &r->svc.notify_listen, pdl__clock_now_ms());
         pdl__outq_flush(r, &r->svc.dealers);
         reap_tick(r);
         pdl__push_reap(r);
@@ -373,6 +387,8 @@ static void *service_main(void *arg)
     pdl__outq_flush(r, &r->svc.dealers);
     pdl__dealers_close(&r->svc.dealers);
     pdl__watch_fini(r);
+    pdl__listen_fini(&r->svc.hs_listen);
+    pdl__listen_fini(&r->svc.notify_listen);
     if (r->svc.ping_sock)
         zmq_close(r->svc.ping_sock);
     zmq_close(r->svc.hs_sock);

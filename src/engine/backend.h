@@ -205,10 +205,12 @@ struct pdl_engine {
 
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
-        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed, st_conn_untrusted;
+        st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed, st_conn_untrusted,
+        st_conn_shed;
 
     pdl_ratelimit_t rl_malformed;
     pdl_ratelimit_t rl_refused;
+    pdl_ratelimit_t rl_shed;
 
     void *bk; /* backend state (tcp: listener and server threads) */
 };

@@ -187,6 +187,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     pthread_mutex_init(&e->peers_mu, NULL);
     pdl_ratelimit_init(&e->rl_malformed, 1000, 5);
     pdl_ratelimit_init(&e->rl_refused, 1000, 5);
+    pdl_ratelimit_init(&e->rl_shed, 10000, 1);
     pthread_mutex_init(&e->mu, NULL);
 
     pdl_status_t st;
@@ -292,6 +293,7 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->requests_served = atomic_load(&e->st_requests_served);
     out->connections_refused_untrusted = atomic_load(&e->st_conn_untrusted);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
+    out->connections_shed = atomic_load(&e->st_conn_shed);
 }
 
 void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)

@@ -20,10 +20,14 @@
  * covering every segment (grant.c; docs/security.md); refused otherwise (PDL_ERR_DENIED for the grant).
  * A connection from outside the engine's trusted_hosts is closed at accept, before any state.
  *
+ * Out of file descriptors, the listener sheds (accepts and closes at once, with a spare descriptor) or
+ * pauses, and logs once per 10 s, instead of spinning (accept_shed).
+ *
  * While a request reads or writes a region it holds a reference on it; deregistration shuts down the
  * connections holding one (tcp_server_kick) and waits for the references to drain.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -41,6 +45,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/grant.h"
 #include "engine/iov.h"
@@ -122,6 +127,9 @@ struct pdl_tcp_server {
     pthread_mutex_t mu; /* conns list, conn->mem, pending queues */
     srv_conn_t *conns;
     _Atomic bool stop;
+    int spare_fd;     /* reserve descriptor for shedding at EMFILE (accept_shed); -1 if lost */
+    bool lfd_paused;  /* listener out of thread 0's epoll until resume_ms (accept_shed) */
+    uint64_t resume_ms;
     unsigned rr;
     size_t send_max; /* bytes per sendmsg */
     uint8_t drain_buf[65536];
@@ -477,6 +485,57 @@ static int conn_progress(srv_conn_t *c)
     }
 }
 
+/* How long the listener rests when the process is out of descriptors and has no spare to shed with. */
+#define ACCEPT_PAUSE_MS 100
+
+/*
+ * Out of file descriptors (EMFILE/ENFILE), the pending connection stays queued and level-triggered epoll
+ * reports the listener again at once: the accept loop spun at 100 % CPU and logged every failure (43.9 M
+ * lines in 5 minutes at `ulimit -n 1024`, issue 11). libuv's answer (uv__emfile_trick): keep one spare
+ * descriptor, give it up to accept the pending connection and close it at once, then take it back. The
+ * peer sees its connection closed and fails fast instead of hanging in the queue. Returns true if a
+ * connection was shed (the caller keeps accepting); false if there was no spare or nothing left to shed
+ * -- then, with the queue maybe not empty, the listener leaves thread 0's epoll for ACCEPT_PAUSE_MS.
+ */
+static bool accept_shed(pdl_tcp_server_t *srv, int why)
+{
+    pdl_engine_t *e = srv->e;
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&e->rl_shed, &suppressed))
+        pdl_warn("engine %s: accept: %s: out of file descriptors (raise ulimit -n); closing new data connections "
+                 "at once (%" PRIu64 " shed so far)",
+                 e->key, strerror(why), atomic_load(&e->st_conn_shed));
+    bool shed = false;
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        int fd = accept4(srv->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0) {
+            close(fd);
+            atomic_fetch_add(&e->st_conn_shed, 1);
+            shed = true;
+        }
+        /* Another thread may have taken the freed number meanwhile: then we pause instead next time. */
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+    if (!shed && !srv->lfd_paused) {
+        struct epoll_event ev = {.events = 0, .data.ptr = srv};
+        epoll_ctl(srv->th[0].epfd, EPOLL_CTL_MOD, srv->lfd, &ev);
+        srv->lfd_paused = true;
+        srv->resume_ms = pdl__clock_now_ms() + ACCEPT_PAUSE_MS;
+    }
+    return shed;
+}
+
+/* Thread 0, after a pause: the listener back into its epoll, and the spare retaken if it was lost. */
+static void accept_resume(pdl_tcp_server_t *srv)
+{
+    if (srv->spare_fd < 0)
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = srv};
+    epoll_ctl(srv->th[0].epfd, EPOLL_CTL_MOD, srv->lfd, &ev);
+    srv->lfd_paused = false;
+}
+
 static void conn_accept(pdl_tcp_server_t *srv)
 {
     for (;;) {
@@ -484,8 +543,12 @@ static void conn_accept(pdl_tcp_server_t *srv)
         socklen_t sl = sizeof(ss);
         int fd = accept4(srv->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED)
+            if (errno == EMFILE || errno == ENFILE) {
+                if (accept_shed(srv, errno))
+                    continue;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
                 pdl_warn("engine %s: accept: %s", srv->e->key, strerror(errno));
+            }
             return;
         }
         if (srv->e->trusted.n > 0 && !pdl__cidrs_match(&srv->e->trusted, (struct sockaddr *)&ss)) {
@@ -535,7 +598,9 @@ static void *srv_main(void *arg)
     pdl_tcp_server_t *srv = th->srv;
     struct epoll_event evs[64];
     while (!atomic_load(&srv->stop)) {
-        int n = epoll_wait(th->epfd, evs, 64, -1);
+        int n = epoll_wait(th->epfd, evs, 64, th->idx == 0 && srv->lfd_paused ? ACCEPT_PAUSE_MS : -1);
+        if (th->idx == 0 && srv->lfd_paused && pdl__clock_now_ms() >= srv->resume_ms)
+            accept_resume(srv);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -634,6 +699,7 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
     srv->e = e;
     srv->lfd = -1;
+    srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->send_max = PDL_TCP_SEND_CALL_MAX;
     pthread_mutex_init(&srv->mu, NULL);
     pdl_status_t st;
@@ -712,6 +778,8 @@ err_threads:
 err_free:
     if (srv->lfd >= 0)
         close(srv->lfd);
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
     pthread_mutex_destroy(&srv->mu);
     free(srv);
     return st;
@@ -747,6 +815,8 @@ void pdl__tcp_server_stop(pdl_tcp_server_t *srv)
     free(srv->th);
     if (srv->lfd >= 0)
         close(srv->lfd);
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
     pthread_mutex_destroy(&srv->mu);
     free(srv);
 }

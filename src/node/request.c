@@ -690,7 +690,8 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
  * byte like a pull. The transfer's time (metrics) runs from the remote_blocks to the last write_done.
  */
 static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
-                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res)
+                    const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res,
+                    bool *released)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -704,6 +705,9 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         double budget_s = node->conn.transfer_timeout_s + node->conn.handshake_timeout_s + 5.0;
         st = pdl_recv_wait(rv, (int)(budget_s * 1000.0), &err);
     }
+    /* Every write_done came (ok or failed): the producer is done with the push. A receive that never
+     * started or timed out is abandoned by the caller, in case the push still waits. */
+    *released = rv != NULL && st != PDL_ERR_TIMEOUT;
     uint64_t t1 = pdl__clock_now_ns();
     pdl_node_metrics_pull_end(node->metrics, t1);
     uint64_t bytes = 0;
@@ -816,23 +820,27 @@ static void keep_prompt(const pdl_synth_prompt_t *p, pdl_node_result_t *res)
 }
 
 /*
- * A decode that will not pull a transfer it was given (the request was rejected or failed before its
- * pull) tells the producer at once (pdl_instance_abandon: failed releases), so the prefill's blocks are
- * not pinned until its defer_timeout. Before, two rejected requests with long prompts pinned 1,002 of a
- * prefill's 1,024 blocks for 60 s. READ mode only: a WRITE-mode prefill frees an unpushed transfer
- * after its defer_timeout.
+ * A decode that will not pull or receive a transfer it was given (the request was rejected or failed
+ * before its pull, or its receive failed) tells the producer at once (pdl_instance_abandon: failed
+ * releases), so the prefill's blocks are not pinned until its defer_timeout. Before, two rejected
+ * requests with long prompts pinned 1,002 of a prefill's 1,024 blocks for 60 s. In WRITE mode a prefill
+ * that will not push (rejected, or failed before its push) does the same the other way (failed
+ * write_done), so the decode that waits for the push frees its blocks now instead of at
+ * transfer_timeout: the router sends both legs at once there.
  */
 static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id)
 {
-    if (node->role != PDL_NODE_CONSUMER || !node->conn.read_mode || !params->do_remote_prefill ||
-        params->transfer_id[0] == '\0')
+    bool decode = node->role == PDL_NODE_CONSUMER && params->do_remote_prefill;
+    bool write_prefill = node->role == PDL_NODE_PRODUCER && !node->conn.read_mode && params->do_remote_decode;
+    if (!(decode || write_prefill) || params->transfer_id[0] == '\0')
         return;
     pdl_error_t err;
     if (pdl_instance_abandon(pdl_node_kv_instance(node->kv), params, request_id, &err) != PDL_OK)
         pdl_warn("request %s: transfer %s not released early (the prefill frees it after its defer_timeout): %s",
                  request_id, params->transfer_id, err.msg);
     else
-        pdl_info("request %s: failed before its pull; transfer %s released", request_id, params->transfer_id);
+        pdl_info("request %s: failed before its %s; transfer %s released", request_id,
+                 write_prefill ? "push" : "pull or receive", params->transfer_id);
 }
 
 static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released);
@@ -841,7 +849,9 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
 {
     bool released = false;
     request_run(node, req, res, &released);
-    if (req->mode == PDL_NODE_MODE_PULL && !released)
+    if ((req->mode == PDL_NODE_MODE_PULL || req->mode == PDL_NODE_MODE_RECV ||
+         req->mode == PDL_NODE_MODE_PREFILL_PUSH) &&
+        !released)
         abandon_transfer(node, &req->params, req->request_id);
 }
 
@@ -904,7 +914,7 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
     bool ok = true;
     bool receives = req->mode == PDL_NODE_MODE_PULL || req->mode == PDL_NODE_MODE_RECV;
     if (req->mode == PDL_NODE_MODE_RECV)
-        ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res);
+        ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res, released);
     else if (req->mode == PDL_NODE_MODE_PULL)
         ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res, released);
     else
@@ -965,6 +975,7 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
             ok = false;
         } else {
             pdl_debug("request %s: pushing %zu blocks under %s", req->request_id, nblocks, req->params.transfer_id);
+            *released = true; /* the push tells the consumer itself, whatever its outcome */
             nblocks = 0; /* the instance owns them now */
         }
     }

@@ -12,8 +12,9 @@
  *   a prefill 4xx goes to the client as it is (status and body), as vllm-router does
  *   decode transport error ──500──▶ client;  otherwise the decode's status, headers and body are
  *   passed through, the body pulled by the stream's reader as the client drains it.
- *   READ, decode failed (transport error or non-2xx) ──▶ failed-status releases to every rank of the
- *   prefill (release.c), so its blocks are not held until its 60 s reaper.
+ *   decode failed (transport error or non-2xx) ──▶ failed-status releases to every rank of the prefill
+ *   (release.c), so its blocks are not held until its 60 s reaper: READ, from the prefill's params;
+ *   WRITE, from the transfer id and the prefill's TP (a pdlink prefill drops a push still waiting).
  *
  * validate() refuses, before any leg, what a decode would refuse although the prefill leg accepts it: the
  * fields the router rewrites for the prefill (max_tokens, max_completion_tokens, min_tokens, stream,
@@ -528,6 +529,14 @@ int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t
     bool dgone = dleg->done && dleg->result != CURLE_OK && dleg->status == 0;
     if (mode == PDL_MODE_READ && (dgone || dleg->status < 200 || dleg->status >= 300))
         pdl_rt_release_send(rt->rel, json_object_get(presp, "kv_transfer_params"), P->zmq_address, request_id);
+    if (mode == PDL_MODE_WRITE && (dgone || dleg->status < 200 || dleg->status >= 300)) {
+        /* WRITE: the prefill's push waits for remote_blocks the failed decode may never send. The same
+         * failed releases tell a pdlink prefill to drop the push now (its ranks still waiting). */
+        json_t *kv = json_pack("{s:s, s:I, s:I}", "transfer_id", transfer_id, "tp_size", (json_int_t)P->tp_size,
+                               "remote_dp_rank", (json_int_t)0);
+        pdl_rt_release_send(rt->rel, kv, P->zmq_address, request_id);
+        json_decref(kv);
+    }
     if (dgone) {
         pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
         ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, dleg_name,

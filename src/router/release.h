@@ -1,6 +1,7 @@
 /*
  * release.h -- the router frees a prefill's held KV blocks when the decode leg of a READ-mode request
- * fails, instead of leaving them to the producer's defer_timeout reaper (60 s).
+ * fails, instead of leaving them to the producer's defer_timeout reaper (60 s). In WRITE mode the same
+ * releases tell a pdlink prefill to drop a push that still waits for the decode's remote_blocks.
  *
  * A decode that answers with an error, refuses the connection or dies has not pulled the blocks (or will
  * not finish pulling them), and a decode that is not pdlink, or is dead, will never send the releases the

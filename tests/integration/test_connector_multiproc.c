@@ -13,10 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
 
+#include "pdlink/pull_hook.h"
 #include "test_connector_util.h"
 
 #define NBLK 3
@@ -41,7 +43,7 @@ static json_t *read_line(FILE *f)
     char buf[8192];
     if (fgets(buf, sizeof(buf), f) == NULL)
         return NULL;
-    return json_loads(buf, 0, NULL);
+    return json_loads(buf, JSON_DECODE_ANY, NULL);
 }
 
 static bool one_held(void *arg) { return pdl_instance_held_transfers((pdl_instance_t *)arg) <= 1; }
@@ -168,6 +170,262 @@ static void multiproc_tcp_and_dead_peer(void **state)
     pdl_instance_destroy(c);
 }
 
+/* ---- a decode killed mid-pull, then restarted (issue 11) ------------------------------------------ */
+
+/*
+ * Decode TP2 reading from a prefill TP1 (each decode rank reads its head and releases producer rank 0,
+ * which expects 2 releases). The decode is killed with one transfer half-released: rank 0 read and
+ * released it, rank 1's share is queued behind a hook that never returns (a lane runs its jobs in
+ * order). No timing decides that state. The prefill (defer_timeout 600 s) must free the hold through
+ * its consumer-gone watch (consumer_gone_timeout 1 s), and a decode restarted on the same ports must
+ * serve its first request, every byte verified.
+ *
+ * Both decode processes are forked before the parent starts a thread; the second waits on a pipe for
+ * the first one's ports.
+ */
+#define KD 2 /* decode TP */
+#define KP 1 /* prefill TP */
+#define KHEADS 2
+
+static int kd_hs, kd_nt; /* the ports the restarted decode binds */
+
+static void at_ports(pdl_instance_config_t *c)
+{
+    c->conn.handshake_port = kd_hs;
+    c->conn.notify_port = kd_nt;
+}
+
+typedef struct kd_hook {
+    int wfd;
+    const char *label;
+    int block_rank; /* this rank's hook never returns; -1: none */
+} kd_hook_t;
+
+static void kd_hook_fn(void *arg, int rank)
+{
+    kd_hook_t *h = arg;
+    json_t *j = json_pack("{s:s,s:i}", "hook", h->label, "rank", rank);
+    write_line(h->wfd, j);
+    json_decref(j);
+    if (rank == h->block_rank)
+        for (;;)
+            pause(); /* until the parent kills us */
+}
+
+static void kd_pull(pdl_instance_t *c, json_t *params, const char *rid, uint32_t *lb, kd_hook_t *h, pdl_pull_t **pull)
+{
+    pdl_kv_params_t kp;
+    pdl_kv_params_init(&kp);
+    if (pdl_kv_params_from_json(params, &kp, NULL) != PDL_OK ||
+        pdl_instance_pull_hooked(c, &kp, rid, lb, NBLK, kd_hook_fn, h, NULL, pull, NULL) != PDL_OK)
+        _exit(6);
+    pdl_kv_params_clear(&kp);
+}
+
+/* Decode 1: announce its address, pull A (rank 1's hook blocks) and B (rank 0 finishes), wait to die. */
+static void kd_first(int wfd, FILE *in)
+{
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
+    if (c == NULL)
+        _exit(3);
+    json_t *me = json_pack("{s:i,s:i,s:s}", "hs", pdl_instance_handshake_port(c, 0), "nt",
+                           pdl_instance_notify_port(c, 0), "zmq", pdl_instance_zmq_address(c));
+    write_line(wfd, me);
+    json_decref(me);
+    json_t *a = read_line(in), *b = read_line(in), *rid = read_line(in);
+    if (a == NULL || b == NULL || rid == NULL)
+        _exit(4);
+    static uint32_t la[NBLK], lbb[NBLK];
+    if (pdl_instance_alloc_blocks(c, NBLK, la, NULL) != PDL_OK || pdl_instance_alloc_blocks(c, NBLK, lbb, NULL) != PDL_OK)
+        _exit(5);
+    static kd_hook_t ha = {0, "A", 1}, hb = {0, "B", -1};
+    ha.wfd = hb.wfd = wfd;
+    pdl_pull_t *pa, *pb;
+    kd_pull(c, a, json_string_value(rid), la, &ha, &pa);
+    kd_pull(c, b, json_string_value(rid), lbb, &hb, &pb);
+    for (;;)
+        pause();
+}
+
+/* Decode 2: on the first one's ports once told; pull C (its first request) and report the bytes. */
+static void kd_second(int wfd, FILE *in)
+{
+    json_t *ports = read_line(in);
+    if (ports == NULL)
+        _exit(3);
+    kd_hs = (int)json_integer_value(json_object_get(ports, "hs"));
+    kd_nt = (int)json_integer_value(json_object_get(ports, "nt"));
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *c = NULL;
+    /* The ports were just freed by a killed process: bind as soon as they are free. */
+    for (int i = 0; i < 500 && c == NULL; i++) {
+        c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, PDL_BACKEND_TCP, 60, at_ports);
+        if (c == NULL)
+            tc_sleep_ms(20);
+    }
+    if (c == NULL)
+        _exit(4);
+    json_t *ready = json_pack("{s:b}", "ready", 1);
+    write_line(wfd, ready);
+    json_decref(ready);
+    json_t *params = read_line(in), *rid = read_line(in);
+    if (params == NULL || rid == NULL)
+        _exit(5);
+    uint32_t lb[NBLK];
+    if (pdl_instance_alloc_blocks(c, NBLK, lb, NULL) != PDL_OK)
+        _exit(5);
+    pdl_kv_params_t kp;
+    pdl_kv_params_init(&kp);
+    pdl_pull_t *pull = NULL;
+    pdl_error_t e;
+    pdl_error_clear(&e);
+    pdl_status_t st = pdl_kv_params_from_json(params, &kp, &e);
+    if (st == PDL_OK)
+        st = pdl_instance_pull(c, &kp, json_string_value(rid), lb, NBLK, &pull, &e);
+    if (st == PDL_OK)
+        st = pdl_pull_wait(pull, 60000, &e);
+    uint64_t checked = 0, bad = st == PDL_OK ? tc_verify(c, KHEADS, false, lb, NBLK, 77, &checked) : 0;
+    json_t *res = json_pack("{s:s,s:s,s:I,s:I}", "status", pdl_status_name(st), "msg", e.msg, "checked",
+                            (json_int_t)checked, "bad", (json_int_t)bad);
+    write_line(wfd, res);
+    json_decref(res);
+    pdl_pull_free(pull);
+    pdl_kv_params_clear(&kp);
+    char q;
+    while (read(fileno(in), &q, 1) > 0) {
+    }
+    pdl_instance_destroy(c);
+    _exit(0);
+}
+
+typedef struct kid {
+    pid_t pid;
+    FILE *in;  /* its lines */
+    int cmd;   /* our lines to it */
+} kid_t;
+
+static kid_t kd_fork(void (*body)(int, FILE *))
+{
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    fflush(NULL);
+    kid_t k;
+    k.pid = fork();
+    assert_true(k.pid >= 0);
+    if (k.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(up[0]);
+        close(down[1]);
+        body(up[1], fdopen(down[0], "r"));
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    k.in = fdopen(up[0], "r");
+    k.cmd = down[1];
+    return k;
+}
+
+static void send_params(pdl_instance_t *p, int fd, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
+{
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
+    tc_fill(p, KHEADS, false, ids, NBLK, seed);
+    pdl_error_t e;
+    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
+        fail_msg("hold_for %s: %s", tid, e.msg);
+    pdl_kv_params_t kp;
+    assert_int_equal(pdl_instance_params(p, tid, ids, NBLK, &kp, NULL), PDL_OK);
+    json_t *j = pdl_kv_params_to_json(&kp);
+    pdl_kv_params_clear(&kp);
+    write_line(fd, j);
+    json_decref(j);
+}
+
+static void send_rid(int fd, const char *rid)
+{
+    json_t *j = json_string(rid);
+    char *s = json_dumps(j, JSON_ENCODE_ANY);
+    dprintf(fd, "%s\n", s);
+    free(s);
+    json_decref(j);
+}
+
+static bool none_held(void *arg) { return pdl_instance_held_transfers((pdl_instance_t *)arg) == 0; }
+
+static void watch_fast(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 1.0; }
+
+static void decode_killed_mid_pull_then_restarted(void **state)
+{
+    (void)state;
+    kid_t d1 = kd_fork(kd_first), d2 = kd_fork(kd_second);
+    json_t *me = read_line(d1.in);
+    assert_non_null(me);
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, KP, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_fast);
+    assert_non_null(p);
+    char rid[1024];
+    uint8_t uuid[16] = {1, 2, 3};
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), json_string_value(json_object_get(me, "zmq")),
+                                           uuid, rid, sizeof(rid)) > 0);
+    uint32_t a[NBLK], b[NBLK], c[NBLK];
+    send_params(p, d1.cmd, "kd-A", a, 1, rid);
+    send_params(p, d1.cmd, "kd-B", b, 2, rid);
+    send_rid(d1.cmd, rid);
+    /* A: both ranks read and released, rank 1 now stuck in its hook; B: rank 0 read and released. */
+    bool a1 = false, b0 = false;
+    while (!(a1 && b0)) {
+        json_t *h = read_line(d1.in);
+        assert_non_null(h);
+        const char *lab = json_string_value(json_object_get(h, "hook"));
+        int rank = (int)json_integer_value(json_object_get(h, "rank"));
+        a1 |= strcmp(lab, "A") == 0 && rank == 1;
+        b0 |= strcmp(lab, "B") == 0 && rank == 0;
+        json_decref(h);
+    }
+    assert_true(tc_wait_for(one_held, p, 20000)); /* A freed by its releases */
+    assert_int_equal(pdl_instance_held_transfers(p), 1); /* B: one of its two releases, never the other */
+    uint64_t t_kill = pdl__clock_now_ms();
+    kill(d1.pid, SIGKILL);
+    int status;
+    waitpid(d1.pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    /* The watch frees B (600 s defer_timeout: nothing else could within the bound). */
+    assert_true(tc_wait_for(none_held, p, 20000));
+    printf("prefill freed the killed decode's hold %llu ms after kill -9\n",
+           (unsigned long long)(pdl__clock_now_ms() - t_kill));
+    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 1);
+    assert_int_equal(TC_SUM(p, expired), 0);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL);
+
+    /* The decode restarts on the same ports; its first request succeeds, every byte verified. */
+    write_line(d2.cmd, me);
+    json_t *ready = read_line(d2.in);
+    assert_non_null(ready);
+    json_decref(ready);
+    send_params(p, d2.cmd, "kd-C", c, 77, rid);
+    send_rid(d2.cmd, rid);
+    json_t *res = read_line(d2.in);
+    assert_non_null(res);
+    printf("restarted decode's first pull: %s %s\n", json_string_value(json_object_get(res, "status")),
+           json_string_value(json_object_get(res, "msg")));
+    assert_string_equal(json_string_value(json_object_get(res, "status")), "PDL_OK");
+    assert_int_equal(json_integer_value(json_object_get(res, "bad")), 0);
+    /* layers x K/V x block_len of a D2 rank (4 tokens x 1 head x 8 dims x 2 bytes) x blocks x ranks */
+    assert_int_equal(json_integer_value(json_object_get(res, "checked")), (json_int_t)2 * 2 * (4 * 1 * 8 * 2) * NBLK * KD);
+    assert_true(tc_wait_for(none_held, p, 20000)); /* C released by the new decode */
+    json_decref(res);
+    close(d2.cmd);
+    assert_int_equal(waitpid(d2.pid, &status, 0), d2.pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fclose(d1.in);
+    fclose(d2.in);
+    close(d1.cmd);
+    json_decref(me);
+    pdl_instance_destroy(p);
+}
+
 int main(void)
 {
     const char *lvl = getenv("PDLINK_LOG_LEVEL");
@@ -175,6 +433,7 @@ int main(void)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(multiproc_tcp_and_dead_peer),
+        cmocka_unit_test(decode_killed_mid_pull_then_restarted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

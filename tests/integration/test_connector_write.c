@@ -448,6 +448,149 @@ static void write_receive_times_out(void **state)
     pdl_instance_destroy(c);
 }
 
+/* ---- abandon (issue 11): nothing pinned until a timeout by a request that will not complete ---- */
+
+/* defer_timeout and transfer_timeout 600 s: anything freed within the test was freed by the abandon. */
+static void write_mode_slow(pdl_instance_config_t *c)
+{
+    write_mode(c);
+    c->conn.transfer_timeout_s = 600;
+}
+
+/* A decode that will not take a push (rejected or failed) abandons it: the prefill frees the push's
+ * blocks at once -- pushed before the abandon (P4/D8) and pushed after it (the abandon parked, P8/D4).
+ * Before, the prefill kept them until its defer_timeout. */
+static void abandon_push(int P, int D, bool abandon_first)
+{
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, P, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    assert_non_null(p);
+    assert_non_null(c);
+    tc_events_t ev;
+    memset(&ev, 0, sizeof(ev));
+    pdl_instance_set_event_fn(p, tc_on_event, &ev);
+    uint32_t blk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
+    char rid[1024];
+    make_rid(p, c, 7, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-abandoned", D, &pk);
+    leg_params("tx-abandoned", P, &ck);
+    pdl_error_t e;
+    if (!abandon_first)
+        assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_abandon(c, &ck, rid, &e), PDL_OK);
+    if (abandon_first) {
+        /* Each producer rank parks the abandon (no push yet, counted); the push then finds it. */
+        ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, pushes_abandoned), (uint64_t)P};
+        assert_true(tc_wait_for(ctr_reached, &w, 20000));
+        assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_OK);
+    }
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
+    assert_int_equal(TC_SUM(p, pushes_abandoned), (uint64_t)P);
+    assert_int_equal(TC_SUM(p, write_done_sent), 0);
+    assert_int_equal(atomic_load(&ev.freed), 1);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    assert_int_equal(TC_GET(c, 0, transfers_abandoned), 1);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static void write_abandon_frees_push_p4d8(void **state)
+{
+    (void)state;
+    abandon_push(4, 8, false);
+}
+
+static void write_abandon_before_push_p8d4(void **state)
+{
+    (void)state;
+    abandon_push(8, 4, true);
+}
+
+/* A prefill that will not push (its request was rejected or failed) abandons the transfer: every
+ * consumer rank gets its failed write_done, so the decode's receive fails now instead of at
+ * transfer_timeout (600 s here) and the decode frees its blocks. */
+static void write_producer_abandon_fails_receive(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint32_t cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    make_rid(p, c, 8, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-no-prefill", 4, &pk);
+    leg_params("tx-no-prefill", 8, &ck);
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_abandon(p, &pk, rid, &e), PDL_OK);
+    /* Waits at most 60 s, a tenth of transfer_timeout: only the abandon can end it in time. */
+    pdl_status_t st = pdl_recv_wait(rv, 60000, &e);
+    assert_int_not_equal(st, PDL_OK);
+    assert_int_not_equal(st, PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "failed"));
+    for (int d = 0; d < 4; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), 2);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    assert_int_equal(pdl_instance_free_block_count(c), TOTAL_BLOCKS);
+    assert_int_equal(TC_GET(p, 0, transfers_abandoned), 1);
+    /* remote_blocks the decode sent before the abandon were parked on the producer, then dropped. */
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* The same when the prefill gives up before the decode's receive starts (the router sends both legs at
+ * once, so the abandon can win the race): the failed write_done are parked on the consumer and the
+ * receive, when it comes, fails at once without sending remote_blocks. */
+static void write_producer_abandon_before_receive(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    assert_non_null(p);
+    assert_non_null(c);
+    char rid[1024];
+    make_rid(p, c, 9, rid, sizeof(rid));
+    pdl_kv_params_t pk, ck;
+    leg_params("tx-refused-first", 4, &pk);
+    leg_params("tx-refused-first", 8, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_abandon(p, &pk, rid, &e), PDL_OK);
+    /* P8/D4: each producer rank sends its failed write_done to its one consumer rank. */
+    ctr_wait_t w = {c, offsetof(pdl_rank_counters_t, write_done_failed_status), 8};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    uint32_t cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 60000, &e);
+    assert_int_not_equal(st, PDL_OK);
+    assert_int_not_equal(st, PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "abandoned"));
+    assert_int_equal(TC_SUM(c, remote_blocks_sent), 0);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    assert_int_equal(pdl_instance_free_block_count(c), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 /* A WRITE-mode instance on the given port bases (to restart a consumer where it was). */
 static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t *g, pdl_backend_kind_t backend, int hs,
                                          int nt)
@@ -602,6 +745,10 @@ int main(void)
         cmocka_unit_test(write_refused_without_opt_in),
         cmocka_unit_test(write_first_push_after_consumer_restart),
         cmocka_unit_test(write_time_counted_as_write),
+        cmocka_unit_test(write_abandon_frees_push_p4d8),
+        cmocka_unit_test(write_abandon_before_push_p8d4),
+        cmocka_unit_test(write_producer_abandon_fails_receive),
+        cmocka_unit_test(write_producer_abandon_before_receive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
