@@ -59,15 +59,35 @@ typedef struct pdl_batch pdl_batch_t;
 typedef enum pdl_backend_kind {
     PDL_BACKEND_SHM = 1, /* peers on one host: shared memfd mappings + process_vm_readv */
     PDL_BACKEND_TCP = 2, /* any two hosts: the owner serves reads/writes of its memory over TCP */
+    PDL_BACKEND_UCX = 3, /* UCX's UCP: one-sided get/put over whatever transport UCX selects (UCX_TLS) */
 } pdl_backend_kind_t;
 
-/* "shm" / "tcp", or "unknown" for any other value; static, never NULL. */
+/* "shm" / "tcp" / "ucx", or "unknown" for any other value; static, never NULL. */
 const char *pdl_backend_name(pdl_backend_kind_t kind);
 /*
- * "shm" | "tcp" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP; -1 if unknown or NULL ("rdma"
- * is mapped by the connector, not here).
+ * "shm" | "tcp" | "ucx" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP | PDL_BACKEND_UCX; -1 if
+ * unknown or NULL ("rdma" is resolved by pdl_backend_pick_rdma, not here).
  */
 int pdl_backend_parse(const char *s);
+/*
+ * What `backend: "rdma"` means on this machine: PDL_BACKEND_UCX when UCX offers an RDMA transport (one
+ * of its rc, dc or ud verbs transports; UCX_TLS and the other UCX_* variables are honoured), else
+ * PDL_BACKEND_TCP. Fills why[0..why_cap) (may be NULL) with the reason, naming the RDMA transports
+ * found or saying that none was. Opens and closes UCX's transport components: call it once, at
+ * configuration time. Cannot fail (a UCX error means "no RDMA transport", and `why` says so).
+ */
+pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap);
+
+/*
+ * Where registered memory lives. Host memory works with every backend; device memory only with ucx,
+ * and only where UCX reports support for that memory type (built with CUDA / ROCm and a device
+ * present): pdl_engine_register_mem_type refuses it otherwise.
+ */
+typedef enum pdl_mem_type {
+    PDL_MEM_TYPE_HOST = 0,
+    PDL_MEM_TYPE_CUDA = 1,
+    PDL_MEM_TYPE_ROCM = 2,
+} pdl_mem_type_t;
 
 /*
  * What pdl_engine_create needs; read during the call only (strings are copied). Ranges are checked:
@@ -173,6 +193,18 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *engine, size_t size, pdl_mem_t *
  */
 pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_t **mem_out,
                                      pdl_error_t *err);
+/*
+ * pdl_engine_register_mem for memory of a given type (pdl_engine_register_mem is this with
+ * PDL_MEM_TYPE_HOST). Same ownership rule: [ptr, ptr+size) stays the caller's and must stay valid
+ * until pdl_engine_deregister_mem returns. Device memory is never touched by pdlink itself, only by
+ * the backend's transport. PDL_ERR_UNSUPPORTED for a device type the engine cannot register (shm, tcp,
+ * or a UCX without support for it: pdl_engine_mem_types says which it can); otherwise as
+ * pdl_engine_register_mem, plus (ucx) PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails.
+ */
+pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_type_t type,
+                                          pdl_mem_t **mem_out, pdl_error_t *err);
+/* The memory types this engine registers, as bits (1u << pdl_mem_type_t); always has the host bit. */
+unsigned pdl_engine_mem_types(const pdl_engine_t *engine);
 /*
  * After this, peers' requests naming this registration are refused (tcp: NOT_FOUND; shm: the next
  * session_open or post fails with NOT_FOUND). Blocks until the requests being served on it finish:
