@@ -38,6 +38,7 @@
 typedef enum pdl_mem_kind {
     PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
     PDL_MEM_USER = 2,  /* the caller's memory: shm peers use process_vm_readv/writev */
+    PDL_MEM_BACKEND = 3, /* the backend allocated it in mem_init and frees it in mem_fini (ucx) */
 } pdl_mem_kind_t;
 
 struct pdl_mem {
@@ -134,6 +135,8 @@ enum {
     PDL_BACKEND_CAP_ABORT_BREAKS = 1u << 1,
     /* The engine keeps a live-registration table that peers read (shm: mapped; ucx: ucp_get). */
     PDL_BACKEND_CAP_LIVE_TABLE = 1u << 2,
+    /* pdl_engine_alloc_mem lets mem_init allocate (PDL_MEM_BACKEND) instead of making a memfd. */
+    PDL_BACKEND_CAP_ALLOC = 1u << 3,
 };
 
 typedef struct pdl_backend_ops {

@@ -180,8 +180,9 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
 
     pdl_status_t st;
     /* The live-registration table is shared with peers that access memory without a server (shm maps
-     * it, ucx reads it with ucp_get) so they can see a deregistration; tcp's server checks itself. */
-    if (ops->caps & PDL_BACKEND_CAP_LIVE_TABLE) {
+     * it, ucx reads it with ucp_get) so they can see a deregistration; tcp's server checks itself. A
+     * backend that allocates its memory (ucx) allocates the table too, in engine_init. */
+    if ((ops->caps & PDL_BACKEND_CAP_LIVE_TABLE) && !(ops->caps & PDL_BACKEND_CAP_ALLOC)) {
         size_t tbl = PDL_SHM_SLOTS * sizeof(uint64_t);
         e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC);
         if (e->ctl_fd < 0 || ftruncate(e->ctl_fd, (off_t)tbl) != 0) {
@@ -441,6 +442,14 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
 {
     if (e == NULL || mem_out == NULL || size == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_alloc_mem: engine, mem_out and a size > 0 needed");
+    long pg = sysconf(_SC_PAGESIZE);
+    if (e->ops->caps & PDL_BACKEND_CAP_ALLOC) {
+        /* ucx: memory UCX allocates itself is what its shared-memory transports can map in the peer. */
+        pdl_status_t st = mem_add(e, NULL, size, PDL_MEM_BACKEND, PDL_MEM_TYPE_HOST, -1, mem_out, err);
+        if (st == PDL_OK)
+            memset((*mem_out)->ptr, 0, size); /* zeroed, and every page touched (see below) */
+        return st;
+    }
     int fd = memfd_create("pdlink-mem", MFD_CLOEXEC);
     if (fd < 0)
         return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create: %s", e->key, strerror(errno));
@@ -458,7 +467,6 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
     }
     /* First touch of fresh memory is several times slower on these VMs (machine.md §4a); write every page
      * now so the first transfer does not pay for it. */
-    long pg = sysconf(_SC_PAGESIZE);
     for (size_t o = 0; o < size; o += (size_t)pg)
         ((volatile char *)p)[o] = 0;
     pdl_status_t st = mem_add(e, p, size, PDL_MEM_MEMFD, PDL_MEM_TYPE_HOST, fd, mem_out, err);

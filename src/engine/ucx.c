@@ -166,6 +166,26 @@ static void *progress_main(void *arg)
 
 /* ---------------------------------------------------------------- engine */
 
+/*
+ * Endpoints ask for peer-failure handling (a dead peer fails them instead of hanging them). UCX 1.13's
+ * posix and sysv transports offer it only when UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING say
+ * so (keepalive), and without it UCX leaves them out of such endpoints: two engines on one host then
+ * fall back to UCX's tcp (~1 GB/s here instead of memory bandwidth). These are transport settings that
+ * ucp_config_modify does not reach ("invalid configurations"), so they are defaulted in the
+ * environment, once, before the first ucp_config_read, and never over a value the user set.
+ */
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static void env_defaults(void)
+{
+    bool ours = getenv("UCX_POSIX_ERROR_HANDLING") == NULL || getenv("UCX_SYSV_ERROR_HANDLING") == NULL;
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+    /* With UCX_TLS=tcp those transports are not loaded and UCX warns that our variables went unused. */
+    if (ours)
+        setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+}
+
 static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur);
 static void ucx_mem_fini(pdl_engine_t *e, pdl_mem_t *m);
 
@@ -174,8 +194,10 @@ static void engine_release(pdl_engine_t *e)
     ucx_engine_t *ux = e->bk;
     if (ux->ctl_rkey)
         ucp_rkey_buffer_release(ux->ctl_rkey);
-    if (ux->ctl_memh)
+    if (ux->ctl_memh) {
         ucp_mem_unmap(ux->ctx, ux->ctl_memh);
+        e->ctl = NULL; /* UCX's memory: engine.c must not munmap it */
+    }
     if (ux->addr)
         ucp_worker_release_address(ux->worker, ux->addr);
     if (ux->worker)
@@ -201,6 +223,7 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     e->bk = ux;
 
     pdl_status_t st;
+    pthread_once(&env_once, env_defaults);
     ucp_config_t *cfg = NULL;
     ucs_status_t us = ucp_config_read(NULL, NULL, &cfg); /* UCX_* environment variables pass through */
     if (us != UCS_OK) {
@@ -251,11 +274,21 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
                            e->key, ux->addr_len, PDL_UCX_ADDR_MAX);
         goto fail;
     }
-    /* The live table (engine.c made it for PDL_BACKEND_CAP_LIVE_TABLE) is what peers check. */
-    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-                               .address = (void *)e->ctl,
-                               .length = PDL_SHM_SLOTS * sizeof(uint64_t)};
+    /* The live table peers check before every batch. UCX allocates it (PDL_BACKEND_CAP_ALLOC: see
+     * ucx_mem_init) so that a peer on this host reads a slot with a plain load from the mapped segment
+     * instead of a message round trip through this engine's progress thread (~20 us per batch). */
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                               .length = PDL_SHM_SLOTS * sizeof(uint64_t),
+                               .flags = UCP_MEM_MAP_ALLOCATE};
     us = ucp_mem_map(ux->ctx, &mp, &ux->ctl_memh);
+    if (us == UCS_OK) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
+        us = ucp_mem_query(ux->ctl_memh, &ma);
+        if (us == UCS_OK) {
+            e->ctl = ma.address;
+            memset(ma.address, 0, PDL_SHM_SLOTS * sizeof(uint64_t));
+        }
+    }
     if (us == UCS_OK)
         us = ucp_rkey_pack(ux->ctx, ux->ctl_memh, &ux->ctl_rkey, &ux->ctl_rkey_len);
     if (us != UCS_OK || ux->ctl_rkey_len > PDL_UCX_RKEY_MAX) {
@@ -353,8 +386,25 @@ static pdl_status_t ucx_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err
         .length = m->size,
         .memory_type = ucs_type(m->type),
     };
+    /* pdl_engine_alloc_mem: UCX allocates. Its posix/sysv transports can then map the region in a peer
+     * on this host and copy with memcpy; memory UCX did not allocate they cannot map, and UCX serves
+     * gets of it with messages the owner's worker answers (~0.3-1 GB/s here instead of ~15). */
+    if (m->kind == PDL_MEM_BACKEND) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        mp.flags = UCP_MEM_MAP_ALLOCATE;
+    }
     pthread_mutex_lock(&ux->mu);
     ucs_status_t us = ucp_mem_map(ux->ctx, &mp, &um->memh);
+    if (us == UCS_OK && m->kind == PDL_MEM_BACKEND) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+        us = ucp_mem_query(um->memh, &ma);
+        if (us == UCS_OK && ma.length < m->size)
+            us = UCS_ERR_NO_MEMORY;
+        if (us == UCS_OK)
+            m->ptr = ma.address;
+        else
+            ucp_mem_unmap(ux->ctx, um->memh);
+    }
     if (us == UCS_OK) {
         us = ucp_rkey_pack(ux->ctx, um->memh, &um->rkey, &um->rkey_len);
         if (us != UCS_OK)
@@ -453,9 +503,9 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     pthread_mutex_lock(&ux->mu);
     ucs_status_t us = ucp_ep_create(ux->worker, &ep, &ur->ep);
     if (us == UCS_ERR_UNREACHABLE) {
-        /* UCX 1.13's posix and sysv transports have no peer-failure handling, so with UCX_TLS=sm no
-         * transport qualifies for UCP_ERR_HANDLING_MODE_PEER. Without it a dead peer is not reported
-         * (a get from it may hang or fail the process); say so once per remote, and go on. */
+        /* No transport to this peer handles peer failure (e.g. UCX_TLS=sm with
+         * UCX_POSIX_ERROR_HANDLING=n). Without it a dead peer is not reported (a get from it may hang
+         * or fail the process); say so once per remote, and go on. */
         ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
         us = ucp_ep_create(ux->worker, &ep, &ur->ep);
         if (us == UCS_OK)
@@ -798,7 +848,7 @@ pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap)
 
 const pdl_backend_ops_t pdl__ucx_ops = {
     .name = "ucx",
-    .caps = PDL_BACKEND_CAP_ABORT_BREAKS | PDL_BACKEND_CAP_LIVE_TABLE,
+    .caps = PDL_BACKEND_CAP_ABORT_BREAKS | PDL_BACKEND_CAP_LIVE_TABLE | PDL_BACKEND_CAP_ALLOC,
     .engine_init = ucx_engine_init,
     .engine_fini = ucx_engine_fini,
     .remote_add = ucx_remote_add,
