@@ -178,12 +178,9 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 static void env_defaults(void)
 {
-    bool ours = getenv("UCX_POSIX_ERROR_HANDLING") == NULL || getenv("UCX_SYSV_ERROR_HANDLING") == NULL;
+    /* With a UCX_TLS that leaves posix and sysv out, UCX warns once that these went unused. */
     setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
-    /* With UCX_TLS=tcp those transports are not loaded and UCX warns that our variables went unused. */
-    if (ours)
-        setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
 }
 
 static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur);
