@@ -22,6 +22,8 @@
  * registration it names (an unknown or deregistered id, a range outside the region, an overflowing
  * sum) and refuses it, counting it in requests_refused. shm: the owner never sees the accesses, so the
  * initiator also checks the owner's live-registration table and that the owner process is alive.
+ * ucx: the owner's side is UCX's (rkeys; not a bound check on every transport), so the initiator also
+ * reads the region's slot of the owner's live table (ucp_get) before every batch.
  *
  * Threads: all functions are thread-safe (several threads may post on one session and wait on
  * different batches) except that a batch is used by one thread at a time and an object must not be
@@ -134,7 +136,7 @@ void pdl_engine_destroy(pdl_engine_t *engine);
  */
 const char *pdl_engine_key(const pdl_engine_t *engine);
 pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *engine);
-/* The tcp port actually bound (the chosen one when the config said 0); 0 for shm. */
+/* The tcp port actually bound (the chosen one when the config said 0); 0 for shm and ucx. */
 uint16_t pdl_engine_port(const pdl_engine_t *engine);
 /*
  * tcp: the congestion control set on the data sockets ("" = the system default, and always for shm).
@@ -160,8 +162,10 @@ pdl_status_t pdl_engine_pack(pdl_engine_t *engine, pdl_bytes_t *out, pdl_error_t
  *                       this engine's.
  *   PDL_ERR_BAD_STATE   the key was added before with a different descriptor (a restarted peer?):
  *                       remove it first.
- *   PDL_ERR_UNSUPPORTED shm: the remote engine runs on another host (or boot).
+ *   PDL_ERR_UNSUPPORTED shm: the remote engine runs on another host (or boot); ucx: no UCX transport
+ *                       reaches it (compare UCX_TLS on both sides).
  *   PDL_ERR_PEER_GONE   shm: the remote process is gone.
+ *   PDL_ERR_TRANSPORT   ucx: ucp_ep_create or the unpacking of the live table's rkey failed.
  *   PDL_ERR_SYSTEM      shm: pidfd_open, opening or mapping its registration table failed (the message
  *                       says when shm needs the same uid or root).
  *   PDL_ERR_NOMEM.
@@ -179,17 +183,20 @@ pdl_status_t pdl_engine_add_remote(pdl_engine_t *engine, const void *desc, size_
 pdl_status_t pdl_engine_remove_remote(pdl_engine_t *engine, const char *key, pdl_error_t *err);
 
 /*
- * Allocate `size` (> 0) bytes that pdlink owns (memfd-backed, shareable with shm peers), zeroed, every
- * page touched, and registered. The memory stays valid, at pdl_mem_ptr, until pdl_engine_deregister_mem
+ * Allocate `size` (> 0) bytes that pdlink owns (memfd-backed, shareable with shm peers; ucx: allocated
+ * by UCX, ucp_mem_map ALLOCATE, so that its shared-memory transports can map it in a peer), zeroed,
+ * every page touched, and registered. The memory stays valid, at pdl_mem_ptr, until pdl_engine_deregister_mem
  * or pdl_engine_destroy frees it. PDL_ERR_INVALID for a NULL argument or size 0; PDL_ERR_SYSTEM when
- * memfd_create, ftruncate or mmap fails; PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ * memfd_create, ftruncate or mmap fails; PDL_ERR_NOMEM, also (shm, ucx) beyond 4096 live registrations;
+ * PDL_ERR_TRANSPORT (ucx) when ucp_mem_map or ucp_rkey_pack fails.
  */
 pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *engine, size_t size, pdl_mem_t **mem_out, pdl_error_t *err);
 /*
  * Register memory the caller owns (shm peers read and write it with process_vm_readv/writev, which
  * needs ptrace permission over this process). pdlink neither copies nor frees it: keep [ptr, ptr+size)
  * valid until pdl_engine_deregister_mem returns. PDL_ERR_INVALID for a NULL argument or size 0;
- * PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ * PDL_ERR_NOMEM, also (shm, ucx) beyond 4096 live registrations;
+ * (ucx) PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails.
  */
 pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_t **mem_out,
                                      pdl_error_t *err);
@@ -256,6 +263,9 @@ pdl_status_t pdl_mem_pack(const pdl_mem_t *mem, pdl_bytes_t *out, pdl_error_t *e
  *   PDL_ERR_TIMEOUT   tcp: connect or HELLO took longer than 5 s.
  *   PDL_ERR_TRANSPORT tcp: the host does not resolve, or another connection error.
  *   PDL_ERR_SYSTEM    shm: opening or mapping the remote memfd failed.
+ * ucx unpacks the region's rkey on the remote engine's endpoint (no I/O): PDL_ERR_PARSE for a
+ * descriptor without rkey, address or slot, or an rkey UCX refuses; the endpoint's sticky status
+ * (PDL_ERR_PEER_GONE, PDL_ERR_TIMEOUT, PDL_ERR_BAD_STATE) once it failed or was closed.
  *   PDL_ERR_NOMEM.
  * Pass a non-NULL err: with err NULL a malformed descriptor returns PDL_OK without setting
  * *session_out (pdl_error_prefix).
@@ -322,7 +332,9 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *batch, int timeout_ms, pdl_error_t *err
  * Free a batch, finished or not. A running batch is cancelled first, and the call waits until it no
  * longer touches memory: shm stops at the next cancellation point; tcp shuts the session's connections
  * down, which breaks the session for good (sticky PDL_ERR_BAD_STATE), so wait for a batch before
- * freeing it unless the session is to be closed anyway. NULL is ignored.
+ * freeing it unless the session is to be closed anyway; ucx force-closes the one endpoint to that
+ * remote engine, which breaks every session to it (remove and re-add the remote engine to reconnect).
+ * NULL is ignored.
  */
 void pdl_batch_free(pdl_batch_t *batch);
 /* Total bytes the batch copies (sum of the descriptor lengths); 0 for NULL. */
