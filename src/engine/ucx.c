@@ -738,9 +738,9 @@ static void ucx_submit(pdl_session_t *s, pdl_batch_t *b)
     ucx_op_t *op = b->priv;
     *op = (ucx_op_t){.b = b, .phase = PHASE_CHECK, .post_st = PDL_OK};
     pthread_mutex_lock(&ux->mu);
-    if (ur->ep == NULL) { /* closed since session_check */
+    if (ur->ep == NULL) { /* closed since session_check; ucx_session_kill set dead first */
         pdl_error_t err;
-        pdl_status_t st = pdl_error_set(&err, PDL_ERR_BAD_STATE, "%s", ur->dead_msg);
+        pdl_status_t st = pdl_error_set(&err, (pdl_status_t)atomic_load(&ur->dead), "%s", ur->dead_msg);
         pthread_mutex_unlock(&ux->mu);
         pdl__batch_chunk_done(b, st, &err);
         return;
