@@ -332,7 +332,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         case 'b': {
             int b = pdl_backend_parse(optarg);
             if (b < 0) {
-                fprintf(stderr, "pdlink bench: --backend '%s': expected shm or tcp\n", optarg);
+                fprintf(stderr, "pdlink bench: --backend '%s': expected shm, tcp or ucx\n", optarg);
                 return 2;
             }
             o->backend = (pdl_backend_kind_t)b;
@@ -557,7 +557,7 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
     }
     int iters = o->iters;
     if (iters == 0) {
-        double budget = o->backend == PDL_BACKEND_SHM ? 2e9 : 1e9;
+        double budget = pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)) ? 2e9 : 1e9;
         double it = budget / (double)bytes;
         iters = it < 9 ? 9 : it > 2001 ? 2001 : (int)it;
     }
@@ -615,7 +615,7 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
         /* The ceiling, right away, with the same resources: same threads, bytes and local buffer (as the
          * destination of a READ, the source of a WRITE). */
         double ceil;
-        if (o->backend == PDL_BACKEND_SHM) {
+        if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
             if (o->op == PDL_OP_READ)
                 ceil = pdl_ceiling_memcpy_run(c->cm, local, c->src, bytes, per);
             else
@@ -679,7 +679,9 @@ static void print_header(const opts_t *o, const char *engine_cc)
     printf("pdlink bench: backend %s, op %s, engine workers %d per side%s, remote blocks %s\n",
            pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads, conns,
            o->contiguous ? "in order (mergeable)" : "in reverse order (no merging)");
-    if (o->backend == PDL_BACKEND_SHM)
+    if (o->backend == PDL_BACKEND_UCX)
+        printf("ucx: UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset: UCX's default selection)");
+    if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)))
         printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 4 MiB use one, as the engine "
                "does), same destination buffer, warm\n",
                o->threads);
@@ -766,8 +768,9 @@ static int write_json(const char *path, const opts_t *o, const row_t *rows, int 
     json_object_set_new(root, "op", json_string(o->op == PDL_OP_READ ? "read" : "write"));
     json_object_set_new(root, "threads", json_integer(o->threads));
     json_object_set_new(root, "qp", json_integer(o->qp));
-    json_object_set_new(root, "ceiling", json_string(o->backend == PDL_BACKEND_SHM ? "memcpy" : "tcp_stream"));
-    json_object_set_new(root, "ceiling_threads", json_integer(o->backend == PDL_BACKEND_SHM ? o->threads : o->qp));
+    bool memcpy_ceil = pdl_ceiling_is_memcpy(pdl_backend_name(o->backend));
+    json_object_set_new(root, "ceiling", json_string(memcpy_ceil ? "memcpy" : "tcp_stream"));
+    json_object_set_new(root, "ceiling_threads", json_integer(memcpy_ceil ? o->threads : o->qp));
     json_object_set_new(root, "gb", json_string("1e9 bytes"));
     for (int i = 0; i < n; i++) {
         const row_t *r = &rows[i];
@@ -822,7 +825,7 @@ static int write_svg(const char *path, const opts_t *o, const row_t *rows, int n
     fprintf(f, "<text x=\"%.0f\" y=\"22\" font-size=\"15\">pdlink bench: %s %s, %d worker(s); solid = engine, dashed "
                "= same-run ceiling (%s)</text>\n",
             L, pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads,
-            o->backend == PDL_BACKEND_SHM ? "memcpy" : "TCP stream");
+            pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)) ? "memcpy" : "TCP stream");
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, H - B, W - R, H - B);
     fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"black\"/>\n", L, T, L, H - B);
     for (int k = 0; k <= 5; k++) {
@@ -897,7 +900,7 @@ static int initiator_run(ctx_t *c)
         fprintf(stderr, "pdlink bench: %s\n", err.msg);
         goto out;
     }
-    if (o->backend == PDL_BACKEND_SHM) {
+    if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
         c->src = pdl_ceiling_alloc(c->region);
         c->cm = pdl_ceiling_memcpy_create(o->threads);
         if (c->src == NULL || c->cm == NULL) {

@@ -341,3 +341,24 @@ double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t writ
     close(lfd);
     return result;
 }
+
+bool pdl_ceiling_is_memcpy(const char *backend)
+{
+    if (strcmp(backend, "shm") == 0)
+        return true;
+    if (strcmp(backend, "ucx") != 0)
+        return false;
+    const char *tls = getenv("UCX_TLS");
+    if (tls == NULL || tls[0] == '\0' || tls[0] == '^') /* UCX's default (or an exclusion list): sm on one host */
+        return true;
+    /* UCX's names for its intra-host transports and the aliases that include them. */
+    static const char *const sm[] = {"all", "sm", "shm", "mm", "posix", "sysv", "cma", "knem", "xpmem"};
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", tls);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save))
+        for (size_t i = 0; i < sizeof(sm) / sizeof(sm[0]); i++)
+            if (strcmp(t, sm[i]) == 0)
+                return true;
+    return false;
+}

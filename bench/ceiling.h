@@ -18,9 +18,17 @@
 #ifndef PDL_BENCH_CEILING_H
 #define PDL_BENCH_CEILING_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define PDL_CEILING_SPLIT_MIN (4u << 20)
+
+/*
+ * Which ceiling bounds a backend (by name: "shm", "tcp", "ucx") between two processes of this host:
+ * true = memcpy, false = a TCP stream. ucx follows the transport UCX picks: its shared-memory ones
+ * (memcpy) unless UCX_TLS names only network transports (e.g. UCX_TLS=tcp: a TCP stream).
+ */
+bool pdl_ceiling_is_memcpy(const char *backend);
 
 typedef struct pdl_ceiling_memcpy pdl_ceiling_memcpy_t;
 

@@ -13,12 +13,14 @@ static int remote_equal(const pdl_remote_t *a, const pdl_remote_t *b)
 {
     return strcmp(a->key, b->key) == 0 && strcmp(a->host, b->host) == 0 && strcmp(a->hostname, b->hostname) == 0 &&
            strcmp(a->boot_id, b->boot_id) == 0 && a->backend == b->backend && a->port == b->port &&
-           a->pid == b->pid && a->ctl_fd == b->ctl_fd;
+           a->pid == b->pid && a->ctl_fd == b->ctl_fd && a->ctl_addr == b->ctl_addr &&
+           a->ucx_addr_len == b->ucx_addr_len && memcmp(a->ucx_addr, b->ucx_addr, a->ucx_addr_len) == 0 &&
+           a->ctl_rkey_len == b->ctl_rkey_len && memcmp(a->ctl_rkey, b->ctl_rkey, a->ctl_rkey_len) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    /* pdl_remote_t holds four 256-byte strings: off the stack, like the engine does. */
+    /* pdl_remote_t holds four 256-byte strings and the ucx blobs: off the stack, like the engine does. */
     pdl_remote_t *r = malloc(sizeof(*r)), *d = malloc(sizeof(*d));
     if (r == NULL || d == NULL)
         abort();

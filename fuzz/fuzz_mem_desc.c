@@ -12,12 +12,13 @@
 static int rmem_equal(const pdl_rmem_t *a, const pdl_rmem_t *b)
 {
     return strcmp(a->engine_key, b->engine_key) == 0 && a->id == b->id && a->size == b->size &&
-           a->kind == b->kind && a->addr == b->addr && a->fd == b->fd && a->pid == b->pid && a->slot == b->slot;
+           a->kind == b->kind && a->addr == b->addr && a->fd == b->fd && a->pid == b->pid && a->slot == b->slot &&
+           a->rkey_len == b->rkey_len && memcmp(a->rkey, b->rkey, a->rkey_len) == 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    pdl_rmem_t r, d;
+    static pdl_rmem_t r, d; /* 1 KiB rkey buffer each: kept off the stack */
     pdl_error_t err;
     if (pdl__mem_desc_unpack(data, size, &r, &err) != PDL_OK)
         return 0;

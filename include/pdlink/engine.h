@@ -22,6 +22,8 @@
  * registration it names (an unknown or deregistered id, a range outside the region, an overflowing
  * sum) and refuses it, counting it in requests_refused. shm: the owner never sees the accesses, so the
  * initiator also checks the owner's live-registration table and that the owner process is alive.
+ * ucx: the owner's side is UCX's (rkeys; not a bound check on every transport), so the initiator also
+ * reads the region's slot of the owner's live table (ucp_get) before every batch.
  *
  * Threads: all functions are thread-safe (several threads may post on one session and wait on
  * different batches) except that a batch is used by one thread at a time and an object must not be
@@ -59,15 +61,35 @@ typedef struct pdl_batch pdl_batch_t;
 typedef enum pdl_backend_kind {
     PDL_BACKEND_SHM = 1, /* peers on one host: shared memfd mappings + process_vm_readv */
     PDL_BACKEND_TCP = 2, /* any two hosts: the owner serves reads/writes of its memory over TCP */
+    PDL_BACKEND_UCX = 3, /* UCX's UCP: one-sided get/put over whatever transport UCX selects (UCX_TLS) */
 } pdl_backend_kind_t;
 
-/* "shm" / "tcp", or "unknown" for any other value; static, never NULL. */
+/* "shm" / "tcp" / "ucx", or "unknown" for any other value; static, never NULL. */
 const char *pdl_backend_name(pdl_backend_kind_t kind);
 /*
- * "shm" | "tcp" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP; -1 if unknown or NULL ("rdma"
- * is mapped by the connector, not here).
+ * "shm" | "tcp" | "ucx" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP | PDL_BACKEND_UCX; -1 if
+ * unknown or NULL ("rdma" is resolved by pdl_backend_pick_rdma, not here).
  */
 int pdl_backend_parse(const char *s);
+/*
+ * What `backend: "rdma"` means on this machine: PDL_BACKEND_UCX when UCX offers an RDMA transport (one
+ * of its rc, dc or ud verbs transports; UCX_TLS and the other UCX_* variables are honoured), else
+ * PDL_BACKEND_TCP. Fills why[0..why_cap) (may be NULL) with the reason, naming the RDMA transports
+ * found or saying that none was. Opens and closes UCX's transport components: call it once, at
+ * configuration time. Cannot fail (a UCX error means "no RDMA transport", and `why` says so).
+ */
+pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap);
+
+/*
+ * Where registered memory lives. Host memory works with every backend; device memory only with ucx,
+ * and only where UCX reports support for that memory type (built with CUDA / ROCm and a device
+ * present): pdl_engine_register_mem_type refuses it otherwise.
+ */
+typedef enum pdl_mem_type {
+    PDL_MEM_TYPE_HOST = 0,
+    PDL_MEM_TYPE_CUDA = 1,
+    PDL_MEM_TYPE_ROCM = 2,
+} pdl_mem_type_t;
 
 /*
  * What pdl_engine_create needs; read during the call only (strings are copied). Ranges are checked:
@@ -126,7 +148,7 @@ void pdl_engine_destroy(pdl_engine_t *engine);
  */
 const char *pdl_engine_key(const pdl_engine_t *engine);
 pdl_backend_kind_t pdl_engine_backend(const pdl_engine_t *engine);
-/* The tcp port actually bound (the chosen one when the config said 0); 0 for shm. */
+/* The tcp port actually bound (the chosen one when the config said 0); 0 for shm and ucx. */
 uint16_t pdl_engine_port(const pdl_engine_t *engine);
 /*
  * tcp: the congestion control set on the data sockets ("" = the system default, and always for shm).
@@ -152,8 +174,10 @@ pdl_status_t pdl_engine_pack(pdl_engine_t *engine, pdl_bytes_t *out, pdl_error_t
  *                       this engine's.
  *   PDL_ERR_BAD_STATE   the key was added before with a different descriptor (a restarted peer?):
  *                       remove it first.
- *   PDL_ERR_UNSUPPORTED shm: the remote engine runs on another host (or boot).
+ *   PDL_ERR_UNSUPPORTED shm: the remote engine runs on another host (or boot); ucx: no UCX transport
+ *                       reaches it (compare UCX_TLS on both sides).
  *   PDL_ERR_PEER_GONE   shm: the remote process is gone.
+ *   PDL_ERR_TRANSPORT   ucx: ucp_ep_create or the unpacking of the live table's rkey failed.
  *   PDL_ERR_SYSTEM      shm: pidfd_open, opening or mapping its registration table failed (the message
  *                       says when shm needs the same uid or root).
  *   PDL_ERR_NOMEM.
@@ -169,20 +193,35 @@ pdl_status_t pdl_engine_add_remote(pdl_engine_t *engine, const void *desc, size_
 pdl_status_t pdl_engine_remove_remote(pdl_engine_t *engine, const char *key, pdl_error_t *err);
 
 /*
- * Allocate `size` (> 0) bytes that pdlink owns (memfd-backed, shareable with shm peers), zeroed, every
- * page touched, and registered. The memory stays valid, at pdl_mem_ptr, until pdl_engine_deregister_mem
+ * Allocate `size` (> 0) bytes that pdlink owns (memfd-backed, shareable with shm peers; ucx: allocated
+ * by UCX, ucp_mem_map ALLOCATE, so that its shared-memory transports can map it in a peer), zeroed,
+ * every page touched, and registered. The memory stays valid, at pdl_mem_ptr, until pdl_engine_deregister_mem
  * or pdl_engine_destroy frees it. PDL_ERR_INVALID for a NULL argument or size 0; PDL_ERR_SYSTEM when
- * memfd_create, ftruncate or mmap fails; PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ * memfd_create, ftruncate or mmap fails; PDL_ERR_NOMEM, also (shm, ucx) beyond 4096 live registrations;
+ * PDL_ERR_TRANSPORT (ucx) when ucp_mem_map or ucp_rkey_pack fails.
  */
 pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *engine, size_t size, pdl_mem_t **mem_out, pdl_error_t *err);
 /*
  * Register memory the caller owns (shm peers read and write it with process_vm_readv/writev, which
  * needs ptrace permission over this process). pdlink neither copies nor frees it: keep [ptr, ptr+size)
  * valid until pdl_engine_deregister_mem returns. PDL_ERR_INVALID for a NULL argument or size 0;
- * PDL_ERR_NOMEM, also (shm) beyond 4096 live registrations.
+ * PDL_ERR_NOMEM, also (shm, ucx) beyond 4096 live registrations;
+ * (ucx) PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails.
  */
 pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_t **mem_out,
                                      pdl_error_t *err);
+/*
+ * pdl_engine_register_mem for memory of a given type (pdl_engine_register_mem is this with
+ * PDL_MEM_TYPE_HOST). Same ownership rule: [ptr, ptr+size) stays the caller's and must stay valid
+ * until pdl_engine_deregister_mem returns. Device memory is never touched by pdlink itself, only by
+ * the backend's transport. PDL_ERR_UNSUPPORTED for a device type the engine cannot register (shm, tcp,
+ * or a UCX without support for it: pdl_engine_mem_types says which it can); otherwise as
+ * pdl_engine_register_mem, plus (ucx) PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails.
+ */
+pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_type_t type,
+                                          pdl_mem_t **mem_out, pdl_error_t *err);
+/* The memory types this engine registers, as bits (1u << pdl_mem_type_t); always has the host bit. */
+unsigned pdl_engine_mem_types(const pdl_engine_t *engine);
 /*
  * After this, peers' requests naming this registration are refused (tcp: NOT_FOUND; shm: the next
  * session_open or post fails with NOT_FOUND). Blocks until the requests being served on it finish:
@@ -235,6 +274,9 @@ pdl_status_t pdl_mem_pack(const pdl_mem_t *mem, pdl_bytes_t *out, pdl_error_t *e
  *   PDL_ERR_TIMEOUT   tcp: connect or HELLO took longer than 5 s.
  *   PDL_ERR_TRANSPORT tcp: the host does not resolve, or another connection error.
  *   PDL_ERR_SYSTEM    shm: opening or mapping the remote memfd failed.
+ * ucx unpacks the region's rkey on the remote engine's endpoint (no I/O): PDL_ERR_PARSE for a
+ * descriptor without rkey, address or slot, or an rkey UCX refuses; the endpoint's sticky status
+ * (PDL_ERR_PEER_GONE, PDL_ERR_TIMEOUT, PDL_ERR_BAD_STATE) once it failed or was closed.
  *   PDL_ERR_NOMEM.
  */
 pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void *remote_mem_desc, size_t len,
@@ -343,7 +385,9 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *batch, int timeout_ms, pdl_error_t *err
  * Free a batch, finished or not. A running batch is cancelled first, and the call waits until it no
  * longer touches memory: shm stops at the next cancellation point; tcp shuts the session's connections
  * down, which breaks the session for good (sticky PDL_ERR_BAD_STATE), so wait for a batch before
- * freeing it unless the session is to be closed anyway. NULL is ignored.
+ * freeing it unless the session is to be closed anyway; ucx force-closes the one endpoint to that
+ * remote engine, which breaks every session to it (remove and re-add the remote engine to reconnect).
+ * NULL is ignored.
  */
 void pdl_batch_free(pdl_batch_t *batch);
 /* Total bytes the batch copies (sum of the descriptor lengths); 0 for NULL. */

@@ -7,7 +7,8 @@
  *      binary (/proc/self/exe), so a build tree or an install prefix works without PATH games.
  *   2. SIGINT/SIGTERM/SIGHUP are blocked and read from a signalfd, which every waiting loop polls, so a
  *      Ctrl-C turns into an orderly stop (no global flag, no work in a signal handler).
- *   3. The same-run ceilings for the backend are measured (memcpy for shm, a loopback TCP stream for tcp):
+ *   3. The same-run ceilings for the backend are measured (memcpy for shm and for ucx over its
+ *      shared-memory transports, a loopback TCP stream for tcp and for ucx with UCX_TLS=tcp):
  *      with one thread (one rank's engine) and with one thread per rank of a decode instance.
  *   4. A non-disaggregated reference node answers the fixed workload once; its texts are the truth.
  *   5. For each topology: ports are found by binding, a router and the nodes are started (MoRIIO READ
@@ -199,7 +200,7 @@ static void usage(FILE *f)
             "  --prompt-tokens MIN-MAX prompt lengths (default 16-256)\n"
             "  --max-tokens N          tokens generated per request (default 16)\n"
             "transfer:\n"
-            "  --backend shm|tcp       transfer backend of the nodes (default shm)\n"
+            "  --backend shm|tcp|ucx   transfer backend of the nodes (default shm; ucx honours UCX_TLS)\n"
             "  --mode read|write       MoRIIO mode (default read)\n"
             "  --netns                 each instance in its own network namespace over veth (tcp backend;\n"
             "                          needs root)\n"
@@ -331,8 +332,8 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
                 return usage_error(&err);
             break;
         case O_BACKEND:
-            if (strcmp(optarg, "shm") != 0 && strcmp(optarg, "tcp") != 0) {
-                fprintf(stderr, "pdlink run: --backend must be shm or tcp, not '%s'\n", optarg);
+            if (strcmp(optarg, "shm") != 0 && strcmp(optarg, "tcp") != 0 && strcmp(optarg, "ucx") != 0) {
+                fprintf(stderr, "pdlink run: --backend must be shm, tcp or ucx, not '%s'\n", optarg);
                 return -1;
             }
             o->backend = optarg;
@@ -1321,13 +1322,13 @@ static int make_log_dir(run_ctx_t *c)
 static double ceiling_with(const run_ctx_t *c, int threads)
 {
     double g;
-    if (strcmp(c->o.backend, "tcp") == 0)
+    if (!pdl_ceiling_is_memcpy(c->o.backend))
         g = pdl_ceiling_tcp_gbps("127.0.0.1", (size_t)512 << 20, (size_t)1 << 20, threads);
     else
         g = pdl_ceiling_memcpy_gbps((size_t)32 << 20, threads, 16);
     if (g <= 0) {
         pdl_warn("the %s ceiling with %d thread(s) could not be measured; its ratios are left out",
-                 strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy", threads);
+                 pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream", threads);
         return 0;
     }
     return g;
@@ -1432,11 +1433,11 @@ int pdl_cli_run(int argc, char **argv)
     c->phase_name = "ceiling";
     measure_ceiling(c);
     if (c->ceiling_gbps > 0)
-        progress(c, "%s: %.2f GB/s with %d thread", strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+        progress(c, "%s: %.2f GB/s with %d thread", pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
                  c->ceiling_gbps, c->ceiling_threads);
     for (int i = 0; i < c->ninst_ceil; i++)
         if (c->inst_ceil_gbps[i] > 0)
-            progress(c, "%s: %.2f GB/s with %d threads", strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+            progress(c, "%s: %.2f GB/s with %d threads", pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
                      c->inst_ceil_gbps[i], c->inst_ceil_threads[i]);
 
     rc = run_reference(c);
@@ -1480,7 +1481,7 @@ int pdl_cli_run(int argc, char **argv)
         .prompt_max = c->o.prompt_max,
         .max_tokens = c->o.max_tokens,
         .ceiling_threads = c->ceiling_threads,
-        .ceiling_kind = strcmp(c->o.backend, "tcp") == 0 ? "tcp stream" : "memcpy",
+        .ceiling_kind = pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
         .ceiling_gbps = c->ceiling_gbps,
         .ninst_ceilings = c->ninst_ceil,
         .elapsed_s = (double)(pdl__clock_now_ms() - t_start) / 1000.0,

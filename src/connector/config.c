@@ -6,8 +6,9 @@
  * int(...)), read_mode accepts true / "true" / "1" / 1 (upstream: str(v).lower().strip() in
  * ("true", "1")), timeouts are seconds as numbers or numeric strings. A falsy handshake_port or
  * notify_port (0, "") means the default, as upstream's _set_port_defaults does.
- * backend: "tcp" and "shm" are pdlink's engines; "rdma" (upstream's default) maps to "tcp" because it
- * works between hosts, and "xgmi" (upstream's intra-node GPU path) maps to "shm"; both are logged.
+ * backend: "tcp", "shm" and "ucx" are pdlink's engines; "rdma" (upstream's default) maps to "ucx" when
+ * UCX offers an RDMA transport (rc/dc/ud verbs) and to "tcp" otherwise (pdl_backend_pick_rdma), and
+ * "xgmi" (upstream's intra-node GPU path) maps to "shm"; both are logged with the reason.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -216,10 +217,10 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
                                  row->name, vb);
         const char *s = json_string_value(v);
         if (strcasecmp(s, "rdma") == 0) {
-            cfg->backend = PDL_BACKEND_TCP;
+            char why[256];
+            cfg->backend = pdl_backend_pick_rdma(why, sizeof(why));
             cfg->backend_mapped_from_rdma = true;
-            pdl_info("kv_connector_extra_config.backend \"rdma\": using pdlink's tcp engine (works between hosts; "
-                     "set \"shm\" for peers on one host)");
+            pdl_info("kv_connector_extra_config.backend \"rdma\": %s", why);
             return PDL_OK;
         }
         if (strcasecmp(s, "xgmi") == 0) {
@@ -231,7 +232,7 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
         int b = pdl_backend_parse(s);
         if (b < 0)
             return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "kv_connector_extra_config.%s: unknown backend %s (expected \"tcp\", \"shm\" or \"rdma\")",
+                                 "kv_connector_extra_config.%s: unknown backend %s (expected \"tcp\", \"shm\", \"ucx\" or \"rdma\")",
                                  row->name, vb);
         cfg->backend = (pdl_backend_kind_t)b;
         cfg->backend_mapped_from_rdma = false;

@@ -30,12 +30,18 @@
 #include "pdlink/log.h"
 
 #define PDL_KEY_MAX 256      /* engine keys, hosts, hostnames (bytes incl. NUL) */
-#define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm peers */
+#define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm and ucx peers */
+/* Packed UCX blobs carried in descriptors. A worker address with tcp on two devices and the shared
+ * memory transports packs to ~300 bytes here and an rkey to < 100; the caps leave room for more
+ * devices and transports (verbs adds a few dozen bytes per device) and bound what a peer can send. */
+#define PDL_UCX_ADDR_MAX 4096
+#define PDL_UCX_RKEY_MAX 1024
 #define PDL_DEAD_IDS 256     /* deregistered ids remembered for the error message */
 
 typedef enum pdl_mem_kind {
     PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
     PDL_MEM_USER = 2,  /* the caller's memory: shm peers use process_vm_readv/writev */
+    PDL_MEM_BACKEND = 3, /* the backend allocated it in mem_init and frees it in mem_fini (ucx) */
 } pdl_mem_kind_t;
 
 struct pdl_mem {
@@ -45,7 +51,9 @@ struct pdl_mem {
     size_t size;
     pdl_mem_kind_t kind;
     int memfd;          /* -1 for PDL_MEM_USER */
-    int slot;           /* index in the shm live table (-1 if the table is full) */
+    int slot;           /* index in the live table (shm, ucx; -1 without one) */
+    pdl_mem_type_t type;
+    void *bk;           /* backend state (ucx: the ucp_mem_map handle and the packed rkey) */
     _Atomic int refs;   /* in-flight server requests (tcp); the table's own reference is not counted */
     _Atomic bool dead;  /* deregistered: refuse new requests */
     _Atomic bool guarded; /* tcp: serve only requests a grant covers (pdl_mem_guard) */
@@ -61,6 +69,8 @@ typedef struct pdl_rmem {
     int64_t fd;    /* memfd number in the owner's process (memfd, shm) */
     int64_t pid;
     int64_t slot;
+    uint32_t rkey_len; /* ucx: the packed rkey of the region (0 for other backends) */
+    uint8_t rkey[PDL_UCX_RKEY_MAX];
 } pdl_rmem_t;
 
 /* A remote engine (unpacked pdl_engine_pack bytes) and what the backend keeps for it. */
@@ -73,6 +83,11 @@ typedef struct pdl_remote {
     uint16_t port;
     int64_t pid;
     int64_t ctl_fd;
+    /* ucx: the worker address, and where the live table is in the owner with its packed rkey */
+    uint64_t ctl_addr;
+    uint32_t ucx_addr_len, ctl_rkey_len;
+    uint8_t ucx_addr[PDL_UCX_ADDR_MAX];
+    uint8_t ctl_rkey[PDL_UCX_RKEY_MAX];
     int refs;      /* table + sessions; protected by the engine's lock */
     bool removed;  /* pdl_engine_remove_remote was called */
     void *bk;      /* backend state (shm: pidfd and the mapped live table) */
@@ -120,6 +135,13 @@ struct pdl_batch {
 /* Which optional entries a backend has. */
 enum {
     PDL_BACKEND_CAP_SERVER = 1u << 0, /* owns a listening server (tcp) */
+    /* A running batch can be abandoned only by tearing down its session's transport (tcp: shutting
+     * the sockets down; ucx: force-closing the endpoint): pdl_batch_free breaks the session first. */
+    PDL_BACKEND_CAP_ABORT_BREAKS = 1u << 1,
+    /* The engine keeps a live-registration table that peers read (shm: mapped; ucx: ucp_get). */
+    PDL_BACKEND_CAP_LIVE_TABLE = 1u << 2,
+    /* pdl_engine_alloc_mem lets mem_init allocate (PDL_MEM_BACKEND) instead of making a memfd. */
+    PDL_BACKEND_CAP_ALLOC = 1u << 3,
 };
 
 typedef struct pdl_backend_ops {
@@ -137,6 +159,13 @@ typedef struct pdl_backend_ops {
     void (*remote_free)(pdl_engine_t *e, pdl_remote_t *r);
     /* Called after deregistration is visible and before waiting for references to drain. */
     void (*mem_kick)(pdl_engine_t *e, pdl_mem_t *m);
+    /* Make a new registration usable by peers (ucx: ucp_mem_map, ucp_rkey_pack) before it is entered
+     * in the table; mem_fini undoes it once no request uses it any more (accepts m->bk == NULL). */
+    pdl_status_t (*mem_init)(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err);
+    void (*mem_fini)(pdl_engine_t *e, pdl_mem_t *m);
+    /* Fill the backend's fields of this engine's descriptor / of a registration's descriptor. */
+    void (*engine_desc_fill)(const pdl_engine_t *e, pdl_remote_t *r);
+    void (*mem_desc_fill)(const pdl_mem_t *m, pdl_rmem_t *rm);
     pdl_status_t (*session_open)(pdl_session_t *s, pdl_error_t *err);
     void (*session_close)(pdl_session_t *s);
     /* Abort I/O in flight on this session (remove_remote, freeing a running batch). */
@@ -166,6 +195,14 @@ typedef struct pdl_backend_ops {
 
 extern const pdl_backend_ops_t pdl__shm_ops;
 extern const pdl_backend_ops_t pdl__tcp_ops;
+extern const pdl_backend_ops_t pdl__ucx_ops;
+
+/* Shared no-op entries for backends without the optional hook (UCX's "empty function" style). */
+void pdl__backend_nop_mem_kick(pdl_engine_t *e, pdl_mem_t *m);
+pdl_status_t pdl__backend_nop_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err);
+void pdl__backend_nop_mem_fini(pdl_engine_t *e, pdl_mem_t *m);
+void pdl__backend_nop_engine_desc_fill(const pdl_engine_t *e, pdl_remote_t *r);
+void pdl__backend_nop_mem_desc_fill(const pdl_mem_t *m, pdl_rmem_t *rm);
 
 /* --- engine internals shared with the backends (engine.c) --- */
 struct pdl_engine {
@@ -179,6 +216,7 @@ struct pdl_engine {
     char tcp_cc[16]; /* congestion control set on tcp data sockets; "" = system default */
     int qp_per_transfer;
     int num_workers;
+    unsigned mem_types; /* bits (1u << pdl_mem_type_t) this engine registers; the backend may add some */
     const pdl_backend_ops_t *ops;
 
     pthread_mutex_t mu; /* registrations, remotes, sessions */
@@ -196,7 +234,7 @@ struct pdl_engine {
     pdl_remote_t *remotes;
     pdl_session_t *sessions;
 
-    /* shm live table: slot i holds the id of the live registration using it, or 0. */
+    /* live table (shm, ucx): slot i holds the id of the live registration using it, or 0. */
     int ctl_fd;
     _Atomic uint64_t *ctl;
 

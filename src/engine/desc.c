@@ -1,10 +1,14 @@
 /*
  * desc.c -- packing and unpacking of engine and memory descriptors (msgpack maps with string keys).
  *
- * Engine descriptor: {"magic":"pdlink-engine","v":1,"key","backend":"shm"|"tcp","host","port","pid",
- *                     "hostname","boot_id","ctl_fd"}
+ * Engine descriptor: {"magic":"pdlink-engine","v":1,"key","backend":"shm"|"tcp"|"ucx","host","port",
+ *                     "pid","hostname","boot_id","ctl_fd"} and, for ucx, {"ucx_addr","ctl_addr","ctl_rkey"}
  * Memory descriptor: {"magic":"pdlink-mem","v":1,"engine","id","size","kind":"memfd"|"user","addr",
- *                     "fd","pid","slot"}
+ *                     "fd","pid","slot"} and, for ucx, {"rkey"}
+ * The ucx fields are msgpack bin (the worker address, the live table's and the region's packed rkeys:
+ * opaque UCX bytes, bounded by PDL_UCX_ADDR_MAX / PDL_UCX_RKEY_MAX); they are written only when
+ * non-empty, so shm and tcp descriptors are byte for byte what they were, and version 1 still reads
+ * them (unknown keys are skipped).
  * A map is order-free and unknown keys are ignored, so later versions can add fields; a different "v"
  * is PDL_ERR_MISMATCH, anything malformed is PDL_ERR_PARSE. The bytes come from a peer, so they enter
  * msgpack-c only through the wire layer's guarded door (pdl__mp_unpack, src/wire/mp.c), which refuses a
@@ -47,11 +51,18 @@ static void enc_kv_i64(pdl__mp_enc_t *enc, const char *k, int64_t v)
     pdl__enc_int(enc, v);
 }
 
+static void enc_kv_bin(pdl__mp_enc_t *enc, const char *k, const void *v, size_t n)
+{
+    pdl__enc_str(enc, k);
+    pdl__enc_bin(enc, v, n);
+}
+
 pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pdl_error_t *err)
 {
     pdl__mp_enc_t enc;
     pdl__enc_init(&enc);
-    pdl__enc_map(&enc, 10);
+    bool ucx = r->ucx_addr_len > 0;
+    pdl__enc_map(&enc, ucx ? 13 : 10);
     enc_kv_str(&enc, "magic", "pdlink-engine");
     enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
     enc_kv_str(&enc, "key", r->key);
@@ -62,6 +73,11 @@ pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pd
     enc_kv_str(&enc, "hostname", r->hostname);
     enc_kv_str(&enc, "boot_id", r->boot_id);
     enc_kv_i64(&enc, "ctl_fd", r->ctl_fd);
+    if (ucx) {
+        enc_kv_bin(&enc, "ucx_addr", r->ucx_addr, r->ucx_addr_len);
+        enc_kv_u64(&enc, "ctl_addr", r->ctl_addr);
+        enc_kv_bin(&enc, "ctl_rkey", r->ctl_rkey, r->ctl_rkey_len);
+    }
     return pdl__enc_finish(&enc, "engine descriptor", out, err);
 }
 
@@ -69,7 +85,7 @@ pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_er
 {
     pdl__mp_enc_t enc;
     pdl__enc_init(&enc);
-    pdl__enc_map(&enc, 10);
+    pdl__enc_map(&enc, rm->rkey_len > 0 ? 11 : 10);
     enc_kv_str(&enc, "magic", "pdlink-mem");
     enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
     enc_kv_str(&enc, "engine", rm->engine_key);
@@ -80,6 +96,8 @@ pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_er
     enc_kv_i64(&enc, "fd", rm->fd);
     enc_kv_i64(&enc, "pid", rm->pid);
     enc_kv_i64(&enc, "slot", rm->slot);
+    if (rm->rkey_len > 0)
+        enc_kv_bin(&enc, "rkey", rm->rkey, rm->rkey_len);
     return pdl__enc_finish(&enc, "memory descriptor", out, err);
 }
 
@@ -98,6 +116,7 @@ pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_
     r->port = e->port;
     r->pid = (int64_t)getpid();
     r->ctl_fd = e->ctl_fd;
+    e->ops->engine_desc_fill(e, r);
     pdl_status_t st = pdl__engine_desc_encode(r, out, err);
     free(r);
     return st;
@@ -115,6 +134,7 @@ pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_
         .slot = m->slot,
     };
     memcpy(rm.engine_key, m->engine->key, sizeof(rm.engine_key));
+    m->engine->ops->mem_desc_fill(m, &rm);
     return pdl__mem_desc_encode(&rm, out, err);
 }
 
@@ -122,9 +142,10 @@ pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_
 
 typedef struct field {
     const char *name;
-    enum { F_STR, F_U64, F_I64 } type;
+    enum { F_STR, F_U64, F_I64, F_BIN } type;
     void *dst;
-    size_t cap; /* strings: capacity incl. NUL */
+    size_t cap;     /* strings: capacity incl. NUL; bin: capacity */
+    uint32_t *blen; /* bin: length received */
     bool required;
     bool seen;
 } field_t;
@@ -183,6 +204,14 @@ static pdl_status_t parse_map(const char *what, const void *buf, size_t len, con
                     st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' contains a NUL byte", what, f[j].name);
                     goto out;
                 }
+            } else if (f[j].type == F_BIN) {
+                if (val->type != MSGPACK_OBJECT_BIN || val->via.bin.size == 0 || val->via.bin.size > f[j].cap) {
+                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be 1..%zu bytes of msgpack bin",
+                                       what, f[j].name, f[j].cap);
+                    goto out;
+                }
+                memcpy(f[j].dst, val->via.bin.ptr, val->via.bin.size);
+                *f[j].blen = val->via.bin.size;
             } else if (f[j].type == F_U64) {
                 if (val->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
                     st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be a non-negative integer", what,
@@ -236,14 +265,17 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
     memset(r, 0, sizeof(*r));
     r->ctl_fd = -1;
     field_t f[] = {
-        {"key", F_STR, r->key, sizeof(r->key), true, false},
-        {"backend", F_STR, backend, sizeof(backend), true, false},
-        {"host", F_STR, r->host, sizeof(r->host), true, false},
-        {"port", F_U64, &port, 0, true, false},
-        {"pid", F_I64, &r->pid, 0, true, false},
-        {"hostname", F_STR, r->hostname, sizeof(r->hostname), true, false},
-        {"boot_id", F_STR, r->boot_id, sizeof(r->boot_id), false, false},
-        {"ctl_fd", F_I64, &r->ctl_fd, 0, false, false},
+        {"key", F_STR, r->key, sizeof(r->key), NULL, true, false},
+        {"backend", F_STR, backend, sizeof(backend), NULL, true, false},
+        {"host", F_STR, r->host, sizeof(r->host), NULL, true, false},
+        {"port", F_U64, &port, 0, NULL, true, false},
+        {"pid", F_I64, &r->pid, 0, NULL, true, false},
+        {"hostname", F_STR, r->hostname, sizeof(r->hostname), NULL, true, false},
+        {"boot_id", F_STR, r->boot_id, sizeof(r->boot_id), NULL, false, false},
+        {"ctl_fd", F_I64, &r->ctl_fd, 0, NULL, false, false},
+        {"ucx_addr", F_BIN, r->ucx_addr, sizeof(r->ucx_addr), &r->ucx_addr_len, false, false},
+        {"ctl_addr", F_U64, &r->ctl_addr, 0, NULL, false, false},
+        {"ctl_rkey", F_BIN, r->ctl_rkey, sizeof(r->ctl_rkey), &r->ctl_rkey_len, false, false},
     };
     pdl_status_t st = parse_map("engine descriptor", buf, len, "pdlink-engine", f, (int)(sizeof(f) / sizeof(f[0])), err);
     if (st != PDL_OK)
@@ -258,6 +290,13 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
         return pdl_error_set(err, PDL_ERR_PARSE, "engine descriptor of '%s': port %llu out of range", r->key,
                              (unsigned long long)port);
     r->port = (uint16_t)port;
+    /* The encoder writes the three ucx fields together (and only for ucx); one without the others
+     * would re-encode to different bytes and means a broken peer. */
+    if ((r->ucx_addr_len > 0) != (r->ctl_rkey_len > 0) || (r->ucx_addr_len == 0 && r->ctl_addr != 0))
+        return pdl_error_set(err, PDL_ERR_PARSE,
+                             "engine descriptor of '%s': ucx_addr, ctl_addr and ctl_rkey go together", r->key);
+    if (r->backend == PDL_BACKEND_UCX && r->ucx_addr_len == 0)
+        return pdl_error_set(err, PDL_ERR_PARSE, "engine descriptor of '%s': backend ucx without ucx_addr", r->key);
     return PDL_OK;
 }
 
@@ -267,14 +306,15 @@ pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, p
     memset(rm, 0, sizeof(*rm));
     rm->fd = rm->slot = -1;
     field_t f[] = {
-        {"engine", F_STR, rm->engine_key, sizeof(rm->engine_key), true, false},
-        {"id", F_U64, &rm->id, 0, true, false},
-        {"size", F_U64, &rm->size, 0, true, false},
-        {"kind", F_STR, kind, sizeof(kind), true, false},
-        {"addr", F_U64, &rm->addr, 0, false, false},
-        {"fd", F_I64, &rm->fd, 0, false, false},
-        {"pid", F_I64, &rm->pid, 0, false, false},
-        {"slot", F_I64, &rm->slot, 0, false, false},
+        {"engine", F_STR, rm->engine_key, sizeof(rm->engine_key), NULL, true, false},
+        {"id", F_U64, &rm->id, 0, NULL, true, false},
+        {"size", F_U64, &rm->size, 0, NULL, true, false},
+        {"kind", F_STR, kind, sizeof(kind), NULL, true, false},
+        {"addr", F_U64, &rm->addr, 0, NULL, false, false},
+        {"fd", F_I64, &rm->fd, 0, NULL, false, false},
+        {"pid", F_I64, &rm->pid, 0, NULL, false, false},
+        {"slot", F_I64, &rm->slot, 0, NULL, false, false},
+        {"rkey", F_BIN, rm->rkey, sizeof(rm->rkey), &rm->rkey_len, false, false},
     };
     pdl_status_t st = parse_map("memory descriptor", buf, len, "pdlink-mem", f, (int)(sizeof(f) / sizeof(f[0])), err);
     if (st != PDL_OK)

@@ -147,7 +147,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: host name too long", cfg->key);
     const pdl_backend_ops_t *ops = pdl__backend_ops(cfg->backend);
     if (ops == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm or tcp)", cfg->key,
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm, tcp or ucx)", cfg->key,
                              (int)cfg->backend);
     if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: qp_per_transfer %d must be 1..64", cfg->key,
@@ -182,6 +182,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     e->num_workers = cfg->num_workers;
     e->bind_all = cfg->bind_all;
     e->ops = ops;
+    e->mem_types = 1u << PDL_MEM_TYPE_HOST; /* a backend that registers device memory adds its types */
     e->ctl_fd = -1;
     pdl__grants_init(&e->grants);
     pthread_mutex_init(&e->peers_mu, NULL);
@@ -191,9 +192,10 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     pthread_mutex_init(&e->mu, NULL);
 
     pdl_status_t st;
-    /* The live-registration table is shared with shm peers so they can see a deregistration without a
-     * server round trip; tcp engines do not need it. */
-    if (e->backend == PDL_BACKEND_SHM) {
+    /* The live-registration table is shared with peers that access memory without a server (shm maps
+     * it, ucx reads it with ucp_get) so they can see a deregistration; tcp's server checks itself. A
+     * backend that allocates its memory (ucx) allocates the table too, in engine_init. */
+    if ((ops->caps & PDL_BACKEND_CAP_LIVE_TABLE) && !(ops->caps & PDL_BACKEND_CAP_ALLOC)) {
         size_t tbl = PDL_SHM_SLOTS * sizeof(uint64_t);
         e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC);
         if (e->ctl_fd < 0 || ftruncate(e->ctl_fd, (off_t)tbl) != 0) {
@@ -230,6 +232,7 @@ err_free:
 
 static void mem_free(pdl_mem_t *m)
 {
+    m->engine->ops->mem_fini(m->engine, m);
     if (m->kind == PDL_MEM_MEMFD) {
         munmap(m->ptr, m->size);
         close(m->memfd);
@@ -452,8 +455,8 @@ static uint64_t new_mem_id(pdl_engine_t *e)
     }
 }
 
-static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kind_t kind, int memfd,
-                            pdl_mem_t **mem_out, pdl_error_t *err)
+static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kind_t kind, pdl_mem_type_t type,
+                            int memfd, pdl_mem_t **mem_out, pdl_error_t *err)
 {
     pdl_mem_t *m = calloc(1, sizeof(*m));
     if (m == NULL)
@@ -462,14 +465,22 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
     m->ptr = ptr;
     m->size = size;
     m->kind = kind;
+    m->type = type;
     m->memfd = memfd;
     m->slot = -1;
+    /* Backend registration (ucx: ucp_mem_map) before the region is visible in the table. */
+    pdl_status_t st = e->ops->mem_init(e, m, err);
+    if (st != PDL_OK) {
+        free(m);
+        return st;
+    }
     pthread_mutex_lock(&e->mu);
     if (e->nmems == e->capmems) {
         size_t cap = e->capmems ? e->capmems * 2 : 16;
         pdl_mem_t **v = realloc(e->mems, cap * sizeof(*v));
         if (v == NULL) {
             pthread_mutex_unlock(&e->mu);
+            e->ops->mem_fini(e, m);
             free(m);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
         }
@@ -487,6 +498,7 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
         }
         if (m->slot < 0) {
             pthread_mutex_unlock(&e->mu);
+            e->ops->mem_fini(e, m);
             free(m);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: more than %d registrations", e->key,
                                  PDL_SHM_SLOTS);
@@ -502,6 +514,14 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
 {
     if (e == NULL || mem_out == NULL || size == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_alloc_mem: engine, mem_out and a size > 0 needed");
+    long pg = sysconf(_SC_PAGESIZE);
+    if (e->ops->caps & PDL_BACKEND_CAP_ALLOC) {
+        /* ucx: memory UCX allocates itself is what its shared-memory transports can map in the peer. */
+        pdl_status_t st = mem_add(e, NULL, size, PDL_MEM_BACKEND, PDL_MEM_TYPE_HOST, -1, mem_out, err);
+        if (st == PDL_OK)
+            memset((*mem_out)->ptr, 0, size); /* zeroed, and every page touched (see below) */
+        return st;
+    }
     int fd = memfd_create("pdlink-mem", MFD_CLOEXEC);
     if (fd < 0)
         return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create: %s", e->key, strerror(errno));
@@ -519,10 +539,9 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
     }
     /* First touch of fresh memory is several times slower on these VMs (machine.md §4a); write every page
      * now so the first transfer does not pay for it. */
-    long pg = sysconf(_SC_PAGESIZE);
     for (size_t o = 0; o < size; o += (size_t)pg)
         ((volatile char *)p)[o] = 0;
-    pdl_status_t st = mem_add(e, p, size, PDL_MEM_MEMFD, fd, mem_out, err);
+    pdl_status_t st = mem_add(e, p, size, PDL_MEM_MEMFD, PDL_MEM_TYPE_HOST, fd, mem_out, err);
     if (st != PDL_OK) {
         munmap(p, size);
         close(fd);
@@ -533,11 +552,27 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
 pdl_status_t pdl_engine_register_mem(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_t **mem_out,
                                      pdl_error_t *err)
 {
+    return pdl_engine_register_mem_type(e, ptr, size, PDL_MEM_TYPE_HOST, mem_out, err);
+}
+
+pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_type_t type,
+                                          pdl_mem_t **mem_out, pdl_error_t *err)
+{
     if (e == NULL || ptr == NULL || size == 0 || mem_out == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_register_mem: engine, ptr, mem_out and a size > 0 "
                                                    "needed");
-    return mem_add(e, ptr, size, PDL_MEM_USER, -1, mem_out, err);
+    if ((unsigned)type > PDL_MEM_TYPE_ROCM)
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown memory type %d", e->key, (int)type);
+    if (!(e->mem_types & (1u << type)))
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "engine %s: backend %s cannot register %s memory here (%s)", e->key,
+                             e->ops->name, type == PDL_MEM_TYPE_CUDA ? "CUDA" : "ROCm",
+                             e->backend == PDL_BACKEND_UCX ? "UCX reports no support for it"
+                                                           : "only the ucx backend registers device memory");
+    return mem_add(e, ptr, size, PDL_MEM_USER, type, -1, mem_out, err);
 }
+
+unsigned pdl_engine_mem_types(const pdl_engine_t *e) { return e->mem_types; }
 
 void pdl_engine_deregister_mem(pdl_engine_t *e, pdl_mem_t *m)
 {
@@ -952,7 +987,7 @@ void pdl_batch_free(pdl_batch_t *b)
     if (!done) {
         /* A running batch may be stuck on a stalled peer: abort it so freeing cannot hang. */
         atomic_store(&b->cancel, true);
-        if (b->session->engine->ops->caps & PDL_BACKEND_CAP_SERVER) {
+        if (b->session->engine->ops->caps & PDL_BACKEND_CAP_ABORT_BREAKS) {
             char msg[PDL_ERR_MSG_LEN];
             snprintf(msg, sizeof(msg), "engine %.120s: session to engine %.120s aborted: a running batch was freed",
                      b->session->engine->key, b->session->rmem.engine_key);

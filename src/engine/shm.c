@@ -140,12 +140,6 @@ static void shm_remote_free(pdl_engine_t *e, pdl_remote_t *r)
     r->bk = NULL;
 }
 
-static void shm_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
-{
-    (void)e;
-    (void)m;
-}
-
 static bool peer_dead(shm_remote_t *sr)
 {
     if (atomic_load_explicit(&sr->dead, memory_order_relaxed))
@@ -345,13 +339,17 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
 
 const pdl_backend_ops_t pdl__shm_ops = {
     .name = "shm",
-    .caps = 0,
+    .caps = PDL_BACKEND_CAP_LIVE_TABLE,
     .inline_max = SHM_SPLIT_MIN_BYTES,
     .engine_init = shm_engine_init,
     .engine_fini = shm_engine_fini,
     .remote_add = shm_remote_add,
     .remote_free = shm_remote_free,
-    .mem_kick = shm_mem_kick,
+    .mem_kick = pdl__backend_nop_mem_kick,
+    .mem_init = pdl__backend_nop_mem_init,
+    .mem_fini = pdl__backend_nop_mem_fini,
+    .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
+    .mem_desc_fill = pdl__backend_nop_mem_desc_fill,
     .session_open = shm_session_open,
     .session_close = shm_session_close,
     .session_kill = shm_session_kill,

@@ -925,12 +925,16 @@ static void tcp_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
 
 const pdl_backend_ops_t pdl__tcp_ops = {
     .name = "tcp",
-    .caps = PDL_BACKEND_CAP_SERVER,
+    .caps = PDL_BACKEND_CAP_SERVER | PDL_BACKEND_CAP_ABORT_BREAKS,
     .engine_init = tcp_engine_init,
     .engine_fini = tcp_engine_fini,
     .remote_add = tcp_remote_add,
     .remote_free = tcp_remote_free,
     .mem_kick = tcp_mem_kick,
+    .mem_init = pdl__backend_nop_mem_init,
+    .mem_fini = pdl__backend_nop_mem_fini,
+    .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
+    .mem_desc_fill = pdl__backend_nop_mem_desc_fill,
     .session_open = tcp_session_open,
     .session_close = tcp_session_close,
     .session_kill = tcp_session_kill,

@@ -1,8 +1,13 @@
 /*
- * test_engine_backends.c -- the engine between two processes, one body per behaviour, run for shm and
- * tcp (UCX-style parametrisation): random READ/WRITE batches verified byte by byte, a killed peer,
- * a stalled peer, a deregistered remote region, and (tcp) hostile bytes on the data socket, many
- * batches in flight on one session (waited out of order, from several threads, by polling only).
+ * test_engine_backends.c -- the engine between two processes, one body per behaviour, run for shm,
+ * tcp and ucx (UCX-style parametrisation): random READ/WRITE batches verified byte by byte, a killed
+ * peer, a stalled peer, a deregistered remote region, many batches in flight on one session (waited
+ * out of order, from several threads, by polling only), and (tcp) hostile bytes on the data socket.
+ *
+ * ucx runs over the transports this machine has (no RDMA device): UCX's tcp (UCX_TLS=tcp, which is
+ * also the one where the owner must answer, so a stopped owner stalls a batch) and, for the random
+ * batches, its shared-memory transports (UCX_TLS=sm: posix/sysv/cma, one-sided without the owner).
+ * The variable is set before the target is forked, so both engines see the same one.
  *
  * Each test forks the target before creating any thread (fork in a threaded process is unsafe, and
  * TSan refuses it). Parent and child talk over a socketpair: the child sends its engine descriptor and
@@ -285,6 +290,13 @@ static void stop_peer(peer_t *p)
 
 /* ---------------------------------------------------------------- tests */
 
+/* The UCX transports the ucx engines of the next test use (read by ucp_config_read at engine create;
+ * set before the target is forked). */
+static void ucx_tls(const char *tls)
+{
+    assert_int_equal(setenv("UCX_TLS", tls, 1), 0);
+}
+
 static void random_batches(pdl_backend_kind_t backend)
 {
     peer_t p;
@@ -342,6 +354,18 @@ static void test_random_tcp(void **state)
     (void)state;
     random_batches(PDL_BACKEND_TCP);
 }
+static void test_random_ucx_tcp(void **state)
+{
+    (void)state;
+    ucx_tls("tcp");
+    random_batches(PDL_BACKEND_UCX);
+}
+static void test_random_ucx_sm(void **state)
+{
+    (void)state;
+    ucx_tls("sm");
+    random_batches(PDL_BACKEND_UCX);
+}
 
 /* The peer dies while a batch is in flight (tcp: stopped first so the batch is surely in flight). */
 static void peer_killed(pdl_backend_kind_t backend)
@@ -351,7 +375,7 @@ static void peer_killed(pdl_backend_kind_t backend)
     pdl_desc_t big = {0, 0, REGION};
     pdl_error_t err;
     pdl_batch_t *b = NULL;
-    if (backend == PDL_BACKEND_TCP) {
+    if (backend != PDL_BACKEND_SHM) {
         stop_peer(&p);
         assert_int_equal(pdl_session_post(p.s[0], PDL_OP_READ, &big, 1, &b, &err), PDL_OK);
         kill(p.pid, SIGKILL);
@@ -388,12 +412,18 @@ static void test_killed_tcp(void **state)
     peer_killed(PDL_BACKEND_TCP);
 }
 
-/* A stopped owner: wait with a short timeout reports PDL_ERR_TIMEOUT, and freeing does not hang. */
-static void test_stalled_tcp(void **state)
+static void test_killed_ucx(void **state)
 {
     (void)state;
+    ucx_tls("tcp");
+    peer_killed(PDL_BACKEND_UCX);
+}
+
+/* A stopped owner: wait with a short timeout reports PDL_ERR_TIMEOUT, and freeing does not hang. */
+static void stalled(pdl_backend_kind_t backend)
+{
     peer_t p;
-    peer_start(&p, PDL_BACKEND_TCP);
+    peer_start(&p, backend);
     stop_peer(&p);
     pdl_desc_t big = {0, 0, REGION};
     pdl_error_t err;
@@ -412,6 +442,18 @@ static void test_stalled_tcp(void **state)
     pdl_batch_free(b2);
     kill(p.pid, SIGCONT);
     peer_stop(&p, true);
+}
+
+static void test_stalled_tcp(void **state)
+{
+    (void)state;
+    stalled(PDL_BACKEND_TCP);
+}
+static void test_stalled_ucx(void **state)
+{
+    (void)state;
+    ucx_tls("tcp");
+    stalled(PDL_BACKEND_UCX);
 }
 
 /* After the owner deregisters a region, batches naming it fail and nothing is served. */
@@ -440,6 +482,12 @@ static void test_dereg_tcp(void **state)
 {
     (void)state;
     deregistered(PDL_BACKEND_TCP);
+}
+static void test_dereg_ucx(void **state)
+{
+    (void)state;
+    ucx_tls("tcp");
+    deregistered(PDL_BACKEND_UCX);
 }
 
 static int raw_connect(uint16_t port)
@@ -525,11 +573,10 @@ static void check_read(const uint8_t *local, const pdl_desc_t *d, uint64_t seed)
 
 /* Many batches in flight on one session (requests pipelined on its connections), waited in reverse
  * order, then the same with WRITEs; every byte checked. */
-static void test_pipelined_tcp(void **state)
+static void pipelined(pdl_backend_kind_t backend)
 {
-    (void)state;
     peer_t p;
-    peer_start(&p, PDL_BACKEND_TCP);
+    peer_start(&p, backend);
     enum { NB = NSLOTS };
     pdl_desc_t d[NB];
     pdl_batch_t *b[NB];
@@ -584,6 +631,18 @@ static void test_pipelined_tcp(void **state)
     peer_stop(&p, false);
 }
 
+static void test_pipelined_tcp(void **state)
+{
+    (void)state;
+    pipelined(PDL_BACKEND_TCP);
+}
+static void test_pipelined_ucx(void **state)
+{
+    (void)state;
+    ucx_tls("tcp");
+    pipelined(PDL_BACKEND_UCX);
+}
+
 typedef struct reader_arg {
     pdl_session_t *s;
     uint8_t *local;
@@ -623,11 +682,10 @@ static void *reader_main(void *arg)
 }
 
 /* Four threads post and wait on the same session at once: every batch completes with its own bytes. */
-static void test_shared_session_tcp(void **state)
+static void shared_session(pdl_backend_kind_t backend)
 {
-    (void)state;
     peer_t p;
-    peer_start(&p, PDL_BACKEND_TCP);
+    peer_start(&p, backend);
     assert_int_equal(peer_cmd(&p, 'F', 0, 51, NULL, 0), 0);
     pthread_t t[4];
     reader_arg_t a[4];
@@ -642,15 +700,31 @@ static void test_shared_session_tcp(void **state)
     peer_stop(&p, false);
 }
 
+static void test_shared_session_tcp(void **state)
+{
+    (void)state;
+    shared_session(PDL_BACKEND_TCP);
+}
+static void test_shared_session_ucx(void **state)
+{
+    (void)state;
+    ucx_tls("tcp");
+    shared_session(PDL_BACKEND_UCX);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("PDL_TEST_FILTER") != NULL) /* e.g. PDL_TEST_FILTER='*ucx*' to run one backend's tests */
+        cmocka_set_test_filter(getenv("PDL_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_shm),  cmocka_unit_test(test_random_tcp),  cmocka_unit_test(test_killed_shm),
         cmocka_unit_test(test_killed_tcp),  cmocka_unit_test(test_stalled_tcp), cmocka_unit_test(test_dereg_shm),
         cmocka_unit_test(test_dereg_tcp),   cmocka_unit_test(test_malformed_tcp), cmocka_unit_test(test_pipelined_tcp),
-        cmocka_unit_test(test_shared_session_tcp),
+        cmocka_unit_test(test_shared_session_tcp), cmocka_unit_test(test_random_ucx_tcp),
+        cmocka_unit_test(test_random_ucx_sm), cmocka_unit_test(test_killed_ucx), cmocka_unit_test(test_stalled_ucx),
+        cmocka_unit_test(test_dereg_ucx), cmocka_unit_test(test_pipelined_ucx), cmocka_unit_test(test_shared_session_ucx),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,6 +88,75 @@ static void test_mem_roundtrip(void **state)
     pdl_engine_destroy(e);
 }
 
+/* ucx: the worker address, the live table's address and rkey, and each region's rkey travel in the
+ * descriptors and come back byte for byte; device memory is refused where UCX has no support for it. */
+static void test_ucx_descriptors(void **state)
+{
+    (void)state;
+    pdl_engine_t *e = mk("producer:tp2", PDL_BACKEND_UCX);
+    pdl_bytes_t b = {0};
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_pack(e, &b, &err), PDL_OK);
+    pdl_remote_t *r = malloc(sizeof(*r));
+    assert_int_equal(pdl__engine_desc_unpack(b.data, b.len, r, &err), PDL_OK);
+    assert_int_equal(r->backend, PDL_BACKEND_UCX);
+    assert_true(r->ucx_addr_len > 0 && r->ctl_rkey_len > 0 && r->ctl_addr != 0);
+    assert_int_equal(pdl_engine_port(e), 0);
+    for (size_t n = 0; n < b.len; n++)
+        assert_int_not_equal(pdl__engine_desc_unpack(b.data, n, r, &err), PDL_OK);
+    pdl_bytes_free(&b);
+    free(r);
+
+    pdl_mem_t *m = NULL;
+    assert_int_equal(pdl_engine_alloc_mem(e, 65536, &m, &err), PDL_OK);
+    const uint8_t *p = pdl_mem_ptr(m);
+    for (size_t i = 0; i < 65536; i++)
+        assert_int_equal(p[i], 0);
+    assert_int_equal(pdl_mem_pack(m, &b, &err), PDL_OK);
+    pdl_rmem_t *rm = malloc(sizeof(*rm));
+    assert_int_equal(pdl__mem_desc_unpack(b.data, b.len, rm, &err), PDL_OK);
+    assert_true(rm->rkey_len > 0);
+    assert_int_equal(rm->addr, (uint64_t)(uintptr_t)pdl_mem_ptr(m));
+    assert_true(rm->slot >= 0);
+    pdl_bytes_free(&b);
+    free(rm);
+
+    /* Host memory is always registrable; device memory only where UCX reports it (not on this VM). */
+    unsigned types = pdl_engine_mem_types(e);
+    assert_true(types & (1u << PDL_MEM_TYPE_HOST));
+    static uint8_t buf[4096];
+    pdl_mem_t *g = NULL;
+    pdl_status_t st = pdl_engine_register_mem_type(e, buf, sizeof(buf), PDL_MEM_TYPE_CUDA, &g, &err);
+    if (!(types & (1u << PDL_MEM_TYPE_CUDA)))
+        assert_int_equal(st, PDL_ERR_UNSUPPORTED);
+    else if (st == PDL_OK) /* a CUDA build of UCX: what it does with a host pointer is not this test's */
+        pdl_engine_deregister_mem(e, g);
+    assert_int_equal(pdl_engine_register_mem_type(e, buf, sizeof(buf), (pdl_mem_type_t)9, &g, &err), PDL_ERR_INVALID);
+    pdl_engine_deregister_mem(e, m);
+    pdl_engine_destroy(e);
+
+    /* shm and tcp register host memory only. */
+    pdl_engine_t *t = mk("producer:tp3", PDL_BACKEND_TCP);
+    assert_int_equal(pdl_engine_mem_types(t), 1u << PDL_MEM_TYPE_HOST);
+    assert_int_equal(pdl_engine_register_mem_type(t, buf, sizeof(buf), PDL_MEM_TYPE_ROCM, &g, &err),
+                     PDL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "only the ucx backend"));
+    pdl_engine_destroy(t);
+}
+
+/* "rdma" on this machine (no RDMA device): tcp, with a reason that says why. */
+static void test_rdma_pick(void **state)
+{
+    (void)state;
+    char why[256];
+    pdl_backend_kind_t k = pdl_backend_pick_rdma(why, sizeof(why));
+    if (k == PDL_BACKEND_UCX)
+        assert_non_null(strstr(why, "RDMA transports ("));
+    else
+        assert_non_null(strstr(why, "no RDMA transport"));
+    assert_int_equal(pdl_backend_pick_rdma(NULL, 0), k);
+}
+
 /* A descriptor from a newer pdlink: same shape, "v" = 2. */
 static void pack_engine_v(msgpack_sbuffer *sb, uint64_t v, const char *backend)
 {
@@ -303,6 +372,7 @@ static void test_config_checks(void **state)
     assert_null(e);
     assert_int_equal(pdl_backend_parse("shm"), PDL_BACKEND_SHM);
     assert_int_equal(pdl_backend_parse("tcp"), PDL_BACKEND_TCP);
+    assert_int_equal(pdl_backend_parse("ucx"), PDL_BACKEND_UCX);
     assert_int_equal(pdl_backend_parse("rdma"), -1);
     assert_string_equal(pdl_backend_name(PDL_BACKEND_TCP), "tcp");
 }
@@ -344,7 +414,8 @@ int main(void)
         cmocka_unit_test(test_engine_roundtrip),    cmocka_unit_test(test_mem_roundtrip),
         cmocka_unit_test(test_version_mismatch),    cmocka_unit_test(test_hostile_descriptors),
         cmocka_unit_test(test_config_checks),       cmocka_unit_test(test_tcp_congestion),
-        cmocka_unit_test(test_hostile_headers),
+        cmocka_unit_test(test_hostile_headers),     cmocka_unit_test(test_ucx_descriptors),
+        cmocka_unit_test(test_rdma_pick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,868 @@
+/*
+ * ucx.c -- transfer backend on UCX's UCP: one-sided ucp_get_nbx / ucp_put_nbx over whatever transport
+ * UCX selects (rc/dc/ud verbs on an RDMA NIC, its tcp, its shared-memory transports; UCX_TLS and the
+ * other UCX_* variables pass through, read by ucp_config_read).
+ *
+ * Objects: one UCP context and one worker per engine; one endpoint per remote engine, created from the
+ * worker address carried in the remote's engine descriptor (field "ucx_addr") with peer error handling,
+ * so a dead peer fails the endpoint instead of hanging it; every registration is ucp_mem_map'ed and its
+ * packed rkey travels in the memory descriptor ("rkey"); a session unpacks the remote region's rkey on
+ * the remote's endpoint once.
+ *
+ * Locking: UCP objects are used only under ux->mu (the worker is created UCS_THREAD_MODE_SERIALIZED:
+ * this lock is what serialises it). Lock order: engine->mu → ux->mu → batch->mu / session->mu; the
+ * completion callbacks run inside ucp_worker_progress, under ux->mu, and take only the latter two.
+ *
+ * Progress: a batch is posted from the posting thread (submit: every get/put of the batch, then one
+ * ucp_ep_flush_nbx whose completion is the batch's completion: one request per batch, not one per
+ * descriptor). The waiting thread progresses the worker itself for up to UCX_SPIN_NS (UCX completes
+ * shared-memory gets within that, like ucx_perftest's busy polling), then sleeps on the batch's
+ * condition variable while the engine's progress thread, asleep on the worker's event fd
+ * (UCP_FEATURE_WAKEUP), progresses it. The progress thread is also what serves peers: UCX's tcp
+ * transport has no one-sided get, and UCX emulates it with messages the owner's worker answers.
+ *
+ * Checks, on the requesting side only (UCX does the owner's side: an rkey covers its region, but UCX
+ * does not bound-check every access on every transport, and its software-emulated RMA over tcp checks
+ * nothing): every range against the size in the memory descriptor (engine.c), and the registration's
+ * liveness against the owner's live table (the same table shm maps), which the owner ucp_mem_maps and
+ * whose address and rkey are in its engine descriptor ("ctl_addr", "ctl_rkey"). Every batch reads its
+ * region's slot first and posts its gets or puts only once the slot says the region is live: a batch
+ * posted after the owner's pdl_engine_deregister_mem returned fails with NOT_FOUND and never touches
+ * the region. That costs one small get per batch, and it has to come first: over UCX's tcp the owner's
+ * worker serves a get or put at whatever address it names, so an access to a region the owner has
+ * unmapped would fault in the owner. A deregistration racing a batch already past its check is not
+ * caught (the window is one round trip); real RDMA NICs refuse that access, UCX's tcp does not.
+ *
+ * Batch states (ucx_op_t.phase):
+ *   submit posts the slot get + flush → CHECK --flush done, slot == id--> posts the gets or puts +
+ *   flush → XFER --flush done--> OK.  CHECK with slot != id → NOT_FOUND (nothing moved); a flush
+ *   failing → the endpoint's error (below) or the post error.
+ * Endpoint states (ucx_remote_t): live --(UCX error callback: peer died, connection reset, keepalive
+ * timeout)--> dead (sticky: every session to that remote breaks, PDL_ERR_PEER_GONE or, for UCX
+ * timeouts, PDL_ERR_TIMEOUT) ; live --(pdl_engine_remove_remote, a running batch freed)--> closed
+ * (force-close: requests in flight complete with UCS_ERR_CANCELED; sessions break). The endpoint is
+ * shared by every session to that remote engine, so freeing one running batch breaks all of them;
+ * remove and re-add the remote engine to get a new endpoint.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <ucp/api/ucp.h>
+
+#include "common/clock.h"
+#include "engine/backend.h"
+
+/* The waiting thread progresses the worker itself this long before handing over to the progress
+ * thread: shared-memory gets of up to a few MiB complete within it, so they cost no wake-up, while a
+ * get over UCX tcp (~1 ms here, machine.md §4d) does not burn a whole core of the two. */
+#define UCX_SPIN_NS 200000ull
+
+typedef struct ucx_engine {
+    pthread_mutex_t mu; /* every call on ctx / worker and the objects made from them */
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    void *addr; /* packed worker address (ucp_worker_get_address) */
+    size_t addr_len;
+    ucp_mem_h ctl_memh; /* the live table, readable by peers */
+    void *ctl_rkey;
+    size_t ctl_rkey_len;
+    int efd, stop_fd, epfd;
+    pthread_t thread;
+    bool thread_started;
+    _Atomic bool stopping;
+} ucx_engine_t;
+
+typedef struct ucx_mem {
+    ucp_mem_h memh;
+    void *rkey;
+    size_t rkey_len;
+} ucx_mem_t;
+
+typedef struct ucx_remote {
+    ucp_ep_h ep;          /* NULL once closed */
+    ucp_rkey_h ctl_rkey;  /* the remote's live table */
+    _Atomic int dead;     /* 0, or the pdl_status_t every session to it breaks with */
+    char dead_msg[PDL_ERR_MSG_LEN]; /* written once, before dead is set */
+    char key[PDL_KEY_MAX];
+    const char *local_key;
+} ucx_remote_t;
+
+typedef struct ucx_session {
+    ucp_rkey_h rkey;
+} ucx_session_t;
+
+enum { PHASE_CHECK = 1, PHASE_XFER = 2 };
+
+typedef struct ucx_op { /* b->priv: one per batch (plan() returns 1) */
+    pdl_batch_t *b;
+    int phase;
+    uint64_t slot;       /* the owner's live-table slot, read by ucp_get */
+    pdl_status_t post_st; /* first error posting an operation */
+    pdl_error_t post_err;
+} ucx_op_t;
+
+/* ---------------------------------------------------------------- status mapping */
+
+/* A UCX failure as a pdlink status: endpoint errors mean the peer is gone, UCX timeouts are timeouts,
+ * a cancellation is our own force-close (a freed batch, a removed remote). */
+static pdl_status_t map_status(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_ENDPOINT_TIMEOUT: /* keepalive found the peer dead */
+        return PDL_ERR_PEER_GONE;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_EXCEEDS_LIMIT:
+        return PDL_ERR_TIMEOUT;
+    case UCS_ERR_CANCELED:
+        return PDL_ERR_BAD_STATE;
+    case UCS_ERR_NO_MEMORY:
+        return PDL_ERR_NOMEM;
+    default:
+        return PDL_ERR_TRANSPORT;
+    }
+}
+
+/* ---------------------------------------------------------------- progress thread */
+
+static void *progress_main(void *arg)
+{
+    pdl_engine_t *e = arg;
+    ucx_engine_t *ux = e->bk;
+    while (!atomic_load(&ux->stopping)) {
+        /* One progress call per lock hold, so posting threads are not starved while peers are served. */
+        unsigned n;
+        do {
+            pthread_mutex_lock(&ux->mu);
+            n = ucp_worker_progress(ux->worker);
+            pthread_mutex_unlock(&ux->mu);
+        } while (n > 0 && !atomic_load(&ux->stopping));
+        pthread_mutex_lock(&ux->mu);
+        ucs_status_t st = ucp_worker_arm(ux->worker);
+        pthread_mutex_unlock(&ux->mu);
+        if (st == UCS_ERR_BUSY) /* events arrived meanwhile: progress again */
+            continue;
+        struct epoll_event ev[2];
+        /* The timeout only bounds a wake-up UCX might not signal (none seen); events wake it at once. */
+        int r = epoll_wait(ux->epfd, ev, 2, 100);
+        if (r < 0 && errno != EINTR) {
+            pdl_error("engine %s: ucx progress thread: epoll_wait: %s", e->key, strerror(errno));
+            usleep(1000);
+        }
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- engine */
+
+/*
+ * Endpoints ask for peer-failure handling (a dead peer fails them instead of hanging them). UCX 1.13's
+ * posix and sysv transports offer it only when UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING say
+ * so (keepalive), and without it UCX leaves them out of such endpoints: two engines on one host then
+ * fall back to UCX's tcp (~1 GB/s here instead of memory bandwidth). These are transport settings that
+ * ucp_config_modify does not reach ("invalid configurations"), so they are defaulted in the
+ * environment, once, before the first ucp_config_read, and never over a value the user set.
+ */
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+
+static void env_defaults(void)
+{
+    /* With a UCX_TLS that leaves posix and sysv out, UCX warns once that these went unused. */
+    setenv("UCX_POSIX_ERROR_HANDLING", "y", 0);
+    setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
+}
+
+static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur);
+static void ucx_mem_fini(pdl_engine_t *e, pdl_mem_t *m);
+
+static void engine_release(pdl_engine_t *e)
+{
+    ucx_engine_t *ux = e->bk;
+    if (ux->ctl_rkey)
+        ucp_rkey_buffer_release(ux->ctl_rkey);
+    if (ux->ctl_memh) {
+        ucp_mem_unmap(ux->ctx, ux->ctl_memh);
+        e->ctl = NULL; /* UCX's memory: engine.c must not munmap it */
+    }
+    if (ux->addr)
+        ucp_worker_release_address(ux->worker, ux->addr);
+    if (ux->worker)
+        ucp_worker_destroy(ux->worker);
+    if (ux->ctx)
+        ucp_cleanup(ux->ctx);
+    if (ux->epfd >= 0)
+        close(ux->epfd);
+    if (ux->stop_fd >= 0)
+        close(ux->stop_fd);
+    pthread_mutex_destroy(&ux->mu);
+    free(ux);
+    e->bk = NULL;
+}
+
+static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
+{
+    ucx_engine_t *ux = calloc(1, sizeof(*ux));
+    if (ux == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    ux->efd = ux->stop_fd = ux->epfd = -1;
+    pthread_mutex_init(&ux->mu, NULL);
+    e->bk = ux;
+
+    pdl_status_t st;
+    pthread_once(&env_once, env_defaults);
+    ucp_config_t *cfg = NULL;
+    ucs_status_t us = ucp_config_read(NULL, NULL, &cfg); /* UCX_* environment variables pass through */
+    if (us != UCS_OK) {
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_config_read: %s (check the UCX_* variables)",
+                           e->key, ucs_status_string(us));
+        goto fail;
+    }
+    ucp_params_t params = {
+        .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+        .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .mt_workers_shared = 0,
+    };
+    us = ucp_init(&params, cfg, &ux->ctx);
+    ucp_config_release(cfg);
+    if (us != UCS_OK) {
+        ux->ctx = NULL;
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_init: %s (UCX_TLS=%s)", e->key,
+                           ucs_status_string(us), getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
+        goto fail;
+    }
+    ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
+    if (ucp_context_query(ux->ctx, &ca) == UCS_OK) {
+        if (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA))
+            e->mem_types |= 1u << PDL_MEM_TYPE_CUDA;
+        if (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_ROCM))
+            e->mem_types |= 1u << PDL_MEM_TYPE_ROCM;
+    }
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SERIALIZED};
+    us = ucp_worker_create(ux->ctx, &wp, &ux->worker);
+    if (us != UCS_OK) {
+        ux->worker = NULL;
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_create: %s", e->key, ucs_status_string(us));
+        goto fail;
+    }
+    ucp_address_t *addr = NULL;
+    us = ucp_worker_get_address(ux->worker, &addr, &ux->addr_len);
+    if (us != UCS_OK) {
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_address: %s", e->key,
+                           ucs_status_string(us));
+        goto fail;
+    }
+    ux->addr = addr;
+    if (ux->addr_len > PDL_UCX_ADDR_MAX) {
+        st = pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                           "engine %s: the UCX worker address is %zu bytes, more than the %d a descriptor carries; "
+                           "narrow UCX_TLS or UCX_NET_DEVICES",
+                           e->key, ux->addr_len, PDL_UCX_ADDR_MAX);
+        goto fail;
+    }
+    /* The live table peers check before every batch. UCX allocates it (PDL_BACKEND_CAP_ALLOC: see
+     * ucx_mem_init) so that a peer on this host reads a slot with a plain load from the mapped segment
+     * instead of a message round trip through this engine's progress thread (~20 us per batch). */
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
+                               .length = PDL_SHM_SLOTS * sizeof(uint64_t),
+                               .flags = UCP_MEM_MAP_ALLOCATE};
+    us = ucp_mem_map(ux->ctx, &mp, &ux->ctl_memh);
+    if (us == UCS_OK) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
+        us = ucp_mem_query(ux->ctl_memh, &ma);
+        if (us == UCS_OK) {
+            e->ctl = ma.address;
+            memset(ma.address, 0, PDL_SHM_SLOTS * sizeof(uint64_t));
+        }
+    }
+    if (us == UCS_OK)
+        us = ucp_rkey_pack(ux->ctx, ux->ctl_memh, &ux->ctl_rkey, &ux->ctl_rkey_len);
+    if (us != UCS_OK || ux->ctl_rkey_len > PDL_UCX_RKEY_MAX) {
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: registering the live table with UCX: %s", e->key,
+                           us != UCS_OK ? ucs_status_string(us) : "packed rkey too large");
+        goto fail;
+    }
+    us = ucp_worker_get_efd(ux->worker, &ux->efd);
+    if (us != UCS_OK) {
+        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_efd: %s", e->key, ucs_status_string(us));
+        goto fail;
+    }
+    ux->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    ux->epfd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN};
+    if (ux->stop_fd < 0 || ux->epfd < 0 || epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->efd, &ev) != 0 ||
+        epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->stop_fd, &ev) != 0) {
+        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: eventfd/epoll for the ucx progress thread: %s", e->key,
+                           strerror(errno));
+        goto fail;
+    }
+    int rc = pthread_create(&ux->thread, NULL, progress_main, e);
+    if (rc != 0) {
+        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create (ucx progress): %s", e->key, strerror(rc));
+        goto fail;
+    }
+    ux->thread_started = true;
+    e->port = 0;
+    return PDL_OK;
+fail:
+    engine_release(e);
+    return st;
+}
+
+static void ucx_engine_fini(pdl_engine_t *e)
+{
+    ucx_engine_t *ux = e->bk;
+    if (ux == NULL)
+        return;
+    if (ux->thread_started) {
+        atomic_store(&ux->stopping, true);
+        uint64_t one = 1;
+        if (write(ux->stop_fd, &one, sizeof(one)) != sizeof(one))
+            pdl_warn("engine %s: waking the ucx progress thread: %s", e->key, strerror(errno));
+        pthread_join(ux->thread, NULL);
+    }
+    /* engine.c frees the remotes and registrations after this; their UCX objects must go before the
+     * worker and the context do, so release them here and leave engine.c the plain memory. */
+    pthread_mutex_lock(&e->mu);
+    for (pdl_remote_t *r = e->remotes; r; r = r->next) {
+        ucx_remote_t *ur = r->bk;
+        if (ur == NULL)
+            continue;
+        pthread_mutex_lock(&ux->mu);
+        remote_close_locked(ux, ur);
+        pthread_mutex_unlock(&ux->mu);
+        free(ur);
+        r->bk = NULL;
+    }
+    for (size_t i = 0; i < e->nmems; i++)
+        ucx_mem_fini(e, e->mems[i]);
+    pthread_mutex_unlock(&e->mu);
+    engine_release(e);
+}
+
+static void ucx_engine_desc_fill(const pdl_engine_t *e, pdl_remote_t *r)
+{
+    const ucx_engine_t *ux = e->bk;
+    memcpy(r->ucx_addr, ux->addr, ux->addr_len);
+    r->ucx_addr_len = (uint32_t)ux->addr_len;
+    memcpy(r->ctl_rkey, ux->ctl_rkey, ux->ctl_rkey_len);
+    r->ctl_rkey_len = (uint32_t)ux->ctl_rkey_len;
+    r->ctl_addr = (uint64_t)(uintptr_t)e->ctl;
+}
+
+/* ---------------------------------------------------------------- registrations */
+
+static ucs_memory_type_t ucs_type(pdl_mem_type_t t)
+{
+    return t == PDL_MEM_TYPE_CUDA ? UCS_MEMORY_TYPE_CUDA
+           : t == PDL_MEM_TYPE_ROCM ? UCS_MEMORY_TYPE_ROCM
+                                    : UCS_MEMORY_TYPE_HOST;
+}
+
+static pdl_status_t ucx_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err)
+{
+    ucx_engine_t *ux = e->bk;
+    ucx_mem_t *um = calloc(1, sizeof(*um));
+    if (um == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE,
+        .address = m->ptr,
+        .length = m->size,
+        .memory_type = ucs_type(m->type),
+    };
+    /* pdl_engine_alloc_mem: UCX allocates. Its posix/sysv transports can then map the region in a peer
+     * on this host and copy with memcpy; memory UCX did not allocate they cannot map, and UCX serves
+     * gets of it with messages the owner's worker answers (~0.3-1 GB/s here instead of ~15). */
+    if (m->kind == PDL_MEM_BACKEND) {
+        mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+        mp.flags = UCP_MEM_MAP_ALLOCATE;
+    }
+    pthread_mutex_lock(&ux->mu);
+    ucs_status_t us = ucp_mem_map(ux->ctx, &mp, &um->memh);
+    if (us == UCS_OK && m->kind == PDL_MEM_BACKEND) {
+        ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
+        us = ucp_mem_query(um->memh, &ma);
+        if (us == UCS_OK && ma.length < m->size)
+            us = UCS_ERR_NO_MEMORY;
+        if (us == UCS_OK)
+            m->ptr = ma.address;
+        else
+            ucp_mem_unmap(ux->ctx, um->memh);
+    }
+    if (us == UCS_OK) {
+        us = ucp_rkey_pack(ux->ctx, um->memh, &um->rkey, &um->rkey_len);
+        if (us != UCS_OK)
+            ucp_mem_unmap(ux->ctx, um->memh);
+    }
+    if (us == UCS_OK && um->rkey_len > PDL_UCX_RKEY_MAX) {
+        ucp_rkey_buffer_release(um->rkey);
+        ucp_mem_unmap(ux->ctx, um->memh);
+        us = UCS_ERR_EXCEEDS_LIMIT;
+    }
+    pthread_mutex_unlock(&ux->mu);
+    if (us != UCS_OK) {
+        free(um);
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_mem_map/ucp_rkey_pack of %zu bytes at %p: %s",
+                             e->key, m->size, m->ptr, ucs_status_string(us));
+    }
+    m->bk = um;
+    return PDL_OK;
+}
+
+static void ucx_mem_fini(pdl_engine_t *e, pdl_mem_t *m)
+{
+    ucx_engine_t *ux = e->bk;
+    ucx_mem_t *um = m->bk;
+    if (um == NULL || ux == NULL)
+        return;
+    pthread_mutex_lock(&ux->mu);
+    ucp_rkey_buffer_release(um->rkey);
+    ucs_status_t us = ucp_mem_unmap(ux->ctx, um->memh);
+    pthread_mutex_unlock(&ux->mu);
+    if (us != UCS_OK)
+        pdl_warn("engine %s: ucp_mem_unmap of region %" PRIu64 ": %s", e->key, m->id, ucs_status_string(us));
+    free(um);
+    m->bk = NULL;
+}
+
+static void ucx_mem_desc_fill(const pdl_mem_t *m, pdl_rmem_t *rm)
+{
+    const ucx_mem_t *um = m->bk;
+    memcpy(rm->rkey, um->rkey, um->rkey_len);
+    rm->rkey_len = (uint32_t)um->rkey_len;
+}
+
+/* ---------------------------------------------------------------- remote engines */
+
+static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    ucx_remote_t *ur = arg;
+    if (atomic_load(&ur->dead) != 0)
+        return;
+    pdl_status_t st = map_status(status);
+    snprintf(ur->dead_msg, sizeof(ur->dead_msg), "%sengine %.120s: ucx endpoint to engine %.120s failed: %s",
+             st == PDL_ERR_PEER_GONE ? "peer gone: " : "", ur->local_key, ur->key, ucs_status_string(status));
+    atomic_store(&ur->dead, (int)st);
+    pdl_debug("%s", ur->dead_msg);
+}
+
+/* Force-close: requests in flight complete (UCS_ERR_CANCELED) inside this call. ux->mu held. */
+static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur)
+{
+    if (ur->ctl_rkey) {
+        ucp_rkey_destroy(ur->ctl_rkey);
+        ur->ctl_rkey = NULL;
+    }
+    if (ur->ep == NULL)
+        return;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    void *req = ucp_ep_close_nbx(ur->ep, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+        while (ucp_request_check_status(req) == UCS_INPROGRESS)
+            ucp_worker_progress(ux->worker);
+        ucp_request_free(req);
+    }
+    ur->ep = NULL;
+}
+
+static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
+{
+    ucx_engine_t *ux = e->bk;
+    if (r->ucx_addr_len == 0 || r->ctl_rkey_len == 0)
+        return pdl_error_set(err, PDL_ERR_PARSE, "engine %s: remote engine %s has no ucx worker address", e->key,
+                             r->key);
+    ucx_remote_t *ur = calloc(1, sizeof(*ur));
+    if (ur == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    snprintf(ur->key, sizeof(ur->key), "%s", r->key);
+    ur->local_key = e->key;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)r->ucx_addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ep_err_cb, .arg = ur},
+    };
+    pthread_mutex_lock(&ux->mu);
+    ucs_status_t us = ucp_ep_create(ux->worker, &ep, &ur->ep);
+    if (us == UCS_ERR_UNREACHABLE) {
+        /* No transport to this peer handles peer failure (e.g. UCX_TLS=sm with
+         * UCX_POSIX_ERROR_HANDLING=n). Without it a dead peer is not reported (a get from it may hang
+         * or fail the process); say so once per remote, and go on. */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(ux->worker, &ep, &ur->ep);
+        if (us == UCS_OK)
+            pdl_warn("engine %s: no UCX transport to engine %s handles peer failure (UCX_TLS=%s): a dead peer will "
+                     "not be reported as gone; include tcp in UCX_TLS for that",
+                     e->key, r->key, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
+    }
+    if (us == UCS_OK) {
+        us = ucp_ep_rkey_unpack(ur->ep, r->ctl_rkey, &ur->ctl_rkey);
+        if (us != UCS_OK) {
+            ur->ctl_rkey = NULL;
+            remote_close_locked(ux, ur);
+        }
+    } else {
+        ur->ep = NULL;
+    }
+    pthread_mutex_unlock(&ux->mu);
+    if (us != UCS_OK) {
+        free(ur);
+        return pdl_error_set(err, us == UCS_ERR_UNREACHABLE ? PDL_ERR_UNSUPPORTED : PDL_ERR_TRANSPORT,
+                             "engine %s: ucx endpoint to engine %s: %s%s", e->key, r->key, ucs_status_string(us),
+                             us == UCS_ERR_UNREACHABLE ? " (no common UCX transport: compare UCX_TLS on both sides)"
+                                                       : "");
+    }
+    r->bk = ur;
+    return PDL_OK;
+}
+
+static void ucx_remote_free(pdl_engine_t *e, pdl_remote_t *r)
+{
+    ucx_engine_t *ux = e->bk;
+    ucx_remote_t *ur = r->bk;
+    if (ur == NULL)
+        return;
+    pthread_mutex_lock(&ux->mu);
+    remote_close_locked(ux, ur);
+    pthread_mutex_unlock(&ux->mu);
+    free(ur);
+    r->bk = NULL;
+}
+
+/* ---------------------------------------------------------------- sessions */
+
+static pdl_status_t ucx_session_check(pdl_session_t *s, pdl_error_t *err)
+{
+    ucx_remote_t *ur = s->remote->bk;
+    if (s->remote->removed)
+        return pdl_error_set(err, PDL_ERR_PEER_GONE, "peer gone: engine %s: remote engine %s was removed",
+                             s->engine->key, s->rmem.engine_key);
+    int dead = atomic_load(&ur->dead);
+    if (dead != 0) {
+        pdl__session_break(s, (pdl_status_t)dead, ur->dead_msg);
+        return pdl_error_set(err, (pdl_status_t)dead, "%s", ur->dead_msg);
+    }
+    return PDL_OK;
+}
+
+static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
+{
+    pdl_engine_t *e = s->engine;
+    ucx_engine_t *ux = e->bk;
+    ucx_remote_t *ur = s->remote->bk;
+    if (s->rmem.rkey_len == 0 || s->rmem.addr == 0)
+        return pdl_error_set(err, PDL_ERR_PARSE, "engine %s: region %" PRIu64 " of engine %s has no ucx rkey or address",
+                             e->key, s->rmem.id, s->rmem.engine_key);
+    if (s->rmem.slot < 0 || s->rmem.slot >= PDL_SHM_SLOTS)
+        return pdl_error_set(err, PDL_ERR_PARSE, "engine %s: region %" PRIu64 " of engine %s: live-table slot %" PRId64
+                             " out of range",
+                             e->key, s->rmem.id, s->rmem.engine_key, s->rmem.slot);
+    pdl_status_t st = ucx_session_check(s, err);
+    if (st != PDL_OK)
+        return st;
+    ucx_session_t *us = calloc(1, sizeof(*us));
+    if (us == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    pthread_mutex_lock(&ux->mu);
+    ucs_status_t u = ur->ep ? ucp_ep_rkey_unpack(ur->ep, s->rmem.rkey, &us->rkey) : UCS_ERR_NOT_CONNECTED;
+    pthread_mutex_unlock(&ux->mu);
+    if (u != UCS_OK) {
+        free(us);
+        return pdl_error_set(err, u == UCS_ERR_NOT_CONNECTED ? PDL_ERR_PEER_GONE : PDL_ERR_PARSE,
+                             "engine %s: rkey of region %" PRIu64 " of engine %s: %s", e->key, s->rmem.id,
+                             s->rmem.engine_key, ucs_status_string(u));
+    }
+    s->bk = us;
+    return PDL_OK;
+}
+
+static void ucx_session_close(pdl_session_t *s)
+{
+    ucx_session_t *us = s->bk;
+    if (us == NULL)
+        return;
+    ucx_engine_t *ux = s->engine->bk;
+    pthread_mutex_lock(&ux->mu);
+    ucp_rkey_destroy(us->rkey);
+    pthread_mutex_unlock(&ux->mu);
+    free(us);
+    s->bk = NULL;
+}
+
+/* The endpoint is the only handle on requests in flight: closing it is how they are abandoned. */
+static void ucx_session_kill(pdl_session_t *s)
+{
+    ucx_engine_t *ux = s->engine->bk;
+    ucx_remote_t *ur = s->remote->bk;
+    pthread_mutex_lock(&ux->mu);
+    if (atomic_load(&ur->dead) == 0) {
+        snprintf(ur->dead_msg, sizeof(ur->dead_msg),
+                 "engine %.100s: ucx endpoint to engine %.100s was closed (remote removed or a running batch freed)",
+                 s->engine->key, ur->key);
+        atomic_store(&ur->dead, (int)PDL_ERR_BAD_STATE);
+    }
+    remote_close_locked(ux, ur);
+    pthread_mutex_unlock(&ux->mu);
+}
+
+/* UCX stripes and pipelines a batch over its lanes itself: one chunk, one flush. */
+static int ucx_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
+{
+    (void)s;
+    (void)op;
+    (void)bytes;
+    (void)n;
+    return 1;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+static void op_flushed(ucx_op_t *op, ucs_status_t status);
+
+static void flush_cb(void *req, ucs_status_t status, void *user)
+{
+    ucp_request_free(req);
+    op_flushed(user, status);
+}
+
+/* Post a flush of the endpoint: it completes once every operation posted before it has (remotely)
+ * completed, or failed. ux->mu held. */
+static void post_flush(ucx_remote_t *ur, ucx_op_t *op)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+                             .cb.send = flush_cb,
+                             .user_data = op};
+    void *req = ucp_ep_flush_nbx(ur->ep, &p);
+    if (req == NULL)
+        op_flushed(op, UCS_OK);
+    else if (UCS_PTR_IS_ERR(req))
+        op_flushed(op, UCS_PTR_STATUS(req));
+}
+
+/* Remember the first error posting an operation; the batch reports it once the flush is done. */
+static void post_failed(ucx_op_t *op, ucs_status_t us, const char *what)
+{
+    if (op->post_st != PDL_OK)
+        return;
+    pdl_session_t *s = op->b->session;
+    op->post_st = pdl_error_set(&op->post_err, map_status(us), "%sengine %s: ucp_%s to engine %s region %" PRIu64 ": %s",
+                                map_status(us) == PDL_ERR_PEER_GONE ? "peer gone: " : "", s->engine->key, what,
+                                s->rmem.engine_key, s->rmem.id, ucs_status_string(us));
+}
+
+static void post_one(ucx_remote_t *ur, ucx_op_t *op, bool get, void *local, size_t len, uint64_t raddr,
+                     ucp_rkey_h rkey)
+{
+    /* No callback: the request is released as soon as it completes, and the flush reports the result. */
+    ucp_request_param_t p = {.op_attr_mask = 0};
+    void *req = get ? ucp_get_nbx(ur->ep, local, len, raddr, rkey, &p) : ucp_put_nbx(ur->ep, local, len, raddr, rkey, &p);
+    if (UCS_PTR_IS_ERR(req))
+        post_failed(op, UCS_PTR_STATUS(req), get ? "get_nbx" : "put_nbx");
+    else if (req != NULL)
+        ucp_request_free(req);
+}
+
+static void post_slot_get(pdl_session_t *s, ucx_remote_t *ur, ucx_op_t *op)
+{
+    post_one(ur, op, true, &op->slot, sizeof(op->slot), s->remote->ctl_addr + (uint64_t)s->rmem.slot * sizeof(uint64_t),
+             ur->ctl_rkey);
+}
+
+static void post_data(pdl_session_t *s, ucx_remote_t *ur, ucx_op_t *op)
+{
+    pdl_batch_t *b = op->b;
+    ucx_session_t *us = s->bk;
+    uint8_t *local = s->local->ptr;
+    for (size_t i = 0; i < b->n; i++)
+        post_one(ur, op, b->op == PDL_OP_READ, local + b->d[i].local_off, b->d[i].len, s->rmem.addr + b->d[i].remote_off,
+                 us->rkey);
+}
+
+/* ux->mu held (a flush callback, or the posting thread). The batch may be freed by its waiter as soon
+ * as pdl__batch_chunk_done returns, so nothing touches `op` after it. */
+static void op_flushed(ucx_op_t *op, ucs_status_t status)
+{
+    pdl_batch_t *b = op->b;
+    pdl_session_t *s = b->session;
+    ucx_remote_t *ur = s->remote->bk;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st = PDL_OK;
+    if (op->post_st != PDL_OK) {
+        st = op->post_st;
+        err = op->post_err;
+    } else if (status != UCS_OK) {
+        int dead = atomic_load(&ur->dead);
+        if (dead != 0) /* the endpoint's own error says more than the request's */
+            st = pdl_error_set(&err, (pdl_status_t)dead, "%s", ur->dead_msg);
+        else
+            st = pdl_error_set(&err, map_status(status), "%sengine %s: %s batch to engine %s region %" PRIu64 ": %s",
+                               map_status(status) == PDL_ERR_PEER_GONE ? "peer gone: " : "", s->engine->key,
+                               b->op == PDL_OP_READ ? "read" : "write", s->rmem.engine_key, s->rmem.id,
+                               ucs_status_string(status));
+    } else if (op->phase == PHASE_CHECK && op->slot != s->rmem.id) {
+        st = pdl_error_set(&err, PDL_ERR_NOT_FOUND,
+                           "engine %s: region %" PRIu64 " of engine %s is not registered any more", s->engine->key,
+                           s->rmem.id, s->rmem.engine_key);
+    } else if (op->phase == PHASE_CHECK) {
+        /* The region is live: now the data. */
+        op->phase = PHASE_XFER;
+        post_data(s, ur, op);
+        post_flush(ur, op);
+        return;
+    }
+    if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
+        pdl__session_break(s, st, err.msg);
+    pdl__batch_chunk_done(b, st, &err);
+}
+
+static void ucx_submit(pdl_session_t *s, pdl_batch_t *b)
+{
+    ucx_engine_t *ux = s->engine->bk;
+    ucx_remote_t *ur = s->remote->bk;
+    ucx_op_t *op = b->priv;
+    *op = (ucx_op_t){.b = b, .phase = PHASE_CHECK, .post_st = PDL_OK};
+    pthread_mutex_lock(&ux->mu);
+    if (ur->ep == NULL) { /* closed since session_check; ucx_session_kill set dead first */
+        pdl_error_t err;
+        pdl_status_t st = pdl_error_set(&err, (pdl_status_t)atomic_load(&ur->dead), "%s", ur->dead_msg);
+        pthread_mutex_unlock(&ux->mu);
+        pdl__batch_chunk_done(b, st, &err);
+        return;
+    }
+    post_slot_get(s, ur, op);
+    post_flush(ur, op);
+    pthread_mutex_unlock(&ux->mu);
+}
+
+static bool batch_done(pdl_batch_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    bool done = b->done;
+    pthread_mutex_unlock(&b->mu);
+    return done;
+}
+
+static void ucx_progress(pdl_batch_t *b, uint64_t deadline)
+{
+    ucx_engine_t *ux = b->session->engine->bk;
+    uint64_t until = pdl__clock_now_ns() + UCX_SPIN_NS;
+    if (deadline < until)
+        until = deadline;
+    for (;;) {
+        pthread_mutex_lock(&ux->mu);
+        unsigned n = ucp_worker_progress(ux->worker);
+        pthread_mutex_unlock(&ux->mu);
+        if (batch_done(b) || pdl__clock_now_ns() >= until)
+            return;
+        if (n == 0)
+            sched_yield(); /* two vCPUs: let the owner (or our progress thread) run */
+    }
+}
+
+static void ucx_drive_chunk(pdl_batch_t *b, int idx)
+{
+    (void)b;
+    (void)idx; /* never handed to the pool: plan() returns one chunk and submit never calls the pool */
+}
+
+static pdl_status_t ucx_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+{
+    (void)s;
+    (void)b;
+    (void)idx;
+    return pdl_error_set(err, PDL_ERR_BAD_STATE, "ucx: run_chunk is not used (batches are driven by submit)");
+}
+
+/* ---------------------------------------------------------------- selection of "rdma" */
+
+pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap)
+{
+    char dummy[8];
+    if (why == NULL || why_cap == 0) {
+        why = dummy;
+        why_cap = sizeof(dummy);
+    }
+    /* UCX's own resource list, with UCX_TLS / UCX_NET_DEVICES applied: what a ucx engine would use. */
+    ucp_config_t *cfg = NULL;
+    ucp_context_h ctx = NULL;
+    ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES, .features = UCP_FEATURE_RMA};
+    ucs_status_t us = ucp_config_read(NULL, NULL, &cfg);
+    if (us == UCS_OK) {
+        us = ucp_init(&params, cfg, &ctx);
+        ucp_config_release(cfg);
+    }
+    if (us != UCS_OK) {
+        snprintf(why, why_cap, "UCX could not be initialised (%s): using pdlink's tcp engine", ucs_status_string(us));
+        return PDL_BACKEND_TCP;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f != NULL) {
+        ucp_context_print_info(ctx, f);
+        fclose(f);
+    }
+    ucp_cleanup(ctx);
+    /* Resource lines end in "<transport>/<device>"; the verbs transports are rc_verbs, rc_mlx5,
+     * dc_mlx5, ud_verbs and ud_mlx5. */
+    char found[128] = "", *save = NULL;
+    for (char *line = text ? strtok_r(text, "\n", &save) : NULL; line; line = strtok_r(NULL, "\n", &save)) {
+        char *t = strstr(line, "-- ");
+        if (t == NULL)
+            continue;
+        t += 3;
+        if ((strncmp(t, "rc_", 3) == 0 || strncmp(t, "dc_", 3) == 0 || strncmp(t, "ud_", 3) == 0) &&
+            strlen(found) + strlen(t) + 2 < sizeof(found)) {
+            if (found[0])
+                strcat(found, " ");
+            strcat(found, t);
+        }
+    }
+    free(text);
+    if (found[0]) {
+        snprintf(why, why_cap, "UCX offers RDMA transports (%s): using the ucx backend", found);
+        return PDL_BACKEND_UCX;
+    }
+    snprintf(why, why_cap, "UCX offers no RDMA transport (rc, dc or ud verbs) here: using pdlink's tcp engine");
+    return PDL_BACKEND_TCP;
+}
+
+const pdl_backend_ops_t pdl__ucx_ops = {
+    .name = "ucx",
+    .caps = PDL_BACKEND_CAP_ABORT_BREAKS | PDL_BACKEND_CAP_LIVE_TABLE | PDL_BACKEND_CAP_ALLOC,
+    .engine_init = ucx_engine_init,
+    .engine_fini = ucx_engine_fini,
+    .remote_add = ucx_remote_add,
+    .remote_free = ucx_remote_free,
+    .mem_kick = pdl__backend_nop_mem_kick,
+    .mem_init = ucx_mem_init,
+    .mem_fini = ucx_mem_fini,
+    .engine_desc_fill = ucx_engine_desc_fill,
+    .mem_desc_fill = ucx_mem_desc_fill,
+    .session_open = ucx_session_open,
+    .session_close = ucx_session_close,
+    .session_kill = ucx_session_kill,
+    .session_check = ucx_session_check,
+    .plan = ucx_plan,
+    .run_chunk = ucx_run_chunk,
+    .chunk_priv = sizeof(ucx_op_t),
+    .submit = ucx_submit,
+    .progress = ucx_progress,
+    .drive_chunk = ucx_drive_chunk,
+};
