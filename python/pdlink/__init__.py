@@ -62,7 +62,7 @@ class TimeoutError_(PdlinkError, TimeoutError):
 
 
 def _raise(st: int, err: Any) -> None:
-    msg = ffi.string(err.msg).decode(errors="replace") or ffi.string(lib.pdl_status_str(st)).decode()
+    msg = ffi.string(err.msg).decode(errors="replace") or ffi.string(lib.pdl_status_string(st)).decode()
     cls = {lib.PDL_ERR_INVALID: InvalidError, lib.PDL_ERR_PARSE: InvalidError,
            lib.PDL_ERR_TIMEOUT: TimeoutError_}.get(st, PdlinkError)
     raise cls(st, msg)
@@ -163,7 +163,7 @@ def _buffer_of(obj: Any, rank: int) -> Any:
         return ffi.cast("char *", obj.data_ptr()), nbytes
     try:
         buf = ffi.from_buffer("char[]", obj, require_writable=True)
-    except (TypeError, BufferError) as e:
+    except (TypeError, BufferError, ValueError) as e:
         raise InvalidError(lib.PDL_ERR_INVALID,
                            f"kv_buffers[{rank}]: needs a writable C-contiguous buffer ({e})") from None
     return buf, len(buf)

@@ -28,7 +28,7 @@ typedef enum pdl_status { PDL_OK = 0, PDL_INPROGRESS = 1, PDL_ERR_INVALID = -1, 
     PDL_ERR_SYSTEM = -11 } pdl_status_t;
 typedef struct pdl_error { pdl_status_t status; char msg[...]; ...; } pdl_error_t;
 const char *pdl_status_name(pdl_status_t st);
-const char *pdl_status_str(pdl_status_t st);
+const char *pdl_status_string(pdl_status_t st);
 int pdl_log_level_parse(const char *s);
 
 typedef enum { PDL_ROLE_PRODUCER = 1, PDL_ROLE_CONSUMER = 2 } pdl_role_t;
@@ -52,7 +52,7 @@ typedef struct pdl_instance_config {
     void *const *kv_regions; const size_t *kv_region_lens; ...;
 } pdl_instance_config_t;
 typedef struct pdl_kv_geometry {
-    uint32_t num_blocks; uint32_t block_size; uint32_t num_heads; uint32_t head_dim; uint32_t elem_size;
+    uint64_t num_blocks; uint32_t block_size; uint32_t num_heads; uint32_t head_dim; uint32_t elem_size;
     bool kv_separate; bool is_mla; pdl_kv_order_t order; ...;
 } pdl_kv_geometry_t;
 uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g);
@@ -233,7 +233,7 @@ def _builder() -> FFI:
     ffi.set_source(
         "pdlink._pdlink", SOURCE,
         include_dirs=[str(REPO / "include")],
-        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function"] + _pkg_config("--cflags"),
+        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"] + _pkg_config("--cflags"),
         extra_objects=[str(BUILD / f"libpdl_{layer}.a") for layer in LAYERS],
         libraries=[a[2:] for a in libs if a.startswith("-l")] + ["pthread", "m"],
         library_dirs=[a[2:] for a in libs if a.startswith("-L")],

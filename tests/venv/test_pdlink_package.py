@@ -108,6 +108,34 @@ def rank_heads(inst: pdlink.Instance, tp: int, heads: int, r: int) -> np.ndarray
     return np.arange(first, first + n)
 
 
+def reporting(fn: Any) -> Any:
+    """Run a child's body; an exception goes to the parent as ("error", traceback) instead of a hang."""
+    def run(q_out: Any, *args: Any) -> None:
+        try:
+            fn(q_out, *args)
+        except BaseException:
+            import traceback
+            q_out.put(("error", traceback.format_exc()))
+            raise
+    run.__name__ = fn.__name__
+    return run
+
+
+def get(q: Any, procs: List[Any], what: str) -> Any:
+    """The next message on q; fails at once with the child's traceback, or when a child died."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            msg = q.get(timeout=0.2)
+        except Exception:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"waiting for {what}: a child exited with {dead}"
+            assert time.monotonic() < deadline, f"waiting for {what}: nothing after {WAIT_S} s"
+            continue
+        assert msg[0] != "error", f"{what}: child failed:\n{msg[1]}"
+        return msg
+
+
 def producer(q_out: Any, q_in: Any, tp: int, heads: int, seeds: List[int]) -> None:
     inst, arrays = make_instance("kv_producer", tp, heads)
     try:
@@ -139,8 +167,9 @@ def consumer(q_out: Any, q_in: Any, tp: int, heads: int, nxfer: int) -> None:
         touched: List[int] = []
         for _ in range(nxfer):
             seed, params = q_in.get(timeout=WAIT_S)
-            inst.alloc_blocks(1 + seed % 2)  # different block ids than the producer's
+            skip = inst.alloc_blocks(1 + seed % 2)  # so the block ids differ from the producer's
             ids = inst.alloc_blocks(NBLK)
+            inst.free_blocks(skip)
             touched += ids
             with inst.pull(params, ids) as pull:
                 assert pull.wait(WAIT_S) is True
@@ -163,6 +192,14 @@ def consumer(q_out: Any, q_in: Any, tp: int, heads: int, nxfer: int) -> None:
         inst.close()
 
 
+def run_producer(q_out: Any, *args: Any) -> None:
+    reporting(producer)(q_out, *args)
+
+
+def run_consumer(q_out: Any, *args: Any) -> None:
+    reporting(consumer)(q_out, *args)
+
+
 TOPOLOGIES = [
     # id, prefill TP, decode TP, producers, consumers, KV heads, transfers
     ("P4-D8", 4, 8, 1, 1, 8, 3),
@@ -181,9 +218,9 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
     to_cons = [ctx.Queue() for _ in range(nc)]
     seeds_of = [[t + 1 for t in range(T) if t % np_ == i] for i in range(np_)]
     cons_of = [[t for t in range(T) if t % nc == j] for j in range(nc)]
-    procs = [ctx.Process(target=producer, args=(from_prod[i], to_prod[i], P, heads, seeds_of[i]))
+    procs = [ctx.Process(target=run_producer, args=(from_prod[i], to_prod[i], P, heads, seeds_of[i]))
              for i in range(np_)]
-    procs += [ctx.Process(target=consumer, args=(from_cons[j], to_cons[j], D, heads, len(cons_of[j])))
+    procs += [ctx.Process(target=run_consumer, args=(from_cons[j], to_cons[j], D, heads, len(cons_of[j])))
               for j in range(nc)]
     for p in procs:
         p.start()
@@ -191,16 +228,20 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
         params: Dict[int, Any] = {}
         for i in range(np_):
             for _ in seeds_of[i]:
-                kind, seed, prm = from_prod[i].get(timeout=WAIT_S)
+                kind, seed, prm = get(from_prod[i], procs, f"producer {i} params")
                 assert kind == "params"
                 assert prm["remote_block_ids"] and prm["tp_size"] == P and prm["do_remote_prefill"] is True
                 params[seed] = prm
         for t in range(T):
             to_cons[t % nc].put((t + 1, params[t + 1]))
-        cons_final = [from_cons[j].get(timeout=WAIT_S) for j in range(nc)]
+        cons_final = [get(from_cons[j], procs, f"consumer {j}") for j in range(nc)]
         for q in to_prod:
             q.put("done")
-        prod_final = [from_prod[i].get(timeout=WAIT_S) for i in range(np_)]
+        prod_final = [get(from_prod[i], procs, f"producer {i} final") for i in range(np_)]
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
     finally:
         for p in procs:
             p.join(timeout=WAIT_S)
