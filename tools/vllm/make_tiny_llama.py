@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
-"""make_tiny_llama.py DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
+"""make_tiny_llama.py [--weights] DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
 --load-format dummy` (random weights, no download): config.json (2 layers, 4 query heads, 4 KV heads of
 32 dims, so TP2 and TP4 split heads), a byte-level BPE tokenizer trained with `tokenizers` on a few
 sentences (tokenizer.json, vocabulary below the model's 512), tokenizer_config.json and
 generation_config.json. Deterministic: the same files every run. Needs the `tokenizers` package.
+
+--weights also writes model.safetensors with seeded random weights (torch + safetensors), to serve
+without --load-format dummy: vLLM's dummy loader draws each rank's shard on its own, so a TP2 instance
+and a TP1 instance of the same dummy model compute different functions (seen: " fox fox" at TP1,
+"4\ufffd4" at TP2 for the same greedy prompt), and P/D parity across TP sizes needs real weights.
 """
 from __future__ import annotations
 
@@ -23,6 +28,29 @@ CONFIG = {
 TEXT = ["The quick brown fox jumps over the lazy dog. " * 3,
         "pdlink moves the KV cache of a prompt from prefill to decode.",
         "0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\"()[]{}"]
+
+
+def write_weights(out: str) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(15)
+    H, I, V = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
+    q = CONFIG["num_attention_heads"] * CONFIG["head_dim"]
+    kv = CONFIG["num_key_value_heads"] * CONFIG["head_dim"]
+
+    def rnd(*shape: int) -> "torch.Tensor":
+        return (torch.randn(*shape, generator=g) * 0.05).contiguous()
+
+    w = {"model.embed_tokens.weight": rnd(V, H), "model.norm.weight": torch.ones(H), "lm_head.weight": rnd(V, H)}
+    for layer in range(CONFIG["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        w.update({p + "input_layernorm.weight": torch.ones(H), p + "post_attention_layernorm.weight": torch.ones(H),
+                  p + "self_attn.q_proj.weight": rnd(q, H), p + "self_attn.k_proj.weight": rnd(kv, H),
+                  p + "self_attn.v_proj.weight": rnd(kv, H), p + "self_attn.o_proj.weight": rnd(H, q),
+                  p + "mlp.gate_proj.weight": rnd(I, H), p + "mlp.up_proj.weight": rnd(I, H),
+                  p + "mlp.down_proj.weight": rnd(H, I)})
+    save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
 def main(out: str) -> None:
@@ -45,6 +73,11 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    weights = "--weights" in args
+    args = [a for a in args if a != "--weights"]
+    if len(args) != 1:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(args[0])
+    if weights:
+        write_weights(args[0])
