@@ -24,10 +24,11 @@ Errors raise :class:`PdlinkError` (or a subclass) carrying pdlink's own message.
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pdlink._pdlink import ffi, lib
 
@@ -303,6 +304,10 @@ class Instance:
         err = _err()
         _check(lib.pdl_instance_create(c, out, err), err)
         self._h = out[0]
+        # Held-transfer events (producer): the C callback appends to this deque on a connector thread.
+        self._events: "collections.deque[tuple[str, str, int]]" = collections.deque()
+        self._self_handle = ffi.new_handle(self)
+        lib.pdl_instance_set_event_fn(self._h, lib.pdlpy_on_event, self._self_handle)
         self.tp_size = tp_size
         self.read_mode = bool(c.conn.read_mode)
         self.role = "producer" if c.conn.role == lib.PDL_ROLE_PRODUCER else "consumer"
@@ -315,6 +320,7 @@ class Instance:
             lib.pdl_instance_destroy(self._h)
             self._h = None
             self._keep = []
+            self._self_handle = None
 
     def __enter__(self) -> "Instance":
         return self
@@ -458,6 +464,16 @@ class Instance:
                err)
         return Recv(self, out[0])
 
+    def events(self) -> List[Tuple[str, str, int]]:
+        """Take the held-transfer events since the last call, oldest first: ``("reported", transfer_id,
+        rank)`` when a producer rank's release fan-in completed, ``("expired", ...)`` when a rank reaped
+        it after defer_timeout, ``("freed", transfer_id, -1)`` when every rank resolved it and its blocks
+        went back to the allocator (what a vLLM scheduler waits for before freeing a prefill's blocks)."""
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
     # -- counters
     def counters(self, rank: Optional[int] = None) -> Dict[str, float]:
         """Counters of rank ``rank`` (None: summed over every rank), keyed by their Prometheus names
@@ -474,6 +490,17 @@ class Instance:
                 v = ffi.cast("uint64_t *", base + off)[0]
                 out[name] = out.get(name, 0) + (v / 1e9 if kind == lib.PDL_COUNTER_NS else int(v))
         return out
+
+
+_EVENT_NAMES = {1: "reported", 2: "expired", 3: "freed"}
+
+
+@ffi.def_extern()
+def pdlpy_on_event(arg: Any, ev: int, transfer_id: Any, rank: int) -> None:
+    inst = ffi.from_handle(arg)
+    name = _EVENT_NAMES.get(ev, str(ev))
+    inst._events.append((name, ffi.string(transfer_id).decode(errors="replace"),
+                         -1 if name == "freed" else rank))
 
 
 _ROWS: Optional[List[Any]] = None

@@ -113,6 +113,12 @@ pdl_status_t pdl_topo_read_plan(int prefill_tp, int decode_tp, int total_heads, 
 pdl_status_t pdl_topo_write_plan(int prefill_tp, int decode_tp, int total_heads, bool is_mla, int producer_rank,
                                  pdl_write_plan_t *out, pdl_error_t *err);
 
+typedef enum { PDL_EVENT_RANK_REPORTED = 1, PDL_EVENT_RANK_EXPIRED = 2, PDL_EVENT_FREED = 3 } pdl_instance_event_t;
+typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
+/* Runs on a connector thread (cffi takes the GIL); Instance keeps the events in a deque. */
+extern "Python" void pdlpy_on_event(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+
 /* The shim below: kv_transfer_params cross the boundary as JSON text. */
 void pdlpy_log_set_level(int lvl);
 char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,

@@ -155,7 +155,8 @@ def producer(q_out: Any, q_in: Any, tp: int, heads: int, seeds: List[int]) -> No
         while inst.held_transfers and time.monotonic() < deadline:
             time.sleep(0.01)
         per_rank = [inst.counters(r) for r in range(tp)]
-        q_out.put(("final", inst.held_transfers, inst.held_blocks, inst.free_block_count, per_rank))
+        q_out.put(("final", inst.held_transfers, inst.held_blocks, inst.free_block_count, per_rank,
+                   inst.events()))
     finally:
         inst.close()
 
@@ -262,8 +263,14 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
     # Each consumer rank releases every producer rank of its group: D * group size per transfer.
     group = len(plan["consumers"][0]["group"])
     assert sum(f[3]["releases_sent"] for f in cons_final) == T * D * group
-    for i, (kind, held, held_blocks, free_blocks, per_rank) in enumerate(prod_final):
+    for i, (kind, held, held_blocks, free_blocks, per_rank, events) in enumerate(prod_final):
         assert kind == "final"
+        # the events a vLLM scheduler would wait for: every rank reported each transfer, then one "freed"
+        tids = sorted(f"tx-{seed}" for seed in seeds_of[i])
+        assert sorted((t, r) for e, t, r in events if e == "reported") == sorted(
+            (t, r) for t in tids for r in range(P))
+        assert sorted(t for e, t, r in events if e == "freed") == tids
+        assert not [e for e in events if e[0] == "expired"]
         assert (held, held_blocks, free_blocks) == (0, 0, NUM_BLOCKS)
         for r, c in enumerate(per_rank):
             # every producer rank (P8/D4: the odd ones too) counted its releases for each transfer
