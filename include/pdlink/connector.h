@@ -113,7 +113,26 @@ typedef struct pdl_instance_config {
      * pdl_instance_expect_push for its requests, as pdlink-node does) sets this; otherwise the instance
      * refuses WRITE mode, so a READ-only program never silently waits for pushes nobody sends. */
     bool allow_write_mode;
+    /* KV memory the caller owns (NULL: the instance allocates and pre-faults its own, the default).
+     * When set, kv_regions[r] (r < tp_size) is rank r's region, all layers one after the other (layer l
+     * at l * its layer length, the layout of pdl_instance_kv_layer), at least
+     * pdl_instance_kv_region_len(cfg, r) bytes, given in kv_region_lens[r]. The instance registers each
+     * region with its rank's engine and neither copies, clears nor frees it: keep every region valid
+     * until pdl_instance_destroy returned. The two arrays are read during pdl_instance_create only.
+     * This is how a host program (the Python package, a vLLM worker) makes pdlink move its own KV
+     * cache tensors instead of copying them in and out of the instance's memory. */
+    void *const *kv_regions;
+    const size_t *kv_region_lens;
 } pdl_instance_config_t;
+
+/*
+ * Bytes rank tp_rank's KV region holds for `cfg` (every layer): what pdl_instance_create allocates, and
+ * the minimum of kv_region_lens[tp_rank] for caller-owned regions. Reads cfg->model, tp_size and
+ * num_blocks only. Fails with PDL_ERR_INVALID (a bad rank or geometry, named); *len_out is set only on
+ * success.
+ */
+pdl_status_t pdl_instance_kv_region_len(const pdl_instance_config_t *cfg, int tp_rank, uint64_t *len_out,
+                                        pdl_error_t *err);
 
 typedef struct pdl_instance pdl_instance_t;
 

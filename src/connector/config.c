@@ -373,7 +373,9 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
             st = pdl_error_set(err, PDL_ERR_INVALID, "kv-transfer-config.kv_connector: expected a string");
             goto out;
         }
-        if (strcmp(json_string_value(conn), "MoRIIOConnector") != 0)
+        /* PdlinkConnector is pdlink's own vLLM connector (python/pdlink, issue 15): the same protocol. */
+        if (strcmp(json_string_value(conn), "MoRIIOConnector") != 0 &&
+            strcmp(json_string_value(conn), "PdlinkConnector") != 0)
             pdl_warn("kv-transfer-config.kv_connector is \"%s\"; pdlink speaks MoRIIOConnector's protocol",
                      json_string_value(conn));
     }

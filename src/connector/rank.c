@@ -4,7 +4,8 @@
  *
  * Memory: each rank allocates ONE engine region holding all its layers (layer l at l * layer_len,
  * layer_len = pdl_layout_region_len of the rank's geometry) and pre-faults it, so the first transfer
- * does not pay for page faults. The handshake advertises that single registration for every layer;
+ * does not pay for page faults -- or registers the caller's region of the same layout
+ * (pdl_instance_config_t.kv_regions), which it neither clears nor frees. The handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
  *
  * pdl__rank_init also initialises the parts other files own (counters, outbound queue, fan-in), so
@@ -122,6 +123,57 @@ static pdl_status_t engine_outside_ranges(const pdl_instance_config_t *cfg, cons
     return st;
 }
 
+/* Rank `rank`'s geometry (its heads from pdl_topo_heads) and the bytes of its region (every layer). */
+static pdl_status_t rank_geometry(const pdl_instance_config_t *cfg, int rank, pdl_kv_geometry_t *geo,
+                                  uint64_t *total_out, pdl_error_t *err)
+{
+    int first, count;
+    pdl_status_t st = pdl_topo_heads(cfg->tp_size, cfg->model.total_kv_heads, cfg->model.is_mla, rank, &first,
+                                     &count, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, st, "instance rank %d", rank);
+    memset(geo, 0, sizeof(*geo));
+    geo->num_blocks = cfg->num_blocks;
+    geo->block_size = (uint32_t)cfg->model.block_size;
+    geo->num_heads = (uint32_t)count;
+    geo->head_dim = (uint32_t)cfg->model.head_dim;
+    geo->elem_size = (uint32_t)cfg->model.elem_size;
+    geo->kv_separate = cfg->model.kv_separate;
+    geo->order = cfg->model.order;
+    geo->is_mla = cfg->model.is_mla;
+    st = pdl_layout_validate(geo, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, st, "instance rank %d geometry", rank);
+    if (cfg->model.num_layers < 1)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: num_layers %d must be > 0", cfg->model.num_layers);
+    uint64_t layer_len = pdl_layout_region_len(geo);
+    uint64_t total = layer_len * (uint64_t)cfg->model.num_layers;
+    if (total / (uint64_t)cfg->model.num_layers != layer_len || total > (1ull << 46))
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance rank %d: KV region of %d layers x %llu bytes is too large",
+                             rank, cfg->model.num_layers, (unsigned long long)layer_len);
+    *total_out = total;
+    return PDL_OK;
+}
+
+pdl_status_t pdl_instance_kv_region_len(const pdl_instance_config_t *cfg, int tp_rank, uint64_t *len_out,
+                                        pdl_error_t *err)
+{
+    if (cfg == NULL || len_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: no config or no output");
+    if (cfg->tp_size < 1 || cfg->tp_size > PDL_TOPO_MAX_TP || tp_rank < 0 || tp_rank >= cfg->tp_size)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: tp rank %d not in [0, tp_size %d)", tp_rank,
+                             cfg->tp_size);
+    if (cfg->num_blocks == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: num_blocks must be > 0");
+    pdl_kv_geometry_t geo;
+    uint64_t total;
+    pdl_status_t st = rank_geometry(cfg, tp_rank, &geo, &total, err);
+    if (st != PDL_OK)
+        return st;
+    *len_out = total;
+    return PDL_OK;
+}
+
 void pdl__rank_init_locks(pdl_rank_t *r)
 {
     pdl__ctr_init(&r->ctr);
@@ -140,27 +192,11 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     pdl__rank_init_locks(r);
     pdl_rank_mem_t *m = &r->mem;
 
-    int first, count;
-    pdl_status_t st = pdl_topo_heads(cfg->tp_size, cfg->model.total_kv_heads, cfg->model.is_mla, rank, &first,
-                                     &count, err);
+    uint64_t total;
+    pdl_status_t st = rank_geometry(cfg, rank, &m->geo, &total, err);
     if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "instance rank %d", rank);
-    m->geo.num_blocks = cfg->num_blocks;
-    m->geo.block_size = (uint32_t)cfg->model.block_size;
-    m->geo.num_heads = (uint32_t)count;
-    m->geo.head_dim = (uint32_t)cfg->model.head_dim;
-    m->geo.elem_size = (uint32_t)cfg->model.elem_size;
-    m->geo.kv_separate = cfg->model.kv_separate;
-    m->geo.order = cfg->model.order;
-    m->geo.is_mla = cfg->model.is_mla;
-    st = pdl_layout_validate(&m->geo, err);
-    if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "instance rank %d geometry", rank);
+        return st;
     m->layer_len = pdl_layout_region_len(&m->geo);
-    uint64_t total = m->layer_len * (uint64_t)cfg->model.num_layers;
-    if (total / (uint64_t)cfg->model.num_layers != m->layer_len || total > (1ull << 46))
-        return pdl_error_set(err, PDL_ERR_INVALID, "instance rank %d: KV region of %d layers x %llu bytes is too large",
-                             rank, cfg->model.num_layers, (unsigned long long)m->layer_len);
 
     snprintf(m->engine_key, sizeof(m->engine_key), "%s:%s:%d:tp%d:dp%d",
              cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", cfg->conn.host_ip, cfg->conn.handshake_port,
@@ -179,15 +215,31 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);
-    st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
-    if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+    if (cfg->kv_regions != NULL) {
+        /* The caller's memory (a numpy array, a torch tensor): registered as is, never cleared. */
+        void *ptr = cfg->kv_regions[rank];
+        size_t len = cfg->kv_region_lens ? cfg->kv_region_lens[rank] : 0;
+        if (ptr == NULL || len < total)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "instance rank %d: caller KV region %p of %zu bytes, but the geometry needs %llu "
+                                 "(pdl_instance_kv_region_len)",
+                                 rank, ptr, len, (unsigned long long)total);
+        st = pdl_engine_register_mem(m->engine, ptr, (size_t)total, &m->kv, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "instance rank %d caller KV memory (%llu bytes)", rank,
+                                    (unsigned long long)total);
+        m->kv_ptr = pdl_mem_ptr(m->kv);
+    } else {
+        st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "instance rank %d KV memory (%llu bytes)", rank, (unsigned long long)total);
+        m->kv_ptr = pdl_mem_ptr(m->kv);
+        memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
+    }
     /* Least privilege (docs/security.md): the engine serves this region only inside grants -- the
      * blocks a READ producer holds for a transfer, the blocks a WRITE consumer expects a push into,
      * each to requests naming that transfer. */
     pdl_mem_guard(m->kv);
-    m->kv_ptr = pdl_mem_ptr(m->kv);
-    memset(m->kv_ptr, 0, (size_t)total); /* pre-fault every page now, not during the first transfer */
 
     pdl_fanin_config_t fc = {.producer_tp = cfg->tp_size,
                              .defer_timeout_ns = (uint64_t)(cfg->conn.defer_timeout_s * 1e9),

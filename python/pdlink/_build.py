@@ -1,0 +1,253 @@
+"""cffi builder of ``pdlink._pdlink``: libpdlink's C API, compiled in API mode.
+
+API mode (``set_source``) lets the C compiler check every declaration below against the real headers
+in ``include/pdlink/`` and compute the struct layouts (``...;``), so the Python side never hard-codes an
+offset that could drift from the C library. The extension links libpdlink's static layer libraries
+from a CMake build directory (``PDLINK_BUILD_DIR``, default ``<repo>/build``; the libraries are
+compiled with ``-fPIC`` for this) and the system libraries they need (libzmq, msgpack-c, jansson).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+REPO = Path(os.environ.get("PDLINK_SOURCE_DIR", HERE.parent.parent)).resolve()
+BUILD = Path(os.environ.get("PDLINK_BUILD_DIR", REPO / "build")).resolve()
+# Link order: a layer before the layers it uses.
+LAYERS = ["connector", "engine", "wire", "layout", "topo", "common"]
+
+CDEF = r"""
+typedef enum pdl_status { PDL_OK = 0, PDL_INPROGRESS = 1, PDL_ERR_INVALID = -1, PDL_ERR_NOT_FOUND = -2,
+    PDL_ERR_TRANSPORT = -3, PDL_ERR_BAD_STATE = -4, PDL_ERR_TIMEOUT = -5, PDL_ERR_PEER_GONE = -6,
+    PDL_ERR_NOMEM = -7, PDL_ERR_PARSE = -8, PDL_ERR_UNSUPPORTED = -9, PDL_ERR_MISMATCH = -10,
+    PDL_ERR_SYSTEM = -11 } pdl_status_t;
+typedef struct pdl_error { pdl_status_t status; char msg[...]; ...; } pdl_error_t;
+const char *pdl_status_name(pdl_status_t st);
+const char *pdl_status_string(pdl_status_t st);
+int pdl_log_level_parse(const char *s);
+
+typedef enum { PDL_ROLE_PRODUCER = 1, PDL_ROLE_CONSUMER = 2 } pdl_role_t;
+typedef enum { PDL_KV_HND = 0, PDL_KV_NHD = 1 } pdl_kv_order_t;
+typedef int... pdl_backend_kind_t;
+const char *pdl_backend_name(pdl_backend_kind_t kind);
+
+typedef struct pdl_connector_config {
+    pdl_role_t role; bool read_mode; pdl_backend_kind_t backend;
+    int handshake_port; int notify_port; ...;
+} pdl_connector_config_t;
+pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
+
+typedef struct pdl_model_geometry {
+    int num_layers; int total_kv_heads; int head_dim; int elem_size; int block_size; bool is_mla;
+    pdl_kv_order_t order; bool kv_separate; ...;
+} pdl_model_geometry_t;
+typedef struct pdl_instance_config {
+    pdl_connector_config_t conn; pdl_model_geometry_t model; int tp_size; int dp_rank; int dp_size;
+    uint32_t num_blocks; const char *attn_backend_name; bool allow_write_mode;
+    void *const *kv_regions; const size_t *kv_region_lens; ...;
+} pdl_instance_config_t;
+typedef struct pdl_kv_geometry {
+    uint64_t num_blocks; uint32_t block_size; uint32_t num_heads; uint32_t head_dim; uint32_t elem_size;
+    bool kv_separate; bool is_mla; pdl_kv_order_t order; ...;
+} pdl_kv_geometry_t;
+uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g);
+uint64_t pdl_layout_block_len(const pdl_kv_geometry_t *g);
+
+typedef struct pdl_instance pdl_instance_t;
+typedef struct pdl_pull pdl_pull_t;
+typedef struct pdl_recv pdl_recv_t;
+pdl_status_t pdl_instance_kv_region_len(const pdl_instance_config_t *cfg, int tp_rank, uint64_t *len_out,
+                                        pdl_error_t *err);
+pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_t **inst_out, pdl_error_t *err);
+void pdl_instance_destroy(pdl_instance_t *inst);
+const char *pdl_instance_engine_id(const pdl_instance_t *inst);
+const char *pdl_instance_zmq_address(const pdl_instance_t *inst);
+int pdl_instance_tp_size(const pdl_instance_t *inst);
+int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
+int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
+const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);
+uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer);
+pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t *ids_out, pdl_error_t *err);
+void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
+size_t pdl_instance_free_block_count(pdl_instance_t *inst);
+pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
+                                   const uint32_t *ids, size_t n, pdl_error_t *err);
+size_t pdl_instance_held_transfers(pdl_instance_t *inst);
+size_t pdl_instance_held_blocks(pdl_instance_t *inst);
+pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);
+uint64_t pdl_pull_bytes(const pdl_pull_t *pull);
+uint64_t pdl_pull_descriptors(const pdl_pull_t *pull);
+void pdl_pull_free(pdl_pull_t *pull);
+pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err);
+int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank);
+void pdl_recv_free(pdl_recv_t *rv);
+
+typedef enum { PDL_COUNTER_COUNT = 0, PDL_COUNTER_NS = 1 } pdl_counter_kind_t;
+typedef struct pdl_rank_counters { ...; } pdl_rank_counters_t;
+typedef struct pdl_counter_info { const char *name; const char *help; pdl_counter_kind_t kind; size_t offset; }
+    pdl_counter_info_t;
+const pdl_counter_info_t *pdl_rank_counters_table(size_t *n);
+pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
+
+typedef struct pdl_plan_piece { int producer_rank; int first_head; int num_heads; int src_head; int dst_head; }
+    pdl_plan_piece_t;
+typedef struct pdl_read_plan {
+    int group_first; int group_count; int local_first_head; int local_num_heads; int num_pieces;
+    pdl_plan_piece_t pieces[...]; ...;
+} pdl_read_plan_t;
+typedef struct pdl_write_target { int consumer_rank; pdl_plan_piece_t piece; } pdl_write_target_t;
+typedef struct pdl_write_plan {
+    int notify_first; int notify_count; int num_targets; pdl_write_target_t targets[...]; ...;
+} pdl_write_plan_t;
+pdl_status_t pdl_topo_expected_acks(int prefill_tp, int decode_tp, int *out, pdl_error_t *err);
+pdl_status_t pdl_topo_expected_write_done(int prefill_tp, int decode_tp, int *out, pdl_error_t *err);
+pdl_status_t pdl_topo_heads(int tp, int total_heads, bool is_mla, int rank, int *first_out, int *count_out,
+                            pdl_error_t *err);
+pdl_status_t pdl_topo_read_plan(int prefill_tp, int decode_tp, int total_heads, bool is_mla, int consumer_rank,
+                                pdl_read_plan_t *out, pdl_error_t *err);
+pdl_status_t pdl_topo_write_plan(int prefill_tp, int decode_tp, int total_heads, bool is_mla, int producer_rank,
+                                 pdl_write_plan_t *out, pdl_error_t *err);
+
+typedef enum { PDL_EVENT_RANK_REPORTED = 1, PDL_EVENT_RANK_EXPIRED = 2, PDL_EVENT_FREED = 3 } pdl_instance_event_t;
+typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
+/* Runs on a connector thread (cffi takes the GIL); Instance keeps the events in a deque. */
+extern "Python" void pdlpy_on_event(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+
+/* The shim below: kv_transfer_params cross the boundary as JSON text. */
+void pdlpy_log_set_level(int lvl);
+char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                        pdl_error_t *err);
+pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                        const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err);
+pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                        const uint32_t *ids, size_t n, pdl_error_t *err);
+pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
+pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json, const char *request_id, pdl_error_t *err);
+void free(void *p);
+"""
+
+SOURCE = r"""
+#include <stdlib.h>
+#include <string.h>
+#include <jansson.h>
+#include "pdlink/connector.h"
+#include "pdlink/log.h"
+#include "pdlink/params.h"
+#include "pdlink/topo.h"
+
+static void pdlpy_log_set_level(int lvl) { pdl_log_set_level((pdl_log_level_t)lvl); }
+
+/* Parse kv_transfer_params given as JSON text into *out (initialised; caller clears it). */
+static pdl_status_t pdlpy_parse_params(const char *text, pdl_kv_params_t *out, pdl_error_t *err)
+{
+    pdl_kv_params_init(out);
+    json_error_t je;
+    json_t *j = json_loads(text ? text : "", 0, &je);
+    if (j == NULL)
+        return pdl_error_set(err, PDL_ERR_PARSE, "kv_transfer_params: invalid JSON: %s", je.text);
+    pdl_status_t st = pdl_kv_params_from_json(j, out, err);
+    json_decref(j);
+    return st;
+}
+
+static char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
+                               pdl_error_t *err)
+{
+    pdl_kv_params_t p;
+    if (pdl_instance_params(inst, transfer_id, ids, n, &p, err) != PDL_OK)
+        return NULL;
+    json_t *j = pdl_kv_params_to_json(&p);
+    pdl_kv_params_clear(&p);
+    if (j == NULL) {
+        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: cannot encode", transfer_id);
+        return NULL;
+    }
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (s == NULL)
+        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: out of memory", transfer_id);
+    return s;
+}
+
+static pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
+{
+    pdl_kv_params_t p;
+    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    if (st == PDL_OK)
+        st = pdl_instance_pull(inst, &p, request_id, ids, n, pull_out, err);
+    pdl_kv_params_clear(&p);
+    return st;
+}
+
+static pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    pdl_kv_params_t p;
+    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    if (st == PDL_OK)
+        st = pdl_instance_push(inst, &p, request_id, ids, n, err);
+    pdl_kv_params_clear(&p);
+    return st;
+}
+
+static pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                                      const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
+{
+    pdl_kv_params_t p;
+    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    if (st == PDL_OK)
+        st = pdl_instance_expect_push(inst, &p, request_id, ids, n, recv_out, err);
+    pdl_kv_params_clear(&p);
+    return st;
+}
+
+static pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json, const char *request_id,
+                                  pdl_error_t *err)
+{
+    pdl_kv_params_t p;
+    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    if (st == PDL_OK)
+        st = pdl_instance_abandon(inst, &p, request_id, err);
+    pdl_kv_params_clear(&p);
+    return st;
+}
+"""
+
+
+def _pkg_config(*args: str) -> list[str]:
+    out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "jansson"], check=True,
+                         capture_output=True, text=True).stdout
+    return shlex.split(out)
+
+
+def _builder() -> FFI:
+    missing = [str(BUILD / f"libpdl_{layer}.a") for layer in LAYERS if not (BUILD / f"libpdl_{layer}.a").exists()]
+    if missing:
+        raise RuntimeError(f"pdlink: libpdlink is not built in {BUILD} (missing {', '.join(missing)}); "
+                           f"run `make build` in {REPO} first or set PDLINK_BUILD_DIR")
+    libs = _pkg_config("--libs")
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source(
+        "pdlink._pdlink", SOURCE,
+        include_dirs=[str(REPO / "include")],
+        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"] + _pkg_config("--cflags"),
+        extra_objects=[str(BUILD / f"libpdl_{layer}.a") for layer in LAYERS],
+        libraries=[a[2:] for a in libs if a.startswith("-l")] + ["pthread", "m"],
+        library_dirs=[a[2:] for a in libs if a.startswith("-L")],
+    )
+    return ffi
+
+
+ffibuilder = _builder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)
