@@ -4,7 +4,7 @@ API mode (``set_source``) lets the C compiler check every declaration below agai
 in ``include/pdlink/`` and compute the struct layouts (``...;``), so the Python side never hard-codes an
 offset that could drift from the C library. The extension links libpdlink's static layer libraries
 from a CMake build directory (``PDLINK_BUILD_DIR``, default ``<repo>/build``; the libraries are
-compiled with ``-fPIC`` for this) and the system libraries they need (libzmq, msgpack-c, jansson).
+compiled with ``-fPIC`` for this) and the system libraries they need (libzmq, msgpack-c, jansson, UCX).
 """
 from __future__ import annotations
 
@@ -223,7 +223,7 @@ static pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json,
 
 
 def _pkg_config(*args: str) -> list[str]:
-    out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "jansson"], check=True,
+    out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "jansson", "ucx"], check=True,
                          capture_output=True, text=True).stdout
     return shlex.split(out)
 
