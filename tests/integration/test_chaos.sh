@@ -16,21 +16,10 @@
 #      no mismatched KV byte on either decode, and verified bytes on both.
 # The report line "chaos:" sums it up. Deadlines only bound failures; no pass depends on timing.
 source "$(dirname "$0")/test_node_lib.bash"
-ROUTER_BIN=$BUILD/pdlink-router
-[[ -x $ROUTER_BIN ]] || { echo "FAIL: $ROUTER_BIN not built"; exit 1; }
 MODE=${CHAOS_MODE:-read}
 [[ $MODE == read ]] && RM=true || RM=false
 
-rpf=$TMP/router.ports
-"$ROUTER_BIN" --host 127.0.0.1 --port 0 --vllm-pd-disaggregation --kv-connector moriio \
-    --vllm-discovery-address 127.0.0.1:0 --policy round_robin --worker-ttl-ms 600000 --port-file "$rpf" \
-    >"$TMP/router.log" 2>&1 &
-RPID=$!
-CHILDREN+=("$RPID")
-for _ in $(seq 1 200); do [[ -s $rpf ]] && break; sleep 0.05; done
-RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf")
-DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf")
-[[ -n $RPORT && -n $DISC ]] || { echo "router did not start:"; cat "$TMP/router.log"; exit 1; }
+start_router || exit 1
 
 cfg() { # cfg ROLE HS NOTIFY
     printf '{"kv_connector":"MoRIIOConnector","kv_role":"%s","kv_connector_extra_config":{"host_ip":"127.0.0.1","handshake_port":%d,"notify_port":%d,"read_mode":%s,"backend":"tcp","proxy_ip":"127.0.0.1","proxy_ping_port":%d,"handshake_timeout":2,"transfer_timeout":10,"defer_timeout":60,"consumer_gone_timeout":2}}' \

@@ -137,6 +137,37 @@ finish() {
     [[ $FAIL -eq 0 ]]
 }
 
+# start_router : pdlink-router in the seed's MoRIIO mode (round robin, registrations that never expire) on
+# ports it picks itself (--port 0, read back from its --port-file). Sets RPID, RPORT (HTTP) and DISC
+# (discovery); logs to $TMP/router.log. Returns 1 if it did not start.
+start_router() {
+    local bin=$BUILD/pdlink-router rpf=$TMP/router.ports
+    [[ -x $bin ]] || { echo "FAIL: $bin not built"; return 1; }
+    "$bin" --host 127.0.0.1 --port 0 --vllm-pd-disaggregation --kv-connector moriio \
+        --vllm-discovery-address 127.0.0.1:0 --policy round_robin --worker-ttl-ms 600000 --port-file "$rpf" \
+        >"$TMP/router.log" 2>&1 &
+    RPID=$!
+    CHILDREN+=("$RPID")
+    for _ in $(seq 1 200); do [[ -s $rpf ]] && break; sleep 0.05; done
+    RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf")
+    DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf")
+    [[ -n $RPORT && -n $DISC ]] || { echo "router did not start:"; cat "$TMP/router.log"; return 1; }
+}
+
+# wait_until DESCRIPTION DEADLINE_S COMMAND... : polls COMMAND until it succeeds, then ok DESCRIPTION;
+# the deadline only bounds a failure (bad DESCRIPTION, return 1).
+wait_until() {
+    local what=$1 secs=$2
+    shift 2
+    local end=$((SECONDS + secs))
+    while ((SECONDS < end)); do
+        if "$@"; then ok "$what"; return 0; fi
+        sleep 0.1
+    done
+    bad "$what (not within $secs s)"
+    return 1
+}
+
 # free_ports COUNT [COUNT...] : one base port per COUNT, from one range outside the kernel's ephemeral
 # range that was free a moment ago (tests/tools/free_ports.py; connector ports are bases plus rank
 # offsets, so a whole range must be free).

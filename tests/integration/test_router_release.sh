@@ -11,19 +11,8 @@
 #   4. a normal request still succeeds afterwards, and its own blocks are freed by the decode.
 # Polls use a deadline only as the failure bound (20 s, a third of the reaper's 60 s).
 source "$(dirname "$0")/test_node_lib.bash"
-ROUTER_BIN=$BUILD/pdlink-router
-[[ -x $ROUTER_BIN ]] || { echo "SKIP: $ROUTER_BIN not built"; exit 77; }
 
-rpf=$TMP/router.ports
-"$ROUTER_BIN" --host 127.0.0.1 --port 0 --vllm-pd-disaggregation --kv-connector moriio \
-    --vllm-discovery-address 127.0.0.1:0 --policy round_robin --worker-ttl-ms 600000 --port-file "$rpf" \
-    >"$TMP/router.log" 2>&1 &
-RPID=$!
-CHILDREN+=("$RPID")
-for _ in $(seq 1 200); do [[ -s $rpf ]] && break; sleep 0.05; done
-RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf")
-DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf")
-[[ -n $RPORT && -n $DISC ]] || { echo "router did not start:"; cat "$TMP/router.log"; exit 1; }
+start_router || exit 1
 
 DISC_CFG=",\"proxy_ip\":\"127.0.0.1\",\"proxy_ping_port\":$DISC"
 p_config() { kv_config "$1" "$2" "$3" "$DISC_CFG"; }
@@ -32,19 +21,6 @@ with_ports 20 kv_node P p_config kv_producer --model tiny -tp 2 --num-gpu-blocks
 with_ports 20 kv_node D d_config kv_consumer --model tiny -tp 1 --num-gpu-blocks 64 --block-size 16 \
     --max-model-len 512 || exit 1
 
-# wait_until DESCRIPTION DEADLINE_S COMMAND... : polls COMMAND until it succeeds; the deadline only bounds
-# a failure.
-wait_until() {
-    local what=$1 secs=$2
-    shift 2
-    local end=$((SECONDS + secs))
-    while ((SECONDS < end)); do
-        if "$@"; then ok "$what"; return 0; fi
-        sleep 0.1
-    done
-    bad "$what (not within $secs s)"
-    return 1
-}
 registered() { [[ $(curl -s "http://127.0.0.1:$RPORT/health" -o /dev/null -w '%{http_code}') == 200 ]]; }
 held_zero() { [[ $(metric $P_PORT pdlink_held_blocks) == 0 ]]; }
 wait_until "prefill and decode registered with the router" 20 registered || { finish; exit 1; }

@@ -14,19 +14,8 @@
 #      and the client waited as long.
 #   4. the decode is dead (kill -9 after it registered): the router's failed releases free the push.
 source "$(dirname "$0")/test_node_lib.bash"
-ROUTER_BIN=$BUILD/pdlink-router
-[[ -x $ROUTER_BIN ]] || { echo "FAIL: $ROUTER_BIN not built"; exit 1; }
 
-rpf=$TMP/router.ports
-"$ROUTER_BIN" --host 127.0.0.1 --port 0 --vllm-pd-disaggregation --kv-connector moriio \
-    --vllm-discovery-address 127.0.0.1:0 --policy round_robin --worker-ttl-ms 600000 --port-file "$rpf" \
-    >"$TMP/router.log" 2>&1 &
-RPID=$!
-CHILDREN+=("$RPID")
-for _ in $(seq 1 200); do [[ -s $rpf ]] && break; sleep 0.05; done
-RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf")
-DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf")
-[[ -n $RPORT && -n $DISC ]] || { echo "router did not start:"; cat "$TMP/router.log"; exit 1; }
+start_router || exit 1
 
 wcfg() { # wcfg ROLE HS NOTIFY : WRITE mode, registered with the router, 60 s timeouts
     printf '{"kv_connector":"MoRIIOConnector","kv_role":"%s","kv_connector_extra_config":{"host_ip":"127.0.0.1","handshake_port":%d,"notify_port":%d,"read_mode":false,"backend":"rdma","proxy_ip":"127.0.0.1","proxy_ping_port":%d,"handshake_timeout":2,"transfer_timeout":60,"defer_timeout":60}}' \
@@ -37,17 +26,6 @@ with_ports 20 kv_node P wcfg kv_producer --model tiny -tp 2 --num-gpu-blocks 64 
 with_ports 20 kv_node D wcfg kv_consumer --model tiny -tp 1 --num-gpu-blocks 64 --block-size 16 \
     --max-model-len 512 || exit 1
 
-wait_until() { # wait_until DESCRIPTION DEADLINE_S COMMAND... (the deadline only bounds a failure)
-    local what=$1 secs=$2
-    shift 2
-    local end=$((SECONDS + secs))
-    while ((SECONDS < end)); do
-        if "$@"; then ok "$what"; return 0; fi
-        sleep 0.1
-    done
-    bad "$what (not within $secs s)"
-    return 1
-}
 registered() { [[ $(curl -s "http://127.0.0.1:$RPORT/health" -o /dev/null -w '%{http_code}') == 200 ]]; }
 p_held_zero() { [[ $(metric $P_PORT pdlink_held_blocks) == 0 ]]; }
 d_all_free() { [[ $(metric $D_PORT pdlink_free_blocks) == 64 ]]; }
