@@ -352,10 +352,8 @@ static void faults_peer_address_sources(void **state)
     assert_non_null(p);
     assert_non_null(c);
     uint32_t ids[1], lb[1];
-    assert_int_equal(pdl_instance_alloc_blocks(p, 1, ids, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lb, NULL), PDL_OK);
-    tc_fill(p, 8, false, ids, 1, 5);
-    assert_int_equal(pdl_instance_hold(p, "rid", ids, 1, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "rid", 8, false, ids, 1, 5), PDL_OK);
     pdl_kv_params_t kp;
     tc_params(p, "rid", ids, 1, &kp);
     kp.remote_host[0] = '\0';
@@ -565,9 +563,7 @@ static void faults_write_mode_refused(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(faults_release_before_hold),
         cmocka_unit_test(faults_duplicate_and_late),

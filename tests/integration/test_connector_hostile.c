@@ -251,17 +251,12 @@ static void hostile_flood_while_transferring(void **state)
         zmq_close(s);
         zmq_ctx_term(ctx);
         uint32_t pb[NBLK], cb[NBLK];
-        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
         assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-        tc_fill(p, 8, false, pb, NBLK, 4242);
-        assert_int_equal(pdl_instance_hold(p, "after-huge", pb, NBLK, NULL), PDL_OK);
+        assert_int_equal(tc_hold_filled(p, "after-huge", 8, false, pb, NBLK, 4242), PDL_OK);
         pdl_kv_params_t kp;
         tc_params(p, "after-huge", pb, NBLK, &kp);
-        pdl_pull_t *pull;
         pdl_error_t e;
-        assert_int_equal(pdl_instance_pull(c, &kp, NULL, cb, NBLK, &pull, &e), PDL_OK);
-        assert_int_equal(pdl_pull_wait(pull, 60000, &e), PDL_OK);
-        pdl_pull_free(pull);
+        assert_int_equal(tc_pull_wait(c, &kp, cb, NBLK, &e), PDL_OK);
         pdl_kv_params_clear(&kp);
         assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 4242, &checked), 0);
         assert_true(tc_wait_for(tc_no_held, p, 20000));
@@ -279,9 +274,7 @@ static void hostile_flood_while_transferring(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hostile_flood_while_transferring),
     };

@@ -65,10 +65,8 @@ static void isolation_blackholed_producer(void **state)
         assert_int_equal(pdl_instance_pull(c, &kd[i], NULL, ld[i], 1, &pd[i], &e), PDL_OK);
     }
     uint32_t w[4], lw[4];
-    assert_int_equal(pdl_instance_alloc_blocks(p, 4, w, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 4, lw, NULL), PDL_OK);
-    tc_fill(p, 8, false, w, 4, 7);
-    assert_int_equal(pdl_instance_hold(p, "healthy", w, 4, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "healthy", 8, false, w, 4, 7), PDL_OK);
     pdl_kv_params_t kw;
     tc_params(p, "healthy", w, 4, &kw);
     pdl_pull_t *pw;
@@ -278,9 +276,7 @@ static void isolation_no_dealer_left_to_dead_producer(void **state)
     pdl_kv_params_t kp;
     tc_params(p, "a", b, 1, &kp);
     pdl_pull_t *pull;
-    assert_int_equal(pdl_instance_pull(c, &kp, NULL, lb, 1, &pull, &e), PDL_OK);
-    assert_int_equal(pdl_pull_wait(pull, 60000, &e), PDL_OK);
-    pdl_pull_free(pull);
+    assert_int_equal(tc_pull_wait(c, &kp, lb, 1, &e), PDL_OK);
     assert_int_equal(c->ranks[0].readers.n, 1);
     pdl_xfer_side_t *lane = c->ranks[0].readers.all[0];
     assert_int_equal(lane->dealers.count, 1); /* the release DEALER to the producer's notify port */

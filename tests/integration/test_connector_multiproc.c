@@ -428,9 +428,7 @@ static void decode_killed_mid_pull_then_restarted(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(multiproc_tcp_and_dead_peer),
         cmocka_unit_test(decode_killed_mid_pull_then_restarted),

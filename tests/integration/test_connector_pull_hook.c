@@ -55,9 +55,7 @@ static void hooked_pull(int P, int D)
     assert_non_null(prod);
     assert_non_null(cons);
     uint32_t pblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(prod, NBLK, pblk, NULL), PDL_OK);
-    tc_fill(prod, 8, false, pblk, NBLK, SEED);
-    assert_int_equal(pdl_instance_hold(prod, "tx-hook", pblk, NBLK, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(prod, "tx-hook", 8, false, pblk, NBLK, SEED), PDL_OK);
     pdl_kv_params_t params;
     tc_params(prod, "tx-hook", pblk, NBLK, &params);
 
@@ -113,9 +111,7 @@ static void hook_arg_outlives_an_early_free(void **state)
     assert_non_null(prod);
     assert_non_null(cons);
     uint32_t pblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(prod, NBLK, pblk, NULL), PDL_OK);
-    tc_fill(prod, 8, false, pblk, NBLK, SEED);
-    assert_int_equal(pdl_instance_hold(prod, "tx-early", pblk, NBLK, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(prod, "tx-early", 8, false, pblk, NBLK, SEED), PDL_OK);
     pdl_kv_params_t params;
     tc_params(prod, "tx-early", pblk, NBLK, &params);
     _Atomic int freed = 0;

@@ -140,10 +140,8 @@ static void pyinterop_upstream_front_receives_releases(void **state)
     assert_non_null(p);
     assert_non_null(c);
     uint32_t pb[3], cb[3];
-    assert_int_equal(pdl_instance_alloc_blocks(p, 3, pb, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 3, cb, NULL), PDL_OK);
-    tc_fill(p, 8, false, pb, 3, 99);
-    assert_int_equal(pdl_instance_hold(p, "tx-front", pb, 3, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "tx-front", 8, false, pb, 3, 99), PDL_OK);
     char hs[16], nt[16];
     snprintf(hs, sizeof(hs), "%d", pdl_instance_handshake_port(p, 0));
     snprintf(nt, sizeof(nt), "%d", pdl_instance_notify_port(p, 0));
@@ -203,9 +201,7 @@ static void pyinterop_upstream_front_receives_releases(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(pyinterop_peer_handshakes_and_releases),
         cmocka_unit_test(pyinterop_upstream_front_receives_releases),

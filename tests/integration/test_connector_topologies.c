@@ -141,9 +141,7 @@ READ_CASE(p4_d2_tcp, "P4-D2-H8-tcp", 4, 2, 1, 1, 3, tc_geo_default(8), PDL_BACKE
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
 #define READ_ENTRY(id, ...) cmocka_unit_test(topo_##id),
         TC_TOPOLOGIES(READ_ENTRY)

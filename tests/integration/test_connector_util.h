@@ -367,4 +367,38 @@ static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32
     json_decref(j);
 }
 
+/* PDLINK_LOG_LEVEL=debug|info|warn|error, when set, is the log level of the test program. */
+static inline void tc_log_level_from_env(void)
+{
+    const char *lvl = getenv("PDLINK_LOG_LEVEL");
+    if (lvl && pdl_log_level_parse(lvl) >= 0)
+        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+}
+
+/* A producer's transfer ready to be pulled: n blocks allocated into ids, filled with the pattern of
+ * `seed` (tc_fill) and held as `tid`. Returns the first failure. */
+static inline pdl_status_t tc_hold_filled(pdl_instance_t *p, const char *tid, int heads, bool mla, uint32_t *ids,
+                                          size_t n, uint32_t seed)
+{
+    pdl_status_t st = pdl_instance_alloc_blocks(p, n, ids, NULL);
+    if (st != PDL_OK)
+        return st;
+    tc_fill(p, heads, mla, ids, n, seed);
+    return pdl_instance_hold(p, tid, ids, n, NULL);
+}
+
+/* Pull kp into the consumer's blocks ids and wait for it (the 60 s deadline only bounds a failure).
+ * Returns the pull's status; its message is in *e. */
+static inline pdl_status_t tc_pull_wait(pdl_instance_t *c, const pdl_kv_params_t *kp, const uint32_t *ids, size_t n,
+                                        pdl_error_t *e)
+{
+    pdl_pull_t *pull;
+    pdl_status_t st = pdl_instance_pull(c, kp, NULL, ids, n, &pull, e);
+    if (st != PDL_OK)
+        return st;
+    st = pdl_pull_wait(pull, 60000, e);
+    pdl_pull_free(pull);
+    return st;
+}
+
 #endif /* PDL_TEST_CONNECTOR_UTIL_H */

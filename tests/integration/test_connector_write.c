@@ -729,9 +729,7 @@ static void write_refused_without_opt_in(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
 #define WRITE_ENTRY(id, ...) cmocka_unit_test(write_##id),
         TC_TOPOLOGIES(WRITE_ENTRY)

@@ -133,12 +133,9 @@ static bool all_zero(const uint8_t *p, uint64_t n)
 
 static void pull_ok(pdl_instance_t *c, const pdl_kv_params_t *kp, const uint32_t *cb)
 {
-    pdl_pull_t *pull;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_pull(c, kp, NULL, cb, NBLK, &pull, &e), PDL_OK);
-    if (pdl_pull_wait(pull, 60000, &e) != PDL_OK)
+    if (tc_pull_wait(c, kp, cb, NBLK, &e) != PDL_OK)
         fail_msg("pull: %s", e.msg);
-    pdl_pull_free(pull);
 }
 
 static void outsider_data_plane(void **state)
@@ -150,10 +147,8 @@ static void outsider_data_plane(void **state)
     assert_non_null(p);
     assert_non_null(c);
     uint32_t pb[NBLK], cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    tc_fill(p, 8, false, pb, NBLK, 7);
-    assert_int_equal(pdl_instance_hold(p, "tx-secret-1", pb, NBLK, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "tx-secret-1", 8, false, pb, NBLK, 7), PDL_OK);
 
     outsider_t o;
     outsider_open(&o, pdl_instance_handshake_port(p, 0));
@@ -220,10 +215,8 @@ static void redirect_refused(void **state)
     assert_non_null(evil);
     assert_non_null(c);
     uint32_t eb[NBLK], cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(evil, NBLK, eb, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    tc_fill(evil, 8, false, eb, NBLK, 666);
-    assert_int_equal(pdl_instance_hold(evil, "tx-evil", eb, NBLK, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(evil, "tx-evil", 8, false, eb, NBLK, 666), PDL_OK);
     /* The attacker's request: its own prefill's address under the real prefill's engine id. */
     pdl_kv_params_t kp;
     tc_params(evil, "tx-evil", eb, NBLK, &kp);
@@ -467,10 +460,8 @@ static void trusted_hosts_enforced(void **state)
     assert_non_null(ok);
     assert_non_null(guarded);
     uint32_t pb[NBLK], cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    tc_fill(p, 8, false, pb, NBLK, 5);
-    assert_int_equal(pdl_instance_hold(p, "tx-t", pb, NBLK, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "tx-t", 8, false, pb, NBLK, 5), PDL_OK);
     pdl_kv_params_t kp;
     tc_params(p, "tx-t", pb, NBLK, &kp);
     pdl_pull_t *pull;
@@ -512,9 +503,7 @@ static void trusted_hosts_enforced(void **state)
 
 int main(void)
 {
-    const char *lvl = getenv("PDLINK_LOG_LEVEL");
-    if (lvl && pdl_log_level_parse(lvl) >= 0)
-        pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+    tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(outsider_data_plane),
         cmocka_unit_test(redirect_refused),
