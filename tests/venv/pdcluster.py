@@ -10,15 +10,18 @@ discovered instances nowhere else, and its /health is 200 before anything regist
 """
 import json
 import os
-import random
 import shutil
 import signal
 import socket
+import sys
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
 
 SRC = os.environ.get("PDLINK_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("PDLINK_BUILD_DIR") or os.path.join(SRC, "build")
@@ -30,30 +33,6 @@ SEED_POLICY = ["--policy", "consistent_hash", "--prefill-policy", "consistent_ha
                "--decode-policy", "consistent_hash"]
 
 
-def ephemeral_low():
-    try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_range(n):
-    hi = max(ephemeral_low(), 12000)
-    for _ in range(500):
-        base = random.randrange(10000, hi - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range on 127.0.0.1")
 
 
 def http(method, url, body=None, headers=None, timeout=60):

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import random
-import socket
+import sys
 import time
 from typing import Any, Dict, List, Tuple
 
@@ -27,35 +26,14 @@ import pytest
 
 import pdlink
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
+
 L, BS, HD, NUM_BLOCKS, NBLK = 2, 4, 8, 16, 3
 SENTINEL = 0xBEEF
 WAIT_S = 120.0  # a generous bound for conditions, never asserted as a duration
 
 
-def ephemeral_low() -> int:
-    try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_range(n: int) -> int:
-    hi = max(ephemeral_low(), 12000)
-    for _ in range(500):
-        base = random.randrange(10000, hi - n)
-        socks = []
-        try:
-            for port in range(base, base + n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return base
-    raise RuntimeError("no free port range on 127.0.0.1")
 
 
 def geometry(heads: int) -> pdlink.Geometry:
