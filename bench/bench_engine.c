@@ -977,6 +977,8 @@ static uint64_t region_needed(const opts_t *o)
         }
     if (o->hetero && need < (64ull << 20))
         need = 64ull << 20; /* the heterogeneous rows use 4 layers of 16 MiB */
+    if (!pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)) && need < ((uint64_t)o->qp << 20))
+        need = (uint64_t)o->qp << 20; /* the TCP ceiling's streams each cycle over at least one 1 MiB write */
     return need;
 }
 
