@@ -66,9 +66,10 @@ double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t writ
 /*
  * A TCP stream ceiling kept open across measurements, for benchmarks that alternate it with the
  * transfer it bounds: `streams` connected pairs over `host` (both ends in this process), congestion
- * control `cc` on both ends (NULL or "" = the system default), TCP_NODELAY. Opening connections and
- * faulting in fresh buffers for every figure is what made the one-shot ceiling fall below the engine
- * on large batches (docs/engine.md, "pdlink bench"). NULL on failure (message on stderr).
+ * control `cc` on both ends (NULL or "" = the system default), TCP_NODELAY. The one-shot functions
+ * above open fresh connections and fault in fresh buffers for every figure, which the engine they
+ * bound never does (its connections and regions live for the whole run); this one does neither, so
+ * it can be alternated cheaply with the engine's loop. NULL on failure (message on stderr).
  */
 typedef struct pdl_ceiling_tcp pdl_ceiling_tcp_t;
 pdl_ceiling_tcp_t *pdl_ceiling_tcp_create(const char *host, int streams, const char *cc);
