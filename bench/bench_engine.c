@@ -6,13 +6,15 @@
  * exists (or, with --serve/--connect, the two run as separate commands, e.g. in two network
  * namespaces), and both create an engine with --threads workers. For each point the batch is `batch`
  * descriptors of `block` bytes, local blocks in order and remote blocks in reverse order, so no two
- * descriptors merge (--contiguous lets them). Warm-up iterations run right before the timed loop
- * (memory idle for a few seconds is several times slower here, machine.md §4a); the loop is timed as
- * a whole (post + wait per batch, stop-and-wait like nixlbench); per-batch latencies give median and
- * p99. After the loop the data is validated (READ: every byte in the initiator; WRITE: every byte
- * checked by the target). The ceiling is then measured at once: memcpy of the same bytes with the same
- * number of threads into the same destination (shm), or a plain TCP stream of the same bytes over the
- * same address with 1 MiB writes and as many streams as the engine has connections (tcp).
+ * descriptors merge (--contiguous lets them). A point is a series of alternating pairs (bench/pairs.h):
+ * an engine loop A (warm-up batches right before it, since memory idle for a few seconds is several
+ * times slower here, machine.md §4a; then a whole-loop timer over post + wait per batch, stop-and-wait
+ * like nixlbench), then at once a ceiling loop B with the same resources: memcpy of the same bytes with
+ * the same number of threads into the same destination (shm), or a plain TCP stream of the same bytes
+ * into the same local buffer over warm connections, one per engine connection (tcp). The figure is the
+ * median of the per-pair ratios. Per-batch latencies over all A loops give median and p99. After the
+ * first A loop the data is validated (READ: every byte in the initiator; WRITE: every byte checked by
+ * the target).
  *
  * Control channel (socketpair, or TCP for --serve/--connect): the target sends its engine descriptor
  * and memory descriptor, then answers commands {op, seed, len, ndesc}: 'F' fill [0, len) with the
@@ -39,6 +41,7 @@
 
 #include "app/parse.h"
 #include "ceiling.h"
+#include "pairs.h"
 #include "common/clock.h"
 #include "pdlink/engine.h"
 #include "pdlink/layout.h"
@@ -56,8 +59,10 @@ typedef struct opts {
     uint64_t batches[MAX_LIST];
     int nbatches;
     int threads, qp, iters;
+    int pairs;         /* --pairs: minimum alternating pairs per row */
+    double max_spread; /* --max-spread: above it a row is "unstable" */
     uint64_t cap;
-    bool contiguous, hetero;
+    bool contiguous, hetero, strict;
     const char *json, *plot, *host, *serve, *connect, *port_file;
     const char *tcp_cc; /* --tcp-congestion (NULL = the engine's choice) */
 } opts_t;
@@ -66,8 +71,9 @@ typedef struct row {
     char label[32];
     uint64_t block, batch, bytes;
     size_t descs;
-    int iters;
-    double gbps, lat_med_us, lat_p99_us, ceil_gbps, ratio;
+    int iters, per;                                   /* timed batches in all, per engine loop */
+    double gbps, lat_med_us, lat_p99_us, ceil_gbps, ratio; /* medians over the pairs */
+    pdl_pairs_summary_t sum;                          /* min-max, spread, pairs, verdict */
     bool valid;
 } row_t;
 
@@ -281,8 +287,14 @@ static void usage(FILE *f)
             "  --batch-sizes LIST       descriptors per batch, e.g. 1,4,16,64,256,1024 (the default)\n"
             "  --threads N              engine workers on both sides = memcpy ceiling threads (default 2)\n"
             "  --qp N                   tcp connections per session = ceiling streams (default 1)\n"
-            "  --iters N                timed batches per point (default: about 2 GB (shm) / 1 GB (tcp)\n"
-            "                           per point, 8..2000); warm-up is a tenth of it, at least 2\n"
+            "  --iters N                timed batches per point over all engine loops (default: about\n"
+            "                           2 GB (shm) / 1 GB (tcp) per point, 9..2001); each engine loop runs\n"
+            "                           N / pairs of them (at least 2) after a tenth as warm-up (at least 1)\n"
+            "  --pairs N                alternating (engine loop, ceiling loop) pairs per point, at least\n"
+            "                           5 (default 5); up to twice as many while the spread is too wide\n"
+            "  --max-spread X           a point whose spread of per-pair ratios is above X is 'unstable'\n"
+            "                           (default 0.25; spread = (q3 - q1) / median)\n"
+            "  --strict                 exit status 3 if a point is unstable or ABOVE CEILING\n"
             "  --max-batch-bytes SIZE   skip points with block*batch above this (default 256M)\n"
             "  --contiguous             remote blocks in order, so descriptors merge\n"
             "  --no-hetero              skip the heterogeneous-TP rows (P4/D8, P8/D4 vs P4/D4)\n"
@@ -296,9 +308,16 @@ static void usage(FILE *f)
             "                           engine's choice, cubic else reno; 'system' = the system default);\n"
             "                           the ceiling is the best of the system default and this one\n"
             "  --help\n\n"
+            "Method: per point, engine loop and ceiling loop alternate over the same bytes (A B A B ...);\n"
+            "ratio = median of the per-pair ratios A/B, with their min-max; GB/s and ceiling = medians.\n"
+            "A point whose spread is too wide prints 'unstable' and the spread instead of a ratio; a median\n"
+            "ratio above 1.05 is flagged 'ABOVE CEILING' (a ceiling is an upper bound: the ceiling or the\n"
+            "measurement is wrong there).\n"
             "Columns: block, batch, descriptors after merge, GB/s (10^9 B/s, whole-loop timer), latency per\n"
             "batch median and p99 (us), the ceiling measured in the same run with the same threads and\n"
-            "bytes, and GB/s / ceiling. Exit status 1 if any data validation failed.\n");
+            "bytes, the ratio, its min-max, the pairs and the verdict.\n"
+            "Exit status: 0 ok, 1 a data validation failed, 2 usage or set-up error, 3 (--strict only) a\n"
+            "point unstable or above its ceiling.\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -312,7 +331,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"host", required_argument, 0, 'h'}, {"json", required_argument, 0, 'j'},
         {"plot", required_argument, 0, 'p'}, {"serve", required_argument, 0, 's'},
         {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
-        {"tcp-congestion", required_argument, 0, 'T'},
+        {"tcp-congestion", required_argument, 0, 'T'}, {"pairs", required_argument, 0, 'A'},
+        {"max-spread", required_argument, 0, 'S'}, {"strict", no_argument, 0, 'X'},
         {"help", no_argument, 0, '?' + 256}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -322,6 +342,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     parse_list("1,4,16,64,256,1024", o->batches, &o->nbatches, false);
     o->threads = 2;
     o->qp = 1;
+    o->pairs = PDL_PAIRS_MIN;
+    o->max_spread = PDL_PAIRS_SPREAD_MAX;
     o->cap = DEFAULT_CAP;
     o->hetero = true;
     o->host = "127.0.0.1";
@@ -407,6 +429,27 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             break;
         case 'T':
             o->tcp_cc = optarg;
+            break;
+        case 'A': {
+            pdl_error_t err;
+            if (pdl_parse_int("--pairs", optarg, PDL_PAIRS_MIN, PDL_PAIRS_MAX / 2, &o->pairs, &err) != PDL_OK) {
+                fprintf(stderr, "pdlink bench: %s\n", err.msg);
+                return 2;
+            }
+            break;
+        }
+        case 'S': {
+            char *end;
+            errno = 0;
+            o->max_spread = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(o->max_spread > 0) || o->max_spread > 100) {
+                fprintf(stderr, "pdlink bench: --max-spread '%s': expected a number > 0, e.g. 0.25\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'X':
+            o->strict = true;
             break;
         case 'C':
             o->connect = optarg;
@@ -525,14 +568,80 @@ typedef struct ctx {
     pdl_engine_t *e;
     pdl_mem_t *local;
     pdl_session_t *s;
-    uint8_t *src; /* memcpy ceiling source (shm) */
+    uint8_t *src; /* the ceiling's other buffer (region bytes): memcpy source / stream source of a READ */
     uint64_t region;
-    pdl_ceiling_memcpy_t *cm;
+    pdl_ceiling_memcpy_t *cm; /* memcpy ceiling, or NULL for a TCP stream ceiling */
+    pdl_ceiling_tcp_t *tcp[2]; /* streams with the system default and with the engine's congestion control */
     uint64_t seed;
     int failures;
 } ctx_t;
 
-/* Run one point: warm-up, timed loop, validation, ceiling. `d` is the batch. */
+/* One engine loop (pair member A): `warm` untimed batches right before `per` timed ones; the latency of
+ * each timed batch goes to lat[0, per). Returns GB/s of the whole timed loop, < 0 on a failed batch. */
+static double engine_loop(ctx_t *c, const pdl_desc_t *d, size_t n, uint64_t bytes, int warm, int per, double *lat,
+                          size_t *descs)
+{
+    const opts_t *o = c->o;
+    pdl_error_t err;
+    double t_start = 0;
+    for (int i = -warm; i < per; i++) {
+        if (i == 0)
+            t_start = now_s(); /* start of the timed loop; warm-up ran right before it */
+        double t0 = i >= 0 ? now_s() : 0;
+        pdl_batch_t *b = NULL;
+        pdl_status_t st = pdl_session_post(c->s, o->op, d, n, &b, &err);
+        if (st == PDL_OK) {
+            *descs = pdl_batch_num_descs(b);
+            st = pdl_batch_wait(b, -1, &err);
+            pdl_batch_free(b);
+        }
+        if (st != PDL_OK) {
+            fprintf(stderr, "\npdlink bench: %s %s batch failed: %s\n", pdl_backend_name(o->backend),
+                    o->op == PDL_OP_READ ? "read" : "write", err.msg);
+            return -1;
+        }
+        if (i >= 0)
+            lat[i] = now_s() - t0;
+    }
+    return (double)bytes * per / (now_s() - t_start) / 1e9;
+}
+
+/*
+ * One ceiling loop (pair member B) with the same resources as the engine loop: the same bytes, the same
+ * local buffer (the destination of a READ, the source of a WRITE), the same threads (memcpy) or one
+ * warm stream per engine connection (tcp; the faster of the system-default and the engine's congestion
+ * control). Returns GB/s, < 0 on failure.
+ */
+static double ceiling_loop(ctx_t *c, uint64_t bytes, int per)
+{
+    const opts_t *o = c->o;
+    uint8_t *local = pdl_mem_ptr(c->local);
+    uint8_t *dst = o->op == PDL_OP_READ ? local : c->src;
+    const uint8_t *src = o->op == PDL_OP_READ ? c->src : local;
+    if (c->cm != NULL)
+        return pdl_ceiling_memcpy_run(c->cm, dst, src, bytes, per);
+    /* The stream cycles 1 MiB writes over the batch's bytes (at least one write per stream, so a 4 KiB
+     * batch's stream reads a cache-resident 1 MiB) and moves at least 16 MiB: a shorter stream is
+     * mostly its own start and would understate the bound. */
+    uint64_t buf = bytes < (uint64_t)o->qp << 20 ? (uint64_t)o->qp << 20 : bytes;
+    if (buf > c->region)
+        buf = c->region;
+    uint64_t total = bytes * (uint64_t)per < (16ull << 20) ? 16ull << 20 : bytes * (uint64_t)per;
+    double best = -1;
+    for (int k = 0; k < 2; k++)
+        if (c->tcp[k] != NULL) {
+            double g = pdl_ceiling_tcp_run(c->tcp[k], dst, src, buf, total, 1u << 20);
+            if (g > best)
+                best = g;
+        }
+    return best;
+}
+
+/*
+ * Run one point: alternating pairs (engine loop A, ceiling loop B) over the same bytes, at least
+ * o->pairs of them and up to twice as many while the spread is too wide; the data is validated after
+ * the first engine loop, before a ceiling loop touches the local buffer. `d` is the batch.
+ */
 static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, uint64_t block, uint64_t batch,
                    row_t *row)
 {
@@ -561,49 +670,26 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
         double it = budget / (double)bytes;
         iters = it < 9 ? 9 : it > 2001 ? 2001 : (int)it;
     }
-    /*
-     * ROUNDS interleaved rounds of (engine loop, ceiling loop) over the same bytes; each figure is the
-     * best round of its kind. On a shared 2-vCPU VM a single loop of either is easily halved by a
-     * neighbour's burst; interleaving exposes both to the same conditions and the best round is the
-     * closest to what each path can do.
-     */
-    enum { ROUNDS = 3 };
-    int per = iters / ROUNDS < 1 ? 1 : iters / ROUNDS;
-    iters = per * ROUNDS;
-    int warm = per / 10 < 2 ? 2 : per / 10;
-    double *lat = malloc((size_t)iters * sizeof(double));
-    pdl_error_t err;
+    int per = iters / o->pairs < 2 ? 2 : iters / o->pairs;
+    int warm = per / 10 < 1 ? 1 : per / 10;
+    int max_pairs = 2 * o->pairs > PDL_PAIRS_MAX ? PDL_PAIRS_MAX : 2 * o->pairs;
+    double *lat = malloc((size_t)per * (size_t)max_pairs * sizeof(double));
+    if (lat == NULL)
+        return -1;
     size_t descs = 0;
-    double best = 0, best_ceil = -1;
     bool valid = true;
-    for (int r = 0; r < ROUNDS; r++) {
-        double t_start = 0;
-        for (int i = -warm; i < per; i++) {
-            if (i == 0)
-                t_start = now_s(); /* start of the timed loop; warm-up ran right before it */
-            double t0 = i >= 0 ? now_s() : 0;
-            pdl_batch_t *b = NULL;
-            pdl_status_t st = pdl_session_post(c->s, o->op, d, n, &b, &err);
-            if (st == PDL_OK) {
-                descs = pdl_batch_num_descs(b);
-                st = pdl_batch_wait(b, -1, &err);
-                pdl_batch_free(b);
-            }
-            if (st != PDL_OK) {
-                fprintf(stderr, "\npdlink bench: %s %s batch failed: %s\n", pdl_backend_name(o->backend),
-                        o->op == PDL_OP_READ ? "read" : "write", err.msg);
-                free(lat);
-                return -1;
-            }
-            if (i >= 0)
-                lat[r * per + i] = now_s() - t0;
+    pdl_pairs_t pairs;
+    pdl_pairs_init(&pairs);
+    pdl_pairs_summary_t sum;
+    pdl_pairs_summarize(&pairs, o->max_spread, PDL_PAIRS_ABOVE_TOL, &sum);
+    int done = 0;
+    while (done < o->pairs || (sum.verdict == PDL_PAIRS_UNSTABLE && done < max_pairs)) {
+        double g = engine_loop(c, d, n, bytes, warm, per, lat + (size_t)done * (size_t)per, &descs);
+        if (g < 0) {
+            free(lat);
+            return -1;
         }
-        double g = (double)bytes * per / (now_s() - t_start) / 1e9;
-        if (g > best)
-            best = g;
-
-        if (r == ROUNDS - 1) {
-            /* Validate after the last timed loop, before the ceiling touches the buffers again. */
+        if (done == 0) {
             if (o->op == PDL_OP_READ) {
                 for (size_t i = 0; i < n && valid; i++)
                     valid = check_pattern(local + d[i].local_off, d[i].len, seed, d[i].remote_off);
@@ -611,49 +697,33 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
                 valid = ctl_cmd(c->fd, 'V', seed, 0, d, (uint32_t)n) == 0;
             }
         }
-
-        /* The ceiling, right away, with the same resources: same threads, bytes and local buffer (as the
-         * destination of a READ, the source of a WRITE). */
-        double ceil;
-        if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
-            if (o->op == PDL_OP_READ)
-                ceil = pdl_ceiling_memcpy_run(c->cm, local, c->src, bytes, per);
-            else
-                ceil = pdl_ceiling_memcpy_run(c->cm, c->src, local, bytes, per);
-        } else {
-            uint64_t total = bytes * (uint64_t)per;
-            if (total < (64ull << 20))
-                total = 64ull << 20;
-            /* The engine sets its own congestion control on its sockets (engine.h): the stream gets
-             * the same, and the system default too, and the faster one is the ceiling. */
-            ceil = pdl_ceiling_tcp_gbps_buf(o->host, total, 1u << 20, o->qp, bytes);
-            const char *cc = pdl_engine_tcp_congestion(c->e);
-            if (cc[0] != '\0') {
-                double c2 = pdl_ceiling_tcp_gbps_cc(o->host, total, 1u << 20, o->qp, bytes, cc);
-                if (c2 > ceil)
-                    ceil = c2;
-            }
+        double ceil = ceiling_loop(c, bytes, per);
+        if (pdl_pairs_add(&pairs, g, ceil) != 0) {
+            fprintf(stderr, "\npdlink bench: the ceiling loop failed (%.3f GB/s)\n", ceil);
+            free(lat);
+            return -1;
         }
-        if (ceil > best_ceil)
-            best_ceil = ceil;
+        done++;
+        pdl_pairs_summarize(&pairs, o->max_spread, PDL_PAIRS_ABOVE_TOL, &sum);
     }
-    row->gbps = best;
-    qsort(lat, (size_t)iters, sizeof(double), cmp_double);
-    row->lat_med_us = lat[iters / 2] * 1e6;
-    row->lat_p99_us = lat[(size_t)((iters - 1) * 0.99)] * 1e6;
+    int timed = per * done;
+    qsort(lat, (size_t)timed, sizeof(double), cmp_double);
+    row->lat_med_us = lat[timed / 2] * 1e6;
+    row->lat_p99_us = lat[(size_t)((timed - 1) * 0.99)] * 1e6;
     free(lat);
     if (!valid)
         c->failures++;
-    double ceil = best_ceil;
-
     snprintf(row->label, sizeof(row->label), "%s", label);
     row->block = block;
     row->batch = batch;
     row->bytes = bytes;
     row->descs = descs;
-    row->iters = iters;
-    row->ceil_gbps = ceil;
-    row->ratio = ceil > 0 ? row->gbps / ceil : 0;
+    row->iters = timed;
+    row->per = per;
+    row->gbps = sum.measured_median;
+    row->ceil_gbps = sum.ceiling_median;
+    row->ratio = sum.ratio_median;
+    row->sum = sum;
     row->valid = valid;
     return 0;
 }
@@ -688,25 +758,40 @@ static void print_header(const opts_t *o, const char *engine_cc)
     else {
         char sys[32];
         system_cc(sys, sizeof(sys));
-        printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each), 1 MiB writes "
-               "cycling over a batch's bytes (at least 1 MiB), same total bytes (at least 64 MiB)\n",
+        printf("ceiling: plain TCP stream over %s, %d stream(s) (1 sender + 1 receiver thread each, connected once\n"
+               "and kept warm for the whole run), 1 MiB writes cycling over a batch's bytes (at least 1 MiB) into the\n"
+               "same local buffer, same total bytes as the engine loop (at least 16 MiB)\n",
                o->host, o->qp);
         printf("congestion control: engine data sockets %s; ceiling = the faster stream of the system default (%s)%s%s\n",
                engine_cc[0] ? engine_cc : "= system default", sys, engine_cc[0] ? " and " : "", engine_cc);
     }
-    printf("GB = 10^9 bytes; each figure is the best of 3 interleaved rounds (engine loop, ceiling loop), each a\n"
-           "whole-loop timer after a warm-up; latency = post + wait of one batch over all rounds; data validated\n"
-           "after the last timed loop\n\n");
-    printf("%-10s %8s %6s %6s %9s %11s %11s %12s %7s\n", "case", "block", "batch", "descs", "GB/s", "lat med us",
-           "lat p99 us", "ceiling GB/s", "ratio");
+    printf("method: per point, at least %d alternating pairs (engine loop A, ceiling loop B, A, B, ...) over the\n"
+           "same bytes, each loop a whole-loop timer after its own warm-up; ratio = median of the per-pair ratios\n"
+           "A/B (min-max beside it); GB/s and ceiling = medians; spread = (q3 - q1) / median of the ratios: above\n"
+           "%.2f the point is 'unstable' (more pairs are run, up to %d) and no ratio is given; a median ratio above\n"
+           "%.2f is flagged ABOVE CEILING. GB = 10^9 bytes; latency = post + wait of one batch over all engine\n"
+           "loops; data validated after the first engine loop\n\n",
+           o->pairs, o->max_spread, 2 * o->pairs, 1 + PDL_PAIRS_ABOVE_TOL);
+    printf("%-10s %8s %6s %6s %9s %11s %11s %12s %7s %11s %5s  %s\n", "case", "block", "batch", "descs", "GB/s",
+           "lat med us", "lat p99 us", "ceiling GB/s", "ratio", "min-max", "pairs", "verdict");
 }
 
 static void print_row(const row_t *r)
 {
     char b[32];
     fmt_size(r->block, b, sizeof(b));
-    printf("%-10s %8s %6" PRIu64 " %6zu %9.2f %11.1f %11.1f %12.2f %7.2f%s\n", r->label, b, r->batch, r->descs,
-           r->gbps, r->lat_med_us, r->lat_p99_us, r->ceil_gbps, r->ratio, r->valid ? "" : "  DATA MISMATCH");
+    char ratio[16], range[32], verdict[64];
+    if (r->sum.verdict == PDL_PAIRS_UNSTABLE) {
+        snprintf(ratio, sizeof(ratio), "-");
+        snprintf(verdict, sizeof(verdict), "unstable (spread %.2f)", r->sum.spread);
+    } else {
+        snprintf(ratio, sizeof(ratio), "%.2f", r->ratio);
+        snprintf(verdict, sizeof(verdict), "%s", pdl_pairs_verdict_name(r->sum.verdict));
+    }
+    snprintf(range, sizeof(range), "%.2f-%.2f", r->sum.ratio_min, r->sum.ratio_max);
+    printf("%-10s %8s %6" PRIu64 " %6zu %9.2f %11.1f %11.1f %12.2f %7s %11s %5d  %s%s\n", r->label, b, r->batch,
+           r->descs, r->gbps, r->lat_med_us, r->lat_p99_us, r->ceil_gbps, ratio, range, r->sum.n, verdict,
+           r->valid ? "" : "  DATA MISMATCH");
     fflush(stdout);
 }
 
@@ -772,6 +857,12 @@ static int write_json(const char *path, const opts_t *o, const row_t *rows, int 
     json_object_set_new(root, "ceiling", json_string(memcpy_ceil ? "memcpy" : "tcp_stream"));
     json_object_set_new(root, "ceiling_threads", json_integer(memcpy_ceil ? o->threads : o->qp));
     json_object_set_new(root, "gb", json_string("1e9 bytes"));
+    json_object_set_new(root, "method", json_string("alternating pairs (engine loop, ceiling loop) over the same bytes; "
+                                                    "ratio = median of per-pair ratios; gbps and ceiling_gbps = medians; "
+                                                    "spread = (q3 - q1) / median of the ratios"));
+    json_object_set_new(root, "min_pairs", json_integer(o->pairs));
+    json_object_set_new(root, "max_spread", json_real(o->max_spread));
+    json_object_set_new(root, "above_ceiling_above", json_real(1 + PDL_PAIRS_ABOVE_TOL));
     for (int i = 0; i < n; i++) {
         const row_t *r = &rows[i];
         json_t *j = json_object();
@@ -786,6 +877,14 @@ static int write_json(const char *path, const opts_t *o, const row_t *rows, int 
         json_object_set_new(j, "lat_p99_us", json_real(r->lat_p99_us));
         json_object_set_new(j, "ceiling_gbps", json_real(r->ceil_gbps));
         json_object_set_new(j, "ratio", json_real(r->ratio));
+        json_object_set_new(j, "ratio_min", json_real(r->sum.ratio_min));
+        json_object_set_new(j, "ratio_max", json_real(r->sum.ratio_max));
+        json_object_set_new(j, "spread", json_real(r->sum.spread));
+        json_object_set_new(j, "pairs", json_integer(r->sum.n));
+        json_object_set_new(j, "iters_per_loop", json_integer(r->per));
+        json_object_set_new(j, "verdict", json_string(pdl_pairs_verdict_name(r->sum.verdict)));
+        json_object_set_new(j, "stable", json_boolean(r->sum.verdict != PDL_PAIRS_UNSTABLE));
+        json_object_set_new(j, "above_ceiling", json_boolean(r->sum.verdict == PDL_PAIRS_ABOVE_CEILING));
         json_object_set_new(j, "validated", json_boolean(r->valid));
         json_array_append_new(arr, j);
     }
@@ -878,6 +977,8 @@ static uint64_t region_needed(const opts_t *o)
         }
     if (o->hetero && need < (64ull << 20))
         need = 64ull << 20; /* the heterogeneous rows use 4 layers of 16 MiB */
+    if (!pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)) && need < ((uint64_t)o->qp << 20))
+        need = (uint64_t)o->qp << 20; /* the TCP ceiling's streams each cycle over at least one 1 MiB write */
     return need;
 }
 
@@ -900,14 +1001,29 @@ static int initiator_run(ctx_t *c)
         fprintf(stderr, "pdlink bench: %s\n", err.msg);
         goto out;
     }
+    c->src = pdl_ceiling_alloc(c->region);
+    if (c->src == NULL) {
+        fprintf(stderr, "pdlink bench: cannot allocate the ceiling's %" PRIu64 "-byte buffer\n", c->region);
+        goto out;
+    }
+    memset(c->src, 0x5a, c->region);
     if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
-        c->src = pdl_ceiling_alloc(c->region);
         c->cm = pdl_ceiling_memcpy_create(o->threads);
-        if (c->src == NULL || c->cm == NULL) {
-            fprintf(stderr, "pdlink bench: cannot allocate the memcpy ceiling's %" PRIu64 "-byte buffer\n", c->region);
+        if (c->cm == NULL) {
+            fprintf(stderr, "pdlink bench: cannot start the memcpy ceiling's %d thread(s)\n", o->threads);
             goto out;
         }
-        memset(c->src, 0x5a, c->region);
+    } else {
+        /* The engine sets its own congestion control on its sockets (engine.h): one stream set gets the
+         * same, one the system default, and the faster is the ceiling of each pair. */
+        const char *cc = pdl_engine_tcp_congestion(c->e);
+        c->tcp[0] = pdl_ceiling_tcp_create(o->host, o->qp, NULL);
+        if (c->tcp[0] != NULL && cc[0] != '\0')
+            c->tcp[1] = pdl_ceiling_tcp_create(o->host, o->qp, cc);
+        if (c->tcp[0] == NULL || (cc[0] != '\0' && c->tcp[1] == NULL)) {
+            fprintf(stderr, "pdlink bench: cannot open the TCP stream ceiling's connections over %s\n", o->host);
+            goto out;
+        }
     }
     print_header(o, pdl_engine_tcp_congestion(c->e));
     int maxrows = o->nblocks * o->nbatches + 3;
@@ -974,9 +1090,23 @@ static int initiator_run(ctx_t *c)
         printf("(P8/D4: two producer ranks, each one head; the target's single region stands in for both)\n");
     }
     fprintf(stderr, "pdlink bench: %d rows in %.1f s\n", nrows, now_s() - t_start);
+    int unstable = 0, above = 0;
+    for (int i = 0; i < nrows; i++) {
+        unstable += rows[i].sum.verdict == PDL_PAIRS_UNSTABLE;
+        above += rows[i].sum.verdict == PDL_PAIRS_ABOVE_CEILING;
+    }
+    if (unstable > 0)
+        printf("\n%d point(s) unstable: the machine was too noisy for a ratio there; rerun them (e.g. --pairs 9)\n",
+               unstable);
+    if (above > 0)
+        printf("\n%d point(s) ABOVE CEILING: a ceiling must bound the engine, so that ceiling or that measurement "
+               "is wrong\n",
+               above);
     if (rc == 0 && c->failures > 0) {
         printf("\n%d point(s) FAILED data validation\n", c->failures);
         rc = 1;
+    } else if (rc == 0 && o->strict && (unstable > 0 || above > 0)) {
+        rc = 3;
     }
     if (o->json && write_json(o->json, o, rows, nrows) != 0 && rc == 0)
         rc = 2;
@@ -993,6 +1123,8 @@ out:
         pdl_engine_deregister_mem(c->e, c->local);
     pdl_engine_destroy(c->e);
     pdl_ceiling_memcpy_destroy(c->cm);
+    pdl_ceiling_tcp_destroy(c->tcp[0]);
+    pdl_ceiling_tcp_destroy(c->tcp[1]);
     pdl_ceiling_free(c->src, c->region);
     return rc;
 }

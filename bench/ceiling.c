@@ -186,11 +186,16 @@ double pdl_ceiling_memcpy_gbps(size_t bytes, int threads, int reps)
 #define WARM_PER_STREAM (16u << 20)
 #define RECV_CHUNK (256u << 10)
 
+struct pdl_ceiling_tcp {
+    int streams;
+    int *tx_fd, *rx_fd; /* connected pairs: stream i sends on tx_fd[i] and receives on rx_fd[i] */
+};
+
 typedef struct stream {
     int fd;
     uint8_t *buf;
     size_t buf_len, write_size;
-    size_t bytes;          /* timed bytes */
+    size_t warm, bytes;    /* untimed, then timed bytes */
     pthread_barrier_t *go; /* all threads; crossed after the warm-up */
     int rc;
 } stream_t;
@@ -217,7 +222,7 @@ static int move(int fd, uint8_t *buf, size_t buf_len, size_t chunk, size_t total
 static void *sender(void *arg)
 {
     stream_t *s = arg;
-    s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, WARM_PER_STREAM, 1);
+    s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, s->warm, 1);
     pthread_barrier_wait(s->go);
     if (s->rc == 0)
         s->rc = move(s->fd, s->buf, s->buf_len, s->write_size, s->bytes, 1);
@@ -230,11 +235,135 @@ static void *receiver(void *arg)
     /* Reads of RECV_CHUNK: one huge MSG_WAITALL read keeps the socket locked while it copies and
      * delays window updates (measured in src/engine/tcp.c); the ceiling must not handicap itself. */
     size_t rc = s->write_size < RECV_CHUNK ? s->write_size : RECV_CHUNK;
-    s->rc = move(s->fd, s->buf, s->buf_len, rc, WARM_PER_STREAM, 0);
+    s->rc = move(s->fd, s->buf, s->buf_len, rc, s->warm, 0);
     pthread_barrier_wait(s->go);
     if (s->rc == 0)
         s->rc = move(s->fd, s->buf, s->buf_len, rc, s->bytes, 0);
     return NULL;
+}
+
+void pdl_ceiling_tcp_destroy(pdl_ceiling_tcp_t *t)
+{
+    if (t == NULL)
+        return;
+    for (int i = 0; i < t->streams; i++) {
+        if (t->tx_fd[i] >= 0)
+            close(t->tx_fd[i]);
+        if (t->rx_fd[i] >= 0)
+            close(t->rx_fd[i]);
+    }
+    free(t->tx_fd);
+    free(t->rx_fd);
+    free(t);
+}
+
+pdl_ceiling_tcp_t *pdl_ceiling_tcp_create(const char *host, int streams, const char *cc)
+{
+    if (streams < 1 || streams > 64)
+        return NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, "0", &hints, &ai) != 0) {
+        fprintf(stderr, "tcp ceiling: cannot resolve %s\n", host);
+        return NULL;
+    }
+    int lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (lfd < 0 || bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, 64) != 0 ||
+        getsockname(lfd, (struct sockaddr *)&ss, &sl) != 0) {
+        fprintf(stderr, "tcp ceiling: listen on %s: %s\n", host, strerror(errno));
+        if (lfd >= 0)
+            close(lfd);
+        freeaddrinfo(ai);
+        return NULL;
+    }
+    freeaddrinfo(ai);
+    pdl_ceiling_tcp_t *t = calloc(1, sizeof(*t));
+    if (t == NULL || (t->tx_fd = malloc((size_t)streams * sizeof(int))) == NULL ||
+        (t->rx_fd = malloc((size_t)streams * sizeof(int))) == NULL) {
+        if (t)
+            free(t->tx_fd);
+        free(t);
+        close(lfd);
+        return NULL;
+    }
+    t->streams = streams;
+    for (int i = 0; i < streams; i++)
+        t->tx_fd[i] = t->rx_fd[i] = -1;
+    for (int i = 0; i < streams; i++) {
+        int cfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        t->tx_fd[i] = cfd;
+        if (cfd < 0 || connect(cfd, (struct sockaddr *)&ss, sl) != 0 ||
+            (t->rx_fd[i] = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+            fprintf(stderr, "tcp ceiling: connect to %s: %s\n", host, strerror(errno));
+            goto fail;
+        }
+        int one = 1;
+        setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        setsockopt(t->rx_fd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        if (cc != NULL && cc[0] != '\0' &&
+            (setsockopt(cfd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 ||
+             setsockopt(t->rx_fd[i], IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)) {
+            fprintf(stderr, "tcp ceiling: congestion control %s: %s\n", cc, strerror(errno));
+            goto fail;
+        }
+    }
+    close(lfd);
+    return t;
+fail:
+    close(lfd);
+    pdl_ceiling_tcp_destroy(t);
+    return NULL;
+}
+
+double pdl_ceiling_tcp_run(pdl_ceiling_tcp_t *t, void *dst, const void *src, size_t buf_bytes, size_t total_bytes,
+                           size_t write_size)
+{
+    if (t == NULL || dst == NULL || src == NULL || write_size == 0 || total_bytes == 0)
+        return -1;
+    int n = t->streams;
+    size_t slice = buf_bytes / (size_t)n & ~(size_t)4095;
+    if (slice < write_size)
+        return -1;
+    /* One untimed pass over each stream's slice (at most 16 MiB) right before the timed bytes: it
+     * warms the buffers as the engine's warm-up batches warm its own (machine.md §4a), and keeps the
+     * connection's window and congestion state as grown as a busy engine connection's. */
+    size_t warm = slice < WARM_PER_STREAM ? slice : WARM_PER_STREAM;
+    stream_t *tx = calloc((size_t)n, sizeof(*tx)), *rx = calloc((size_t)n, sizeof(*rx));
+    pthread_t *tt = calloc((size_t)n * 2, sizeof(pthread_t));
+    double result = -1;
+    pthread_barrier_t go;
+    if (tx == NULL || rx == NULL || tt == NULL)
+        goto out;
+    pthread_barrier_init(&go, NULL, (unsigned)n * 2 + 1);
+    for (int i = 0; i < n; i++) {
+        size_t share = total_bytes / (size_t)n + (i == 0 ? total_bytes % (size_t)n : 0);
+        tx[i] = (stream_t){t->tx_fd[i], (uint8_t *)src + (size_t)i * slice, slice, write_size, warm, share, &go, 0};
+        rx[i] = (stream_t){t->rx_fd[i], (uint8_t *)dst + (size_t)i * slice, slice, write_size, warm, share, &go, 0};
+        pthread_create(&tt[2 * i], NULL, sender, &tx[i]);
+        pthread_create(&tt[2 * i + 1], NULL, receiver, &rx[i]);
+    }
+    pthread_barrier_wait(&go);
+    double t0 = now_s();
+    for (int i = 0; i < n; i++)
+        pthread_join(tt[2 * i + 1], NULL); /* the receivers finish last */
+    double secs = now_s() - t0;
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+        pthread_join(tt[2 * i], NULL);
+        if (tx[i].rc || rx[i].rc)
+            ok = 0;
+    }
+    pthread_barrier_destroy(&go);
+    if (ok)
+        result = (double)total_bytes / secs / 1e9;
+    else
+        fprintf(stderr, "tcp ceiling: stream failed: %s\n", strerror(errno));
+out:
+    free(tx);
+    free(rx);
+    free(tt);
+    return result;
 }
 
 double pdl_ceiling_tcp_gbps(const char *host, size_t total_bytes, size_t write_size, int streams)
@@ -258,88 +387,20 @@ double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t writ
 {
     if (streams < 1 || streams > 64 || write_size == 0 || total_bytes == 0)
         return -1;
-    if (buf_len < write_size)
-        buf_len = write_size;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, "0", &hints, &ai) != 0) {
-        fprintf(stderr, "tcp ceiling: cannot resolve %s\n", host);
-        return -1;
-    }
-    int lfd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    if (lfd < 0 || bind(lfd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(lfd, 64) != 0 ||
-        getsockname(lfd, (struct sockaddr *)&ss, &sl) != 0) {
-        fprintf(stderr, "tcp ceiling: listen on %s: %s\n", host, strerror(errno));
-        if (lfd >= 0)
-            close(lfd);
-        freeaddrinfo(ai);
-        return -1;
-    }
-    freeaddrinfo(ai);
-    stream_t *tx = calloc((size_t)streams, sizeof(*tx)), *rx = calloc((size_t)streams, sizeof(*rx));
-    pthread_t *tt = calloc((size_t)streams * 2, sizeof(pthread_t));
-    pthread_barrier_t go;
-    pthread_barrier_init(&go, NULL, (unsigned)streams * 2 + 1);
-    double result = -1;
-    int ok = 1;
-    for (int i = 0; i < streams; i++) {
-        int cfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (cfd < 0 || connect(cfd, (struct sockaddr *)&ss, sl) != 0) {
-            ok = 0;
-            break;
-        }
-        int afd = accept(lfd, NULL, NULL);
-        int one = 1;
-        setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        setsockopt(afd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        if (cc != NULL && cc[0] != '\0' &&
-            (setsockopt(cfd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0 ||
-             setsockopt(afd, IPPROTO_TCP, TCP_CONGESTION, cc, (socklen_t)strlen(cc)) != 0)) {
-            fprintf(stderr, "tcp ceiling: congestion control %s: %s\n", cc, strerror(errno));
-            close(cfd);
-            close(afd);
-            ok = 0;
-            break;
-        }
-        size_t share = total_bytes / (size_t)streams + (i == 0 ? total_bytes % (size_t)streams : 0);
-        tx[i] = (stream_t){cfd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};
-        rx[i] = (stream_t){afd, pdl_ceiling_alloc(buf_len), buf_len, write_size, share, &go, 0};
-    }
-    if (ok) {
-        for (int i = 0; i < streams; i++) {
-            pthread_create(&tt[2 * i], NULL, sender, &tx[i]);
-            pthread_create(&tt[2 * i + 1], NULL, receiver, &rx[i]);
-        }
-        pthread_barrier_wait(&go);
-        double t0 = now_s();
-        for (int i = 0; i < streams; i++)
-            pthread_join(tt[2 * i + 1], NULL); /* the receivers finish last */
-        double t = now_s() - t0;
-        for (int i = 0; i < streams; i++) {
-            pthread_join(tt[2 * i], NULL);
-            if (tx[i].rc || rx[i].rc)
-                ok = 0;
-        }
-        if (ok)
-            result = (double)total_bytes / t / 1e9;
-    } else {
-        fprintf(stderr, "tcp ceiling: connect: %s\n", strerror(errno));
-    }
-    for (int i = 0; i < streams; i++) {
-        if (tx[i].buf) {
-            close(tx[i].fd);
-            close(rx[i].fd);
-            pdl_ceiling_free(tx[i].buf, buf_len);
-            pdl_ceiling_free(rx[i].buf, buf_len);
-        }
-    }
-    pthread_barrier_destroy(&go);
-    free(tx);
-    free(rx);
-    free(tt);
-    close(lfd);
-    return result;
+    /* Each stream gets a slice of at least one write, page-aligned. */
+    size_t slice = ((buf_len / (size_t)streams < write_size ? write_size : buf_len / (size_t)streams) + 4095) &
+                   ~(size_t)4095;
+    size_t len = slice * (size_t)streams;
+    pdl_ceiling_tcp_t *t = pdl_ceiling_tcp_create(host, streams, cc);
+    uint8_t *src = pdl_ceiling_alloc(len), *dst = pdl_ceiling_alloc(len);
+    double r = -1;
+    /* A fresh connection first moves 16 MiB per stream untimed (slow start, window autotuning). */
+    if (t && src && dst && pdl_ceiling_tcp_run(t, dst, src, len, (size_t)WARM_PER_STREAM * (size_t)streams, write_size) > 0)
+        r = pdl_ceiling_tcp_run(t, dst, src, len, total_bytes, write_size);
+    pdl_ceiling_tcp_destroy(t);
+    pdl_ceiling_free(src, len);
+    pdl_ceiling_free(dst, len);
+    return r;
 }
 
 bool pdl_ceiling_is_memcpy(const char *backend)

@@ -63,6 +63,30 @@ double pdl_ceiling_tcp_gbps_buf(const char *host, size_t total_bytes, size_t wri
 double pdl_ceiling_tcp_gbps_cc(const char *host, size_t total_bytes, size_t write_size, int streams,
                                size_t buf_bytes, const char *cc);
 
+/*
+ * A TCP stream ceiling kept open across measurements, for benchmarks that alternate it with the
+ * transfer it bounds: `streams` connected pairs over `host` (both ends in this process), congestion
+ * control `cc` on both ends (NULL or "" = the system default), TCP_NODELAY. The one-shot functions
+ * above open fresh connections and fault in fresh buffers for every figure, which the engine they
+ * bound never does (its connections and regions live for the whole run); this one does neither, so
+ * it can be alternated cheaply with the engine's loop. NULL on failure (message on stderr).
+ */
+typedef struct pdl_ceiling_tcp pdl_ceiling_tcp_t;
+pdl_ceiling_tcp_t *pdl_ceiling_tcp_create(const char *host, int streams, const char *cc);
+/*
+ * Stream `total_bytes` (split evenly over the streams) with `write_size` per send and reads of
+ * min(write_size, 256 KiB): stream i's sender cycles over its slice of src and its receiver over the
+ * same slice of dst (slice = buf_bytes / streams, rounded down to 4 KiB; it must hold one write, else
+ * -1). The caller's buffers: pass the memory the bounded transfer touches (e.g. dst = the engine's
+ * local region of a READ), pre-faulted. One untimed pass over each slice (at most 16 MiB) runs right
+ * before the timed bytes. Returns GB/s, or < 0 on failure (message on stderr). Not thread-safe per
+ * object.
+ */
+double pdl_ceiling_tcp_run(pdl_ceiling_tcp_t *t, void *dst, const void *src, size_t buf_bytes, size_t total_bytes,
+                           size_t write_size);
+/* Closes the connections; NULL is a no-op. */
+void pdl_ceiling_tcp_destroy(pdl_ceiling_tcp_t *t);
+
 /* Allocate `bytes` of anonymous memory, pre-faulted (MAP_POPULATE + a write per page); NULL on failure.
  * Free with pdl_ceiling_free(p, bytes). */
 void *pdl_ceiling_alloc(size_t bytes);
