@@ -226,7 +226,7 @@ typedef struct pdl_xfer_times {
 } pdl_xfer_times_t;
 
 /* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached), post
- * one batched op per layer per remote rank, wait for all of them within transfer_timeout (even after
+ * batched ops per remote rank (whole layers, several per batch when they are small), wait for all of them within transfer_timeout (even after
  * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
  * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
  * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */

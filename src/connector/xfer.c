@@ -3,8 +3,9 @@
  *
  * A transfer is a direction, the remote instance's address and a list of pieces (head ranges of
  * remote ranks). The executor handshakes with every remote rank the pieces name (cached peers of the
- * calling side), posts ONE batched op per layer per remote rank (descriptors from
- * pdl_layout_build_descs, merged), and waits for everything it posted within transfer_timeout -- also
+ * calling side), posts batched ops per remote rank -- whole layers per batch, as many as fit in
+ * XFER_BATCH_BYTES (descriptors from pdl_layout_build_descs, merged) -- and waits for everything it
+ * posted within transfer_timeout -- also
  * after a failure, because a posted batch still uses our blocks. Every peer whose post or batch
  * failed as gone (PDL_ERR_PEER_GONE / PDL_ERR_TRANSPORT) is evicted, and with it the other cached
  * ranks of the same remote instance: they live and die with it, and a stale one would otherwise fail
@@ -29,6 +30,13 @@
 
 #include "connector/internal.h"
 #include "common/clock.h"
+
+/* Layers share a batch up to this many bytes. A batch costs ~1 us to post and check whatever its size,
+ * and a short prompt's or a split head's layer is a few KiB (llama-3.1-8b, 16 tokens, one head: 8 KiB
+ * per layer), so one batch per layer spent more on batches than on copying; above this size a batch is
+ * long enough for that not to matter, and keeping batches this small keeps shm's copies inline on the
+ * posting thread (its inline limit is 4 MiB) and lets tcp pipeline one batch behind another. */
+#define XFER_BATCH_BYTES (2u << 20)
 
 typedef struct posted {
     pdl_batch_t *batch;
@@ -112,35 +120,46 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
     int ngone = 0;
     pdl_op_t op = x->dir == PDL_DIR_READ ? PDL_OP_READ : PDL_OP_WRITE;
     uint64_t t0 = pdl__clock_now_ns();
-    for (int l = 0; l < L && st == PDL_OK; l++) {
-        for (int k = 0; k < nr && st == PDL_OK; k++) {
-            int np = 0;
-            for (int i = 0; i < x->npieces; i++)
-                if (x->pieces[i].remote_rank == rranks[k])
-                    pieces[np++] = x->pieces[i].piece;
-            pdl_descv_reset(&dv);
+    for (int k = 0; k < nr && st == PDL_OK; k++) {
+        int np = 0;
+        for (int i = 0; i < x->npieces; i++)
+            if (x->pieces[i].remote_rank == rranks[k])
+                pieces[np++] = x->pieces[i].piece;
+        pdl_descv_reset(&dv);
+        int first_layer = 0;
+        uint64_t nbytes = 0;
+        for (int l = 0; l < L && st == PDL_OK; l++) {
+            size_t n0 = dv.n;
             uint64_t tb = pdl__clock_now_ns();
             st = pdl_layout_build_descs(&r->mem.geo, &peers[k]->geo, x->dir, pieces, np, x->local_blocks,
                                         x->remote_blocks, x->n, (uint64_t)l * r->mem.layer_len,
                                         (uint64_t)l * peers[k]->layer_len, &dv, err);
+            times->build += pdl__clock_now_ns() - tb;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, st, "layer %d, %s rank %d", l, remote_role, rranks[k]);
                 break;
             }
+            /* Whole layers share a batch until it holds XFER_BATCH_BYTES (see the top of the file). */
+            for (size_t i = n0; i < dv.n; i++)
+                nbytes += dv.v[i].len;
+            if (l + 1 < L && nbytes < XFER_BATCH_BYTES)
+                continue;
             pdl_batch_t *b = NULL;
             uint64_t tpost = pdl__clock_now_ns();
-            times->build += tpost - tb;
             st = pdl_session_post_granted(peers[k]->session, op, x->grant, dv.v, dv.n, &b, err);
             times->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
-                pdl_error_prefix(err, st, "layer %d, %s rank %d: post", l, remote_role, rranks[k]);
+                pdl_error_prefix(err, st, "layers %d-%d, %s rank %d: post", first_layer, l, remote_role, rranks[k]);
                 if (is_gone(st))
                     add_gone(gone, &ngone, peers[k]);
                 break;
             }
             posted[nposted++] = (posted_t){.batch = b, .peer = peers[k], .remote_rank = rranks[k]};
             *descs += dv.n;
-            *bytes += pdl_layout_total_bytes(&dv);
+            *bytes += nbytes;
+            pdl_descv_reset(&dv);
+            nbytes = 0;
+            first_layer = l + 1;
         }
     }
     pdl_descv_free(&dv);
