@@ -8,7 +8,8 @@
  * (plan, descriptors, one engine batch per layer per producer rank, the releases), the producer's
  * fan-in and the free of its blocks (its PDL_EVENT_FREED). The KV is written before and checked after,
  * every byte, outside the clock. The engine-only transfer posts the same descriptors (same geometry,
- * same block ids, same batches) straight to engines of the same backend, one thread, no connector;
+ * same block ids, built by pdl_layout_build_descs) straight to engines of the same backend, one batch
+ * per consumer rank and producer rank with every layer in it, from one thread, no connector;
  * memcpy copies the same number of bytes between two warm buffers (bench/ceiling.h).
  *
  * Method: a sample is `reps` transfers of one kind; per row, samples alternate connector, engine,
@@ -451,10 +452,10 @@ static void bc_conn_sample(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_sa
     smp->gbps = ns ? (double)bytes / (double)ns : 0;
 }
 
-/* The engine-only batches of one transfer: per consumer rank, per layer, per producer rank of its plan. */
+/* The engine-only batches of one transfer: one per consumer rank and producer rank of its plan, every
+ * layer's descriptors in it (built as the connector builds them). */
 typedef struct bc_batches {
-    pdl_descv_t dv[PDL_TOPO_MAX_TP][PDL_TOPO_MAX_TP]; /* [d][p], every layer: one batch per layer */
-    size_t per_layer[PDL_TOPO_MAX_TP][PDL_TOPO_MAX_TP];
+    pdl_descv_t dv[PDL_TOPO_MAX_TP][PDL_TOPO_MAX_TP]; /* [d][p] */
     uint64_t bytes;
 } bc_batches_t;
 
@@ -475,13 +476,11 @@ static pdl_status_t bc_build(bc_setup_t *s, const uint32_t *pblk, const uint32_t
                 continue;
             const pdl_kv_geometry_t *rg = pdl_instance_geometry(s->prod, p);
             for (int l = 0; l < s->layers; l++) {
-                size_t before = b->dv[d][p].n;
                 pdl_status_t st = pdl_layout_build_descs(lg, rg, PDL_DIR_READ, pieces, np, cblk, pblk, nblk,
                                                          (uint64_t)l * bc_layer_len(lg), (uint64_t)l * bc_layer_len(rg),
                                                          &b->dv[d][p], err);
                 if (st != PDL_OK)
                     return st;
-                b->per_layer[d][p] = b->dv[d][p].n - before; /* the same for every layer */
             }
             b->bytes += pdl_layout_total_bytes(&b->dv[d][p]);
         }
@@ -499,21 +498,15 @@ static void bc_batches_free(bc_batches_t *b)
 /* One engine-only transfer: every batch posted, then every batch waited for. Returns ns, 0 on failure. */
 static uint64_t bc_engine_one(bc_setup_t *s, const bc_batches_t *b)
 {
-    pdl_batch_t **all = malloc(sizeof(*all) * (size_t)s->layers * PDL_TOPO_MAX_TP * PDL_TOPO_MAX_TP);
-    if (all == NULL)
-        return 0;
+    pdl_batch_t *all[PDL_TOPO_MAX_TP * PDL_TOPO_MAX_TP];
     size_t n = 0;
     bool ok = true;
     pdl_error_t e;
     uint64_t t0 = pdl__clock_now_ns();
     for (int d = 0; d < s->D && ok; d++)
-        for (int l = 0; l < s->layers && ok; l++)
-            for (int p = 0; p < s->P && ok; p++) {
-                size_t k = b->per_layer[d][p];
-                if (k == 0)
-                    continue;
-                ok = pdl_session_post(s->sess[d][p], PDL_OP_READ, b->dv[d][p].v + (size_t)l * k, k, &all[n], &e) ==
-                     PDL_OK;
+        for (int p = 0; p < s->P && ok; p++)
+            if (b->dv[d][p].n > 0) {
+                ok = pdl_session_post(s->sess[d][p], PDL_OP_READ, b->dv[d][p].v, b->dv[d][p].n, &all[n], &e) == PDL_OK;
                 n += ok;
             }
     for (size_t i = 0; i < n; i++) {
@@ -521,7 +514,6 @@ static uint64_t bc_engine_one(bc_setup_t *s, const bc_batches_t *b)
         pdl_batch_free(all[i]);
     }
     uint64_t t1 = pdl__clock_now_ns();
-    free(all);
     if (!ok)
         fprintf(stderr, "pdlink bench: %s engine-only: %s\n", s->name, e.msg);
     return ok ? t1 - t0 : 0;
