@@ -19,7 +19,12 @@
  * Release latency: per transfer and producer rank, the time from the last consumer send among the
  * consumer ranks that release it (pdl_pull_release_sent_ns) to that producer rank's RANK_REPORTED
  * event, both on CLOCK_MONOTONIC. Next to it, in the same pairs, the round trip of a message of the
- * same bytes between a DEALER and a ROUTER (the release path's socket types) over loopback tcp.
+ * same bytes between a DEALER and a ROUTER (the release path's socket types) over loopback tcp, two
+ * ways: "hot", --zmq-rts round trips back to back after each connector sample (threads that never
+ * sleep long: the figure issue 16 quotes), and "cold", one round trip right after each connector
+ * transfer, untimed, when that path's threads have slept as long as the release path's did. On a
+ * loaded machine a thread woken from a long sleep waits for a CPU; the cold probe pays that wait too,
+ * the hot one does not, so the difference between the two ratios is the machine's, not pdlink's.
  *
  * Split heads: P4/D8 and P8/D4 against P4/D4 moving the same bytes (every head of every layer), their
  * connector samples alternating.
@@ -136,7 +141,8 @@ typedef struct bc_setup {
     pdl_mem_t *pm[PDL_TOPO_MAX_TP], *cm[PDL_TOPO_MAX_TP];
     pdl_session_t *sess[PDL_TOPO_MAX_TP][PDL_TOPO_MAX_TP]; /* [consumer rank][producer rank] */
     pdl_read_plan_t plan[PDL_TOPO_MAX_TP];
-    int seq; /* transfers made, for ids and fill seeds */
+    int seq;              /* transfers made, for ids and fill seeds */
+    struct bc_zmq *probe; /* the round-trip sockets, for the cold probe after each transfer */
 } bc_setup_t;
 
 static void bc_on_event(void *arg, pdl_instance_event_t ev, const char *tid, int rank)
@@ -358,8 +364,11 @@ typedef struct bc_sample {
     uint64_t bytes; /* per transfer */
     double pull_us[BC_MAX_REPS];
     double release_us[BC_MAX_REPS * PDL_TOPO_MAX_TP];
-    int npull, nrelease;
+    double cold_rt_us[BC_MAX_REPS];
+    int npull, nrelease, ncold;
 } bc_sample_t;
+
+static double bc_zmq_rt(struct bc_zmq *z, int n);
 
 /* Release latencies of one finished transfer, one per producer rank, appended to smp. */
 static void bc_release_lat(bc_setup_t *s, const pdl_pull_t *pull, bc_sample_t *smp)
@@ -418,6 +427,9 @@ static uint64_t bc_conn_one(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_s
     bool freed = s->freed;
     pthread_mutex_unlock(&s->mu);
     uint64_t t1 = pdl__clock_now_ns();
+    double cold = s->probe ? bc_zmq_rt(s->probe, 1) : -1; /* untimed: see the top of the file */
+    if (cold > 0 && smp->ncold < BC_MAX_REPS)
+        smp->cold_rt_us[smp->ncold++] = cold;
 
     if (rc != PDL_OK || !freed) {
         fprintf(stderr, "pdlink bench: %s transfer %s: %s\n", s->name, s->tid, rc != PDL_OK ? e.msg : "never freed");
@@ -456,7 +468,7 @@ static void bc_conn_sample(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_sa
  * layer's descriptors in it (built as the connector builds them). */
 typedef struct bc_batches {
     pdl_descv_t dv[PDL_TOPO_MAX_TP][PDL_TOPO_MAX_TP]; /* [d][p] */
-    uint64_t bytes;
+    uint64_t bytes, ndescs;
 } bc_batches_t;
 
 static pdl_status_t bc_build(bc_setup_t *s, const uint32_t *pblk, const uint32_t *cblk, size_t nblk, bc_batches_t *b,
@@ -483,6 +495,7 @@ static pdl_status_t bc_build(bc_setup_t *s, const uint32_t *pblk, const uint32_t
                     return st;
             }
             b->bytes += pdl_layout_total_bytes(&b->dv[d][p]);
+            b->ndescs += b->dv[d][p].n;
         }
     }
     return PDL_OK;
@@ -598,7 +611,7 @@ static bool bc_zmq_init(bc_zmq_t *z)
 }
 
 /* Median round trip of `n` messages, in us (< 0 on failure). */
-static double bc_zmq_rt(bc_zmq_t *z, int n)
+static double bc_zmq_rt(struct bc_zmq *z, int n)
 {
     double v[1000];
     n = n > 1000 ? 1000 : n;
@@ -637,8 +650,8 @@ typedef struct bc_row {
     double conn, engine, memcpy_gbps; /* medians over the pairs */
     bc_ratio_t vs_engine, vs_memcpy;
     double pull_p50, pull_p99;
-    double rel_p50, rel_p99, zmq_rt;
-    bc_ratio_t rel_vs_zmq;
+    double rel_p50, rel_p99, zmq_rt, zmq_cold;
+    bc_ratio_t rel_vs_zmq, rel_vs_cold;
 } bc_row_t;
 
 typedef struct bc_split_row {
@@ -646,7 +659,8 @@ typedef struct bc_split_row {
     int tokens;
     uint64_t bytes;
     double split, homog;
-    bc_ratio_t ratio;
+    uint64_t descs_split, descs_homog; /* descriptors of one transfer, every rank */
+    bc_ratio_t ratio, engine_ratio;
 } bc_split_row_t;
 
 static size_t bc_nblk(const bc_opts_t *o, int tokens) { return (size_t)((tokens + o->block_size - 1) / o->block_size); }
@@ -661,27 +675,42 @@ static void bc_warm(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_stats_t *
     }
 }
 
+/* Warm a setup for `nblk` blocks and build the engine-only batches on the block ids of a connector
+ * transfer (the allocator hands the same ids out again). NULL on failure (logged). */
+static bc_batches_t *bc_prepare(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_stats_t *st, uint32_t *pblk,
+                                uint32_t *cblk)
+{
+    static bc_sample_t smp;
+    bc_warm(s, o, nblk, st);
+    memset(&smp, 0, sizeof(smp));
+    if (bc_conn_one(s, o, nblk, &smp, st, pblk, cblk) == 0)
+        return NULL;
+    bc_batches_t *b = malloc(sizeof(*b));
+    pdl_error_t e;
+    if (b == NULL || bc_build(s, pblk, cblk, nblk, b, &e) != PDL_OK) {
+        fprintf(stderr, "pdlink bench: %s descriptors: %s\n", s->name, b ? e.msg : "out of memory");
+        if (b)
+            bc_batches_free(b);
+        free(b);
+        return NULL;
+    }
+    bc_engine_sample(s, o, b, pblk, cblk, nblk, st); /* warm the mirror */
+    return b;
+}
+
 static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceiling_memcpy_t *mc, bc_zmq_t *z,
                        uint8_t *src, uint8_t *dst, bc_stats_t *st, bc_row_t *row)
 {
     static bc_sample_t smp;
     static double pulls[BC_MAX_PAIRS * BC_MAX_REPS], rels[BC_MAX_PAIRS * BC_MAX_REPS * PDL_TOPO_MAX_TP];
-    double conn[BC_MAX_PAIRS], eng[BC_MAX_PAIRS], mem[BC_MAX_PAIRS], rel[BC_MAX_PAIRS], zrt[BC_MAX_PAIRS];
+    double conn[BC_MAX_PAIRS], eng[BC_MAX_PAIRS], mem[BC_MAX_PAIRS], rel[BC_MAX_PAIRS], zrt[BC_MAX_PAIRS],
+        zcold[BC_MAX_PAIRS];
     int npulls = 0, nrels = 0;
     size_t nblk = bc_nblk(o, tokens);
     uint32_t pblk[256], cblk[256];
-    bc_warm(s, o, nblk, st);
-    memset(&smp, 0, sizeof(smp));
-    if (bc_conn_one(s, o, nblk, &smp, st, pblk, cblk) == 0)
+    bc_batches_t *b = bc_prepare(s, o, nblk, st, pblk, cblk);
+    if (b == NULL)
         return false;
-    bc_batches_t *b = malloc(sizeof(*b));
-    pdl_error_t e;
-    if (b == NULL || bc_build(s, pblk, cblk, nblk, b, &e) != PDL_OK) {
-        fprintf(stderr, "pdlink bench: %s descriptors: %s\n", s->name, b ? e.msg : "out of memory");
-        free(b);
-        return false;
-    }
-    bc_engine_sample(s, o, b, pblk, cblk, nblk, st); /* warm the mirror */
     for (int i = 0; i < o->pairs; i++) {
         bc_conn_sample(s, o, nblk, &smp, st);
         conn[i] = smp.gbps;
@@ -690,6 +719,7 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
         for (int k = 0; k < smp.nrelease; k++)
             rels[nrels++] = smp.release_us[k];
         rel[i] = bc_median(smp.release_us, smp.nrelease);
+        zcold[i] = bc_median(smp.cold_rt_us, smp.ncold);
         zrt[i] = bc_zmq_rt(z, o->zmq_rts);
         eng[i] = bc_engine_sample(s, o, b, pblk, cblk, nblk, st);
         mem[i] = pdl_ceiling_memcpy_run(mc, dst, src, (size_t)b->bytes, o->reps);
@@ -700,6 +730,8 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
     row->vs_engine = bc_pairs_ratio(conn, eng, o->pairs);
     row->vs_memcpy = bc_pairs_ratio(conn, mem, o->pairs);
     row->rel_vs_zmq = bc_pairs_ratio(rel, zrt, o->pairs);
+    row->rel_vs_cold = bc_pairs_ratio(rel, zcold, o->pairs);
+    row->zmq_cold = bc_median(zcold, o->pairs);
     row->conn = bc_median(conn, o->pairs);
     row->engine = bc_median(eng, o->pairs);
     row->memcpy_gbps = bc_median(mem, o->pairs);
@@ -713,27 +745,45 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
     return true;
 }
 
+/* Split against homogeneous: connector samples alternating, and the engine-only batches of both (the same
+ * bytes in smaller pieces, no ranks or threads), which says how much of a gap the descriptors cause. */
 static bool bc_split_run(bc_setup_t *split, bc_setup_t *homog, const bc_opts_t *o, int tokens, bc_stats_t *st,
                          bc_split_row_t *row)
 {
     static bc_sample_t smp;
-    double a[BC_MAX_PAIRS], b[BC_MAX_PAIRS];
+    double a[BC_MAX_PAIRS], b[BC_MAX_PAIRS], ea[BC_MAX_PAIRS], eb[BC_MAX_PAIRS];
     size_t nblk = bc_nblk(o, tokens);
-    bc_warm(split, o, nblk, st);
-    bc_warm(homog, o, nblk, st);
+    uint32_t sp[256], sc[256], hp[256], hc[256];
+    bc_batches_t *bs = bc_prepare(split, o, nblk, st, sp, sc);
+    bc_batches_t *bh = bs ? bc_prepare(homog, o, nblk, st, hp, hc) : NULL;
+    if (bh == NULL) {
+        if (bs)
+            bc_batches_free(bs);
+        free(bs);
+        return false;
+    }
     for (int i = 0; i < o->pairs; i++) {
         bc_conn_sample(split, o, nblk, &smp, st);
         a[i] = smp.gbps;
         row->bytes = smp.bytes;
         bc_conn_sample(homog, o, nblk, &smp, st);
         b[i] = smp.gbps;
+        ea[i] = bc_engine_sample(split, o, bs, sp, sc, nblk, st);
+        eb[i] = bc_engine_sample(homog, o, bh, hp, hc, nblk, st);
     }
     row->topo = split->name;
     row->base = homog->name;
     row->tokens = tokens;
+    row->descs_split = bs->ndescs;
+    row->descs_homog = bh->ndescs;
     row->ratio = bc_pairs_ratio(a, b, o->pairs);
+    row->engine_ratio = bc_pairs_ratio(ea, eb, o->pairs);
     row->split = bc_median(a, o->pairs);
     row->homog = bc_median(b, o->pairs);
+    bc_batches_free(bs);
+    bc_batches_free(bh);
+    free(bs);
+    free(bh);
     return true;
 }
 
@@ -774,20 +824,28 @@ static void bc_print(const bc_opts_t *o, const bc_row_t *rows, int nrows, const 
         printf("%-6s %6d %10" PRIu64 " %8.2f %8.2f %8.2f  %-22s %-22s %9.0f %9.0f\n", r->topo, r->tokens, r->bytes,
                r->conn, r->engine, r->memcpy_gbps, a, b, r->pull_p50, r->pull_p99);
     }
-    printf("\nrelease: consumer send -> producer report, next to a DEALER->ROUTER->DEALER round trip\n");
-    printf("%-6s %6s %9s %9s %9s  %-22s\n", "topo", "tokens", "p50 us", "p99 us", "zmq rt", "release/rt");
+    printf("\nrelease: consumer send -> producer report, next to a DEALER->ROUTER->DEALER round trip, hot (back to\n"
+           "back) and cold (one after each transfer)\n");
+    printf("%-6s %6s %9s %9s %9s %9s  %-22s %-22s\n", "topo", "tokens", "p50 us", "p99 us", "rt hot", "rt cold",
+           "release/rt hot", "release/rt cold");
     for (int i = 0; i < nrows; i++) {
         const bc_row_t *r = &rows[i];
         bc_ratio_text(a, sizeof(a), r->rel_vs_zmq);
-        printf("%-6s %6d %9.1f %9.1f %9.1f  %-22s\n", r->topo, r->tokens, r->rel_p50, r->rel_p99, r->zmq_rt, a);
+        bc_ratio_text(b, sizeof(b), r->rel_vs_cold);
+        printf("%-6s %6d %9.1f %9.1f %9.1f %9.1f  %-22s %-22s\n", r->topo, r->tokens, r->rel_p50, r->rel_p99, r->zmq_rt,
+               r->zmq_cold, a, b);
     }
     if (nsplit > 0) {
-        printf("\nsplit heads: connector GB/s against the homogeneous plan moving the same bytes\n");
-        printf("%-6s %-6s %6s %10s %8s %8s  %-22s\n", "split", "homog", "tokens", "bytes", "split", "homog", "ratio");
+        printf("\nsplit heads: connector GB/s against the homogeneous plan moving the same bytes; the engine-only\n"
+               "ratio of the same two descriptor lists (one thread, no ranks) isolates what the smaller pieces cost\n");
+        printf("%-6s %-6s %6s %10s %7s %7s %8s %8s  %-22s %-22s\n", "split", "homog", "tokens", "bytes", "descs",
+               "descs", "split", "homog", "conn split/homog", "engine split/homog");
         for (int i = 0; i < nsplit; i++) {
             bc_ratio_text(a, sizeof(a), sr[i].ratio);
-            printf("%-6s %-6s %6d %10" PRIu64 " %8.2f %8.2f  %-22s\n", sr[i].topo, sr[i].base, sr[i].tokens,
-                   sr[i].bytes, sr[i].split, sr[i].homog, a);
+            bc_ratio_text(b, sizeof(b), sr[i].engine_ratio);
+            printf("%-6s %-6s %6d %10" PRIu64 " %7" PRIu64 " %7" PRIu64 " %8.2f %8.2f  %-22s %-22s\n", sr[i].topo,
+                   sr[i].base, sr[i].tokens, sr[i].bytes, sr[i].descs_split, sr[i].descs_homog, sr[i].split,
+                   sr[i].homog, a, b);
         }
     }
     printf("\nverified %" PRIu64 " bytes, %" PRIu64 " differed, %d transfers failed. \">1\": pdlink beat its "
@@ -827,6 +885,8 @@ static int bc_write_json(const bc_opts_t *o, const bc_row_t *rows, int nrows, co
         json_object_set_new(j, "release_p99_us", json_real(r->rel_p99));
         json_object_set_new(j, "zmq_rt_us", json_real(r->zmq_rt));
         json_object_set_new(j, "release_vs_zmq_rt", bc_ratio_json(r->rel_vs_zmq));
+        json_object_set_new(j, "zmq_rt_cold_us", json_real(r->zmq_cold));
+        json_object_set_new(j, "release_vs_zmq_rt_cold", bc_ratio_json(r->rel_vs_cold));
         json_array_append_new(rel, j);
     }
     for (int i = 0; i < nsplit; i++) {
@@ -838,6 +898,9 @@ static int bc_write_json(const bc_opts_t *o, const bc_row_t *rows, int nrows, co
         json_object_set_new(j, "split_gbps", json_real(sr[i].split));
         json_object_set_new(j, "homogeneous_gbps", json_real(sr[i].homog));
         json_object_set_new(j, "split_vs_homogeneous", bc_ratio_json(sr[i].ratio));
+        json_object_set_new(j, "engine_split_vs_homogeneous", bc_ratio_json(sr[i].engine_ratio));
+        json_object_set_new(j, "descriptors_split", json_integer((json_int_t)sr[i].descs_split));
+        json_object_set_new(j, "descriptors_homogeneous", json_integer((json_int_t)sr[i].descs_homog));
         json_array_append_new(spl, j);
     }
     json_object_set_new(root, "rows", arr);
@@ -1032,8 +1095,10 @@ int pdl_bench_connector_main(int argc, char **argv)
         ok = false;
     }
     for (int k = 0; k < BC_NTOPO && ok; k++)
-        if (need[k])
+        if (need[k]) {
             ok = inited[k] = bc_setup_init(&setups[k], k, &o, &pp, (uint32_t)(maxblk + 4));
+            setups[k].probe = &z;
+        }
     for (int k = 0; k < BC_NTOPO && ok; k++)
         for (int t = 0; o.topo_on[k] && t < o.ntokens && ok; t++) {
             ok = bc_row_run(&setups[k], &o, o.tokens[t], mc, &z, src, dst, &st, &rows[nrows]);
