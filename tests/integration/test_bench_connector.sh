@@ -44,6 +44,15 @@ check "bytes per transfer" "$J" '[r["bytes"] for r in d["rows"]] == [2097152, 20
 check "no byte differed, no transfer failed" "$J" 'd["bad_bytes"] == 0 and d["failed_transfers"] == 0'
 check "every transfer fully compared" "$J" 'd["verified_transfers"] > 0 and d["verified_bytes"] == d["verified_transfers"] * 2097152'
 
+# 256 tokens over P4/D4: 8 MiB per consumer and producer rank, so the connector posts several batches of
+# whole layers per rank (xfer.c: up to 2 MiB each); every byte still arrives.
+"$PDLINK" --log-level warn bench --connector --tokens 256 --topologies P4/D4 --pairs 5 --reps 1 --zmq-rts 5 \
+    --json "$TMP/big.json" >/dev/null 2>"$TMP/err2.txt"
+rc=$?
+[ "$rc" = 0 ] && pass "256 tokens: exit 0" || { fail "256 tokens: exit $rc"; cat "$TMP/err2.txt"; }
+check "256 tokens: one row, no split rows" "$TMP/big.json" 'len(d["rows"]) == 1 and d["split"] == [] and d["rows"][0]["bytes"] == 33554432'
+check "256 tokens: every transfer fully compared, none differed" "$TMP/big.json" 'd["bad_bytes"] == 0 and d["failed_transfers"] == 0 and d["verified_transfers"] > 0 and d["verified_bytes"] == d["verified_transfers"] * 33554432'
+
 "$PDLINK" bench --connector --help >"$TMP/help.txt" && grep -q -- "--topologies" "$TMP/help.txt" && pass "--help" ||
     fail "--help"
 "$PDLINK" bench --connector --pairs 2 >/dev/null 2>"$TMP/e2.txt"
