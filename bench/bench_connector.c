@@ -413,6 +413,7 @@ static uint64_t bc_conn_one(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_s
     pdl_pull_t *pull = NULL;
     pdl_kv_params_t kp;
     pdl_status_t rc = pdl_instance_hold(s->prod, s->tid, pblk, nblk, &e);
+    bool held = rc == PDL_OK;
     if (rc == PDL_OK && (rc = pdl_instance_params(s->prod, s->tid, pblk, nblk, &kp, &e)) == PDL_OK) {
         rc = pdl_instance_pull(s->cons, &kp, NULL, cblk, nblk, &pull, &e);
         pdl_kv_params_clear(&kp);
@@ -443,7 +444,7 @@ static uint64_t bc_conn_one(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_s
     }
     pdl_pull_free(pull);
     pdl_instance_free_blocks(s->cons, cblk, nblk);
-    if (rc != PDL_OK) /* the hold may have failed: the blocks are still ours */
+    if (!held) /* else they are the instance's, freed by its fan-in or its reaper */
         pdl_instance_free_blocks(s->prod, pblk, nblk);
     if (pblk_out) {
         memcpy(pblk_out, pblk, nblk * sizeof(*pblk));
