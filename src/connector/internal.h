@@ -182,6 +182,7 @@ struct pdl_xfer_side {
     char key[PDL_WIRE_ID_MAX + 16]; /* "engine_id|dp" of the remote instance */
     pdl_workq_t q;
     bool started;
+    bool slice_asked;         /* the lane's thread asked for its long scheduler slice (xfer.c) */
     pdl_strmap_t peers;       /* "engine_id|dp|rank" -> pdl_peer_t* */
     pdl_strmap_t dealers;     /* endpoint -> DEALER (sender.c) for the notifications this lane sends */
     pdl_peerhealth_t health;  /* remote ranks that failed recently (peerhealth.h) */
