@@ -182,6 +182,7 @@ struct pdl_xfer_side {
     char key[PDL_WIRE_ID_MAX + 16]; /* "engine_id|dp" of the remote instance */
     pdl_workq_t q;
     bool started;
+    bool slice_asked;         /* the lane's thread asked for its long scheduler slice (xfer.c) */
     pdl_strmap_t peers;       /* "engine_id|dp|rank" -> pdl_peer_t* */
     pdl_strmap_t dealers;     /* endpoint -> DEALER (sender.c) for the notifications this lane sends */
     pdl_peerhealth_t health;  /* remote ranks that failed recently (peerhealth.h) */
@@ -226,7 +227,7 @@ typedef struct pdl_xfer_times {
 } pdl_xfer_times_t;
 
 /* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached), post
- * one batched op per layer per remote rank, wait for all of them within transfer_timeout (even after
+ * batched ops per remote rank (whole layers, several per batch when they are small), wait for all of them within transfer_timeout (even after
  * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
  * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
  * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
