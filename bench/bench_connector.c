@@ -13,8 +13,9 @@
  * memcpy copies the same number of bytes between two warm buffers (bench/ceiling.h).
  *
  * Method: a sample is `reps` transfers of one kind; per row, samples alternate connector, engine,
- * memcpy, `pairs` times (>= 5). Each ratio is the median of the per-pair ratios, with min-max; a row
- * whose ratios spread wider than BC_SPREAD_MAX of the median prints "spread" instead of a number.
+ * memcpy, `pairs` times (>= 5). Each ratio is the median of the per-pair ratios, with min-max, summed
+ * up by bench/pairs.h: a row whose spread is wider than PDL_PAIRS_SPREAD_MAX prints "spread" instead of
+ * a number, and a throughput ratio above 1 + PDL_PAIRS_ABOVE_TOL is flagged ">1".
  *
  * Release latency: per transfer and producer rank, the time from the last consumer send among the
  * consumer ranks that release it (pdl_pull_release_sent_ns) to that producer rank's RANK_REPORTED
@@ -44,6 +45,7 @@
 
 #include "app/parse.h"
 #include "bench/ceiling.h"
+#include "bench/pairs.h"
 #include "common/clock.h"
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
@@ -54,10 +56,9 @@
 #include "pdlink/wire.h"
 
 #define BC_MAX_TOKENS 8
-#define BC_MAX_PAIRS 101
+#define BC_MAX_PAIRS (PDL_PAIRS_MAX + 1) /* --pairs is 5..PDL_PAIRS_MAX */
 #define BC_MAX_REPS 1000
 #define BC_NTOPO 4
-#define BC_SPREAD_MAX 0.5 /* (max - min) / median of a row's per-pair ratios above this: no number */
 #define BC_WAIT_MS 30000
 
 static const struct {
@@ -77,11 +78,12 @@ typedef struct bc_opts {
     const char *json;
 } bc_opts_t;
 
-/* ---- alternating pairs: median ratio, min-max, spread (the local copy; bench/pairs.h to come) ---- */
+/* ---- alternating pairs (bench/pairs.h) and plain medians of samples ---- */
 
 typedef struct bc_ratio {
     double median, min, max;
-    bool wide; /* the spread is too wide to print a number */
+    bool wide;  /* too few pairs, or the spread is too wide to print a number */
+    bool above; /* median above 1 + PDL_PAIRS_ABOVE_TOL (meaningful for throughput ratios only) */
 } bc_ratio_t;
 
 static int bc_cmp_double(const void *a, const void *b)
@@ -109,18 +111,20 @@ static double bc_quantile(double *v, int n, double q)
     return v[i < n ? i : n - 1];
 }
 
-/* The per-pair ratios a[i] / b[i] summarised. */
+/* The per-pair ratios a[i] / b[i] summed up by bench/pairs.h. */
 static bc_ratio_t bc_pairs_ratio(const double *a, const double *b, int n)
 {
-    double r[BC_MAX_PAIRS];
-    bc_ratio_t out = {0};
+    pdl_pairs_t p;
+    pdl_pairs_init(&p);
     for (int i = 0; i < n; i++)
-        r[i] = b[i] > 0 ? a[i] / b[i] : 0;
-    out.median = bc_median(r, n);
-    out.min = n ? r[0] : 0;
-    out.max = n ? r[n - 1] : 0;
-    out.wide = out.median <= 0 || (out.max - out.min) / out.median > BC_SPREAD_MAX;
-    return out;
+        (void)pdl_pairs_add(&p, a[i], b[i]); /* a failed sample (ceiling 0) is left out: fewer pairs */
+    pdl_pairs_summary_t sum;
+    pdl_pairs_summarize(&p, PDL_PAIRS_SPREAD_MAX, PDL_PAIRS_ABOVE_TOL, &sum);
+    return (bc_ratio_t){.median = sum.ratio_median,
+                        .min = sum.ratio_min,
+                        .max = sum.ratio_max,
+                        .wide = sum.verdict == PDL_PAIRS_TOO_FEW || sum.verdict == PDL_PAIRS_UNSTABLE,
+                        .above = sum.verdict == PDL_PAIRS_ABOVE_CEILING};
 }
 
 /* ---- one topology: the instances, the engine-only mirror, the producer's events ---------------------- */
@@ -732,6 +736,7 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
     row->vs_memcpy = bc_pairs_ratio(conn, mem, o->pairs);
     row->rel_vs_zmq = bc_pairs_ratio(rel, zrt, o->pairs);
     row->rel_vs_cold = bc_pairs_ratio(rel, zcold, o->pairs);
+    row->rel_vs_zmq.above = row->rel_vs_cold.above = false; /* latencies: above 1 is the expected side */
     row->zmq_cold = bc_median(zcold, o->pairs);
     row->conn = bc_median(conn, o->pairs);
     row->engine = bc_median(eng, o->pairs);
@@ -795,7 +800,7 @@ static void bc_ratio_text(char *buf, size_t cap, bc_ratio_t r)
     if (r.wide)
         snprintf(buf, cap, "spread %.2f-%.2f", r.min, r.max);
     else
-        snprintf(buf, cap, "%.2f (%.2f-%.2f)%s", r.median, r.min, r.max, r.median > 1 ? " >1" : "");
+        snprintf(buf, cap, "%.2f (%.2f-%.2f)%s", r.median, r.min, r.max, r.above ? " >1" : "");
 }
 
 static json_t *bc_ratio_json(bc_ratio_t r)
@@ -929,7 +934,7 @@ static void bc_usage(FILE *f)
             "(hold, plan, descriptors, engine batches, releases, fan-in, free) with no model compute, against the\n"
             "same descriptors posted straight to the engine and memcpy of the same bytes, alternating (connector,\n"
             "engine, memcpy) --pairs times (>= 5) with --reps transfers per sample. Ratios are medians of the\n"
-            "per-pair ratios with min-max; a spread wider than %.0f %% of the median prints \"spread\" instead.\n"
+            "per-pair ratios with min-max; a spread (q3 - q1) / median over %.2f prints \"spread\" instead.\n"
             "Every KV byte is written before and checked after each transfer, outside the clock.\n\n"
             "  --model NAME        geometry preset (default llama-3.1-8b; `pdlink plan --help` lists them)\n"
             "  --tokens LIST       prompt lengths (default 16,64,256)\n"
@@ -941,7 +946,7 @@ static void bc_usage(FILE *f)
             "  --zmq-rts N         ZeroMQ round trips per pair for the release comparison (default 200)\n"
             "  --json FILE         also write the rows as JSON (\"-\": stdout, instead of the table)\n"
             "Exit status 1 if a byte differed or a transfer failed, 2 on a usage or set-up error.\n",
-            BC_SPREAD_MAX * 100, BC_MAX_PAIRS - 1, BC_MAX_REPS);
+            PDL_PAIRS_SPREAD_MAX, BC_MAX_PAIRS - 1, BC_MAX_REPS);
 }
 
 static int bc_parse_tokens(const char *s, bc_opts_t *o)
