@@ -121,10 +121,22 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("TTFT p50 / p99 (ms)", r->ttft_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->ttft_p50_ms,
                                                              r->ttft_p99_ms));
+    ROW("TTFT added p50 / p99", r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1
+                                    ? snprintf(cell, sizeof(cell), "-")
+                                    : snprintf(cell, sizeof(cell), "%+.1f / %+.1f", r->ttft_added_p50_ms,
+                                               r->ttft_added_p99_ms));
+    ROW(w ? "receive % of TTFT / req" : "transfer % of TTFT / req",
+        (r->ttft_seconds <= 0 || r->request_seconds <= 0)
+            ? snprintf(cell, sizeof(cell), "-")
+            : snprintf(cell, sizeof(cell), "%.0f%% / %.0f%%", 100.0 * r->pull_seconds / r->ttft_seconds,
+                       100.0 * r->pull_seconds / r->request_seconds));
     ROW(w ? "receives" : "pulls", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->pulls));
     ROW(w ? "receive p50 / p99 (ms)" : "pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->pull_p50_ms,
                                                              r->pull_p99_ms));
+    ROW(w ? "receives that handshaked" : "pulls that handshaked",
+        snprintf(cell, sizeof(cell), "%llu (%llu ahead)", (unsigned long long)r->transfer_handshakes,
+                 (unsigned long long)r->prewarm_handshakes));
     ROW("transfer busy (s)", snprintf(cell, sizeof(cell), "%.3f", r->busy_seconds));
     ROW("transfer GB/s", r->gbps < 0 ? snprintf(cell, sizeof(cell), "-") : snprintf(cell, sizeof(cell), "%.2f", r->gbps));
     ROW("of ceiling (threads)", (r->gbps < 0 || r->ceiling_gbps <= 0)
@@ -187,6 +199,18 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "pull_p50_ms", r->pull_p50_ms < 0 ? json_null() : json_real(r->pull_p50_ms));
         json_object_set_new(t, "pull_p99_ms", r->pull_p99_ms < 0 ? json_null() : json_real(r->pull_p99_ms));
         json_object_set_new(t, "transfer_busy_seconds", json_real(r->busy_seconds));
+        json_object_set_new(t, "ttft_added_p50_ms",
+                            r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1 ? json_null()
+                                                                                    : json_real(r->ttft_added_p50_ms));
+        json_object_set_new(t, "ttft_added_p99_ms",
+                            r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1 ? json_null()
+                                                                                    : json_real(r->ttft_added_p99_ms));
+        json_object_set_new(t, "transfer_share_of_ttft",
+                            r->ttft_seconds > 0 ? json_real(r->pull_seconds / r->ttft_seconds) : json_null());
+        json_object_set_new(t, "transfer_share_of_request",
+                            r->request_seconds > 0 ? json_real(r->pull_seconds / r->request_seconds) : json_null());
+        json_object_set_new(t, "prewarm_handshakes", json_integer((json_int_t)r->prewarm_handshakes));
+        json_object_set_new(t, "transfer_handshakes", json_integer((json_int_t)r->transfer_handshakes));
         json_object_set_new(t, "read_seconds", json_real(r->read_seconds));
         json_object_set_new(t, "engine_read_gbps", r->read_gbps < 0 ? json_null() : json_real(r->read_gbps));
         json_object_set_new(t, "ttft_p50_ms", r->ttft_p50_ms < 0 ? json_null() : json_real(r->ttft_p50_ms));

@@ -47,6 +47,11 @@ typedef struct pdl_run_result {
     double read_seconds;             /* pdlink_read_seconds_total on decode ranks (engine time) */
     double read_gbps;                /* kv_bytes / read_seconds / 1e9: one rank's engine rate; -1 if none */
     double ttft_p50_ms, ttft_p99_ms; /* through the router; -1 when no request succeeded */
+    double ttft_added_p50_ms, ttft_added_p99_ms; /* per request: TTFT here minus the single-node
+                                      * reference's for the same prompt; -1 when none pair up */
+    double ttft_seconds, request_seconds; /* sums over the successful requests (first byte, whole) */
+    uint64_t prewarm_handshakes;     /* decode: peers connected ahead of need (pdlink_prewarm_handshakes_total) */
+    uint64_t transfer_handshakes;    /* decode: handshakes a pull waited for (pdlink_transfer_handshakes_total) */
     double gbps;                     /* kv_bytes / busy_seconds / 1e9: a decode instance's rate while it
                                       * pulls; -1 when nothing moved */
     double ceiling_gbps;             /* same-run ceiling with the threads of one decode instance's pull path

@@ -17,6 +17,8 @@
  *   push.c ─> held.c    held transfers, recorded once per instance (pdl_held_t), and instance events
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
+ *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> peer.c; peer.c hands its
+ *               peers to the lanes and tells it what they learnt and evicted
  *   fanin.c (pure), blockalloc.c, config.c, strmap.c: leaves
  *
  * Threads per rank: the service thread (service.c) owns the ROUTERs and the outbound DEALER cache;
@@ -168,6 +170,33 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
 /* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
 void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer);
 void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache);
+/* Handshake with rank `remote_rank` of `addr` and open its session for rank r, with no cache, no peer
+ * health and no identity check (prewarm.c, from any thread); fails like pdl__peer_get. The peer is the
+ * caller's: pdl__peer_free, or handed to a lane through pdl__prewarm_take. */
+pdl_status_t pdl__peer_connect(pdl_rank_t *r, const pdl_peer_addr_t *addr, int remote_rank, pdl_peer_t **peer_out,
+                               pdl_error_t *err);
+void pdl__peer_free(pdl_rank_t *r, pdl_peer_t *peer);
+/* The peer cache key of rank `remote_rank` of addr ("engine_id|dp|rank"), into key[cap]. */
+void pdl__peer_key(const pdl_peer_addr_t *addr, int remote_rank, char *key, size_t cap);
+
+/* ---- prewarm.c: sessions before the first request -------------------------------------------- */
+
+typedef struct pdl_prewarm pdl_prewarm_t;
+/* Start the background thread of a READ-mode consumer with the config's prewarm_peers (inst->prewarm
+ * stays NULL for other instances, and every function below then does nothing). PDL_ERR_NOMEM or
+ * PDL_ERR_SYSTEM (no thread); an unusable prewarm_peers entry is logged and skipped, never fatal. */
+pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
+/* Stop the thread (waits for a handshake in progress, at most handshake_timeout) and free the peers
+ * nobody took. Before the ranks' engines and the ZeroMQ context go. */
+void pdl__prewarm_stop(pdl_instance_t *inst);
+/* A lane's cache miss for `key` on rank r: the prewarmed peer (now the caller's), after waiting for one
+ * being connected right now; NULL when there is none, and the prewarm then leaves that key to the lane. */
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const char *key);
+/* A lane handshaked with `key` of addr itself: if addr's producer instance is new, queue every
+ * (local rank, producer rank) pair this instance will read from it for the background thread. */
+void pdl__prewarm_learn(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key);
+/* A lane evicted `key` (its peer looked gone): connect it again in the background. */
+void pdl__prewarm_again(pdl_rank_t *r, const char *key);
 
 /* ---- xfer.c: the transfer executor ----------------------------------------------------------- */
 
@@ -423,6 +452,8 @@ struct pdl_instance {
      * receives by transfer id */
     pthread_mutex_t push_mu;
     pdl_strmap_t pushes, parked, recvs;
+
+    pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
 };
 
 struct pdl_pull {

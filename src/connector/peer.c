@@ -5,7 +5,9 @@
  * messages name it by its role.
  *
  * Peers are cached per lane under "engine_id|dp|rank", each cache used by one thread only
- * (pdl_xfer_side_t). A peer is evicted when a transfer reports it gone; a failed handshake is not
+ * (pdl_xfer_side_t). A miss first asks the prewarm (prewarm.c) for a peer connected ahead of need;
+ * a handshake a transfer has to make itself is counted (transfer_handshakes) and teaches the prewarm
+ * the producer, so the instance's other rank pairs are connected in the background. A peer is evicted when a transfer reports it gone; a failed handshake is not
  * cached, but remembered in the lane's peer health (peerhealth.h) when it says the peer is unreachable
  * (timeout, refused, transport): transfers within the backoff fail at once with that reason, and the
  * first one after it tries again, so a peer that restarts is picked up within one backoff period.
@@ -239,41 +241,35 @@ static bool unreachable(pdl_status_t st)
     return st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT;
 }
 
-pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int prank,
-                           pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err)
+void pdl__peer_key(const pdl_peer_addr_t *addr, int prank, char *key, size_t cap)
 {
-    pdl_strmap_t *cache = &side->peers;
-    char key[PDL_WIRE_ID_MAX + 64];
-    snprintf(key, sizeof(key), "%s|%d|%d", addr->engine_id, addr->dp, prank);
-    if (handshaked)
-        *handshaked = false;
+    snprintf(key, cap, "%s|%d|%d", addr->engine_id, addr->dp, prank);
+}
+
+static void peer_who(const pdl_peer_addr_t *addr, int prank, char *who, size_t cap)
+{
+    snprintf(who, cap, "%s:%d (%s tp rank %d)", addr->host, addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank),
+             addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
+}
+
+pdl_status_t pdl__peer_connect(pdl_rank_t *r, const pdl_peer_addr_t *addr, int prank, pdl_peer_t **peer_out,
+                               pdl_error_t *err)
+{
     int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
     char who[PDL_WIRE_HOST_MAX + 64];
-    snprintf(who, sizeof(who), "%s:%d (%s tp rank %d)", addr->host, port,
-             addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
-    pdl_peer_t *p = pdl__strmap_get(cache, key);
-    if (p) {
-        *peer_out = p;
-        return check_identity(r, addr, p, who, err);
-    }
-    char why[PDL_HEALTH_REASON_MAX + 64];
-    pdl_status_t hst = PDL_ERR_PEER_GONE;
-    if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
-        PDL_CTR_ADD(r, peer_backoff_refusals, 1);
-        return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
-    }
+    peer_who(addr, prank, who, sizeof(who));
     pdl_bytes_t meta_b = {0}, layers_b = {0};
     uint64_t t_fetch = pdl__clock_now_ns();
     pdl_status_t st = hs_fetch(r, addr->host, port, &meta_b, &layers_b, who, err);
     uint64_t t_fetched = pdl__clock_now_ns(), t_added = 0;
     if (st != PDL_OK)
         goto fail_count;
-    p = calloc(1, sizeof(*p));
+    pdl_peer_t *p = calloc(1, sizeof(*p));
     if (p == NULL) {
         st = pdl_error_set(err, PDL_ERR_NOMEM, "handshake with %s: out of memory", who);
         goto fail_bytes;
     }
-    snprintf(p->key, sizeof(p->key), "%s", key);
+    pdl__peer_key(addr, prank, p->key, sizeof(p->key));
     pdl_layer_map_t lm;
     memset(&lm, 0, sizeof(lm));
     st = pdl_wire_decode_agent_meta(meta_b.data, meta_b.len, &p->meta, err);
@@ -315,26 +311,17 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
         pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
         goto fail_peer;
     }
-    if (pdl__strmap_put(cache, key, p) != 0) {
-        st = pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
-        pdl_session_close(p->session);
-        pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
-        goto fail_peer;
-    }
     pdl_layer_map_clear(&lm);
     pdl_bytes_free(&meta_b);
     pdl_bytes_free(&layers_b);
     PDL_CTR_ADD(r, handshakes, 1);
-    pdl__health_ok(&side->health, key);
-    if (handshaked)
-        *handshaked = true;
     uint64_t t_done = pdl__clock_now_ns();
     pdl_debug("rank %d: handshake with %s done (%s peer, %lld blocks): fetch %.3f ms, checks + add remote %.3f ms, "
               "session open %.3f ms",
               r->rank, who, p->meta.has_pdlink ? "pdlink" : "upstream", (long long)p->meta.num_blocks,
               (t_fetched - t_fetch) / 1e6, (t_added - t_fetched) / 1e6, (t_done - t_added) / 1e6);
     *peer_out = p;
-    return check_identity(r, addr, p, who, err);
+    return PDL_OK;
 fail_peer:
     pdl_layer_map_clear(&lm);
     pdl_agent_meta_clear(&p->meta);
@@ -344,36 +331,91 @@ fail_bytes:
     pdl_bytes_free(&layers_b);
 fail_count:
     PDL_CTR_ADD(r, handshake_failures, 1);
-    /* Remembered only when it says the peer cannot be reached: a mismatch is fast to find again, and a
-     * fixed peer must not wait out a backoff. */
-    if (unreachable(st))
-        pdl__health_failed(&side->health, key, pdl__clock_now_ns(), st, err ? err->msg : pdl_status_name(st));
-    else
-        pdl__health_ok(&side->health, key);
-    /* Logged once, by the transfer that fails because of it (pull.c, push.c). */
-    pdl_debug("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
     return st;
+}
+
+pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int prank,
+                           pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err)
+{
+    pdl_strmap_t *cache = &side->peers;
+    char key[PDL_WIRE_ID_MAX + 64];
+    pdl__peer_key(addr, prank, key, sizeof(key));
+    if (handshaked)
+        *handshaked = false;
+    char who[PDL_WIRE_HOST_MAX + 64];
+    peer_who(addr, prank, who, sizeof(who));
+    pdl_peer_t *p = pdl__strmap_get(cache, key);
+    if (p) {
+        *peer_out = p;
+        return check_identity(r, addr, p, who, err);
+    }
+    /* Connected ahead of need (prewarm.c): this transfer pays neither the handshake nor the mapping. */
+    p = pdl__prewarm_take(r, key);
+    if (p != NULL) {
+        if (pdl__strmap_put(cache, key, p) != 0) {
+            pdl__peer_free(r, p);
+            return pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
+        }
+        pdl__health_ok(&side->health, key);
+        *peer_out = p;
+        return check_identity(r, addr, p, who, err);
+    }
+    char why[PDL_HEALTH_REASON_MAX + 64];
+    pdl_status_t hst = PDL_ERR_PEER_GONE;
+    if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
+        PDL_CTR_ADD(r, peer_backoff_refusals, 1);
+        return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
+    }
+    pdl_status_t st = pdl__peer_connect(r, addr, prank, &p, err);
+    if (st == PDL_OK && pdl__strmap_put(cache, key, p) != 0) {
+        pdl__peer_free(r, p);
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
+    }
+    if (st != PDL_OK) {
+        /* Remembered only when it says the peer cannot be reached: a mismatch is fast to find again, and
+         * a fixed peer must not wait out a backoff. */
+        if (unreachable(st))
+            pdl__health_failed(&side->health, key, pdl__clock_now_ns(), st, err ? err->msg : pdl_status_name(st));
+        else
+            pdl__health_ok(&side->health, key);
+        /* Logged once, by the transfer that fails because of it (pull.c, push.c). */
+        pdl_debug("rank %d: %s", r->rank, err ? err->msg : "handshake failed");
+        return st;
+    }
+    PDL_CTR_ADD(r, transfer_handshakes, 1);
+    pdl__health_ok(&side->health, key);
+    if (handshaked)
+        *handshaked = true;
+    /* A producer first seen now: connect every other rank pair in the background (issue 16). */
+    if (addr->role == PDL_ROLE_PRODUCER)
+        pdl__prewarm_learn(r, addr, key);
+    *peer_out = p;
+    return check_identity(r, addr, p, who, err);
+}
+
+void pdl__peer_free(pdl_rank_t *r, pdl_peer_t *p)
+{
+    pdl_session_close(p->session);
+    pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
+    pdl_agent_meta_clear(&p->meta);
+    free(p);
 }
 
 void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer)
 {
     if (pdl__strmap_remove(cache, peer->key) != peer)
         return;
-    pdl_session_close(peer->session);
-    pdl_engine_remove_remote(r->mem.engine, peer->remote_engine_key, NULL);
-    pdl_agent_meta_clear(&peer->meta);
-    free(peer);
+    char key[sizeof(peer->key)];
+    memcpy(key, peer->key, sizeof(key));
+    pdl__peer_free(r, peer);
+    /* A restarted producer is connected again before the next request needs it. */
+    pdl__prewarm_again(r, key);
 }
 
 static void free_peer(void *arg, const char *key, void *value)
 {
     (void)key;
-    pdl_rank_t *r = arg;
-    pdl_peer_t *p = value;
-    pdl_session_close(p->session);
-    pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
-    pdl_agent_meta_clear(&p->meta);
-    free(p);
+    pdl__peer_free(arg, value);
 }
 
 void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache)
