@@ -17,8 +17,8 @@
  *   push.c ─> held.c    held transfers, recorded once per instance (pdl_held_t), and instance events
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
- *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> peer.c; peer.c hands its
- *               peers to the lanes and tells it what they learnt and evicted
+ *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> peer.c; peer.c takes its
+ *               peers for the lanes and tells it what they evicted
  *   fanin.c (pure), blockalloc.c, config.c, strmap.c: leaves
  *
  * Threads per rank: the service thread (service.c) owns the ROUTERs and the outbound DEALER cache;
@@ -189,12 +189,11 @@ pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
 /* Stop the thread (waits for a handshake in progress, at most handshake_timeout) and free the peers
  * nobody took. Before the ranks' engines and the ZeroMQ context go. */
 void pdl__prewarm_stop(pdl_instance_t *inst);
-/* A lane's cache miss for `key` on rank r: the prewarmed peer (now the caller's), after waiting for one
- * being connected right now; NULL when there is none, and the prewarm then leaves that key to the lane. */
-pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const char *key);
-/* A lane handshaked with `key` of addr itself: if addr's producer instance is new, queue every
- * (local rank, producer rank) pair this instance will read from it for the background thread. */
-void pdl__prewarm_learn(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key);
+/* A lane's cache miss for `key` (rank of addr) on rank r: the prewarmed peer (now the caller's), after
+ * waiting for one being connected right now; NULL when there is none, and the prewarm then leaves that
+ * key to the lane. A producer instance not known yet gets every (local rank, producer rank) pair this
+ * instance will read from it queued for the background thread. */
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key);
 /* A lane evicted `key` (its peer looked gone): connect it again in the background. */
 void pdl__prewarm_again(pdl_rank_t *r, const char *key);
 

@@ -6,8 +6,8 @@
  *
  * Peers are cached per lane under "engine_id|dp|rank", each cache used by one thread only
  * (pdl_xfer_side_t). A miss first asks the prewarm (prewarm.c) for a peer connected ahead of need;
- * a handshake a transfer has to make itself is counted (transfer_handshakes) and teaches the prewarm
- * the producer, so the instance's other rank pairs are connected in the background. A peer is evicted when a transfer reports it gone; a failed handshake is not
+ * a handshake a transfer has to make itself is counted (transfer_handshakes); a producer first seen
+ * there gets the instance's other rank pairs connected in the background. A peer is evicted when a transfer reports it gone; a failed handshake is not
  * cached, but remembered in the lane's peer health (peerhealth.h) when it says the peer is unreachable
  * (timeout, refused, transport): transfers within the backoff fail at once with that reason, and the
  * first one after it tries again, so a peer that restarts is picked up within one backoff period.
@@ -350,7 +350,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
         return check_identity(r, addr, p, who, err);
     }
     /* Connected ahead of need (prewarm.c): this transfer pays neither the handshake nor the mapping. */
-    p = pdl__prewarm_take(r, key);
+    p = pdl__prewarm_take(r, addr, key);
     if (p != NULL) {
         if (pdl__strmap_put(cache, key, p) != 0) {
             pdl__peer_free(r, p);
@@ -386,9 +386,6 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     pdl__health_ok(&side->health, key);
     if (handshaked)
         *handshaked = true;
-    /* A producer first seen now: connect every other rank pair in the background (issue 16). */
-    if (addr->role == PDL_ROLE_PRODUCER)
-        pdl__prewarm_learn(r, addr, key);
     *peer_out = p;
     return check_identity(r, addr, p, who, err);
 }

@@ -9,11 +9,13 @@
  *
  * Targets are (local rank, producer rank) pairs, each with the peer cache key of that producer rank
  * ("engine_id|dp|rank"). They come from prewarm_peers at start-up (retried with peer_backoff, doubling
- * up to peer_backoff_max, until reachable: start-up never waits) and from lanes: a lane that had to
- * handshake a producer itself teaches it here, and every other pair this instance will read from it
- * (the read plan of each local rank) is queued, as upstream MoRIIO's eager handshake connects every
- * remote rank before the forward; a lane that evicted a peer as gone queues it again, so a restarted
- * producer is connected anew. States: PENDING (to connect at next_ns) -> CONNECTING (the thread is on
+ * up to peer_backoff_max, until reachable: start-up never waits) and from lanes: a lane's cache miss
+ * for a producer not known yet queues every pair this instance will read from it (the read plan of
+ * each local rank), as upstream MoRIIO's eager handshake connects every remote rank before the
+ * forward; a lane that evicted a peer as gone queues it again, so a restarted producer is connected
+ * anew. A pair is connected by whoever moves it out of PENDING under mu (the thread, or a lane that
+ * needs it first), never twice: two peers of one pair would share, and on free remove, one remote
+ * engine. States: PENDING (to connect at next_ns) -> CONNECTING (the thread is on
  * it; a lane that needs it waits rather than handshaking twice) -> WARM (a peer waits in `peer`) ->
  * TAKEN (a lane owns the peer, or connects it itself); FAILED: an incompatible peer, not retried.
  *
@@ -278,13 +280,19 @@ void pdl__prewarm_stop(pdl_instance_t *inst)
     inst->prewarm = NULL;
 }
 
-pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const char *key)
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key)
 {
     pdl_prewarm_t *pw = r->inst->prewarm;
     if (pw == NULL)
         return NULL;
     pdl_peer_t *p = NULL;
     pthread_mutex_lock(&pw->mu);
+    /* A producer first seen: queue its other pairs now, before this lane connects its own, so that
+     * every pair is connected by exactly one party (whoever moves it out of PENDING under mu). */
+    if (addr->role == PDL_ROLE_PRODUCER && !instance_known(pw, addr)) {
+        add_instance(pw, addr);
+        pthread_cond_broadcast(&pw->cv);
+    }
     for (;;) {
         target_t *t = find(pw, r->rank, key);
         if (t == NULL)
@@ -305,22 +313,6 @@ pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const char *key)
     return p;
 }
 
-void pdl__prewarm_learn(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key)
-{
-    pdl_prewarm_t *pw = r->inst->prewarm;
-    if (pw == NULL)
-        return;
-    pthread_mutex_lock(&pw->mu);
-    if (!instance_known(pw, addr)) {
-        add_instance(pw, addr);
-        pthread_cond_broadcast(&pw->cv);
-    }
-    target_t *t = find(pw, r->rank, key);
-    if (t != NULL && t->state != T_CONNECTING && t->state != T_WARM)
-        t->state = T_TAKEN; /* the lane has it */
-    pthread_mutex_unlock(&pw->mu);
-}
-
 void pdl__prewarm_again(pdl_rank_t *r, const char *key)
 {
     pdl_prewarm_t *pw = r->inst->prewarm;
@@ -328,13 +320,19 @@ void pdl__prewarm_again(pdl_rank_t *r, const char *key)
         return;
     pthread_mutex_lock(&pw->mu);
     target_t *t = find(pw, r->rank, key);
-    if (t != NULL && t->state == T_TAKEN) {
+    pdl_peer_t *old = NULL;
+    if (t != NULL && (t->state == T_TAKEN || t->state == T_WARM)) {
+        /* A pooled peer of a producer that just failed is as stale as the evicted one. */
+        old = t->peer;
+        t->peer = NULL;
         t->state = T_PENDING;
         t->fails = 0;
         t->next_ns = 0;
         pthread_cond_broadcast(&pw->cv);
     }
     pthread_mutex_unlock(&pw->mu);
+    if (old != NULL)
+        pdl__peer_free(r, old);
 }
 
 size_t pdl_instance_prewarm_pending(pdl_instance_t *inst)
