@@ -55,6 +55,14 @@ def main() -> int:
         for k in ("transfer_share_of_ttft", "transfer_share_of_request"):
             assert t[k] is None or t[k] >= 0, (n, k, t[k])
         assert (t["ttft_added_p50_ms"] is None) == (t["ttft_added_p99_ms"] is None), n
+        # Ratios to a ceiling: alternating pairs, one per round of the workload (6 rounds, fewer only
+        # with fewer requests), a median inside its min-max.
+        for k in ("ceiling_ratio", "engine_read_ceiling_ratio"):
+            q = t[k]
+            assert q["pairs"] == min(6, n_req) or (q["pairs"] < min(6, n_req) and a.backend != "shm"), (n, k, q)
+            if q["pairs"]:
+                assert 0 <= q["min"] <= q["median"] <= q["max"], (n, k, q)
+                assert q["wide"] == (q["max"] > 2.0 * q["min"]), (n, k, q)
         if a.vllm_router is None:
             assert t["ttft_added_p50_ms"] is not None and t["ttft_added_p50_ms"] <= t["ttft_added_p99_ms"], n
         if a.vllm_router is None:
