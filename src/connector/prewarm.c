@@ -9,7 +9,8 @@
  *
  * Targets are (local rank, producer rank) pairs, each with the peer cache key of that producer rank
  * ("engine_id|dp|rank"). They come from prewarm_peers at start-up (retried with peer_backoff, doubling
- * up to peer_backoff_max, until reachable: start-up never waits) and from lanes: a lane's cache miss
+ * up to peer_backoff_max, until reachable: start-up never waits; the lanes' peer health, peerhealth.h,
+ * keeps the backoff) and from lanes: a lane's cache miss
  * for a producer not known yet queues every pair this instance will read from it (the read plan of
  * each local rank), as upstream MoRIIO's eager handshake connects every remote rank before the
  * forward; a lane that evicted a peer as gone queues it again, so a restarted producer is connected
@@ -41,8 +42,7 @@ typedef struct target {
     char key[PDL_WIRE_ID_MAX + 64];
     int state;
     pdl_peer_t *peer; /* WARM: waiting for its lane */
-    uint64_t next_ns; /* PENDING: not before */
-    unsigned fails;   /* consecutive unreachable attempts */
+    uint64_t next_ns; /* PENDING: not before (the backoff of `health`) */
 } target_t;
 
 struct pdl_prewarm {
@@ -53,6 +53,7 @@ struct pdl_prewarm {
     bool stop;
     target_t *v;
     size_t n, cap;
+    pdl_peerhealth_t health; /* "rank|key" -> backoff of an unreachable pair, as the lanes keep it */
 };
 
 static target_t *find(pdl_prewarm_t *pw, int rank, const char *key)
@@ -121,19 +122,6 @@ static bool instance_known(const pdl_prewarm_t *pw, const pdl_peer_addr_t *addr)
     return false;
 }
 
-static uint64_t backoff_ns(const pdl_prewarm_t *pw, unsigned fails)
-{
-    double s = pw->inst->cfg.conn.peer_backoff_s, max = pw->inst->cfg.conn.peer_backoff_max_s;
-    for (unsigned i = 1; i < fails && s < max; i++)
-        s *= 2;
-    return (uint64_t)((s < max ? s : max) * 1e9);
-}
-
-static bool unreachable(pdl_status_t st)
-{
-    return st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT;
-}
-
 /* The next PENDING target due now (its index), or -1 with *wake_ns the earliest due time (0: none). */
 static long next_due(const pdl_prewarm_t *pw, uint64_t now, uint64_t *wake_ns)
 {
@@ -170,17 +158,22 @@ static void connect_one(pdl_prewarm_t *pw, size_t i)
         pdl_debug("rank %d: prewarmed %s: handshake + session %.3f ms, prefault %.3f ms", snap.rank, snap.key,
                   (t1 - t0) / 1e6, (pdl__clock_now_ns() - t1) / 1e6);
     }
+    char hkey[sizeof(snap.key) + 16];
+    snprintf(hkey, sizeof(hkey), "%d|%s", snap.rank, snap.key);
     pthread_mutex_lock(&pw->mu);
     target_t *t = &pw->v[i]; /* the vector may have moved meanwhile; indices do not */
     if (st == PDL_OK) {
         t->state = T_WARM;
         t->peer = p;
-        t->fails = 0;
-    } else if (unreachable(st)) {
-        t->fails++;
+        pdl__health_ok(&pw->health, hkey);
+    } else if (pdl__peer_unreachable(st)) {
+        uint64_t now = pdl__clock_now_ns(), retry_at = 0;
+        int failures = 0;
+        pdl__health_failed(&pw->health, hkey, now, st, err.msg);
+        pdl__health_state(&pw->health, hkey, &failures, &retry_at);
         t->state = T_PENDING;
-        t->next_ns = pdl__clock_now_ns() + backoff_ns(pw, t->fails);
-        if (t->fails == 1)
+        t->next_ns = retry_at > now ? retry_at : now + pw->health.initial_ns;
+        if (failures <= 1)
             pdl_info("rank %d: prewarm: %s (retried in the background)", snap.rank, err.msg);
     } else {
         t->state = T_FAILED;
@@ -224,6 +217,8 @@ pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err)
         return pdl_error_set(err, PDL_ERR_NOMEM, "prewarm: out of memory");
     pw->inst = inst;
     pthread_mutex_init(&pw->mu, NULL);
+    pdl__health_init(&pw->health, (uint64_t)(c->peer_backoff_s * 1e9), (uint64_t)(c->peer_backoff_max_s * 1e9),
+                     PREWARM_MAX_TARGETS);
     pdl__clock_cond_init(&pw->cv);
     for (int i = 0; i < c->num_prewarm_peers; i++) {
         const pdl_prewarm_peer_t *pp = &c->prewarm_peers[i];
@@ -247,6 +242,7 @@ pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err)
     }
     int rc = pthread_create(&pw->thread, NULL, prewarm_main, pw);
     if (rc != 0) {
+        pdl__health_fini(&pw->health);
         pthread_cond_destroy(&pw->cv);
         pthread_mutex_destroy(&pw->mu);
         free(pw->v);
@@ -273,6 +269,7 @@ void pdl__prewarm_stop(pdl_instance_t *inst)
     for (size_t i = 0; i < pw->n; i++)
         if (pw->v[i].peer != NULL)
             pdl__peer_free(&inst->ranks[pw->v[i].rank], pw->v[i].peer);
+    pdl__health_fini(&pw->health);
     pthread_cond_destroy(&pw->cv);
     pthread_mutex_destroy(&pw->mu);
     free(pw->v);
@@ -326,7 +323,6 @@ void pdl__prewarm_again(pdl_rank_t *r, const char *key)
         old = t->peer;
         t->peer = NULL;
         t->state = T_PENDING;
-        t->fails = 0;
         t->next_ns = 0;
         pthread_cond_broadcast(&pw->cv);
     }
