@@ -1231,6 +1231,9 @@ static pdl_status_t drive_rounds(run_ctx_t *c, pdl_run_result_t *r, const char *
 {
     int n = c->o.requests, rounds = n < RUN_PAIRS ? n : RUN_PAIRS, T = topo_pull_threads(&r->topo);
     double inst_meas[RUN_PAIRS], inst_ceil[RUN_PAIRS], rank_meas[RUN_PAIRS], rank_ceil[RUN_PAIRS];
+    /* Rounds after a failure never run: their requests must not keep the outcome of an earlier run. */
+    for (int i = 0; i < n; i++)
+        pdl_run_req_clear(&c->reqs[i]);
     scrape_all(c);
     run_totals_t prev = totals_now(c);
     pdl_status_t st = PDL_OK;
