@@ -197,9 +197,12 @@ pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
 void pdl__prewarm_stop(pdl_instance_t *inst);
 /* A lane's cache miss for `key` (rank of addr) on rank r: the prewarmed peer (now the caller's), after
  * waiting for one being connected right now; NULL when there is none, and the prewarm then leaves that
- * key to the lane. A producer instance not known yet gets every (local rank, producer rank) pair this
- * instance will read from it queued for the background thread. */
-pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key);
+ * key to the lane -- with *st_out (and err) the failure of the attempt the lane waited for, if it
+ * failed, which the lane takes as its own. A producer instance not known yet gets every (local rank,
+ * producer rank) pair this instance will read from it queued for the background thread (tried once;
+ * only prewarm_peers are retried until reachable). */
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key, pdl_status_t *st_out,
+                              pdl_error_t *err);
 /* A lane evicted `key` (its peer looked gone): connect it again in the background. */
 void pdl__prewarm_again(pdl_rank_t *r, const char *key);
 

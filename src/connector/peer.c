@@ -48,7 +48,13 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
         return check_identity(r, addr, p, who, err);
     }
     /* Connected ahead of need (prewarm.c): this transfer pays neither the handshake nor the mapping. */
-    p = pdl__prewarm_take(r, addr, key);
+    pdl_status_t wst = PDL_OK;
+    p = pdl__prewarm_take(r, addr, key, &wst, err);
+    if (wst != PDL_OK) {
+        if (pdl__peer_unreachable(wst))
+            pdl__health_failed(&side->health, key, pdl__clock_now_ns(), wst, err ? err->msg : pdl_status_name(wst));
+        return wst;
+    }
     if (p != NULL) {
         if (pdl__strmap_put(cache, key, p) != 0) {
             pdl__peer_free(r, p);

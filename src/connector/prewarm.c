@@ -43,6 +43,9 @@ typedef struct target {
     int state;
     pdl_peer_t *peer; /* WARM: waiting for its lane */
     uint64_t next_ns; /* PENDING: not before (the backoff of `health`) */
+    bool configured;  /* from prewarm_peers: retried until reachable; a learnt one is tried once */
+    pdl_status_t last_st;             /* the last attempt's outcome, for a lane that waited for it */
+    char last_msg[PDL_ERR_MSG_LEN];
 } target_t;
 
 struct pdl_prewarm {
@@ -89,11 +92,12 @@ static target_t *add_target(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr, int 
     t->prank = prank;
     snprintf(t->key, sizeof(t->key), "%s", key);
     t->state = T_PENDING;
+    t->last_st = PDL_OK;
     return t;
 }
 
 /* Every (local rank, producer rank) pair of the read plans for producer instance addr (under mu). */
-static void add_instance(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr)
+static void add_instance(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr, bool configured)
 {
     const pdl_instance_t *inst = pw->inst;
     const pdl_model_geometry_t *g = &inst->cfg.model;
@@ -105,12 +109,16 @@ static void add_instance(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr)
                      inst->tp, e.msg);
             return;
         }
-        for (int i = 0; i < plan.num_pieces; i++)
-            if (add_target(pw, addr, k, plan.pieces[i].producer_rank) == NULL) {
-                pdl_warn("prewarm: more than %d peers known; %s is left to its first request", PREWARM_MAX_TARGETS,
-                         addr->engine_id);
-                return;
+        for (int i = 0; i < plan.num_pieces; i++) {
+            target_t *t = add_target(pw, addr, k, plan.pieces[i].producer_rank);
+            if (t != NULL) {
+                t->configured |= configured;
+                continue;
             }
+            pdl_warn("prewarm: more than %d peers known; %s is left to its first request", PREWARM_MAX_TARGETS,
+                     addr->engine_id);
+            return;
+        }
     }
 }
 
@@ -162,10 +170,16 @@ static void connect_one(pdl_prewarm_t *pw, size_t i)
     snprintf(hkey, sizeof(hkey), "%d|%s", snap.rank, snap.key);
     pthread_mutex_lock(&pw->mu);
     target_t *t = &pw->v[i]; /* the vector may have moved meanwhile; indices do not */
+    t->last_st = st;
+    snprintf(t->last_msg, sizeof(t->last_msg), "%s", st == PDL_OK ? "" : err.msg);
     if (st == PDL_OK) {
         t->state = T_WARM;
         t->peer = p;
         pdl__health_ok(&pw->health, hkey);
+    } else if (!t->configured) {
+        /* Learnt from a request: the lanes' own peer health takes it from here (a bogus address in a
+         * request must not keep this thread dialling it). */
+        t->state = T_TAKEN;
     } else if (pdl__peer_unreachable(st)) {
         uint64_t now = pdl__clock_now_ns(), retry_at = 0;
         int failures = 0;
@@ -238,7 +252,7 @@ pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err)
             pdl_warn("prewarm_peers: %s is not in trusted_hosts; skipped", a.host);
             continue;
         }
-        add_instance(pw, &a);
+        add_instance(pw, &a, true);
     }
     int rc = pthread_create(&pw->thread, NULL, prewarm_main, pw);
     if (rc != 0) {
@@ -277,17 +291,20 @@ void pdl__prewarm_stop(pdl_instance_t *inst)
     inst->prewarm = NULL;
 }
 
-pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key)
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key, pdl_status_t *st_out,
+                              pdl_error_t *err)
 {
+    *st_out = PDL_OK;
     pdl_prewarm_t *pw = r->inst->prewarm;
     if (pw == NULL)
         return NULL;
     pdl_peer_t *p = NULL;
+    bool waited = false;
     pthread_mutex_lock(&pw->mu);
     /* A producer first seen: queue its other pairs now, before this lane connects its own, so that
      * every pair is connected by exactly one party (whoever moves it out of PENDING under mu). */
     if (addr->role == PDL_ROLE_PRODUCER && !instance_known(pw, addr)) {
-        add_instance(pw, addr);
+        add_instance(pw, addr, false);
         pthread_cond_broadcast(&pw->cv);
     }
     for (;;) {
@@ -296,12 +313,20 @@ pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const 
             break;
         /* Bounded by the thread's handshake_timeout; stop wakes us too. */
         if (t->state == T_CONNECTING && !pw->stop) {
+            waited = true;
             pthread_cond_wait(&pw->cv, &pw->mu);
             continue;
         }
         if (t->state == T_WARM) {
             p = t->peer;
             t->peer = NULL;
+        } else if (t->last_st != PDL_OK && (waited || !t->configured)) {
+            /* The attempt this lane waited for, or the one made for it when its producer was learnt
+             * (moments ago, by the same pull's first rank), failed: that is this lane's handshake
+             * failing, not a reason to pay it a second time. A configured pair's failure may be old
+             * (the producer was not up yet): the lane tries itself. */
+            *st_out = pdl_error_set(err, t->last_st, "%s", t->last_msg);
+            t->last_st = PDL_OK;
         }
         t->state = T_TAKEN;
         break;
