@@ -38,6 +38,15 @@ extern "C" {
 /* Bytes of a host name or address, without the NUL (the wire's limit, checked where they meet). */
 #define PDL_CONNECTOR_HOST_MAX 256
 #define PDL_CONNECTOR_TRUSTED_MAX 1023 /* bytes of trusted_hosts as text */
+#define PDL_CONNECTOR_PREWARM_MAX 16    /* producer instances in prewarm_peers */
+
+/* A producer instance a decode connects to at start-up (prewarm_peers). */
+typedef struct pdl_prewarm_peer {
+    char host[PDL_CONNECTOR_HOST_MAX + 1];
+    int handshake_port; /* its base handshake port (rank r of DP rank dp listens on base + dp * tp + r) */
+    int tp;             /* its TP size; 0 = the same as ours */
+    int dp;             /* its DP rank (0) */
+} pdl_prewarm_peer_t;
 
 /* kv_transfer_params (pdlink/params.h); the connector only takes and fills them. */
 typedef struct pdl_kv_params pdl_kv_params_t;
@@ -72,6 +81,10 @@ typedef struct pdl_connector_config {
     bool bind_all; /* false: handshake, notify and data ports listen on host_ip only; true: on every address */
     /* Comma-separated addresses/CIDRs a decode may dial and a producer serves; "" = everyone. */
     char trusted_hosts[PDL_CONNECTOR_TRUSTED_MAX + 1];
+    /* READ-mode decode: producers to handshake with and map at start-up, in the background, retried
+     * with peer_backoff until reachable (prewarm.c); more are learnt from requests. */
+    pdl_prewarm_peer_t prewarm_peers[PDL_CONNECTOR_PREWARM_MAX];
+    int num_prewarm_peers;
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -88,6 +101,15 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
 /* Same, for the kv_connector_extra_config object alone, given as JSON text; cfg is NOT reset first and
  * cfg->role is left as is. Fails like pdl_connector_config_parse. */
 pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connector_config_t *cfg, pdl_error_t *err);
+
+/*
+ * Add one prewarm_peers entry, "HOST:PORT[:TP[:DP]]" (an IPv6 host in brackets: "[::1]:7000:8"): the
+ * producer instance's host, base handshake port, TP size (omitted or 0: ours) and DP rank (0). An entry
+ * already listed is not added twice. Fails with PDL_ERR_INVALID naming the entry (empty or too long
+ * host, a port outside 1-65535, a TP outside 0-PDL_TOPO_MAX_TP, a DP outside 0-1023, junk after the
+ * fields, more than PDL_CONNECTOR_PREWARM_MAX entries); cfg is then unchanged.
+ */
+pdl_status_t pdl_connector_config_add_prewarm(pdl_connector_config_t *cfg, const char *spec, pdl_error_t *err);
 
 /* The model's KV geometry as the whole instance sees it (per-rank heads derive from tp_size). */
 typedef struct pdl_model_geometry {
@@ -194,6 +216,11 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
  * in the allocator and its PDL_EVENT_FREED has been delivered, so 0 means all of that happened. */
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
+/* Peers (a local rank and a producer rank it reads from) the background prewarm still has to connect:
+ * prewarm_peers not yet reachable, producers just learnt from a request, ones evicted after a failure.
+ * 0 means every known producer is handshaked and mapped, so no pull pays for it (counter
+ * transfer_handshakes). 0 for NULL or a WRITE-mode or producer instance. */
+size_t pdl_instance_prewarm_pending(pdl_instance_t *inst);
 
 /*
  * The kv_transfer_params a producer returns for a held transfer (READ mode): out is initialised and
@@ -328,7 +355,11 @@ typedef enum pdl_counter_kind {
     X(pushes_abandoned, "pdlink_pushes_abandoned_total", PDL_COUNTER_COUNT,                                         \
       "WRITE mode: failed releases a prefill rank acted on: its push freed at once, or when made.")              \
     X(listener_pauses, "pdlink_listener_pauses_total", PDL_COUNTER_COUNT,                                           \
-      "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).")
+      "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).") \
+    X(prewarm_handshakes, "pdlink_prewarm_handshakes_total", PDL_COUNTER_COUNT,                                     \
+      "Peers handshaked, opened and mapped ahead of need by the background prewarm (decode).")                    \
+    X(transfer_handshakes, "pdlink_transfer_handshakes_total", PDL_COUNTER_COUNT,                                   \
+      "Handshakes (with the session open and mapping) a transfer had to wait for: 0 when prewarm was in time.")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

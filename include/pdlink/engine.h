@@ -282,6 +282,15 @@ pdl_status_t pdl_mem_pack(const pdl_mem_t *mem, pdl_bytes_t *out, pdl_error_t *e
 pdl_status_t pdl_session_open(pdl_engine_t *engine, pdl_mem_t *local, const void *remote_mem_desc, size_t len,
                               pdl_session_t **session_out, pdl_error_t *err);
 /*
+ * Fault in what the session maps of the remote region (shm: its memfd mapping, which pdl_session_open
+ * does not populate, so that opening on a request's path pays only for the pages that request touches),
+ * so that no later post pays for a page fault. Takes as long as touching the whole region (~0.1 s for
+ * 128 MiB here): call it on a background thread, after opening ahead of need. A no-op for tcp, ucx and
+ * shm sessions to caller-registered memory. Returns PDL_OK, PDL_ERR_INVALID (NULL session) or
+ * PDL_ERR_SYSTEM (madvise failed: the session still works, faulting pages on first use).
+ */
+pdl_status_t pdl_session_prefault(pdl_session_t *session, pdl_error_t *err);
+/*
  * Close the connections (tcp) or unmap the remote memory (shm) and free the session. Free every batch
  * posted on it first (pdl_batch_free): a batch refers to its session. NULL is ignored.
  */

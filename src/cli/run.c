@@ -61,6 +61,8 @@ enum {
     RUN_STARTUP_TIMEOUT_MS = 120000,
     RUN_REQUEST_TIMEOUT_MS = 120000,
     RUN_DRAIN_TIMEOUT_MS = 15000,
+    RUN_PREWARM_TIMEOUT_MS = 30000,
+    RUN_PAIRS = 6, /* alternating (ceiling, round of the workload) pairs per topology */
     RUN_STOP_GRACE_MS = 5000,
     RUN_TAIL_LINES = 12,
 };
@@ -90,6 +92,7 @@ typedef struct run_opts {
     int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
     const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
     const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
+    bool no_prewarm;                    /* --no-prewarm: decodes learn producers from requests only */
 } run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
@@ -126,6 +129,7 @@ typedef struct run_ctx {
     pdl_run_req_t *reqs;
     char **bodies;
     char **ref_text;
+    double *ref_ttft_ms;                /* the reference's TTFT per request (-1: none) */
     /* the cluster being run */
     const char *phase_name;             /* progress prefix */
     pdl_run_result_t *cur;              /* result being filled */
@@ -136,6 +140,7 @@ typedef struct run_ctx {
     int router_port, disc_port, prom_port;
     bool child_died;
     int last_progress;
+    int round_off;                      /* requests of the earlier rounds (progress, fault injection) */
     pdl_run_netns_t *keep_ns;           /* namespaces of a cluster left up by --keep */
 } run_ctx_t;
 
@@ -213,6 +218,8 @@ static void usage(FILE *f)
             "  --quiet                 no progress display on stderr\n"
             "  --child-log-level L     --log-level of the nodes and the router (default info; debug logs\n"
             "                          where each pull and request spends its time, see --log-dir)\n"
+            "  --no-prewarm            decodes are not told the producers: each learns them from its first\n"
+            "                          request, which pays the handshake and the mapping (the old behaviour)\n"
             "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
             "                          one from the project venv or $PATH, with the seed's flags and\n"
             "                          consistent_hash), or the path of a router executable\n"
@@ -261,7 +268,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
     };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER };
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM };
     static const struct option longopts[] = {
         {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
         {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
@@ -273,6 +280,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         {"quiet", no_argument, NULL, O_QUIET},           {"help", no_argument, NULL, O_HELP},
         {"child-log-level", required_argument, NULL, O_CHILDLOG},
         {"router", required_argument, NULL, O_ROUTER},
+        {"no-prewarm", no_argument, NULL, O_NOPREWARM},
         /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
         {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
         {NULL, 0, NULL, 0},
@@ -360,6 +368,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             o->child_log_level = optarg;
             break;
         case O_ROUTER: o->router = optarg; break;
+        case O_NOPREWARM: o->no_prewarm = true; break;
         case O_HELP:
         case 'h': usage(stdout); return 1;
         case O_FAULT:
@@ -567,7 +576,8 @@ static int build_workload(run_ctx_t *c)
     c->reqs = calloc((size_t)n, sizeof(*c->reqs));
     c->bodies = calloc((size_t)n, sizeof(char *));
     c->ref_text = calloc((size_t)n, sizeof(char *));
-    if (c->reqs == NULL || c->bodies == NULL || c->ref_text == NULL)
+    c->ref_ttft_ms = calloc((size_t)n, sizeof(double));
+    if (c->reqs == NULL || c->bodies == NULL || c->ref_text == NULL || c->ref_ttft_ms == NULL)
         return -1;
     uint64_t seed = 0x706466696e6b31ULL; /* fixed: the workload is part of the test */
     int span = c->o.prompt_max - c->o.prompt_min + 1;
@@ -616,12 +626,15 @@ static void free_workload(run_ctx_t *c)
     free(c->reqs);
     free(c->bodies);
     free(c->ref_text);
+    free(c->ref_ttft_ms);
 }
 
 static bool load_tick(void *ctx, int done, int total)
 {
     run_ctx_t *c = ctx;
-    progress_requests(c, done, total);
+    (void)total;
+    done += c->round_off;
+    progress_requests(c, done, c->o.requests);
     if (!wait_ms(c, 0))
         return false;
     if (!children_alive(c))
@@ -639,15 +652,20 @@ static bool load_tick(void *ctx, int done, int total)
     return true;
 }
 
-static pdl_status_t drive(run_ctx_t *c, const char *base_url, pdl_error_t *err)
+/* Requests [first, first + n) of the workload. */
+static pdl_status_t drive(run_ctx_t *c, const char *base_url, int first, int n, pdl_error_t *err)
 {
     pdl_run_load_t ld = {.base_url = base_url,
                          .concurrency = c->o.concurrency,
                          .timeout_ms = RUN_REQUEST_TIMEOUT_MS,
                          .tick = load_tick,
                          .tick_ctx = c};
-    c->last_progress = -1;
-    return pdl_run_load_drive(&ld, c->reqs, c->o.requests, err);
+    if (first == 0)
+        c->last_progress = -1;
+    c->round_off = first;
+    pdl_status_t st = pdl_run_load_drive(&ld, c->reqs + first, n, err);
+    c->round_off = 0;
+    return st;
 }
 
 /* ---------------------------------------------------------------- starting processes */
@@ -659,6 +677,20 @@ static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *prox
                               "handshake_port", nd->hs_base, "notify_port", nd->notify_base, "read_mode",
                               strcmp(c->o.mode, "read") == 0, "backend", c->o.backend, "qp_per_transfer", 1,
                               "num_workers", 1);
+    /* The cluster is known: a READ decode connects to every prefill instance before the first request
+     * (prewarm_peers), so that no pull pays a handshake or a region mapping (issue 16). */
+    if (nd->role == ROLE_DECODE && strcmp(c->o.mode, "read") == 0 && !c->o.no_prewarm) {
+        json_t *pw = json_array();
+        for (int i = 0; i < c->nnodes; i++) {
+            const run_node_t *p = &c->nodes[i];
+            if (p->role != ROLE_PREFILL)
+                continue;
+            char spec[64];
+            snprintf(spec, sizeof(spec), "%s:%d:%d", p->host, p->hs_base, p->tp);
+            json_array_append_new(pw, json_string(spec));
+        }
+        json_object_set_new(extra, "prewarm_peers", pw);
+    }
     json_t *cfg = json_pack("{s:s, s:s, s:o}", "kv_connector", "MoRIIOConnector", "kv_role",
                             nd->role == ROLE_PREFILL ? "kv_producer" : "kv_consumer", "kv_connector_extra_config",
                             extra);
@@ -690,7 +722,7 @@ static pdl_status_t start_node(run_ctx_t *c, run_node_t *nd, const char *proxy_i
     argv_add(argv, 40, "--num-gpu-blocks");
     argv_add(argv, 40, "%d", blocks);
     if (nd->role != ROLE_REFERENCE) {
-        char cfg[1024];
+        char cfg[2048];
         kv_config(c, nd, proxy_ip, cfg, sizeof(cfg));
         argv_add(argv, 40, "--kv-transfer-config");
         argv_add(argv, 40, "%s", cfg);
@@ -794,6 +826,43 @@ static pdl_status_t wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadl
     }
 }
 
+/*
+ * Wait until every decode reports pdlink_prewarm_pending 0: its background prewarm connected and mapped
+ * every prefill rank it will read from, so the first requests measure transfers, not set-up. Bounded:
+ * past the deadline the workload starts anyway, and the report's "pulls that handshaked" row shows what
+ * the requests paid for it. False only when interrupted or a child died.
+ */
+static int scrape_all(run_ctx_t *c);
+static bool wait_prewarmed(run_ctx_t *c, pdl_run_result_t *r)
+{
+    uint64_t deadline = pdl__clock_now_ms() + RUN_PREWARM_TIMEOUT_MS, t0 = pdl__clock_now_ms();
+    for (;;) {
+        scrape_all(c);
+        int waiting = 0;
+        for (int i = 0; i < c->nnodes; i++) {
+            const run_node_t *nd = &c->nodes[i];
+            if (nd->role != ROLE_DECODE)
+                continue;
+            int found = 0;
+            double v = pdl_run_metrics_sum(nd->metrics ? nd->metrics : "", "pdlink_prewarm_pending", NULL, NULL, &found);
+            waiting += found == 0 || v > 0;
+        }
+        if (waiting == 0) {
+            progress(c, "every decode connected to its producers in %.1f s", (pdl__clock_now_ms() - t0) / 1e3);
+            return true;
+        }
+        if (!children_alive(c))
+            return false;
+        if (pdl__clock_now_ms() >= deadline) {
+            pdl_run_result_note(r, "%d decode instance(s) still connecting to producers after %d s; started anyway",
+                                waiting, RUN_PREWARM_TIMEOUT_MS / 1000);
+            return true;
+        }
+        if (!wait_ms(c, 50))
+            return false;
+    }
+}
+
 /* ---------------------------------------------------------------- the reference */
 
 static int run_reference(run_ctx_t *c)
@@ -852,7 +921,7 @@ static int run_reference(run_ctx_t *c)
     }
     char base[96];
     node_url(nd, "", base, sizeof(base));
-    pdl_status_t st = drive(c, base, &err);
+    pdl_status_t st = drive(c, base, 0, c->o.requests, &err);
     if (st != PDL_OK) {
         if (!c->interrupted && !c->child_died)
             fprintf(stderr, "pdlink run: reference workload: %s\n", err.msg);
@@ -861,6 +930,7 @@ static int run_reference(run_ctx_t *c)
     }
     int bad = 0;
     for (int i = 0; i < c->o.requests; i++) {
+        c->ref_ttft_ms[i] = c->reqs[i].ok ? c->reqs[i].ttft_ms : -1;
         if (c->reqs[i].ok) {
             c->ref_text[i] = c->reqs[i].text;
             c->reqs[i].text = NULL;
@@ -945,6 +1015,7 @@ static uint64_t total_held(const run_ctx_t *c)
 }
 
 static int topo_pull_threads(const pdl_run_topo_t *t);
+static double ceiling_with(const run_ctx_t *c, int threads);
 static double inst_ceiling(const run_ctx_t *c, int threads);
 
 static void collect(run_ctx_t *c, pdl_run_result_t *r)
@@ -996,6 +1067,8 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->busy_seconds +=
                 pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
             pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &pull_hist);
+            r->prewarm_handshakes += msum(nd, "pdlink_prewarm_handshakes_total");
+            r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
         } else if (nd->role == ROLE_PREFILL) {
             if (wm)
                 r->releases_sent += msum(nd, "pdlink_write_done_sent_total");
@@ -1044,7 +1117,8 @@ static void judge_requests(run_ctx_t *c, pdl_run_result_t *r)
 {
     int n = c->o.requests;
     double *ttft = calloc((size_t)n, sizeof(double));
-    int nt = 0, shown = 0;
+    double *added = calloc((size_t)n, sizeof(double));
+    int nt = 0, na = 0, shown = 0;
     r->requests = n;
     for (int i = 0; i < n; i++) {
         pdl_run_req_t *q = &c->reqs[i];
@@ -1059,6 +1133,12 @@ static void judge_requests(run_ctx_t *c, pdl_run_result_t *r)
         r->ok++;
         if (ttft != NULL && q->ttft_ms >= 0)
             ttft[nt++] = q->ttft_ms;
+        /* The same prompt on one node: what P/D adds is the difference, request by request. */
+        if (added != NULL && q->ttft_ms >= 0 && c->ref_ttft_ms != NULL && c->ref_ttft_ms[i] >= 0)
+            added[na++] = q->ttft_ms - c->ref_ttft_ms[i];
+        if (q->ttft_ms >= 0)
+            r->ttft_seconds += q->ttft_ms / 1e3;
+        r->request_seconds += q->total_ms / 1e3;
         if (c->ref_text[i] != NULL && strcmp(q->text, c->ref_text[i]) == 0) {
             r->parity_ok++;
         } else if (shown++ < 3) {
@@ -1076,6 +1156,14 @@ static void judge_requests(run_ctx_t *c, pdl_run_result_t *r)
         r->ttft_p50_ms = r->ttft_p99_ms = -1;
     }
     free(ttft);
+    if (added != NULL && na > 0) {
+        qsort(added, (size_t)na, sizeof(double), cmp_double);
+        r->ttft_added_p50_ms = percentile(added, na, 50);
+        r->ttft_added_p99_ms = percentile(added, na, 99);
+    } else {
+        r->ttft_added_p50_ms = r->ttft_added_p99_ms = -1;
+    }
+    free(added);
     int pmax = 0, dmax = 0;
     for (int k = 0; k < r->topo.np; k++)
         pmax = r->topo.ptp[k] > pmax ? r->topo.ptp[k] : pmax;
@@ -1099,6 +1187,75 @@ static void wait_for_keep(run_ctx_t *c)
     while (wait_ms(c, 500))
         if (!children_alive(c))
             break;
+}
+
+/* What moved so far, summed as collect() sums it: KV bytes and engine seconds of the ranks that move
+ * (decode in READ mode, prefill in WRITE mode), busy seconds of the decodes. From the last scrape. */
+typedef struct run_totals {
+    double bytes, read_s, busy_s;
+} run_totals_t;
+
+static run_totals_t totals_now(const run_ctx_t *c)
+{
+    run_totals_t t = {0, 0, 0};
+    bool wm = strcmp(c->o.mode, "write") == 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const run_node_t *nd = &c->nodes[i];
+        const char *m = nd->metrics ? nd->metrics : "";
+        if (nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE)) {
+            t.bytes += pdl_run_metrics_sum(m, "pdlink_kv_bytes_total", NULL, NULL, NULL);
+            t.read_s += pdl_run_metrics_sum(m, "pdlink_read_seconds_total", NULL, NULL, NULL);
+        }
+        if (nd->role == ROLE_DECODE)
+            t.busy_s += pdl_run_metrics_sum(m, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
+    }
+    return t;
+}
+
+/* Bytes over seconds in GB/s, or -1 when nothing moved or no time passed. */
+static double delta_gbps(double bytes, double seconds)
+{
+    return bytes > 0 && seconds > 0 ? bytes / seconds / 1e9 : -1;
+}
+
+/*
+ * The workload in RUN_PAIRS rounds (fewer with fewer requests), each right after its own ceiling
+ * measurements: A B A B ..., so the ratio of each pair compares figures taken within a second of each
+ * other, and the median of the pairs' ratios survives another job taking the machine for a while (issue
+ * 16: the best of separate rounds gave ratios from 0.04 to 7.7). Per round: the transfer GB/s of the
+ * decode instances against the ceiling with a decode instance's threads, and one rank's engine GB/s
+ * against the one-thread ceiling. The ratios go into r; the whole-run figures come from collect().
+ * Written so that a shared alternating-pairs helper can replace pdl_run_ratio_pairs later.
+ */
+static pdl_status_t drive_rounds(run_ctx_t *c, pdl_run_result_t *r, const char *base, pdl_error_t *err)
+{
+    int n = c->o.requests, rounds = n < RUN_PAIRS ? n : RUN_PAIRS, T = topo_pull_threads(&r->topo);
+    double inst_meas[RUN_PAIRS], inst_ceil[RUN_PAIRS], rank_meas[RUN_PAIRS], rank_ceil[RUN_PAIRS];
+    /* Rounds after a failure never run: their requests must not keep the outcome of an earlier run. */
+    for (int i = 0; i < n; i++)
+        pdl_run_req_clear(&c->reqs[i]);
+    scrape_all(c);
+    run_totals_t prev = totals_now(c);
+    pdl_status_t st = PDL_OK;
+    int k = 0;
+    for (; k < rounds && st == PDL_OK; k++) {
+        inst_ceil[k] = ceiling_with(c, T);
+        rank_ceil[k] = T == 1 ? inst_ceil[k] : ceiling_with(c, 1);
+        int first = (int)((int64_t)k * n / rounds), end = (int)((int64_t)(k + 1) * n / rounds);
+        st = drive(c, base, first, end - first, err);
+        scrape_all(c);
+        run_totals_t cur = totals_now(c);
+        inst_meas[k] = delta_gbps(cur.bytes - prev.bytes, cur.busy_s - prev.busy_s);
+        rank_meas[k] = delta_gbps(cur.bytes - prev.bytes, cur.read_s - prev.read_s);
+        prev = cur;
+    }
+    pdl_run_ratio_pairs(inst_meas, inst_ceil, k, &r->inst_ratio);
+    pdl_run_ratio_pairs(rank_meas, rank_ceil, k, &r->rank_ratio);
+    if (r->inst_ratio.above || r->rank_ratio.above)
+        pdl_run_result_note(r, "a transfer rate above its same-run ceiling (median ratio %.2f / %.2f): the "
+                               "ceiling is no upper bound here, or a figure is wrong", r->inst_ratio.median,
+                            r->rank_ratio.median);
+    return st;
 }
 
 /* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. */
@@ -1205,12 +1362,15 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
         goto out;
     }
 
+    if (strcmp(c->o.mode, "read") == 0 && !c->o.no_prewarm && !wait_prewarmed(c, r))
+        goto out;
+
     char base[96];
     snprintf(base, sizeof(base), "http://%s:%d", c->router_host, c->router_port);
     progress(c, "all registered; sending %d requests through the router at concurrency %d", c->o.requests,
              c->o.concurrency);
     r->ran = true;
-    pdl_status_t st = drive(c, base, &err);
+    pdl_status_t st = drive_rounds(c, r, base, &err);
     judge_requests(c, r);
     if (st != PDL_OK) {
         if (!c->interrupted && !c->child_died) {

@@ -9,6 +9,7 @@
 #include "cli/run_report.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
 
 void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len)
@@ -21,6 +22,55 @@ void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, " -> ");
     for (int i = 0; i < t->nd && off < len; i++)
         off += (size_t)snprintf(buf + off, len - off, "%sTP%d", i ? "+" : "", t->dtp[i]);
+}
+
+static int cmp_dbl(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median_of(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void pdl_run_ratio_pairs(const double *meas, const double *ceil, int n, pdl_run_ratio_t *out)
+{
+    double rv[PDL_RUN_MAX_PAIRS], cv[PDL_RUN_MAX_PAIRS];
+    int k = 0;
+    for (int i = 0; i < n && k < PDL_RUN_MAX_PAIRS; i++) {
+        if (meas[i] < 0 || !(ceil[i] > 0))
+            continue;
+        rv[k] = meas[i] / ceil[i];
+        cv[k] = ceil[i];
+        k++;
+    }
+    *out = (pdl_run_ratio_t){.pairs = k, .median = -1, .min = -1, .max = -1, .ceiling_median = -1};
+    if (k == 0)
+        return;
+    out->min = out->max = rv[0];
+    for (int i = 1; i < k; i++) {
+        out->min = rv[i] < out->min ? rv[i] : out->min;
+        out->max = rv[i] > out->max ? rv[i] : out->max;
+    }
+    out->median = median_of(rv, k);
+    out->ceiling_median = median_of(cv, k);
+    out->wide = out->min <= 0 ? out->max > 0 : out->max / out->min > PDL_RUN_SPREAD_MAX;
+    out->above = out->median > 1;
+}
+
+void pdl_run_ratio_cell(const pdl_run_ratio_t *r, char *buf, size_t len)
+{
+    if (r->pairs == 0)
+        snprintf(buf, len, "-");
+    else if (r->pairs < PDL_RUN_MIN_PAIRS)
+        snprintf(buf, len, "n=%d<%d %.0f%%", r->pairs, PDL_RUN_MIN_PAIRS, 100 * r->median);
+    else if (r->wide)
+        snprintf(buf, len, "wide %.0f-%.0f%%", 100 * r->min, 100 * r->max);
+    else
+        snprintf(buf, len, "%.0f%% %.0f-%.0f%s", 100 * r->median, 100 * r->min, 100 * r->max, r->above ? "!" : "");
 }
 
 void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...)
@@ -121,22 +171,35 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("TTFT p50 / p99 (ms)", r->ttft_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->ttft_p50_ms,
                                                              r->ttft_p99_ms));
+    ROW("TTFT added p50 / p99", r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1
+                                    ? snprintf(cell, sizeof(cell), "-")
+                                    : snprintf(cell, sizeof(cell), "%+.1f / %+.1f", r->ttft_added_p50_ms,
+                                               r->ttft_added_p99_ms));
+    ROW(w ? "receive % of TTFT / req" : "transfer % of TTFT / req",
+        (r->ttft_seconds <= 0 || r->request_seconds <= 0)
+            ? snprintf(cell, sizeof(cell), "-")
+            : snprintf(cell, sizeof(cell), "%.0f%% / %.0f%%", 100.0 * r->pull_seconds / r->ttft_seconds,
+                       100.0 * r->pull_seconds / r->request_seconds));
     ROW(w ? "receives" : "pulls", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->pulls));
     ROW(w ? "receive p50 / p99 (ms)" : "pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->pull_p50_ms,
                                                              r->pull_p99_ms));
+    ROW(w ? "receives that handshaked" : "pulls that handshaked",
+        snprintf(cell, sizeof(cell), "%llu (%llu ahead)", (unsigned long long)r->transfer_handshakes,
+                 (unsigned long long)r->prewarm_handshakes));
     ROW("transfer busy (s)", snprintf(cell, sizeof(cell), "%.3f", r->busy_seconds));
     ROW("transfer GB/s", r->gbps < 0 ? snprintf(cell, sizeof(cell), "-") : snprintf(cell, sizeof(cell), "%.2f", r->gbps));
-    ROW("of ceiling (threads)", (r->gbps < 0 || r->ceiling_gbps <= 0)
-                                    ? snprintf(cell, sizeof(cell), "-")
-                                    : snprintf(cell, sizeof(cell), "%.0f%% (%d)", 100.0 * r->gbps / r->ceiling_gbps,
-                                               r->ceiling_threads));
+    ROW("of ceiling, T threads", pdl_run_ratio_cell(&r->inst_ratio, cell, sizeof(cell)));
     ROW(w ? "engine write GB/s/rank" : "engine read GB/s/rank", r->read_gbps < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.2f", r->read_gbps));
-    ROW("of ceiling (1 thread)", (r->read_gbps < 0 || r->rank_ceiling_gbps <= 0)
-                                     ? snprintf(cell, sizeof(cell), "-")
-                                     : snprintf(cell, sizeof(cell), "%.0f%%", 100.0 * r->read_gbps / r->rank_ceiling_gbps));
+    ROW("of ceiling, 1 thread", pdl_run_ratio_cell(&r->rank_ratio, cell, sizeof(cell)));
+    ROW("ceiling T (threads)", r->inst_ratio.pairs == 0 ? snprintf(cell, sizeof(cell), "-")
+                                                        : snprintf(cell, sizeof(cell), "%.2f (%d)",
+                                                                   r->inst_ratio.ceiling_median, r->ceiling_threads));
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
+    fprintf(out, "\n  of ceiling: median of %d+ alternating pairs (a round of the workload right after its own ceiling)"
+                 " with min-max;\n  \"wide\": max/min > %.1f, no figure; \"!\": above the ceiling, which is then no upper"
+                 " bound\n", PDL_RUN_MIN_PAIRS, PDL_RUN_SPREAD_MAX);
     for (int i = 0; i < n; i++) {
         if (rs[i].nnotes == 0)
             continue;
@@ -149,6 +212,20 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
         fprintf(out, "; logs in %s", info->log_dir);
     fprintf(out, ")\n");
     pdl_run_report_verdict(out, rs, n);
+}
+
+/* {"pairs", "median", "min", "max", "wide", "above"}; the numbers null without a pair. */
+static json_t *ratio_json(const pdl_run_ratio_t *q)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "pairs", json_integer(q->pairs));
+    json_object_set_new(o, "median", q->pairs ? json_real(q->median) : json_null());
+    json_object_set_new(o, "min", q->pairs ? json_real(q->min) : json_null());
+    json_object_set_new(o, "max", q->pairs ? json_real(q->max) : json_null());
+    json_object_set_new(o, "ceiling_gbps", q->pairs ? json_real(q->ceiling_median) : json_null());
+    json_object_set_new(o, "wide", json_boolean(q->wide));
+    json_object_set_new(o, "above", json_boolean(q->above));
+    return o;
 }
 
 json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
@@ -187,21 +264,29 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "pull_p50_ms", r->pull_p50_ms < 0 ? json_null() : json_real(r->pull_p50_ms));
         json_object_set_new(t, "pull_p99_ms", r->pull_p99_ms < 0 ? json_null() : json_real(r->pull_p99_ms));
         json_object_set_new(t, "transfer_busy_seconds", json_real(r->busy_seconds));
+        json_object_set_new(t, "ttft_added_p50_ms",
+                            r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1 ? json_null()
+                                                                                    : json_real(r->ttft_added_p50_ms));
+        json_object_set_new(t, "ttft_added_p99_ms",
+                            r->ttft_added_p50_ms == -1 && r->ttft_added_p99_ms == -1 ? json_null()
+                                                                                    : json_real(r->ttft_added_p99_ms));
+        json_object_set_new(t, "transfer_share_of_ttft",
+                            r->ttft_seconds > 0 ? json_real(r->pull_seconds / r->ttft_seconds) : json_null());
+        json_object_set_new(t, "transfer_share_of_request",
+                            r->request_seconds > 0 ? json_real(r->pull_seconds / r->request_seconds) : json_null());
+        json_object_set_new(t, "prewarm_handshakes", json_integer((json_int_t)r->prewarm_handshakes));
+        json_object_set_new(t, "transfer_handshakes", json_integer((json_int_t)r->transfer_handshakes));
         json_object_set_new(t, "read_seconds", json_real(r->read_seconds));
         json_object_set_new(t, "engine_read_gbps", r->read_gbps < 0 ? json_null() : json_real(r->read_gbps));
         json_object_set_new(t, "ttft_p50_ms", r->ttft_p50_ms < 0 ? json_null() : json_real(r->ttft_p50_ms));
         json_object_set_new(t, "ttft_p99_ms", r->ttft_p99_ms < 0 ? json_null() : json_real(r->ttft_p99_ms));
         json_object_set_new(t, "transfer_gbps", r->gbps < 0 ? json_null() : json_real(r->gbps));
         json_object_set_new(t, "ceiling_gbps", r->ceiling_gbps <= 0 ? json_null() : json_real(r->ceiling_gbps));
-        json_object_set_new(t, "ceiling_ratio", (r->gbps < 0 || r->ceiling_gbps <= 0)
-                                                    ? json_null()
-                                                    : json_real(r->gbps / r->ceiling_gbps));
+        json_object_set_new(t, "ceiling_ratio", ratio_json(&r->inst_ratio));
         json_object_set_new(t, "ceiling_threads", json_integer(r->ceiling_threads));
         json_object_set_new(t, "rank_ceiling_gbps",
                             r->rank_ceiling_gbps <= 0 ? json_null() : json_real(r->rank_ceiling_gbps));
-        json_object_set_new(t, "engine_read_ceiling_ratio", (r->read_gbps < 0 || r->rank_ceiling_gbps <= 0)
-                                                                ? json_null()
-                                                                : json_real(r->read_gbps / r->rank_ceiling_gbps));
+        json_object_set_new(t, "engine_read_ceiling_ratio", ratio_json(&r->rank_ratio));
         json_object_set_new(t, "metrics_complete", json_boolean(r->metrics_ok));
         json_object_set_new(t, "notes", notes);
         json_object_set_new(t, "pass", json_boolean(r->pass));

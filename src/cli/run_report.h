@@ -10,7 +10,28 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12 };
+enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12, PDL_RUN_MAX_PAIRS = 16, PDL_RUN_MIN_PAIRS = 5 };
+
+/* A spread of per-pair ratios wider than this (max / min) gives no figure: the machine was too noisy. */
+#define PDL_RUN_SPREAD_MAX 2.0
+
+/*
+ * A ratio to a ceiling from alternating pairs (issue 16): the ceiling and the measurement taken one
+ * after the other, A B A B ..., the ratio of each pair, then their median with the min-max. Robust to
+ * another job taking the machine for a while: it moves a pair or two, not both figures of the ratio.
+ */
+typedef struct pdl_run_ratio {
+    int pairs;                /* pairs that gave a ratio (measurement >= 0, ceiling > 0) */
+    double median, min, max;  /* of the per-pair ratios; -1 when pairs == 0 */
+    double ceiling_median;    /* of the pairs' ceilings, for display; -1 when pairs == 0 */
+    bool wide;                /* max / min > PDL_RUN_SPREAD_MAX: say so instead of a figure */
+    bool above;               /* median > 1: the "ceiling" was no upper bound here; flagged */
+} pdl_run_ratio_t;
+
+/* The ratio of n pairs meas[i] / ceil[i] (pairs with meas < 0 or ceil <= 0 are left out). Pure. */
+void pdl_run_ratio_pairs(const double *meas, const double *ceil, int n, pdl_run_ratio_t *out);
+/* The text cell of a ratio: "53% 44-61%", "wide 20-90%", "n=3<5 53%", "118%!" ... ("-" with no pair). */
+void pdl_run_ratio_cell(const pdl_run_ratio_t *r, char *buf, size_t len);
 
 /* One topology: prefill instances' TP sizes → decode instances' TP sizes. */
 typedef struct pdl_run_topo {
@@ -47,12 +68,21 @@ typedef struct pdl_run_result {
     double read_seconds;             /* pdlink_read_seconds_total on decode ranks (engine time) */
     double read_gbps;                /* kv_bytes / read_seconds / 1e9: one rank's engine rate; -1 if none */
     double ttft_p50_ms, ttft_p99_ms; /* through the router; -1 when no request succeeded */
+    double ttft_added_p50_ms, ttft_added_p99_ms; /* per request: TTFT here minus the single-node
+                                      * reference's for the same prompt; -1 when none pair up */
+    double ttft_seconds, request_seconds; /* sums over the successful requests (first byte, whole) */
+    uint64_t prewarm_handshakes;     /* decode: peers connected ahead of need (pdlink_prewarm_handshakes_total) */
+    uint64_t transfer_handshakes;    /* decode: handshakes a pull waited for (pdlink_transfer_handshakes_total) */
     double gbps;                     /* kv_bytes / busy_seconds / 1e9: a decode instance's rate while it
                                       * pulls; -1 when nothing moved */
     double ceiling_gbps;             /* same-run ceiling with the threads of one decode instance's pull path
                                       * (one per rank); <= 0 when unknown */
     int ceiling_threads;             /* those threads: the decode TP size */
     double rank_ceiling_gbps;        /* same-run one-thread ceiling, for the per-rank engine rate */
+    /* The rows "of ceiling": the workload ran in rounds, each right after its own ceiling measurement
+     * (one per round with a decode instance's threads, one with 1 thread): alternating pairs. */
+    pdl_run_ratio_t inst_ratio;      /* a round's transfer GB/s over the T-thread ceiling */
+    pdl_run_ratio_t rank_ratio;      /* a round's engine read GB/s/rank over the 1-thread ceiling */
     bool metrics_ok;                 /* every contract metric was present on every node */
     bool pass;
     int nnotes;

@@ -109,7 +109,7 @@ static void json_brief(const json_t *v, char *buf, size_t cap)
     free(s);
 }
 
-typedef enum { K_STR, K_PORT, K_BASE_PORT, K_BOOL, K_BACKEND, K_POSINT, K_BATCH, K_SECONDS, K_HOSTS } key_kind_t;
+typedef enum { K_STR, K_PORT, K_BASE_PORT, K_BOOL, K_BACKEND, K_POSINT, K_BATCH, K_SECONDS, K_HOSTS, K_PREWARM } key_kind_t;
 
 typedef struct key_row {
     const char *name;
@@ -142,6 +142,9 @@ static const key_row_t k_rows[] = {
     {"trusted_hosts", K_HOSTS, OFF(trusted_hosts),
      "pdlink: addresses/CIDRs (list or comma-separated string) a decode may dial and a producer serves; "
      "empty = everyone"},
+    {"prewarm_peers", K_PREWARM, OFF(prewarm_peers),
+     "pdlink: producers a READ decode handshakes with and maps at start-up, in the background: a list of "
+     "\"host:handshake_port[:tp[:dp]]\" (or one comma-separated string)"},
     {"bind_all", K_BOOL, OFF(bind_all),
      "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},
 };
@@ -250,6 +253,32 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
                                  "kv_connector_extra_config.%s: expected -1 or a positive integer, got %s", row->name, vb);
         *(int *)(base + row->offset) = (int)ll;
         return PDL_OK;
+    case K_PREWARM: {
+        size_t n = json_is_array(v) ? json_array_size(v) : 1;
+        for (size_t i = 0; i < n; i++) {
+            const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+            if (!json_is_string(e))
+                return pdl_error_set(err, PDL_ERR_INVALID,
+                                     "kv_connector_extra_config.%s: expected a list of \"host:port[:tp[:dp]]\" "
+                                     "strings or one comma-separated string, got %s", row->name, vb);
+            /* One string may hold several entries, comma-separated (as trusted_hosts). */
+            const char *p = json_string_value(e);
+            char one[PDL_CONNECTOR_HOST_MAX + 48];
+            while (*p) {
+                size_t len = strcspn(p, ",");
+                if (len >= sizeof(one))
+                    return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: entry %.40s... is "
+                                         "longer than %zu bytes", row->name, p, sizeof(one) - 1);
+                memcpy(one, p, len);
+                one[len] = '\0';
+                pdl_status_t st = pdl_connector_config_add_prewarm(cfg, one, err);
+                if (st != PDL_OK)
+                    return pdl_error_prefix(err, st, "kv_connector_extra_config.%s", row->name);
+                p += len + (p[len] == ',');
+            }
+        }
+        return PDL_OK;
+    }
     case K_HOSTS: {
         /* A JSON list of strings or one comma-separated string; kept as text, checked here. */
         char *out = base + row->offset;
@@ -401,6 +430,93 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
 out:
     json_decref(root);
     return st;
+}
+
+/* A whole decimal number in [lo, hi] from [s, end); false for anything else (sign, junk, empty). */
+static bool parse_int_field(const char *s, const char *end, long lo, long hi, int *out)
+{
+    if (s >= end || end - s > 6)
+        return false;
+    long v = 0;
+    for (const char *c = s; c < end; c++) {
+        if (*c < '0' || *c > '9')
+            return false;
+        v = v * 10 + (*c - '0');
+    }
+    if (v < lo || v > hi)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+pdl_status_t pdl_connector_config_add_prewarm(pdl_connector_config_t *cfg, const char *spec, pdl_error_t *err)
+{
+    if (cfg == NULL || spec == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer: no input");
+    while (isspace((unsigned char)*spec))
+        spec++;
+    size_t sl = strlen(spec);
+    while (sl > 0 && isspace((unsigned char)spec[sl - 1]))
+        sl--;
+    pdl_prewarm_peer_t pp;
+    memset(&pp, 0, sizeof(pp));
+    const char *end = spec + sl, *rest;
+    size_t hl;
+    if (*spec == '[') { /* [IPv6]:port... */
+        const char *close = memchr(spec, ']', sl);
+        if (close == NULL || close + 1 >= end || close[1] != ':')
+            return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": an IPv6 host is written [addr]:port",
+                                 spec);
+        hl = (size_t)(close - spec - 1);
+        memcpy(pp.host, spec + 1, hl < sizeof(pp.host) ? hl : 0);
+        rest = close + 2;
+    } else {
+        const char *colon = memchr(spec, ':', sl);
+        if (colon == NULL)
+            return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": expected host:handshake_port[:tp[:dp]]",
+                                 spec);
+        hl = (size_t)(colon - spec);
+        memcpy(pp.host, spec, hl < sizeof(pp.host) ? hl : 0);
+        rest = colon + 1;
+    }
+    if (hl == 0 || hl > PDL_CONNECTOR_HOST_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": the host is empty or longer than %d bytes",
+                             spec, PDL_CONNECTOR_HOST_MAX);
+    for (size_t i = 0; i < hl; i++) {
+        unsigned char c = (unsigned char)pp.host[i];
+        if (!isalnum(c) && c != '.' && c != '-' && c != '_' && c != ':' && c != '%')
+            return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": character 0x%02x in the host", spec, c);
+    }
+    /* port, then optional tp and dp, colon-separated */
+    const char *f[3] = {rest, NULL, NULL}, *fe[3] = {end, NULL, NULL};
+    int nf = 1;
+    for (const char *c = rest; c < end; c++) {
+        if (*c != ':')
+            continue;
+        if (nf == 3)
+            return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": more than host:port:tp:dp", spec);
+        fe[nf - 1] = c;
+        f[nf] = c + 1;
+        fe[nf] = end;
+        nf++;
+    }
+    if (!parse_int_field(f[0], fe[0], 1, 65535, &pp.handshake_port))
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": the handshake port must be 1-65535", spec);
+    if (nf > 1 && !parse_int_field(f[1], fe[1], 0, PDL_TOPO_MAX_TP, &pp.tp))
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": tp must be 0-%d (0: ours)", spec,
+                             PDL_TOPO_MAX_TP);
+    if (nf > 2 && !parse_int_field(f[2], fe[2], 0, 1023, &pp.dp))
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": dp must be 0-1023", spec);
+    for (int i = 0; i < cfg->num_prewarm_peers; i++) {
+        const pdl_prewarm_peer_t *q = &cfg->prewarm_peers[i];
+        if (strcmp(q->host, pp.host) == 0 && q->handshake_port == pp.handshake_port && q->tp == pp.tp && q->dp == pp.dp)
+            return PDL_OK;
+    }
+    if (cfg->num_prewarm_peers == PDL_CONNECTOR_PREWARM_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "prewarm peer \"%.80s\": more than %d producers listed", spec,
+                             PDL_CONNECTOR_PREWARM_MAX);
+    cfg->prewarm_peers[cfg->num_prewarm_peers++] = pp;
+    return PDL_OK;
 }
 
 bool pdl__trust_host(const pdl_cidrs_t *trusted, const char *host)

@@ -47,6 +47,8 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     if (inst == NULL)
         return;
     atomic_store(&inst->stopping, true);
+    /* The prewarm first: its peers' sessions use the ranks' engines and its handshakes the context. */
+    pdl__prewarm_stop(inst);
     /* Readers and writers first (they queue releases and close their peers' sessions while the
      * engines live), then the services (they flush the queue). */
     for (int i = 0; i < inst->tp; i++) {
@@ -143,6 +145,9 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         if (st != PDL_OK)
             goto fail;
     }
+    st = pdl__prewarm_start(inst, err); /* connects in the background: start-up never waits for a peer */
+    if (st != PDL_OK)
+        goto fail;
     pdl_info("instance %s (%s, TP %d, DP rank %d/%d): handshake ports %d-%d, notify ports %d-%d, backend %s, %u "
              "blocks x %d layers",
              inst->engine_id, cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", inst->tp, cfg->dp_rank,

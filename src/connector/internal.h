@@ -13,10 +13,13 @@
  *     ├─> pull.c      READ mode, consumer: pdl_instance_pull and the reader (pdl_xfer_side_t)
  *     └─> push.c      WRITE mode: producer pushes (the writer, pdl_xfer_side_t) and the consumer's wait
  *   pull.c, push.c ─> xfer.c      ONE transfer executor for both directions
- *                         └─> peer.c  handshake client and the per-side peer cache
+ *                         └─> peer.c  the per-side peer cache ─> prewarm.c ─> handshake.c; and
+ *                                      peer.c ─> handshake.c (the handshake client)
  *   push.c ─> held.c    held transfers, recorded once per instance (pdl_held_t), and instance events
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
+ *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> handshake.c; peer.c takes
+ *               its peers for the lanes and tells it what they evicted
  *   fanin.c (pure), blockalloc.c, config.c, strmap.c: leaves
  *
  * Threads per rank: the service thread (service.c) owns the ROUTERs and the outbound DEALER cache;
@@ -128,7 +131,7 @@ void pdl__outq_flush(pdl_rank_t *r, pdl_strmap_t *cache);
 void pdl__outq_init(pdl_outq_t *q);
 void pdl__outq_fini(pdl_outq_t *q);
 
-/* ---- peer.c: the handshake client ------------------------------------------------------------ */
+/* ---- peer.c: a lane's peer cache; handshake.c: the handshake client --------------------------- */
 
 /* Where a remote instance listens and what it is: the far end of a transfer. */
 typedef struct pdl_peer_addr {
@@ -168,6 +171,40 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
 /* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
 void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer);
 void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache);
+/* handshake.c: handshake with rank `remote_rank` of `addr` and open its session for rank r, with no
+ * cache, no peer health and no identity check (peer.c, prewarm.c: from any thread); fails like
+ * pdl__peer_get. The peer is the caller's: pdl__peer_free, or handed to a lane through pdl__prewarm_take. */
+pdl_status_t pdl__peer_connect(pdl_rank_t *r, const pdl_peer_addr_t *addr, int remote_rank, pdl_peer_t **peer_out,
+                               pdl_error_t *err);
+void pdl__peer_free(pdl_rank_t *r, pdl_peer_t *peer);
+/* The peer cache key of rank `remote_rank` of addr ("engine_id|dp|rank"), into key[cap]. */
+void pdl__peer_key(const pdl_peer_addr_t *addr, int remote_rank, char *key, size_t cap);
+/* Does a handshake's status say the peer cannot be reached (timeout, refused, transport), as opposed
+ * to a mismatch or a local failure? Those are retried after a backoff; the others are not. */
+bool pdl__peer_unreachable(pdl_status_t st);
+/* "host:port (producer tp rank N)": how messages name rank `remote_rank` of addr, into who[cap]. */
+void pdl__peer_who(const pdl_peer_addr_t *addr, int remote_rank, char *who, size_t cap);
+
+/* ---- prewarm.c: sessions before the first request -------------------------------------------- */
+
+typedef struct pdl_prewarm pdl_prewarm_t;
+/* Start the background thread of a READ-mode consumer with the config's prewarm_peers (inst->prewarm
+ * stays NULL for other instances, and every function below then does nothing). PDL_ERR_NOMEM or
+ * PDL_ERR_SYSTEM (no thread); an unusable prewarm_peers entry is logged and skipped, never fatal. */
+pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
+/* Stop the thread (waits for a handshake in progress, at most handshake_timeout) and free the peers
+ * nobody took. Before the ranks' engines and the ZeroMQ context go. */
+void pdl__prewarm_stop(pdl_instance_t *inst);
+/* A lane's cache miss for `key` (rank of addr) on rank r: the prewarmed peer (now the caller's), after
+ * waiting for one being connected right now; NULL when there is none, and the prewarm then leaves that
+ * key to the lane -- with *st_out (and err) the failure of the attempt the lane waited for, if it
+ * failed, which the lane takes as its own. A producer instance not known yet gets every (local rank,
+ * producer rank) pair this instance will read from it queued for the background thread (tried once;
+ * only prewarm_peers are retried until reachable). */
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key, pdl_status_t *st_out,
+                              pdl_error_t *err);
+/* A lane evicted `key` (its peer looked gone): connect it again in the background. */
+void pdl__prewarm_again(pdl_rank_t *r, const char *key);
 
 /* ---- xfer.c: the transfer executor ----------------------------------------------------------- */
 
@@ -424,6 +461,8 @@ struct pdl_instance {
      * receives by transfer id */
     pthread_mutex_t push_mu;
     pdl_strmap_t pushes, parked, recvs;
+
+    pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
 };
 
 struct pdl_pull {

@@ -741,6 +741,15 @@ err_free:
     return st;
 }
 
+pdl_status_t pdl_session_prefault(pdl_session_t *s, pdl_error_t *err)
+{
+    if (s == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_prefault: no session");
+    if (s->engine->ops->session_prefault == NULL)
+        return PDL_OK;
+    return s->engine->ops->session_prefault(s, err);
+}
+
 void pdl_session_close(pdl_session_t *s)
 {
     if (s == NULL)

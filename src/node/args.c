@@ -66,6 +66,10 @@ const char *pdl_node_args_usage(void)
            "  --max-model-len N              prompt + generated tokens limit (default: the preset's)\n"
            "  --kv-transfer-config JSON      MoRIIO connector config, the seed's JSON verbatim; without it (or\n"
            "                                 with kv_role kv_both) the node serves alone\n"
+"  --prewarm-peer HOST:PORT[:TP[:DP]]  a decode (READ mode) handshakes with and maps this producer at\n"
+           "                                 start-up, in the background, retried until it answers; PORT is its base\n"
+           "                                 handshake port, TP its TP size (default ours). Repeatable; adds to\n"
+           "                                 prewarm_peers (pdlink)\n"
            "  --kv-layout hnd|nhd            KV order inside a block (pdlink; default hnd)\n"
            "  --kv-interleaved               K and V interleaved per block instead of [2][blocks] (pdlink)\n"
            "  --kv-wait-timeout SECONDS      wait this long for free KV blocks before a 503 (pdlink; default 30)\n"
@@ -118,7 +122,7 @@ enum {
     OPT_HELP = 256, OPT_VERSION, OPT_IGNORED_SWITCH, OPT_IGNORED_VALUE, OPT_KV_INTERLEAVED, OPT_MODEL,
     OPT_SERVED_NAME, OPT_HOST, OPT_PORT, OPT_PORT_FILE, OPT_TP, OPT_DP, OPT_DP_RANK, OPT_BLOCK_SIZE,
     OPT_KV_DTYPE, OPT_NUM_BLOCKS, OPT_KV_MEMORY, OPT_SEED, OPT_MAX_MODEL_LEN, OPT_KV_TRANSFER_CONFIG,
-    OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS,
+    OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS, OPT_PREWARM_PEER,
 };
 
 static const struct option node_options[] = {
@@ -147,6 +151,7 @@ static const struct option node_options[] = {
     {"max-model-len", required_argument, NULL, OPT_MAX_MODEL_LEN},
     {"kv-transfer-config", required_argument, NULL, OPT_KV_TRANSFER_CONFIG},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"prewarm-peer", required_argument, NULL, OPT_PREWARM_PEER},
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"kv-wait-timeout", required_argument, NULL, OPT_KV_WAIT},
     {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
@@ -244,6 +249,18 @@ static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, con
     }
     case OPT_MAX_MODEL_LEN: return pdl_parse_int(flag, value, 1, INT_MAX, &a->max_model_len, err);
     case OPT_KV_TRANSFER_CONFIG: a->kv_transfer_config = value; return PDL_OK;
+    case OPT_PREWARM_PEER: {
+        /* Checked now, so a typo is a usage error before anything starts; added to the config in main. */
+        pdl_connector_config_t scratch;
+        pdl_connector_config_defaults(&scratch);
+        pdl_status_t st = pdl_connector_config_add_prewarm(&scratch, value, err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "%s", flag);
+        if (a->num_prewarm_peers == PDL_CONNECTOR_PREWARM_MAX)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s: more than %d producers", flag, PDL_CONNECTOR_PREWARM_MAX);
+        a->prewarm_peers[a->num_prewarm_peers++] = value;
+        return PDL_OK;
+    }
     case OPT_LOG_LEVEL:
         if (pdl_log_level_parse(value) < 0)
             return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected error, warn, info, debug or trace", flag,

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "app/http.h"
+#include "pdlink/connector.h"
 #include "pdlink/layout.h"
 #include "pdlink/status.h"
 
@@ -31,6 +32,9 @@ typedef struct pdl_node_args {
     uint64_t seed;
     int max_model_len;              /* 0: the preset's */
     const char *kv_transfer_config; /* NULL: serve alone */
+    /* pdlink extension --prewarm-peer HOST:PORT[:TP[:DP]], repeatable: added to prewarm_peers */
+    const char *prewarm_peers[PDL_CONNECTOR_PREWARM_MAX];
+    int num_prewarm_peers;
     const char *log_level;
     pdl_kv_order_t kv_layout;       /* pdlink extension --kv-layout hnd|nhd; default hnd */
     bool kv_interleaved;            /* pdlink extension --kv-interleaved: [blocks][2] instead of [2][blocks] */

@@ -60,6 +60,11 @@ static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_er
         pdl_error_prefix(err, st, "--kv-transfer-config");
         return st;
     }
+    for (int i = 0; i < node->args.num_prewarm_peers; i++) {
+        st = pdl_connector_config_add_prewarm(&node->conn, node->args.prewarm_peers[i], err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "--prewarm-peer");
+    }
     if (node->conn.role == PDL_ROLE_PRODUCER) {
         node->role = PDL_NODE_PRODUCER;
         node->role_label = "prefill";

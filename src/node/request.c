@@ -563,10 +563,12 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
 }
 
 /*
- * Verification on the connector's rank workers (pull_hook.h): each rank checks its own share right after
- * its reads, in parallel and while the bytes are in that core's cache, instead of this thread reading
- * every rank's KV back after the pull. The context belongs to the pull (freed with it), so it holds
- * copies of what the hooks read: a request that gave up waiting may be gone while a rank still checks.
+ * The pull hook (pull_hook.h) only stamps when each rank's reads and releases were done, for the
+ * transfer's time; the request's thread verifies every rank's share after the pull. Verifying in the
+ * hook ran it on the rank's READ lane, so every later pull on that lane queued behind it: measured with
+ * `pdlink run` (1p1d, p8d4, 2p1d, two alternating pairs on this 2-vCPU machine), pull p99 was 92-652 ms
+ * with the hook verifying and 65-142 ms without, at the same TTFT (issue 16). The context belongs to
+ * the pull (freed with it): a request that gave up waiting may be gone while a rank's hook still runs.
  */
 typedef struct pull_verify {
     pdl_node_kv_t *kv;
@@ -618,7 +620,6 @@ static void pull_verify_rank(void *arg, int tp_rank)
     if (tp_rank < 0 || tp_rank >= v->tp)
         return;
     v->reads_done_ns[tp_rank] = pdl__clock_now_ns();
-    pdl_synth_verify_rank(v->kv, v->seed, &v->prompt, v->blocks, tp_rank, PDL_SYNTH_KERNEL_AUTO, &v->parts[tp_rank]);
 }
 
 /*
@@ -665,11 +666,9 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         pdl_node_metrics_pull(node->metrics, secs, bytes);
     if (st == PDL_OK) {
         if (v != NULL) {
-            /* Every rank's hook ran (pull_hook.h): a rank without a part cannot happen; check it here then. */
+            /* Every rank's share, on this thread (see pull_verify_t). */
             for (int r = 0; r < v->tp; r++)
-                if (!v->parts[r].done)
-                    pdl_synth_verify_rank(node->kv, node->args.seed, prompt, blocks, r, PDL_SYNTH_KERNEL_AUTO,
-                                          &v->parts[r]);
+                pdl_synth_verify_rank(node->kv, node->args.seed, prompt, blocks, r, PDL_SYNTH_KERNEL_AUTO, &v->parts[r]);
             pdl_synth_check_combine(prompt, v->parts, v->tp, check);
         } else {
             pdl_synth_verify(node->kv, node->args.seed, prompt, blocks, check);

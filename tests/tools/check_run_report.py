@@ -3,7 +3,8 @@
 
 All five seed topologies pass with every request answered, parity n/n with a single node, 0 mismatched
 bytes, 0 expired transfers, 0 blocks held, KV moved and verified, and the releases (READ) or write_done
-messages (WRITE) sent, received and expected all equal. --vllm-router LOGDIR also checks that the real
+messages (WRITE) sent, received and expected all equal. In READ mode (decodes told their producers
+through prewarm_peers) no pull handshaked: every peer was connected ahead of need (issue 16). --vllm-router LOGDIR also checks that the real
 vllm-router served each topology (its own log lines: MoRIIO READ mode, consistent_hash per leg).
 Exits 1 with the failed assertion on stderr.
 """
@@ -47,6 +48,29 @@ def main() -> int:
         assert t["releases_expected"] == n_req * max(max(t["prefill_tp"]), max(t["decode_tp"])), \
             (n, t["releases_expected"])
         assert t["metrics_complete"] is True and t["pass"] is True, n
+        # Counts, not timings: a pull that had to handshake (and map the producer's region) itself.
+        if a.mode == "read":
+            assert t["transfer_handshakes"] == 0, (n, "pulls that handshaked", t["transfer_handshakes"])
+            assert t["prewarm_handshakes"] > 0, (n, "peers connected ahead of need", t["prewarm_handshakes"])
+        for k in ("transfer_share_of_ttft", "transfer_share_of_request"):
+            assert t[k] is None or t[k] >= 0, (n, k, t[k])
+        assert (t["ttft_added_p50_ms"] is None) == (t["ttft_added_p99_ms"] is None), n
+        # Ratios to a ceiling: alternating pairs, one per round of the workload (6 rounds, fewer only
+        # with fewer requests), a median inside its min-max. A WRITE prefill counts no read seconds, so its
+        # engine ratio has no pair (as its engine rate had no figure); a tcp ceiling may fail to measure.
+        for k in ("ceiling_ratio", "engine_read_ceiling_ratio"):
+            q = t[k]
+            if k == "engine_read_ceiling_ratio" and a.mode == "write":
+                assert q["pairs"] == 0, (n, k, q)
+            elif a.backend == "shm":
+                assert q["pairs"] == min(6, n_req), (n, k, q)
+            else:
+                assert q["pairs"] <= min(6, n_req), (n, k, q)
+            if q["pairs"]:
+                assert 0 <= q["min"] <= q["median"] <= q["max"], (n, k, q)
+                assert q["wide"] == (q["max"] > 2.0 * q["min"]), (n, k, q)
+        if a.vllm_router is None:
+            assert t["ttft_added_p50_ms"] is not None and t["ttft_added_p50_ms"] <= t["ttft_added_p99_ms"], n
         if a.vllm_router is None:
             assert t["streaming"] == a.streaming, (n, t["streaming"])
             assert t["ttft_p50_ms"] is not None and 0 < t["ttft_p50_ms"] <= t["ttft_p99_ms"], n

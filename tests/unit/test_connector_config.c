@@ -220,10 +220,68 @@ static void config_security_keys(void **state)
     assert_non_null(strstr(e.msg, "kv_connector_extra_config.trusted_hosts: expected a list"));
 }
 
+/* prewarm_peers (issue 16): the forms it takes, and what it refuses (the key reaches the decode from
+ * whoever writes its config; it decides what the decode dials). */
+static void config_prewarm_peers(void **state)
+{
+    (void)state;
+    pdl_connector_config_t c;
+    pdl_error_t e;
+    pdl_connector_config_defaults(&c);
+    assert_int_equal(c.num_prewarm_peers, 0);
+    assert_int_equal(pdl_connector_config_from_extra(
+                         "{\"prewarm_peers\": [\"10.0.0.1:7000:4\", \"[::1]:7100\", \"p0.svc:7200:8:1\"]}", &c, &e),
+                     PDL_OK);
+    assert_int_equal(c.num_prewarm_peers, 3);
+    assert_string_equal(c.prewarm_peers[0].host, "10.0.0.1");
+    assert_int_equal(c.prewarm_peers[0].handshake_port, 7000);
+    assert_int_equal(c.prewarm_peers[0].tp, 4);
+    assert_int_equal(c.prewarm_peers[0].dp, 0);
+    assert_string_equal(c.prewarm_peers[1].host, "::1");
+    assert_int_equal(c.prewarm_peers[1].handshake_port, 7100);
+    assert_int_equal(c.prewarm_peers[1].tp, 0);
+    assert_int_equal(c.prewarm_peers[2].dp, 1);
+    /* One comma-separated string; a repeated entry is listed once. */
+    pdl_connector_config_defaults(&c);
+    assert_int_equal(pdl_connector_config_from_extra("{\"prewarm_peers\": \"h:1, h:1 ,h:2:2\"}", &c, &e), PDL_OK);
+    assert_int_equal(c.num_prewarm_peers, 2);
+    static const char *const bad[] = {
+        "{\"prewarm_peers\": [\"h\"]}",           "{\"prewarm_peers\": [\":7000\"]}",
+        "{\"prewarm_peers\": [\"h:0\"]}",         "{\"prewarm_peers\": [\"h:65536\"]}",
+        "{\"prewarm_peers\": [\"h:-1\"]}",        "{\"prewarm_peers\": [\"h:7000:257\"]}",
+        "{\"prewarm_peers\": [\"h:7000:4:1024\"]}", "{\"prewarm_peers\": [\"h:7000:4:0:9\"]}",
+        "{\"prewarm_peers\": [\"h:70x0\"]}",      "{\"prewarm_peers\": [\"h/../x:7000\"]}",
+        "{\"prewarm_peers\": [\"[::1:7000\"]}",   "{\"prewarm_peers\": [7000]}",
+        "{\"prewarm_peers\": [\"h:7000:\"]}",     "{\"prewarm_peers\": {\"h\": 1}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        pdl_connector_config_defaults(&c);
+        pdl_error_clear(&e);
+        assert_int_equal(pdl_connector_config_from_extra(bad[i], &c, &e), PDL_ERR_INVALID);
+        assert_non_null(strstr(e.msg, "prewarm"));
+        assert_int_equal(c.num_prewarm_peers, 0);
+    }
+    /* A host longer than the wire allows, and more producers than the table holds. */
+    char big[600];
+    memset(big, 'a', sizeof(big));
+    memcpy(big + 500, ":7000", 6);
+    pdl_connector_config_defaults(&c);
+    assert_int_equal(pdl_connector_config_add_prewarm(&c, big, &e), PDL_ERR_INVALID);
+    for (int i = 0; i < PDL_CONNECTOR_PREWARM_MAX; i++) {
+        char spec[32];
+        snprintf(spec, sizeof(spec), "h:%d", 1000 + i);
+        assert_int_equal(pdl_connector_config_add_prewarm(&c, spec, &e), PDL_OK);
+    }
+    assert_int_equal(pdl_connector_config_add_prewarm(&c, "h:999", &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "more than"));
+    assert_int_equal(c.num_prewarm_peers, PDL_CONNECTOR_PREWARM_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_defaults_match_moriio),
+        cmocka_unit_test(config_prewarm_peers),
         cmocka_unit_test(config_security_keys),
         cmocka_unit_test(config_seed_json),
         cmocka_unit_test(config_read_mode_forms),

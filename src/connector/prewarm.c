@@ -1,0 +1,370 @@
+/*
+ * prewarm.c -- sessions before the first request (issue 16): a READ-mode decode's background thread
+ * that handshakes with producer ranks, opens their engine sessions and faults in their mappings ahead
+ * of need, then hands each peer to the lane (xfer.c) whose first transfer asks for it (peer.c).
+ *
+ * Why: the first pull from a producer used to pay the handshake (1-400 ms measured, queued behind the
+ * other ranks' handshakes on 2 cores), the remote engine's set-up (up to 180 ms) and the session open
+ * with a MAP_POPULATE of the producer's whole region (20-180 ms), so pull p99 was 5-20x p50.
+ *
+ * Targets are (local rank, producer rank) pairs, each with the peer cache key of that producer rank
+ * ("engine_id|dp|rank"). They come from prewarm_peers at start-up (retried with peer_backoff, doubling
+ * up to peer_backoff_max, until reachable: start-up never waits; the lanes' peer health, peerhealth.h,
+ * keeps the backoff) and from lanes: a lane's cache miss
+ * for a producer not known yet queues every pair this instance will read from it (the read plan of
+ * each local rank), as upstream MoRIIO's eager handshake connects every remote rank before the
+ * forward; a lane that evicted a peer as gone queues it again, so a restarted producer is connected
+ * anew. A pair is connected by whoever moves it out of PENDING under mu (the thread, or a lane that
+ * needs it first), never twice: two peers of one pair would share, and on free remove, one remote
+ * engine. States: PENDING (to connect at next_ns) -> CONNECTING (the thread is on
+ * it; a lane that needs it waits rather than handshaking twice) -> WARM (a peer waits in `peer`) ->
+ * TAKEN (a lane owns the peer, or connects it itself); FAILED: an incompatible peer, not retried.
+ *
+ * One thread per instance, one target at a time: handshakes run in the background, where their
+ * latency does not matter, and a 2-core machine gains nothing from running them in parallel.
+ * Targets are never removed (a bounded number: PREWARM_MAX_TARGETS), so an index stays valid across
+ * the unlocked connect. Lock order: mu is a leaf except for the counters' mutex (PDL_CTR_ADD).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "connector/internal.h"
+#include "common/clock.h"
+
+/* Producer instances x local ranks x producer ranks per rank; requests cannot grow it past this. */
+#define PREWARM_MAX_TARGETS 4096
+
+enum { T_PENDING, T_CONNECTING, T_WARM, T_TAKEN, T_FAILED };
+
+typedef struct target {
+    pdl_peer_addr_t addr;
+    int rank, prank; /* local rank, producer rank */
+    char key[PDL_WIRE_ID_MAX + 64];
+    int state;
+    pdl_peer_t *peer; /* WARM: waiting for its lane */
+    uint64_t next_ns; /* PENDING: not before (the backoff of `health`) */
+    bool configured;  /* from prewarm_peers: retried until reachable; a learnt one is tried once */
+    pdl_status_t last_st;             /* the last attempt's outcome, for a lane that waited for it */
+    char last_msg[PDL_ERR_MSG_LEN];
+} target_t;
+
+struct pdl_prewarm {
+    pdl_instance_t *inst;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* work or stop for the thread; a connect finished for waiting lanes */
+    pthread_t thread;
+    bool stop;
+    target_t *v;
+    size_t n, cap;
+    pdl_peerhealth_t health; /* "rank|key" -> backoff of an unreachable pair, as the lanes keep it */
+};
+
+static target_t *find(pdl_prewarm_t *pw, int rank, const char *key)
+{
+    for (size_t i = 0; i < pw->n; i++)
+        if (pw->v[i].rank == rank && strcmp(pw->v[i].key, key) == 0)
+            return &pw->v[i];
+    return NULL;
+}
+
+/* Add a PENDING target unless the pair is known; NULL when full or out of memory (under mu). */
+static target_t *add_target(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr, int rank, int prank)
+{
+    char key[PDL_WIRE_ID_MAX + 64];
+    pdl__peer_key(addr, prank, key, sizeof(key));
+    target_t *t = find(pw, rank, key);
+    if (t != NULL)
+        return t;
+    if (pw->n == PREWARM_MAX_TARGETS)
+        return NULL;
+    if (pw->n == pw->cap) {
+        size_t cap = pw->cap ? pw->cap * 2 : 32;
+        target_t *v = realloc(pw->v, cap * sizeof(*v));
+        if (v == NULL)
+            return NULL;
+        pw->v = v;
+        pw->cap = cap;
+    }
+    t = &pw->v[pw->n++];
+    memset(t, 0, sizeof(*t));
+    t->addr = *addr;
+    t->rank = rank;
+    t->prank = prank;
+    snprintf(t->key, sizeof(t->key), "%s", key);
+    t->state = T_PENDING;
+    t->last_st = PDL_OK;
+    return t;
+}
+
+/* Every (local rank, producer rank) pair of the read plans for producer instance addr (under mu). */
+static void add_instance(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr, bool configured)
+{
+    const pdl_instance_t *inst = pw->inst;
+    const pdl_model_geometry_t *g = &inst->cfg.model;
+    for (int k = 0; k < inst->tp; k++) {
+        pdl_read_plan_t plan;
+        pdl_error_t e;
+        if (pdl_topo_read_plan(addr->tp, inst->tp, g->total_kv_heads, g->is_mla, k, &plan, &e) != PDL_OK) {
+            pdl_warn("prewarm: producer %s (TP %d) cannot feed this TP %d instance: %s", addr->engine_id, addr->tp,
+                     inst->tp, e.msg);
+            return;
+        }
+        for (int i = 0; i < plan.num_pieces; i++) {
+            target_t *t = add_target(pw, addr, k, plan.pieces[i].producer_rank);
+            if (t != NULL) {
+                t->configured |= configured;
+                continue;
+            }
+            pdl_warn("prewarm: more than %d peers known; %s is left to its first request", PREWARM_MAX_TARGETS,
+                     addr->engine_id);
+            return;
+        }
+    }
+}
+
+static bool instance_known(const pdl_prewarm_t *pw, const pdl_peer_addr_t *addr)
+{
+    for (size_t i = 0; i < pw->n; i++)
+        if (pw->v[i].addr.dp == addr->dp && strcmp(pw->v[i].addr.engine_id, addr->engine_id) == 0)
+            return true;
+    return false;
+}
+
+/* The next PENDING target due now (its index), or -1 with *wake_ns the earliest due time (0: none). */
+static long next_due(const pdl_prewarm_t *pw, uint64_t now, uint64_t *wake_ns)
+{
+    *wake_ns = 0;
+    for (size_t i = 0; i < pw->n; i++) {
+        const target_t *t = &pw->v[i];
+        if (t->state != T_PENDING)
+            continue;
+        if (t->next_ns <= now)
+            return (long)i;
+        if (*wake_ns == 0 || t->next_ns < *wake_ns)
+            *wake_ns = t->next_ns;
+    }
+    return -1;
+}
+
+/* Connect target i (CONNECTING, mu not held) and record the outcome (mu held on return). */
+static void connect_one(pdl_prewarm_t *pw, size_t i)
+{
+    target_t snap = pw->v[i];
+    pthread_mutex_unlock(&pw->mu);
+    pdl_rank_t *r = &pw->inst->ranks[snap.rank];
+    pdl_peer_t *p = NULL;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    uint64_t t0 = pdl__clock_now_ns();
+    pdl_status_t st = pdl__peer_connect(r, &snap.addr, snap.prank, &p, &err);
+    uint64_t t1 = pdl__clock_now_ns();
+    if (st == PDL_OK) {
+        pdl_error_t e2;
+        if (pdl_session_prefault(p->session, &e2) != PDL_OK)
+            pdl_warn("rank %d: prewarm of %s: %s (pages fault in on first use instead)", snap.rank, snap.key, e2.msg);
+        PDL_CTR_ADD(r, prewarm_handshakes, 1);
+        pdl_debug("rank %d: prewarmed %s: handshake + session %.3f ms, prefault %.3f ms", snap.rank, snap.key,
+                  (t1 - t0) / 1e6, (pdl__clock_now_ns() - t1) / 1e6);
+    }
+    char hkey[sizeof(snap.key) + 16];
+    snprintf(hkey, sizeof(hkey), "%d|%s", snap.rank, snap.key);
+    pthread_mutex_lock(&pw->mu);
+    target_t *t = &pw->v[i]; /* the vector may have moved meanwhile; indices do not */
+    t->last_st = st;
+    snprintf(t->last_msg, sizeof(t->last_msg), "%s", st == PDL_OK ? "" : err.msg);
+    if (st == PDL_OK) {
+        t->state = T_WARM;
+        t->peer = p;
+        pdl__health_ok(&pw->health, hkey);
+    } else if (!t->configured) {
+        /* Learnt from a request: the lanes' own peer health takes it from here (a bogus address in a
+         * request must not keep this thread dialling it). */
+        t->state = T_TAKEN;
+    } else if (pdl__peer_unreachable(st)) {
+        uint64_t now = pdl__clock_now_ns(), retry_at = 0;
+        int failures = 0;
+        pdl__health_failed(&pw->health, hkey, now, st, err.msg);
+        pdl__health_state(&pw->health, hkey, &failures, &retry_at);
+        t->state = T_PENDING;
+        t->next_ns = retry_at > now ? retry_at : now + pw->health.initial_ns;
+        if (failures <= 1)
+            pdl_info("rank %d: prewarm: %s (retried in the background)", snap.rank, err.msg);
+    } else {
+        t->state = T_FAILED;
+        pdl_warn("rank %d: prewarm: %s; not retried (a request will try again)", snap.rank, err.msg);
+    }
+    pthread_cond_broadcast(&pw->cv);
+}
+
+static void *prewarm_main(void *arg)
+{
+    pdl_prewarm_t *pw = arg;
+    pthread_mutex_lock(&pw->mu);
+    while (!pw->stop) {
+        uint64_t wake = 0;
+        long i = next_due(pw, pdl__clock_now_ns(), &wake);
+        if (i >= 0) {
+            pw->v[i].state = T_CONNECTING;
+            connect_one(pw, (size_t)i);
+        } else if (wake == 0) {
+            pthread_cond_wait(&pw->cv, &pw->mu);
+        } else {
+            pdl__clock_cond_wait(&pw->cv, &pw->mu, wake);
+        }
+    }
+    pthread_mutex_unlock(&pw->mu);
+    return NULL;
+}
+
+pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err)
+{
+    const pdl_connector_config_t *c = &inst->cfg.conn;
+    inst->prewarm = NULL;
+    if (c->role != PDL_ROLE_CONSUMER || !c->read_mode) {
+        if (c->num_prewarm_peers > 0)
+            pdl_warn("kv_connector_extra_config.prewarm_peers: only a READ-mode consumer (decode) reads from "
+                     "producers; ignored");
+        return PDL_OK;
+    }
+    pdl_prewarm_t *pw = calloc(1, sizeof(*pw));
+    if (pw == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "prewarm: out of memory");
+    pw->inst = inst;
+    pthread_mutex_init(&pw->mu, NULL);
+    pdl__health_init(&pw->health, (uint64_t)(c->peer_backoff_s * 1e9), (uint64_t)(c->peer_backoff_max_s * 1e9),
+                     PREWARM_MAX_TARGETS);
+    pdl__clock_cond_init(&pw->cv);
+    for (int i = 0; i < c->num_prewarm_peers; i++) {
+        const pdl_prewarm_peer_t *pp = &c->prewarm_peers[i];
+        pdl_peer_addr_t a;
+        memset(&a, 0, sizeof(a));
+        snprintf(a.host, sizeof(a.host), "%s", pp->host);
+        a.hs_base = pp->handshake_port;
+        a.tp = pp->tp > 0 ? pp->tp : inst->tp;
+        a.dp = pp->dp;
+        a.role = PDL_ROLE_PRODUCER;
+        snprintf(a.engine_id, sizeof(a.engine_id), "%s:%d", a.host, a.hs_base); /* as pull.c keys it */
+        if (a.hs_base + pdl_topo_port_offset(a.dp, a.tp, a.tp - 1) > 65535) {
+            pdl_warn("prewarm_peers: %s with TP %d, DP rank %d: ports beyond 65535; skipped", a.engine_id, a.tp, a.dp);
+            continue;
+        }
+        if (!pdl__trust_host(&inst->trusted, a.host)) {
+            pdl_warn("prewarm_peers: %s is not in trusted_hosts; skipped", a.host);
+            continue;
+        }
+        add_instance(pw, &a, true);
+    }
+    int rc = pthread_create(&pw->thread, NULL, prewarm_main, pw);
+    if (rc != 0) {
+        pdl__health_fini(&pw->health);
+        pthread_cond_destroy(&pw->cv);
+        pthread_mutex_destroy(&pw->mu);
+        free(pw->v);
+        free(pw);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "prewarm: cannot start its thread: %s", strerror(rc));
+    }
+    if (pw->n > 0)
+        pdl_info("prewarm: connecting %zu rank pairs of %d producer instance(s) in the background", pw->n,
+                 c->num_prewarm_peers);
+    inst->prewarm = pw;
+    return PDL_OK;
+}
+
+void pdl__prewarm_stop(pdl_instance_t *inst)
+{
+    pdl_prewarm_t *pw = inst->prewarm;
+    if (pw == NULL)
+        return;
+    pthread_mutex_lock(&pw->mu);
+    pw->stop = true;
+    pthread_cond_broadcast(&pw->cv);
+    pthread_mutex_unlock(&pw->mu);
+    pthread_join(pw->thread, NULL);
+    for (size_t i = 0; i < pw->n; i++)
+        if (pw->v[i].peer != NULL)
+            pdl__peer_free(&inst->ranks[pw->v[i].rank], pw->v[i].peer);
+    pdl__health_fini(&pw->health);
+    pthread_cond_destroy(&pw->cv);
+    pthread_mutex_destroy(&pw->mu);
+    free(pw->v);
+    free(pw);
+    inst->prewarm = NULL;
+}
+
+pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key, pdl_status_t *st_out,
+                              pdl_error_t *err)
+{
+    *st_out = PDL_OK;
+    pdl_prewarm_t *pw = r->inst->prewarm;
+    if (pw == NULL)
+        return NULL;
+    pdl_peer_t *p = NULL;
+    bool waited = false;
+    pthread_mutex_lock(&pw->mu);
+    /* A producer first seen: queue its other pairs now, before this lane connects its own, so that
+     * every pair is connected by exactly one party (whoever moves it out of PENDING under mu). */
+    if (addr->role == PDL_ROLE_PRODUCER && !instance_known(pw, addr)) {
+        add_instance(pw, addr, false);
+        pthread_cond_broadcast(&pw->cv);
+    }
+    for (;;) {
+        target_t *t = find(pw, r->rank, key);
+        if (t == NULL)
+            break;
+        /* Bounded by the thread's handshake_timeout; stop wakes us too. */
+        if (t->state == T_CONNECTING && !pw->stop) {
+            waited = true;
+            pthread_cond_wait(&pw->cv, &pw->mu);
+            continue;
+        }
+        if (t->state == T_WARM) {
+            p = t->peer;
+            t->peer = NULL;
+        } else if (t->last_st != PDL_OK && (waited || !t->configured)) {
+            /* The attempt this lane waited for, or the one made for it when its producer was learnt
+             * (moments ago, by the same pull's first rank), failed: that is this lane's handshake
+             * failing, not a reason to pay it a second time. A configured pair's failure may be old
+             * (the producer was not up yet): the lane tries itself. */
+            *st_out = pdl_error_set(err, t->last_st, "%s", t->last_msg);
+            t->last_st = PDL_OK;
+        }
+        t->state = T_TAKEN;
+        break;
+    }
+    pthread_mutex_unlock(&pw->mu);
+    return p;
+}
+
+void pdl__prewarm_again(pdl_rank_t *r, const char *key)
+{
+    pdl_prewarm_t *pw = r->inst->prewarm;
+    if (pw == NULL)
+        return;
+    pthread_mutex_lock(&pw->mu);
+    target_t *t = find(pw, r->rank, key);
+    pdl_peer_t *old = NULL;
+    if (t != NULL && (t->state == T_TAKEN || t->state == T_WARM)) {
+        /* A pooled peer of a producer that just failed is as stale as the evicted one. */
+        old = t->peer;
+        t->peer = NULL;
+        t->state = T_PENDING;
+        t->next_ns = 0;
+        pthread_cond_broadcast(&pw->cv);
+    }
+    pthread_mutex_unlock(&pw->mu);
+    if (old != NULL)
+        pdl__peer_free(r, old);
+}
+
+size_t pdl_instance_prewarm_pending(pdl_instance_t *inst)
+{
+    pdl_prewarm_t *pw = inst ? inst->prewarm : NULL;
+    if (pw == NULL)
+        return 0;
+    size_t n = 0;
+    pthread_mutex_lock(&pw->mu);
+    for (size_t i = 0; i < pw->n; i++)
+        n += pw->v[i].state == T_PENDING || pw->v[i].state == T_CONNECTING;
+    pthread_mutex_unlock(&pw->mu);
+    return n;
+}
