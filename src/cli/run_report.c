@@ -24,41 +24,24 @@ void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len)
         off += (size_t)snprintf(buf + off, len - off, "%sTP%d", i ? "+" : "", t->dtp[i]);
 }
 
-static int cmp_dbl(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median_of(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_dbl);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 void pdl_run_ratio_pairs(const double *meas, const double *ceil, int n, pdl_run_ratio_t *out)
 {
-    double rv[PDL_RUN_MAX_PAIRS], cv[PDL_RUN_MAX_PAIRS];
-    int k = 0;
-    for (int i = 0; i < n && k < PDL_RUN_MAX_PAIRS; i++) {
-        if (meas[i] < 0 || !(ceil[i] > 0))
-            continue;
-        rv[k] = meas[i] / ceil[i];
-        cv[k] = ceil[i];
-        k++;
-    }
-    *out = (pdl_run_ratio_t){.pairs = k, .median = -1, .min = -1, .max = -1, .ceiling_median = -1};
-    if (k == 0)
+    pdl_pairs_t p;
+    pdl_pairs_init(&p);
+    for (int i = 0; i < n && pdl_pairs_count(&p) < PDL_RUN_MAX_PAIRS; i++)
+        (void)pdl_pairs_add(&p, meas[i], ceil[i]); /* a round without a figure (< 0) or a failed ceiling: no pair */
+    pdl_pairs_summary_t sum;
+    pdl_pairs_summarize(&p, PDL_PAIRS_SPREAD_MAX, PDL_PAIRS_ABOVE_TOL, &sum);
+    *out = (pdl_run_ratio_t){.pairs = sum.n, .median = -1, .min = -1, .max = -1, .ceiling_median = -1};
+    if (sum.n == 0)
         return;
-    out->min = out->max = rv[0];
-    for (int i = 1; i < k; i++) {
-        out->min = rv[i] < out->min ? rv[i] : out->min;
-        out->max = rv[i] > out->max ? rv[i] : out->max;
-    }
-    out->median = median_of(rv, k);
-    out->ceiling_median = median_of(cv, k);
-    out->wide = out->min <= 0 ? out->max > 0 : out->max / out->min > PDL_RUN_SPREAD_MAX;
-    out->above = out->median > 1;
+    out->median = sum.ratio_median;
+    out->min = sum.ratio_min;
+    out->max = sum.ratio_max;
+    out->ceiling_median = sum.ceiling_median;
+    out->spread = sum.spread;
+    out->wide = sum.verdict == PDL_PAIRS_UNSTABLE;
+    out->above = sum.verdict == PDL_PAIRS_ABOVE_CEILING;
 }
 
 void pdl_run_ratio_cell(const pdl_run_ratio_t *r, char *buf, size_t len)
@@ -198,8 +181,9 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
                                                                    r->inst_ratio.ceiling_median, r->ceiling_threads));
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
     fprintf(out, "\n  of ceiling: median of %d+ alternating pairs (a round of the workload right after its own ceiling)"
-                 " with min-max;\n  \"wide\": max/min > %.1f, no figure; \"!\": above the ceiling, which is then no upper"
-                 " bound\n", PDL_RUN_MIN_PAIRS, PDL_RUN_SPREAD_MAX);
+                 " with min-max;\n  \"wide\": spread (q3 - q1) / median > %.2f, no figure; \"!\": above the ceiling"
+                 " (by > %.0f%%), which is then no upper bound\n", PDL_RUN_MIN_PAIRS, PDL_PAIRS_SPREAD_MAX,
+            100 * PDL_PAIRS_ABOVE_TOL);
     for (int i = 0; i < n; i++) {
         if (rs[i].nnotes == 0)
             continue;
@@ -223,6 +207,7 @@ static json_t *ratio_json(const pdl_run_ratio_t *q)
     json_object_set_new(o, "min", q->pairs ? json_real(q->min) : json_null());
     json_object_set_new(o, "max", q->pairs ? json_real(q->max) : json_null());
     json_object_set_new(o, "ceiling_gbps", q->pairs ? json_real(q->ceiling_median) : json_null());
+    json_object_set_new(o, "spread", q->pairs ? json_real(q->spread) : json_null());
     json_object_set_new(o, "wide", json_boolean(q->wide));
     json_object_set_new(o, "above", json_boolean(q->above));
     return o;

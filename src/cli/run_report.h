@@ -10,22 +10,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12, PDL_RUN_MAX_PAIRS = 16, PDL_RUN_MIN_PAIRS = 5 };
+#include "bench/pairs.h"
 
-/* A spread of per-pair ratios wider than this (max / min) gives no figure: the machine was too noisy. */
-#define PDL_RUN_SPREAD_MAX 2.0
+/* Pairs: at most PDL_PAIRS_MAX, fewer than PDL_PAIRS_MIN give no figure (bench/pairs.h). */
+enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12, PDL_RUN_MAX_PAIRS = 16, PDL_RUN_MIN_PAIRS = PDL_PAIRS_MIN };
 
 /*
  * A ratio to a ceiling from alternating pairs (issue 16): the ceiling and the measurement taken one
  * after the other, A B A B ..., the ratio of each pair, then their median with the min-max. Robust to
  * another job taking the machine for a while: it moves a pair or two, not both figures of the ratio.
+ * Summed up by bench/pairs.h, the same rule as `pdlink bench`.
  */
 typedef struct pdl_run_ratio {
     int pairs;                /* pairs that gave a ratio (measurement >= 0, ceiling > 0) */
     double median, min, max;  /* of the per-pair ratios; -1 when pairs == 0 */
     double ceiling_median;    /* of the pairs' ceilings, for display; -1 when pairs == 0 */
-    bool wide;                /* max / min > PDL_RUN_SPREAD_MAX: say so instead of a figure */
-    bool above;               /* median > 1: the "ceiling" was no upper bound here; flagged */
+    double spread;            /* (q3 - q1) / median of the per-pair ratios */
+    bool wide;                /* spread > PDL_PAIRS_SPREAD_MAX: say so instead of a figure */
+    bool above;               /* median > 1 + PDL_PAIRS_ABOVE_TOL: the "ceiling" was no upper bound here */
 } pdl_run_ratio_t;
 
 /* The ratio of n pairs meas[i] / ceil[i] (pairs with meas < 0 or ceil <= 0 are left out). Pure. */
