@@ -276,7 +276,7 @@ typedef struct pdl_rank_svc {
     pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
     uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
-    pdl_strmap_t watch;     /* rank 0 of a READ producer: consumer "host:port" -> probe state (watch.c) */
+    pdl_strmap_t watch;     /* rank 0 of a producer: consumer "host:port" -> probe state (watch.c) */
     uint64_t next_watch_ns;
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
@@ -328,6 +328,9 @@ typedef struct pdl_held {
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
 
+/* The name a held transfer gives its consumer (pdl_held_t.consumer): "host:port" of its handshake port,
+ * "[v6]:port" for an IPv6 address. */
+void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_port);
 /* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
  * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. A held transfer's blocks may be read by whoever
  * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
@@ -362,8 +365,8 @@ void pdl__listen_fini(pdl_listen_t *l);
 
 /* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
 
-/* Service thread of rank 0 of a READ producer, every tick: probe the consumers named by held
- * transfers and free the holds of those gone (consumer_gone_timeout). */
+/* Service thread of rank 0 of a producer, every tick: probe the consumers named by held transfers
+ * (READ holds, WRITE pushes) and free the transfers of those gone (consumer_gone_timeout). */
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns);
 /* Service thread at exit: close the probes. */
 void pdl__watch_fini(pdl_rank_t *r);
@@ -383,8 +386,15 @@ void pdl__writer_stop(pdl_rank_t *r);
 /* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
-/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push. */
-void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push; `sender`
+ * (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an abandon
+ * parked before its push so that pdl_instance_push checks it again against the push's consumer. */
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
+/* The watch (watch.c), WRITE producer: the consumer of push transfer_id is gone. Its ranks still
+ * waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last rank);
+ * shares queued on a writer lane fail without writing; a share being written fails by itself (its
+ * peer is dead) and resolves its rank. False when no such push exists. Takes push_mu and held_mu, never both at once. */
+bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id);
 /* pdl_instance_abandon in WRITE mode (either role). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err);
