@@ -313,7 +313,7 @@ typedef enum pdl_counter_kind {
     X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
-      "Held transfers (READ holds, WRITE pushes) given up early because their consumer was gone (prefill rank 0).")              \
+      "Held transfers (READ holds, WRITE pushes) given up early: their consumer was gone (prefill rank 0).")     \
     X(data_requests_served, "pdlink_data_requests_served_total", PDL_COUNTER_COUNT,                                 \
       "Remote READ/WRITE requests this rank's tcp engine served (inside a grant).")                              \
     X(data_requests_denied, "pdlink_data_requests_denied_total", PDL_COUNTER_COUNT,                                 \
