@@ -393,7 +393,9 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
 /* The watch (watch.c), WRITE producer: the consumer of push transfer_id is gone. Its ranks still
  * waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last rank);
  * shares queued on a writer lane fail without writing; a share being written fails by itself (its
- * peer is dead) and resolves its rank. False when no such push exists. Takes push_mu and held_mu, never both at once. */
+ * peer is dead) and resolves its rank. True the first time for a push (count it), false when no such
+ * push exists or it was given up before (a share still being written keeps it held, and the watch
+ * finds it again). Takes push_mu and held_mu, never both at once. */
 bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id);
 /* pdl_instance_abandon in WRITE mode (either role). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,

@@ -469,7 +469,8 @@ bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id)
     pdl_push_t *gone = NULL;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, transfer_id);
-    if (p != NULL) {
+    bool first = p != NULL && !p->consumer_gone;
+    if (first) {
         p->consumer_gone = true;
         for (int i = 0; i < inst->tp; i++) {
             if (p->state[i] != RS_WAITING)
@@ -486,7 +487,7 @@ bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id)
         if (waiting[i])
             pdl__held_rank_resolved(inst, transfer_id, i, true);
     free(waiting);
-    return p != NULL;
+    return first;
 }
 
 /*

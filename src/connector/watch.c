@@ -179,8 +179,6 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
     pthread_mutex_lock(&inst->held_mu);
     pdl__strmap_foreach(&inst->held, collect_held_of, &c);
     pthread_mutex_unlock(&inst->held_mu);
-    if (c.n > 0)
-        pdl_warn("consumer %s is gone (%s): freeing the blocks of its %zu held transfers now", consumer, why, c.n);
     size_t freed = 0;
     for (size_t i = 0; i < c.n; i++) {
         if (!inst->cfg.conn.read_mode) {
@@ -198,6 +196,12 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
         }
         free(c.ids[i]);
     }
+    /* Only what was given up now: a push given up on an earlier look whose share is still being written
+     * keeps its hold, is found again, and is neither logged nor counted twice. */
+    if (freed > 0)
+        pdl_warn("consumer %s is gone (%s): giving up its %zu held transfers now (blocks freed; a push being "
+                 "written, when its write ends)",
+                 consumer, why, freed);
     PDL_CTR_ADD(r0, consumer_gone_freed, freed);
     free(c.ids);
 }
