@@ -63,7 +63,12 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
             snprintf(expected, cap, "%s", h->consumer_ip);
         pthread_mutex_unlock(&inst->held_mu);
     }
-    if (expected[0] == '\0' || strcmp(sender, expected) == 0)
+    return pdl__held_sender_is_consumer(inst, sender, expected);
+}
+
+bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer)
+{
+    if (sender == NULL || sender[0] == '\0' || consumer[0] == '\0' || strcmp(sender, consumer) == 0)
         return true;
     /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
     char proxy[64];

@@ -345,6 +345,9 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
  * instead of an address, a transfer not held yet) every release is accepted, as upstream does.
  */
 bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap);
+/* Its last step, for a consumer host already known (numeric; "" = unknown: anyone): is `sender` (NULL =
+ * unknown: accepted) that host or the router's (proxy_ip)? */
+bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer);
 /* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 /* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees
@@ -383,12 +386,14 @@ void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
 void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
-/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread of rank r: a remote_blocks (producer; `sender` its Peer-Address, NULL = unknown, kept
+ * with it while parked) or write_done (consumer) message. */
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
 /* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push; `sender`
  * (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an abandon
- * parked before its push so that pdl_instance_push checks it again against the push's consumer. */
+ * parked before its push so that pdl_instance_push checks it again against the push's consumer. An
+ * abandon replaces a parked remote_blocks only from that message's host (or the router's). */
 void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
 /* The watch (watch.c), WRITE producer: the consumer of push transfer_id is gone. Its ranks still
  * waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last rank);

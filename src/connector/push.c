@@ -65,7 +65,8 @@ typedef struct pdl_push {
 typedef struct parked_rb {
     uint32_t *blocks; /* NULL when abandoned */
     bool abandoned;   /* the consumer said it will not take the push (a failed release came first) */
-    char sender[64];  /* abandoned: the host it came from (Peer-Address), checked when the push is made */
+    char sender[64];  /* the host it came from (Peer-Address; "" = unknown): an abandon's is checked when the
+                       * push is made, a remote_blocks' binds an abandon that would replace it */
     size_t n;
     int decode_dp;
     int said_tp; /* consumer_tp_size from the message, 0 when absent */
@@ -300,7 +301,7 @@ static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode
     return j;
 }
 
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
@@ -348,6 +349,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
             k->n = msg->num_blocks;
             k->decode_dp = (int)msg->decode_rank;
             k->said_tp = said_tp;
+            snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : "");
             k->rank = r->rank;
             k->at_ns = pdl__clock_now_ns();
             if (pdl__strmap_put(&inst->parked, key, k) == 0)
@@ -418,17 +420,23 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
     }
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
-    bool resolved = false, parked = false;
+    bool resolved = false, parked = false, refused = false;
+    char expected[64] = "";
     pdl_push_t *gone = NULL;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
-    if (p != NULL) {
+    parked_rb_t *rb = p == NULL ? pdl__strmap_get(&inst->parked, key) : NULL;
+    if (rb != NULL && !rb->abandoned && !pdl__held_sender_is_consumer(inst, sender, rb->sender)) {
+        /* The consumer's block list is parked: an abandon from another host must not discard it. */
+        refused = true;
+        snprintf(expected, sizeof(expected), "%s", rb->sender);
+    } else if (p != NULL) {
         if (p->state[r->rank] == RS_WAITING) {
             gone = push_rank_final(inst, p, r->rank, RS_EXPIRED);
             resolved = true;
         }
     } else {
-        parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+        parked_rb_t *k = rb;
         /* Abandons may name pushes that already finished (the router's and the decode's both come after a
          * failed decode leg): they take at most half the park, so early remote_blocks keep room. */
         if (k == NULL && inst->parked.count < PUSH_MAX_PARKED / 2 && (k = calloc(1, sizeof(*k))) != NULL) {
@@ -450,6 +458,10 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
     }
     pthread_mutex_unlock(&inst->push_mu);
     push_free(gone);
+    if (refused)
+        PDL_CTR_REFUSED(r, releases_refused,
+                        "refused an abandon of push %.100s from %s: its remote_blocks came from %s",
+                        msg->transfer_id, sender, expected);
     if (resolved || parked)
         PDL_CTR_ADD(r, pushes_abandoned, 1);
     if (resolved) {

@@ -250,7 +250,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     }
     case PDL_MSG_REMOTE_BLOCKS:
         if (!r->inst->cfg.conn.read_mode) {
-            pdl__push_on_remote_blocks(r, &msg);
+            pdl__push_on_remote_blocks(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
             break;
         }
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",

@@ -15,8 +15,8 @@
  *   freed the held blocks before the consumer read them. Now it is refused and counted, before the read
  *   (the consumer named by the request id) and after it (the host the grant was served to).
  * - forged_write_abandon_refused: WRITE mode's failed release (the decode's abandon of a push) from
- *   127.0.0.2, after the push and parked before it. Before: it freed the push, and the decode waited
- *   for write_done until transfer_timeout. Now both are refused and counted; the pushes verify.
+ *   127.0.0.2, after the push, parked before it, and over the decode's parked remote_blocks. Before: it
+ *   freed the push unwritten. Now each is refused and counted; the pushes verify.
  * - write_mode_consumer_guarded: a WRITE-mode decode's region takes writes only into the blocks it expects
  *   a push into, under the transfer id, until the receive ends.
  * - trusted_hosts_enforced: trusted_hosts refuses a pull to a host outside it before dialling, and a
@@ -448,9 +448,10 @@ static void write_mode_consumer_guarded(void **state)
 
 /*
  * WRITE mode: a failed release (the decode's abandon) from another host than the push's consumer, sent
- * after the push was made and before it (parked, checked when the push comes). Before, either one freed
- * the push at once and the decode's receive waited for write_done until transfer_timeout. Now both are
- * refused and counted, the blocks stay held, and the real push lands and verifies.
+ * after the push was made (round 0), before it (round 1: parked, checked when the push comes), and after
+ * the decode's remote_blocks were parked but before the push (round 2: it would have discarded them).
+ * Before, each one freed the push unwritten and the decode's receive waited for write_done until
+ * transfer_timeout. Now all are refused and counted, the blocks stay held, and the real push verifies.
  */
 static void forged_write_abandon_refused(void **state)
 {
@@ -461,8 +462,7 @@ static void forged_write_abandon_refused(void **state)
     assert_non_null(p);
     assert_non_null(c);
     int notify = pdl_instance_notify_port(p, 0);
-    for (int round = 0; round < 2; round++) {
-        bool parked_first = round == 1;
+    for (int round = 0; round < 3; round++) {
         char tid[32];
         snprintf(tid, sizeof(tid), "tx-wa%d", round);
         uint8_t uuid[16] = {(uint8_t)(30 + round)};
@@ -480,23 +480,31 @@ static void forged_write_abandon_refused(void **state)
         snprintf(pk.transfer_id, sizeof(pk.transfer_id), "%s", tid);
         ck.remote_tp_size = pk.remote_tp_size = 1;
         pdl_error_t e;
-        if (parked_first) {
+        pdl_recv_t *rv = NULL;
+        uint64_t refused = (uint64_t)round + 1;
+        ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, releases_refused), refused};
+        if (round == 0) {
+            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
             send_release_status("127.0.0.2", notify, tid, true);
-            ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, pushes_abandoned), 1}; /* parked */
             assert_true(tc_wait_for(ctr_reached, &w, 60000));
+        } else if (round == 1) {
+            send_release_status("127.0.0.2", notify, tid, true);
+            ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, pushes_abandoned), 1};
+            assert_true(tc_wait_for(ctr_reached, &parked, 60000));
             assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
             /* Refused as the push is made (counted then, synchronously). */
-            assert_int_equal(TC_GET(p, 0, releases_refused), 2);
+            assert_int_equal(TC_GET(p, 0, releases_refused), refused);
         } else {
-            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+            ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), 1};
+            assert_true(tc_wait_for(ctr_reached, &parked, 60000));
             send_release_status("127.0.0.2", notify, tid, true);
-            ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, releases_refused), 1};
             assert_true(tc_wait_for(ctr_reached, &w, 60000));
-            assert_int_equal(TC_GET(p, 0, pushes_abandoned), 0);
+            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
         }
-        assert_int_equal(pdl_instance_held_blocks(p), NBLK);
-        pdl_recv_t *rv;
-        assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+        assert_int_equal(TC_GET(p, 0, pushes_abandoned), round == 0 ? 0 : 1); /* round 1 parked its (refused) one */
+        if (rv == NULL)
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
         if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
             fail_msg("receive %s: %s", tid, e.msg);
         uint64_t checked = 0;
@@ -509,9 +517,10 @@ static void forged_write_abandon_refused(void **state)
         pdl_kv_params_clear(&ck);
         pdl_kv_params_clear(&pk);
     }
-    assert_int_equal(TC_GET(p, 0, releases_refused), 2);
-    assert_int_equal(TC_GET(p, 0, transfers), 2);
-    printf("forged WRITE abandons: 2 refused (after the push, and parked before it); both pushes verified\n");
+    assert_int_equal(TC_GET(p, 0, releases_refused), 3);
+    assert_int_equal(TC_GET(p, 0, transfers), 3);
+    printf("forged WRITE abandons: 3 refused (after the push, parked before it, over parked remote_blocks); "
+           "all pushes verified\n");
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
