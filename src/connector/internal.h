@@ -395,13 +395,14 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
  * parked before its push so that pdl_instance_push checks it again against the push's consumer. An
  * abandon replaces a parked remote_blocks only from that message's host (or the router's). */
 void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
-/* The watch (watch.c), WRITE producer: the consumer of push transfer_id is gone. Its ranks still
- * waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last rank);
- * shares queued on a writer lane fail without writing; a share being written fails by itself (its
- * peer is dead) and resolves its rank. True the first time for a push (count it), false when no such
- * push exists or it was given up before (a share still being written keeps it held, and the watch
- * finds it again). Takes push_mu and held_mu, never both at once. */
-bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id);
+/* The watch (watch.c, on rank r0), WRITE producer: the consumer of push transfer_id is gone. Its ranks
+ * still waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last
+ * rank); shares queued on a writer lane fail without writing; a share being written fails by itself
+ * (its peer is dead) and resolves its rank. True the first time for a push (counted in r0's
+ * consumer_gone_freed before any event), false when no such push exists or it was given up before (a
+ * share still being written keeps it held, and the watch finds it again). Takes push_mu and held_mu,
+ * never both at once. */
+bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id);
 /* pdl_instance_abandon in WRITE mode (either role). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err);

@@ -473,8 +473,9 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
     }
 }
 
-bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id)
+bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id)
 {
+    pdl_instance_t *inst = r0->inst;
     bool *waiting = calloc((size_t)inst->tp, sizeof(*waiting));
     if (waiting == NULL)
         return false; /* left to defer_timeout */
@@ -495,6 +496,8 @@ bool pdl__push_consumer_gone(pdl_instance_t *inst, const char *transfer_id)
     }
     pthread_mutex_unlock(&inst->push_mu);
     push_free(gone); /* every rank was waiting: the push left the map; p is not used after this */
+    if (first)
+        PDL_CTR_ADD(r0, consumer_gone_freed, 1); /* before its events: whoever sees FREED sees the count */
     for (int i = 0; i < inst->tp; i++)
         if (waiting[i])
             pdl__held_rank_resolved(inst, transfer_id, i, true);

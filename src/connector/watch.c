@@ -182,11 +182,13 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
     size_t freed = 0;
     for (size_t i = 0; i < c.n; i++) {
         if (!inst->cfg.conn.read_mode) {
-            freed += pdl__push_consumer_gone(inst, c.ids[i]);
+            freed += pdl__push_consumer_gone(r0, c.ids[i]);
             free(c.ids[i]);
             continue;
         }
         freed++;
+        /* Counted before its events: whoever sees FREED also sees the count. */
+        PDL_CTR_ADD(r0, consumer_gone_freed, 1);
         for (int k = 0; k < inst->tp; k++) {
             pdl_rank_t *r = &inst->ranks[k];
             pthread_mutex_lock(&r->fan.mu);
@@ -202,7 +204,6 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
         pdl_warn("consumer %s is gone (%s): giving up its %zu held transfers now (blocks freed; a push being "
                  "written, when its write ends)",
                  consumer, why, freed);
-    PDL_CTR_ADD(r0, consumer_gone_freed, freed);
     free(c.ids);
 }
 
