@@ -263,7 +263,8 @@ void pdl_pull_free(pdl_pull_t *pull);
  *                     producer frees its blocks now instead of after its defer_timeout;
  *   WRITE consumer -- a failed-status release to every producer rank (once each): a pdlink producer
  *                     frees the push's blocks now (a rank already writing finishes first), or, before the
- *                     push exists, as soon as it is made;
+ *                     push exists, as soon as it is made (from the push's consumer host only, or the
+ *                     router's: docs/security.md);
  *   WRITE producer -- the failed write_done a failed push sends, to every consumer rank: the decode's
  *                     receive fails now instead of at transfer_timeout, so it frees its blocks.
  * Asynchronous: the messages are queued on the ranks' service threads. Never call it for a transfer that
@@ -339,7 +340,7 @@ typedef enum pdl_counter_kind {
     X(transfers_abandoned, "pdlink_transfers_abandoned_total", PDL_COUNTER_COUNT,                                   \
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
-      "Held transfers freed early because their consumer was gone (prefill; rank 0 counts them).")              \
+      "Held transfers (READ holds, WRITE pushes) given up early: their consumer was gone (prefill rank 0).")     \
     X(data_requests_served, "pdlink_data_requests_served_total", PDL_COUNTER_COUNT,                                 \
       "Remote READ/WRITE requests this rank's tcp engine served (inside a grant).")                              \
     X(data_requests_denied, "pdlink_data_requests_denied_total", PDL_COUNTER_COUNT,                                 \
@@ -349,7 +350,7 @@ typedef enum pdl_counter_kind {
     X(untrusted_refused, "pdlink_untrusted_refused_total", PDL_COUNTER_COUNT,                                       \
       "Transfers or data connections refused: the peer's host is not in trusted_hosts (docs/security.md).")      \
     X(releases_refused, "pdlink_releases_refused_total", PDL_COUNTER_COUNT,                                         \
-      "Releases dropped: sent from another host than the consumer the transfer was served to (security.md).") \
+      "Releases dropped (WRITE: abandons too): sent from another host than the transfer's consumer (security.md).") \
     X(data_connections_shed, "pdlink_data_connections_shed_total", PDL_COUNTER_COUNT,                               \
       "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")    \
     X(pushes_abandoned, "pdlink_pushes_abandoned_total", PDL_COUNTER_COUNT,                                         \
@@ -412,7 +413,12 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
  * they come first), handshakes with the consumer ranks of its write plan, writes its pieces with one
  * batched WRITE per layer per target, and sends write_done (status ok/failed) to every consumer rank
  * of its notify set. The blocks are freed when every rank finished, or after defer_timeout for ranks
- * whose remote_blocks never came (counted expired).
+ * whose remote_blocks never came (counted expired). Like pdl_instance_hold_for, the producer probes the
+ * consumer's handshake port while the push is held; when the consumer is gone its ranks still waiting
+ * for remote_blocks resolve as expired at once (events RANK_EXPIRED, FREED with the last rank; counted
+ * once per push in consumer_gone_freed), shares queued behind others on its writer lane fail without
+ * writing, and a share being written fails against the dead peer. A failed release (the consumer's
+ * abandon) is accepted only from the consumer's host or proxy_ip, as READ releases are (releases_refused).
  * On success the blocks belong to the instance. Fails with PDL_ERR_BAD_STATE (not a WRITE-mode
  * producer, shutting down, or transfer_id already held), PDL_ERR_INVALID (no transfer_id, no blocks, no
  * consumer address, an impossible TP pair) or PDL_ERR_NOMEM; the blocks then stay the caller's.

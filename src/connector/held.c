@@ -63,11 +63,21 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
             snprintf(expected, cap, "%s", h->consumer_ip);
         pthread_mutex_unlock(&inst->held_mu);
     }
-    if (expected[0] == '\0' || strcmp(sender, expected) == 0)
+    return pdl__held_sender_is_consumer(inst, sender, expected);
+}
+
+bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer)
+{
+    if (sender == NULL || sender[0] == '\0' || consumer[0] == '\0' || strcmp(sender, consumer) == 0)
         return true;
     /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
     char proxy[64];
     return pdl__host_numeric(inst->cfg.conn.proxy_ip, false, proxy, sizeof(proxy)) == 0 && strcmp(sender, proxy) == 0;
+}
+
+void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_port)
+{
+    snprintf(buf, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, hs_port);
 }
 
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
@@ -183,7 +193,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     char consumer[PDL_WIRE_HOST_MAX + 16] = "";
     pdl_zmq_addr_t da;
     if (request_id != NULL && pdl_wire_parse_request_id(request_id, NULL, &da, NULL) == PDL_OK)
-        snprintf(consumer, sizeof(consumer), strchr(da.host, ':') ? "[%s]:%d" : "%s:%d", da.host, da.handshake_port);
+        pdl__held_consumer_name(consumer, sizeof(consumer), da.host, da.handshake_port);
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "hold");

@@ -313,7 +313,7 @@ typedef struct pdl_rank_svc {
     pdl_strmap_t dealers; /* endpoint -> DEALER for what other threads queue in pdl_rank_t.out */
     uint64_t next_ping_ms;
     uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
-    pdl_strmap_t watch;     /* rank 0 of a READ producer: consumer "host:port" -> probe state (watch.c) */
+    pdl_strmap_t watch;     /* rank 0 of a producer: consumer "host:port" -> probe state (watch.c) */
     uint64_t next_watch_ns;
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
@@ -365,6 +365,9 @@ typedef struct pdl_held {
     uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
 
+/* The name a held transfer gives its consumer (pdl_held_t.consumer): "host:port" of its handshake port,
+ * "[v6]:port" for an IPv6 address. */
+void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_port);
 /* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
  * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. A held transfer's blocks may be read by whoever
  * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
@@ -379,6 +382,9 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
  * instead of an address, a transfer not held yet) every release is accepted, as upstream does.
  */
 bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap);
+/* Its last step, for a consumer host already known (numeric; "" = unknown: anyone): is `sender` (NULL =
+ * unknown: accepted) that host or the router's (proxy_ip)? */
+bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer);
 /* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
 /* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees
@@ -399,8 +405,8 @@ void pdl__listen_fini(pdl_listen_t *l);
 
 /* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
 
-/* Service thread of rank 0 of a READ producer, every tick: probe the consumers named by held
- * transfers and free the holds of those gone (consumer_gone_timeout). */
+/* Service thread of rank 0 of a producer, every tick: probe the consumers named by held transfers
+ * (READ holds, WRITE pushes) and free the transfers of those gone (consumer_gone_timeout). */
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns);
 /* Service thread at exit: close the probes. */
 void pdl__watch_fini(pdl_rank_t *r);
@@ -417,11 +423,23 @@ void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
 void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
-/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message. */
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread of rank r: a remote_blocks (producer; `sender` its Peer-Address, NULL = unknown, kept
+ * with it while parked) or write_done (consumer) message. */
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
-/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push. */
-void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg);
+/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push; `sender`
+ * (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an abandon
+ * parked before its push so that pdl_instance_push checks it again against the push's consumer. An
+ * abandon replaces a parked remote_blocks only from that message's host (or the router's). */
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
+/* The watch (watch.c, on rank r0), WRITE producer: the consumer of push transfer_id is gone. Its ranks
+ * still waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last
+ * rank); shares queued on a writer lane fail without writing; a share being written fails by itself
+ * (its peer is dead) and resolves its rank. True the first time for a push (counted in r0's
+ * consumer_gone_freed before any event), false when no such push exists or it was given up before (a
+ * share still being written keeps it held, and the watch finds it again). Takes push_mu and held_mu,
+ * never both at once. */
+bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id);
 /* pdl_instance_abandon in WRITE mode (either role). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err);

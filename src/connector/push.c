@@ -59,11 +59,14 @@ typedef struct pdl_push {
     size_t n;
     uint64_t created_ns;
     uint8_t *state; /* per producer rank, RS_* */
+    bool consumer_gone; /* the watch (watch.c) found the consumer gone: a share not begun fails at once */
 } pdl_push_t;
 
 typedef struct parked_rb {
     uint32_t *blocks; /* NULL when abandoned */
     bool abandoned;   /* the consumer said it will not take the push (a failed release came first) */
+    char sender[64];  /* the host it came from (Peer-Address; "" = unknown): an abandon's is checked when the
+                       * push is made, a remote_blocks' binds an abandon that would replace it */
     size_t n;
     int decode_dp;
     int said_tp; /* consumer_tp_size from the message, 0 when absent */
@@ -234,7 +237,14 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
-    pdl_status_t st = rank_write(r, side, p, j, &bytes, &descs, &err);
+    /* A share queued behind others on the lane of a consumer found gone: no handshake, no write. Read
+     * under push_mu: the watch sets it from the service thread (p lives while this rank is STARTED). */
+    pthread_mutex_lock(&inst->push_mu);
+    bool gone_before = p->consumer_gone;
+    pthread_mutex_unlock(&inst->push_mu);
+    pdl_status_t st = gone_before ? pdl_error_set(&err, PDL_ERR_PEER_GONE, "consumer %s is gone (its handshake "
+                                                  "port is watched); nothing written", p->engine_id)
+                                  : rank_write(r, side, p, j, &bytes, &descs, &err);
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
     send_write_done(r, side, p, j, st == PDL_OK);
@@ -291,7 +301,7 @@ static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode
     return j;
 }
 
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
@@ -339,6 +349,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg)
             k->n = msg->num_blocks;
             k->decode_dp = (int)msg->decode_rank;
             k->said_tp = said_tp;
+            snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : "");
             k->rank = r->rank;
             k->at_ns = pdl__clock_now_ns();
             if (pdl__strmap_put(&inst->parked, key, k) == 0)
@@ -398,7 +409,7 @@ static pdl_status_t consumer_of(const pdl_kv_params_t *params, const char *reque
  * parked like an early remote_blocks (and replaces one parked for the same rank), so a decode that
  * gives up before the prefill finished frees the push as soon as it is made.
  */
-void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg)
+void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0') {
@@ -409,17 +420,23 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg)
     }
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
-    bool resolved = false, parked = false;
+    bool resolved = false, parked = false, refused = false;
+    char expected[64] = "";
     pdl_push_t *gone = NULL;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
-    if (p != NULL) {
+    parked_rb_t *rb = p == NULL ? pdl__strmap_get(&inst->parked, key) : NULL;
+    if (rb != NULL && !rb->abandoned && !pdl__held_sender_is_consumer(inst, sender, rb->sender)) {
+        /* The consumer's block list is parked: an abandon from another host must not discard it. */
+        refused = true;
+        snprintf(expected, sizeof(expected), "%s", rb->sender);
+    } else if (p != NULL) {
         if (p->state[r->rank] == RS_WAITING) {
             gone = push_rank_final(inst, p, r->rank, RS_EXPIRED);
             resolved = true;
         }
     } else {
-        parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+        parked_rb_t *k = rb;
         /* Abandons may name pushes that already finished (the router's and the decode's both come after a
          * failed decode leg): they take at most half the park, so early remote_blocks keep room. */
         if (k == NULL && inst->parked.count < PUSH_MAX_PARKED / 2 && (k = calloc(1, sizeof(*k))) != NULL) {
@@ -434,12 +451,17 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg)
             k->blocks = NULL;
             k->n = 0;
             k->abandoned = true;
+            snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : "");
             k->at_ns = pdl__clock_now_ns();
             parked = true;
         }
     }
     pthread_mutex_unlock(&inst->push_mu);
     push_free(gone);
+    if (refused)
+        PDL_CTR_REFUSED(r, releases_refused,
+                        "refused an abandon of push %.100s from %s: its remote_blocks came from %s",
+                        msg->transfer_id, sender, expected);
     if (resolved || parked)
         PDL_CTR_ADD(r, pushes_abandoned, 1);
     if (resolved) {
@@ -449,6 +471,74 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg)
     } else if (parked) {
         pdl_debug("rank %d: abandon of %s parked until its push", r->rank, msg->transfer_id);
     }
+}
+
+bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id)
+{
+    pdl_instance_t *inst = r0->inst;
+    bool *waiting = calloc((size_t)inst->tp, sizeof(*waiting));
+    if (waiting == NULL)
+        return false; /* left to defer_timeout */
+    pdl_push_t *gone = NULL;
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_push_t *p = pdl__strmap_get(&inst->pushes, transfer_id);
+    bool first = p != NULL && !p->consumer_gone;
+    if (first) {
+        p->consumer_gone = true;
+        for (int i = 0; i < inst->tp; i++) {
+            if (p->state[i] != RS_WAITING)
+                continue;
+            waiting[i] = true;
+            pdl_push_t *last = push_rank_final(inst, p, i, RS_EXPIRED);
+            if (last != NULL)
+                gone = last;
+        }
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    push_free(gone); /* every rank was waiting: the push left the map; p is not used after this */
+    if (first)
+        PDL_CTR_ADD(r0, consumer_gone_freed, 1); /* before its events: whoever sees FREED sees the count */
+    for (int i = 0; i < inst->tp; i++)
+        if (waiting[i])
+            pdl__held_rank_resolved(inst, transfer_id, i, true);
+    free(waiting);
+    return first;
+}
+
+/*
+ * Abandons parked before their push came were accepted from any host (nothing named the consumer yet):
+ * now that the held transfer does, each is put to the check a later one meets (pdl__held_release_allowed,
+ * the READ releases' too), outside push_mu as that check takes held_mu. Returns per rank the refused
+ * sender ("" = none refused; counted in releases_refused); NULL when out of memory. The caller drops a
+ * parked abandon only if it still names that sender (another may have replaced it meanwhile).
+ */
+typedef char sender_t[64];
+static sender_t *parked_abandons_forged(pdl_instance_t *inst, const char *tid)
+{
+    sender_t *from = calloc((size_t)inst->tp, sizeof(*from));
+    if (from == NULL)
+        return NULL;
+    pthread_mutex_lock(&inst->push_mu);
+    for (int i = 0; i < inst->tp; i++) {
+        char key[PDL_WIRE_ID_MAX + 16];
+        snprintf(key, sizeof(key), "%d|%s", i, tid);
+        const parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+        if (k != NULL && k->abandoned)
+            memcpy(from[i], k->sender, sizeof(from[i]));
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    for (int i = 0; i < inst->tp; i++) {
+        char expected[64];
+        if (from[i][0] == '\0' ||
+            pdl__held_release_allowed(&inst->ranks[i], tid, from[i], expected, sizeof(expected))) {
+            from[i][0] = '\0';
+            continue;
+        }
+        PDL_CTR_REFUSED(&inst->ranks[i], releases_refused,
+                        "refused an abandon of push %.100s from %s (parked before the push): its consumer is %s", tid,
+                        from[i], expected);
+    }
+    return from;
 }
 
 pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
@@ -507,16 +597,20 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     for (int i = 0; i < inst->tp; i++)
         pdl_engine_publish(inst->ranks[i].mem.engine);
 
-    st = pdl__held_add(inst, tid, ids, n, NULL, err);
+    /* Named for the consumer-gone watch (watch.c) and the host check of failed releases (held.c). */
+    char consumer[PDL_WIRE_HOST_MAX + 16];
+    pdl__held_consumer_name(consumer, sizeof(consumer), p->host, p->hs_base);
+    st = pdl__held_add(inst, tid, ids, n, consumer, err);
     if (st != PDL_OK) {
         pdl_error_prefix(err, st, "push");
         goto fail;
     }
     push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
     bool *abandoned = calloc((size_t)inst->tp, sizeof(*abandoned));
+    sender_t *forged = parked_abandons_forged(inst, tid);
     pdl_push_t *all_abandoned = NULL;
     pthread_mutex_lock(&inst->push_mu);
-    int rc = jobs == NULL || abandoned == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
+    int rc = jobs == NULL || abandoned == NULL || forged == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
     if (rc == 0) {
         for (int i = 0; i < inst->tp; i++) {
             char key[PDL_WIRE_ID_MAX + 16];
@@ -524,6 +618,10 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
             parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
             if (k == NULL)
                 continue;
+            if (k->abandoned && forged[i][0] != '\0' && strcmp(k->sender, forged[i]) == 0) {
+                parked_free(pdl__strmap_remove(&inst->parked, key)); /* refused and counted: the rank waits */
+                continue;
+            }
             if (k->abandoned) {
                 /* The consumer gave up before the prefill finished: this rank is done at once. */
                 parked_free(pdl__strmap_remove(&inst->parked, key));
@@ -543,6 +641,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         }
     }
     pthread_mutex_unlock(&inst->push_mu);
+    free(forged);
     if (rc != 0) {
         free(jobs);
         free(abandoned);

@@ -183,6 +183,11 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
                         msg->transfer_id, sender, expected);
         return;
     }
+    /* WRITE mode holds no fan-in: a failed release there means the consumer gave the push up. */
+    if (!r->inst->cfg.conn.read_mode && msg->status == PDL_RELEASE_FAILED) {
+        pdl__push_on_abandon(r, msg, sender);
+        return;
+    }
     pdl_fanin_release_t rel = {.transfer_id = msg->transfer_id,
                                .consumer_tp_size = msg->type == PDL_MSG_LEGACY ? 1 : msg->consumer_tp_size,
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
@@ -233,11 +238,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     switch (msg.type) {
     case PDL_MSG_RELEASE:
     case PDL_MSG_LEGACY:
-        /* WRITE mode holds no fan-in: a failed release there means the consumer gave the push up. */
-        if (!r->inst->cfg.conn.read_mode && msg.status == PDL_RELEASE_FAILED)
-            pdl__push_on_abandon(r, &msg);
-        else
-            notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
+        notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
         pthread_mutex_lock(&r->fan.mu);
@@ -249,7 +250,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
     }
     case PDL_MSG_REMOTE_BLOCKS:
         if (!r->inst->cfg.conn.read_mode) {
-            pdl__push_on_remote_blocks(r, &msg);
+            pdl__push_on_remote_blocks(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
             break;
         }
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",

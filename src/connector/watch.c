@@ -1,12 +1,13 @@
 /*
- * watch.c -- a READ producer notices that a consumer it holds KV for is gone, and frees those holds
- * within seconds instead of after defer_timeout (60 s).
+ * watch.c -- a producer notices that a consumer it holds KV for is gone, and frees those transfers
+ * within seconds instead of after defer_timeout (60 s): READ holds and WRITE pushes alike.
  *
- * Why: a decode that is killed (or rejects its request without telling us) never releases. Before,
- * after kill -9 of a decode the prefill held 495 of 496 blocks until the 60 s reaper, and new requests
- * waited for blocks meanwhile.
+ * Why: a decode that is killed (or rejects its request without telling us) never releases, and in
+ * WRITE mode never sends the remote_blocks a push waits for. Before, after kill -9 of a decode the
+ * prefill held 495 of 496 blocks until the 60 s reaper, and new requests waited for blocks meanwhile.
  *
- * How: holds made with pdl_instance_hold_for name their consumer (the request id's decode address).
+ * How: holds made with pdl_instance_hold_for name their consumer (the request id's decode address),
+ * and so do pushes (pdl_instance_push: the consumer it writes to, "host:handshake base").
  * Rank 0's service thread probes each consumer that has holds with a non-blocking TCP connect to its
  * handshake port, at most once per probe interval (consumer_gone_timeout / 4, at most 1 s), checked
  * without blocking on later ticks. Verdicts per consumer:
@@ -17,9 +18,13 @@
  *   no answer within the interval      -> counts by time only: gone when nothing answered for
  *                                         consumer_gone_timeout (host down, network cut)
  *
- * A gone consumer's holds are cancelled in every rank's fan-in and resolved as expired on every rank
- * (events RANK_EXPIRED, then FREED), counted in consumer_gone_freed. Releases that still come later are
- * parked and dropped like any unknown release. A consumer is forgotten when it has no holds left.
+ * READ: a gone consumer's holds are cancelled in every rank's fan-in and resolved as expired on every
+ * rank (events RANK_EXPIRED, then FREED). Releases that still come later are parked and dropped like any
+ * unknown release. WRITE: each push to it is given up (pdl__push_consumer_gone): ranks still waiting for
+ * remote_blocks resolve as expired at once, shares queued on a writer lane fail without writing, and a
+ * share being written fails by itself against the dead peer and resolves its rank (FREED with the
+ * last). Either way counted per transfer in consumer_gone_freed. A consumer is forgotten when it has no
+ * held transfers left.
  *
  * The probe is a plain connect that is closed at once: pdlink and upstream consumers alike listen on a
  * ZeroMQ ROUTER there, which drops a connection that never sends a greeting. Holds made with
@@ -174,9 +179,16 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
     pthread_mutex_lock(&inst->held_mu);
     pdl__strmap_foreach(&inst->held, collect_held_of, &c);
     pthread_mutex_unlock(&inst->held_mu);
-    if (c.n > 0)
-        pdl_warn("consumer %s is gone (%s): freeing the blocks of its %zu held transfers now", consumer, why, c.n);
+    size_t freed = 0;
     for (size_t i = 0; i < c.n; i++) {
+        if (!inst->cfg.conn.read_mode) {
+            freed += pdl__push_consumer_gone(r0, c.ids[i]);
+            free(c.ids[i]);
+            continue;
+        }
+        freed++;
+        /* Counted before its events: whoever sees FREED also sees the count. */
+        PDL_CTR_ADD(r0, consumer_gone_freed, 1);
         for (int k = 0; k < inst->tp; k++) {
             pdl_rank_t *r = &inst->ranks[k];
             pthread_mutex_lock(&r->fan.mu);
@@ -186,7 +198,12 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
         }
         free(c.ids[i]);
     }
-    PDL_CTR_ADD(r0, consumer_gone_freed, c.n);
+    /* Only what was given up now: a push given up on an earlier look whose share is still being written
+     * keeps its hold, is found again, and is neither logged nor counted twice. */
+    if (freed > 0)
+        pdl_warn("consumer %s is gone (%s): giving up its %zu held transfers now (blocks freed; a push being "
+                 "written, when its write ends)",
+                 consumer, why, freed);
     free(c.ids);
 }
 
@@ -238,8 +255,7 @@ static void close_watched(watched_t *w)
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
 {
     pdl_instance_t *inst = r->inst;
-    if (r->rank != 0 || inst->cfg.conn.role != PDL_ROLE_PRODUCER || !inst->cfg.conn.read_mode ||
-        inst->cfg.conn.consumer_gone_timeout_s <= 0)
+    if (r->rank != 0 || inst->cfg.conn.role != PDL_ROLE_PRODUCER || inst->cfg.conn.consumer_gone_timeout_s <= 0)
         return;
     /* Checked every service tick (10-50 ms) while probes are in flight, otherwise every interval/4. */
     if (now_ns < r->svc.next_watch_ns)

@@ -21,6 +21,7 @@
 #include <zmq.h>
 
 #include "test_connector_util.h"
+#include "common/clock.h"
 
 #define NBLK 3
 #define TOTAL_BLOCKS 24
@@ -591,6 +592,90 @@ static void write_producer_abandon_before_receive(void **state)
     pdl_instance_destroy(p);
 }
 
+typedef struct freed_at_least {
+    tc_events_t *ev;
+    int want;
+} freed_at_least_t;
+
+static bool freed_reached(void *arg)
+{
+    freed_at_least_t *f = arg;
+    return atomic_load(&f->ev->freed) >= f->want;
+}
+
+/*
+ * Pushes to a decode that is then destroyed (its remote_blocks never come) are given up by the
+ * consumer-gone watch (watch.c) well before defer_timeout (600 s): every rank resolves as expired, the
+ * blocks are freed, each push counted once in consumer_gone_freed. A push to a live decode stays, and
+ * lands and verifies when that decode asks for it. Before, the pushes stayed held until defer_timeout.
+ */
+static void write_gone_consumer_pushes_freed(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    pdl_instance_t *live = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
+    assert_non_null(p);
+    assert_non_null(c);
+    assert_non_null(live);
+    tc_events_t ev;
+    memset(&ev, 0, sizeof(ev));
+    pdl_instance_set_event_fn(p, tc_on_event, &ev);
+    uint32_t blk[4][NBLK];
+    char rid_live[1024];
+    make_rid(p, live, 40, rid_live, sizeof(rid_live));
+    for (int i = 0; i < 4; i++) {
+        char tid[32], rid[1024];
+        snprintf(tid, sizeof(tid), "tx-gone-%d", i);
+        make_rid(p, c, 41 + i, rid, sizeof(rid));
+        pdl_kv_params_t pk;
+        leg_params(tid, i < 3 ? 2 : 1, &pk);
+        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk[i], NULL), PDL_OK);
+        tc_fill(p, g.heads, g.mla, blk[i], NBLK, (uint32_t)(50 + i));
+        pdl_error_t e;
+        if (pdl_instance_push(p, &pk, i < 3 ? rid : rid_live, blk[i], NBLK, &e) != PDL_OK)
+            fail_msg("push %s: %s", tid, e.msg);
+        pdl_kv_params_clear(&pk);
+    }
+    assert_int_equal(pdl_instance_held_transfers(p), 4);
+    uint64_t t0 = pdl__clock_now_ns();
+    pdl_instance_destroy(c);
+    freed_at_least_t f = {&ev, 3};
+    assert_true(tc_wait_for(freed_reached, &f, 30000));
+    fprintf(stderr, "write: pushes to a destroyed decode freed %.2f s after it went (defer_timeout 600 s)\n",
+            (pdl__clock_now_ns() - t0) / 1e9);
+    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 3);
+    assert_int_equal(atomic_load(&ev.freed), 3);
+    assert_int_equal(atomic_load(&ev.expired_all), 3 * 2); /* every rank of each, and not by the reaper: */
+    assert_int_equal(TC_SUM(p, expired), 0);
+    assert_int_equal(pdl_instance_held_transfers(p), 1); /* the live decode's */
+    assert_int_equal(pdl_instance_held_blocks(p), NBLK);
+    assert_int_equal(TC_SUM(p, write_done_sent), 0); /* nothing was written to the gone decode */
+
+    /* The live decode's push still lands. */
+    uint32_t cb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(live, NBLK, cb, NULL), PDL_OK);
+    pdl_kv_params_t ck;
+    leg_params("tx-gone-3", 2, &ck);
+    pdl_recv_t *rv = NULL;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_expect_push(live, &ck, rid_live, cb, NBLK, &rv, &e), PDL_OK);
+    if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
+        fail_msg("live receive: %s", e.msg);
+    pdl_recv_free(rv);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(live, g.heads, g.mla, cb, NBLK, 53, &checked), 0);
+    assert_true(checked > 0);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
+    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 3);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(live);
+    pdl_instance_destroy(p);
+}
+
 /* A WRITE-mode instance on the given port bases (to restart a consumer where it was). */
 static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t *g, pdl_backend_kind_t backend, int hs,
                                          int nt)
@@ -747,6 +832,7 @@ int main(void)
         cmocka_unit_test(write_abandon_before_push_p8d4),
         cmocka_unit_test(write_producer_abandon_fails_receive),
         cmocka_unit_test(write_producer_abandon_before_receive),
+        cmocka_unit_test(write_gone_consumer_pushes_freed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

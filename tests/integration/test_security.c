@@ -14,6 +14,9 @@
  * - forged_release_refused: a release from another host (127.0.0.2) than the consumer's. Before: it
  *   freed the held blocks before the consumer read them. Now it is refused and counted, before the read
  *   (the consumer named by the request id) and after it (the host the grant was served to).
+ * - forged_write_abandon_refused: WRITE mode's failed release (the decode's abandon of a push) from
+ *   127.0.0.2, after the push, parked before it, and over the decode's parked remote_blocks. Before: it
+ *   freed the push unwritten. Now each is refused and counted; the pushes verify.
  * - write_mode_consumer_guarded: a WRITE-mode decode's region takes writes only into the blocks it expects
  *   a push into, under the transfer id, until the receive ends.
  * - trusted_hosts_enforced: trusted_hosts refuses a pull to a host outside it before dialling, and a
@@ -251,14 +254,15 @@ static void redirect_refused(void **state)
     pdl_instance_destroy(real);
 }
 
-/* A release of `tid` (consumer_tp_size 1: it alone completes a TP1 fan-in) sent to notify `port` from
- * local address `src` -- 127.0.0.2 plays another host: loopback routes all of 127/8. */
-static void send_release(const char *src, int port, const char *tid)
+/* A release of `tid` (consumer_tp_size 1: it alone completes a TP1 fan-in; `failed`: the failed release
+ * that abandons a WRITE push) sent to notify `port` from local address `src` -- 127.0.0.2 plays another
+ * host: loopback routes all of 127/8. */
+static void send_release_status(const char *src, int port, const char *tid, bool failed)
 {
     pdl_msg_t m;
     pdl_msg_init(&m, PDL_MSG_RELEASE);
     snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
-    m.status = PDL_RELEASE_OK;
+    m.status = failed ? PDL_RELEASE_FAILED : PDL_RELEASE_OK;
     pdl_bytes_t b;
     assert_int_equal(pdl_wire_encode_msg(&m, &b, NULL), PDL_OK);
     void *ctx = zmq_ctx_new();
@@ -273,6 +277,8 @@ static void send_release(const char *src, int port, const char *tid)
     zmq_ctx_term(ctx);
     pdl_bytes_free(&b);
 }
+
+static void send_release(const char *src, int port, const char *tid) { send_release_status(src, port, tid, false); }
 
 typedef struct ctr_at_least {
     pdl_instance_t *inst;
@@ -440,6 +446,85 @@ static void write_mode_consumer_guarded(void **state)
     pdl_instance_destroy(p);
 }
 
+/*
+ * WRITE mode: a failed release (the decode's abandon) from another host than the push's consumer, sent
+ * after the push was made (round 0), before it (round 1: parked, checked when the push comes), and after
+ * the decode's remote_blocks were parked but before the push (round 2: it would have discarded them).
+ * Before, each one freed the push unwritten and the decode's receive waited for write_done until
+ * transfer_timeout. Now all are refused and counted, the blocks stay held, and the real push verifies.
+ */
+static void forged_write_abandon_refused(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_mode);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_mode);
+    assert_non_null(p);
+    assert_non_null(c);
+    int notify = pdl_instance_notify_port(p, 0);
+    for (int round = 0; round < 3; round++) {
+        char tid[32];
+        snprintf(tid, sizeof(tid), "tx-wa%d", round);
+        uint8_t uuid[16] = {(uint8_t)(30 + round)};
+        char rid[1024];
+        assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
+                                               sizeof(rid)) > 0);
+        uint32_t pb[NBLK], cb[NBLK];
+        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
+        tc_fill(p, 8, false, pb, NBLK, (uint32_t)(5 + round));
+        pdl_kv_params_t ck, pk;
+        pdl_kv_params_init(&ck);
+        pdl_kv_params_init(&pk);
+        snprintf(ck.transfer_id, sizeof(ck.transfer_id), "%s", tid);
+        snprintf(pk.transfer_id, sizeof(pk.transfer_id), "%s", tid);
+        ck.remote_tp_size = pk.remote_tp_size = 1;
+        pdl_error_t e;
+        pdl_recv_t *rv = NULL;
+        uint64_t refused = (uint64_t)round + 1;
+        ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, releases_refused), refused};
+        if (round == 0) {
+            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            send_release_status("127.0.0.2", notify, tid, true);
+            assert_true(tc_wait_for(ctr_reached, &w, 60000));
+        } else if (round == 1) {
+            send_release_status("127.0.0.2", notify, tid, true);
+            ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, pushes_abandoned), 1};
+            assert_true(tc_wait_for(ctr_reached, &parked, 60000));
+            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            /* Refused as the push is made (counted then, synchronously). */
+            assert_int_equal(TC_GET(p, 0, releases_refused), refused);
+        } else {
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+            ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), 1};
+            assert_true(tc_wait_for(ctr_reached, &parked, 60000));
+            send_release_status("127.0.0.2", notify, tid, true);
+            assert_true(tc_wait_for(ctr_reached, &w, 60000));
+            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+        }
+        assert_int_equal(TC_GET(p, 0, pushes_abandoned), round == 0 ? 0 : 1); /* round 1 parked its (refused) one */
+        if (rv == NULL)
+            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+        if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
+            fail_msg("receive %s: %s", tid, e.msg);
+        uint64_t checked = 0;
+        assert_int_equal(tc_verify(c, 8, false, cb, NBLK, (uint32_t)(5 + round), &checked), 0);
+        assert_true(checked > 0);
+        pdl_recv_free(rv);
+        assert_true(tc_wait_for(tc_no_held, p, 60000));
+        assert_int_equal(TC_SUM(p, expired), 0);
+        pdl_instance_free_blocks(c, cb, NBLK);
+        pdl_kv_params_clear(&ck);
+        pdl_kv_params_clear(&pk);
+    }
+    assert_int_equal(TC_GET(p, 0, releases_refused), 3);
+    assert_int_equal(TC_GET(p, 0, transfers), 3);
+    printf("forged WRITE abandons: 3 refused (after the push, parked before it, over parked remote_blocks); "
+           "all pushes verified\n");
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void trust_other_host(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.2"); }
 static void trust_loopback(pdl_instance_config_t *c) { snprintf(c->conn.trusted_hosts, sizeof(c->conn.trusted_hosts), "127.0.0.0/8, ::1"); }
 
@@ -509,6 +594,7 @@ int main(void)
         cmocka_unit_test(redirect_refused),
         cmocka_unit_test(forged_release_refused),
         cmocka_unit_test(write_mode_consumer_guarded),
+        cmocka_unit_test(forged_write_abandon_refused),
         cmocka_unit_test(control_ports_bind_host_ip),
         cmocka_unit_test(trusted_hosts_enforced),
     };
