@@ -133,7 +133,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     }
     /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
     for (int i = 0; i < inst->tp; i++) {
+        /* The rank's ROUTERs are bound before its engine picks a data port (rank.c, "Ports"). */
         st = pdl__rank_init(inst, &inst->ranks[i], i, err);
+        if (st == PDL_OK)
+            st = pdl__service_bind(&inst->ranks[i], err);
+        if (st == PDL_OK)
+            st = pdl__rank_open(inst, &inst->ranks[i], err);
         if (st != PDL_OK) {
             for (int j = i + 1; j < inst->tp; j++)
                 pdl__rank_init_locks(&inst->ranks[j]);

@@ -341,7 +341,11 @@ struct pdl_rank {
 };
 
 /* rank.c */
+/* Ports, locks, geometry (no I/O); then, once the rank's ROUTERs are bound (pdl__service_bind), the
+ * engine, the KV memory, the fan-in and the handshake payloads. Fails with the statuses of the geometry,
+ * pdl_engine_create and the memory calls; destroy tears down a rank in any of these states. */
 pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_error_t *err);
+pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err);
 /* Locks and queues only: for ranks after the one whose init failed, so destroy can treat all alike. */
 void pdl__rank_init_locks(pdl_rank_t *r);
 void pdl__rank_fini(pdl_rank_t *r);

@@ -8,10 +8,12 @@
  * (pdl_instance_config_t.kv_regions), which it neither clears nor frees. The handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
  *
- * pdl__rank_init also initialises the parts other files own (counters, outbound queue, fan-in), so
- * instance destroy can tear every rank down the same way.
+ * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue, fan-in
+ * lock), so instance destroy can tear every rank down the same way; pdl__rank_open then makes the
+ * engine and the memory. instance.c binds the rank's ROUTERs (service.c) between the two.
  *
- * Ports: the rank's handshake and notify ROUTERs are bound FIRST, then the engine picks its data port
+ * Ports: the rank's handshake and notify ROUTERs are bound FIRST (by instance.c, between
+ * pdl__rank_init and pdl__rank_open), then the engine picks its data port
  * (tcp: an ephemeral one), and a data port inside the instance's configured handshake or notify range
  * (all DP ranks: base .. base + dp_size * tp_size) is refused and picked again. Before, the engine bound
  * first, and on a host whose configured ranges lie in the ephemeral range (the seed's second prefill
@@ -197,6 +199,16 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     if (st != PDL_OK)
         return st;
     m->layer_len = pdl_layout_region_len(&m->geo);
+    return PDL_OK;
+}
+
+pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err)
+{
+    const pdl_instance_config_t *cfg = &inst->cfg;
+    pdl_rank_mem_t *m = &r->mem;
+    int rank = r->rank;
+    uint64_t total = m->layer_len * (uint64_t)cfg->model.num_layers; /* checked by rank_geometry */
+    pdl_status_t st;
 
     snprintf(m->engine_key, sizeof(m->engine_key), "%s:%s:%d:tp%d:dp%d",
              cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", cfg->conn.host_ip, cfg->conn.handshake_port,
@@ -209,9 +221,6 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
                               .num_workers = cfg->conn.num_workers,
                               .bind_all = cfg->conn.bind_all,
                               .trusted_hosts = cfg->conn.trusted_hosts};
-    st = pdl__service_bind(r, err);
-    if (st != PDL_OK)
-        return st;
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);
