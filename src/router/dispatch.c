@@ -323,11 +323,301 @@ static const pdl_worker_t *pick(pdl_policy_t *pol, const pdl_worker_t *w, size_t
     return &w[idx < n ? idx : 0];
 }
 
+/* One completion request on its way through both legs: what the steps of pdl_dispatch_completion
+ * share. A step that fails answers the client (failf and friends) and leaves that result in `ret`. */
+typedef struct dispatch {
+    pdl_router_t *rt;
+    pdl_http_conn_t *c;
+    pdl_rt_route_t route;
+    uint64_t start_ns;
+    int ret;
+    json_t *req;
+    pdl_worker_t *pw, *dw; /* the registry's snapshots; P and D point into them */
+    size_t np, nd;
+    const pdl_worker_t *P, *D;
+    pdl_transfer_mode_t mode;
+    char request_id[RT_REQUEST_ID_MAX], transfer_id[40];
+    char rid_header[RT_REQUEST_ID_MAX + 32];
+    const char *headers[8];
+    size_t nh;
+    char purl[700], durl[700], pbase[600], dbase[600];
+    char pleg_name[608], dleg_name[608];
+    pdl_leg_t *pleg, *dleg;
+    json_t *pbody, *dbody, *presp;
+    char *ptext, *dtext, *key;
+    size_t plen;
+    pdl_error_t err;
+} dispatch_t;
+
+/* The workers (router-spec §3.2 step 3), the request and transfer ids, the headers and URLs of both legs. */
+static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, size_t ntrace)
+{
+    pdl_router_t *rt = d->rt;
+    uint64_t now = pdl__clock_now_ms();
+    pdl_registry_snapshot(rt->reg, 'P', now, &d->pw, &d->np);
+    pdl_registry_snapshot(rt->reg, 'D', now, &d->dw, &d->nd);
+    if (d->np == 0 || d->nd == 0) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_NO_WORKERS, 503,
+                       "No workers available via service discovery: %zu prefill, %zu decode", d->np, d->nd);
+        return false;
+    }
+    d->mode = pdl_registry_mode(rt->reg);
+    if (d->mode == PDL_MODE_UNKNOWN) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_NO_MODE, 500,
+                       "No MoRI-IO instances have registered a transfer mode (READ or WRITE) yet");
+        return false;
+    }
+    /* The key comes from the request text, not the headers, and that text is vllm-router's serde
+     * re-serialisation, so both routers put a request on the same workers (serde_text.h); our own dump
+     * only for a body it would refuse or we do not reproduce. */
+    size_t tlen = 0;
+    char *text = pdl_rt_serde_text(d->req, d->route == PDL_ROUTE_CHAT, &tlen);
+    if (text == NULL)
+        text = dump(d->req, &tlen);
+    d->key = pdl_policy_hash_key(d->req, text ? text : "", tlen);
+    free(text);
+    d->P = pick(rt->prefill_policy, d->pw, d->np, d->key);
+    d->D = pick(rt->decode_policy, d->dw, d->nd, d->key);
+
+    uint8_t u[16];
+    char hex[33];
+    pdl_router_uuid4(u);
+    if (pdl_wire_format_request_id(d->P->zmq_address, d->D->zmq_address, u, d->request_id, sizeof(d->request_id)) <
+        0) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500,
+                       "Request processing failed: cannot build a request id from %s and %s", d->P->zmq_address,
+                       d->D->zmq_address);
+        return false;
+    }
+    pdl_router_uuid4(u);
+    hex32(u, hex);
+    snprintf(d->transfer_id, sizeof(d->transfer_id), "tx-%s", hex);
+
+    snprintf(d->rid_header, sizeof(d->rid_header), "X-Request-Id: %s", d->request_id);
+    d->headers[d->nh++] = "Content-Type: application/json";
+    d->headers[d->nh++] = d->rid_header;
+    for (size_t i = 0; i < ntrace && d->nh < 8; i++)
+        d->headers[d->nh++] = trace_headers[i];
+
+    const char *path = pdl_rt_route_path(d->route);
+    snprintf(d->pbase, sizeof(d->pbase), "http://%s", d->P->http_address);
+    snprintf(d->dbase, sizeof(d->dbase), "http://%s", d->D->http_address);
+    snprintf(d->pleg_name, sizeof(d->pleg_name), "prefill %s", d->P->http_address);
+    snprintf(d->dleg_name, sizeof(d->dleg_name), "decode %s", d->D->http_address);
+    snprintf(d->purl, sizeof(d->purl), "%s%s", d->pbase, path);
+    snprintf(d->durl, sizeof(d->durl), "%s%s", d->dbase, path);
+    pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", d->request_id, d->P->http_address,
+              d->D->http_address, pdl_transfer_mode_name(d->mode), d->transfer_id);
+    return true;
+}
+
+/* The prefill leg's body (its kv_transfer_params for the mode) and both legs' connections. */
+static bool dispatch_prepare(dispatch_t *d)
+{
+    pdl_router_t *rt = d->rt;
+    json_t *pparams;
+    if (d->mode == PDL_MODE_READ)
+        pparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I}", "do_remote_decode", 1, "do_remote_prefill", 0,
+                            "remote_engine_id", "remote_block_ids", "transfer_id", d->transfer_id, "remote_dp_size",
+                            (json_int_t)rt->cfg.intra_node_dp_size);
+    else
+        pparams = json_pack("{s:b, s:b, s:n, s:n, s:I, s:I, s:s}", "do_remote_decode", 1, "do_remote_prefill", 0,
+                            "remote_engine_id", "remote_block_ids", "remote_dp_size", (json_int_t)d->D->dp_size,
+                            "remote_tp_size", (json_int_t)d->D->tp_size, "transfer_id", d->transfer_id);
+    d->pbody = pparams ? prefill_body(d->req, pparams) : NULL;
+    d->ptext = d->pbody ? dump(d->pbody, &d->plen) : NULL;
+    d->pleg = pdl_leg_acquire(rt->up);
+    d->dleg = pdl_leg_acquire(rt->up);
+    if (d->ptext == NULL || d->pleg == NULL || d->dleg == NULL) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: out of memory");
+        return false;
+    }
+    pdl_error_clear(&d->err);
+    return true;
+}
+
+/* WRITE (router-spec §3.4): both legs at once, on the decode leg's multi so one thread drives them;
+ * returns once the prefill finished and the decode's headers came. *prefill_ok: the prefill's answer. */
+static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
+{
+    pdl_router_t *rt = d->rt;
+    /* The decode's params, plus the prefill's explicit address. */
+    json_t *dparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I, s:I}", "do_remote_decode", 0, "do_remote_prefill", 1,
+                                "remote_engine_id", "remote_block_ids", "transfer_id", d->transfer_id,
+                                "remote_dp_size", (json_int_t)d->P->dp_size, "remote_tp_size",
+                                (json_int_t)d->P->tp_size);
+    if (dparams != NULL && d->P->dp_size > 1)
+        json_object_set_new(dparams, "remote_dp_rank", json_integer(0));
+    pdl_zmq_addr_t pz;
+    if (dparams != NULL && pdl_wire_parse_zmq_address(d->P->zmq_address, &pz, NULL) == PDL_OK) {
+        json_object_set_new(dparams, "remote_host", json_string(pz.host));
+        json_object_set_new(dparams, "remote_handshake_port", json_integer(pz.handshake_port));
+        json_object_set_new(dparams, "remote_notify_port", json_integer(pz.notify_port));
+    }
+    d->dbody = json_deep_copy(d->req);
+    if (d->dbody == NULL || dparams == NULL) {
+        json_decref(dparams);
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
+        return false;
+    }
+    json_object_set_new(d->dbody, "kv_transfer_params", dparams);
+    size_t dlen = 0;
+    d->dtext = dump(d->dbody, &dlen);
+    if (d->dtext == NULL ||
+        pdl_leg_start(d->pleg, d->dleg->own_multi, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true,
+                      &d->err) != PDL_OK ||
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &d->err) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
+                       d->err.msg[0] ? d->err.msg : "out of memory");
+        return false;
+    }
+    pdl_leg_t *both[2] = {d->pleg, d->dleg};
+    const bool headers_only[2] = {false, true};
+    if (pdl_leg_wait(rt->up, d->dleg->own_multi, both, headers_only, 2) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
+        return false;
+    }
+    *prefill_ok = pdl_leg_ok(d->pleg);
+    pdl_rt_metrics_leg(rt->metrics, 'P', d->pbase, !*prefill_ok);
+    return true;
+}
+
+/* READ: the prefill leg, then the decode leg with the prefill's kv_transfer_params verbatim (router-spec
+ * §3.3); returns once the decode's headers came. *prefill_ok: the prefill's answer (no decode if false). */
+static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
+{
+    pdl_router_t *rt = d->rt;
+    if (pdl_leg_start(d->pleg, NULL, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true, &d->err) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
+                       d->err.msg);
+        return false;
+    }
+    if (pdl_leg_wait(rt->up, d->pleg->own_multi, &d->pleg, NULL, 1) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
+        return false;
+    }
+    *prefill_ok = pdl_leg_ok(d->pleg);
+    pdl_rt_metrics_leg(rt->metrics, 'P', d->pbase, !*prefill_ok);
+    if (!*prefill_ok)
+        return true;
+    json_error_t perr;
+    d->presp = json_loadb(d->pleg->buf + d->pleg->rpos, d->pleg->len - d->pleg->rpos, 0, &perr);
+    if (!json_is_object(d->presp)) {
+        d->ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name,
+                           "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
+                           d->P->http_address, d->presp ? "wrong type" : perr.text);
+        return false;
+    }
+    json_t *kv = json_object_get(d->presp, "kv_transfer_params");
+    if (kv == NULL || json_is_null(kv))
+        pdl_debug("request %s: prefill %s returned no kv_transfer_params; the decode will prefill locally",
+                  d->request_id, d->P->http_address);
+    d->dbody = json_deep_copy(d->req);
+    if (d->dbody == NULL) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
+        return false;
+    }
+    json_object_set(d->dbody, "kv_transfer_params", kv ? kv : json_null());
+    size_t dlen = 0;
+    d->dtext = dump(d->dbody, &dlen);
+    if (d->dtext == NULL ||
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &d->err) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: %s",
+                       d->err.msg[0] ? d->err.msg : "out of memory");
+        return false;
+    }
+    pdl_leg_release(rt->up, d->pleg); /* its connection goes back to the pool before the decode streams */
+    d->pleg = NULL;
+    const bool headers_only = true;
+    if (pdl_leg_wait(rt->up, d->dleg->own_multi, &d->dleg, &headers_only, 1) != PDL_OK) {
+        d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 503, "router is shutting down");
+        return false;
+    }
+    return true;
+}
+
+/* The decode answered (or failed to): release what the prefill holds if the decode will not, then relay
+ * the decode's answer -- a transport error before any response is a 500, any HTTP status passes through. */
+static int dispatch_decode_answer(dispatch_t *d)
+{
+    pdl_router_t *rt = d->rt;
+    pdl_leg_t *dleg = d->dleg;
+    bool dgone = dleg->done && dleg->result != CURLE_OK && dleg->status == 0;
+    bool dfail = dleg->status < 200 || dleg->status >= 300;
+    if (d->mode == PDL_MODE_READ && (dgone || dfail))
+        pdl_rt_release_send(rt->rel, json_object_get(d->presp, "kv_transfer_params"), d->P->zmq_address,
+                            d->request_id);
+    if (d->mode == PDL_MODE_WRITE && (dgone || dfail)) {
+        /* WRITE: the prefill's push waits for remote_blocks the failed decode may never send. The same
+         * failed releases tell a pdlink prefill to drop the push now (its ranks still waiting). */
+        json_t *kv = json_pack("{s:s, s:I, s:I}", "transfer_id", d->transfer_id, "tp_size", (json_int_t)d->P->tp_size,
+                               "remote_dp_rank", (json_int_t)0);
+        pdl_rt_release_send(rt->rel, kv, d->P->zmq_address, d->request_id);
+        json_decref(kv);
+    }
+    if (dgone) {
+        pdl_rt_metrics_leg(rt->metrics, 'D', d->dbase, 1);
+        return failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, d->dleg_name,
+                         "Request processing failed: Decode server error: %s: %s", d->D->http_address,
+                         pdl_leg_error(dleg));
+    }
+    pdl_rt_metrics_leg(rt->metrics, 'D', d->dbase, dfail);
+    if (dfail) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_DECODE);
+        pdl_warn("request %s: decode %s answered %ld; passing it through", d->request_id, d->D->http_address,
+                 dleg->status);
+    }
+    pdl_leg_release(rt->up, d->pleg);
+    d->pleg = NULL;
+    d->dleg = NULL; /* relay_decode owns it and the request's end */
+    return relay_decode(rt, d->c, dleg, d->route, d->start_ns, dfail ? d->dleg_name : NULL);
+}
+
+/* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a 4xx
+ * from the prefill (the request itself is bad: an unknown model, a prompt too long) reaches the client
+ * unchanged, status and body, as vllm-router 0.1.17 does: a client then sees a 400 it does not retry
+ * rather than a 500 that the openai client and lm-eval retry. */
+static int dispatch_prefill_failed(dispatch_t *d)
+{
+    pdl_router_t *rt = d->rt;
+    pdl_leg_t *pleg = d->pleg;
+    size_t blen = pleg->len - pleg->rpos;
+    int ret;
+    if (pleg->status >= 400 && pleg->status < 500) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_PREFILL);
+        finish_request(rt, d->route, d->start_ns);
+        char line[700];
+        snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", d->pleg_name);
+        const char *h[1] = {line};
+        ret = pdl_http_reply_headers(d->c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen,
+                                     h, 1);
+    } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
+        ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name,
+                        "Request processing failed: Prefill server error: %s: %s", d->P->http_address,
+                        pdl_leg_error(pleg));
+    } else {
+        char head[128];
+        int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
+        char *msg = malloc((size_t)hl + blen + 1);
+        if (msg == NULL) {
+            ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, "%s", head);
+        } else {
+            memcpy(msg, head, (size_t)hl);
+            memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
+            ret = fail_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, msg,
+                           (size_t)hl + blen);
+            free(msg);
+        }
+    }
+    pdl_warn("request %s: prefill %s failed (status %ld, %s)", d->request_id, d->P->http_address, pleg->status,
+             pdl_leg_error(pleg));
+    return ret;
+}
+
 int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, const char *body,
                             size_t len, const char *const *trace_headers, size_t ntrace)
 {
     uint64_t start_ns = pdl__clock_now_ns();
-    const char *path = pdl_rt_route_path(route);
     pdl_rt_metrics_request(rt->metrics, route);
     pdl_rt_metrics_active(rt->metrics, +1);
 
@@ -347,263 +637,32 @@ int pdl_dispatch_completion(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t
         return failf(rt, c, route, start_ns, PDL_RTERR_BAD_REQUEST, 400, "invalid request: %s", bad);
     }
 
+    dispatch_t *d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        json_decref(req);
+        return failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: out of memory");
+    }
+    *d = (dispatch_t){.rt = rt, .c = c, .route = route, .start_ns = start_ns, .req = req};
+    bool prefill_ok = false;
     int ret;
-    uint64_t now = pdl__clock_now_ms();
-    pdl_worker_t *pw = NULL, *dw = NULL;
-    size_t np = 0, nd = 0;
-    pdl_leg_t *pleg = NULL, *dleg = NULL;
-    json_t *pbody = NULL, *dbody = NULL, *presp = NULL;
-    char *ptext = NULL, *dtext = NULL, *key = NULL;
-    pdl_registry_snapshot(rt->reg, 'P', now, &pw, &np);
-    pdl_registry_snapshot(rt->reg, 'D', now, &dw, &nd);
-    if (np == 0 || nd == 0) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_NO_WORKERS, 503,
-                    "No workers available via service discovery: %zu prefill, %zu decode", np, nd);
-        goto out;
-    }
-    pdl_transfer_mode_t mode = pdl_registry_mode(rt->reg);
-    if (mode == PDL_MODE_UNKNOWN) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_NO_MODE, 500,
-                    "No MoRI-IO instances have registered a transfer mode (READ or WRITE) yet");
-        goto out;
-    }
-
-    /* Selection (router-spec §3.2 step 3): the key comes from the request text, not the headers, and
-     * that text is vllm-router's serde re-serialisation, so both routers put a request on the same
-     * workers (serde_text.h); our own dump only for a body it would refuse or we do not reproduce. */
-    size_t tlen = 0;
-    char *text = pdl_rt_serde_text(req, route == PDL_ROUTE_CHAT, &tlen);
-    if (text == NULL)
-        text = dump(req, &tlen);
-    key = pdl_policy_hash_key(req, text ? text : "", tlen);
-    free(text);
-    const pdl_worker_t *P = pick(rt->prefill_policy, pw, np, key);
-    const pdl_worker_t *D = pick(rt->decode_policy, dw, nd, key);
-
-    uint8_t u[16];
-    char request_id[RT_REQUEST_ID_MAX], transfer_id[40], hex[33];
-    pdl_router_uuid4(u);
-    if (pdl_wire_format_request_id(P->zmq_address, D->zmq_address, u, request_id, sizeof(request_id)) < 0) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500,
-                    "Request processing failed: cannot build a request id from %s and %s", P->zmq_address,
-                    D->zmq_address);
-        goto out;
-    }
-    pdl_router_uuid4(u);
-    hex32(u, hex);
-    snprintf(transfer_id, sizeof(transfer_id), "tx-%s", hex);
-
-    char rid_header[RT_REQUEST_ID_MAX + 32];
-    snprintf(rid_header, sizeof(rid_header), "X-Request-Id: %s", request_id);
-    const char *headers[8];
-    size_t nh = 0;
-    headers[nh++] = "Content-Type: application/json";
-    headers[nh++] = rid_header;
-    for (size_t i = 0; i < ntrace && nh < 8; i++)
-        headers[nh++] = trace_headers[i];
-
-    char purl[700], durl[700], pbase[600], dbase[600];
-    snprintf(pbase, sizeof(pbase), "http://%s", P->http_address);
-    snprintf(dbase, sizeof(dbase), "http://%s", D->http_address);
-    char pleg_name[sizeof(pbase) + 8], dleg_name[sizeof(dbase) + 8];
-    snprintf(pleg_name, sizeof(pleg_name), "prefill %s", P->http_address);
-    snprintf(dleg_name, sizeof(dleg_name), "decode %s", D->http_address);
-    snprintf(purl, sizeof(purl), "%s%s", pbase, path);
-    snprintf(durl, sizeof(durl), "%s%s", dbase, path);
-    pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", request_id, P->http_address,
-              D->http_address, pdl_transfer_mode_name(mode), transfer_id);
-
-    json_t *pparams;
-    if (mode == PDL_MODE_READ)
-        pparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I}", "do_remote_decode", 1, "do_remote_prefill", 0,
-                            "remote_engine_id", "remote_block_ids", "transfer_id", transfer_id, "remote_dp_size",
-                            (json_int_t)rt->cfg.intra_node_dp_size);
+    if (!dispatch_select(d, trace_headers, ntrace) || !dispatch_prepare(d) ||
+        !(d->mode == PDL_MODE_WRITE ? dispatch_write(d, &prefill_ok) : dispatch_read(d, &prefill_ok)))
+        ret = d->ret;
     else
-        pparams = json_pack("{s:b, s:b, s:n, s:n, s:I, s:I, s:s}", "do_remote_decode", 1, "do_remote_prefill", 0,
-                            "remote_engine_id", "remote_block_ids", "remote_dp_size", (json_int_t)D->dp_size,
-                            "remote_tp_size", (json_int_t)D->tp_size, "transfer_id", transfer_id);
-    pbody = pparams ? prefill_body(req, pparams) : NULL;
-    size_t plen = 0;
-    ptext = pbody ? dump(pbody, &plen) : NULL;
-    pleg = pdl_leg_acquire(rt->up);
-    dleg = pdl_leg_acquire(rt->up);
-    if (ptext == NULL || pleg == NULL || dleg == NULL) {
-        ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: out of memory");
-        goto out;
-    }
-    pdl_error_t err;
-    pdl_error_clear(&err);
+        ret = prefill_ok ? dispatch_decode_answer(d) : dispatch_prefill_failed(d);
 
-    if (mode == PDL_MODE_WRITE) {
-        /* Decode params for WRITE (router-spec §3.4), plus the prefill's explicit address. */
-        json_t *dparams = json_pack("{s:b, s:b, s:n, s:n, s:s, s:I, s:I}", "do_remote_decode", 0,
-                                    "do_remote_prefill", 1, "remote_engine_id", "remote_block_ids", "transfer_id",
-                                    transfer_id, "remote_dp_size", (json_int_t)P->dp_size, "remote_tp_size",
-                                    (json_int_t)P->tp_size);
-        if (dparams != NULL && P->dp_size > 1)
-            json_object_set_new(dparams, "remote_dp_rank", json_integer(0));
-        pdl_zmq_addr_t pz;
-        if (dparams != NULL && pdl_wire_parse_zmq_address(P->zmq_address, &pz, NULL) == PDL_OK) {
-            json_object_set_new(dparams, "remote_host", json_string(pz.host));
-            json_object_set_new(dparams, "remote_handshake_port", json_integer(pz.handshake_port));
-            json_object_set_new(dparams, "remote_notify_port", json_integer(pz.notify_port));
-        }
-        dbody = json_deep_copy(req);
-        if (dbody == NULL || dparams == NULL) {
-            json_decref(dparams);
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
-            goto out;
-        }
-        json_object_set_new(dbody, "kv_transfer_params", dparams);
-        size_t dlen = 0;
-        dtext = dump(dbody, &dlen);
-        /* Both legs on the decode leg's multi, so one thread drives them at the same time. */
-        if (dtext == NULL ||
-            pdl_leg_start(pleg, dleg->own_multi, "POST", purl, ptext, plen, headers, nh, true, &err) != PDL_OK ||
-            pdl_leg_start(dleg, NULL, "POST", durl, dtext, dlen, headers, nh, false, &err) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
-                        err.msg[0] ? err.msg : "out of memory");
-            goto out;
-        }
-        pdl_leg_t *both[2] = {pleg, dleg};
-        const bool headers_only[2] = {false, true};
-        if (pdl_leg_wait(rt->up, dleg->own_multi, both, headers_only, 2) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
-            goto out;
-        }
-        bool pok = pdl_leg_ok(pleg);
-        pdl_rt_metrics_leg(rt->metrics, 'P', pbase, !pok);
-        if (!pok)
-            goto prefill_failed;
-    } else {
-        if (pdl_leg_start(pleg, NULL, "POST", purl, ptext, plen, headers, nh, true, &err) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s", err.msg);
-            goto out;
-        }
-        if (pdl_leg_wait(rt->up, pleg->own_multi, &pleg, NULL, 1) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_PREFILL, 503, "router is shutting down");
-            goto out;
-        }
-        bool pok = pdl_leg_ok(pleg);
-        pdl_rt_metrics_leg(rt->metrics, 'P', pbase, !pok);
-        if (!pok)
-            goto prefill_failed;
-        /* READ: the decode gets the prefill's kv_transfer_params verbatim (router-spec §3.3). */
-        json_error_t perr;
-        presp = json_loadb(pleg->buf + pleg->rpos, pleg->len - pleg->rpos, 0, &perr);
-        if (!json_is_object(presp)) {
-            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name,
-                        "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
-                        P->http_address, presp ? "wrong type" : perr.text);
-            goto out;
-        }
-        json_t *kv = json_object_get(presp, "kv_transfer_params");
-        if (kv == NULL || json_is_null(kv))
-            pdl_debug("request %s: prefill %s returned no kv_transfer_params; the decode will prefill locally",
-                      request_id, P->http_address);
-        dbody = json_deep_copy(req);
-        if (dbody == NULL) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: out of memory");
-            goto out;
-        }
-        json_object_set(dbody, "kv_transfer_params", kv ? kv : json_null());
-        size_t dlen = 0;
-        dtext = dump(dbody, &dlen);
-        if (dtext == NULL ||
-            pdl_leg_start(dleg, NULL, "POST", durl, dtext, dlen, headers, nh, false, &err) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: %s",
-                        err.msg[0] ? err.msg : "out of memory");
-            goto out;
-        }
-        pdl_leg_release(rt->up, pleg); /* its connection goes back to the pool before the decode streams */
-        pleg = NULL;
-        const bool headers_only = true;
-        if (pdl_leg_wait(rt->up, dleg->own_multi, &dleg, &headers_only, 1) != PDL_OK) {
-            ret = failf(rt, c, route, start_ns, PDL_RTERR_DECODE, 503, "router is shutting down");
-            goto out;
-        }
-    }
-
-    /* Decode: a transport error before any response is a 500; any HTTP status is passed through. Either
-     * way, in READ mode the decode will not release what the prefill holds for it: the router does. */
-    bool dgone = dleg->done && dleg->result != CURLE_OK && dleg->status == 0;
-    if (mode == PDL_MODE_READ && (dgone || dleg->status < 200 || dleg->status >= 300))
-        pdl_rt_release_send(rt->rel, json_object_get(presp, "kv_transfer_params"), P->zmq_address, request_id);
-    if (mode == PDL_MODE_WRITE && (dgone || dleg->status < 200 || dleg->status >= 300)) {
-        /* WRITE: the prefill's push waits for remote_blocks the failed decode may never send. The same
-         * failed releases tell a pdlink prefill to drop the push now (its ranks still waiting). */
-        json_t *kv = json_pack("{s:s, s:I, s:I}", "transfer_id", transfer_id, "tp_size", (json_int_t)P->tp_size,
-                               "remote_dp_rank", (json_int_t)0);
-        pdl_rt_release_send(rt->rel, kv, P->zmq_address, request_id);
-        json_decref(kv);
-    }
-    if (dgone) {
-        pdl_rt_metrics_leg(rt->metrics, 'D', dbase, 1);
-        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_DECODE, 500, dleg_name,
-                        "Request processing failed: Decode server error: %s: %s", D->http_address,
-                        pdl_leg_error(dleg));
-        goto out;
-    }
-    bool dfail = dleg->status < 200 || dleg->status >= 300;
-    pdl_rt_metrics_leg(rt->metrics, 'D', dbase, dfail);
-    if (dfail) {
-        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_DECODE);
-        pdl_warn("request %s: decode %s answered %ld; passing it through", request_id, D->http_address,
-                 dleg->status);
-    }
-    pdl_leg_release(rt->up, pleg);
-    pleg = NULL;
-    ret = relay_decode(rt, c, dleg, route, start_ns, dfail ? dleg_name : NULL); /* owns dleg and the request's end */
-    dleg = NULL;
-    goto out;
-
-prefill_failed : {
-    /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a
-     * 4xx from the prefill (the request itself is bad: an unknown model, a prompt too long) reaches
-     * the client unchanged, status and body, as vllm-router 0.1.17 does: a client then sees a 400 it
-     * does not retry rather than a 500 that the openai client and lm-eval retry. */
-    size_t blen = pleg->len - pleg->rpos;
-    if (pleg->status >= 400 && pleg->status < 500) {
-        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_PREFILL);
-        finish_request(rt, route, start_ns);
-        char line[700];
-        snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", pleg_name);
-        const char *h[1] = {line};
-        ret = pdl_http_reply_headers(c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen, h,
-                                     1);
-    } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
-        ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name,
-                        "Request processing failed: Prefill server error: %s: %s", P->http_address,
-                        pdl_leg_error(pleg));
-    } else {
-        char head[128];
-        int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
-        char *msg = malloc((size_t)hl + blen + 1);
-        if (msg == NULL) {
-            ret = failf_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name, "%s", head);
-        } else {
-            memcpy(msg, head, (size_t)hl);
-            memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
-            ret = fail_leg(rt, c, route, start_ns, PDL_RTERR_PREFILL, 500, pleg_name, msg, (size_t)hl + blen);
-            free(msg);
-        }
-    }
-    pdl_warn("request %s: prefill %s failed (status %ld, %s)", request_id, P->http_address, pleg->status,
-             pdl_leg_error(pleg));
-}
-
-out:
-    pdl_leg_release(rt->up, pleg);
-    pdl_leg_release(rt->up, dleg);
-    json_decref(req);
-    json_decref(pbody);
-    json_decref(dbody);
-    json_decref(presp);
-    free(ptext);
-    free(dtext);
-    free(key);
-    free(pw);
-    free(dw);
+    pdl_leg_release(rt->up, d->pleg);
+    pdl_leg_release(rt->up, d->dleg);
+    json_decref(d->req);
+    json_decref(d->pbody);
+    json_decref(d->dbody);
+    json_decref(d->presp);
+    free(d->ptext);
+    free(d->dtext);
+    free(d->key);
+    free(d->pw);
+    free(d->dw);
+    free(d);
     return ret;
 }
 
