@@ -1121,9 +1121,18 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
         pdl_run_result_note(r, "%llu KV bytes mismatched at decode verification", (unsigned long long)r->mismatched);
     if (r->expired > 0)
         pdl_run_result_note(r, "%llu transfers expired (releases never came; reaped)", (unsigned long long)r->expired);
-    if (r->held_blocks > 0)
-        pdl_run_result_note(r, "%llu blocks still held %d s after the last response", (unsigned long long)r->held_blocks,
-                            RUN_DRAIN_TIMEOUT_MS / 1000);
+    if (r->held_blocks > 0) {
+        char who[200] = "";
+        size_t off = 0;
+        for (int i = 0; i < c->nnodes && off < sizeof(who); i++) {
+            uint64_t h = msum(&c->nodes[i], "pdlink_held_blocks");
+            if (h > 0)
+                off += (size_t)snprintf(who + off, sizeof(who) - off, "%s%s %llu", off ? ", " : "",
+                                        c->nodes[i].child.name, (unsigned long long)h);
+        }
+        pdl_run_result_note(r, "%llu blocks still held %d s after the last response (%s)",
+                            (unsigned long long)r->held_blocks, RUN_DRAIN_TIMEOUT_MS / 1000, who);
+    }
     /* Moved bytes are whole blocks, verified bytes the prompt's token slots only, so verified < moved
      * is normal; nothing verified while KV moved means the decode never checked what it received. */
     if (r->verified == 0 && r->kv_bytes > 0)
@@ -1328,7 +1337,12 @@ static pdl_status_t chaos_phase(run_ctx_t *c, pdl_run_result_t *r, pdl_error_t *
     const char *const hu[2] = {health[0], health[1]}, *const mu[2] = {metrics[0], metrics[1]};
     pdl_run_chaos_ops_t ops = {.ctx = c, .drive = chaos_drive, .restart = chaos_restart, .registered = chaos_registered};
     pdl_run_chaos_t ch;
-    if (pdl_run_chaos_init(&ch, &ops, r->topo.name, c->o.quiet, victims, hu, mu, 2, c->reqs, c->ref_text,
+    /* Served again: a decode completed a request; a prefill's KV reached a decode (its releases in READ
+     * mode, its write_done in WRITE mode), which its own pdlink_requests_total does not say. */
+    const char *const served[2] = {"pdlink_requests_total",
+                                   strcmp(c->o.mode, "write") == 0 ? "pdlink_write_done_sent_total"
+                                                                   : "pdlink_releases_received_total"};
+    if (pdl_run_chaos_init(&ch, &ops, r->topo.name, c->o.quiet, victims, hu, mu, served, 2, c->reqs, c->ref_text,
                            c->o.requests, r) != PDL_OK)
         return pdl_error_set(err, PDL_ERR_NOMEM, "chaos phase: out of memory");
     progress(c, "chaos: sending the workload while %s and then %s are killed and restarted", dec->child.name,

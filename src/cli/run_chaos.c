@@ -37,8 +37,8 @@ static void chaos_say(const pdl_run_chaos_t *ch, const char *fmt, ...)
 
 pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *ops, const char *name, bool quiet,
                                 pdl_run_child_t *const victims[], const char *const health_urls[],
-                                const char *const metrics_urls[], int nv, pdl_run_req_t *reqs,
-                                char *const *ref_text, int n, pdl_run_result_t *r)
+                                const char *const metrics_urls[], const char *const served[], int nv,
+                                pdl_run_req_t *reqs, char *const *ref_text, int n, pdl_run_result_t *r)
 {
     memset(ch, 0, sizeof(*ch));
     ch->end_ms = calloc((size_t)(n > 0 ? n : 1), sizeof(uint64_t));
@@ -66,6 +66,7 @@ pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *
         v->child = victims[k];
         snprintf(v->health_url, sizeof(v->health_url), "%s", health_urls[k]);
         snprintf(v->metrics_url, sizeof(v->metrics_url), "%s", metrics_urls[k]);
+        v->served_metric = served[k];
         snprintf(ch->res->victim[k], sizeof(ch->res->victim[k]), "%s", victims[k]->name);
     }
     return PDL_OK;
@@ -156,8 +157,9 @@ static void victim_step(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v, int k)
             v->state = PDL_CHAOS_SERVING;
         }
         break;
-    case PDL_CHAOS_SERVING:
-        if (victim_metric(v, "pdlink_requests_total", "status", "ok") > 0) {
+    case PDL_CHAOS_SERVING: {
+        bool req = strcmp(v->served_metric, "pdlink_requests_total") == 0;
+        if (victim_metric(v, v->served_metric, req ? "status" : NULL, req ? "ok" : NULL) > 0) {
             v->served_ms = now;
             ch->res->recovered[k] = true;
             ch->res->recover_s[k] = secs(v->kill_ms, now);
@@ -166,6 +168,7 @@ static void victim_step(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v, int k)
             v->state = PDL_CHAOS_DONE;
         }
         break;
+    }
     case PDL_CHAOS_DONE: break;
     }
     if (v->state == PDL_CHAOS_DONE) {

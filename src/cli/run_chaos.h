@@ -12,7 +12,8 @@
  *   WAIT --(enough completions)--> DOWN (scrape its mismatched bytes, kill -9, reap)
  *   DOWN --(PDL_RUN_CHAOS_DOWN_MS later: requests did meet the dead node)--> STARTING (ops.restart)
  *   STARTING --(GET /health 200)--> REGISTERING --(ops.registered)--> SERVING
- *   SERVING --(its pdlink_requests_total{status="ok"} > 0)--> DONE; the next victim's WAIT begins
+ *   SERVING --(its "served" counter > 0: a decode's requests_total{status="ok"}, a prefill's
+ *              releases or write_done, i.e. its KV reached a decode)--> DONE; the next victim's WAIT
  *   any state but WAIT/DONE --(PDL_RUN_CHAOS_RECOVER_MS after the kill)--> DONE, not recovered
  */
 #ifndef PDL_CLI_RUN_CHAOS_H
@@ -50,6 +51,7 @@ typedef enum { PDL_CHAOS_WAIT, PDL_CHAOS_DOWN, PDL_CHAOS_STARTING, PDL_CHAOS_REG
 typedef struct pdl_run_chaos_victim {
     pdl_run_child_t *child;          /* borrowed from run.c's node table */
     char health_url[160], metrics_url[160];
+    const char *served_metric;       /* > 0 once it served again (a static string) */
     pdl_run_chaos_state_t state;
     uint64_t kill_ms, up_ms, served_ms; /* pdl__clock_now_ms(); 0 = not yet */
 } pdl_run_chaos_victim_t;
@@ -72,14 +74,15 @@ typedef struct pdl_run_chaos {
 
 /*
  * Prepare the phase: victims[0] is killed first (a decode), then victims[1] (a prefill), each named by
- * its child and reached at health_urls[k]/metrics_urls[k]. reqs[0..n) is the workload each pass sends,
+ * its child, reached at health_urls[k]/metrics_urls[k], serving again once the counter served[k] of
+ * its /metrics is above 0 ("pdlink_requests_total" counts its status="ok" series only). reqs[0..n) is the workload each pass sends,
  * ref_text[0..n) the reference's answers every success must equal.
  * Results go to r->chaos, notes to r. PDL_ERR_NOMEM when the per-request table cannot be allocated.
  */
 pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *ops, const char *name, bool quiet,
                                 pdl_run_child_t *const victims[], const char *const health_urls[],
-                                const char *const metrics_urls[], int nv, pdl_run_req_t *reqs,
-                                char *const *ref_text, int n, pdl_run_result_t *r);
+                                const char *const metrics_urls[], const char *const served[], int nv,
+                                pdl_run_req_t *reqs, char *const *ref_text, int n, pdl_run_result_t *r);
 
 /* Advance the state machine and note the requests finished since the last tick. Never blocks long
  * (one GET with a short timeout at most). */
