@@ -40,6 +40,7 @@
 
 #include "app/parse.h"
 #include "cli/cli.h"
+#include "cli/run_chaos.h"
 #include "cli/run_http.h"
 #include "cli/run_metrics.h"
 #include "cli/run_netns.h"
@@ -65,6 +66,7 @@ enum {
     RUN_PAIRS = 6, /* alternating (ceiling, round of the workload) pairs per topology */
     RUN_STOP_GRACE_MS = 5000,
     RUN_TAIL_LINES = 12,
+    RUN_CHAOS_TRANSFER_TIMEOUT_S = 10,
 };
 
 /* The seed's deployments (issue 6/7). */
@@ -93,6 +95,7 @@ typedef struct run_opts {
     const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
     const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
     bool no_prewarm;                    /* --no-prewarm: decodes learn producers from requests only */
+    bool chaos;                         /* --chaos: kill -9 and restart a decode and a prefill (run_chaos.h) */
 } run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
@@ -142,6 +145,7 @@ typedef struct run_ctx {
     int last_progress;
     int round_off;                      /* requests of the earlier rounds (progress, fault injection) */
     pdl_run_netns_t *keep_ns;           /* namespaces of a cluster left up by --keep */
+    pdl_run_chaos_t *chaos;             /* the chaos phase in progress, advanced by load_tick */
 } run_ctx_t;
 
 /* ---------------------------------------------------------------- progress and messages */
@@ -223,6 +227,11 @@ static void usage(FILE *f)
             "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
             "                          one from the project venv or $PATH, with the seed's flags and\n"
             "                          consistent_hash), or the path of a router executable\n"
+            "  --chaos                 per topology, while the workload runs: kill -9 a decode node, restart\n"
+            "                          it on its ports, wait for a success through it; then a prefill node;\n"
+            "                          then the workload once more, which must all pass. Reports requests\n"
+            "                          failed during and outside the outages and the time to recover;\n"
+            "                          pdlink-router only, not with --keep or --netns\n"
             "  --help\n",
             RUN_DEFAULT_MODEL);
 }
@@ -268,7 +277,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
     };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM };
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM, O_CHAOS };
     static const struct option longopts[] = {
         {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
         {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
@@ -281,6 +290,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         {"child-log-level", required_argument, NULL, O_CHILDLOG},
         {"router", required_argument, NULL, O_ROUTER},
         {"no-prewarm", no_argument, NULL, O_NOPREWARM},
+        {"chaos", no_argument, NULL, O_CHAOS},
         /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
         {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
         {NULL, 0, NULL, 0},
@@ -369,6 +379,7 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             break;
         case O_ROUTER: o->router = optarg; break;
         case O_NOPREWARM: o->no_prewarm = true; break;
+        case O_CHAOS: o->chaos = true; break;
         case O_HELP:
         case 'h': usage(stdout); return 1;
         case O_FAULT:
@@ -426,6 +437,12 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
     if (o->ntopos == 0) {
         memcpy(o->topos, seed_topos, sizeof(seed_topos));
         o->ntopos = N_SEED_TOPOS;
+    }
+    /* The chaos phase restarts a node in the root namespace and asks pdlink-router's /workers whether it is
+     * back; vllm-router lists its instances only in its log (docs/run.md, "--chaos"). */
+    if (o->chaos && (o->keep || o->netns || (o->router != NULL && strcmp(o->router, "pdlink") != 0))) {
+        fprintf(stderr, "pdlink run: --chaos works with pdlink-router (--router pdlink), without --keep and --netns\n");
+        return -1;
     }
     if (o->netns) {
         if (backend_given && strcmp(o->backend, "tcp") != 0) {
@@ -637,6 +654,8 @@ static bool load_tick(void *ctx, int done, int total)
     progress_requests(c, done, c->o.requests);
     if (!wait_ms(c, 0))
         return false;
+    if (c->chaos != NULL)
+        pdl_run_chaos_tick(c->chaos); /* before children_alive: a victim is restarted here */
     if (!children_alive(c))
         return false;
     if (c->o.fault_kill_decode_after >= 0 && !c->fault_done && done >= c->o.fault_kill_decode_after) {
@@ -677,6 +696,10 @@ static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *prox
                               "handshake_port", nd->hs_base, "notify_port", nd->notify_base, "read_mode",
                               strcmp(c->o.mode, "read") == 0, "backend", c->o.backend, "qp_per_transfer", 1,
                               "num_workers", 1);
+    /* --chaos: a WRITE decode waits for a killed prefill's write_done until transfer_timeout (nothing tells
+     * it the producer died); 10 s instead of the default 30 s bounds that stall, and the report shows it. */
+    if (c->o.chaos)
+        json_object_set_new(extra, "transfer_timeout", json_integer(RUN_CHAOS_TRANSFER_TIMEOUT_S));
     /* The cluster is known: a READ decode connects to every prefill instance before the first request
      * (prewarm_peers), so that no pull pays a handshake or a region mapping (issue 16). */
     if (nd->role == ROLE_DECODE && strcmp(c->o.mode, "read") == 0 && !c->o.no_prewarm) {
@@ -1098,9 +1121,18 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
         pdl_run_result_note(r, "%llu KV bytes mismatched at decode verification", (unsigned long long)r->mismatched);
     if (r->expired > 0)
         pdl_run_result_note(r, "%llu transfers expired (releases never came; reaped)", (unsigned long long)r->expired);
-    if (r->held_blocks > 0)
-        pdl_run_result_note(r, "%llu blocks still held %d s after the last response", (unsigned long long)r->held_blocks,
-                            RUN_DRAIN_TIMEOUT_MS / 1000);
+    if (r->held_blocks > 0) {
+        char who[200] = "";
+        size_t off = 0;
+        for (int i = 0; i < c->nnodes && off < sizeof(who); i++) {
+            uint64_t h = msum(&c->nodes[i], "pdlink_held_blocks");
+            if (h > 0)
+                off += (size_t)snprintf(who + off, sizeof(who) - off, "%s%s %llu", off ? ", " : "",
+                                        c->nodes[i].child.name, (unsigned long long)h);
+        }
+        pdl_run_result_note(r, "%llu blocks still held %d s after the last response (%s)",
+                            (unsigned long long)r->held_blocks, RUN_DRAIN_TIMEOUT_MS / 1000, who);
+    }
     /* Moved bytes are whole blocks, verified bytes the prompt's token slots only, so verified < moved
      * is normal; nothing verified while KV moved means the decode never checked what it received. */
     if (r->verified == 0 && r->kv_bytes > 0)
@@ -1258,6 +1290,73 @@ static pdl_status_t drive_rounds(run_ctx_t *c, pdl_run_result_t *r, const char *
     return st;
 }
 
+/* The chaos phase's operations (run_chaos.h) on this cluster. */
+static pdl_status_t chaos_drive(void *ctx, pdl_error_t *err)
+{
+    run_ctx_t *c = ctx;
+    char base[96];
+    snprintf(base, sizeof(base), "http://%s:%d", c->router_host, c->router_port);
+    for (int i = 0; i < c->o.requests; i++)
+        pdl_run_req_clear(&c->reqs[i]);
+    return drive(c, base, 0, c->o.requests, err);
+}
+
+static pdl_status_t chaos_restart(void *ctx, pdl_run_child_t *victim, pdl_error_t *err)
+{
+    run_ctx_t *c = ctx;
+    for (int i = 0; i < c->nnodes; i++)
+        if (&c->nodes[i].child == victim)
+            return start_node(c, &c->nodes[i], c->router_host, -1, err);
+    return pdl_error_set(err, PDL_ERR_NOT_FOUND, "%s is not a node of this topology", victim->name);
+}
+
+static bool chaos_registered(void *ctx)
+{
+    run_ctx_t *c = ctx;
+    char url[128];
+    snprintf(url, sizeof(url), "http://%s:%d/workers", c->router_host, c->router_port);
+    long code = 0;
+    char *body = NULL;
+    pdl_run_http_get(url, 1000, &code, &body, NULL);
+    bool all = code == 200 && body != NULL && workers_count(body, "prefill") == c->cur->topo.np &&
+               workers_count(body, "decode") == c->cur->topo.nd;
+    free(body);
+    return all;
+}
+
+/* --chaos: decode-0 then prefill-0 killed and restarted under load (run_chaos.h), before the final batch. */
+static pdl_status_t chaos_phase(run_ctx_t *c, pdl_run_result_t *r, pdl_error_t *err)
+{
+    run_node_t *pre = &c->nodes[0], *dec = &c->nodes[r->topo.np];
+    pdl_run_child_t *victims[2] = {&dec->child, &pre->child};
+    char health[2][160], metrics[2][160];
+    node_url(dec, "/health", health[0], sizeof(health[0]));
+    node_url(pre, "/health", health[1], sizeof(health[1]));
+    node_url(dec, "/metrics", metrics[0], sizeof(metrics[0]));
+    node_url(pre, "/metrics", metrics[1], sizeof(metrics[1]));
+    const char *const hu[2] = {health[0], health[1]}, *const mu[2] = {metrics[0], metrics[1]};
+    pdl_run_chaos_ops_t ops = {.ctx = c, .drive = chaos_drive, .restart = chaos_restart, .registered = chaos_registered};
+    pdl_run_chaos_t ch;
+    /* Served again: a decode completed a request; a prefill's KV reached a decode (its releases in READ
+     * mode, its write_done in WRITE mode), which its own pdlink_requests_total does not say. */
+    const char *const served[2] = {"pdlink_requests_total",
+                                   strcmp(c->o.mode, "write") == 0 ? "pdlink_write_done_sent_total"
+                                                                   : "pdlink_releases_received_total"};
+    if (pdl_run_chaos_init(&ch, &ops, r->topo.name, c->o.quiet, victims, hu, mu, served, 2, c->reqs, c->ref_text,
+                           c->o.requests, r) != PDL_OK)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "chaos phase: out of memory");
+    progress(c, "chaos: sending the workload while %s and then %s are killed and restarted", dec->child.name,
+             pre->child.name);
+    c->chaos = &ch;
+    pdl_status_t st = pdl_run_chaos_run(&ch, err);
+    c->chaos = NULL;
+    pdl_run_chaos_fini(&ch);
+    progress(c, "chaos: %d/%d ok during the outages, %d/%d outside; now the final batch",
+             r->chaos.ok_outage, r->chaos.ok_outage + r->chaos.failed_outage, r->chaos.ok_outside,
+             r->chaos.ok_outside + r->chaos.failed_outside);
+    return st;
+}
+
 /* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. */
 static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
 {
@@ -1370,7 +1469,9 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     progress(c, "all registered; sending %d requests through the router at concurrency %d", c->o.requests,
              c->o.concurrency);
     r->ran = true;
-    pdl_status_t st = drive_rounds(c, r, base, &err);
+    pdl_status_t st = c->o.chaos ? chaos_phase(c, r, &err) : PDL_OK;
+    if (st == PDL_OK)
+        st = drive_rounds(c, r, base, &err);
     judge_requests(c, r);
     if (st != PDL_OK) {
         if (!c->interrupted && !c->child_died) {

@@ -72,6 +72,14 @@ void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note)
     r->pass = r->ran && !had_failure_note && r->requests > 0 && r->failed == 0 && r->ok == r->requests &&
               r->parity_ok == r->requests && r->mismatched == 0 && r->expired == 0 && r->held_blocks == 0 &&
               r->metrics_ok && r->kv_bytes > 0 && r->verified > 0;
+    const pdl_run_chaos_result_t *ch = &r->chaos;
+    if (ch->on) {
+        bool all_back = ch->nvictims == PDL_RUN_CHAOS_VICTIMS;
+        for (int k = 0; k < ch->nvictims; k++)
+            all_back = all_back && ch->recovered[k];
+        r->pass = r->pass && all_back && ch->failed_outside == 0 && ch->parity_bad == 0 &&
+                  ch->mismatched_killed == 0;
+    }
 }
 
 static void fmt_bytes(char *b, size_t n, uint64_t v)
@@ -179,7 +187,31 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("ceiling T (threads)", r->inst_ratio.pairs == 0 ? snprintf(cell, sizeof(cell), "-")
                                                         : snprintf(cell, sizeof(cell), "%.2f (%d)",
                                                                    r->inst_ratio.ceiling_median, r->ceiling_threads));
+    bool chaos = false;
+    for (int i = 0; i < n; i++)
+        chaos = chaos || rs[i].chaos.on;
+    if (chaos) {
+        ROW("chaos: passes", snprintf(cell, sizeof(cell), "%d", r->chaos.passes));
+        ROW("outage ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outage, r->chaos.failed_outage));
+        ROW("outside ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outside,
+                                            r->chaos.failed_outside));
+        for (int k = 0; k < PDL_RUN_CHAOS_VICTIMS; k++) {
+            ROW(k == 0 ? "decode killed" : "prefill killed",
+                snprintf(cell, sizeof(cell), "%s", k < r->chaos.nvictims ? r->chaos.victim[k] : "-"));
+            ROW("  healthy / served (s)", r->chaos.restart_s[k] < 0 && r->chaos.recover_s[k] < 0
+                                              ? snprintf(cell, sizeof(cell), "-")
+                                              : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->chaos.restart_s[k],
+                                                         r->chaos.recover_s[k]));
+        }
+        ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
+                                      r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
+        ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
+    }
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
+    if (chaos)
+        fprintf(out, "\n  --chaos: the rows above \"chaos\" are the final batch's, sent after both restarts; an outage"
+                     " runs from\n  a kill to the first success through the restarted node (\"served\", seconds after"
+                     " the kill)\n");
     fprintf(out, "\n  of ceiling: median of %d+ alternating pairs (a round of the workload right after its own ceiling)"
                  " with min-max;\n  \"wide\": spread (q3 - q1) / median > %.2f, no figure; \"!\": above the ceiling"
                  " (by > %.0f%%), which is then no upper bound\n", PDL_RUN_MIN_PAIRS, PDL_PAIRS_SPREAD_MAX,
@@ -211,6 +243,22 @@ static json_t *ratio_json(const pdl_run_ratio_t *q)
     json_object_set_new(o, "wide", json_boolean(q->wide));
     json_object_set_new(o, "above", json_boolean(q->above));
     return o;
+}
+
+/* --chaos: {"passes", "ok_outage", ..., "victims": [{"node", "recovered", "restart_seconds", ...}]}. */
+static json_t *chaos_json(const pdl_run_chaos_result_t *ch)
+{
+    json_t *vs = json_array();
+    for (int k = 0; k < ch->nvictims; k++)
+        json_array_append_new(vs, json_pack("{s:s, s:b, s:o, s:o}", "node", ch->victim[k], "recovered",
+                                            ch->recovered[k], "restart_seconds",
+                                            ch->restart_s[k] < 0 ? json_null() : json_real(ch->restart_s[k]),
+                                            "recover_seconds",
+                                            ch->recover_s[k] < 0 ? json_null() : json_real(ch->recover_s[k])));
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I}", "passes", ch->passes, "ok_outage", ch->ok_outage,
+                     "failed_outage", ch->failed_outage, "ok_outside", ch->ok_outside, "failed_outside",
+                     ch->failed_outside, "parity_bad", ch->parity_bad, "victims", vs, "mismatched_killed",
+                     (json_int_t)ch->mismatched_killed);
 }
 
 json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
@@ -273,6 +321,8 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
                             r->rank_ceiling_gbps <= 0 ? json_null() : json_real(r->rank_ceiling_gbps));
         json_object_set_new(t, "engine_read_ceiling_ratio", ratio_json(&r->rank_ratio));
         json_object_set_new(t, "metrics_complete", json_boolean(r->metrics_ok));
+        if (r->chaos.on)
+            json_object_set_new(t, "chaos", chaos_json(&r->chaos));
         json_object_set_new(t, "notes", notes);
         json_object_set_new(t, "pass", json_boolean(r->pass));
         json_array_append_new(tops, t);

@@ -46,6 +46,26 @@ typedef struct pdl_run_topo {
 /* "TP4+TP4 -> TP8" */
 void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len);
 
+/*
+ * `pdlink run --chaos` (issue 11), per topology: requests sent while a decode and then a prefill node were
+ * killed with kill -9 and restarted, split by whether they overlapped an outage window (from the kill to
+ * the first success through the restarted node). Times are measured and shown, never judged.
+ */
+enum { PDL_RUN_CHAOS_VICTIMS = 2 };
+typedef struct pdl_run_chaos_result {
+    bool on;                         /* --chaos ran on this topology */
+    int passes;                      /* passes of the workload sent while the kills and restarts went on */
+    int ok_outage, failed_outage;    /* requests that overlapped an outage window */
+    int ok_outside, failed_outside;  /* the others: every one must succeed */
+    int parity_bad;                  /* successes whose text differs from the reference's (must be 0) */
+    int nvictims;
+    char victim[PDL_RUN_CHAOS_VICTIMS][48];    /* "decode-0", "prefill-0" */
+    bool recovered[PDL_RUN_CHAOS_VICTIMS];     /* a request succeeded through the restarted node */
+    double restart_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> /health 200 again; -1 if never */
+    double recover_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> first success through it; -1 if never */
+    uint64_t mismatched_killed;      /* mismatched bytes the victims had counted before their kill */
+} pdl_run_chaos_result_t;
+
 /* What one topology's run produced. All byte counts are summed over instances and TP ranks. */
 typedef struct pdl_run_result {
     pdl_run_topo_t topo;
@@ -86,6 +106,7 @@ typedef struct pdl_run_result {
     pdl_run_ratio_t inst_ratio;      /* a round's transfer GB/s over the T-thread ceiling */
     pdl_run_ratio_t rank_ratio;      /* a round's engine read GB/s/rank over the 1-thread ceiling */
     bool metrics_ok;                 /* every contract metric was present on every node */
+    pdl_run_chaos_result_t chaos;    /* --chaos only (chaos.on) */
     bool pass;
     int nnotes;
     char notes[PDL_RUN_MAX_NOTES][400]; /* failures and remarks, in order of discovery */
@@ -96,7 +117,10 @@ void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...) __attribute_
 
 /* Apply the verdict rules (issue 7): any failed request, differing response, mismatched byte, expired
  * transfer or held block, a missing metric, KV that did not move or was not verified, or a failure
- * flagged by the caller (a dead process, a start-up error) fails the topology. */
+ * flagged by the caller (a dead process, a start-up error) fails the topology. With chaos.on (issue 11)
+ * the figures above are the final batch's, and also fatal are: a request that failed outside the
+ * outage windows, a success that differs from the reference, a victim that never served again, a byte a
+ * victim had mismatched before its kill. */
 void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note);
 
 /* Settings shown in the report header and the JSON. */

@@ -1,0 +1,257 @@
+/*
+ * run_chaos.c -- the chaos phase of `pdlink run --chaos` (issue 11): kill -9 and restart a decode, then
+ * a prefill, under load; the state machine, the outage windows and the classification of every request
+ * are described in run_chaos.h.
+ *
+ * A request overlaps an outage when it was in flight at some moment between a kill and the first
+ * success through the restarted node: its start (seen done at end_ms, minus its own total_ms) is before
+ * the window's end and its end after the kill. end_ms has the tick's resolution (about 50 ms), which
+ * only widens the window a little; the windows bound what is excused, they are never judged as times.
+ */
+#include "cli/run_chaos.h"
+
+#include <signal.h>
+#include <time.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/run_metrics.h"
+#include "common/clock.h"
+
+static void chaos_say(const pdl_run_chaos_t *ch, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void chaos_say(const pdl_run_chaos_t *ch, const char *fmt, ...)
+{
+    if (ch->quiet)
+        return;
+    flockfile(stderr);
+    fprintf(stderr, "[%s] chaos: ", ch->name);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    funlockfile(stderr);
+}
+
+pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *ops, const char *name, bool quiet,
+                                pdl_run_child_t *const victims[], const char *const health_urls[],
+                                const char *const metrics_urls[], const char *const served[], int nv,
+                                pdl_run_req_t *reqs, char *const *ref_text, int n, pdl_run_result_t *r)
+{
+    memset(ch, 0, sizeof(*ch));
+    ch->end_ms = calloc((size_t)(n > 0 ? n : 1), sizeof(uint64_t));
+    if (ch->end_ms == NULL)
+        return PDL_ERR_NOMEM;
+    ch->ops = *ops;
+    ch->name = name;
+    ch->quiet = quiet;
+    ch->nv = nv < PDL_RUN_CHAOS_VICTIMS ? nv : PDL_RUN_CHAOS_VICTIMS;
+    ch->reqs = reqs;
+    ch->ref_text = ref_text;
+    ch->n = n;
+    ch->res = &r->chaos;
+    ch->notes = r;
+    /* A quarter of the workload before each kill: the cluster is busy, not starting or draining. */
+    ch->gap = n / 4 > 0 ? n / 4 : 1;
+    ch->next_kill_at = ch->gap;
+    memset(ch->res, 0, sizeof(*ch->res));
+    ch->res->on = true;
+    ch->res->nvictims = ch->nv;
+    for (int k = 0; k < PDL_RUN_CHAOS_VICTIMS; k++)
+        ch->res->restart_s[k] = ch->res->recover_s[k] = -1;
+    for (int k = 0; k < ch->nv; k++) {
+        pdl_run_chaos_victim_t *v = &ch->v[k];
+        v->child = victims[k];
+        snprintf(v->health_url, sizeof(v->health_url), "%s", health_urls[k]);
+        snprintf(v->metrics_url, sizeof(v->metrics_url), "%s", metrics_urls[k]);
+        v->served_metric = served[k];
+        snprintf(ch->res->victim[k], sizeof(ch->res->victim[k]), "%s", victims[k]->name);
+    }
+    return PDL_OK;
+}
+
+void pdl_run_chaos_fini(pdl_run_chaos_t *ch)
+{
+    free(ch->end_ms);
+    ch->end_ms = NULL;
+}
+
+/* GET the victim's /metrics and sum one series (label may be NULL); -1 when it does not answer. */
+static double victim_metric(const pdl_run_chaos_victim_t *v, const char *name, const char *lk, const char *lv)
+{
+    long code = 0;
+    char *body = NULL;
+    double x = -1;
+    if (pdl_run_http_get(v->metrics_url, 1000, &code, &body, NULL) == PDL_OK && code == 200 && body != NULL)
+        x = pdl_run_metrics_sum(body, name, lk, lv, NULL);
+    free(body);
+    return x;
+}
+
+static double secs(uint64_t from, uint64_t to)
+{
+    return (double)(to - from) / 1e3;
+}
+
+static void victim_kill(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v)
+{
+    /* Its counters die with it: keep what it had verified wrong so far. */
+    double mis = victim_metric(v, "pdlink_kv_bytes_mismatched_total", NULL, NULL);
+    if (mis > 0)
+        ch->res->mismatched_killed += (uint64_t)(mis + 0.5);
+    /* Expected exit: children_alive() must not take it for a crash. */
+    v->child->stopping = true;
+    pdl_run_child_signal(v->child, SIGKILL);
+    for (int i = 0; i < 200 && !pdl_run_child_poll(v->child); i++)
+        nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+    v->kill_ms = pdl__clock_now_ms();
+    v->state = PDL_CHAOS_DOWN;
+    chaos_say(ch, "killed %s (%s) with kill -9 after %d completed requests", v->child->name, v->child->what,
+              ch->completed);
+}
+
+static void victim_step(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v, int k)
+{
+    uint64_t now = pdl__clock_now_ms();
+    if (v->state != PDL_CHAOS_WAIT && v->state != PDL_CHAOS_DONE && now - v->kill_ms > PDL_RUN_CHAOS_RECOVER_MS) {
+        pdl_run_result_note(ch->notes, "chaos: %s did not serve a request within %d s of its kill (stuck %s)",
+                            v->child->name, PDL_RUN_CHAOS_RECOVER_MS / 1000,
+                            v->state == PDL_CHAOS_STARTING      ? "before /health answered 200"
+                            : v->state == PDL_CHAOS_REGISTERING ? "before the router listed it"
+                                                                : "waiting for a success through it");
+        v->state = PDL_CHAOS_DONE;
+    }
+    switch (v->state) {
+    case PDL_CHAOS_WAIT:
+        if (ch->completed >= ch->next_kill_at)
+            victim_kill(ch, v);
+        break;
+    case PDL_CHAOS_DOWN:
+        if (now - v->kill_ms >= PDL_RUN_CHAOS_DOWN_MS) {
+            pdl_error_t err;
+            pdl_error_clear(&err);
+            if (ch->ops.restart(ch->ops.ctx, v->child, &err) != PDL_OK) {
+                pdl_run_result_note(ch->notes, "chaos: %s could not be restarted: %s", v->child->name, err.msg);
+                v->state = PDL_CHAOS_DONE;
+                break;
+            }
+            chaos_say(ch, "restarted %s on the same ports", v->child->name);
+            v->state = PDL_CHAOS_STARTING;
+        }
+        break;
+    case PDL_CHAOS_STARTING: {
+        long code = 0;
+        pdl_run_http_get(v->health_url, 500, &code, NULL, NULL);
+        if (code == 200) {
+            v->up_ms = now;
+            ch->res->restart_s[k] = secs(v->kill_ms, now);
+            v->state = PDL_CHAOS_REGISTERING;
+        }
+        break;
+    }
+    case PDL_CHAOS_REGISTERING:
+        if (ch->ops.registered(ch->ops.ctx)) {
+            chaos_say(ch, "%s healthy and registered %.1f s after its kill", v->child->name, secs(v->kill_ms, now));
+            v->state = PDL_CHAOS_SERVING;
+        }
+        break;
+    case PDL_CHAOS_SERVING: {
+        bool req = strcmp(v->served_metric, "pdlink_requests_total") == 0;
+        if (victim_metric(v, v->served_metric, req ? "status" : NULL, req ? "ok" : NULL) > 0) {
+            v->served_ms = now;
+            ch->res->recovered[k] = true;
+            ch->res->recover_s[k] = secs(v->kill_ms, now);
+            chaos_say(ch, "first success through the restarted %s %.1f s after its kill", v->child->name,
+                      ch->res->recover_s[k]);
+            v->state = PDL_CHAOS_DONE;
+        }
+        break;
+    }
+    case PDL_CHAOS_DONE: break;
+    }
+    if (v->state == PDL_CHAOS_DONE) {
+        ch->cur++;
+        ch->next_kill_at = ch->completed + ch->gap;
+    }
+}
+
+void pdl_run_chaos_tick(pdl_run_chaos_t *ch)
+{
+    uint64_t now = pdl__clock_now_ms();
+    for (int i = 0; i < ch->n; i++)
+        if (ch->reqs[i].done && ch->end_ms[i] == 0) {
+            ch->end_ms[i] = now;
+            ch->completed++;
+        }
+    if (ch->cur < ch->nv)
+        victim_step(ch, &ch->v[ch->cur], ch->cur);
+}
+
+/* The victim whose window [kill, first success] (open-ended while not served) [start, end] overlaps, or -1. */
+static int in_outage(const pdl_run_chaos_t *ch, uint64_t start, uint64_t end)
+{
+    for (int k = 0; k < ch->nv; k++) {
+        const pdl_run_chaos_victim_t *v = &ch->v[k];
+        if (v->kill_ms == 0)
+            continue;
+        uint64_t until = v->served_ms != 0 ? v->served_ms : UINT64_MAX;
+        if (start <= until && end >= v->kill_ms)
+            return k;
+    }
+    return -1;
+}
+
+/* Classify every request of the pass that finished; note the first failures of each outage (counted in
+ * fail_notes[victim]) and every one outside. */
+static void classify_pass(pdl_run_chaos_t *ch, int *fail_notes)
+{
+    uint64_t now = pdl__clock_now_ms();
+    for (int i = 0; i < ch->n; i++) {
+        const pdl_run_req_t *q = &ch->reqs[i];
+        if (!q->done)
+            continue; /* cancelled by an abort: neither sent to the end nor answered */
+        uint64_t end = ch->end_ms[i] != 0 ? ch->end_ms[i] : now;
+        uint64_t took = q->total_ms > 0 ? (uint64_t)q->total_ms : 0;
+        uint64_t start = end > took ? end - took : 0;
+        int who = in_outage(ch, start, end);
+        bool outage = who >= 0;
+        if (q->ok) {
+            outage ? ch->res->ok_outage++ : ch->res->ok_outside++;
+            /* A success is a success only with the reference's text, outage or not. */
+            if (ch->ref_text[i] == NULL || strcmp(q->text, ch->ref_text[i]) != 0) {
+                if (ch->res->parity_bad++ == 0)
+                    pdl_run_result_note(ch->notes, "chaos pass %d: request %d differs from the reference: \"%.60s\"",
+                                        ch->res->passes + 1, i, q->text);
+            }
+            continue;
+        }
+        outage ? ch->res->failed_outage++ : ch->res->failed_outside++;
+        if (!outage || fail_notes[who]++ < PDL_RUN_CHAOS_FAIL_NOTES)
+            pdl_run_result_note(ch->notes, "chaos pass %d: request %d failed %s%s%s: %s", ch->res->passes + 1, i,
+                                outage ? "while " : "OUTSIDE the outages", outage ? ch->v[who].child->name : "",
+                                outage ? " was down (expected)" : "", q->error);
+    }
+}
+
+pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err)
+{
+    pdl_status_t st = PDL_OK;
+    int fail_notes[PDL_RUN_CHAOS_VICTIMS] = {0};
+    /* Ends: each victim is DONE at the latest PDL_RUN_CHAOS_RECOVER_MS after its kill, and every pass
+     * completes requests, which brings the next kill. */
+    while (ch->cur < ch->nv && st == PDL_OK) {
+        memset(ch->end_ms, 0, (size_t)ch->n * sizeof(uint64_t));
+        int ok_before = ch->res->ok_outage + ch->res->ok_outside;
+        st = ch->ops.drive(ch->ops.ctx, err);
+        pdl_run_chaos_tick(ch); /* the completions after the last tick */
+        classify_pass(ch, fail_notes);
+        ch->res->passes++;
+        /* A pass where every request failed at once (the router refusing fast) would spin: pace it like
+         * a client that retries. */
+        if (ok_before == ch->res->ok_outage + ch->res->ok_outside)
+            nanosleep(&(struct timespec){.tv_nsec = PDL_RUN_CHAOS_RETRY_MS * 1000 * 1000}, NULL);
+    }
+    return st;
+}

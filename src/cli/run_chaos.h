@@ -1,0 +1,105 @@
+/*
+ * run_chaos.h -- `pdlink run --chaos` (issue 11): while a topology's workload runs, kill -9 one decode
+ * node, restart it on the same ports and wait until a request succeeds through it again; then the same
+ * for one prefill node. Every request sent meanwhile is classified by whether it overlapped an outage
+ * window (from a kill to the first success through the restarted node): inside, a failure is expected
+ * and counted; outside, it fails the topology. run.c owns the cluster and gives the chaos phase three
+ * operations (drive one pass of the workload, restart a node, "is every node registered again").
+ *
+ * The phase is a state machine per victim, advanced from the workload's tick (about every 50 ms and
+ * after each completion, so the load never stops while a node is down):
+ *
+ *   WAIT --(enough completions)--> DOWN (scrape its mismatched bytes, kill -9, reap)
+ *   DOWN --(PDL_RUN_CHAOS_DOWN_MS later: requests did meet the dead node)--> STARTING (ops.restart)
+ *   STARTING --(GET /health 200)--> REGISTERING --(ops.registered)--> SERVING
+ *   SERVING --(its "served" counter > 0: a decode's requests_total{status="ok"}, a prefill's
+ *              releases or write_done, i.e. its KV reached a decode)--> DONE; the next victim's WAIT
+ *   any state but WAIT/DONE --(PDL_RUN_CHAOS_RECOVER_MS after the kill)--> DONE, not recovered
+ */
+#ifndef PDL_CLI_RUN_CHAOS_H
+#define PDL_CLI_RUN_CHAOS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cli/run_http.h"
+#include "cli/run_proc.h"
+#include "cli/run_report.h"
+#include "pdlink/status.h"
+
+enum {
+    /* How long a victim stays dead before its restart. Longer than a producer's consumer-gone watch needs
+     * to see a dead decode (two refused probes, 1 s apart with consumer_gone_timeout 5 s): measured with
+     * 500 ms, a decode back on its address before that left the holds of its dead process's transfers on a
+     * surviving prefill until defer_timeout (60 s; 2p1d, 3 of 6 runs) -- docs/run.md, "--chaos". */
+    PDL_RUN_CHAOS_DOWN_MS = 3000,
+    PDL_RUN_CHAOS_RECOVER_MS = 60000, /* kill -> first success through it, at most */
+    PDL_RUN_CHAOS_RETRY_MS = 100,     /* pause after a pass in which every request failed */
+    PDL_RUN_CHAOS_FAIL_NOTES = 2,   /* failures noted per outage (all are counted) */
+};
+
+/* What run.c does for the chaos phase; ctx is passed back to each. */
+typedef struct pdl_run_chaos_ops {
+    void *ctx;
+    /* Send reqs[0..n) once (cleared first); the load's tick must call pdl_run_chaos_tick. */
+    pdl_status_t (*drive)(void *ctx, pdl_error_t *err);
+    /* Start the killed child again with the same command line (same ports). */
+    pdl_status_t (*restart)(void *ctx, pdl_run_child_t *victim, pdl_error_t *err);
+    /* One look: does the router list every node of the topology? */
+    bool (*registered)(void *ctx);
+} pdl_run_chaos_ops_t;
+
+typedef enum { PDL_CHAOS_WAIT, PDL_CHAOS_DOWN, PDL_CHAOS_STARTING, PDL_CHAOS_REGISTERING, PDL_CHAOS_SERVING,
+               PDL_CHAOS_DONE } pdl_run_chaos_state_t;
+
+typedef struct pdl_run_chaos_victim {
+    pdl_run_child_t *child;          /* borrowed from run.c's node table */
+    char health_url[160], metrics_url[160];
+    const char *served_metric;       /* > 0 once it served again (a static string) */
+    pdl_run_chaos_state_t state;
+    uint64_t kill_ms, up_ms, served_ms; /* pdl__clock_now_ms(); 0 = not yet */
+} pdl_run_chaos_victim_t;
+
+typedef struct pdl_run_chaos {
+    pdl_run_chaos_ops_t ops;
+    const char *name;                /* the topology, for progress lines */
+    bool quiet;
+    pdl_run_chaos_victim_t v[PDL_RUN_CHAOS_VICTIMS];
+    int nv, cur;                     /* victims, and the one in progress */
+    int gap;                         /* completions between one victim's recovery and the next kill */
+    int completed, next_kill_at;     /* completions over all passes */
+    pdl_run_req_t *reqs;             /* the workload, borrowed; n requests */
+    char *const *ref_text;           /* the single-node reference's texts, borrowed (NULL entries: none) */
+    int n;
+    uint64_t *end_ms;                /* when each request of the pass was seen done; 0 = not yet */
+    pdl_run_chaos_result_t *res;     /* filled as the phase goes */
+    pdl_run_result_t *notes;         /* failures and events are noted here */
+} pdl_run_chaos_t;
+
+/*
+ * Prepare the phase: victims[0] is killed first (a decode), then victims[1] (a prefill), each named by
+ * its child, reached at health_urls[k]/metrics_urls[k], serving again once the counter served[k] of
+ * its /metrics is above 0 ("pdlink_requests_total" counts its status="ok" series only). reqs[0..n) is the workload each pass sends,
+ * ref_text[0..n) the reference's answers every success must equal.
+ * Results go to r->chaos, notes to r. PDL_ERR_NOMEM when the per-request table cannot be allocated.
+ */
+pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *ops, const char *name, bool quiet,
+                                pdl_run_child_t *const victims[], const char *const health_urls[],
+                                const char *const metrics_urls[], const char *const served[], int nv,
+                                pdl_run_req_t *reqs, char *const *ref_text, int n, pdl_run_result_t *r);
+
+/* Advance the state machine and note the requests finished since the last tick. Never blocks long
+ * (one GET with a short timeout at most). */
+void pdl_run_chaos_tick(pdl_run_chaos_t *ch);
+
+/*
+ * Drive passes of the workload until every victim is DONE (bounded by PDL_RUN_CHAOS_RECOVER_MS each), classifying
+ * every finished request. Returns the first error of ops->drive (an interrupt, a dead process); a
+ * request failing is not an error.
+ */
+pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err);
+
+/* Free what init allocated. */
+void pdl_run_chaos_fini(pdl_run_chaos_t *ch);
+
+#endif
