@@ -64,7 +64,8 @@ static long cpu_ticks(pid_t pid)
     return utime + stime;
 }
 
-/* A connected socket, or -1 if refused (a paused ROUTER's port is closed). */
+/* A connected socket, or -1 if refused: a paused ROUTER's port is closed (ECONNREFUSED), or was closed
+ * while our connection waited in its accept queue (ECONNRESET; seen once in a fresh-clone CI run). */
 static int connect_to(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -73,7 +74,8 @@ static int connect_to(int port)
     s.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (connect(fd, (struct sockaddr *)&s, sizeof(s)) == 0)
         return fd;
-    assert_int_equal(errno, ECONNREFUSED);
+    if (errno != ECONNREFUSED && errno != ECONNRESET)
+        fail_msg("connect to 127.0.0.1:%d: %s", port, strerror(errno));
     close(fd);
     return -1;
 }
