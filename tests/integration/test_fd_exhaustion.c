@@ -37,6 +37,7 @@
 #include "pdlink/engine.h"
 #include "engine/tcp_wire.h" /* the HELLO frame */
 #include "test_connector_util.h"
+#include "test_proc.h"
 
 enum { CHILD_NOFILE = 64, FLOOD = 120 };
 
@@ -45,23 +46,6 @@ static uint64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* CPU time (utime + stime, in clock ticks) of a process. */
-static long cpu_ticks(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *s = strrchr(buf, ')');
-    assert_non_null(s);
-    long utime = 0, stime = 0;
-    assert_int_equal(sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime), 2);
-    return utime + stime;
 }
 
 /* A connected socket, or -1 if refused: a paused ROUTER's port is closed (ECONNREFUSED), or was closed
@@ -257,10 +241,10 @@ static void engine_data_port_sheds_and_idles(void **state)
     static int more[16];
     for (int i = 0; i < 16; i++)
         more[i] = connect_to((int)port);
-    long t0 = cpu_ticks(c.pid);
+    long t0 = tp_cpu_ticks(c.pid);
     uint64_t w0 = mono_ms();
     usleep(1000 * 1000);
-    long ticks = cpu_ticks(c.pid) - t0;
+    long ticks = tp_cpu_ticks(c.pid) - t0;
     uint64_t wall = mono_ms() - w0;
     long hz = sysconf(_SC_CLK_TCK);
     print_message("child CPU while flooded: %ld ticks in %llu ms (%ld ticks/s)\n", ticks, (unsigned long long)wall,
@@ -355,10 +339,10 @@ static void connector_routers_idle(void **state)
     while (child_ask(&c, 'S') == 0 && mono_ms() < deadline)
         usleep(10000);
     assert_true(child_ask(&c, 'S') >= 1);
-    long t0 = cpu_ticks(c.pid);
+    long t0 = tp_cpu_ticks(c.pid);
     uint64_t w0 = mono_ms();
     usleep(1000 * 1000);
-    long ticks = cpu_ticks(c.pid) - t0;
+    long ticks = tp_cpu_ticks(c.pid) - t0;
     uint64_t wall = mono_ms() - w0;
     long hz = sysconf(_SC_CLK_TCK);
     print_message("child CPU while flooded: %ld ticks in %llu ms (%ld ticks/s)\n", ticks, (unsigned long long)wall,

@@ -38,6 +38,7 @@
 #include <curl/curl.h>
 
 #include "app/http.h"
+#include "test_proc.h"
 
 typedef struct stream_state {
     int chunks_left;
@@ -538,24 +539,6 @@ static void requests_beyond_the_workers_wait_for_one(void **state)
     pdl_http_stop(http);
 }
 
-/* CPU time (utime + stime, in clock ticks) of a process. */
-static long cpu_ticks(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    assert_non_null(f);
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    const char *s = strrchr(buf, ')');
-    assert_non_null(s);
-    long utime = 0, stime = 0;
-    /* fields after the name: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-    assert_int_equal(sscanf(s + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", &utime, &stime), 2);
-    return utime + stime;
-}
-
 static __attribute__((unused)) void out_of_descriptors_the_listener_idles(void **state)
 {
     (void)state;
@@ -608,12 +591,12 @@ static __attribute__((unused)) void out_of_descriptors_the_listener_idles(void *
     static int fds[N];
     for (int i = 0; i < N; i++)
         fds[i] = connect_from(i % 2 ? "127.0.0.2" : "127.0.0.3", port);
-    long t0 = cpu_ticks(pid);
+    long t0 = tp_cpu_ticks(pid);
     uint64_t w0 = mono_ms();
     /* All are closed in the end (over a limit at once, the rest by the 3 s idle timeout, the queued ones
      * once accepted and idle in turn); 120 s is only the failure bound. */
     assert_int_equal(wait_closed(fds, N, mono_ms() + 120000), N);
-    long ticks = cpu_ticks(pid) - t0;
+    long ticks = tp_cpu_ticks(pid) - t0;
     uint64_t wall = mono_ms() - w0;
     long hz = sysconf(_SC_CLK_TCK);
     /* A listener spinning on EMFILE burns a whole core: as many ticks as wall time. Idle, a few. */
