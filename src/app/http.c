@@ -28,6 +28,7 @@
 #include "app/http.h"
 
 #include <netdb.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -43,6 +44,7 @@
 #include "app/buf.h"
 #include "app/parse.h"
 #include "common/clock.h"
+#include "common/workq.h"
 #include "pdlink/log.h"
 
 _Static_assert(PDL_HTTP_STREAM_END == MHD_CONTENT_READER_END_OF_STREAM, "reader codes are MHD's");
@@ -62,19 +64,14 @@ struct pdl_http {
     void *cls;
     size_t max_body;
     size_t body_budget;
-    size_t stack_size;
-    unsigned max_workers;
     atomic_size_t body_held;
     atomic_uint_fast64_t refused_body;
     atomic_uint_fast64_t warn_last_ms, warn_dropped;
 
-    pthread_mutex_t mu;          /* guards everything below */
-    pthread_cond_t cv;           /* a request was queued, or stopping */
-    pdl_http_conn_t *head, *tail; /* requests waiting for a worker */
-    unsigned queued, nworkers, idle;
-    pthread_t *threads;          /* [max_workers], the first nworkers started */
+    pdl_workq_t workers;         /* complete requests waiting for, or run by, a worker */
+    pthread_mutex_t mu;          /* guards the two below; taken before the queue's lock */
     http_pump_t *pumps;          /* streams whose reader is still running, to wake at stop */
-    bool stopping;
+    bool stopping;               /* no more requests for the queue */
 };
 
 typedef enum { CONN_READING, CONN_RUNNING, CONN_DONE } conn_state_t;
@@ -91,7 +88,7 @@ struct pdl_http_conn {
     struct MHD_Response *resp;
     unsigned status;
     http_pump_t *pump;        /* set by pdl_http_reply_stream, run by the worker after the handler */
-    pdl_http_conn_t *next;
+    pdl_workq_item_t item;    /* in h->workers */
 };
 
 struct http_pump {
@@ -346,30 +343,19 @@ static void run_request(pdl_http_t *h, pdl_http_conn_t *c, bool stopping)
         pump_run(h, pump);
 }
 
-static void *worker_main(void *arg)
+static pdl_http_conn_t *conn_of(pdl_workq_item_t *job)
 {
-    pdl_http_t *h = arg;
-    pthread_mutex_lock(&h->mu);
-    for (;;) {
-        while (h->head == NULL && !h->stopping) {
-            h->idle++;
-            pthread_cond_wait(&h->cv, &h->mu);
-            h->idle--;
-        }
-        pdl_http_conn_t *c = h->head;
-        if (c == NULL)
-            break;
-        h->head = c->next;
-        if (h->head == NULL)
-            h->tail = NULL;
-        h->queued--;
-        bool stopping = h->stopping;
-        pthread_mutex_unlock(&h->mu);
-        run_request(h, c, stopping);
-        pthread_mutex_lock(&h->mu);
-    }
-    pthread_mutex_unlock(&h->mu);
-    return NULL;
+    return (pdl_http_conn_t *)(void *)((char *)job - offsetof(pdl_http_conn_t, item));
+}
+
+static void worker_run(void *arg, pdl_workq_item_t *job, bool stopping) { run_request(arg, conn_of(job), stopping); }
+
+/* Under the queue's lock, before a worker can see the request (MHD thread, inside the access handler). */
+static void admit(pdl_workq_item_t *job)
+{
+    pdl_http_conn_t *c = conn_of(job);
+    c->state = CONN_RUNNING;
+    MHD_suspend_connection(c->mc);
 }
 
 /* Queue a complete request for a worker, starting one when none is idle and the pool is not full.
@@ -378,34 +364,9 @@ static void *worker_main(void *arg)
 static bool enqueue(pdl_http_t *h, pdl_http_conn_t *c)
 {
     pthread_mutex_lock(&h->mu);
-    if (h->idle <= h->queued && h->nworkers < h->max_workers && !h->stopping) {
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        if (h->stack_size != 0)
-            pthread_attr_setstacksize(&attr, h->stack_size);
-        if (pthread_create(&h->threads[h->nworkers], &attr, worker_main, h) == 0)
-            h->nworkers++;
-        else
-            pdl_warn("http: cannot start a worker thread (%u running): requests wait for a running one",
-                     h->nworkers);
-        pthread_attr_destroy(&attr);
-    }
-    if (h->nworkers == 0 || h->stopping) {
-        pthread_mutex_unlock(&h->mu);
-        return false;
-    }
-    c->state = CONN_RUNNING;
-    MHD_suspend_connection(c->mc);
-    c->next = NULL;
-    if (h->tail)
-        h->tail->next = c;
-    else
-        h->head = c;
-    h->tail = c;
-    h->queued++;
-    pthread_cond_signal(&h->cv);
+    bool queued = !h->stopping && pdl__workq_offer(&h->workers, &c->item, admit);
     pthread_mutex_unlock(&h->mu);
-    return true;
+    return queued;
 }
 
 /* ---- MHD callbacks ------------------------------------------------------------------------------ */
@@ -578,26 +539,26 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': cannot resolve: %s", p->what, p->host,
                              gai_strerror(gai));
     pdl_http_t *h = calloc(1, sizeof(*h));
-    pthread_t *threads = calloc(l->workers, sizeof(*threads));
-    if (h == NULL || threads == NULL) {
-        free(h);
-        free(threads);
+    if (h == NULL) {
         freeaddrinfo(ai);
         return pdl_error_set(err, PDL_ERR_NOMEM, "http: out of memory");
+    }
+    pdl_status_t st = pdl__workq_start_elastic(&h->workers, (int)l->workers, p->thread_stack_size, worker_run, h,
+                                               p->what, err);
+    if (st != PDL_OK) {
+        free(h);
+        freeaddrinfo(ai);
+        return st;
     }
     h->handler = p->handler;
     h->cls = p->cls;
     h->max_body = p->max_body;
     h->body_budget = l->body_budget;
-    h->stack_size = p->thread_stack_size;
-    h->max_workers = l->workers;
-    h->threads = threads;
     atomic_init(&h->body_held, 0);
     atomic_init(&h->refused_body, 0);
     atomic_init(&h->warn_last_ms, 0);
     atomic_init(&h->warn_dropped, 0);
     pthread_mutex_init(&h->mu, NULL);
-    pthread_cond_init(&h->cv, NULL);
 
     unsigned max_conn = fd_bounded(l->max_connections, p->what);
     unsigned per_client = l->max_per_client != 0 ? l->max_per_client : max_conn - max_conn / 4;
@@ -614,9 +575,8 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (h->daemon == NULL) {
-        pthread_cond_destroy(&h->cv);
+        pdl__workq_stop(&h->workers);
         pthread_mutex_destroy(&h->mu);
-        free(h->threads);
         free(h);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "cannot listen for HTTP on %s:%d (address in use or not local?)",
                              p->host, p->port);
@@ -638,23 +598,19 @@ void pdl_http_stop(pdl_http_t *http)
     pdl_http_t *h = http;
     pthread_mutex_lock(&h->mu);
     h->stopping = true;
-    pthread_cond_broadcast(&h->cv);
     for (http_pump_t *p = h->pumps; p != NULL; p = p->next) {
         pthread_mutex_lock(&p->mu);
         p->stopping = true;
         pthread_cond_signal(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
-    unsigned n = h->nworkers;
     pthread_mutex_unlock(&h->mu);
     /* Workers answer what is queued with 503, finish their handler and stream, and resume every connection
-     * they suspended: MHD_stop_daemon must find none suspended. */
-    for (unsigned i = 0; i < n; i++)
-        pthread_join(h->threads[i], NULL);
+     * they suspended: MHD_stop_daemon must find none suspended. MHD's threads, still running, queue
+     * nothing more (h->stopping), so the queue is not touched once stopped. */
+    pdl__workq_stop(&h->workers);
     MHD_stop_daemon(h->daemon);
-    pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
-    free(h->threads);
     free(h);
 }
 
@@ -665,11 +621,11 @@ void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out)
         return;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
     out->connections = info ? info->num_connections : 0;
-    pthread_mutex_lock(&http->mu);
-    out->workers = http->nworkers;
-    out->busy = http->nworkers - http->idle;
-    out->queued = http->queued;
-    pthread_mutex_unlock(&http->mu);
+    int workers, busy, queued;
+    pdl__workq_stats(&http->workers, &workers, &busy, &queued);
+    out->workers = (unsigned)workers;
+    out->busy = (unsigned)busy;
+    out->queued = (unsigned)queued;
     out->body_bytes = atomic_load(&http->body_held);
     out->refused_body = atomic_load(&http->refused_body);
 }

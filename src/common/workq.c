@@ -6,19 +6,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pdlink/log.h"
+
 static void *workq_main(void *arg)
 {
     pdl_workq_t *q = arg;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (q->head == NULL && !q->stop)
+        while (q->head == NULL && !q->stop) {
+            q->idle++;
             pthread_cond_wait(&q->cv, &q->mu);
+            q->idle--;
+        }
         pdl_workq_item_t *j = q->head;
         if (j == NULL)
             break; /* stopping and drained */
         q->head = j->next;
         if (q->head == NULL)
             q->tail = NULL;
+        q->queued--;
         bool stopping = q->stop;
         pthread_mutex_unlock(&q->mu);
         j->next = NULL;
@@ -45,6 +51,7 @@ pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run
     q->run = run;
     q->on_exit = on_exit;
     q->arg = arg;
+    q->max_threads = nthreads;
     for (int i = 0; i < nthreads; i++) {
         if (pthread_create(&q->threads[i], NULL, workq_main, q) != 0) {
             pdl__workq_stop(q); /* joins the ones already started */
@@ -55,15 +62,75 @@ pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run
     return PDL_OK;
 }
 
-void pdl__workq_push_chain(pdl_workq_t *q, pdl_workq_item_t *first, pdl_workq_item_t *last, int n)
+pdl_status_t pdl__workq_start_elastic(pdl_workq_t *q, int max_threads, size_t stack_size, pdl_workq_run_fn run,
+                                      void *arg, const char *who, pdl_error_t *err)
+{
+    memset(q, 0, sizeof(*q));
+    if (max_threads < 1 || max_threads > 65536)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d threads, expected 1..65536", who, max_threads);
+    q->threads = calloc((size_t)max_threads, sizeof(pthread_t));
+    if (q->threads == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %d threads", who, max_threads);
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->cv, NULL);
+    q->run = run;
+    q->arg = arg;
+    q->max_threads = max_threads;
+    q->stack_size = stack_size;
+    return PDL_OK;
+}
+
+/* Under q->mu. */
+static void append(pdl_workq_t *q, pdl_workq_item_t *first, pdl_workq_item_t *last, int n)
 {
     last->next = NULL;
-    pthread_mutex_lock(&q->mu);
     if (q->tail)
         q->tail->next = first;
     else
         q->head = first;
     q->tail = last;
+    q->queued += n;
+}
+
+bool pdl__workq_offer(pdl_workq_t *q, pdl_workq_item_t *job, void (*admit)(pdl_workq_item_t *job))
+{
+    pthread_mutex_lock(&q->mu);
+    if (q->idle <= q->queued && q->nthreads < q->max_threads && !q->stop) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        if (q->stack_size != 0)
+            pthread_attr_setstacksize(&attr, q->stack_size);
+        if (pthread_create(&q->threads[q->nthreads], &attr, workq_main, q) == 0)
+            q->nthreads++;
+        else
+            pdl_warn("cannot start a worker thread (%d running): jobs wait for a running one", q->nthreads);
+        pthread_attr_destroy(&attr);
+    }
+    if (q->nthreads == 0 || q->stop) {
+        pthread_mutex_unlock(&q->mu);
+        return false;
+    }
+    if (admit != NULL)
+        admit(job);
+    append(q, job, job, 1);
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+    return true;
+}
+
+void pdl__workq_stats(pdl_workq_t *q, int *threads, int *busy, int *queued)
+{
+    pthread_mutex_lock(&q->mu);
+    *threads = q->nthreads;
+    *busy = q->nthreads - q->idle;
+    *queued = q->queued;
+    pthread_mutex_unlock(&q->mu);
+}
+
+void pdl__workq_push_chain(pdl_workq_t *q, pdl_workq_item_t *first, pdl_workq_item_t *last, int n)
+{
+    pthread_mutex_lock(&q->mu);
+    append(q, first, last, n);
     /* One job wakes one thread; a chain may keep all of them busy. */
     if (n == 1)
         pthread_cond_signal(&q->cv);
