@@ -154,7 +154,7 @@ static int recv_blob(int fd, uint8_t **b, uint32_t *n)
 
 static int target_run(int fd, const opts_t *o, const char *host, uint64_t region)
 {
-    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL};
+    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL;
     pdl_error_t err;
@@ -993,7 +993,7 @@ static int initiator_run(ctx_t *c)
         free(ed);
         return 2;
     }
-    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL};
+    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
     int rc = 2;
     if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
         pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||

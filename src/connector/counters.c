@@ -100,6 +100,7 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
         out->data_requests_denied = es.requests_denied;
         out->untrusted_refused += es.connections_refused_untrusted;
         out->data_connections_shed = es.connections_shed;
+        out->auth_refused += es.connections_refused_auth; /* plus ZAP refusals (authmode.c) */
     }
     return PDL_OK;
 }

@@ -60,10 +60,12 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         pdl__xfer_lanes_fini(&inst->ranks[i].readers);
         pdl__xfer_lanes_fini(&inst->ranks[i].writers);
     }
+    pdl__authmode_stop(inst);
     if (inst->zctx)
         zmq_ctx_term(inst->zctx);
     for (int i = 0; i < inst->tp; i++)
         pdl__rank_fini(&inst->ranks[i]);
+    pdl__authmode_free(inst);
     free(inst->ranks);
     pdl__held_free_all(inst);
     pdl__push_free_all(inst);
@@ -117,6 +119,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     st = pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
     if (st == PDL_OK)
         st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
+    if (st == PDL_OK)
+        st = pdl__authmode_load(inst, err);
     if (st != PDL_OK)
         goto fail;
     inst->ranks = calloc((size_t)inst->tp, sizeof(pdl_rank_t));
@@ -130,6 +134,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     for (int i = 0; i < inst->tp; i++) {
         pdl__reader_start(&inst->ranks[i]);
         pdl__writer_start(&inst->ranks[i]);
+    }
+    st = pdl__authmode_start(inst, err); /* the ZAP handler, before any ROUTER can accept */
+    if (st != PDL_OK) {
+        for (int j = 0; j < inst->tp; j++)
+            pdl__rank_init_locks(&inst->ranks[j]);
+        goto fail;
     }
     /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
     for (int i = 0; i < inst->tp; i++) {
@@ -167,6 +177,7 @@ fail:
             zmq_ctx_term(inst->zctx);
         pdl__blockalloc_destroy(inst->blocks);
         pdl__cidrs_free(&inst->trusted);
+        pdl__authmode_free(inst);
         pthread_mutex_destroy(&inst->held_mu);
         pthread_mutex_destroy(&inst->cb_mu);
         pthread_mutex_destroy(&inst->push_mu);
