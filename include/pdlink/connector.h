@@ -89,6 +89,9 @@ typedef struct pdl_connector_config {
      * handshake and notify ROUTERs and every DEALER (discovery ping, releases, handshakes) use CURVE
      * under the cluster key pair, and every tcp data connection proves the key before it is served. */
     char auth_key_file[PDL_CONNECTOR_HOST_MAX + 1];
+    /* Zero a block's bytes on every rank (every layer, K and V) before it goes back to the allocator,
+     * so freed blocks do not keep earlier prompts' KV (docs/security.md). Costs a memset per free. */
+    bool scrub_freed_blocks;
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */

@@ -226,6 +226,7 @@ pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t 
 
 void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n)
 {
+    pdl__scrub_blocks(inst, ids, n);
     pdl__blockalloc_free(inst->blocks, ids, n);
 }
 

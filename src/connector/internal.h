@@ -421,6 +421,12 @@ void pdl__authmode_free(pdl_instance_t *inst);
 /* The ZAP domain of rank r's `what` ROUTER ("rank 3 notify"): the handler's refusals count on r. */
 void pdl__authmode_domain(const pdl_rank_t *r, const char *what, char *buf, size_t cap);
 
+/* ---- scrub.c: scrub_freed_blocks ------------------------------------------------------------- */
+
+/* With scrub_freed_blocks: zero blocks `ids` on every rank (every layer, every half). Call it right
+ * before the blocks go back to the allocator. No-op otherwise. */
+void pdl__scrub_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
+
 /* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
 
 /* Service thread of rank 0 of a producer, every tick: probe the consumers named by held transfers
