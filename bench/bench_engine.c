@@ -1041,6 +1041,34 @@ static uint64_t region_needed(const opts_t *o)
     return need;
 }
 
+/* --auth-compare: what the challenge itself costs -- opening a session (connect and set up every
+ * connection: HELLO, or HELLO_AUTH and AUTH), authenticated and open ones alternated; medians in us
+ * into on_us/off_us, -1 when an open failed. */
+#define SESSION_SAMPLES 15
+static void session_open_costs(ctx_t *c, const uint8_t *md, uint32_t mlen, const uint8_t *mad, uint32_t malen,
+                               double *on_us, double *off_us)
+{
+    double on[SESSION_SAMPLES], off[SESSION_SAMPLES];
+    *on_us = *off_us = -1;
+    for (int i = 0; i < SESSION_SAMPLES; i++) {
+        pdl_session_t *s = NULL;
+        double t0 = now_s();
+        if (pdl_session_open(c->ea, c->local_a, mad, malen, &s, NULL) != PDL_OK)
+            return;
+        on[i] = (now_s() - t0) * 1e6;
+        pdl_session_close(s);
+        t0 = now_s();
+        if (pdl_session_open(c->e, c->local, md, mlen, &s, NULL) != PDL_OK)
+            return;
+        off[i] = (now_s() - t0) * 1e6;
+        pdl_session_close(s);
+    }
+    qsort(on, SESSION_SAMPLES, sizeof(double), cmp_double);
+    qsort(off, SESSION_SAMPLES, sizeof(double), cmp_double);
+    *on_us = on[SESSION_SAMPLES / 2];
+    *off_us = off[SESSION_SAMPLES / 2];
+}
+
 /* The ceiling of every pair's B loop: its buffer and its memcpy threads or warm TCP streams; -1 (said). */
 static int ceiling_setup(ctx_t *c)
 {
@@ -1085,6 +1113,7 @@ static int initiator_run(ctx_t *c)
     }
     pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
     int rc = 2;
+    double open_on_us = -1, open_off_us = -1; /* --auth-compare: median session open times */
     if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
         pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||
         pdl_session_open(c->e, c->local, md, mlen, &c->s, &err) != PDL_OK) {
@@ -1107,6 +1136,8 @@ static int initiator_run(ctx_t *c)
                 (st = pdl_engine_add_remote(c->ea, ead, ealen, NULL, 0, &err)) == PDL_OK)
                 st = pdl_session_open(c->ea, c->local_a, mad, malen, &c->sa, &err);
         }
+        if (st == PDL_OK)
+            session_open_costs(c, md, mlen, mad, malen, &open_on_us, &open_off_us);
         free(ead);
         free(mad);
         if (st != PDL_OK) {
@@ -1117,6 +1148,10 @@ static int initiator_run(ctx_t *c)
     if (!o->auth_compare && ceiling_setup(c) != 0) /* --auth-compare: B is the open session, no ceiling */
         goto out;
     print_header(o, pdl_engine_tcp_congestion(c->e));
+    if (o->auth_compare)
+        printf("session open (connect + set-up of %d connection(s)), median of %d alternated: auth on %.0f us, "
+               "off %.0f us\n\n",
+               o->qp, SESSION_SAMPLES, open_on_us, open_off_us);
     int maxrows = o->nblocks * o->nbatches + 3;
     row_t *rows = calloc((size_t)maxrows, sizeof(row_t));
     int nrows = 0, npoints = 0, done = 0;
