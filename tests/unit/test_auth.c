@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "pdlink/auth.h"
+#include "pdlink/connector.h"
 
 static const char k_secret[] = "0123456789abcdef0123456789abcdef-cluster-A";
 
@@ -126,6 +127,24 @@ static void derivation_and_macs(void **state)
     pdl_auth_free(b);
 }
 
+/* kv_connector_extra_config's keys: auth_key_file (a path; absent = compatible mode) and
+ * scrub_freed_blocks (off unless set). */
+static void config_keys(void **state)
+{
+    (void)state;
+    pdl_connector_config_t c;
+    pdl_connector_config_defaults(&c);
+    assert_string_equal(c.auth_key_file, "");
+    assert_false(c.scrub_freed_blocks);
+    pdl_error_t e;
+    assert_int_equal(pdl_connector_config_from_extra("{\"auth_key_file\": \"/etc/pdlink/cluster.key\", "
+                                                     "\"scrub_freed_blocks\": \"true\"}", &c, &e), PDL_OK);
+    assert_string_equal(c.auth_key_file, "/etc/pdlink/cluster.key");
+    assert_true(c.scrub_freed_blocks);
+    assert_int_equal(pdl_connector_config_from_extra("{\"auth_key_file\": 7}", &c, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "auth_key_file"));
+}
+
 /* Authenticated mode needs libzmq built with CURVE (Debian's libzmq5 is, through libsodium). */
 static void zmq_has_curve(void **state)
 {
@@ -138,6 +157,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(key_file_rules),
         cmocka_unit_test(derivation_and_macs),
+        cmocka_unit_test(config_keys),
         cmocka_unit_test(zmq_has_curve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
