@@ -8,6 +8,7 @@
  * through pdl_engine_config_t.auth (rank.c) and challenge every data connection themselves.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "connector/internal.h"
@@ -42,13 +43,16 @@ static void on_refused(void *arg, const char *domain, const char *address)
     int rank = -1;
     if (sscanf(domain, "rank %d", &rank) != 1 || rank < 0 || rank >= inst->tp)
         rank = 0;
-    PDL_CTR_ADD(&inst->ranks[rank], auth_refused, 1);
+    atomic_fetch_add(&inst->zap_refused[rank], 1);
 }
 
 pdl_status_t pdl__authmode_start(pdl_instance_t *inst, pdl_error_t *err)
 {
     if (inst->auth == NULL)
         return PDL_OK;
+    inst->zap_refused = calloc((size_t)inst->tp, sizeof(*inst->zap_refused));
+    if (inst->zap_refused == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (ZAP counters)");
     char who[PDL_WIRE_HOST_MAX + 32];
     snprintf(who, sizeof(who), "instance %s", inst->engine_id);
     return pdl_curve_zap_start(inst->zctx, inst->auth, who, on_refused, inst, &inst->zap, err);
@@ -64,4 +68,6 @@ void pdl__authmode_free(pdl_instance_t *inst)
 {
     pdl_auth_free(inst->auth);
     inst->auth = NULL;
+    free((void *)inst->zap_refused);
+    inst->zap_refused = NULL;
 }

@@ -509,6 +509,10 @@ struct pdl_instance {
     /* authmode.c: authenticated mode; both NULL in compatible mode (no auth_key_file) */
     pdl_auth_t *auth;
     pdl_zap_t *zap;
+    /* ZAP refusals per rank (tp of them), counted on the handler's thread and added to the rank's
+     * auth_refused by pdl_instance_counters: allocated before that thread starts, so it needs no other
+     * ordering with the ranks' initialisation. */
+    _Atomic uint64_t *zap_refused;
 };
 
 struct pdl_pull {
