@@ -1,8 +1,9 @@
 /*
  * test_auth_mode.c -- authenticated mode (auth_key_file) between live instances (docs/security.md).
  *
- * - right_key_end_to_end: a producer and a consumer sharing the key: READ-mode pulls verify and WRITE-mode
- *   pushes verify; nothing is refused.
+ * - right_key_end_to_end: a producer and a consumer sharing the key: READ-mode pulls verify; nothing is
+ *   refused. write_mode_end_to_end: the same for a WRITE-mode push (remote_blocks and write_done over
+ *   CURVE, the prefill's data connections challenged).
  * - handshake_refused: a consumer without the key, and one with another cluster's key, cannot handshake
  *   with the producer (no metadata: the pull fails naming auth_key_file); an outsider's plain
  *   get_meta_msg gets no answer, nor does one who completes CURVE with its own key pair (the ZAP
@@ -111,6 +112,53 @@ static void right_key_end_to_end(void **state)
     assert_int_equal(TC_SUM(p, auth_refused), 0);
     assert_int_equal(TC_SUM(c, auth_refused), 0);
     assert_true(TC_SUM(p, data_requests_served) > 0);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static void key_a_write(pdl_instance_config_t *c)
+{
+    key_a(c);
+    c->conn.read_mode = false;
+    c->allow_write_mode = true;
+}
+
+static void write_mode_end_to_end(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a_write);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a_write);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint8_t uuid[16] = {42};
+    char rid[1024];
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
+                                           sizeof(rid)) > 0);
+    uint32_t pb[NBLK], cb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
+    tc_fill(p, 8, false, pb, NBLK, 6);
+    pdl_kv_params_t ck, pk;
+    pdl_kv_params_init(&ck);
+    pdl_kv_params_init(&pk);
+    snprintf(ck.transfer_id, sizeof(ck.transfer_id), "tx-auth-w");
+    snprintf(pk.transfer_id, sizeof(pk.transfer_id), "tx-auth-w");
+    ck.remote_tp_size = pk.remote_tp_size = 2;
+    pdl_recv_t *rv;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+    if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
+        fail_msg("receive: %s", e.msg);
+    pdl_recv_free(rv);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 6, &checked), 0);
+    assert_true(checked > 0);
+    assert_true(tc_wait_for(tc_no_held, p, 30000));
+    assert_true(TC_SUM(c, write_done_received) >= 2);
+    assert_int_equal(TC_SUM(p, auth_refused), 0);
+    assert_int_equal(TC_SUM(c, auth_refused), 0);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
@@ -310,6 +358,7 @@ int main(void)
     tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(right_key_end_to_end),
+        cmocka_unit_test(write_mode_end_to_end),
         cmocka_unit_test(handshake_refused),
         cmocka_unit_test(notify_refused),
         cmocka_unit_test(key_file_errors),
