@@ -16,8 +16,14 @@
  * first A loop the data is validated (READ: every byte in the initiator; WRITE: every byte checked by
  * the target).
  *
+ * --auth-compare KEYFILE (tcp): the cost of authenticated mode (docs/security.md). Both sides also
+ * create a second engine holding the cluster key, over the same memory; pair member A is the engine
+ * loop over the authenticated session and B the same loop over the open one (instead of a ceiling), so
+ * the ratio is on/off with the method above. The challenge runs once per connection, when the session
+ * opens, so the loops measure what stays: the same frames on an authenticated connection.
+ *
  * Control channel (socketpair, or TCP for --serve/--connect): the target sends its engine descriptor
- * and memory descriptor, then answers commands {op, seed, len, ndesc}: 'F' fill [0, len) with the
+ * and memory descriptor (with --auth-compare, then those of its authenticated engine), then answers commands {op, seed, len, ndesc}: 'F' fill [0, len) with the
  * pattern, 'V' verify ndesc descriptors that follow, 'Q' quit. Every answer is an int32 (0 = ok).
  */
 #include "bench_engine.h"
@@ -65,6 +71,7 @@ typedef struct opts {
     bool contiguous, hetero, strict;
     const char *json, *plot, *host, *serve, *connect, *port_file;
     const char *tcp_cc; /* --tcp-congestion (NULL = the engine's choice) */
+    const char *auth_compare; /* --auth-compare KEYFILE: A = authenticated session, B = open one */
 } opts_t;
 
 typedef struct row {
@@ -154,7 +161,7 @@ static int recv_blob(int fd, uint8_t **b, uint32_t *n)
 
 static int target_run(int fd, const opts_t *o, const char *host, uint64_t region)
 {
-    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL};
+    pdl_engine_config_t cfg = {"bench-target", host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL;
     pdl_error_t err;
@@ -169,6 +176,26 @@ static int target_run(int fd, const opts_t *o, const char *host, uint64_t region
     pdl_bytes_free(&ed);
     pdl_bytes_free(&md);
     uint8_t *p = pdl_mem_ptr(m);
+    /* --auth-compare: the same memory behind a second engine that holds the cluster key. */
+    pdl_auth_t *auth = NULL;
+    pdl_engine_t *ea = NULL;
+    pdl_mem_t *ma = NULL;
+    if (rc == 0 && o->auth_compare) {
+        pdl_engine_config_t acfg = cfg;
+        acfg.key = "bench-target-auth";
+        if (pdl_auth_load(o->auth_compare, &auth, &err) != PDL_OK ||
+            (acfg.auth = auth, pdl_engine_create(&acfg, &ea, &err)) != PDL_OK ||
+            pdl_engine_register_mem(ea, p, region, &ma, &err) != PDL_OK) {
+            fprintf(stderr, "pdlink bench target: %s\n", err.msg);
+            rc = 2;
+        } else {
+            pdl_engine_pack(ea, &ed, NULL);
+            pdl_mem_pack(ma, &md, NULL);
+            rc = send_blob(fd, ed.data, (uint32_t)ed.len) || send_blob(fd, md.data, (uint32_t)md.len) ? 2 : 0;
+            pdl_bytes_free(&ed);
+            pdl_bytes_free(&md);
+        }
+    }
     cmd_t c;
     while (rc == 0 && xio(fd, &c, sizeof(c), false) == 0 && c.op != 'Q') {
         int32_t res = 0;
@@ -194,6 +221,10 @@ static int target_run(int fd, const opts_t *o, const char *host, uint64_t region
         if (xio(fd, &res, sizeof(res), true) != 0)
             break;
     }
+    if (ma)
+        pdl_engine_deregister_mem(ea, ma);
+    pdl_engine_destroy(ea);
+    pdl_auth_free(auth);
     pdl_engine_deregister_mem(e, m);
     pdl_engine_destroy(e);
     return rc;
@@ -307,6 +338,9 @@ static void usage(FILE *f)
             "  --tcp-congestion NAME    congestion control of the engines' data sockets (default: the\n"
             "                           engine's choice, cubic else reno; 'system' = the system default);\n"
             "                           the ceiling is the best of the system default and this one\n"
+            "  --auth-compare KEYFILE   tcp: authenticated mode's cost -- each point alternates a session of\n"
+            "                           engines holding the key in KEYFILE (A) with an open one (B) over\n"
+            "                           the same memory, instead of the ceiling: ratio = auth on / off\n"
             "  --help\n\n"
             "Method: per point, engine loop and ceiling loop alternate over the same bytes (A B A B ...);\n"
             "ratio = median of the per-pair ratios A/B, with their min-max; GB/s and ceiling = medians.\n"
@@ -333,6 +367,7 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
         {"tcp-congestion", required_argument, 0, 'T'}, {"pairs", required_argument, 0, 'A'},
         {"max-spread", required_argument, 0, 'S'}, {"strict", no_argument, 0, 'X'},
+        {"auth-compare", required_argument, 0, 'K'},
         {"help", no_argument, 0, '?' + 256}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -451,6 +486,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         case 'X':
             o->strict = true;
             break;
+        case 'K':
+            o->auth_compare = optarg;
+            break;
         case 'C':
             o->connect = optarg;
             break;
@@ -464,6 +502,10 @@ static int parse_opts(int argc, char **argv, opts_t *o)
     }
     if (optind < argc) {
         fprintf(stderr, "pdlink bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (o->auth_compare && o->backend != PDL_BACKEND_TCP) {
+        fprintf(stderr, "pdlink bench: --auth-compare needs --backend tcp (the engine authenticated mode guards)\n");
         return 2;
     }
     if ((o->serve || o->connect) && o->backend != PDL_BACKEND_TCP) {
@@ -568,6 +610,12 @@ typedef struct ctx {
     pdl_engine_t *e;
     pdl_mem_t *local;
     pdl_session_t *s;
+    /* --auth-compare: the engine holding the key, the same local memory registered with it, its session */
+    pdl_auth_t *auth;
+    pdl_engine_t *ea;
+    pdl_mem_t *local_a;
+    pdl_session_t *sa;
+    double *lat_b; /* latencies of the open session's loops (not reported) */
     uint8_t *src; /* the ceiling's other buffer (region bytes): memcpy source / stream source of a READ */
     uint64_t region;
     pdl_ceiling_memcpy_t *cm; /* memcpy ceiling, or NULL for a TCP stream ceiling */
@@ -578,8 +626,8 @@ typedef struct ctx {
 
 /* One engine loop (pair member A): `warm` untimed batches right before `per` timed ones; the latency of
  * each timed batch goes to lat[0, per). Returns GB/s of the whole timed loop, < 0 on a failed batch. */
-static double engine_loop(ctx_t *c, const pdl_desc_t *d, size_t n, uint64_t bytes, int warm, int per, double *lat,
-                          size_t *descs)
+static double engine_loop(ctx_t *c, pdl_session_t *s, const pdl_desc_t *d, size_t n, uint64_t bytes, int warm,
+                          int per, double *lat, size_t *descs)
 {
     const opts_t *o = c->o;
     pdl_error_t err;
@@ -589,7 +637,7 @@ static double engine_loop(ctx_t *c, const pdl_desc_t *d, size_t n, uint64_t byte
             t_start = now_s(); /* start of the timed loop; warm-up ran right before it */
         double t0 = i >= 0 ? now_s() : 0;
         pdl_batch_t *b = NULL;
-        pdl_status_t st = pdl_session_post(c->s, o->op, d, n, &b, &err);
+        pdl_status_t st = pdl_session_post(s, o->op, d, n, &b, &err);
         if (st == PDL_OK) {
             *descs = pdl_batch_num_descs(b);
             st = pdl_batch_wait(b, -1, &err);
@@ -673,18 +721,23 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
     int per = iters / o->pairs < 2 ? 2 : iters / o->pairs;
     int warm = per / 10 < 1 ? 1 : per / 10;
     int max_pairs = 2 * o->pairs > PDL_PAIRS_MAX ? PDL_PAIRS_MAX : 2 * o->pairs;
-    double *lat = malloc((size_t)per * (size_t)max_pairs * sizeof(double));
+    /* One more loop's room at the end: the latencies of --auth-compare's B loops (scratch). */
+    double *lat = malloc((size_t)per * (size_t)(max_pairs + 1) * sizeof(double));
     if (lat == NULL)
         return -1;
+    c->lat_b = lat + (size_t)per * (size_t)max_pairs;
     size_t descs = 0;
     bool valid = true;
     pdl_pairs_t pairs;
     pdl_pairs_init(&pairs);
     pdl_pairs_summary_t sum;
-    pdl_pairs_summarize(&pairs, o->max_spread, PDL_PAIRS_ABOVE_TOL, &sum);
+    /* --auth-compare: B is the open session, not a bound, so no ratio is "above" it. */
+    double above_tol = c->sa ? 1e9 : PDL_PAIRS_ABOVE_TOL;
+    pdl_pairs_summarize(&pairs, o->max_spread, above_tol, &sum);
     int done = 0;
     while (done < o->pairs || (sum.verdict == PDL_PAIRS_UNSTABLE && done < max_pairs)) {
-        double g = engine_loop(c, d, n, bytes, warm, per, lat + (size_t)done * (size_t)per, &descs);
+        double g = engine_loop(c, c->sa ? c->sa : c->s, d, n, bytes, warm, per, lat + (size_t)done * (size_t)per,
+                               &descs);
         if (g < 0) {
             free(lat);
             return -1;
@@ -697,14 +750,15 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
                 valid = ctl_cmd(c->fd, 'V', seed, 0, d, (uint32_t)n) == 0;
             }
         }
-        double ceil = ceiling_loop(c, bytes, per);
+        size_t descs_b = 0;
+        double ceil = c->sa ? engine_loop(c, c->s, d, n, bytes, warm, per, c->lat_b, &descs_b) : ceiling_loop(c, bytes, per);
         if (pdl_pairs_add(&pairs, g, ceil) != 0) {
             fprintf(stderr, "\npdlink bench: the ceiling loop failed (%.3f GB/s)\n", ceil);
             free(lat);
             return -1;
         }
         done++;
-        pdl_pairs_summarize(&pairs, o->max_spread, PDL_PAIRS_ABOVE_TOL, &sum);
+        pdl_pairs_summarize(&pairs, o->max_spread, above_tol, &sum);
     }
     int timed = per * done;
     qsort(lat, (size_t)timed, sizeof(double), cmp_double);
@@ -751,7 +805,12 @@ static void print_header(const opts_t *o, const char *engine_cc)
            o->contiguous ? "in order (mergeable)" : "in reverse order (no merging)");
     if (o->backend == PDL_BACKEND_UCX)
         printf("ucx: UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset: UCX's default selection)");
-    if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)))
+    if (o->auth_compare)
+        printf("auth compare: A = a session between engines holding the cluster key of %s (each connection\n"
+               "proved the key when the session opened), B = a session between open engines over the same memory;\n"
+               "the 'ceiling GB/s' column is B (auth off) and the ratio is auth on / off\n",
+               o->auth_compare);
+    else if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend)))
         printf("ceiling: memcpy of the same bytes per batch, %d thread(s) (copies < 4 MiB use one, as the engine "
                "does), same destination buffer, warm\n",
                o->threads);
@@ -982,6 +1041,65 @@ static uint64_t region_needed(const opts_t *o)
     return need;
 }
 
+/* --auth-compare: what the challenge itself costs -- opening a session (connect and set up every
+ * connection: HELLO, or HELLO_AUTH and AUTH), authenticated and open ones alternated; medians in us
+ * into on_us/off_us, -1 when an open failed. */
+#define SESSION_SAMPLES 15
+static void session_open_costs(ctx_t *c, const uint8_t *md, uint32_t mlen, const uint8_t *mad, uint32_t malen,
+                               double *on_us, double *off_us)
+{
+    double on[SESSION_SAMPLES], off[SESSION_SAMPLES];
+    *on_us = *off_us = -1;
+    for (int i = 0; i < SESSION_SAMPLES; i++) {
+        pdl_session_t *s = NULL;
+        double t0 = now_s();
+        if (pdl_session_open(c->ea, c->local_a, mad, malen, &s, NULL) != PDL_OK)
+            return;
+        on[i] = (now_s() - t0) * 1e6;
+        pdl_session_close(s);
+        t0 = now_s();
+        if (pdl_session_open(c->e, c->local, md, mlen, &s, NULL) != PDL_OK)
+            return;
+        off[i] = (now_s() - t0) * 1e6;
+        pdl_session_close(s);
+    }
+    qsort(on, SESSION_SAMPLES, sizeof(double), cmp_double);
+    qsort(off, SESSION_SAMPLES, sizeof(double), cmp_double);
+    *on_us = on[SESSION_SAMPLES / 2];
+    *off_us = off[SESSION_SAMPLES / 2];
+}
+
+/* The ceiling of every pair's B loop: its buffer and its memcpy threads or warm TCP streams; -1 (said). */
+static int ceiling_setup(ctx_t *c)
+{
+    const opts_t *o = c->o;
+    c->src = pdl_ceiling_alloc(c->region);
+    if (c->src == NULL) {
+        fprintf(stderr, "pdlink bench: cannot allocate the ceiling's %" PRIu64 "-byte buffer\n", c->region);
+        return -1;
+    }
+    memset(c->src, 0x5a, c->region);
+    if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
+        c->cm = pdl_ceiling_memcpy_create(o->threads);
+        if (c->cm == NULL) {
+            fprintf(stderr, "pdlink bench: cannot start the memcpy ceiling's %d thread(s)\n", o->threads);
+            return -1;
+        }
+        return 0;
+    }
+    /* The engine sets its own congestion control on its sockets (engine.h): one stream set gets the
+     * same, one the system default, and the faster is the ceiling of each pair. */
+    const char *cc = pdl_engine_tcp_congestion(c->e);
+    c->tcp[0] = pdl_ceiling_tcp_create(o->host, o->qp, NULL);
+    if (c->tcp[0] != NULL && cc[0] != '\0')
+        c->tcp[1] = pdl_ceiling_tcp_create(o->host, o->qp, cc);
+    if (c->tcp[0] == NULL || (cc[0] != '\0' && c->tcp[1] == NULL)) {
+        fprintf(stderr, "pdlink bench: cannot open the TCP stream ceiling's connections over %s\n", o->host);
+        return -1;
+    }
+    return 0;
+}
+
 static int initiator_run(ctx_t *c)
 {
     const opts_t *o = c->o;
@@ -993,39 +1111,47 @@ static int initiator_run(ctx_t *c)
         free(ed);
         return 2;
     }
-    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL};
+    pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
     int rc = 2;
+    double open_on_us = -1, open_off_us = -1; /* --auth-compare: median session open times */
     if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
         pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||
         pdl_session_open(c->e, c->local, md, mlen, &c->s, &err) != PDL_OK) {
         fprintf(stderr, "pdlink bench: %s\n", err.msg);
         goto out;
     }
-    c->src = pdl_ceiling_alloc(c->region);
-    if (c->src == NULL) {
-        fprintf(stderr, "pdlink bench: cannot allocate the ceiling's %" PRIu64 "-byte buffer\n", c->region);
+    if (o->auth_compare) {
+        /* The target's authenticated engine and memory, and ours over the same local buffer. */
+        uint8_t *ead = NULL, *mad = NULL;
+        uint32_t ealen = 0, malen = 0;
+        pdl_engine_config_t acfg = cfg;
+        acfg.key = "bench-initiator-auth";
+        pdl_status_t st = PDL_ERR_PEER_GONE;
+        pdl_error_set(&err, st, "the target did not send its authenticated engine (did its key fail to load?)");
+        if (recv_blob(c->fd, &ead, &ealen) == 0 && recv_blob(c->fd, &mad, &malen) == 0 &&
+            (st = pdl_auth_load(o->auth_compare, &c->auth, &err)) == PDL_OK) {
+            acfg.auth = c->auth;
+            if ((st = pdl_engine_create(&acfg, &c->ea, &err)) == PDL_OK &&
+                (st = pdl_engine_register_mem(c->ea, pdl_mem_ptr(c->local), c->region, &c->local_a, &err)) == PDL_OK &&
+                (st = pdl_engine_add_remote(c->ea, ead, ealen, NULL, 0, &err)) == PDL_OK)
+                st = pdl_session_open(c->ea, c->local_a, mad, malen, &c->sa, &err);
+        }
+        if (st == PDL_OK)
+            session_open_costs(c, md, mlen, mad, malen, &open_on_us, &open_off_us);
+        free(ead);
+        free(mad);
+        if (st != PDL_OK) {
+            fprintf(stderr, "pdlink bench: --auth-compare: %s\n", err.msg);
+            goto out;
+        }
+    }
+    if (!o->auth_compare && ceiling_setup(c) != 0) /* --auth-compare: B is the open session, no ceiling */
         goto out;
-    }
-    memset(c->src, 0x5a, c->region);
-    if (pdl_ceiling_is_memcpy(pdl_backend_name(o->backend))) {
-        c->cm = pdl_ceiling_memcpy_create(o->threads);
-        if (c->cm == NULL) {
-            fprintf(stderr, "pdlink bench: cannot start the memcpy ceiling's %d thread(s)\n", o->threads);
-            goto out;
-        }
-    } else {
-        /* The engine sets its own congestion control on its sockets (engine.h): one stream set gets the
-         * same, one the system default, and the faster is the ceiling of each pair. */
-        const char *cc = pdl_engine_tcp_congestion(c->e);
-        c->tcp[0] = pdl_ceiling_tcp_create(o->host, o->qp, NULL);
-        if (c->tcp[0] != NULL && cc[0] != '\0')
-            c->tcp[1] = pdl_ceiling_tcp_create(o->host, o->qp, cc);
-        if (c->tcp[0] == NULL || (cc[0] != '\0' && c->tcp[1] == NULL)) {
-            fprintf(stderr, "pdlink bench: cannot open the TCP stream ceiling's connections over %s\n", o->host);
-            goto out;
-        }
-    }
     print_header(o, pdl_engine_tcp_congestion(c->e));
+    if (o->auth_compare)
+        printf("session open (connect + set-up of %d connection(s)), median of %d alternated: auth on %.0f us, "
+               "off %.0f us\n\n",
+               o->qp, SESSION_SAMPLES, open_on_us, open_off_us);
     int maxrows = o->nblocks * o->nbatches + 3;
     row_t *rows = calloc((size_t)maxrows, sizeof(row_t));
     int nrows = 0, npoints = 0, done = 0;
@@ -1118,6 +1244,11 @@ out:
     ctl_cmd(c->fd, 'Q', 0, 0, NULL, 0);
     free(ed);
     free(md);
+    pdl_session_close(c->sa);
+    if (c->local_a)
+        pdl_engine_deregister_mem(c->ea, c->local_a);
+    pdl_engine_destroy(c->ea);
+    pdl_auth_free(c->auth);
     pdl_session_close(c->s);
     if (c->local)
         pdl_engine_deregister_mem(c->e, c->local);

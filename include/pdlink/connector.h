@@ -91,6 +91,13 @@ typedef struct pdl_connector_config {
      * with peer_backoff until reachable (prewarm.c); more are learnt from requests. */
     pdl_prewarm_peer_t prewarm_peers[PDL_CONNECTOR_PREWARM_MAX];
     int num_prewarm_peers;
+    /* Authenticated mode (docs/security.md): the cluster key file; "" = compatible mode. With it, the
+     * handshake and notify ROUTERs and every DEALER (discovery ping, releases, handshakes) use CURVE
+     * under the cluster key pair, and every tcp data connection proves the key before it is served. */
+    char auth_key_file[PDL_CONNECTOR_HOST_MAX + 1];
+    /* Zero a block's bytes on every rank (every layer, K and V) before it goes back to the allocator,
+     * so freed blocks do not keep earlier prompts' KV (docs/security.md). Costs a memset per free. */
+    bool scrub_freed_blocks;
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
@@ -401,7 +408,9 @@ typedef enum pdl_counter_kind {
     X(prewarm_handshakes, "pdlink_prewarm_handshakes_total", PDL_COUNTER_COUNT,                                     \
       "Peers handshaked, opened and mapped ahead of need by the background prewarm (decode).")                    \
     X(transfer_handshakes, "pdlink_transfer_handshakes_total", PDL_COUNTER_COUNT,                                   \
-      "Handshakes (with the session open and mapping) a transfer had to wait for: 0 when prewarm was in time.")
+      "Handshakes (with the session open and mapping) a transfer had to wait for: 0 when prewarm was in time.")  \
+    X(auth_refused, "pdlink_auth_refused_total", PDL_COUNTER_COUNT,                                                 \
+      "Authenticated mode: connections refused for want of the cluster key (ZeroMQ ZAP, tcp data challenge).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

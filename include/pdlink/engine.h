@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pdlink/auth.h"
 #include "pdlink/status.h"
 #include "pdlink/types.h"
 
@@ -123,6 +124,16 @@ typedef struct pdl_engine_config {
      * byte, and counted in connections_refused_untrusted. A malformed list fails create (INVALID).
      */
     const char *trusted_hosts;
+    /*
+     * tcp: NULL = compatible mode; else authenticated mode (docs/security.md): every data connection,
+     * both ways, proves the cluster key before anything is served -- the initiator sends a nonce with
+     * its HELLO, the owner answers with its nonce and a MAC over both nonces and its engine key, the
+     * initiator checks it and answers with its own MAC. An owner closes a connection that skips or fails
+     * this (counted in connections_refused_auth and per peer, logged once per peer host); an initiator
+     * fails the session with PDL_ERR_DENIED when the owner cannot prove the key. Borrowed: it must
+     * outlive the engine. Bulk data is not encrypted. Ignored by shm (the kernel checks its peers).
+     */
+    const pdl_auth_t *auth;
 } pdl_engine_config_t;
 
 /*
@@ -428,6 +439,7 @@ typedef struct pdl_engine_stats {
     uint64_t connections_refused_untrusted;    /* as owner (tcp): closed at accept, not in trusted_hosts */
     uint64_t connections_dropped_malformed;    /* hostile bytes on the data socket */
     uint64_t connections_shed;                 /* closed at once: out of descriptors */
+    uint64_t connections_refused_auth;         /* as owner (tcp, auth): no or a wrong proof of the cluster key */
 } pdl_engine_stats_t;
 
 /* Copy the counters into *out; neither argument may be NULL. Thread-safe, cannot fail. */
@@ -435,7 +447,8 @@ void pdl_engine_get_stats(pdl_engine_t *engine, pdl_engine_stats_t *out);
 
 /*
  * Remote accesses this engine served (tcp owner side), per peer host: the requests admitted (inside
- * their region and, for a guarded one, a grant) and their bytes. The first PDL_ENGINE_MAX_PEERS hosts
+ * their region and, for a guarded one, a grant) and their bytes, and (authenticated mode) the data
+ * connections refused for want of the cluster key. The first PDL_ENGINE_MAX_PEERS hosts
  * get a row each; later ones are added to a row whose host is "other", so a peer cycling through
  * addresses cannot grow the table.
  */
@@ -443,6 +456,7 @@ void pdl_engine_get_stats(pdl_engine_t *engine, pdl_engine_stats_t *out);
 typedef struct pdl_engine_peer_stats {
     char host[64]; /* numeric address, or "other" */
     uint64_t requests, bytes;
+    uint64_t auth_refused; /* data connections refused in authenticated mode (no or a wrong key) */
 } pdl_engine_peer_stats_t;
 /* Copy up to `cap` rows into out (in first-served order); returns how many rows exist (may be > cap).
  * `engine` must not be NULL; out may be NULL when cap is 0. Thread-safe, cannot fail. */

@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include <microhttpd.h>
+#include <sodium.h>
 
 #include "app/buf.h"
 #include "app/parse.h"
@@ -501,6 +502,16 @@ pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *fla
 const char *pdl_http_header(const pdl_http_request_t *req, const char *name)
 {
     return MHD_lookup_connection_value(req->conn->mc, MHD_HEADER_KIND, name);
+}
+
+bool pdl_http_bearer_ok(const pdl_http_request_t *req, const char *token)
+{
+    const char *h = pdl_http_header(req, "Authorization");
+    if (h == NULL || strncmp(h, "Bearer ", 7) != 0)
+        return false;
+    h += 7;
+    size_t n = strlen(token);
+    return strlen(h) == n && sodium_memcmp(h, token, n) == 0;
 }
 
 /* The connection limit that leaves a quarter of the descriptors (at least 64) to the rest of the process:

@@ -45,6 +45,9 @@ typedef struct pdl_http_request {
 
 /* A request header's value (case-insensitive name), or NULL; valid until the handler returns. */
 const char *pdl_http_header(const pdl_http_request_t *req, const char *name);
+/* Does the request carry "Authorization: Bearer <token>" (vLLM's --api-key check)? The token is compared
+ * in constant time, so its bytes cannot be guessed one by one from response times. */
+bool pdl_http_bearer_ok(const pdl_http_request_t *req, const char *token);
 
 /* Answer one request; returns an MHD_Result. Runs on a worker thread, one call per request. */
 typedef int (*pdl_http_handler_fn)(void *cls, const pdl_http_request_t *req);

@@ -147,6 +147,11 @@ static const key_row_t k_rows[] = {
      "\"host:handshake_port[:tp[:dp]]\" (or one comma-separated string)"},
     {"bind_all", K_BOOL, OFF(bind_all),
      "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},
+    {"scrub_freed_blocks", K_BOOL, OFF(scrub_freed_blocks),
+     "pdlink: zero freed KV blocks on every rank before they are reused (false)"},
+    {"auth_key_file", K_STR, OFF(auth_key_file),
+     "pdlink: the cluster key file of authenticated mode (CURVE on control sockets, a challenge on data "
+     "connections; pdlink peers only); empty = compatible mode"},
 };
 #undef OFF
 

@@ -95,6 +95,8 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     out->releases_parked_dropped = fc.parked_dropped;
     out->expired += fc.expired; /* plus WRITE-mode pushes reaped (push.c) */
     out->keepalives_received = fc.keepalives;
+    if (r->inst->zap_refused != NULL) /* authmode.c: the ZAP handler's refusals on this rank's ROUTERs */
+        out->auth_refused += atomic_load(&r->inst->zap_refused[r->rank]);
     if (r->mem.engine != NULL) {
         pdl_engine_stats_t es;
         pdl_engine_get_stats(r->mem.engine, &es);
@@ -102,6 +104,7 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
         out->data_requests_denied = es.requests_denied;
         out->untrusted_refused += es.connections_refused_untrusted;
         out->data_connections_shed = es.connections_shed;
+        out->auth_refused += es.connections_refused_auth;
     }
     return PDL_OK;
 }

@@ -156,6 +156,10 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
         v = 1;
         zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
     }
+    if (pdl_curve_client(s, r->inst->auth, err) != PDL_OK) {
+        zmq_close(s);
+        return pdl_error_prefix(err, err ? err->status : PDL_ERR_SYSTEM, "handshake with %s", who);
+    }
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
     uint64_t deadline = pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     pdl_status_t st = hs_probe(host, port, timeout_ms, who, err);
@@ -168,6 +172,10 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: send: %s", who, zmq_strerror(zmq_errno()));
     if (st == PDL_OK)
         st = hs_recv_payload(s, timeout_ms, deadline, meta, who, err);
+    /* A CURVE handshake refused by the peer (another key, or no authenticated mode there) looks exactly
+     * like silence to a DEALER: say what to check. */
+    if (st == PDL_ERR_TIMEOUT && r->inst->auth != NULL)
+        pdl_error_prefix(err, st, "authenticated mode (does %s use the same auth_key_file?)", who);
     if (st == PDL_OK) {
         st = hs_recv_payload(s, timeout_ms, deadline, layers, who, err);
         if (st != PDL_OK)

@@ -146,8 +146,10 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
     }
     pthread_mutex_unlock(&inst->held_mu);
     if (freed) {
-        if (inst->blocks != NULL) /* external_blocks: the caller frees them on PDL_EVENT_FREED */
+        if (inst->blocks != NULL) { /* external_blocks: the caller frees them on PDL_EVENT_FREED */
+            pdl__scrub_blocks(inst, freed->ids, freed->n);
             pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
+        }
         emit(inst, PDL_EVENT_FREED, transfer_id, -1);
         pthread_mutex_lock(&inst->held_mu);
         inst->held_blocks -= freed->n;

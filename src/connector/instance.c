@@ -66,10 +66,12 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         pdl__xfer_lanes_fini(&inst->ranks[i].readers);
         pdl__xfer_lanes_fini(&inst->ranks[i].writers);
     }
+    pdl__authmode_stop(inst);
     if (inst->zctx)
         zmq_ctx_term(inst->zctx);
     PDL_FOR_LOCAL(inst, i)
         pdl__rank_fini(&inst->ranks[i]);
+    pdl__authmode_free(inst);
     free(inst->ranks);
     pdl__held_free_all(inst);
     pdl__push_free_all(inst);
@@ -127,6 +129,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
     if (st == PDL_OK)
         st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
+    if (st == PDL_OK)
+        st = pdl__authmode_load(inst, err);
     if (st != PDL_OK)
         goto fail;
     inst->ranks = calloc((size_t)inst->tp, sizeof(pdl_rank_t));
@@ -140,6 +144,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     PDL_FOR_LOCAL(inst, i) {
         pdl__reader_start(&inst->ranks[i]);
         pdl__writer_start(&inst->ranks[i]);
+    }
+    st = pdl__authmode_start(inst, err); /* the ZAP handler, before any ROUTER can accept */
+    if (st != PDL_OK) {
+        PDL_FOR_LOCAL(inst, j)
+            pdl__rank_init_locks(&inst->ranks[j]);
+        goto fail;
     }
     /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
     PDL_FOR_LOCAL(inst, i) {
@@ -181,6 +191,7 @@ fail:
             zmq_ctx_term(inst->zctx);
         pdl__blockalloc_destroy(inst->blocks);
         pdl__cidrs_free(&inst->trusted);
+        pdl__authmode_free(inst);
         pthread_mutex_destroy(&inst->held_mu);
         pthread_mutex_destroy(&inst->cb_mu);
         pthread_mutex_destroy(&inst->push_mu);
@@ -233,8 +244,10 @@ pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t 
 
 void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n)
 {
-    if (inst->blocks != NULL)
+    if (inst->blocks != NULL) {
+        pdl__scrub_blocks(inst, ids, n);
         pdl__blockalloc_free(inst->blocks, ids, n);
+    }
 }
 
 size_t pdl_instance_free_block_count(pdl_instance_t *inst)

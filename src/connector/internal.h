@@ -41,7 +41,9 @@
 #include "connector/fanin.h"
 #include "connector/peerhealth.h"
 #include "connector/strmap.h"
+#include "pdlink/auth.h"
 #include "pdlink/connector.h"
+#include "pdlink/curve.h"
 #include "pdlink/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
@@ -407,6 +409,24 @@ void pdl__listen_tick(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms);
 /* Stop the monitor (before the ROUTER is closed). */
 void pdl__listen_fini(pdl_listen_t *l);
 
+/* ---- authmode.c: authenticated mode ------------------------------------------------------------ */
+
+/* With auth_key_file set: load the key (its errors name the path) and refuse a backend that cannot
+ * authenticate its data connections / start the context's ZAP handler (before any ROUTER is bound). */
+pdl_status_t pdl__authmode_load(pdl_instance_t *inst, pdl_error_t *err);
+pdl_status_t pdl__authmode_start(pdl_instance_t *inst, pdl_error_t *err);
+/* Stop the ZAP handler (before zmq_ctx_term) / free the key (after the engines are gone). */
+void pdl__authmode_stop(pdl_instance_t *inst);
+void pdl__authmode_free(pdl_instance_t *inst);
+/* The ZAP domain of rank r's `what` ROUTER ("rank 3 notify"): the handler's refusals count on r. */
+void pdl__authmode_domain(const pdl_rank_t *r, const char *what, char *buf, size_t cap);
+
+/* ---- scrub.c: scrub_freed_blocks ------------------------------------------------------------- */
+
+/* With scrub_freed_blocks: zero blocks `ids` on every rank (every layer, every half). Call it right
+ * before the blocks go back to the allocator. No-op otherwise. */
+void pdl__scrub_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
+
 /* ---- watch.c: consumers of held transfers that are gone ---------------------------------------- */
 
 /* Service thread of rank 0 of a producer, every tick: probe the consumers named by held transfers
@@ -488,6 +508,14 @@ struct pdl_instance {
     pdl_strmap_t pushes, parked, recvs;
 
     pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
+
+    /* authmode.c: authenticated mode; both NULL in compatible mode (no auth_key_file) */
+    pdl_auth_t *auth;
+    pdl_zap_t *zap;
+    /* ZAP refusals per rank (tp of them), counted on the handler's thread and added to the rank's
+     * auth_refused by pdl_instance_counters: allocated before that thread starts, so it needs no other
+     * ordering with the ranks' initialisation. */
+    _Atomic uint64_t *zap_refused;
 };
 
 #define PDL_FOR_LOCAL(inst, i) for (int i = (inst)->lo; i < (inst)->hi; i++)

@@ -16,6 +16,12 @@
  * port refused: a consumer's handshake fails fast (peer backoff), a DEALER's release waits in its
  * queue and leaves on reconnect. A bound of one spin episode per pause instead of a spinning core.
  *
+ * Authenticated mode also watches ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL: a peer without CURVE (mechanism
+ * mismatch) or with another cluster's key (its box does not open) fails there, before the ZAP handler
+ * is asked, so this is where those refusals are counted (auth_refused) and logged (rate-limited: libzmq
+ * names the listening endpoint, not the peer). A client that completed CURVE with a key that is not the
+ * cluster's is refused and counted by the ZAP handler (authmode.c), with its address.
+ *
  * States per ROUTER: BOUND --accept failed EMFILE/ENFILE--> PAUSED --resume_ms passed, bind ok--> BOUND
  * (bind failed: PAUSED for another pause). Everything runs on the rank's service thread.
  */
@@ -43,7 +49,8 @@ void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char 
     }
     char mon[96];
     snprintf(mon, sizeof(mon), "inproc://pdl-listen-%d-%s", r->rank, what);
-    if (zmq_socket_monitor(router, mon, ZMQ_EVENT_ACCEPT_FAILED) != 0)
+    int events = ZMQ_EVENT_ACCEPT_FAILED | (r->inst->auth ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL : 0);
+    if (zmq_socket_monitor(router, mon, events) != 0)
         goto fail;
     l->mon = zmq_socket(r->inst->zctx, ZMQ_PAIR);
     int zero = 0;
@@ -90,9 +97,21 @@ void pdl__listen_on_event(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
     uint32_t value = 0;
     int why = 0;
     /* While libzmq spun before this thread woke, it queued many events (up to the PAIR's HWM). */
-    while (read_event(l->mon, &event, &value))
+    uint64_t refused = 0;
+    while (read_event(l->mon, &event, &value)) {
         if (event == ZMQ_EVENT_ACCEPT_FAILED && (value == EMFILE || value == ENFILE))
             why = (int)value;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            refused++;
+    }
+    if (refused > 0) {
+        PDL_CTR_ADD(r, auth_refused, refused);
+        uint64_t sup = 0;
+        if (pdl_ratelimit_allow(&r->ctr.refused_rl, &sup))
+            pdl_warn("rank %d %s port: refused %" PRIu64 " connection(s) that failed the CURVE handshake: no key or "
+                     "another cluster's (auth_key_file; %" PRIu64 " more refusals since the last report)",
+                     r->rank, l->what, refused, sup);
+    }
     if (why == 0 || l->paused)
         return;
     if (zmq_unbind(l->router, l->endpoint) != 0) {

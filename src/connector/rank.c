@@ -215,7 +215,8 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
                               .qp_per_transfer = cfg->conn.qp_per_transfer,
                               .num_workers = cfg->conn.num_workers,
                               .bind_all = cfg->conn.bind_all,
-                              .trusted_hosts = cfg->conn.trusted_hosts};
+                              .trusted_hosts = cfg->conn.trusted_hosts,
+                              .auth = inst->auth};
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);

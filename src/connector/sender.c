@@ -80,6 +80,13 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_CNT, 3);
     if (strchr(endpoint, '['))
         set_int_opt(s, ZMQ_IPV6, 1);
+    pdl_error_t e;
+    if (pdl_curve_client(s, r->inst->auth, &e) != PDL_OK) {
+        pdl_warn("rank %d: %s: %s", r->rank, endpoint, e.msg);
+        zmq_close(s);
+        free(d);
+        return NULL;
+    }
     if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, d) != 0) {
         pdl_warn("rank %d: cannot connect to %s: %s", r->rank, endpoint, zmq_strerror(zmq_errno()));
         zmq_close(s);

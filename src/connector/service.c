@@ -289,6 +289,14 @@ static void ping_tick(pdl_rank_t *r, uint64_t now_ms)
         set_int_opt(r->svc.ping_sock, ZMQ_SNDTIMEO, 0);
         if (strchr(ep, '['))
             set_int_opt(r->svc.ping_sock, ZMQ_IPV6, 1);
+        /* Authenticated mode: only a router holding the cluster key admits the ping (docs/security.md). */
+        pdl_error_t e;
+        if (pdl_curve_client(r->svc.ping_sock, r->inst->auth, &e) != PDL_OK) {
+            pdl_warn("discovery: %s", e.msg);
+            zmq_close(r->svc.ping_sock);
+            r->svc.ping_sock = NULL;
+            return;
+        }
         if (zmq_connect(r->svc.ping_sock, ep) != 0) {
             pdl_warn("discovery: cannot connect to %s: %s", ep, zmq_strerror(zmq_errno()));
             zmq_close(r->svc.ping_sock);
@@ -424,6 +432,13 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     }
     if (strchr(cc->bind_all ? cc->host_ip : host, ':'))
         set_int_opt(s, ZMQ_IPV6, 1);
+    char domain[64];
+    pdl__authmode_domain(r, what, domain, sizeof(domain));
+    if (pdl_curve_server(s, r->inst->auth, domain, err) != PDL_OK) {
+        pdl_error_prefix(err, err ? err->status : PDL_ERR_SYSTEM, "rank %d %s port %d", r->rank, what, port);
+        zmq_close(s);
+        return NULL;
+    }
     if (strcmp(host, "*") == 0)
         snprintf(ep, sizeof(ep), "tcp://*:%d", port);
     else

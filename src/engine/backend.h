@@ -231,6 +231,7 @@ struct pdl_engine {
     unsigned dead_next;
     pdl_grants_t grants; /* grant.h; its own lock */
     pdl_cidrs_t trusted; /* tcp: peers served; n == 0 = everyone (fixed after create) */
+    const pdl_auth_t *auth; /* tcp: authenticated mode's key (borrowed); NULL = compatible mode */
     pthread_mutex_t peers_mu; /* peers, npeers */
     pdl_engine_peer_stats_t peers[PDL_ENGINE_MAX_PEERS + 1]; /* the last one is "other" */
     size_t npeers;
@@ -247,7 +248,7 @@ struct pdl_engine {
     /* stats */
     _Atomic uint64_t st_batches_ok, st_batches_failed, st_bytes_read, st_bytes_written, st_bytes_served,
         st_requests_refused, st_requests_denied, st_requests_served, st_conn_malformed, st_conn_untrusted,
-        st_conn_shed;
+        st_conn_shed, st_conn_auth;
 
     pdl_ratelimit_t rl_malformed;
     pdl_ratelimit_t rl_refused;
@@ -258,6 +259,9 @@ struct pdl_engine {
 
 /* The tcp server admitted a request of `bytes` from numeric `host` (pdl_engine_peer_stats). */
 void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes);
+/* The tcp server refused a data connection from `host` in authenticated mode: counted in the engine and
+ * the peer's row; true the first time for that row (log it once). */
+bool pdl__engine_peer_auth_refused(pdl_engine_t *e, const char *host);
 /* Look up a live registration by id and take a reference (tcp server); NULL if unknown or dead. */
 pdl_mem_t *pdl__engine_mem_get(pdl_engine_t *e, uint64_t id, bool *was_dead);
 void pdl__engine_mem_put(pdl_mem_t *m);

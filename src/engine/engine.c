@@ -181,6 +181,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
         snprintf(e->tcp_cc, sizeof(e->tcp_cc), "%s", cfg->tcp_congestion);
     e->num_workers = cfg->num_workers;
     e->bind_all = cfg->bind_all;
+    e->auth = cfg->auth;
     e->ops = ops;
     e->mem_types = 1u << PDL_MEM_TYPE_HOST; /* a backend that registers device memory adds its types */
     e->ctl_fd = -1;
@@ -297,11 +298,12 @@ void pdl_engine_get_stats(pdl_engine_t *e, pdl_engine_stats_t *out)
     out->connections_refused_untrusted = atomic_load(&e->st_conn_untrusted);
     out->connections_dropped_malformed = atomic_load(&e->st_conn_malformed);
     out->connections_shed = atomic_load(&e->st_conn_shed);
+    out->connections_refused_auth = atomic_load(&e->st_conn_auth);
 }
 
-void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)
+/* The row of `host` (a new one while there is room, else "other"); under peers_mu. */
+static size_t peer_row_locked(pdl_engine_t *e, const char *host)
 {
-    pthread_mutex_lock(&e->peers_mu);
     size_t i = 0;
     while (i < e->npeers && i < PDL_ENGINE_MAX_PEERS && strcmp(e->peers[i].host, host) != 0)
         i++;
@@ -316,9 +318,26 @@ void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)
         i = PDL_ENGINE_MAX_PEERS;
         e->npeers = PDL_ENGINE_MAX_PEERS + 1;
     }
+    return i;
+}
+
+void pdl__engine_peer_served(pdl_engine_t *e, const char *host, uint64_t bytes)
+{
+    pthread_mutex_lock(&e->peers_mu);
+    size_t i = peer_row_locked(e, host);
     e->peers[i].requests++;
     e->peers[i].bytes += bytes;
     pthread_mutex_unlock(&e->peers_mu);
+}
+
+bool pdl__engine_peer_auth_refused(pdl_engine_t *e, const char *host)
+{
+    atomic_fetch_add(&e->st_conn_auth, 1);
+    pthread_mutex_lock(&e->peers_mu);
+    size_t i = peer_row_locked(e, host);
+    bool first = e->peers[i].auth_refused++ == 0;
+    pthread_mutex_unlock(&e->peers_mu);
+    return first;
 }
 
 size_t pdl_engine_peer_stats(pdl_engine_t *e, pdl_engine_peer_stats_t *out, size_t cap)

@@ -231,6 +231,76 @@ static int connect_timeout(pdl_session_t *s, const struct addrinfo *ai, int time
     return 0;
 }
 
+/* One blocking request (header + body) and its response header (+ its error text); the setup steps of a
+ * connection (HELLO, HELLO_AUTH, AUTH). `what` names the step in errors. */
+static pdl_status_t setup_step(pdl_session_t *s, int ci, int fd, uint16_t op, const void *body, size_t len,
+                               const char *what, pdl_tcp_resp_t *rr, pdl_error_t *err)
+{
+    const char *key = s->rmem.engine_key;
+    uint8_t hdr[PDL_TCP_REQ_HDR], resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG + 1];
+    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, op, 0, 0, 0, len, 0};
+    pdl_tcp_req_encode(hdr, &r);
+    struct iovec v[2] = {{hdr, sizeof(hdr)}, {(void *)body, len}};
+    struct iovec rv[1] = {{resp, PDL_TCP_RESP_HDR}};
+    if (io_all(fd, v, 2, false) != 0 || io_all(fd, rv, 1, true) != 0) {
+        int en = errno;
+        if (en == EAGAIN || en == EWOULDBLOCK)
+            return pdl_error_set(err, PDL_ERR_TIMEOUT, "engine %s: engine %s at %s:%u did not answer %s within %d ms",
+                                 s->engine->key, key, s->remote->host, s->remote->port, what, TCP_CONNECT_TIMEOUT_MS);
+        return pdl_error_set(err, en == 0 || en == ECONNRESET ? PDL_ERR_PEER_GONE : PDL_ERR_TRANSPORT,
+                             "engine %s: %s on connection %d to engine %s at %s:%u: %s", s->engine->key, what, ci + 1,
+                             key, s->remote->host, s->remote->port, en == 0 ? "connection closed" : strerror(en));
+    }
+    pdl_tcp_resp_decode(resp, rr);
+    if (rr->magic != PDL_TCP_RESP_MAGIC || rr->version != PDL_TCP_VERSION || rr->msg_len > PDL_TCP_MAX_MSG)
+        return pdl_error_set(err, PDL_ERR_MISMATCH,
+                             "engine %s: %s:%u does not speak pdlink tcp version %d (magic 0x%08x version %u)",
+                             s->engine->key, s->remote->host, s->remote->port, PDL_TCP_VERSION, rr->magic, rr->version);
+    if (rr->status != 0) {
+        struct iovec mv[1] = {{resp + PDL_TCP_RESP_HDR, rr->msg_len}};
+        uint32_t mlen = rr->msg_len;
+        if (mlen == 0 || io_all(fd, mv, 1, true) != 0)
+            mlen = 0;
+        resp[PDL_TCP_RESP_HDR + mlen] = '\0';
+        return pdl_error_set(err, rr->status == PDL_ERR_DENIED ? PDL_ERR_DENIED : PDL_ERR_MISMATCH,
+                             "engine %s: %s:%u refused %s: %s", s->engine->key, s->remote->host, s->remote->port, what,
+                             (char *)resp + PDL_TCP_RESP_HDR);
+    }
+    return PDL_OK;
+}
+
+/* Authenticated mode (tcp_wire.h): prove the cluster key and make the owner prove it. */
+static pdl_status_t hello_auth(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
+{
+    const pdl_engine_t *e = s->engine;
+    const char *key = s->rmem.engine_key;
+    size_t klen = strlen(key);
+    uint8_t body[PDL_TCP_MAX_KEY + PDL_TCP_AUTH_LEN];
+    uint8_t nonces[2 * PDL_TCP_AUTH_LEN], answer[2 * PDL_TCP_AUTH_LEN];
+    memcpy(body, key, klen);
+    pdl_auth_nonce(nonces);
+    memcpy(body + klen, nonces, PDL_TCP_AUTH_LEN);
+    pdl_tcp_resp_t rr;
+    pdl_status_t st = setup_step(s, ci, fd, PDL_TCP_OP_HELLO_AUTH, body, klen + PDL_TCP_AUTH_LEN, "HELLO_AUTH", &rr, err);
+    if (st != PDL_OK)
+        return st;
+    struct iovec av[1] = {{answer, sizeof(answer)}};
+    if (rr.payload_len != sizeof(answer) || io_all(fd, av, 1, true) != 0)
+        return pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s: %s:%u answered HELLO_AUTH with %" PRIu64
+                             " bytes instead of a nonce and a MAC", e->key, s->remote->host, s->remote->port,
+                             rr.payload_len);
+    memcpy(nonces + PDL_TCP_AUTH_LEN, answer, PDL_TCP_AUTH_LEN);
+    const void *parts[] = {key, nonces, nonces + PDL_TCP_AUTH_LEN};
+    size_t lens[] = {klen, PDL_TCP_AUTH_LEN, PDL_TCP_AUTH_LEN};
+    /* An owner that cannot prove the key could be anyone at that address: read nothing from it. */
+    if (!pdl_auth_verify(e->auth, PDL_TCP_LABEL_SERVER, parts, lens, 3, answer + PDL_TCP_AUTH_LEN))
+        return pdl_error_set(err, PDL_ERR_DENIED, "engine %s: %s:%u (engine %s) failed to prove the cluster key: "
+                             "does it use the same auth_key_file?", e->key, s->remote->host, s->remote->port, key);
+    uint8_t mac[PDL_TCP_AUTH_LEN];
+    pdl_auth_mac(e->auth, PDL_TCP_LABEL_CLIENT, parts, lens, 3, mac);
+    return setup_step(s, ci, fd, PDL_TCP_OP_AUTH, mac, sizeof(mac), "AUTH", &rr, err);
+}
+
 static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
 {
     const char *key = s->rmem.engine_key;
@@ -241,34 +311,11 @@ static pdl_status_t hello(pdl_session_t *s, int ci, int fd, pdl_error_t *err)
     struct timeval tv = {TCP_CONNECT_TIMEOUT_MS / 1000, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    uint8_t hdr[PDL_TCP_REQ_HDR], resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG + 1];
-    pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_HELLO, 0, 0, 0, klen, 0};
-    pdl_tcp_req_encode(hdr, &r);
-    struct iovec v[2] = {{hdr, sizeof(hdr)}, {(void *)key, klen}};
-    struct iovec rv[1] = {{resp, PDL_TCP_RESP_HDR}};
-    if (io_all(fd, v, 2, false) != 0 || io_all(fd, rv, 1, true) != 0) {
-        int en = errno;
-        if (en == EAGAIN || en == EWOULDBLOCK)
-            return pdl_error_set(err, PDL_ERR_TIMEOUT, "engine %s: engine %s at %s:%u did not answer HELLO within %d ms",
-                                 s->engine->key, key, s->remote->host, s->remote->port, TCP_CONNECT_TIMEOUT_MS);
-        return pdl_error_set(err, en == 0 || en == ECONNRESET ? PDL_ERR_PEER_GONE : PDL_ERR_TRANSPORT,
-                             "engine %s: HELLO on connection %d to engine %s at %s:%u: %s", s->engine->key, ci + 1, key,
-                             s->remote->host, s->remote->port, en == 0 ? "connection closed" : strerror(en));
-    }
     pdl_tcp_resp_t rr;
-    pdl_tcp_resp_decode(resp, &rr);
-    if (rr.magic != PDL_TCP_RESP_MAGIC || rr.version != PDL_TCP_VERSION || rr.msg_len > PDL_TCP_MAX_MSG)
-        return pdl_error_set(err, PDL_ERR_MISMATCH,
-                             "engine %s: %s:%u does not speak pdlink tcp version %d (magic 0x%08x version %u)",
-                             s->engine->key, s->remote->host, s->remote->port, PDL_TCP_VERSION, rr.magic, rr.version);
-    if (rr.status != 0) {
-        struct iovec mv[1] = {{resp + PDL_TCP_RESP_HDR, rr.msg_len}};
-        if (rr.msg_len == 0 || io_all(fd, mv, 1, true) != 0)
-            rr.msg_len = 0;
-        resp[PDL_TCP_RESP_HDR + rr.msg_len] = '\0';
-        return pdl_error_set(err, PDL_ERR_MISMATCH, "engine %s: %s:%u refused HELLO: %s", s->engine->key,
-                             s->remote->host, s->remote->port, (char *)resp + PDL_TCP_RESP_HDR);
-    }
+    pdl_status_t st = s->engine->auth != NULL ? hello_auth(s, ci, fd, err)
+                                              : setup_step(s, ci, fd, PDL_TCP_OP_HELLO, key, klen, "HELLO", &rr, err);
+    if (st != PDL_OK)
+        return st;
     /* From now on sends are non-blocking calls and receives block in slices (see the header comment). */
     struct timeval slice = {0, TCP_RCV_SLICE_MS * 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));

@@ -11,6 +11,9 @@
  *      |                      |----checks ok, WRITE---> RX_PAYLOAD (readv into region) --> TX --> RX_HDR
  *      |                      `----refused------------> [RX_DRAIN (WRITE payload)] --> TX (error) --> RX_HDR
  *      `--HELLO--> RX_KEY --> TX --> RX_HDR
+ *   authenticated mode (an engine key): RX_HDR --HELLO_AUTH--> RX_KEY --> TX (nonce, MAC) --> RX_HDR
+ *      --AUTH--> RX_KEY --MAC ok--> TX --> RX_HDR (served from now on); anything else first, or a wrong
+ *      MAC --> TX (PDL_ERR_DENIED) --> closed, counted per peer host, logged once per host.
  *   any state: bad magic/version/op, nseg, total_len or grant_len over the limits, segment lengths not
  *   summing to total_len, or EOF inside a frame → the connection is closed, counted and logged
  *   (rate-limited).
@@ -104,7 +107,13 @@ typedef struct srv_conn {
     uint64_t payload;
     uint64_t drain_left;
     uint8_t resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG];
-    char key[PDL_TCP_MAX_KEY + 1];
+    char key[PDL_TCP_MAX_KEY + PDL_TCP_AUTH_LEN + 1]; /* HELLO's key; HELLO_AUTH's key and nonce; AUTH's MAC */
+    /* authenticated mode: */
+    bool hello_auth;                              /* HELLO_AUTH answered: nonces set */
+    bool authed;                                  /* AUTH verified: requests are served */
+    bool close_after;                             /* close once the response is sent (a refusal) */
+    uint8_t nonces[2 * PDL_TCP_AUTH_LEN];         /* Nc, Ns */
+    uint8_t auth_out[2 * PDL_TCP_AUTH_LEN];       /* HELLO_AUTH's answer: Ns, the owner's MAC */
     struct srv_conn *next, *prev; /* srv->conns */
     struct srv_conn *pend_next;   /* th->pending */
 } srv_conn_t;
@@ -241,6 +250,76 @@ static void refuse(srv_conn_t *c, pdl_status_t st, const char *fmt, ...)
     }
 }
 
+/* Authenticated mode: answer PDL_ERR_DENIED and close; counted per peer host, logged the first time. */
+static int auth_refuse(srv_conn_t *c, const char *why)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    if (pdl__engine_peer_auth_refused(e, c->peer_host))
+        pdl_warn("engine %s: refused the data connection from %s: %s (authenticated mode: the peer does not hold "
+                 "the cluster key; further refusals from %s are counted, not logged)",
+                 e->key, c->peer, why, c->peer_host);
+    if (!iov_reserve(c, 1))
+        return -1;
+    char msg[PDL_TCP_MAX_MSG];
+    snprintf(msg, sizeof(msg), "engine %.200s refused the connection: %s (authenticated mode: auth_key_file)", e->key,
+             why);
+    start_response(c, PDL_ERR_DENIED, msg, 0);
+    c->close_after = true;
+    return 0;
+}
+
+static void auth_mac(const pdl_engine_t *e, const srv_conn_t *c, const char *label, uint8_t *out)
+{
+    const void *parts[] = {e->key, c->nonces, c->nonces + PDL_TCP_AUTH_LEN};
+    size_t lens[] = {strlen(e->key), PDL_TCP_AUTH_LEN, PDL_TCP_AUTH_LEN};
+    pdl_auth_mac(e->auth, label, parts, lens, 3, out);
+}
+
+/* HELLO_AUTH or AUTH received whole (in c->key); see tcp_wire.h. */
+static int on_auth_step(srv_conn_t *c)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    char msg[PDL_TCP_MAX_MSG];
+    if (c->req.op == PDL_TCP_OP_AUTH) {
+        if (e->auth == NULL)
+            return conn_malformed(c, "AUTH, but this engine is not in authenticated mode");
+        if (!c->hello_auth || c->authed)
+            return auth_refuse(c, "AUTH out of order");
+        const void *parts[] = {e->key, c->nonces, c->nonces + PDL_TCP_AUTH_LEN};
+        size_t lens[] = {strlen(e->key), PDL_TCP_AUTH_LEN, PDL_TCP_AUTH_LEN};
+        if (!pdl_auth_verify(e->auth, PDL_TCP_LABEL_CLIENT, parts, lens, 3, (const uint8_t *)c->key))
+            return auth_refuse(c, "its proof of the cluster key is wrong");
+        c->authed = true;
+        start_response(c, 0, NULL, 0);
+        return 0;
+    }
+    size_t klen = c->req.total_len - PDL_TCP_AUTH_LEN;
+    memcpy(c->nonces, c->key + klen, PDL_TCP_AUTH_LEN);
+    c->key[klen] = '\0';
+    if (e->auth == NULL) {
+        snprintf(msg, sizeof(msg), "engine %.200s is not in authenticated mode (no auth_key_file)", e->key);
+        start_response(c, PDL_ERR_MISMATCH, msg, 0);
+        c->close_after = true;
+        return 0;
+    }
+    if (c->hello_auth)
+        return auth_refuse(c, "a second HELLO_AUTH");
+    if (strcmp(c->key, e->key) != 0) {
+        snprintf(msg, sizeof(msg), "this port belongs to engine %.200s, not %.200s", e->key, c->key);
+        start_response(c, PDL_ERR_MISMATCH, msg, 0);
+        c->close_after = true;
+        return 0;
+    }
+    pdl_auth_nonce(c->nonces + PDL_TCP_AUTH_LEN);
+    memcpy(c->auth_out, c->nonces + PDL_TCP_AUTH_LEN, PDL_TCP_AUTH_LEN);
+    auth_mac(e, c, PDL_TCP_LABEL_SERVER, c->auth_out + PDL_TCP_AUTH_LEN);
+    c->hello_auth = true;
+    c->iov[1] = (struct iovec){c->auth_out, sizeof(c->auth_out)};
+    c->iov_n = 2;
+    start_response(c, 0, NULL, sizeof(c->auth_out));
+    return 0;
+}
+
 /* The segment table is in: check every range against the named registration, then serve or refuse. */
 static int on_segs(srv_conn_t *c)
 {
@@ -318,6 +397,21 @@ static int on_header(srv_conn_t *c)
         return conn_malformed(c, "protocol version %u, this engine speaks %d", r->version, PDL_TCP_VERSION);
     if (r->grant_len > PDL_GRANT_NAME_MAX)
         return conn_malformed(c, "grant name of %u bytes (at most %d)", r->grant_len, PDL_GRANT_NAME_MAX);
+    if (r->op == PDL_TCP_OP_HELLO_AUTH || r->op == PDL_TCP_OP_AUTH) {
+        bool hello = r->op == PDL_TCP_OP_HELLO_AUTH;
+        uint64_t lo = hello ? PDL_TCP_AUTH_LEN + 1 : PDL_TCP_AUTH_LEN;
+        uint64_t hi = hello ? PDL_TCP_AUTH_LEN + PDL_TCP_MAX_KEY : PDL_TCP_AUTH_LEN;
+        if (r->nseg != 0 || r->grant_len != 0 || r->total_len < lo || r->total_len > hi)
+            return conn_malformed(c, "%s with %u segments, a %u-byte grant name and %" PRIu64 " bytes",
+                                  hello ? "HELLO_AUTH" : "AUTH", r->nseg, r->grant_len, r->total_len);
+        c->got = 0;
+        c->st = RX_KEY;
+        return 0;
+    }
+    /* Authenticated mode: nothing but the two steps above until the peer proved the key. */
+    if (c->th->srv->e->auth != NULL && !c->authed)
+        return auth_refuse(c, r->op == PDL_TCP_OP_HELLO ? "a plain HELLO (the peer has no auth_key_file?)"
+                                                        : "a request before proving the cluster key");
     if (r->op == PDL_TCP_OP_HELLO) {
         if (r->nseg != 0 || r->grant_len != 0 || r->total_len == 0 || r->total_len > PDL_TCP_MAX_KEY)
             return conn_malformed(c, "HELLO with %u segments, a %u-byte grant name and a %" PRIu64 "-byte key",
@@ -400,9 +494,14 @@ static int conn_progress(srv_conn_t *c)
             }
             c->got += (size_t)n;
             if (c->got == c->req.total_len) {
-                c->key[c->got] = '\0';
-                if (!iov_reserve(c, 1))
+                if (!iov_reserve(c, 2))
                     return -1;
+                if (c->req.op != PDL_TCP_OP_HELLO) {
+                    if (on_auth_step(c) < 0)
+                        return -1;
+                    break;
+                }
+                c->key[c->got] = '\0';
                 if (strcmp(c->key, e->key) != 0) {
                     char msg[PDL_TCP_MAX_MSG];
                     snprintf(msg, sizeof(msg), "this port belongs to engine %.200s, not %.200s", e->key, c->key);
@@ -476,6 +575,8 @@ static int conn_progress(srv_conn_t *c)
                 if (c->mem != NULL && c->req.op == PDL_TCP_OP_READ)
                     atomic_fetch_add(&e->st_bytes_served, c->payload);
                 conn_set_mem(srv, c, NULL);
+                if (c->close_after)
+                    return -1; /* a refusal in authenticated mode, now delivered */
                 c->st = RX_HDR;
                 c->got = 0;
             }

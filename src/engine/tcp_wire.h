@@ -14,6 +14,19 @@
  *            then msg_len bytes of error text (status != 0), then for a successful READ payload_len
  *            bytes: the segments' bytes in request order.
  *
+ * Authenticated mode (an engine created with a key; docs/security.md) replaces HELLO with two steps
+ * that must come first on the connection:
+ *   HELLO_AUTH request: nseg = 0, grant_len = 0, total_len = key length + 32: the expected engine key,
+ *            then the initiator's nonce Nc. Response: status 0 and payload_len 64: the owner's nonce Ns,
+ *            then MAC("data-server", key, Nc, Ns) -- or an error status (wrong key, not in
+ *            authenticated mode).
+ *   AUTH request: nseg = 0, grant_len = 0, total_len = 32: MAC("data-client", key, Nc, Ns). Response:
+ *            status 0; or PDL_ERR_DENIED, and the owner closes the connection.
+ * MAC = pdl_auth_mac (HMAC-SHA-256 under the data key derived from the cluster secret). Any other
+ * request before a good AUTH is answered PDL_ERR_DENIED and the connection closed; an owner without a
+ * key answers HELLO_AUTH with PDL_ERR_MISMATCH. Nonces are fresh per connection, so a recorded
+ * exchange cannot be replayed, and the labels differ, so the owner's MAC cannot stand for the client's.
+ *
  * Limits, checked by the owner before anything is served: nseg <= PDL_TCP_MAX_SEGS, total_len <=
  * PDL_TCP_MAX_REQ_BYTES and equal to the sum of the segment lengths. A frame breaking these is hostile
  * and closes the connection; a well-formed request naming an unknown registration or a range outside
@@ -42,7 +55,10 @@
 #define PDL_TCP_MAX_MSG 512
 #define PDL_TCP_MAX_KEY 255
 
-enum { PDL_TCP_OP_READ = 1, PDL_TCP_OP_WRITE = 2, PDL_TCP_OP_HELLO = 3 };
+enum { PDL_TCP_OP_READ = 1, PDL_TCP_OP_WRITE = 2, PDL_TCP_OP_HELLO = 3, PDL_TCP_OP_HELLO_AUTH = 4, PDL_TCP_OP_AUTH = 5 };
+#define PDL_TCP_AUTH_LEN 32 /* a nonce, a MAC (PDL_AUTH_KEY_LEN) */
+#define PDL_TCP_LABEL_SERVER "data-server"
+#define PDL_TCP_LABEL_CLIENT "data-client"
 
 typedef struct pdl_tcp_req {
     uint32_t magic;

@@ -65,7 +65,9 @@ const char *pdl_node_args_usage(void)
            "  --seed N                       model seed: KV bytes and outputs depend on it (default 0)\n"
            "  --max-model-len N              prompt + generated tokens limit (default: the preset's)\n"
            "  --kv-transfer-config JSON      MoRIIO connector config, the seed's JSON verbatim; without it (or\n"
-           "                                 with kv_role kv_both) the node serves alone\n"
+           "                                 with kv_role kv_both) the node serves alone. Its extra config's\n"
+           "                                 auth_key_file turns on authenticated mode (docs/security.md)\n"
+           "  --api-key KEY                  /v1 routes require Authorization: Bearer KEY (as vLLM; 401 without)\n"
 "  --prewarm-peer HOST:PORT[:TP[:DP]]  a decode (READ mode) handshakes with and maps this producer at\n"
            "                                 start-up, in the background, retried until it answers; PORT is its base\n"
            "                                 handshake port, TP its TP size (default ours). Repeatable; adds to\n"
@@ -122,7 +124,7 @@ enum {
     OPT_HELP = 256, OPT_VERSION, OPT_IGNORED_SWITCH, OPT_IGNORED_VALUE, OPT_KV_INTERLEAVED, OPT_MODEL,
     OPT_SERVED_NAME, OPT_HOST, OPT_PORT, OPT_PORT_FILE, OPT_TP, OPT_DP, OPT_DP_RANK, OPT_BLOCK_SIZE,
     OPT_KV_DTYPE, OPT_NUM_BLOCKS, OPT_KV_MEMORY, OPT_SEED, OPT_MAX_MODEL_LEN, OPT_KV_TRANSFER_CONFIG,
-    OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS, OPT_PREWARM_PEER,
+    OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS, OPT_PREWARM_PEER, OPT_API_KEY,
 };
 
 static const struct option node_options[] = {
@@ -155,6 +157,7 @@ static const struct option node_options[] = {
     {"kv-layout", required_argument, NULL, OPT_KV_LAYOUT},
     {"kv-wait-timeout", required_argument, NULL, OPT_KV_WAIT},
     {"default-max-tokens", required_argument, NULL, OPT_DEFAULT_MAX_TOKENS},
+    {"api-key", required_argument, NULL, OPT_API_KEY},
     /* vLLM flags that mean nothing for an emulated instance: accepted so the seed's lines run unchanged. */
     {"trust-remote-code", no_argument, NULL, OPT_IGNORED_SWITCH},
     {"language-model-only", no_argument, NULL, OPT_IGNORED_SWITCH},
@@ -249,6 +252,11 @@ static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, con
     }
     case OPT_MAX_MODEL_LEN: return pdl_parse_int(flag, value, 1, INT_MAX, &a->max_model_len, err);
     case OPT_KV_TRANSFER_CONFIG: a->kv_transfer_config = value; return PDL_OK;
+    case OPT_API_KEY:
+        if (value[0] == '\0')
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s: empty (omit it to serve without a key)", flag);
+        a->api_key = value;
+        return PDL_OK;
     case OPT_PREWARM_PEER: {
         /* Checked now, so a typo is a usage error before anything starts; added to the config in main. */
         pdl_connector_config_t scratch;

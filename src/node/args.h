@@ -41,6 +41,7 @@ typedef struct pdl_node_args {
     int kv_wait_ms;                 /* pdlink extension --kv-wait-timeout SECONDS: wait for free blocks */
     int max_tokens_default;         /* default max_tokens when a request has none (vLLM: 16) */
     pdl_http_limits_t http;         /* pdlink extension --http-*: the HTTP listener's limits */
+    const char *api_key;            /* vLLM's --api-key: /v1 routes require Authorization: Bearer <it>; NULL = open */
     bool help;
     bool version;
 } pdl_node_args_t;

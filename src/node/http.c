@@ -540,6 +540,11 @@ static int on_request(void *cls, const pdl_http_request_t *hr)
     const char *url = hr->url, *method = hr->method;
     if (!atomic_load(&node->ready))
         return send_error(c, 503, "ServiceUnavailableError", "starting up or shutting down", NULL);
+    /* --api-key guards the /v1 routes, as vLLM's does; health, metrics and version stay open to probes. */
+    if (node->args.api_key != NULL && strncmp(url, "/v1/", 4) == 0 && !pdl_http_bearer_ok(hr, node->args.api_key)) {
+        pdl_node_metrics_unauthorized(node->metrics);
+        return send_error(c, 401, "Unauthorized", "missing or wrong Authorization: Bearer token (--api-key)", NULL);
+    }
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;
     if (strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0) {

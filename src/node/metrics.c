@@ -41,6 +41,7 @@ struct pdl_node_metrics {
     int inflight;
     uint64_t busy_start_ns, busy_ns;
     _Atomic uint64_t req_ok, req_failed;
+    _Atomic uint64_t unauthorized; /* /v1 requests refused for want of the --api-key bearer token */
     _Atomic uint64_t verified, mismatched;
     _Atomic uint64_t sec_buckets[N_SEC], sec_count, sec_sum_ns;
     _Atomic uint64_t byte_buckets[N_BYTES], byte_count, byte_sum;
@@ -92,6 +93,8 @@ void pdl_node_metrics_request(pdl_node_metrics_t *m, bool ok)
 {
     atomic_fetch_add(ok ? &m->req_ok : &m->req_failed, 1);
 }
+
+void pdl_node_metrics_unauthorized(pdl_node_metrics_t *m) { atomic_fetch_add(&m->unauthorized, 1); }
 
 void pdl_node_metrics_verified(pdl_node_metrics_t *m, uint64_t verified, uint64_t mismatched)
 {
@@ -153,10 +156,15 @@ static void render_peer_stats(pdl_prom_t *w, pdl_instance_t *inst, int tp, const
 {
     static const struct {
         const char *name, *help;
-        bool bytes;
+        size_t off; /* of the value in pdl_engine_peer_stats_t */
     } fam[] = {{"pdlink_data_peer_requests_total",
-                "Remote READ/WRITE requests this rank's engine served, per peer host (\"other\" past 64 hosts).", false},
-               {"pdlink_data_peer_bytes_total", "Bytes of those requests, per peer host.", true}};
+                "Remote READ/WRITE requests this rank's engine served, per peer host (\"other\" past 64 hosts).",
+                offsetof(pdl_engine_peer_stats_t, requests)},
+               {"pdlink_data_peer_bytes_total", "Bytes of those requests, per peer host.",
+                offsetof(pdl_engine_peer_stats_t, bytes)},
+               {"pdlink_data_peer_auth_refused_total",
+                "Authenticated mode: data connections refused for want of the cluster key, per peer host.",
+                offsetof(pdl_engine_peer_stats_t, auth_refused)}};
     pdl_engine_peer_stats_t rows[PDL_ENGINE_MAX_PEERS + 1];
     for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
         pdl_prom_family(w, fam[f].name, PDL_PROM_COUNTER, fam[f].help);
@@ -166,7 +174,9 @@ static void render_peer_stats(pdl_prom_t *w, pdl_instance_t *inst, int tp, const
             snprintf(rank, sizeof(rank), "%d", r);
             for (size_t i = 0; i < n && i <= PDL_ENGINE_MAX_PEERS; i++) {
                 const pdl_prom_label_t labels[] = {{"rank", rank}, {"role", role}, {"peer", rows[i].host}};
-                pdl_prom_u64(w, fam[f].name, labels, 3, fam[f].bytes ? rows[i].bytes : rows[i].requests);
+                uint64_t v;
+                memcpy(&v, (const char *)&rows[i] + fam[f].off, sizeof(v));
+                pdl_prom_u64(w, fam[f].name, labels, 3, v);
             }
         }
     }
@@ -214,6 +224,9 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
     const pdl_prom_label_t failed[] = {{"role", role}, {"status", "failed"}};
     pdl_prom_u64(&w, "pdlink_requests_total", ok, 2, atomic_load(&m->req_ok));
     pdl_prom_u64(&w, "pdlink_requests_total", failed, 2, atomic_load(&m->req_failed));
+    pdl_prom_family(&w, "pdlink_http_unauthorized_total", PDL_PROM_COUNTER,
+                    "Requests to /v1 routes refused with 401: no or a wrong Authorization: Bearer token (--api-key).");
+    pdl_prom_u64(&w, "pdlink_http_unauthorized_total", by_role, 1, atomic_load(&m->unauthorized));
     pdl_prom_family(&w, "pdlink_transfer_busy_seconds_total", PDL_PROM_COUNTER,
                     "Wall time during which at least one pull was in flight on this instance (the union of the "
                     "pulls' intervals).");

@@ -18,6 +18,8 @@ void pdl_node_metrics_destroy(pdl_node_metrics_t *m);
 
 void pdl_node_metrics_request(pdl_node_metrics_t *m, bool ok);
 void pdl_node_metrics_verified(pdl_node_metrics_t *m, uint64_t verified, uint64_t mismatched);
+/* A /v1 request refused with 401 (--api-key). */
+void pdl_node_metrics_unauthorized(pdl_node_metrics_t *m);
 /* A pull starts / ends on this instance (pdl__clock_now_ns times): the busy time is the union of the
  * [begin, end] intervals, exported as pdlink_transfer_busy_seconds_total. Every begin needs an end. */
 void pdl_node_metrics_pull_begin(pdl_node_metrics_t *m, uint64_t now_ns);

@@ -74,6 +74,9 @@ const char *pdl_router_usage(void)
            "  --prometheus-port PORT          separate metrics listener; /metrics is also on --port\n"
            "  --max-payload-size BYTES        one request body at most (default 67108864 = 64 MiB; 413 above)\n"
            "  --max-payload-in-flight BYTES   request bodies held at once (default 268435456 = 256 MiB; 503 above)\n"
+           "  --auth-key-file PATH            authenticated mode: the cluster key file of the nodes' auth_key_file;\n"
+           "                                  the discovery socket then admits only key holders (CURVE)\n"
+           "  --api-key KEY                   sent to the nodes as Authorization: Bearer KEY (their --api-key)\n"
            "  --http-idle-timeout SECONDS     close a connection silent this long (default 60, 0 = never)\n"
            "  --http-max-connections N        open connections at most (default 8192, lowered to 3/4 of ulimit -n)\n"
            "  --http-max-connections-per-client N  from one IP address (default 3/4 of the above)\n"
@@ -134,7 +137,7 @@ static pdl_status_t parse_hostport(const char *flag, const char *v, char *host, 
 enum {
     OPT_HELP = 256, OPT_PD, OPT_HOST, OPT_PORT, OPT_KV_CONNECTOR, OPT_DISCOVERY, OPT_POLICY, OPT_PREFILL_POLICY,
     OPT_DECODE_POLICY, OPT_LOG_LEVEL, OPT_PROM_PORT, OPT_PROM_HOST, OPT_WORKER_TTL, OPT_PORT_FILE, OPT_DP_SIZE,
-    OPT_MAX_PAYLOAD, OPT_MAX_PAYLOAD_IN_FLIGHT,
+    OPT_MAX_PAYLOAD, OPT_MAX_PAYLOAD_IN_FLIGHT, OPT_AUTH_KEY_FILE, OPT_API_KEY,
 };
 
 static const struct option router_options[] = {
@@ -156,6 +159,8 @@ static const struct option router_options[] = {
     {"intra-node-data-parallel-size", required_argument, NULL, OPT_DP_SIZE},
     {"max-payload-size", required_argument, NULL, OPT_MAX_PAYLOAD},
     {"max-payload-in-flight", required_argument, NULL, OPT_MAX_PAYLOAD_IN_FLIGHT},
+    {"auth-key-file", required_argument, NULL, OPT_AUTH_KEY_FILE},
+    {"api-key", required_argument, NULL, OPT_API_KEY},
     PDL_HTTP_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
@@ -220,6 +225,12 @@ static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int op
         if ((st = pdl_parse_long(flag, v, 1, 1l << 40, &l, err)) == PDL_OK)
             c->http.body_budget = (size_t)l;
         return st;
+    case OPT_AUTH_KEY_FILE: return copy_str(flag, v, c->auth_key_file, sizeof(c->auth_key_file), err);
+    case OPT_API_KEY:
+        /* It becomes a header line: a CR or LF in it would let it add headers of its own. */
+        if (v[0] == '\0' || strpbrk(v, "\r\n") != NULL)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s: empty, or holds a line break", flag);
+        return copy_str(flag, v, c->api_key, sizeof(c->api_key), err);
     }
     return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in config.c)", flag);
 }

@@ -37,6 +37,8 @@ typedef struct pdl_router_config {
     int intra_node_dp_size;        /* --intra-node-data-parallel-size, default 1 */
     size_t max_payload_size;       /* --max-payload-size: one request body, default 64 MiB */
     pdl_http_limits_t http;        /* --http-* and --max-payload-in-flight (http.body_budget) */
+    char auth_key_file[1024];      /* --auth-key-file: authenticated mode's cluster key ("" = compatible mode) */
+    char api_key[512];             /* --api-key: sent to every node as "Authorization: Bearer <key>" */
     bool help;
 } pdl_router_config_t;
 

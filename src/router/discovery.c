@@ -8,6 +8,13 @@
  * never stops for bad input. ZMQ_MAXMSGSIZE makes libzmq drop absurdly large frames (and their
  * sender's connection) before we ever copy them. The loop polls with a 100 ms timeout so that it
  * sweeps expired entries and notices the stop flag.
+ *
+ * Authenticated mode (--auth-key-file): the ROUTER is a CURVE server under the cluster key pair with a
+ * ZAP handler (pdlink/curve.h), so only holders of the cluster key can register -- that is what signs
+ * a registration: a rogue worker without the key never gets a frame through. Refused connections are
+ * counted (vllm_router_discovery_total{kind="refused"}): by the ZAP handler (a CURVE key that is not the
+ * cluster's, logged with the address) and by the socket's monitor (no CURVE or another cluster's key:
+ * the handshake fails before ZAP is asked).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -18,6 +25,7 @@
 #include <zmq.h>
 
 #include "common/clock.h"
+#include "pdlink/curve.h"
 #include "pdlink/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
@@ -29,6 +37,8 @@ struct pdl_discovery {
     pdl_router_t *rt;
     void *ctx;
     void *sock;
+    pdl_zap_t *zap; /* authenticated mode: admits only holders of the cluster key */
+    void *mon;      /* authenticated mode: PAIR on the socket's monitor (CURVE handshake failures) */
     pthread_t thread;
     bool started;
     pdl_ratelimit_t bad_rl;
@@ -75,6 +85,49 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len)
                  (long long)reg.dp_size, reg.is_g1 ? ", G1 format" : "");
 }
 
+/* ZAP handler thread: a connection with a CURVE key that is not the cluster's. */
+static void on_zap_refused(void *arg, const char *domain, const char *address)
+{
+    (void)domain;
+    (void)address;
+    pdl_router_t *rt = arg;
+    pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_REFUSED, 1);
+}
+
+/* The monitor's events (two frames each: {u16 event, u32 value}, endpoint): failed CURVE handshakes. */
+static void on_monitor(pdl_discovery_t *d)
+{
+    uint64_t refused = 0;
+    for (;;) {
+        zmq_msg_t f;
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, d->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        uint16_t ev = 0;
+        if (zmq_msg_size(&f) == 6)
+            memcpy(&ev, zmq_msg_data(&f), 2);
+        if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            refused++;
+        while (zmq_msg_more(&f)) {
+            zmq_msg_close(&f);
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, d->mon, 0) < 0)
+                break;
+        }
+        zmq_msg_close(&f);
+    }
+    if (refused == 0)
+        return;
+    pdl_rt_metrics_discovery(d->rt->metrics, PDL_DISC_REFUSED, refused);
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
+        pdl_warn("discovery: refused %llu connection(s) that failed the CURVE handshake: no key or another "
+                 "cluster's (--auth-key-file; %llu similar suppressed)",
+                 (unsigned long long)refused, (unsigned long long)suppressed);
+}
+
 static void *discovery_main(void *arg)
 {
     pdl_discovery_t *d = arg;
@@ -85,12 +138,16 @@ static void *discovery_main(void *arg)
         return NULL;
     }
     while (!atomic_load(&rt->stop)) {
-        zmq_pollitem_t item = {.socket = d->sock, .events = ZMQ_POLLIN};
-        int rc = zmq_poll(&item, 1, 100);
+        zmq_pollitem_t items[2] = {{.socket = d->sock, .events = ZMQ_POLLIN}, {.socket = d->mon, .events = ZMQ_POLLIN}};
+        int rc = zmq_poll(items, d->mon ? 2 : 1, 100);
         size_t expired = pdl_registry_sweep(rt->reg, pdl__clock_now_ms());
         if (expired)
             pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_EXPIRED, expired);
         if (rc <= 0)
+            continue;
+        if (d->mon && (items[1].revents & ZMQ_POLLIN))
+            on_monitor(d);
+        if (!(items[0].revents & ZMQ_POLLIN))
             continue;
         /* Drain what is queued, one multipart message at a time. */
         for (int burst = 0; burst < 1000; burst++) {
@@ -156,6 +213,23 @@ pdl_status_t pdl_discovery_start(pdl_router_t *rt, const char *host, int port, p
     zmq_setsockopt(d->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(d->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
     zmq_setsockopt(d->sock, ZMQ_IPV6, &ipv6, sizeof(ipv6));
+    if (rt->auth != NULL) {
+        /* The ZAP handler binds before the ROUTER does: no connection is ever admitted without it. */
+        pdl_status_t st = pdl_curve_zap_start(d->ctx, rt->auth, "router discovery", on_zap_refused, rt, &d->zap, err);
+        if (st == PDL_OK)
+            st = pdl_curve_server(d->sock, rt->auth, "discovery", err);
+        if (st == PDL_OK && zmq_socket_monitor(d->sock, "inproc://pdl-discovery-mon", ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0) {
+            d->mon = zmq_socket(d->ctx, ZMQ_PAIR);
+            int zero = 0;
+            if (d->mon == NULL || zmq_setsockopt(d->mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 ||
+                zmq_connect(d->mon, "inproc://pdl-discovery-mon") != 0)
+                st = pdl_error_set(err, PDL_ERR_SYSTEM, "discovery: monitor: %s", zmq_strerror(zmq_errno()));
+        }
+        if (st != PDL_OK) {
+            pdl_discovery_destroy(d);
+            return st;
+        }
+    }
     char ep[600];
     if (port == 0)
         snprintf(ep, sizeof(ep), ipv6 ? "tcp://[%s]:*" : "tcp://%s:*", host);
@@ -190,8 +264,13 @@ void pdl_discovery_destroy(pdl_discovery_t *d)
         return;
     if (d->started)
         pthread_join(d->thread, NULL);
+    if (d->mon) {
+        zmq_socket_monitor(d->sock, NULL, 0);
+        zmq_close(d->mon);
+    }
     if (d->sock)
         zmq_close(d->sock);
+    pdl_curve_zap_stop(d->zap);
     if (d->ctx)
         zmq_ctx_term(d->ctx);
     free(d);

@@ -396,6 +396,8 @@ static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, siz
     snprintf(d->rid_header, sizeof(d->rid_header), "X-Request-Id: %s", d->request_id);
     d->headers[d->nh++] = "Content-Type: application/json";
     d->headers[d->nh++] = d->rid_header;
+    if (rt->auth_header[0] != '\0') /* --api-key: the nodes' own --api-key (vllm-router does the same) */
+        d->headers[d->nh++] = rt->auth_header;
     for (size_t i = 0; i < ntrace && d->nh < 8; i++)
         d->headers[d->nh++] = trace_headers[i];
 
@@ -688,7 +690,9 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *pat
     pdl_leg_t *leg = pdl_leg_acquire(rt->up);
     pdl_error_t err;
     pdl_error_clear(&err);
-    if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, NULL, 0, true, &err) != PDL_OK ||
+    const char *auth[] = {rt->auth_header};
+    size_t nauth = rt->auth_header[0] != '\0' ? 1 : 0;
+    if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, auth, nauth, true, &err) != PDL_OK ||
         pdl_leg_wait(rt->up, leg->own_multi, &leg, NULL, 1) != PDL_OK) {
         pdl_leg_release(rt->up, leg);
         return pdl_http_reply(c, 503, NULL, "router is shutting down or out of memory", 40, NULL);

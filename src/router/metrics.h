@@ -37,6 +37,7 @@ typedef enum pdl_rt_disc {
     PDL_DISC_MODE_MISMATCH,     /* dropped: transfer mode differs from the cluster's */
     PDL_DISC_REJECTED,          /* dropped for another reason (table full, bad address) */
     PDL_DISC_EXPIRED,           /* entries removed by the TTL */
+    PDL_DISC_REFUSED,           /* authenticated mode: connections without the cluster key (CURVE, ZAP) */
     PDL_DISC_COUNT_,
 } pdl_rt_disc_t;
 

@@ -8,6 +8,7 @@
 
 #include <zmq.h>
 
+#include "pdlink/curve.h"
 #include "pdlink/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
@@ -18,13 +19,15 @@
 
 struct pdl_rt_release {
     void *zctx;
+    const pdl_auth_t *auth;
 };
 
-pdl_status_t pdl_rt_release_create(pdl_rt_release_t **rel_p, pdl_error_t *err)
+pdl_status_t pdl_rt_release_create(const pdl_auth_t *auth, pdl_rt_release_t **rel_p, pdl_error_t *err)
 {
     pdl_rt_release_t *rel = calloc(1, sizeof(*rel));
     if (rel == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "releases: out of memory");
+    rel->auth = auth;
     rel->zctx = zmq_ctx_new();
     if (rel->zctx == NULL) {
         free(rel);
@@ -57,6 +60,12 @@ static bool send_one(pdl_rt_release_t *rel, const char *host, int port, const pd
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
     if (v6)
         zmq_setsockopt(s, ZMQ_IPV6, &one, sizeof(one));
+    pdl_error_t e;
+    if (pdl_curve_client(s, rel->auth, &e) != PDL_OK) {
+        pdl_warn("%s to %s: %s", what, ep, e.msg);
+        zmq_close(s);
+        return false;
+    }
     bool ok = zmq_connect(s, ep) == 0 && zmq_send(s, b->data, b->len, ZMQ_DONTWAIT) == (int)b->len;
     if (!ok)
         pdl_warn("%s to %s: %s", what, ep, zmq_strerror(errno));

@@ -28,12 +28,18 @@ pdl_status_t pdl_router_create(const pdl_router_config_t *cfg, pdl_router_t **rt
     uint64_t s = 0;
     memcpy(&s, seed, sizeof(s));
     pdl_status_t st;
+    if (cfg->api_key[0] != '\0')
+        snprintf(rt->auth_header, sizeof(rt->auth_header), "Authorization: Bearer %s", cfg->api_key);
+    if (cfg->auth_key_file[0] != '\0' && (st = pdl_auth_load(cfg->auth_key_file, &rt->auth, err)) != PDL_OK) {
+        pdl_router_destroy(rt);
+        return pdl_error_prefix(err, st, "--auth-key-file");
+    }
     if ((st = pdl_registry_create(cfg->worker_ttl_ms, &rt->reg)) != PDL_OK ||
         (st = pdl_rt_metrics_create(&rt->metrics)) != PDL_OK ||
         (st = pdl_policy_create(cfg->prefill_policy, s, &rt->prefill_policy)) != PDL_OK ||
         (st = pdl_policy_create(cfg->decode_policy, s ^ 0x5bd1e995u, &rt->decode_policy)) != PDL_OK ||
         (st = pdl_upstream_create(RT_POOL_IDLE, &rt->stop, &rt->up)) != PDL_OK ||
-        (st = pdl_rt_release_create(&rt->rel, err)) != PDL_OK) {
+        (st = pdl_rt_release_create(rt->auth, &rt->rel, err)) != PDL_OK) {
         pdl_router_destroy(rt);
         return pdl_error_set(err, st, "out of memory creating the router");
     }
@@ -76,5 +82,6 @@ void pdl_router_destroy(pdl_router_t *rt)
     pdl_policy_destroy(rt->decode_policy);
     pdl_rt_metrics_destroy(rt->metrics);
     pdl_registry_destroy(rt->reg);
+    pdl_auth_free(rt->auth);
     free(rt);
 }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "app/http.h"
+#include "pdlink/auth.h"
 #include "pdlink/status.h"
 #include "router/config.h"
 #include "router/metrics.h"
@@ -42,6 +43,8 @@ typedef struct pdl_router {
     pdl_rt_release_t *rel;        /* failed-status releases when a decode leg fails (release.h) */
     pdl_http_t *http, *prom;      /* the API listener and the --prometheus-port one (or NULL) */
     int http_port, prom_port, disc_port;
+    pdl_auth_t *auth;             /* --auth-key-file (NULL: compatible mode): discovery CURVE, release DEALERs */
+    char auth_header[600];        /* "Authorization: Bearer <--api-key>" for every node request; "" = none */
 } pdl_router_t;
 
 pdl_status_t pdl_router_create(const pdl_router_config_t *cfg, pdl_router_t **rt_p, pdl_error_t *err);

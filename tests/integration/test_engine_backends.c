@@ -109,7 +109,7 @@ typedef struct cmd {
 
 static void child_main(int fd, pdl_backend_kind_t backend)
 {
-    pdl_engine_config_t cfg = {"target:tp0", "127.0.0.1", 0, backend, 2, 2, NULL, false, NULL};
+    pdl_engine_config_t cfg = {"target:tp0", "127.0.0.1", 0, backend, 2, 2, NULL, false, NULL, NULL};
     pdl_engine_t *e = NULL;
     pdl_error_t err;
     if (pdl_engine_create(&cfg, &e, &err) != PDL_OK) {
@@ -190,7 +190,7 @@ static void peer_start(peer_t *p, pdl_backend_kind_t backend)
     }
     close(sv[1]);
     p->fd = sv[0];
-    pdl_engine_config_t cfg = {"initiator:tp0", "127.0.0.1", 0, backend, 2, 2, NULL, false, NULL};
+    pdl_engine_config_t cfg = {"initiator:tp0", "127.0.0.1", 0, backend, 2, 2, NULL, false, NULL, NULL};
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&cfg, &p->e, &err), PDL_OK);
     assert_int_equal(pdl_engine_alloc_mem(p->e, REGION, &p->local, &err), PDL_OK);

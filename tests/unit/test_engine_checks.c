@@ -34,8 +34,8 @@ typedef struct pair {
 
 static void pair_open(pair_t *p, pdl_backend_kind_t b)
 {
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL, false, NULL};
-    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL, false, NULL};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, b, 1, 1, NULL, false, NULL, NULL};
+    pdl_engine_config_t ic = {"consumer:tp0", "127.0.0.1", 0, b, 2, 2, NULL, false, NULL, NULL};
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&oc, &p->owner, &err), PDL_OK);
     assert_int_equal(pdl_engine_create(&ic, &p->init, &err), PDL_OK);
@@ -388,7 +388,7 @@ static void test_remove_remote(void **state)
 static void test_dereg_while_serving_tcp(void **state)
 {
     (void)state;
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL, NULL};
     pdl_engine_t *e = NULL;
     pdl_mem_t *m = NULL, *m2 = NULL;
     pdl_error_t err;
@@ -433,7 +433,7 @@ static void test_dereg_while_serving_tcp(void **state)
 static void test_ids_random(void **state)
 {
     (void)state;
-    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL, NULL};
     pdl_engine_t *e;
     assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
     pdl_mem_t *m[8];

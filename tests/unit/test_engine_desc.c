@@ -21,7 +21,7 @@
 
 static pdl_engine_t *mk(const char *key, pdl_backend_kind_t b)
 {
-    pdl_engine_config_t cfg = {key, "127.0.0.1", 0, b, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t cfg = {key, "127.0.0.1", 0, b, 1, 1, NULL, false, NULL, NULL};
     pdl_engine_t *e = NULL;
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
@@ -356,7 +356,7 @@ static void test_config_checks(void **state)
     (void)state;
     pdl_engine_t *e = NULL;
     pdl_error_t err;
-    pdl_engine_config_t cfg = {"k", "127.0.0.1", 0, PDL_BACKEND_TCP, 0, 1, NULL, false, NULL};
+    pdl_engine_config_t cfg = {"k", "127.0.0.1", 0, PDL_BACKEND_TCP, 0, 1, NULL, false, NULL, NULL};
     assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_ERR_INVALID);
     assert_non_null(strstr(err.msg, "qp_per_transfer"));
     cfg.qp_per_transfer = 1;
@@ -383,7 +383,7 @@ static void test_tcp_congestion(void **state)
     (void)state;
     pdl_engine_t *e = NULL;
     pdl_error_t err;
-    pdl_engine_config_t cfg = {"cc", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL};
+    pdl_engine_config_t cfg = {"cc", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL, NULL};
     assert_int_equal(pdl_engine_create(&cfg, &e, &err), PDL_OK);
     const char *cc = pdl_engine_tcp_congestion(e);
     /* cubic where it can be set, else reno (always permitted), else the system default. */
