@@ -175,7 +175,7 @@ static pdl_instance_t *bc_instance(const bc_opts_t *o, pdl_port_picker_t *pp, pd
             return NULL;
         }
         pdl_instance_config_t c;
-        memset(&c, 0, sizeof(c));
+        pdl_instance_config_defaults(&c);
         pdl_connector_config_defaults(&c.conn);
         c.conn.role = role;
         c.conn.read_mode = true;

@@ -814,8 +814,8 @@ static int hetero_descs(int ptp, int dtp, uint32_t nblocks, int layers, pdl_desc
         snprintf(why, whycap, "%s", err.msg);
         return -1;
     }
-    pdl_kv_geometry_t lg = {nblocks, 16, (uint32_t)(heads / dtp), 128, 2, true, PDL_KV_HND, false};
-    pdl_kv_geometry_t rg = {nblocks, 16, (uint32_t)(heads / ptp), 128, 2, true, PDL_KV_HND, false};
+    pdl_kv_geometry_t lg = {nblocks, 16, (uint32_t)(heads / dtp), 128, 2, true, PDL_KV_HND, false, false};
+    pdl_kv_geometry_t rg = {nblocks, 16, (uint32_t)(heads / ptp), 128, 2, true, PDL_KV_HND, false, false};
     uint32_t *lb = malloc(nblocks * sizeof(uint32_t)), *rb = malloc(nblocks * sizeof(uint32_t));
     unsigned rng = 7;
     for (uint32_t i = 0; i < nblocks; i++)

@@ -5,6 +5,12 @@
  * transfer engine, KV region (all layers of that rank), handshake ROUTER and notify ROUTER on
  * `base + dp_rank*tp_size + tp_rank`, and the instance-wide paged block allocator (block ids are the
  * same on every rank, as in vLLM). Rank 0 sends the discovery ping when `proxy_ip` is set.
+ * One rank per process (`local_rank`, as vLLM runs one worker process per TP rank): the instance object
+ * runs one rank only and everything below applies to that rank's share; the other ranks run in other
+ * processes, each its own instance with the same config and another local_rank.
+ * Caller-owned block ids (`external_blocks`, as vLLM's scheduler owns them): no allocator; holds and
+ * transfers take any id below num_blocks, and the caller learns from PDL_EVENT_FREED when a held
+ * transfer is over.
  *
  * READ mode (the seed's flow):
  *   producer: pdl_instance_hold(transfer_id, blocks) after the prefill; each rank counts releases up
@@ -121,6 +127,10 @@ typedef struct pdl_model_geometry {
     bool is_mla;
     pdl_kv_order_t order;
     bool kv_separate;
+    /* vLLM's CPU cache: one half per block, each head's row of a token is K then V (2 * head_dim
+     * elements; layout.h). Handshakes carry it in `layout` ("hnd-fused"), so a fused and a non-fused
+     * peer refuse each other (PDL_ERR_MISMATCH) instead of mixing bytes. */
+    bool kv_fused;
 } pdl_model_geometry_t;
 
 typedef struct pdl_instance_config {
@@ -145,7 +155,29 @@ typedef struct pdl_instance_config {
      * cache tensors instead of copying them in and out of the instance's memory. */
     void *const *kv_regions;
     const size_t *kv_region_lens;
+    /* -1 (the default, and what a zeroed config must be set to: pdl_instance_config_defaults): every
+     * rank runs in this instance. r in [0, tp_size): this instance runs rank r only -- its engine, KV
+     * region (kv_regions[r]; other entries are ignored and may be NULL), ports (base + dp_rank*tp_size
+     * + r), threads and counters; ranks of other processes are not contacted. A producer transfer is
+     * held until THIS rank resolved it (the other ranks' processes count their own releases); a pull,
+     * push, expect_push or abandon does this rank's share (a consumer rank reads its read plan and
+     * releases every producer rank of its group, as always). Only local_rank 0 (or -1) sends the
+     * discovery ping. Rank-indexed functions given another rank fail (PDL_ERR_INVALID, NULL, -1 or 0
+     * as each documents). */
+    int local_rank;
+    /* Block ids belong to the caller (vLLM's scheduler, with prefix caching two requests may share
+     * blocks): the instance has no allocator (pdl_instance_alloc_blocks fails with
+     * PDL_ERR_UNSUPPORTED, free is a no-op, free_block_count is 0); hold, pull, push and expect_push
+     * take any id below num_blocks, holds may overlap (the engine serves a block while any transfer
+     * holding it is held, and still refuses reads outside every held block), and a resolved hold frees
+     * nothing: PDL_EVENT_FREED (once per transfer, after the local rank(s) resolved it) tells the
+     * caller it may reuse the blocks. */
+    bool external_blocks;
 } pdl_instance_config_t;
+
+/* Zero cfg and set the defaults of every field that is not 0: conn (pdl_connector_config_defaults),
+ * dp_size 1, local_rank -1. The caller sets model, tp_size and num_blocks. Cannot fail. */
+void pdl_instance_config_defaults(pdl_instance_config_t *cfg);
 
 /*
  * Bytes rank tp_rank's KV region holds for `cfg` (every layer): what pdl_instance_create allocates, and
@@ -171,23 +203,27 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
  * must be freed before. NULL is ignored. */
 void pdl_instance_destroy(pdl_instance_t *inst);
 
+/* The rank this instance runs (local_rank), or -1 when it runs every rank. */
+int pdl_instance_local_rank(const pdl_instance_t *inst);
 /* "host:handshake_base", the engine_id MoRIIO advertises. Owned by the instance. */
 const char *pdl_instance_engine_id(const pdl_instance_t *inst);
 /* "host:IP,handshake:PORT,notify:PORT" for discovery and request ids. Owned by the instance. */
 const char *pdl_instance_zmq_address(const pdl_instance_t *inst);
 int pdl_instance_tp_size(const pdl_instance_t *inst);
-/* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank); -1 for a bad rank. */
+/* Ports a rank actually listens on (base + dp_rank*tp_size + tp_rank); -1 for a bad or non-local rank. */
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 
 /* KV memory of one rank, owned by the instance: the geometry of each layer and a pointer to the
- * layer's region. NULL for a bad rank or layer. */
+ * layer's region. NULL for a bad or non-local rank, or a bad layer. */
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);
 uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer);
 
 /* Paged block allocator shared by all ranks. alloc writes n ids to ids_out (the caller owns the
  * blocks until it frees them or hands them over); fails with PDL_ERR_NOMEM naming free/needed counts,
- * allocating nothing. free takes back blocks the caller owns (ids not allocated are logged, ignored). */
+ * allocating nothing. free takes back blocks the caller owns (ids not allocated are logged, ignored).
+ * With external_blocks there is no allocator: alloc fails with PDL_ERR_UNSUPPORTED, free does nothing,
+ * free_block_count is 0. */
 pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t *ids_out, pdl_error_t *err);
 void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
 size_t pdl_instance_free_block_count(pdl_instance_t *inst);
@@ -195,10 +231,14 @@ size_t pdl_instance_free_block_count(pdl_instance_t *inst);
 /*
  * Producer (READ mode): hold `ids` under transfer_id until every rank reported the release fan-in
  * (then they are freed, whether the consumer reported ok or failed) or defer_timeout passes (freed,
- * counted expired). On success the blocks belong to the instance. The KV in the blocks must be final
+ * counted expired); with local_rank, "every rank" is that one rank. On success the blocks belong to
+ * the instance. The KV in the blocks must be final
  * before the call: hold publishes it to the threads that serve remote reads.
- * Fails with PDL_ERR_INVALID (empty or too long id, no blocks, blocks not allocated),
- * PDL_ERR_BAD_STATE (transfer_id already held) or PDL_ERR_NOMEM; the blocks stay the caller's.
+ * Fails with PDL_ERR_INVALID (empty or too long id, no blocks, blocks not allocated -- with
+ * external_blocks: an id not below num_blocks), PDL_ERR_BAD_STATE (transfer_id already held) or
+ * PDL_ERR_NOMEM; the blocks stay the caller's. With external_blocks the blocks stay the caller's
+ * anyway (nothing is freed: wait for PDL_EVENT_FREED before reusing them), and other holds may name
+ * the same blocks.
  */
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err);
@@ -378,7 +418,8 @@ typedef struct pdl_counter_info {
 
 /* The rows of PDL_RANK_COUNTERS in order (static storage; *n gets their number). Cannot fail. */
 const pdl_counter_info_t *pdl_rank_counters_table(size_t *n);
-/* Snapshot of rank tp_rank's counters into *out; PDL_ERR_INVALID for a bad rank or NULL out. */
+/* Snapshot of rank tp_rank's counters into *out; PDL_ERR_INVALID for a bad or non-local rank (named)
+ * or NULL out. */
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err);
 /*
  * The remote accesses rank tp_rank's engine served, per peer host (pdl_engine_peer_stats: up to `cap`

@@ -5,7 +5,9 @@
  * (all K blocks, then all V blocks -- vLLM's [2, num_blocks, ...]); otherwise [blocks][2][block]
  * (K and V interleaved per block). Inside one half-block the bytes are head-major, [heads][tokens][dim]
  * ("HND"), or token-major, [tokens][heads][dim] ("NHD"). MLA layers have one half (no V) and one
- * latent "head". The two sides of a transfer may have different block counts, so every offset is
+ * latent "head". With `kv_fused` (vLLM's CPU cache) a block is one half whose per-token row of a head is
+ * K then V, [heads][tokens][2 * dim] (HND) or [tokens][heads][2 * dim] (NHD): a head range is still
+ * contiguous in HND, so head splitting works as for the other layouts. The two sides of a transfer may have different block counts, so every offset is
  * computed from that side's own geometry.
  *
  * Layer: layout, above topo (it consumes topo's plan pieces). Pure functions: no I/O, no logging, no
@@ -46,8 +48,17 @@ typedef struct pdl_kv_geometry {
     uint32_t elem_size;  /* bytes per element: fp8 = 1, bf16 = 2 */
     bool kv_separate;    /* true: [2][blocks]...; false: [blocks][2]... */
     pdl_kv_order_t order;
-    bool is_mla; /* one half only */
+    bool is_mla;   /* one half only */
+    bool kv_fused; /* one half whose rows are K then V (2 * head_dim elements); kv_separate is ignored */
 } pdl_kv_geometry_t;
+
+/*
+ * The layout string of `g` the handshake carries (`layout`): the order ("hnd"/"nhd"), plus "-fused"
+ * for kv_fused, else "-blockfirst" when K and V are interleaved per block (kv_separate false). Two
+ * peers whose strings differ would not find a head at the same place, so they are refused. Writes at
+ * most cap bytes (NUL included); returns the length, or -1 if it does not fit (24 bytes always do).
+ */
+int pdl_layout_name(const pdl_kv_geometry_t *g, char *buf, size_t cap);
 
 /* "hnd" / "nhd", or "unknown" for any other value; static, never NULL. */
 const char *pdl_layout_order_name(pdl_kv_order_t order);
@@ -55,7 +66,8 @@ const char *pdl_layout_order_name(pdl_kv_order_t order);
 int pdl_layout_order_parse(const char *s);
 
 /*
- * Check that `g` is usable: every size positive, `order` HND or NHD, num_heads 1 for MLA, and the region
+ * Check that `g` is usable: every size positive, `order` HND or NHD, num_heads 1 for MLA, not MLA and
+ * fused at once, and the region
  * length (num_blocks x halves x block length) fits in 64 bits, so no offset computed from it can
  * overflow. PDL_ERR_INVALID (also for a NULL g), with the message naming the field and its value.
  */
@@ -63,10 +75,12 @@ pdl_status_t pdl_layout_validate(const pdl_kv_geometry_t *g, pdl_error_t *err);
 
 /*
  * Sizes and offsets of a validated geometry (`g` must not be NULL; no checks, no overflow detection).
- * Number of halves: 1 for MLA, else 2 (K and V).
+ * Number of halves: 1 for MLA and fused, else 2 (K and V).
  */
 int pdl_layout_num_halves(const pdl_kv_geometry_t *g);
-/* Bytes of one half of one block: block_size * num_heads * head_dim * elem_size. */
+/* Bytes of one head's row of one token in a half-block: head_dim * elem_size (x 2 when fused). */
+uint64_t pdl_layout_row_len(const pdl_kv_geometry_t *g);
+/* Bytes of one half of one block: block_size * num_heads * row length. */
 uint64_t pdl_layout_block_len(const pdl_kv_geometry_t *g);
 /* Bytes of the whole layer region: num_blocks * halves * block_len. */
 uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g);
@@ -95,7 +109,7 @@ typedef enum pdl_dir {
  *                    a `dir` other than READ/WRITE; pieces naming two producer ranks; a piece with
  *                    num_heads < 1 or outside either side's heads; a block id outside that side's
  *                    num_blocks. Each message names the value and the limit.
- *   PDL_ERR_MISMATCH head_dim, elem_size, block_size or is_mla differ between the sides.
+ *   PDL_ERR_MISMATCH head_dim, elem_size, block_size, is_mla or kv_fused differ between the sides.
  *   PDL_ERR_NOMEM    `out` could not grow; `out->n` is restored to its value on entry.
  */
 pdl_status_t pdl_layout_build_descs(const pdl_kv_geometry_t *local, const pdl_kv_geometry_t *remote,

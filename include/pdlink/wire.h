@@ -169,7 +169,7 @@ typedef struct pdl_agent_meta {
     char pdlink_version[32];
     int64_t tp_size, tp_rank, dp_rank;
     int64_t num_layers, total_num_kv_heads, head_dim, kv_elem_size, block_size;
-    char layout[16]; /* "hnd" / "nhd" */
+    char layout[16]; /* pdl_layout_name: "hnd", "nhd", + "-blockfirst" or "-fused" (compared verbatim) */
     bool is_mla;
 } pdl_agent_meta_t;
 

@@ -20,6 +20,11 @@ KV memory is either the instance's own (``kv_layer`` gives writable views) or th
 ``kv_buffers``, one writable C-contiguous buffer per rank (numpy arrays, ``bytearray``, torch CPU
 tensors) of at least :func:`kv_region_len` bytes; pdlink then moves KV straight into and out of them.
 
+Inside vLLM (one worker process per TP rank, block ids owned by vLLM's scheduler, the CPU cache's
+K and V concatenated per token): ``Instance(..., local_rank=rank, external_blocks=True,
+kv_buffers=[that rank's cache])`` with ``Geometry(..., kv_fused=True)``; the producer reports a
+transfer finished when :meth:`Instance.events` yields ``("freed", transfer_id, -1)``.
+
 Errors raise :class:`PdlinkError` (or a subclass) carrying pdlink's own message.
 """
 from __future__ import annotations
@@ -96,7 +101,10 @@ class Geometry:
 
     ``order`` is ``"hnd"`` (vLLM's CPU/flash layout: heads, then tokens, inside a block) or ``"nhd"``;
     ``kv_separate`` puts all K blocks before all V blocks of a layer (vLLM's ``[2, num_blocks, ...]``),
-    otherwise K and V alternate per block. ``elem_size`` is bytes per element (2 for bf16/fp16)."""
+    otherwise K and V alternate per block. ``kv_fused``: vLLM's CPU cache, one tensor per layer of
+    shape ``(num_blocks, heads, block_size, 2 * head_dim)`` -- K then V in each token's row (with
+    ``order="hnd"``; ``kv_separate`` is then ignored). ``elem_size`` is bytes per element (2 for
+    bf16/fp16, 4 for float32)."""
 
     num_layers: int
     total_kv_heads: int
@@ -106,6 +114,7 @@ class Geometry:
     is_mla: bool = False
     order: str = "hnd"
     kv_separate: bool = True
+    kv_fused: bool = False
 
 
 def _config_text(config: JsonConfig) -> bytes:
@@ -115,8 +124,10 @@ def _config_text(config: JsonConfig) -> bytes:
 
 
 def _instance_config(config: JsonConfig, geometry: Geometry, tp_size: int, num_blocks: int, dp_rank: int,
-                     dp_size: int, allow_write_mode: bool) -> Any:
+                     dp_size: int, allow_write_mode: bool, local_rank: Optional[int] = None,
+                     external_blocks: bool = False) -> Any:
     c = ffi.new("pdl_instance_config_t *")
+    lib.pdl_instance_config_defaults(c)  # local_rank -1: a zeroed config would run rank 0 only
     err = _err()
     _check(lib.pdl_connector_config_parse(_config_text(config), ffi.addressof(c, "conn"), err), err)
     if geometry.order not in ("hnd", "nhd"):
@@ -130,6 +141,7 @@ def _instance_config(config: JsonConfig, geometry: Geometry, tp_size: int, num_b
     m.is_mla = geometry.is_mla
     m.order = lib.PDL_KV_HND if geometry.order == "hnd" else lib.PDL_KV_NHD
     m.kv_separate = geometry.kv_separate
+    m.kv_fused = geometry.kv_fused
     c.tp_size = tp_size
     c.dp_rank = dp_rank
     c.dp_size = dp_size
@@ -137,6 +149,10 @@ def _instance_config(config: JsonConfig, geometry: Geometry, tp_size: int, num_b
         raise InvalidError(lib.PDL_ERR_INVALID, f"num_blocks {num_blocks}: expected 1 .. 2^32-1")
     c.num_blocks = num_blocks
     c.allow_write_mode = allow_write_mode
+    if local_rank is not None and not (isinstance(local_rank, int) and 0 <= local_rank < tp_size):
+        raise InvalidError(lib.PDL_ERR_INVALID, f"local_rank {local_rank!r}: expected None or 0 .. {tp_size - 1}")
+    c.local_rank = -1 if local_rank is None else local_rank
+    c.external_blocks = external_blocks
     return c
 
 
@@ -277,22 +293,41 @@ class Instance:
     notify_port, read_mode, backend, ...). ``kv_buffers``: None (pdlink allocates), or one writable
     C-contiguous buffer per rank of at least :func:`kv_region_len` bytes that pdlink reads and writes
     in place; they must stay alive until :meth:`close` (the instance keeps a reference).
+
+    ``local_rank``: None runs every rank in this object; an int ``r`` runs rank ``r`` only (vLLM's
+    worker process of rank ``r``: its engine, region, ports and counters), the other ranks being other
+    processes' instances with the same config. ``kv_buffers`` may then be ``[that rank's buffer]`` or
+    a full ``tp_size`` list of which only entry ``r`` is used. A producer transfer is done (``"freed"``
+    event) when this rank counted its releases. Calls naming another rank raise :class:`InvalidError`.
+
+    ``external_blocks``: block ids are the caller's (vLLM's scheduler): no allocator
+    (:meth:`alloc_blocks` raises, :meth:`free_blocks` does nothing, ``free_block_count`` is 0); hold,
+    pull, push and expect_push take any id below ``num_blocks``; holds may overlap (prefix caching);
+    nothing is freed when a hold ends -- the ``("freed", transfer_id, -1)`` event says the blocks may
+    be reused.
     """
 
     def __init__(self, config: JsonConfig, geometry: Geometry, *, tp_size: int, num_blocks: int,
                  dp_rank: int = 0, dp_size: int = 1, kv_buffers: Optional[Sequence[Any]] = None,
-                 allow_write_mode: bool = False) -> None:
+                 allow_write_mode: bool = False, local_rank: Optional[int] = None,
+                 external_blocks: bool = False) -> None:
         self._h: Any = None
         self.geometry = geometry
-        c = _instance_config(config, geometry, tp_size, num_blocks, dp_rank, dp_size, allow_write_mode)
+        c = _instance_config(config, geometry, tp_size, num_blocks, dp_rank, dp_size, allow_write_mode,
+                             local_rank, external_blocks)
         self._keep: List[Any] = []
         if kv_buffers is not None:
-            if len(kv_buffers) != tp_size:
+            if local_rank is not None and len(kv_buffers) == 1:
+                given = {local_rank: kv_buffers[0]}  # that rank's buffer only
+            elif len(kv_buffers) == tp_size:
+                given = {r: b for r, b in enumerate(kv_buffers) if local_rank is None or r == local_rank}
+            else:
+                want = f"{tp_size}" if local_rank is None else f"1 (rank {local_rank}'s) or {tp_size}"
                 raise InvalidError(lib.PDL_ERR_INVALID,
-                                   f"kv_buffers: {len(kv_buffers)} buffers for tp_size {tp_size}")
+                                   f"kv_buffers: {len(kv_buffers)} buffers for tp_size {tp_size}; expected {want}")
             regions = ffi.new("void *[]", tp_size)
             lens = ffi.new("size_t[]", tp_size)
-            for r, obj in enumerate(kv_buffers):
+            for r, obj in given.items():
                 ptr, n = _buffer_of(obj, r)
                 regions[r] = ptr
                 lens[r] = n
@@ -309,6 +344,9 @@ class Instance:
         self._self_handle = ffi.new_handle(self)
         lib.pdl_instance_set_event_fn(self._h, lib.pdlpy_on_event, self._self_handle)
         self.tp_size = tp_size
+        #: The rank this object runs (None: every rank).
+        self.local_rank: Optional[int] = local_rank
+        self.external_blocks = external_blocks
         self.read_mode = bool(c.conn.read_mode)
         self.role = "producer" if c.conn.role == lib.PDL_ROLE_PRODUCER else "consumer"
         self.backend = ffi.string(lib.pdl_backend_name(c.conn.backend)).decode()
@@ -351,12 +389,18 @@ class Instance:
         return ffi.string(lib.pdl_instance_zmq_address(self._handle())).decode()
 
     def handshake_port(self, rank: int) -> int:
-        """The port rank ``rank``'s handshake ROUTER listens on."""
-        return int(lib.pdl_instance_handshake_port(self._handle(), rank))
+        """The port rank ``rank``'s handshake ROUTER listens on (a rank this object runs)."""
+        port = int(lib.pdl_instance_handshake_port(self._handle(), rank))
+        if port < 0:
+            raise InvalidError(lib.PDL_ERR_INVALID, f"handshake_port: {self._rank_error(rank)}")
+        return port
 
     def notify_port(self, rank: int) -> int:
-        """The port rank ``rank``'s notify ROUTER listens on."""
-        return int(lib.pdl_instance_notify_port(self._handle(), rank))
+        """The port rank ``rank``'s notify ROUTER listens on (a rank this object runs)."""
+        port = int(lib.pdl_instance_notify_port(self._handle(), rank))
+        if port < 0:
+            raise InvalidError(lib.PDL_ERR_INVALID, f"notify_port: {self._rank_error(rank)}")
+        return port
 
     # -- memory
     def rank_geometry(self, rank: int) -> Dict[str, Any]:
@@ -364,24 +408,36 @@ class Instance:
         elem_size, order, kv_separate, block_len (bytes of one half-block) and layer_len (bytes)."""
         g = lib.pdl_instance_geometry(self._handle(), rank)
         if g == ffi.NULL:
-            raise InvalidError(lib.PDL_ERR_INVALID, f"rank {rank} not in [0, {self.tp_size})")
+            raise InvalidError(lib.PDL_ERR_INVALID, self._rank_error(rank))
         return {"num_blocks": g.num_blocks, "block_size": g.block_size, "num_heads": g.num_heads,
                 "head_dim": g.head_dim, "elem_size": g.elem_size, "is_mla": bool(g.is_mla),
                 "order": "hnd" if g.order == lib.PDL_KV_HND else "nhd", "kv_separate": bool(g.kv_separate),
+                "kv_fused": bool(g.kv_fused),
                 "block_len": int(lib.pdl_layout_block_len(g)), "layer_len": int(lib.pdl_layout_region_len(g))}
+
+    def _rank_error(self, rank: int) -> str:
+        if not 0 <= rank < self.tp_size:
+            return f"rank {rank} not in [0, {self.tp_size})"
+        return f"rank {rank} is not run by this instance (local_rank {self.local_rank}: its process has it)"
+
+    def _local_ranks(self) -> range:
+        return range(self.tp_size) if self.local_rank is None else range(self.local_rank, self.local_rank + 1)
 
     def kv_layer(self, rank: int, layer: int) -> memoryview:
         """A writable view of rank ``rank``'s layer ``layer`` (``layer_len`` bytes; the caller's buffer
         when kv_buffers were given). ``numpy.frombuffer(view, dtype)`` makes an array of it."""
         p = lib.pdl_instance_kv_layer(self._handle(), rank, layer)
         if p == ffi.NULL:
-            raise InvalidError(lib.PDL_ERR_INVALID, f"rank {rank} layer {layer}: no such rank or layer")
+            why = self._rank_error(rank) if lib.pdl_instance_geometry(self._handle(), rank) == ffi.NULL else \
+                f"layer {layer} not in [0, {self.geometry.num_layers})"
+            raise InvalidError(lib.PDL_ERR_INVALID, f"kv_layer({rank}, {layer}): {why}")
         n = self.rank_geometry(rank)["layer_len"]
         return memoryview(ffi.buffer(p, n))
 
     # -- blocks
     def alloc_blocks(self, n: int) -> List[int]:
-        """Allocate ``n`` block ids (the same on every rank). Raises on exhaustion, naming the counts."""
+        """Allocate ``n`` block ids (the same on every rank). Raises on exhaustion, naming the counts;
+        raises :class:`PdlinkError` (PDL_ERR_UNSUPPORTED) with ``external_blocks``."""
         out = ffi.new("uint32_t[]", max(n, 1))
         err = _err()
         _check(lib.pdl_instance_alloc_blocks(self._handle(), n, out, err), err)
@@ -468,7 +524,10 @@ class Instance:
         """Take the held-transfer events since the last call, oldest first: ``("reported", transfer_id,
         rank)`` when a producer rank's release fan-in completed, ``("expired", ...)`` when a rank reaped
         it after defer_timeout, ``("freed", transfer_id, -1)`` when every rank resolved it and its blocks
-        went back to the allocator (what a vLLM scheduler waits for before freeing a prefill's blocks)."""
+        went back to the allocator (what a vLLM scheduler waits for before freeing a prefill's blocks).
+        With ``local_rank`` "every rank" is this one: the freed event is what that rank's vLLM worker
+        reports as ``finished_sending``; with ``external_blocks`` nothing went back anywhere, the event
+        says the caller may reuse the blocks."""
         out = []
         while self._events:
             out.append(self._events.popleft())
@@ -476,10 +535,10 @@ class Instance:
 
     # -- counters
     def counters(self, rank: Optional[int] = None) -> Dict[str, float]:
-        """Counters of rank ``rank`` (None: summed over every rank), keyed by their Prometheus names
-        without ``pdlink_`` and ``_total`` (``kv_bytes``, ``transfers``, ``releases_sent``, ...);
-        ``*_seconds`` values are floats."""
-        ranks = range(self.tp_size) if rank is None else [rank]
+        """Counters of rank ``rank`` (None: summed over the ranks this object runs), keyed by their
+        Prometheus names without ``pdlink_`` and ``_total`` (``kv_bytes``, ``transfers``,
+        ``releases_sent``, ...); ``*_seconds`` values are floats."""
+        ranks = self._local_ranks() if rank is None else [rank]
         out: Dict[str, float] = {}
         c = ffi.new("pdl_rank_counters_t *")
         base = ffi.cast("char *", c)

@@ -44,16 +44,17 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
 
 typedef struct pdl_model_geometry {
     int num_layers; int total_kv_heads; int head_dim; int elem_size; int block_size; bool is_mla;
-    pdl_kv_order_t order; bool kv_separate; ...;
+    pdl_kv_order_t order; bool kv_separate; bool kv_fused; ...;
 } pdl_model_geometry_t;
 typedef struct pdl_instance_config {
     pdl_connector_config_t conn; pdl_model_geometry_t model; int tp_size; int dp_rank; int dp_size;
     uint32_t num_blocks; const char *attn_backend_name; bool allow_write_mode;
-    void *const *kv_regions; const size_t *kv_region_lens; ...;
+    void *const *kv_regions; const size_t *kv_region_lens; int local_rank; bool external_blocks; ...;
 } pdl_instance_config_t;
+void pdl_instance_config_defaults(pdl_instance_config_t *cfg);
 typedef struct pdl_kv_geometry {
     uint64_t num_blocks; uint32_t block_size; uint32_t num_heads; uint32_t head_dim; uint32_t elem_size;
-    bool kv_separate; bool is_mla; pdl_kv_order_t order; ...;
+    bool kv_separate; bool is_mla; pdl_kv_order_t order; bool kv_fused; ...;
 } pdl_kv_geometry_t;
 uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g);
 uint64_t pdl_layout_block_len(const pdl_kv_geometry_t *g);
@@ -68,6 +69,7 @@ void pdl_instance_destroy(pdl_instance_t *inst);
 const char *pdl_instance_engine_id(const pdl_instance_t *inst);
 const char *pdl_instance_zmq_address(const pdl_instance_t *inst);
 int pdl_instance_tp_size(const pdl_instance_t *inst);
+int pdl_instance_local_rank(const pdl_instance_t *inst);
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);

@@ -48,6 +48,7 @@ typedef struct plan_cfg {
     uint32_t sample_blocks;
     pdl_kv_order_t order;
     bool kv_separate;
+    bool kv_fused;
     bool write_mode;
     bool json;
 } plan_cfg_t;
@@ -57,7 +58,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: pdlink plan --prefill-tp P[,P...] --decode-tp D[,D...] [--model PRESET]\n"
             "                   [--kv-heads N] [--head-dim N] [--layers N] [--mla] [--block-size N]\n"
-            "                   [--dtype bf16|fp16|fp8|fp32] [--layout hnd|nhd] [--kv-interleaved]\n"
+            "                   [--dtype bf16|fp16|fp8|fp32] [--layout hnd|nhd] [--kv-interleaved] [--kv-fused]\n"
             "                   [--mode read|write] [--num-blocks N] [--sample-blocks N] [--json]\n"
             "       pdlink plan --seed [--model PRESET] [options]   the four seed topologies\n"
             "       pdlink plan --list-models\n"
@@ -77,6 +78,7 @@ static void usage(FILE *f)
             "  --dtype NAME       KV cache dtype (default bf16)\n"
             "  --layout hnd|nhd   head-major (default) or token-major half-blocks\n"
             "  --kv-interleaved   K and V interleaved per block ([blocks][2]...) instead of [2][blocks]...\n"
+            "  --kv-fused         K and V concatenated per token, one half per block (vLLM's CPU cache)\n"
             "  --mode read|write  decode pulls (default) or prefill pushes\n"
             "  --num-blocks N     KV blocks per rank used for offsets (default 1024)\n"
             "  --sample-blocks N  consecutive blocks in the descriptor sample (default 8)\n"
@@ -156,6 +158,7 @@ enum {
     OPT_DTYPE,
     OPT_LAYERS,
     OPT_LAYOUT,
+    OPT_FUSED,
     OPT_INTERLEAVED,
     OPT_MLA,
     OPT_MODE,
@@ -181,6 +184,7 @@ static int parse_args(int argc, char **argv, plan_cfg_t *c)
         {"layers", required_argument, NULL, OPT_LAYERS},
         {"layout", required_argument, NULL, OPT_LAYOUT},
         {"kv-interleaved", no_argument, NULL, OPT_INTERLEAVED},
+        {"kv-fused", no_argument, NULL, OPT_FUSED},
         {"mla", no_argument, NULL, OPT_MLA},
         {"mode", required_argument, NULL, OPT_MODE},
         {"model", required_argument, NULL, OPT_MODEL},
@@ -266,6 +270,9 @@ static int parse_args(int argc, char **argv, plan_cfg_t *c)
         case OPT_INTERLEAVED:
             c->kv_separate = false;
             break;
+        case OPT_FUSED:
+            c->kv_fused = true;
+            break;
         case OPT_MLA:
             mla_flag = true;
             break;
@@ -336,6 +343,10 @@ static int parse_args(int argc, char **argv, plan_cfg_t *c)
         c->layers = 1;
     if (c->mla && heads == 0)
         c->heads = 1; /* the latent is one replicated "head" */
+    if (c->mla && c->kv_fused) {
+        fprintf(stderr, "pdlink plan: --kv-fused needs K and V; an MLA model has no V half\n");
+        return 2;
+    }
     if (c->dtype != NULL) {
         c->elem_size = pdl_model_dtype_size(c->dtype);
         if (c->elem_size < 0) {
@@ -403,6 +414,7 @@ static pdl_kv_geometry_t side_geometry(const plan_cfg_t *c, int heads_per_rank, 
         .kv_separate = c->kv_separate,
         .order = c->order,
         .is_mla = c->mla,
+        .kv_fused = c->kv_fused,
     };
 }
 
@@ -424,7 +436,8 @@ static pdl_status_t piece_ranges_json(const pdl_kv_geometry_t *cg1, const pdl_kv
         uint64_t sst = dv.n > 1 ? dv.v[1].remote_off - dv.v[0].remote_off : 0;
         uint64_t dst = dv.n > 1 ? dv.v[1].local_off - dv.v[0].local_off : 0;
         json_array_append_new(out, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "half",
-                                             cg1->is_mla ? "latent" : (h == 0 ? "K" : "V"), "src_offset",
+                                             cg1->is_mla ? "latent" : cg1->kv_fused ? "KV" : (h == 0 ? "K" : "V"),
+                                             "src_offset",
                                              (json_int_t)(dv.v[0].remote_off - pbase), "dst_offset",
                                              (json_int_t)(dv.v[0].local_off - cbase), "len", (json_int_t)dv.v[0].len,
                                              "count", (json_int_t)dv.n, "src_stride", (json_int_t)sst,
@@ -639,10 +652,11 @@ static json_t *plan_json(const plan_cfg_t *c, pdl_error_t *err)
         json_object_set_new(doc, "model", json_null());
     json_object_set_new(
         doc, "geometry",
-        json_pack("{s:i, s:i, s:i, s:b, s:s, s:i, s:i, s:s, s:b, s:I, s:i}", "num_layers", c->layers, "total_kv_heads",
-                  c->heads, "head_dim", c->head_dim, "is_mla", c->mla, "dtype", c->dtype, "elem_size", c->elem_size,
-                  "block_size", (int)c->block_size, "layout", pdl_layout_order_name(c->order), "kv_separate",
-                  c->kv_separate, "num_blocks", (json_int_t)c->num_blocks, "sample_blocks", (int)c->sample_blocks));
+        json_pack("{s:i, s:i, s:i, s:b, s:s, s:i, s:i, s:s, s:b, s:b, s:I, s:i}", "num_layers", c->layers,
+                  "total_kv_heads", c->heads, "head_dim", c->head_dim, "is_mla", c->mla, "dtype", c->dtype, "elem_size",
+                  c->elem_size, "block_size", (int)c->block_size, "layout", pdl_layout_order_name(c->order),
+                  "kv_separate", c->kv_separate, "kv_fused", c->kv_fused, "num_blocks", (json_int_t)c->num_blocks,
+                  "sample_blocks", (int)c->sample_blocks));
     json_t *topos = json_array();
     json_object_set_new(doc, "topologies", topos);
     for (int t = 0; t < c->n_topos; t++) {
@@ -719,10 +733,10 @@ static void print_pair(const plan_cfg_t *c, const json_t *pair)
     printf("\n== P%" JSON_INTEGER_FORMAT "/D%" JSON_INTEGER_FORMAT " (%s mode)\n", P, D, w ? "WRITE" : "READ");
     printf("prefill rank: %" JSON_INTEGER_FORMAT " %s/rank, block_len %" JSON_INTEGER_FORMAT " B per %s\n",
            geti(pgeo, "heads_per_rank"), c->mla ? "MLA latent" : "KV head(s)", geti(pgeo, "block_len"),
-           c->mla ? "block" : "K/V half-block");
+           c->mla || c->kv_fused ? "block" : "K/V half-block");
     printf("decode rank:  %" JSON_INTEGER_FORMAT " %s/rank, block_len %" JSON_INTEGER_FORMAT " B per %s\n",
            geti(cgeo, "heads_per_rank"), c->mla ? "MLA latent" : "KV head(s)", geti(cgeo, "block_len"),
-           c->mla ? "block" : "K/V half-block");
+           c->mla || c->kv_fused ? "block" : "K/V half-block");
     if (w)
         printf("fan-in: each decode rank waits for %" JSON_INTEGER_FORMAT " write_done(s)\n",
                geti(pair, "expected_write_done"));
@@ -760,7 +774,7 @@ static void print_pair(const plan_cfg_t *c, const json_t *pair)
                 printf("    %s: prefill bytes [%" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT
                        ") -> decode bytes [%" JSON_INTEGER_FORMAT ", %" JSON_INTEGER_FORMAT ") of the %s",
                        json_string_value(json_object_get(rg, "half")), so, so + len, dof, dof + len,
-                       c->mla ? "block" : "half-block");
+                       c->mla || c->kv_fused ? "block" : "half-block");
                 if (n > 1)
                     printf(", repeated for %" JSON_INTEGER_FORMAT " tokens with strides %" JSON_INTEGER_FORMAT
                            " / %" JSON_INTEGER_FORMAT " B",
@@ -813,7 +827,11 @@ static void print_plan(const plan_cfg_t *c, const json_t *doc)
         printf("model: custom\n");
     printf("geometry: %d layers, %d %s x dim %d, %s (%d B/elem), block_size %u tokens, layout %s, %s\n", c->layers,
            c->heads, c->mla ? "MLA latent" : "KV heads", c->head_dim, c->dtype, c->elem_size, c->block_size,
-           pdl_layout_order_name(c->order), c->mla ? "one half (no V)" : c->kv_separate ? "K/V separate" : "K/V interleaved");
+           pdl_layout_order_name(c->order),
+           c->mla        ? "one half (no V)"
+           : c->kv_fused ? "K/V fused per token (one half, rows of 2 x head_dim)"
+           : c->kv_separate ? "K/V separate"
+                            : "K/V interleaved");
     size_t t;
     json_t *tj;
     json_array_foreach(json_object_get(doc, "topologies"), t, tj)

@@ -73,9 +73,11 @@ void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)
 
 pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_counters_t *out, pdl_error_t *err)
 {
-    if (inst == NULL || out == NULL || tp_rank < 0 || tp_rank >= inst->tp)
-        return pdl_error_set(err, PDL_ERR_INVALID, "counters: rank %d outside [0, %d)", tp_rank,
-                             inst ? inst->tp : 0);
+    if (inst == NULL || out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "counters: no instance or no output");
+    pdl_status_t st = pdl__rank_check(inst, tp_rank, "counters", err);
+    if (st != PDL_OK)
+        return st;
     pdl_rank_t *r = &inst->ranks[tp_rank];
     pthread_mutex_lock(&r->ctr.mu);
     *out = r->ctr.v;
@@ -106,7 +108,7 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
 
 size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap)
 {
-    if (inst == NULL || tp_rank < 0 || tp_rank >= inst->tp)
+    if (inst == NULL || !pdl__is_local(inst, tp_rank))
         return 0;
     return pdl_engine_peer_stats(inst->ranks[tp_rank].mem.engine, out, cap);
 }

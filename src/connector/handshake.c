@@ -196,7 +196,7 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_peer_addr_t *add
         CHECK_FIELD("total_num_kv_heads", g->total_kv_heads, m->total_num_kv_heads);
         CHECK_FIELD("is_mla", g->is_mla, m->is_mla);
         char mine[32];
-        snprintf(mine, sizeof(mine), "%s%s", pdl_layout_order_name(g->order), g->kv_separate ? "" : "-blockfirst");
+        pdl_layout_name(&r->mem.geo, mine, sizeof(mine));
         if (strcmp(mine, m->layout) != 0)
             return pdl_error_set(err, PDL_ERR_MISMATCH,
                                  "peer %s: layout differs (local %s, remote %.16s): head ranges would not line up", who,

@@ -114,7 +114,7 @@ static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
 
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
 {
-    for (int i = 0; i < inst->tp; i++)
+    PDL_FOR_LOCAL(inst, i)
         revoke(inst, transfer_id, i);
     pthread_mutex_lock(&inst->held_mu);
     pdl_held_t *h = pdl__strmap_remove(&inst->held, transfer_id);
@@ -137,7 +137,8 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
         h->rank_done[rank / 64] |= 1ull << (rank % 64);
         /* This rank's consumers released (or the lease ended): nobody may read its blocks any more. */
         revoke(inst, transfer_id, rank);
-        if (++h->resolved == inst->tp) {
+        /* One rank per process (local_rank): the other ranks' processes hold and count their own. */
+        if (++h->resolved == inst->hi - inst->lo) {
             pdl__strmap_remove(&inst->held, transfer_id);
             inst->freeing++;
             freed = h;
@@ -145,7 +146,8 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
     }
     pthread_mutex_unlock(&inst->held_mu);
     if (freed) {
-        pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
+        if (inst->blocks != NULL) /* external_blocks: the caller frees them on PDL_EVENT_FREED */
+            pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
         emit(inst, PDL_EVENT_FREED, transfer_id, -1);
         pthread_mutex_lock(&inst->held_mu);
         inst->held_blocks -= freed->n;
@@ -186,7 +188,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         return pdl_error_set(err, PDL_ERR_INVALID, "hold: transfer id empty or longer than %d bytes", PDL_WIRE_ID_MAX);
     if (n == 0 || ids == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "hold %s: no blocks", transfer_id);
-    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
+    pdl_status_t st = pdl__blocks_check(inst, ids, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "hold %s", transfer_id);
     /* The consumer, when the request id names it (MoRIIO's "___decode_addr_"): watched by watch.c. */
@@ -203,7 +205,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         return st;
     }
     uint64_t now = pdl__clock_now_ns();
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl_rank_t *r = &inst->ranks[i];
         /* The peer's read request reaches the engine through a socket, which orders nothing for the
          * engine's serving threads; publish the caller's KV writes to them before the params go out. */

@@ -24,11 +24,17 @@ static pdl_status_t validate_config(const pdl_instance_config_t *cfg, pdl_error_
                              cfg->dp_size);
     if (cfg->num_blocks == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "instance: num_blocks must be > 0");
+    if (cfg->local_rank < -1 || cfg->local_rank >= cfg->tp_size)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "instance: local_rank %d is neither -1 (every rank) nor a rank in [0, tp_size %d)",
+                             cfg->local_rank, cfg->tp_size);
     if (m->num_layers < 1 || m->head_dim < 1 || m->elem_size < 1 || m->block_size < 1 || m->total_kv_heads < 1)
         return pdl_error_set(err, PDL_ERR_INVALID,
                              "instance: model geometry needs positive num_layers (%d), total_kv_heads (%d), head_dim "
                              "(%d), elem_size (%d), block_size (%d)",
                              m->num_layers, m->total_kv_heads, m->head_dim, m->elem_size, m->block_size);
+    if (m->kv_fused && m->is_mla)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: kv_fused (K and V per token) with is_mla (no V)");
     if (!cfg->conn.read_mode && !cfg->allow_write_mode)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "kv_connector_extra_config.read_mode is false (WRITE mode): this program does not serve "
@@ -51,18 +57,18 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     pdl__prewarm_stop(inst);
     /* Readers and writers first (they queue releases and close their peers' sessions while the
      * engines live), then the services (they flush the queue). */
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl__reader_stop(&inst->ranks[i]);
         pdl__writer_stop(&inst->ranks[i]);
     }
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl__service_stop(&inst->ranks[i]);
         pdl__xfer_lanes_fini(&inst->ranks[i].readers);
         pdl__xfer_lanes_fini(&inst->ranks[i].writers);
     }
     if (inst->zctx)
         zmq_ctx_term(inst->zctx);
-    for (int i = 0; i < inst->tp; i++)
+    PDL_FOR_LOCAL(inst, i)
         pdl__rank_fini(&inst->ranks[i]);
     free(inst->ranks);
     pdl__held_free_all(inst);
@@ -78,7 +84,8 @@ void pdl_instance_destroy(pdl_instance_t *inst)
  * binds it, which shows up later as a random "Address already in use": say so up front. */
 static void warn_ephemeral_ports(const pdl_instance_config_t *cfg)
 {
-    int first = pdl_topo_port_offset(cfg->dp_rank, cfg->tp_size, 0), last = first + cfg->tp_size - 1;
+    int lo = cfg->local_rank < 0 ? 0 : cfg->local_rank, hi = cfg->local_rank < 0 ? cfg->tp_size : lo + 1;
+    int first = pdl_topo_port_offset(cfg->dp_rank, cfg->tp_size, lo), last = first + (hi - lo) - 1;
     pdl_ports_warn_ephemeral("kv_connector_extra_config.handshake_port", cfg->conn.handshake_port + first,
                              cfg->conn.handshake_port + last);
     pdl_ports_warn_ephemeral("kv_connector_extra_config.notify_port", cfg->conn.notify_port + first,
@@ -101,6 +108,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
              cfg->attn_backend_name ? cfg->attn_backend_name : "pdlink");
     inst->cfg.attn_backend_name = inst->attn_backend;
     inst->tp = cfg->tp_size;
+    inst->lo = cfg->local_rank < 0 ? 0 : cfg->local_rank;
+    inst->hi = cfg->local_rank < 0 ? cfg->tp_size : cfg->local_rank + 1;
     pthread_mutex_init(&inst->held_mu, NULL);
     pthread_mutex_init(&inst->cb_mu, NULL);
     pthread_mutex_init(&inst->push_mu, NULL);
@@ -114,7 +123,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         snprintf(inst->zmq_address, sizeof(inst->zmq_address), "host:%s,handshake:%d,notify:%d", cfg->conn.host_ip,
                  cfg->conn.handshake_port, cfg->conn.notify_port);
 
-    st = pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
+    /* external_blocks: the caller (vLLM's scheduler) owns the ids; inst->blocks stays NULL. */
+    st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
     if (st == PDL_OK)
         st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
     if (st != PDL_OK)
@@ -127,12 +137,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     }
     /* Lanes first, for every rank: they start no thread until a transfer needs one, and the service
      * threads (started below) sweep them from their first tick; destroy stops them on every rank. */
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl__reader_start(&inst->ranks[i]);
         pdl__writer_start(&inst->ranks[i]);
     }
     /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         /* The rank's ROUTERs are bound before its engine picks a data port (rank.c, "Ports"). */
         st = pdl__rank_init(inst, &inst->ranks[i], i, err);
         if (st == PDL_OK)
@@ -140,12 +150,12 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         if (st == PDL_OK)
             st = pdl__rank_open(inst, &inst->ranks[i], err);
         if (st != PDL_OK) {
-            for (int j = i + 1; j < inst->tp; j++)
+            for (int j = i + 1; j < inst->hi; j++)
                 pdl__rank_init_locks(&inst->ranks[j]);
             goto fail;
         }
     }
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         st = pdl__service_start(&inst->ranks[i], err);
         if (st != PDL_OK)
             goto fail;
@@ -153,11 +163,15 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     st = pdl__prewarm_start(inst, err); /* connects in the background: start-up never waits for a peer */
     if (st != PDL_OK)
         goto fail;
-    pdl_info("instance %s (%s, TP %d, DP rank %d/%d): handshake ports %d-%d, notify ports %d-%d, backend %s, %u "
-             "blocks x %d layers",
-             inst->engine_id, cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", inst->tp, cfg->dp_rank,
-             cfg->dp_size, inst->ranks[0].hs_port, inst->ranks[inst->tp - 1].hs_port, inst->ranks[0].notify_port,
-             inst->ranks[inst->tp - 1].notify_port, pdl_backend_name(cfg->conn.backend), cfg->num_blocks,
+    char ranks[48] = "every rank";
+    if (cfg->local_rank >= 0)
+        snprintf(ranks, sizeof(ranks), "rank %d only", cfg->local_rank);
+    pdl_info("instance %s (%s, TP %d, %s, DP rank %d/%d): handshake ports %d-%d, notify ports %d-%d, backend %s, %u "
+             "blocks%s x %d layers",
+             inst->engine_id, cfg->conn.role == PDL_ROLE_PRODUCER ? "producer" : "consumer", inst->tp, ranks,
+             cfg->dp_rank, cfg->dp_size, inst->ranks[inst->lo].hs_port, inst->ranks[inst->hi - 1].hs_port,
+             inst->ranks[inst->lo].notify_port, inst->ranks[inst->hi - 1].notify_port,
+             pdl_backend_name(cfg->conn.backend), cfg->num_blocks, cfg->external_blocks ? " (caller-owned ids)" : "",
              cfg->model.num_layers);
     *inst_out = inst;
     return PDL_OK;
@@ -182,17 +196,29 @@ fail:
 const char *pdl_instance_engine_id(const pdl_instance_t *inst) { return inst->engine_id; }
 const char *pdl_instance_zmq_address(const pdl_instance_t *inst) { return inst->zmq_address; }
 int pdl_instance_tp_size(const pdl_instance_t *inst) { return inst->tp; }
+int pdl_instance_local_rank(const pdl_instance_t *inst) { return inst->cfg.local_rank; }
+
+pdl_status_t pdl__rank_check(const pdl_instance_t *inst, int tp_rank, const char *what, pdl_error_t *err)
+{
+    if (tp_rank < 0 || tp_rank >= inst->tp)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: rank %d outside [0, %d)", what, tp_rank, inst->tp);
+    if (!pdl__is_local(inst, tp_rank))
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "%s: rank %d is not run by this instance (local_rank %d: its process has it)", what,
+                             tp_rank, inst->cfg.local_rank);
+    return PDL_OK;
+}
 
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank)
 {
-    if (tp_rank < 0 || tp_rank >= inst->tp)
+    if (!pdl__is_local(inst, tp_rank))
         return NULL;
     return &inst->ranks[tp_rank].mem.geo;
 }
 
 uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer)
 {
-    if (tp_rank < 0 || tp_rank >= inst->tp || layer < 0 || layer >= inst->cfg.model.num_layers)
+    if (!pdl__is_local(inst, tp_rank) || layer < 0 || layer >= inst->cfg.model.num_layers)
         return NULL;
     pdl_rank_t *r = &inst->ranks[tp_rank];
     return r->mem.kv_ptr + (uint64_t)layer * r->mem.layer_len;
@@ -200,25 +226,51 @@ uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer)
 
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank)
 {
-    return (tp_rank < 0 || tp_rank >= inst->tp) ? -1 : inst->ranks[tp_rank].hs_port;
+    return pdl__is_local(inst, tp_rank) ? inst->ranks[tp_rank].hs_port : -1;
 }
 
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank)
 {
-    return (tp_rank < 0 || tp_rank >= inst->tp) ? -1 : inst->ranks[tp_rank].notify_port;
+    return pdl__is_local(inst, tp_rank) ? inst->ranks[tp_rank].notify_port : -1;
 }
 
 pdl_status_t pdl_instance_alloc_blocks(pdl_instance_t *inst, size_t n, uint32_t *ids_out, pdl_error_t *err)
 {
+    if (inst->blocks == NULL)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "alloc_blocks: this instance has external_blocks (the caller owns the block ids)");
     return pdl__blockalloc_alloc(inst->blocks, n, ids_out, err);
 }
 
 void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n)
 {
-    pdl__blockalloc_free(inst->blocks, ids, n);
+    if (inst->blocks != NULL)
+        pdl__blockalloc_free(inst->blocks, ids, n);
 }
 
-size_t pdl_instance_free_block_count(pdl_instance_t *inst) { return pdl__blockalloc_free_count(inst->blocks); }
+size_t pdl_instance_free_block_count(pdl_instance_t *inst)
+{
+    return inst->blocks != NULL ? pdl__blockalloc_free_count(inst->blocks) : 0;
+}
+
+pdl_status_t pdl__blocks_check(pdl_instance_t *inst, const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    if (inst->blocks != NULL)
+        return pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= inst->cfg.num_blocks)
+            return pdl_error_set(err, PDL_ERR_INVALID, "block id %u at index %zu is not below num_blocks %u", ids[i],
+                                 i, inst->cfg.num_blocks);
+    return PDL_OK;
+}
+
+void pdl_instance_config_defaults(pdl_instance_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    pdl_connector_config_defaults(&cfg->conn);
+    cfg->dp_size = 1;
+    cfg->local_rank = -1;
+}
 
 pdl_status_t pdl_instance_params(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                  pdl_kv_params_t *out, pdl_error_t *err)

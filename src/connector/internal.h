@@ -457,6 +457,9 @@ void pdl__push_free_all(pdl_instance_t *inst);
 
 struct pdl_instance {
     pdl_instance_config_t cfg;
+    /* The ranks this process runs, [lo, hi): [0, tp) or [local_rank, local_rank + 1). Every loop over
+     * ranks is over these (PDL_FOR_LOCAL); ranks[] has tp entries, the others stay zero. */
+    int lo, hi;
     char attn_backend[128];
     char engine_id[PDL_WIRE_HOST_MAX + 16];
     char zmq_address[2 * PDL_WIRE_HOST_MAX];
@@ -486,6 +489,18 @@ struct pdl_instance {
 
     pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
 };
+
+#define PDL_FOR_LOCAL(inst, i) for (int i = (inst)->lo; i < (inst)->hi; i++)
+static inline bool pdl__is_local(const pdl_instance_t *inst, int rank) { return rank >= inst->lo && rank < inst->hi; }
+/* The first local rank: where per-instance counters (transfers_abandoned, untrusted_refused) and the
+ * consumer-gone watch live, "rank 0" of the instance as this process sees it. */
+static inline pdl_rank_t *pdl__rank_first(pdl_instance_t *inst) { return &inst->ranks[inst->lo]; }
+/* instance.c: may a transfer name these blocks? Allocated ones (the allocator), or with external_blocks
+ * any id below num_blocks. PDL_ERR_INVALID naming the first id that is not. */
+pdl_status_t pdl__blocks_check(pdl_instance_t *inst, const uint32_t *ids, size_t n, pdl_error_t *err);
+/* instance.c: PDL_ERR_INVALID naming tp_rank when it is outside [0, tp) or not run by this instance;
+ * `what` names the caller ("counters"). */
+pdl_status_t pdl__rank_check(const pdl_instance_t *inst, int tp_rank, const char *what, pdl_error_t *err);
 
 struct pdl_pull {
     pdl_instance_t *inst;

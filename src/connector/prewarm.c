@@ -101,7 +101,7 @@ static void add_instance(pdl_prewarm_t *pw, const pdl_peer_addr_t *addr, bool co
 {
     const pdl_instance_t *inst = pw->inst;
     const pdl_model_geometry_t *g = &inst->cfg.model;
-    for (int k = 0; k < inst->tp; k++) {
+    PDL_FOR_LOCAL(inst, k) {
         pdl_read_plan_t plan;
         pdl_error_t e;
         if (pdl_topo_read_plan(addr->tp, inst->tp, g->total_kv_heads, g->is_mla, k, &plan, &e) != PDL_OK) {

@@ -301,7 +301,7 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
     }
     /* Before anything is dialled: a request must not make the decode connect wherever it says. */
     if (!pdl__trust_host(&inst->trusted, pr->host)) {
-        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
         return pdl_error_set(err, PDL_ERR_DENIED, "%s %s: producer host %.200s is not in trusted_hosts (%.200s)", what,
                              params->transfer_id, pr->host, inst->cfg.conn.trusted_hosts);
     }
@@ -333,7 +333,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     if (n > params->num_remote_blocks)
         return pdl_error_set(err, PDL_ERR_INVALID, "pull %s: %zu local blocks but the producer holds only %zu",
                              params->transfer_id, n, params->num_remote_blocks);
-    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
+    pdl_status_t st = pdl__blocks_check(inst, local_blocks, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "pull %s: local blocks", params->transfer_id);
 
@@ -366,10 +366,10 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
     p->rank_arg = arg;
     p->rank_arg_free = free_fn; /* set last: every failure above leaves arg with the caller */
     p->status = PDL_OK;
-    p->pending = inst->tp;
-    p->refs = 1 + inst->tp;
+    p->pending = inst->hi - inst->lo;
+    p->refs = 1 + p->pending;
     p->start_ns = pdl__clock_now_ns();
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl_rank_t *r = &inst->ranks[i];
         pdl_error_t le;
         pdl_xfer_side_t *lane = pdl__xfer_lane(r, &r->readers, &p->producer, &le);
@@ -466,7 +466,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
      * status failed, so each producer rank's fan-in completes and the blocks are freed now instead of
      * after defer_timeout. Queued on each rank's service thread: the caller (an HTTP thread) never
      * blocks, and a lane busy with a slow producer does not delay them. */
-    for (int d = 0; d < inst->tp; d++) {
+    PDL_FOR_LOCAL(inst, d) {
         pdl_rank_t *r = &inst->ranks[d];
         int first = 0, count = 0;
         st = pdl_topo_group(pr.tp, inst->tp, d, &first, &count, err);
@@ -492,7 +492,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
                 return pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
         }
     }
-    PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);
+    PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
     pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, pr.engine_id);
     return PDL_OK;
 }

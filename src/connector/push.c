@@ -555,7 +555,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         return pdl_error_set(err, PDL_ERR_INVALID, "push: kv_transfer_params.transfer_id is missing");
     if (n == 0 || ids == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "push %s: no blocks", tid);
-    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
+    pdl_status_t st = pdl__blocks_check(inst, ids, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "push %s", tid);
     pdl_push_t *p = calloc(1, sizeof(*p));
@@ -565,12 +565,15 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
         return pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
     }
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", tid);
+    for (int i = 0; i < inst->tp; i++) /* other processes push the ranks this one does not run */
+        if (!pdl__is_local(inst, i))
+            p->state[i] = RS_DONE;
     st = consumer_of(params, request_id, "push", p->host, &p->hs_base, &p->notify_base, err);
     if (st != PDL_OK)
         goto fail;
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
     if (!pdl__trust_host(&inst->trusted, p->host)) {
-        PDL_CTR_ADD(&inst->ranks[0], untrusted_refused, 1);
+        PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
         st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
                            p->host, inst->cfg.conn.trusted_hosts);
         goto fail;
@@ -594,7 +597,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
 
     /* The consumer reads nothing; our own writer threads read the blocks after a queue hand-off, and
      * the tcp backend's threads through the engine: publish to both. */
-    for (int i = 0; i < inst->tp; i++)
+    PDL_FOR_LOCAL(inst, i)
         pdl_engine_publish(inst->ranks[i].mem.engine);
 
     /* Named for the consumer-gone watch (watch.c) and the host check of failed releases (held.c). */
@@ -712,6 +715,7 @@ static void park_early_failure(pdl_instance_t *inst, const char *transfer_id)
     parked_rb_t *k = calloc(1, sizeof(*k));
     if (k == NULL)
         return;
+    k->rank = inst->lo; /* reaped by the first local rank (rank 0 may run in another process) */
     k->abandoned = true;
     k->at_ns = pdl__clock_now_ns();
     if (pdl__strmap_put(&inst->parked, key, k) != 0)
@@ -836,7 +840,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         return pdl_error_set(err, PDL_ERR_INVALID, "expect_push: kv_transfer_params.transfer_id is missing");
     if (n == 0 || local_blocks == NULL || n > PDL_WIRE_MAX_BLOCKS)
         return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: %zu local blocks", tid, n);
-    pdl_status_t st = pdl__blockalloc_check_owned(inst->blocks, local_blocks, n, err);
+    pdl_status_t st = pdl__blocks_check(inst, local_blocks, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "expect_push %s: local blocks", tid);
     producer_ref_t pr;
@@ -867,7 +871,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
     rv->producer_tp = P;
     rv->expected = expected;
-    rv->pending = D;
+    rv->pending = inst->hi - inst->lo;
     rv->status = PDL_OK;
     rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
     char early_key[PDL_WIRE_ID_MAX + 16];
@@ -877,7 +881,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->in_map = rc == 0;
     parked_rb_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
     if (early != NULL)
-        for (int d = 0; d < D; d++)
+        PDL_FOR_LOCAL(inst, d)
             recv_rank_finish(rv, d, PDL_ERR_TRANSPORT,
                              "the producer abandoned the transfer (a failed write_done came before this receive)");
     pthread_mutex_unlock(&inst->push_mu);
@@ -900,7 +904,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         return st;
     }
     /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. */
-    for (int d = 0; d < D; d++) {
+    PDL_FOR_LOCAL(inst, d) {
         pdl_rank_t *r = &inst->ranks[d];
         int gfirst = 0, gcount = 0;
         pdl_topo_group(P, D, d, &gfirst, &gcount, NULL);
@@ -956,14 +960,14 @@ pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
      * that finished the wait came after them. Take the engine locks so this thread's reads are
      * ordered after what those threads did under them. */
     if (st == PDL_OK)
-        for (int i = 0; i < inst->tp; i++)
+        PDL_FOR_LOCAL(inst, i)
             pdl_engine_publish(inst->ranks[i].mem.engine);
     return st;
 }
 
 int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank)
 {
-    if (rv == NULL || tp_rank < 0 || tp_rank >= rv->inst->tp)
+    if (rv == NULL || !pdl__is_local(rv->inst, tp_rank))
         return -1;
     pthread_mutex_lock(&rv->inst->push_mu);
     int v = rv->count[tp_rank];
@@ -993,7 +997,7 @@ static pdl_status_t abandon_as_consumer(pdl_instance_t *inst, const pdl_kv_param
 {
     producer_ref_t pr;
     pdl_status_t st = producer_of(inst, params, request_id, "abandon", &pr, err);
-    for (int d = 0; st == PDL_OK && d < inst->tp; d++) {
+    for (int d = inst->lo; st == PDL_OK && d < inst->hi; d++) {
         int gfirst = 0, gcount = 0;
         pdl_topo_group(pr.tp, inst->tp, d, &gfirst, &gcount, NULL);
         for (int g = gfirst; st == PDL_OK && g < gfirst + gcount; g++) {
@@ -1036,7 +1040,7 @@ static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_param
     bool disagree = false;
     int D = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     int dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    for (int r = 0; r < inst->tp; r++) {
+    PDL_FOR_LOCAL(inst, r) {
         char key[PDL_WIRE_ID_MAX + 16];
         snprintf(key, sizeof(key), "%d|%s", r, tid);
         pthread_mutex_lock(&inst->push_mu);
@@ -1050,7 +1054,7 @@ static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_param
         }
     }
     int first = 0, count = 0;
-    for (int r = 0; st == PDL_OK && r < inst->tp; r++) {
+    for (int r = inst->lo; st == PDL_OK && r < inst->hi; r++) {
         pdl_rank_t *rk = &inst->ranks[r];
         st = pdl_topo_consumers_of(inst->tp, D, r, &first, &count, err);
         if (st != PDL_OK)
@@ -1076,7 +1080,7 @@ pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *para
     pdl_status_t st = inst->cfg.conn.role == PDL_ROLE_CONSUMER ? abandon_as_consumer(inst, params, request_id, err)
                                                                : abandon_as_producer(inst, params, request_id, err);
     if (st == PDL_OK) {
-        PDL_CTR_ADD(&inst->ranks[0], transfers_abandoned, 1);
+        PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
         pdl_debug("abandon %s (WRITE mode): failed %s queued", params->transfer_id,
                   inst->cfg.conn.role == PDL_ROLE_CONSUMER ? "releases" : "write_done");
     }

@@ -25,13 +25,6 @@
 
 #include "connector/internal.h"
 
-/* pdlink's layout string: the order, plus "-blockfirst" when K and V are interleaved per block. The
- * peer compares it verbatim, so both facts that decide where a head lies are checked. */
-static void layout_string(const pdl_model_geometry_t *m, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s%s", pdl_layout_order_name(m->order), m->kv_separate ? "" : "-blockfirst");
-}
-
 static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err)
 {
     pdl_agent_meta_t m;
@@ -62,7 +55,8 @@ static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_erro
     m.head_dim = inst->cfg.model.head_dim;
     m.kv_elem_size = inst->cfg.model.elem_size;
     m.block_size = inst->cfg.model.block_size;
-    layout_string(&inst->cfg.model, m.layout, sizeof(m.layout));
+    /* The peer compares it verbatim (handshake.c), so every fact that decides where a head lies is checked. */
+    pdl_layout_name(&r->mem.geo, m.layout, sizeof(m.layout));
     m.is_mla = inst->cfg.model.is_mla;
     st = pdl_wire_encode_agent_meta(&m, &r->mem.meta_payload, err);
     pdl_agent_meta_clear(&m);
@@ -141,6 +135,7 @@ static pdl_status_t rank_geometry(const pdl_instance_config_t *cfg, int rank, pd
     geo->head_dim = (uint32_t)cfg->model.head_dim;
     geo->elem_size = (uint32_t)cfg->model.elem_size;
     geo->kv_separate = cfg->model.kv_separate;
+    geo->kv_fused = cfg->model.kv_fused;
     geo->order = cfg->model.order;
     geo->is_mla = cfg->model.is_mla;
     st = pdl_layout_validate(geo, err);
@@ -278,7 +273,7 @@ void pdl__rank_fini(pdl_rank_t *r)
 
 void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank)
 {
-    for (int i = rank < 0 ? 0 : rank; i < (rank < 0 ? inst->tp : rank + 1); i++)
+    for (int i = rank < 0 ? inst->lo : rank; i < (rank < 0 ? inst->hi : rank + 1); i++)
         pdl_engine_revoke(inst->ranks[i].mem.engine, name, NULL); /* NOT_FOUND: nothing to forget */
 }
 
@@ -286,7 +281,7 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
                              pdl_error_t *err)
 {
     int L = inst->cfg.model.num_layers;
-    for (int i = 0; i < inst->tp; i++) {
+    PDL_FOR_LOCAL(inst, i) {
         pdl_rank_mem_t *m = &inst->ranks[i].mem;
         int halves = pdl_layout_num_halves(&m->geo);
         uint64_t blen = pdl_layout_block_len(&m->geo);
@@ -308,7 +303,7 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
                 pdl_error_prefix(err, st, "%s: rank %d", name, i);
         }
         if (st != PDL_OK) {
-            for (int q = 0; q < i; q++)
+            for (int q = inst->lo; q < i; q++)
                 pdl__rank_revoke(inst, name, q);
             return st;
         }

@@ -189,7 +189,7 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
         freed++;
         /* Counted before its events: whoever sees FREED also sees the count. */
         PDL_CTR_ADD(r0, consumer_gone_freed, 1);
-        for (int k = 0; k < inst->tp; k++) {
+        PDL_FOR_LOCAL(inst, k) {
             pdl_rank_t *r = &inst->ranks[k];
             pthread_mutex_lock(&r->fan.mu);
             pdl__fanin_cancel(r->fan.fanin, c.ids[i]);
@@ -255,7 +255,7 @@ static void close_watched(watched_t *w)
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
 {
     pdl_instance_t *inst = r->inst;
-    if (r->rank != 0 || inst->cfg.conn.role != PDL_ROLE_PRODUCER || inst->cfg.conn.consumer_gone_timeout_s <= 0)
+    if (r != pdl__rank_first(inst) || inst->cfg.conn.role != PDL_ROLE_PRODUCER || inst->cfg.conn.consumer_gone_timeout_s <= 0)
         return;
     /* Checked every service tick (10-50 ms) while probes are in flight, otherwise every interval/4. */
     if (now_ns < r->svc.next_watch_ns)

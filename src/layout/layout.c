@@ -2,7 +2,10 @@
  * layout.c -- byte geometry of one layer's KV cache and the descriptor lists of a plan (SPEC §3).
  *
  * How it works: a layer region is either [2][blocks][half-block] (kv_separate) or [blocks][2][half-block];
- * MLA has a single half. A half-block is [heads][tokens][dim] (HND) or [tokens][heads][dim] (NHD).
+ * MLA and the fused layout (kv_fused: vLLM's CPU cache, K and V concatenated per token) have a single
+ * half. A half-block is [heads][tokens][row] (HND) or [tokens][heads][row] (NHD), where a row is one
+ * head's vector of one token: head_dim elements, 2 * head_dim when fused (K then V). Everything below
+ * works on rows, so the fused layout is the one-half layout with a row twice as long.
  * A plan piece is a run of heads that sits at head index `src_head` on the producer and `dst_head` on the
  * consumer. For every (piece, half, block pair) we emit the ranges that are contiguous on *both* sides:
  * one range when both sides are HND, one per token when both are NHD, one per (head, token) when the
@@ -15,6 +18,7 @@
  */
 #include "pdlink/layout.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -59,12 +63,14 @@ pdl_status_t pdl_layout_validate(const pdl_kv_geometry_t *g, pdl_error_t *err)
         return pdl_error_set(err, PDL_ERR_INVALID, "layout order %d is neither hnd (0) nor nhd (1)", (int)g->order);
     if (g->is_mla && g->num_heads != 1)
         return pdl_error_set(err, PDL_ERR_INVALID, "an MLA layer holds 1 latent head per rank, not %u", g->num_heads);
+    if (g->is_mla && g->kv_fused)
+        return pdl_error_set(err, PDL_ERR_INVALID, "kv_fused (K and V per token) and is_mla (no V) exclude each other");
     uint64_t v = g->block_size;
     if (__builtin_mul_overflow(v, (uint64_t)g->num_heads, &v) || __builtin_mul_overflow(v, (uint64_t)g->head_dim, &v) ||
-        __builtin_mul_overflow(v, (uint64_t)g->elem_size, &v))
+        __builtin_mul_overflow(v, (uint64_t)g->elem_size, &v) || __builtin_mul_overflow(v, g->kv_fused ? 2u : 1u, &v))
         return pdl_error_set(err, PDL_ERR_INVALID,
-                             "block length %u tokens x %u heads x %u dim x %u bytes overflows 64 bits", g->block_size,
-                             g->num_heads, g->head_dim, g->elem_size);
+                             "block length %u tokens x %u heads x %u dim x %u bytes%s overflows 64 bits", g->block_size,
+                             g->num_heads, g->head_dim, g->elem_size, g->kv_fused ? " x 2 (fused K/V)" : "");
     if (__builtin_mul_overflow(v, (uint64_t)pdl_layout_num_halves(g), &v) ||
         __builtin_mul_overflow(v, g->num_blocks, &v))
         return pdl_error_set(err, PDL_ERR_INVALID, "region length of %llu blocks overflows 64 bits",
@@ -72,11 +78,25 @@ pdl_status_t pdl_layout_validate(const pdl_kv_geometry_t *g, pdl_error_t *err)
     return PDL_OK;
 }
 
-int pdl_layout_num_halves(const pdl_kv_geometry_t *g) { return g->is_mla ? 1 : 2; }
+int pdl_layout_num_halves(const pdl_kv_geometry_t *g) { return g->is_mla || g->kv_fused ? 1 : 2; }
+
+uint64_t pdl_layout_row_len(const pdl_kv_geometry_t *g)
+{
+    return (uint64_t)g->head_dim * g->elem_size * (g->kv_fused ? 2u : 1u);
+}
 
 uint64_t pdl_layout_block_len(const pdl_kv_geometry_t *g)
 {
-    return (uint64_t)g->block_size * g->num_heads * g->head_dim * g->elem_size;
+    return (uint64_t)g->block_size * g->num_heads * pdl_layout_row_len(g);
+}
+
+int pdl_layout_name(const pdl_kv_geometry_t *g, char *buf, size_t cap)
+{
+    /* Non-fused strings are what pdlink always sent (MoRIIO peers ignore the key; pdlink peers compare
+     * it verbatim), so only a fused cache changes the wire. */
+    const char *arr = g->kv_fused ? "-fused" : g->kv_separate ? "" : "-blockfirst";
+    int n = snprintf(buf, cap, "%s%s", pdl_layout_order_name(g->order), arr);
+    return n < 0 || (size_t)n >= cap ? -1 : n;
 }
 
 uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g)
@@ -87,7 +107,7 @@ uint64_t pdl_layout_region_len(const pdl_kv_geometry_t *g)
 uint64_t pdl_layout_half_offset(const pdl_kv_geometry_t *g, uint64_t block, int half)
 {
     uint64_t bl = pdl_layout_block_len(g);
-    if (g->is_mla)
+    if (pdl_layout_num_halves(g) == 1)
         return block * bl;
     if (g->kv_separate)
         return (uint64_t)half * g->num_blocks * bl + block * bl;
@@ -114,6 +134,10 @@ static pdl_status_t check_sides(const pdl_kv_geometry_t *local, const pdl_kv_geo
     if (local->is_mla != remote->is_mla)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "is_mla differs: local %s, remote %s",
                              local->is_mla ? "true" : "false", remote->is_mla ? "true" : "false");
+    if (local->kv_fused != remote->kv_fused)
+        return pdl_error_set(err, PDL_ERR_MISMATCH,
+                             "kv_fused differs: local %s, remote %s (K and V concatenated per token on one side only)",
+                             local->kv_fused ? "true" : "false", remote->kv_fused ? "true" : "false");
     return PDL_OK;
 }
 
@@ -168,7 +192,7 @@ static pdl_status_t check_bases(const pdl_kv_geometry_t *local, const pdl_kv_geo
 static int emit_piece(const pdl_kv_geometry_t *l, const pdl_kv_geometry_t *r, int lhead, int rhead, int nheads,
                       int half, uint64_t lblock, uint64_t rblock, uint64_t lbase, uint64_t rbase, pdl_descv_t *out)
 {
-    const uint64_t hb = (uint64_t)l->head_dim * l->elem_size; /* one head, one token */
+    const uint64_t hb = pdl_layout_row_len(l); /* one head, one token (the sides' rows are equal: checked) */
     const uint64_t bs = l->block_size;
     const uint64_t lhalf = lbase + pdl_layout_half_offset(l, lblock, half);
     const uint64_t rhalf = rbase + pdl_layout_half_offset(r, rblock, half);

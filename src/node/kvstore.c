@@ -116,7 +116,7 @@ pdl_status_t pdl_node_kv_create(const pdl_node_kv_config_t *cfg, pdl_node_kv_t *
 
     if (cfg->conn != NULL) {
         pdl_instance_config_t ic;
-        memset(&ic, 0, sizeof(ic));
+        pdl_instance_config_defaults(&ic);
         ic.conn = *cfg->conn;
         ic.model = cfg->model;
         ic.tp_size = cfg->tp_size;

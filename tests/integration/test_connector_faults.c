@@ -542,7 +542,7 @@ static void faults_write_mode_refused(void **state)
 {
     (void)state;
     pdl_instance_config_t c;
-    memset(&c, 0, sizeof(c));
+    pdl_instance_config_defaults(&c);
     pdl_connector_config_defaults(&c.conn);
     c.model.num_layers = 1;
     c.model.total_kv_heads = 1;

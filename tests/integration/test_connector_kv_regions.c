@@ -29,7 +29,7 @@ static void use_regions(pdl_instance_config_t *c)
 
 static void base_config(pdl_instance_config_t *c, const tc_geo_t *g, int tp)
 {
-    memset(c, 0, sizeof(*c));
+    pdl_instance_config_defaults(c);
     pdl_connector_config_defaults(&c->conn);
     c->model.num_layers = g->layers;
     c->model.total_kv_heads = g->heads;

@@ -103,6 +103,7 @@ typedef struct tc_geo {
     int layers, heads, head_dim, elem, block_size;
     bool mla, kv_separate;
     pdl_kv_order_t order;
+    bool kv_fused; /* vLLM's CPU cache: one half, rows of K then V */
 } tc_geo_t;
 
 static inline tc_geo_t tc_geo_default(int heads)
@@ -165,6 +166,35 @@ typedef struct tc_topo {
         runner(&tc);                                                                                             \
     }
 
+/* The tests' instance config: READ mode, short timeouts, geometry g, handshake ports from hs and notify
+ * ports from nt (rank r on hs + r, nt + r). */
+static inline void tc_config(pdl_instance_config_t *c, pdl_role_t role, int tp, const tc_geo_t *g, uint32_t num_blocks,
+                             pdl_backend_kind_t backend, double defer_s, int hs, int nt)
+{
+    pdl_instance_config_defaults(c);
+    c->conn.role = role;
+    c->conn.read_mode = true;
+    c->conn.backend = backend;
+    c->conn.handshake_port = hs;
+    c->conn.notify_port = nt;
+    c->conn.defer_timeout_s = defer_s;
+    c->conn.transfer_timeout_s = 20;
+    c->conn.handshake_timeout_s = 5;
+    c->model.num_layers = g->layers;
+    c->model.total_kv_heads = g->heads;
+    c->model.head_dim = g->head_dim;
+    c->model.elem_size = g->elem;
+    c->model.block_size = g->block_size;
+    c->model.is_mla = g->mla;
+    c->model.kv_separate = g->kv_separate;
+    c->model.order = g->order;
+    c->model.kv_fused = g->kv_fused;
+    c->tp_size = tp;
+    c->dp_rank = 0;
+    c->dp_size = 1;
+    c->num_blocks = num_blocks;
+}
+
 /* Instance on free ports; `tweak` (may be NULL) edits the config before create. */
 static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_t *g, uint32_t num_blocks,
                                           pdl_backend_kind_t backend, double defer_s,
@@ -174,30 +204,8 @@ static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_
         int hs = tp_free_range(2 * tp);
         if (hs < 0)
             return NULL;
-        int nt = hs + tp;
         pdl_instance_config_t c;
-        memset(&c, 0, sizeof(c));
-        pdl_connector_config_defaults(&c.conn);
-        c.conn.role = role;
-        c.conn.read_mode = true;
-        c.conn.backend = backend;
-        c.conn.handshake_port = hs;
-        c.conn.notify_port = nt;
-        c.conn.defer_timeout_s = defer_s;
-        c.conn.transfer_timeout_s = 20;
-        c.conn.handshake_timeout_s = 5;
-        c.model.num_layers = g->layers;
-        c.model.total_kv_heads = g->heads;
-        c.model.head_dim = g->head_dim;
-        c.model.elem_size = g->elem;
-        c.model.block_size = g->block_size;
-        c.model.is_mla = g->mla;
-        c.model.kv_separate = g->kv_separate;
-        c.model.order = g->order;
-        c.tp_size = tp;
-        c.dp_rank = 0;
-        c.dp_size = 1;
-        c.num_blocks = num_blocks;
+        tc_config(&c, role, tp, g, num_blocks, backend, defer_s, hs, hs + tp);
         if (tweak)
             tweak(&c);
         pdl_instance_t *inst = NULL;
@@ -229,13 +237,15 @@ static inline uint8_t tc_byte(uint32_t seed, int layer, int ghead, uint32_t bidx
     return (uint8_t)(h ^ (h >> 24));
 }
 
-/* Offset of element (head index within the rank, token, dim) inside one half-block. */
-static inline uint64_t tc_elem_off(const pdl_kv_geometry_t *g, int lhead, int token, int dim)
+/* Offset of element (head index within the rank, token, dim) of K (half 0) or V (half 1) inside one
+ * half-block -- for a fused geometry inside the block, whose row of a (head, token) is K then V. */
+static inline uint64_t tc_elem_off(const pdl_kv_geometry_t *g, int lhead, int token, int dim, int half)
 {
-    uint64_t e = g->elem_size;
+    uint64_t e = g->elem_size, row = g->kv_fused ? 2u * g->head_dim : g->head_dim;
+    uint64_t in_row = (uint64_t)dim + (g->kv_fused ? (uint64_t)half * g->head_dim : 0);
     if (g->order == PDL_KV_HND)
-        return (((uint64_t)lhead * g->block_size + (uint64_t)token) * g->head_dim + (uint64_t)dim) * e;
-    return (((uint64_t)token * g->num_heads + (uint64_t)lhead) * g->head_dim + (uint64_t)dim) * e;
+        return (((uint64_t)lhead * g->block_size + (uint64_t)token) * row + in_row) * e;
+    return (((uint64_t)token * g->num_heads + (uint64_t)lhead) * row + in_row) * e;
 }
 
 /* Walk every byte of `blocks` on one rank whose first global head is `ghead0`; fill (verify false) or
@@ -249,12 +259,12 @@ static inline uint64_t tc_walk(pdl_instance_t *inst, int rank, int ghead0, const
         uint8_t *base = pdl_instance_kv_layer(inst, rank, l);
         for (size_t i = 0; i < n; i++)
             for (int half = 0; half < (g->is_mla ? 1 : 2); half++) {
-                uint64_t hoff = pdl_layout_half_offset(g, blocks[i], half);
+                uint64_t hoff = pdl_layout_half_offset(g, blocks[i], g->kv_fused ? 0 : half);
                 for (int lh = 0; lh < (int)g->num_heads; lh++)
                     for (int t = 0; t < (int)g->block_size; t++)
                         for (int d = 0; d < (int)g->head_dim; d++)
                             for (int b = 0; b < (int)g->elem_size; b++) {
-                                uint8_t *p = base + hoff + tc_elem_off(g, lh, t, d) + (uint64_t)b;
+                                uint8_t *p = base + hoff + tc_elem_off(g, lh, t, d, half) + (uint64_t)b;
                                 uint8_t want = tc_byte(seed, l, ghead0 + lh, (uint32_t)i, t, d, b, half);
                                 if (!verify) {
                                     *p = want;
@@ -276,7 +286,7 @@ static inline int tc_first_head(int tp, int heads, bool mla, int rank)
     return first;
 }
 
-/* Fill `blocks` on every rank of a producer instance. */
+/* Fill `blocks` on every rank of a producer instance (ranks it does not run: tc_walk sees no layer). */
 static inline void tc_fill(pdl_instance_t *inst, int heads, bool mla, const uint32_t *blocks, size_t n, uint32_t seed)
 {
     int tp = pdl_instance_tp_size(inst);
@@ -295,14 +305,14 @@ static inline uint64_t tc_verify(pdl_instance_t *inst, int heads, bool mla, cons
     return bad;
 }
 
-/* Sum of a counter field over all ranks: TC_SUM(inst, releases_sent). */
+/* Sum of a counter field over the ranks the instance runs: TC_SUM(inst, releases_sent). */
 static inline uint64_t tc_sum(pdl_instance_t *inst, size_t off)
 {
     uint64_t s = 0;
     for (int r = 0; r < pdl_instance_tp_size(inst); r++) {
         pdl_rank_counters_t c;
-        pdl_instance_counters(inst, r, &c, NULL);
-        s += *(const uint64_t *)((const char *)&c + off);
+        if (pdl_instance_counters(inst, r, &c, NULL) == PDL_OK) /* not a local rank: another process's */
+            s += *(const uint64_t *)((const char *)&c + off);
     }
     return s;
 }

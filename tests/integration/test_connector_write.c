@@ -681,7 +681,7 @@ static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t
                                          int nt)
 {
     pdl_instance_config_t c;
-    memset(&c, 0, sizeof(c));
+    pdl_instance_config_defaults(&c);
     pdl_connector_config_defaults(&c.conn);
     c.conn.role = role;
     c.conn.backend = backend;

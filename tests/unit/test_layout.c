@@ -32,7 +32,7 @@
 static pdl_kv_geometry_t geom(uint64_t nb, uint32_t bs, uint32_t nh, uint32_t hd, uint32_t es, bool sep,
                               pdl_kv_order_t order, bool mla)
 {
-    return (pdl_kv_geometry_t){nb, bs, nh, hd, es, sep, order, mla};
+    return (pdl_kv_geometry_t){nb, bs, nh, hd, es, sep, order, mla, false};
 }
 
 static void order_names(void **state)
@@ -65,6 +65,62 @@ static void lengths_and_offsets(void **state)
     assert_int_equal(pdl_layout_block_len(&m), 16 * 576 * 2);
     assert_int_equal(pdl_layout_half_offset(&m, 4, 0), 4 * 16 * 576 * 2);
     assert_int_equal(pdl_layout_region_len(&m), 10 * 16 * 576 * 2);
+    /* vLLM's CPU cache, (blocks, heads, block_size, 2 * head_dim): one half, rows of K then V. */
+    pdl_kv_geometry_t f = geom(28, 128, 4, 32, 4, true, PDL_KV_HND, false);
+    f.kv_fused = true;
+    assert_int_equal(pdl_layout_validate(&f, NULL), PDL_OK);
+    assert_int_equal(pdl_layout_num_halves(&f), 1);
+    assert_int_equal(pdl_layout_row_len(&f), 2 * 32 * 4);
+    assert_int_equal(pdl_layout_block_len(&f), 128 * 4 * 2 * 32 * 4);
+    assert_int_equal(pdl_layout_half_offset(&f, 5, 0), 5 * 128 * 4 * 2 * 32 * 4);
+    assert_int_equal(pdl_layout_region_len(&f), 28 * 128 * 4 * 2 * 32 * 4);
+}
+
+static void layout_names(void **state)
+{
+    (void)state;
+    char buf[24];
+    pdl_kv_geometry_t g = geom(4, 16, 2, 8, 2, true, PDL_KV_HND, false);
+    assert_int_equal(pdl_layout_name(&g, buf, sizeof(buf)), 3);
+    assert_string_equal(buf, "hnd"); /* what pdlink always sent: unchanged on the wire */
+    g.kv_separate = false;
+    g.order = PDL_KV_NHD;
+    pdl_layout_name(&g, buf, sizeof(buf));
+    assert_string_equal(buf, "nhd-blockfirst");
+    g.kv_fused = true; /* kv_separate is meaningless with one half */
+    pdl_layout_name(&g, buf, sizeof(buf));
+    assert_string_equal(buf, "nhd-fused");
+    g.order = PDL_KV_HND;
+    g.kv_separate = true;
+    pdl_layout_name(&g, buf, sizeof(buf));
+    assert_string_equal(buf, "hnd-fused");
+    assert_int_equal(pdl_layout_name(&g, buf, 4), -1);
+}
+
+/* A fused side and a non-fused side never exchange bytes; MLA cannot be fused. */
+static void fused_errors(void **state)
+{
+    (void)state;
+    pdl_kv_geometry_t a = geom(4, 16, 2, 8, 2, true, PDL_KV_HND, false), b = a;
+    b.kv_fused = true;
+    pdl_plan_piece_t pc = {.producer_rank = 0, .src_head = 0, .dst_head = 0, .num_heads = 2};
+    uint32_t ids[1] = {1};
+    pdl_descv_t dv = {0};
+    pdl_error_t e;
+    assert_int_equal(pdl_layout_build_descs(&a, &b, PDL_DIR_READ, &pc, 1, ids, ids, 1, 0, 0, &dv, &e),
+                     PDL_ERR_MISMATCH);
+    assert_non_null(strstr(e.msg, "kv_fused differs: local false, remote true"));
+    assert_int_equal(dv.n, 0);
+    pdl_kv_geometry_t m = geom(4, 16, 1, 576, 2, false, PDL_KV_HND, true);
+    m.kv_fused = true;
+    assert_int_equal(pdl_layout_validate(&m, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "kv_fused"));
+    /* HND, fused, equal TP: one block pair is one range covering K and V of both heads. */
+    assert_int_equal(pdl_layout_build_descs(&b, &b, PDL_DIR_READ, &pc, 1, ids, ids, 1, 0, 0, &dv, &e), PDL_OK);
+    assert_int_equal(dv.n, 1);
+    assert_int_equal(dv.v[0].local_off, pdl_layout_block_len(&b));
+    assert_int_equal(dv.v[0].len, 16 * 2 * 2 * 8 * 2);
+    pdl_descv_free(&dv);
 }
 
 /* Failures behind a prefixed message still fail without an err (they used to return PDL_OK). */
@@ -249,6 +305,12 @@ static uint8_t kv_byte(int layer, int head, int pos, int b, int half)
 static uint64_t pos_of(const pdl_kv_geometry_t *g, uint64_t block, int half, int head, int tok, int b)
 {
     uint64_t hb = (uint64_t)g->head_dim * g->elem_size;
+    if (g->kv_fused) { /* one half: a row is K then V of one (head, token) */
+        uint64_t row = 2 * hb, bl = (uint64_t)g->block_size * g->num_heads * row;
+        uint64_t in = g->order == PDL_KV_HND ? ((uint64_t)head * g->block_size + tok) * row
+                                             : ((uint64_t)tok * g->num_heads + head) * row;
+        return block * bl + in + (uint64_t)half * hb + (uint64_t)b;
+    }
     uint64_t bl = (uint64_t)g->block_size * g->num_heads * hb;
     uint64_t base;
     if (g->is_mla)
@@ -385,7 +447,7 @@ static void sim_run(sim_t *s, uint64_t *rng, bool consecutive)
                 /* The same bytes through the unmerged per-(piece, half, block) ranges. */
                 pdl_descv_reset(&raw);
                 for (int q = i; q < k; q++)
-                    for (int h = 0; h < halves; h++)
+                    for (int h = 0; h < pdl_layout_num_halves(&s->cg); h++) /* fused: one layout half */
                         for (int b = 0; b < NREQ; b++)
                             assert_int_equal(pdl_layout_piece_ranges(&s->cg, &s->pg, PDL_DIR_READ, &rp.pieces[q], h,
                                                                      s->cblocks[b], s->pblocks[b], l * s->cregion,
@@ -432,10 +494,11 @@ static void sim_run(sim_t *s, uint64_t *rng, bool consecutive)
                                 uint64_t off = l * s->cregion + pos_of(&s->cg, s->cblocks[i], h, j, t, b);
                                 uint8_t want = kv_byte(l, hf + j, i * BS + t, b, h);
                                 if (s->cons_read[d][off] != want || s->cover[d][off] != 1)
-                                    fail_msg("P%d D%d H%d mla=%d c.order=%d p.order=%d sep=%d/%d: decode %d layer %d "
-                                             "block %d half %d head %d tok %d byte %d: got %02x want %02x cover %d",
-                                             s->P, s->D, s->H, s->mla, s->cg.order, s->pg.order, s->cg.kv_separate,
-                                             s->pg.kv_separate, d, l, i, h, hf + j, t, b, s->cons_read[d][off], want,
+                                    fail_msg("P%d D%d H%d mla=%d fused=%d c.order=%d p.order=%d sep=%d/%d: decode %d layer "
+                                             "%d block %d half %d head %d tok %d byte %d: got %02x want %02x cover %d",
+                                             s->P, s->D, s->H, s->mla, s->cg.kv_fused, s->cg.order, s->pg.order,
+                                             s->cg.kv_separate, s->pg.kv_separate, d, l, i, h, hf + j, t, b,
+                                             s->cons_read[d][off], want,
                                              s->cover[d][off]);
                                 expected_cover++;
                             }
@@ -456,7 +519,7 @@ static void exhaustive_transfer_simulation(void **state)
     (void)state;
     static sim_t s;
     uint64_t rng = 0x243F6A8885A308D3ull;
-    int configs = 0;
+    int configs = 0, fused_configs = 0;
     uint64_t descs = 0, unmerged = 0;
     for (size_t a = 0; a < sizeof(sim_tps) / sizeof(sim_tps[0]); a++)
         for (size_t b = 0; b < sizeof(sim_tps) / sizeof(sim_tps[0]); b++)
@@ -468,7 +531,10 @@ static void exhaustive_transfer_simulation(void **state)
                     continue;
                 if (!mla && ((H % P != 0 && P % H != 0) || (H % D != 0 && D % H != 0)))
                     continue;
-                for (int combo = 0; combo < 16; combo++) {
+                for (int combo = 0; combo < 32; combo++) {
+                    bool fused = (combo & 16) != 0;
+                    if (fused && (mla || (combo & 3) != 0))
+                        continue; /* fused: one half (kv_separate does not apply), never MLA */
                     memset(&s, 0, sizeof(s));
                     s.P = P;
                     s.D = D;
@@ -478,9 +544,9 @@ static void exhaustive_transfer_simulation(void **state)
                     assert_int_equal(pdl_topo_heads(P, H, mla, 0, &pf, &pc, NULL), PDL_OK);
                     assert_int_equal(pdl_topo_heads(D, H, mla, 0, &cf, &cc, NULL), PDL_OK);
                     s.pg = (pdl_kv_geometry_t){P_BLOCKS, BS, (uint32_t)pc, HD, ES, (combo & 1) != 0,
-                                               (combo & 4) ? PDL_KV_NHD : PDL_KV_HND, mla};
+                                               (combo & 4) ? PDL_KV_NHD : PDL_KV_HND, mla, fused};
                     s.cg = (pdl_kv_geometry_t){C_BLOCKS, BS, (uint32_t)cc, HD, ES, (combo & 2) != 0,
-                                               (combo & 8) ? PDL_KV_NHD : PDL_KV_HND, mla};
+                                               (combo & 8) ? PDL_KV_NHD : PDL_KV_HND, mla, fused};
                     if (mla && (combo & 3) != 0)
                         continue; /* MLA has one half: K/V separation does not apply */
                     /* Sides with different orders or K/V arrangements: every topology for H = 8, the
@@ -511,11 +577,14 @@ static void exhaustive_transfer_simulation(void **state)
                         free(s.cover[d]);
                     }
                     configs++;
+                    fused_configs += fused;
                 }
             }
-    print_message("simulated %d configurations x 2 requests: %llu merged descriptors, %llu unmerged ranges\n",
-                  configs, (unsigned long long)descs, (unsigned long long)unmerged);
+    print_message("simulated %d configurations (%d fused) x 2 requests: %llu merged descriptors, %llu unmerged "
+                  "ranges\n",
+                  configs, fused_configs, (unsigned long long)descs, (unsigned long long)unmerged);
     assert_true(configs > 400);
+    assert_true(fused_configs > 100);
     assert_true(descs < unmerged); /* merging did something somewhere */
 }
 
@@ -524,6 +593,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(order_names),
         cmocka_unit_test(lengths_and_offsets),
+        cmocka_unit_test(layout_names),
+        cmocka_unit_test(fused_errors),
         cmocka_unit_test(errors_without_err),
         cmocka_unit_test(validate_errors),
         cmocka_unit_test(build_errors),

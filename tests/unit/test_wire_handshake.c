@@ -87,6 +87,31 @@ static void meta_golden_and_round_trip(void **state)
     }
 }
 
+/* Every layout string pdl_layout_name makes survives the wire unchanged (the peer compares it verbatim),
+ * and two metas that differ only in it are not equal. */
+static void meta_layout_strings(void **state)
+{
+    (void)state;
+    static const char *names[] = {"hnd", "nhd-blockfirst", "hnd-blockfirst", "hnd-fused", "nhd-fused"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        uint64_t addrs[2];
+        uint8_t md[3];
+        pdl_agent_meta_t m, d;
+        fill_meta(&m, addrs, md, true);
+        snprintf(m.layout, sizeof(m.layout), "%s", names[i]);
+        pdl_bytes_t b;
+        pdl_error_t err = {0};
+        assert_int_equal(pdl_wire_encode_agent_meta(&m, &b, &err), PDL_OK);
+        assert_int_equal(pdl_wire_decode_agent_meta(b.data, b.len, &d, &err), PDL_OK);
+        assert_string_equal(d.layout, names[i]);
+        assert_true(pdl_agent_meta_equal(&m, &d));
+        strcpy(d.layout, "hnd-fused");
+        assert_int_equal(pdl_agent_meta_equal(&m, &d), strcmp(names[i], "hnd-fused") == 0);
+        pdl_agent_meta_clear(&d);
+        pdl_bytes_free(&b);
+    }
+}
+
 static void meta_wrong_types_and_missing(void **state)
 {
     (void)state;
@@ -296,6 +321,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(meta_golden_and_round_trip),
+        cmocka_unit_test(meta_layout_strings),
         cmocka_unit_test(meta_wrong_types_and_missing),
         cmocka_unit_test(meta_encoder_validates),
         cmocka_unit_test(lmap_golden_and_round_trip),
