@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import json
+import multiprocessing as mp
+import os
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -15,6 +19,9 @@ import pdlink
 from pdlink.vllm.scheduler import (Endpoint, HoldOrder, PdlinkScheduler, PullOrder, ReleaseOrder, StepPlan,
                                    parse_endpoint, transfer_params)
 from pdlink.vllm.worker import PdlinkWorker, kv_region, layer_index
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
 
 BS = 16
 
@@ -63,7 +70,7 @@ def test_write_mode_refused_with_reason() -> None:
 def test_params_equal_instance_params() -> None:
     """The scheduler has no instance, so it builds the params itself: they must be what pdlink's own
     producer (Instance.params) returns for the same config, TP and blocks."""
-    cfg = config("kv_producer", 23120)
+    cfg = config("kv_producer", free_range(60))
     geo = pdlink.Geometry(num_layers=1, total_kv_heads=2, head_dim=8, block_size=BS, elem_size=4)
     with pdlink.Instance(cfg, geo, tp_size=2, num_blocks=8) as inst:
         want = inst.params("tx-1", [3, 5, 7])
@@ -338,3 +345,119 @@ def test_worker_writes_counters_file(tmp_path: Any, monkeypatch: Any) -> None:
     w.get_transfer_results(set())
     c = json.load(open(tmp_path / "kv_consumer-dp0-tp1.json"))
     assert c["connector"]["pulls"] == 1 and c["tp_rank"] == 1 and c["pdlink"] == {"kv_bytes": 0}
+
+
+# ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
+
+LAYERS, HEADS, HD, NBLK = 2, 4, 8, 12
+
+
+def kv_value(layer: np.ndarray, block_pos: int, head: int, tok: np.ndarray, c: np.ndarray) -> np.ndarray:
+    # A function of everything that places a byte: a wrong layer, block, head, token or K/V half differs.
+    return layer * 1e5 + block_pos * 1e4 + head * 1e3 + tok * 40 + c + 0.5
+
+
+def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int) -> None:
+    heads = HEADS // tp
+    L, _, H, T, C = np.ix_(range(LAYERS), [0], range(heads), range(BS), range(2 * HD))
+    for pos, b in enumerate(ids):
+        whole[:, b] = kv_value(L, pos, H + rank * heads, T, C)[:, 0]
+
+
+def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any) -> None:
+    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
+    w = PdlinkWorker(config("kv_producer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
+    w.register_kv_caches(caches)
+    rank_fill(whole, ids, tp, rank)
+    plan = q_in.get()
+    w.wait_for_save(plan)
+    q_out.put(("held", rank))
+    rid = plan.holds[0].request_id
+    sent: set = set()
+    for _ in range(3000):
+        s, _r, _f = w.get_transfer_results({rid})
+        sent |= s
+        if sent:
+            break
+        time.sleep(0.01)
+    q_out.put(("sent", rank, sorted(sent), w.counters()))
+    w.shutdown()
+
+
+def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
+    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
+    whole[:] = -1.0
+    w = PdlinkWorker(config("kv_consumer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
+    w.register_kv_caches(caches)
+    plan = q_in.get()
+    w.start_load_kv(plan)
+    rid = plan.pulls[0].request_id
+    got = (set(), set())
+    for _ in range(3000):
+        _s, r, f = w.get_transfer_results(set())
+        if r:
+            got = (r, f)
+            break
+        time.sleep(0.01)
+    ids = plan.pulls[0].block_ids
+    want = np.full_like(whole, -1.0)
+    rank_fill(want, ids, tp, rank)
+    q_out.put(("pulled", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), rid,
+               w.counters()))
+    w.shutdown()
+
+
+@pytest.mark.parametrize("p_tp,d_tp", [(2, 1), (1, 2)])
+def test_workers_move_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> None:
+    """The scheduler halves plan, the worker halves (one process per TP rank, vLLM's CPU layout in numpy)
+    hold and pull through pdlink: every decode rank gets exactly its heads of the pulled blocks (other
+    blocks keep the sentinel), reports the request loaded, and every prefill rank reports it sent once
+    the releases arrived."""
+    ctx = mp.get_context("spawn")
+    pbase = free_range(120)                      # config(): handshake base.., notify base+50..
+    dbase = pbase + 60
+    prompt = 2 * BS + 3                          # 3 prefill blocks; the decode loads 2*BS+2 tokens: 3 blocks
+    p_ids, d_ids = [5, 2, 9], [7, 3, 10]
+    qs = [ctx.Queue() for _ in range(p_tp)]
+    out = ctx.Queue()
+    procs = [ctx.Process(target=producer_rank, args=(p_tp, r, pbase, p_ids, qs[r], out)) for r in range(p_tp)]
+    for p in procs:
+        p.start()
+    try:
+        ps = PdlinkScheduler(config("kv_producer", pbase), tp_size=p_tp, block_size=BS,
+                             block_ids_of=Blocks({"req-p": p_ids + [11]}))
+        preq = Req("req-p", prompt, {"do_remote_decode": True, "transfer_id": "tx-e2e"})
+        ps.update_state_after_alloc(preq, p_ids, 0)
+        plan = ps.build_connector_meta({"req-p": prompt})
+        for q in qs:
+            q.put(plan)
+        assert sorted(out.get(timeout=60)[:2] for _ in range(p_tp)) == [("held", r) for r in range(p_tp)]
+        _, params = ps.request_finished(preq, p_ids + [11], length_capped=True)
+
+        cs = PdlinkScheduler(config("kv_consumer", dbase), tp_size=d_tp, block_size=BS)
+        dreq = Req("req-d", prompt, json.loads(json.dumps(params)))   # as the router forwards it
+        n, is_async = cs.get_num_new_matched_tokens(dreq, 0)
+        assert (n, is_async) == (prompt - 1, True)
+        cs.update_state_after_alloc(dreq, d_ids, n)
+        dplan = cs.build_connector_meta({})
+        cq = [ctx.Queue() for _ in range(d_tp)]
+        cprocs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out)) for r in range(d_tp)]
+        procs += cprocs
+        for p in cprocs:
+            p.start()
+        for q in cq:
+            q.put(dplan)
+        msgs = [out.get(timeout=120) for _ in range(d_tp + p_tp)]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    pulled = [m for m in msgs if m[0] == "pulled"]
+    sent = [m for m in msgs if m[0] == "sent"]
+    for _, rank, recv, failed, exact, rid, counters in pulled:
+        assert (recv, failed, exact) == (["req-d"], [], True), f"decode rank {rank}"
+        assert counters["pdlink"]["kv_bytes"] == LAYERS * 3 * (HEADS // d_tp) * BS * 2 * HD * 4
+    for _, rank, s, counters in sent:
+        assert s == ["req-p"], f"prefill rank {rank} never reported the transfer freed"
+        assert counters["connector"]["freed"] == 1 and counters["held_now"] == 0
