@@ -104,6 +104,11 @@ class PdlinkWorker:
         self._freed: Set[str] = set()                        # request ids this rank freed
         self._finished: Set[str] = set()                     # request ids vLLM said finished
         self._dirty = False
+        # Wall-clock times per transfer id (hold/freed on a prefill rank, pull issued/done on a decode
+        # rank): the e2e script lines them up with its own request times to show where a request's time
+        # goes. Bounded: the oldest entries are dropped.
+        self.timeline: Dict[str, Dict[str, float]] = {}
+        self._pull_tid: Dict[str, str] = {}
         self.stats = {"pulls": 0, "pulls_failed": 0, "holds": 0, "holds_failed": 0, "releases": 0,
                       "freed": 0, "expired": 0, "pull_seconds": 0.0}
         self.counters_path: Optional[str] = None
@@ -150,6 +155,9 @@ class PdlinkWorker:
             try:
                 self._pulls[order.request_id] = self.inst.pull(order.params, order.block_ids, None)
                 self._pull_started[order.request_id] = time.monotonic()
+                tid = str(order.params.get("transfer_id"))
+                self._pull_tid[order.request_id] = tid
+                self._mark(tid, "pull_issued")
             except Exception as e:
                 log.error("pdlink rank %d: pull of request %s (transfer %s) refused: %s", self.tp_rank,
                           order.request_id, order.params.get("transfer_id"), e)
@@ -162,6 +170,7 @@ class PdlinkWorker:
             try:
                 self.inst.hold(h.transfer_id, h.block_ids, None)
                 self._held[h.transfer_id] = h.request_id
+                self._mark(h.transfer_id, "held")
                 self.stats["holds"] += 1
             except Exception as e:
                 # Nothing is held, so a decode's pull fails and is reported there; the blocks must not
@@ -190,6 +199,7 @@ class PdlinkWorker:
                     self.stats["pulls_failed"] += 1
                 pull.close()
                 del self._pulls[rid]
+                self._mark(self._pull_tid.pop(rid, rid), "pull_done" if rid in self._done else "pull_failed")
                 self._dirty = True
         if self.inst is not None:
             for kind, tid, _rank in self.inst.events():
@@ -200,6 +210,7 @@ class PdlinkWorker:
                 elif kind == "freed":
                     rid = self._held.pop(tid, None)
                     if rid is not None:
+                        self._mark(tid, "freed")
                         self._freed.add(rid)
                         self.stats["freed"] += 1
                         self._dirty = True
@@ -216,12 +227,18 @@ class PdlinkWorker:
         self._dirty = False
         return sending, recving, failed
 
+    def _mark(self, tid: str, what: str) -> None:
+        self.timeline.setdefault(tid, {})[what] = time.time()
+        while len(self.timeline) > 256:
+            del self.timeline[next(iter(self.timeline))]
+
     # ---- counters and shutdown ----------------------------------------------------------------------
 
     def counters(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"tp_rank": self.tp_rank, "tp_size": self.tp_size, "dp_rank": self.dp_rank,
                                "role": self.config.get("kv_role"), "connector": dict(self.stats),
-                               "held_now": len(self._held), "pulls_in_flight": len(self._pulls)}
+                               "held_now": len(self._held), "pulls_in_flight": len(self._pulls),
+                               "timeline": self.timeline}
         if self.inst is not None:
             out["pdlink"] = self.inst.counters()
         return out
@@ -237,6 +254,7 @@ class PdlinkWorker:
         if self.inst is None:
             return
         c = self.counters()
+        c.pop("timeline")
         log.info("pdlink rank %d counters at shutdown: %s", self.tp_rank, json.dumps(c, sort_keys=True))
         if self.counters_path:
             self.write_counters()
