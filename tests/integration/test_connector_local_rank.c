@@ -5,7 +5,9 @@
  *   consumer is its own instance (vLLM runs one worker process per rank; here they share one test
  *   process, which changes nothing for the connector: separate instances share nothing). P2/D1, P1/D2,
  *   P4/D8 and P8/D4 move vLLM's fused CPU layout; every byte of every consumer rank is verified, and
- *   every producer rank's hold is freed by exactly expected_acks releases of its own.
+ *   every producer rank's hold is freed by exactly expected_acks releases of its own. WRITE mode P2/D4
+ *   the same way (each consumer rank counts its own write_done, each producer rank gets remote_blocks
+ *   once); only the process running rank 0 sends the discovery ping.
  * - caller-owned block ids (external_blocks): no allocator, overlapping holds (a prefix shared by two
  *   transfers) served while either is held, a read outside every held block refused by the data plane,
  *   PDL_EVENT_FREED once per transfer and no block ever "freed" by the instance.
@@ -18,7 +20,9 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <zmq.h>
 
+#include "pdlink/wire.h"
 #include "test_connector_util.h"
 
 #define MAX_TP 8
@@ -30,8 +34,8 @@ typedef struct rank_group {
     tc_events_t ev[MAX_TP];
 } rank_group_t;
 
-static void group_create(rank_group_t *g, pdl_role_t role, int tp, const tc_geo_t *geo, uint32_t num_blocks,
-                         bool external, pdl_backend_kind_t backend)
+static void group_create_mode(rank_group_t *g, pdl_role_t role, int tp, const tc_geo_t *geo, uint32_t num_blocks,
+                              bool external, pdl_backend_kind_t backend, bool write)
 {
     memset(g, 0, sizeof(*g));
     g->tp = tp;
@@ -45,6 +49,8 @@ static void group_create(rank_group_t *g, pdl_role_t role, int tp, const tc_geo_
             tc_config(&c, role, tp, geo, num_blocks, backend, 60, hs, hs + tp);
             c.local_rank = r;
             c.external_blocks = external;
+            c.conn.read_mode = !write;
+            c.allow_write_mode = write;
             if (pdl_instance_create(&c, &g->r[r], &e) != PDL_OK)
                 break;
             pdl_instance_set_event_fn(g->r[r], tc_on_event, &g->ev[r]);
@@ -57,6 +63,12 @@ static void group_create(rank_group_t *g, pdl_role_t role, int tp, const tc_geo_
             fail_msg("rank %d of TP %d: %s", r, tp, e.msg);
     }
     fail_msg("no free port range for TP %d", tp);
+}
+
+static void group_create(rank_group_t *g, pdl_role_t role, int tp, const tc_geo_t *geo, uint32_t num_blocks,
+                         bool external, pdl_backend_kind_t backend)
+{
+    group_create_mode(g, role, tp, geo, num_blocks, external, backend, false);
 }
 
 static void group_destroy(rank_group_t *g)
@@ -208,6 +220,110 @@ static void local_rank_p2_d4_separate(void **state)
     (void)state;
     tc_geo_t g = tc_geo_default(4);
     one_rank_per_process(2, 4, &g, true);
+}
+
+/* WRITE mode, one rank per process: each producer rank pushes its share once its remote_blocks came
+ * (from the consumer rank that speaks for it), each consumer rank counts its own write_done. */
+static void local_rank_write_p2_d4(void **state)
+{
+    (void)state;
+    const int P = 2, D = 4;
+    tc_geo_t geo = fused_geo(4, PDL_KV_HND);
+    rank_group_t prod, cons;
+    group_create_mode(&prod, PDL_ROLE_PRODUCER, P, &geo, NUM_BLOCKS, true, PDL_BACKEND_TCP, true);
+    group_create_mode(&cons, PDL_ROLE_CONSUMER, D, &geo, NUM_BLOCKS, true, PDL_BACKEND_TCP, true);
+    int expected = 0;
+    assert_int_equal(pdl_topo_expected_write_done(P, D, &expected, NULL), PDL_OK);
+    char rid[1024];
+    uint8_t uuid[16] = {7};
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(prod.r[0]), pdl_instance_zmq_address(cons.r[0]),
+                                           uuid, rid, sizeof(rid)) > 0);
+    const uint32_t pblk[NBLK] = {3, 8, 1}, cblk[NBLK] = {0, 6, 13};
+    pdl_kv_params_t pk, ck;
+    pdl_kv_params_init(&pk);
+    pdl_kv_params_init(&ck);
+    snprintf(pk.transfer_id, sizeof(pk.transfer_id), "tx-w-lr");
+    snprintf(ck.transfer_id, sizeof(ck.transfer_id), "tx-w-lr");
+    pk.remote_tp_size = D;
+    ck.remote_tp_size = P;
+    pdl_error_t e;
+    pdl_recv_t *rv[MAX_TP];
+    for (int d = 0; d < D; d++)
+        if (pdl_instance_expect_push(cons.r[d], &ck, rid, cblk, NBLK, &rv[d], &e) != PDL_OK)
+            fail_msg("expect_push on consumer rank %d: %s", d, e.msg);
+    for (int r = 0; r < P; r++) {
+        tc_fill(prod.r[r], geo.heads, false, pblk, NBLK, 41);
+        if (pdl_instance_push(prod.r[r], &pk, rid, pblk, NBLK, &e) != PDL_OK)
+            fail_msg("push on producer rank %d: %s", r, e.msg);
+    }
+    uint64_t checked = 0;
+    for (int d = 0; d < D; d++) {
+        if (pdl_recv_wait(rv[d], 30000, &e) != PDL_OK)
+            fail_msg("consumer rank %d: %s", d, e.msg);
+        assert_int_equal(pdl_recv_write_done(rv[d], d), expected);
+        assert_int_equal(pdl_recv_write_done(rv[d], (d + 1) % D), -1); /* another process's rank */
+        pdl_recv_free(rv[d]);
+        assert_int_equal(tc_verify(cons.r[d], geo.heads, false, cblk, NBLK, 41, &checked), 0);
+        assert_int_equal(TC_GET(cons.r[d], d, write_done_received), (uint64_t)expected);
+    }
+    assert_true(checked > 0);
+    assert_true(tc_wait_for(group_none_held, &prod, 20000));
+    for (int r = 0; r < P; r++) {
+        assert_int_equal(TC_GET(prod.r[r], r, remote_blocks_received), 1); /* exactly once per producer rank */
+        assert_int_equal(atomic_load(&prod.ev[r].freed), 1);
+    }
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    group_destroy(&cons);
+    group_destroy(&prod);
+}
+
+/* The discovery ping is the instance's, sent by rank 0: a process running rank 1 only never pings, the
+ * one running rank 0 registers the whole instance (tp_size 2). */
+static void local_rank_ping_from_rank0_only(void **state)
+{
+    (void)state;
+    int ping = tp_free_range(1), hs = tp_free_range(4);
+    assert_true(ping > 0 && hs > 0);
+    void *ctx = zmq_ctx_new();
+    void *router = zmq_socket(ctx, ZMQ_ROUTER);
+    char ep[64];
+    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", ping);
+    assert_int_equal(zmq_bind(router, ep), 0);
+    tc_geo_t g = fused_geo(4, PDL_KV_HND);
+    pdl_instance_config_t c;
+    tc_config(&c, PDL_ROLE_PRODUCER, 2, &g, NUM_BLOCKS, PDL_BACKEND_TCP, 60, hs, hs + 2);
+    snprintf(c.conn.proxy_ip, sizeof(c.conn.proxy_ip), "127.0.0.1");
+    c.conn.proxy_ping_port = ping;
+    c.conn.http_port = 8124;
+    pdl_error_t e;
+    pdl_instance_t *r1 = NULL, *r0 = NULL;
+    c.local_rank = 1;
+    if (pdl_instance_create(&c, &r1, &e) != PDL_OK)
+        fail_msg("rank 1: %s", e.msg);
+    /* Rank 0 pings at start and every 3 s: 3.5 s of silence covers a start and a period. */
+    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
+    assert_int_equal(zmq_poll(&it, 1, 3500), 0);
+    c.local_rank = 0;
+    if (pdl_instance_create(&c, &r0, &e) != PDL_OK)
+        fail_msg("rank 0: %s", e.msg);
+    assert_int_equal(zmq_poll(&it, 1, 30000), 1);
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    assert_true(zmq_msg_recv(&id, router, 0) >= 0);
+    assert_true(zmq_msg_recv(&body, router, 0) >= 0);
+    pdl_registration_t reg;
+    assert_int_equal(pdl_wire_decode_registration(zmq_msg_data(&body), zmq_msg_size(&body), &reg, &e), PDL_OK);
+    assert_int_equal(reg.type, 'P');
+    assert_int_equal(reg.tp_size, 2);
+    assert_string_equal(reg.zmq_address, pdl_instance_zmq_address(r1)); /* the same instance either way */
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+    pdl_instance_destroy(r0);
+    pdl_instance_destroy(r1);
+    zmq_close(router);
+    zmq_ctx_term(ctx);
 }
 
 /* Per-transfer FREED events (tc_events_t counts them without the id). */
@@ -428,6 +544,8 @@ int main(void)
         cmocka_unit_test(local_rank_p4_d8),
         cmocka_unit_test(local_rank_p8_d4),
         cmocka_unit_test(local_rank_p2_d4_separate),
+        cmocka_unit_test(local_rank_write_p2_d4),
+        cmocka_unit_test(local_rank_ping_from_rank0_only),
         cmocka_unit_test(external_blocks_overlap_grants_freed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

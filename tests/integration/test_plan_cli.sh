@@ -76,6 +76,17 @@ check "MLA P8/D4: one whole-block read per decode rank, odd ranks unreleased ups
 check "WRITE P8/D4: each decode rank waits for 2 write_done, prefill 5 notifies decode 2" "$TMP/w.json" \
     "d['mode'] == 'write' and all(c['expected_write_done'] == 2 for c in $P['consumers']) and $P['producers'][5]['write_done_to'] == [2]"
 
+# vLLM's fused CPU layout: one "KV" half, a head's rows of K then V; P2/D1 reads 2 heads from each rank.
+"$PDLINK" plan --prefill-tp 2 --decode-tp 1 --kv-heads 4 --head-dim 32 --dtype fp32 --block-size 128 --kv-fused \
+    --json >"$TMP/fused.json" || fail "fused exit $?"
+check "fused P2/D1: one KV half, prefill rank 1's 2 heads land at byte 65536 of the block" "$TMP/fused.json" \
+    "d['geometry']['kv_fused'] and $P['decode_rank_geometry']['halves'] == 1 and $P['decode_rank_geometry']['block_len'] == 4 * 128 * 64 * 4 and [(g['half'], g['dst_offset'], g['len']) for g in $P['consumers'][0]['reads'][1]['ranges']] == [('KV', 65536, 65536)]"
+if "$PDLINK" plan --prefill-tp 2 --decode-tp 1 --mla --head-dim 64 --kv-fused >"$TMP/fm.out" 2>&1; then
+    fail "fused MLA accepted"
+else
+    grep -q "kv-fused needs K and V" "$TMP/fm.out" && pass "fused MLA refused" || fail "fused MLA message: $(cat "$TMP/fm.out")"
+fi
+
 # NHD with a split head: per-token ranges.
 "$PDLINK" plan --prefill-tp 4 --decode-tp 8 --model tiny --layout nhd --json >"$TMP/nhd.json" || fail "NHD exit $?"
 check "NHD P4/D8: one range per token per half" "$TMP/nhd.json" \
