@@ -461,3 +461,20 @@ def test_workers_move_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
     for _, rank, s, counters in sent:
         assert s == ["req-p"], f"prefill rank {rank} never reported the transfer freed"
         assert counters["connector"]["freed"] == 1 and counters["held_now"] == 0
+
+
+def test_empty_steps_pause_only_when_nothing_is_ordered(monkeypatch: Any) -> None:
+    slept: List[float] = []
+    monkeypatch.setattr("pdlink.vllm.scheduler.time.sleep", slept.append)
+    monkeypatch.setenv("PDLINK_VLLM_IDLE_STEP_MS", "7")
+    s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
+    s.build_connector_meta({})                      # vLLM stepping only to poll transfers
+    s.build_connector_meta({"busy": 3})             # a step that computes
+    r = Req("d", 40, remote_params([1, 2, 3]))
+    s.get_num_new_matched_tokens(r, 0)
+    s.update_state_after_alloc(r, [4, 5, 6], 39)
+    assert s.build_connector_meta({}).pulls         # orders go out at once, never delayed
+    assert slept == [0.007]
+    monkeypatch.setenv("PDLINK_VLLM_IDLE_STEP_MS", "0")
+    PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS).build_connector_meta({})
+    assert slept == [0.007]

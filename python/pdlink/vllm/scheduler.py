@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -152,6 +154,13 @@ class PdlinkScheduler:
         self.dp_size = dp_size
         self.block_size = block_size
         self._block_ids_of = block_ids_of
+        # Seconds to pause in an empty step (one vLLM runs only to poll the workers for transfers: a
+        # prefill's held blocks waiting for the decode's releases, a decode waiting for its pull). vLLM
+        # steps back to back then, its engine and every worker spinning; on a small CPU machine that
+        # starves the very processes that must finish the transfer (measured on this 2-vCPU VM: a TP2
+        # prefill spinning while it waited made the decode's pull start only when defer_timeout freed
+        # the hold, 60 s later). PDLINK_VLLM_IDLE_STEP_MS overrides; 0 disables.
+        self.idle_step_s = float(os.environ.get("PDLINK_VLLM_IDLE_STEP_MS", "10")) / 1000.0
         self._produced: Dict[str, _Produced] = {}
         self._local_hit: Dict[str, int] = {}        # consumer: tokens the decode had cached itself
         self._plan = StepPlan()
@@ -205,7 +214,10 @@ class PdlinkScheduler:
 
     def build_connector_meta(self, num_scheduled_tokens: Mapping[str, int]) -> StepPlan:
         """The plan of the step vLLM is about to run; ``num_scheduled_tokens`` is the step's
-        ``SchedulerOutput.num_scheduled_tokens``. Resets the pending orders."""
+        ``SchedulerOutput.num_scheduled_tokens``. Resets the pending orders. An empty step with nothing
+        to order pauses ``idle_step_s`` first (see __init__)."""
+        if not num_scheduled_tokens and not self._plan and self.idle_step_s > 0:
+            time.sleep(self.idle_step_s)
         if self.is_producer:
             for rid, pr in self._produced.items():
                 n = num_scheduled_tokens.get(rid, 0)
