@@ -27,7 +27,7 @@ import logging
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
 
 from pdlink.vllm.scheduler import StepPlan
 
