@@ -252,7 +252,8 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
  */
 pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
                                    const uint32_t *ids, size_t n, pdl_error_t *err);
-/* Transfers currently held (producer) and blocks they hold. A transfer counts until its blocks are back
+/* Transfers currently held (producer) and blocks they hold (a block two overlapping holds name, with
+ * external_blocks, counts twice). A transfer counts until its blocks are back
  * in the allocator and its PDL_EVENT_FREED has been delivered, so 0 means all of that happened. */
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);

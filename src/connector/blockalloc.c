@@ -104,6 +104,18 @@ pdl_status_t pdl__blockalloc_check_owned(pdl_blockalloc_t *a, const uint32_t *id
     return st;
 }
 
+pdl_status_t pdl__blockalloc_check_ids(pdl_blockalloc_t *a, uint32_t num_blocks, const uint32_t *ids, size_t n,
+                                       pdl_error_t *err)
+{
+    if (a != NULL)
+        return pdl__blockalloc_check_owned(a, ids, n, err);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= num_blocks)
+            return pdl_error_set(err, PDL_ERR_INVALID, "block id %u at index %zu is not below num_blocks %u", ids[i], i,
+                                 num_blocks);
+    return PDL_OK;
+}
+
 size_t pdl__blockalloc_free_count(pdl_blockalloc_t *a)
 {
     pthread_mutex_lock(&a->mu);

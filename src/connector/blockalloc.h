@@ -24,6 +24,11 @@ pdl_status_t pdl__blockalloc_alloc(pdl_blockalloc_t *a, size_t n, uint32_t *ids_
 size_t pdl__blockalloc_free(pdl_blockalloc_t *a, const uint32_t *ids, size_t n);
 /* PDL_OK when every id is in range and currently allocated (a hold must own its blocks). */
 pdl_status_t pdl__blockalloc_check_owned(pdl_blockalloc_t *a, const uint32_t *ids, size_t n, pdl_error_t *err);
+/* May a transfer name these blocks? With an allocator, as check_owned; without one (a == NULL: the
+ * instance's external_blocks, the caller owns the ids) every id below num_blocks. PDL_ERR_INVALID
+ * naming the first id that is not. */
+pdl_status_t pdl__blockalloc_check_ids(pdl_blockalloc_t *a, uint32_t num_blocks, const uint32_t *ids, size_t n,
+                                       pdl_error_t *err);
 size_t pdl__blockalloc_free_count(pdl_blockalloc_t *a);
 uint32_t pdl__blockalloc_total(const pdl_blockalloc_t *a);
 

@@ -198,17 +198,6 @@ const char *pdl_instance_zmq_address(const pdl_instance_t *inst) { return inst->
 int pdl_instance_tp_size(const pdl_instance_t *inst) { return inst->tp; }
 int pdl_instance_local_rank(const pdl_instance_t *inst) { return inst->cfg.local_rank; }
 
-pdl_status_t pdl__rank_check(const pdl_instance_t *inst, int tp_rank, const char *what, pdl_error_t *err)
-{
-    if (tp_rank < 0 || tp_rank >= inst->tp)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s: rank %d outside [0, %d)", what, tp_rank, inst->tp);
-    if (!pdl__is_local(inst, tp_rank))
-        return pdl_error_set(err, PDL_ERR_INVALID,
-                             "%s: rank %d is not run by this instance (local_rank %d: its process has it)", what,
-                             tp_rank, inst->cfg.local_rank);
-    return PDL_OK;
-}
-
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank)
 {
     if (!pdl__is_local(inst, tp_rank))
@@ -251,17 +240,6 @@ void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t 
 size_t pdl_instance_free_block_count(pdl_instance_t *inst)
 {
     return inst->blocks != NULL ? pdl__blockalloc_free_count(inst->blocks) : 0;
-}
-
-pdl_status_t pdl__blocks_check(pdl_instance_t *inst, const uint32_t *ids, size_t n, pdl_error_t *err)
-{
-    if (inst->blocks != NULL)
-        return pdl__blockalloc_check_owned(inst->blocks, ids, n, err);
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] >= inst->cfg.num_blocks)
-            return pdl_error_set(err, PDL_ERR_INVALID, "block id %u at index %zu is not below num_blocks %u", ids[i],
-                                 i, inst->cfg.num_blocks);
-    return PDL_OK;
 }
 
 void pdl_instance_config_defaults(pdl_instance_config_t *cfg)

@@ -495,12 +495,25 @@ static inline bool pdl__is_local(const pdl_instance_t *inst, int rank) { return 
 /* The first local rank: where per-instance counters (transfers_abandoned, untrusted_refused) and the
  * consumer-gone watch live, "rank 0" of the instance as this process sees it. */
 static inline pdl_rank_t *pdl__rank_first(pdl_instance_t *inst) { return &inst->ranks[inst->lo]; }
-/* instance.c: may a transfer name these blocks? Allocated ones (the allocator), or with external_blocks
- * any id below num_blocks. PDL_ERR_INVALID naming the first id that is not. */
-pdl_status_t pdl__blocks_check(pdl_instance_t *inst, const uint32_t *ids, size_t n, pdl_error_t *err);
-/* instance.c: PDL_ERR_INVALID naming tp_rank when it is outside [0, tp) or not run by this instance;
- * `what` names the caller ("counters"). */
-pdl_status_t pdl__rank_check(const pdl_instance_t *inst, int tp_rank, const char *what, pdl_error_t *err);
+/* May a transfer name these blocks? Allocated ones, or with external_blocks any id below num_blocks
+ * (blockalloc.c). PDL_ERR_INVALID naming the first id that is not. */
+static inline pdl_status_t pdl__blocks_check(pdl_instance_t *inst, const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    return pdl__blockalloc_check_ids(inst->blocks, inst->cfg.num_blocks, ids, n, err);
+}
+/* PDL_ERR_INVALID naming tp_rank when it is outside [0, tp) or not run by this instance; `what` names
+ * the caller ("counters"). Inline, like the helpers above: every file asks, and a function in
+ * instance.c would be called back by the files it starts. */
+static inline pdl_status_t pdl__rank_check(const pdl_instance_t *inst, int tp_rank, const char *what, pdl_error_t *err)
+{
+    if (tp_rank < 0 || tp_rank >= inst->tp)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: rank %d outside [0, %d)", what, tp_rank, inst->tp);
+    if (!pdl__is_local(inst, tp_rank))
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "%s: rank %d is not run by this instance (local_rank %d: its process has it)", what,
+                             tp_rank, inst->cfg.local_rank);
+    return PDL_OK;
+}
 
 struct pdl_pull {
     pdl_instance_t *inst;

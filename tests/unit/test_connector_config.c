@@ -183,6 +183,12 @@ static void blockalloc_alloc_free_exhaust(void **state)
     assert_int_equal(pdl__blockalloc_check_owned(a, foreign, 1, &e), PDL_ERR_INVALID);
     assert_non_null(strstr(e.msg, "12 is not allocated"));
     assert_int_equal(pdl__blockalloc_check_owned(a, foreign + 1, 1, &e), PDL_ERR_INVALID);
+    /* check_ids: the allocator's rule when there is one, else (external_blocks) any id below num_blocks */
+    assert_int_equal(pdl__blockalloc_check_ids(a, 16, foreign, 1, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "12 is not allocated"));
+    assert_int_equal(pdl__blockalloc_check_ids(NULL, 16, (uint32_t[]){12, 15, 12}, 3, &e), PDL_OK);
+    assert_int_equal(pdl__blockalloc_check_ids(NULL, 16, (uint32_t[]){3, 16}, 2, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "block id 16 at index 1 is not below num_blocks 16"));
     assert_int_equal(pdl__blockalloc_free(a, ids, 10), 0);
     assert_int_equal(pdl__blockalloc_free(a, ids, 2), 2); /* double free is caught */
     assert_int_equal(pdl__blockalloc_free(a, foreign, 2), 2);
