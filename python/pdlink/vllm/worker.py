@@ -1,0 +1,265 @@
+"""The worker-process half of PdlinkConnector (READ mode): one pdlink instance per vLLM worker (TP rank).
+
+vLLM runs one worker process per TP rank, each with its own KV tensors. ``register_kv_caches`` makes
+this rank's pdlink instance over those tensors in place (``local_rank`` = the TP rank, so it listens on
+``base + dp_rank*tp_size + tp_rank`` like a MoRIIO rank; ``external_blocks``: vLLM's block ids are used
+as they are). pdlink needs a rank's layers as one region, layer ``l`` at ``l * layer_len``; vLLM's CPU
+backend allocates them that way (seen with tools/vllm/probe_connector.py), and anything else is refused
+with the layer that breaks it.
+
+Per step (the scheduler half's :class:`~pdlink.vllm.scheduler.StepPlan`):
+  * ``start_load_kv``: releases first (they free a prefill's blocks), then the pulls, which run in
+    pdlink's threads while vLLM computes other requests;
+  * ``wait_for_save``: the holds, after the step's forward wrote the prompt's KV;
+  * ``get_transfer_results``: pulls that finished (``finished_recving``), pulls that failed (also in
+    ``failed_recving``: vLLM then recomputes or fails the request, it never decodes from a partial
+    cache), and transfers this rank freed (``finished_sending``: the decode's releases arrived, or
+    defer_timeout passed) once vLLM has told this worker the request finished.
+
+Counters: each completed transfer rewrites ``$PDLINK_VLLM_COUNTERS_DIR/<role>-dp<d>-tp<r>.json`` when that
+variable is set (the e2e script reads them), and ``shutdown`` logs them.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import re
+import time
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
+
+from pdlink.vllm.scheduler import StepPlan
+
+log = logging.getLogger("pdlink.vllm")
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_index(name: str) -> int:
+    """The layer number in a vLLM layer name (``model.layers.7.self_attn.attn`` -> 7)."""
+    m = _LAYER_INDEX.search(name)
+    if m is None:
+        raise ValueError(f"PdlinkConnector: KV cache layer name {name!r} has no layer number")
+    return int(m.group(1))
+
+
+def kv_region(kv_caches: Mapping[str, Any]) -> Tuple[Any, Dict[str, int]]:
+    """Check that vLLM's per-layer KV tensors form one region, layers in order and adjacent, all of the
+    CPU backend's shape ``(num_blocks, heads_of_rank, block_size, 2*head_dim)``; return a writable
+    buffer over the whole region (it borrows the tensors' memory: keep them alive) and the geometry.
+    Raises ValueError naming the first layer that breaks the model."""
+    if not kv_caches:
+        raise ValueError("PdlinkConnector: vLLM registered no KV cache tensors")
+    layers = sorted(kv_caches.items(), key=lambda kv: layer_index(kv[0]))
+    first_name, first = layers[0]
+    shape = tuple(first.shape)
+    if len(shape) != 4 or shape[3] % 2:
+        raise ValueError(f"PdlinkConnector: layer {first_name} has shape {shape}; expected vLLM CPU's "
+                         "(num_blocks, kv_heads, block_size, 2*head_dim) with K and V fused per token")
+    base = first.data_ptr()
+    layer_len = first.numel() * first.element_size()
+    for i, (name, t) in enumerate(layers):
+        if str(t.device) != "cpu":
+            raise ValueError(f"PdlinkConnector: layer {name} is on {t.device}; pdlink moves host memory only")
+        if tuple(t.shape) != shape or t.dtype != first.dtype or not t.is_contiguous():
+            raise ValueError(f"PdlinkConnector: layer {name} is {tuple(t.shape)} {t.dtype} contiguous="
+                             f"{t.is_contiguous()}, layer {first_name} {shape} {first.dtype}: pdlink needs "
+                             "every layer alike and contiguous")
+        if t.data_ptr() != base + i * layer_len:
+            raise ValueError(f"PdlinkConnector: layer {name} starts at {t.data_ptr():#x}, not right after "
+                             f"the previous layer ({base + i * layer_len:#x}): pdlink registers a rank's "
+                             "layers as one region, layer l at l*layer_len")
+    total = layer_len * len(layers)
+    buf = (ctypes.c_char * total).from_address(base)
+    geo = {"num_layers": len(layers), "num_blocks": shape[0], "heads": shape[1], "block_size": shape[2],
+           "head_dim": shape[3] // 2, "elem_size": first.element_size(), "layer_len": layer_len}
+    return buf, geo
+
+
+class PdlinkWorker:
+    """The worker half for TP rank ``tp_rank``. ``make_instance(config, geometry, **kw)`` builds the
+    pdlink instance (``pdlink.Instance``; tests inject fakes)."""
+
+    def __init__(self, config: Mapping[str, Any], *, tp_size: int, tp_rank: int, total_kv_heads: int,
+                 dp_rank: int = 0, dp_size: int = 1,
+                 make_instance: Optional[Callable[..., Any]] = None) -> None:
+        self.config = dict(config)
+        self.tp_size = tp_size
+        self.tp_rank = tp_rank
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.total_kv_heads = total_kv_heads
+        if make_instance is None:
+            import pdlink
+            make_instance = pdlink.Instance
+        self._make_instance = make_instance
+        self.inst: Any = None
+        self._kv_caches: Optional[Mapping[str, Any]] = None
+        self._pulls: Dict[str, Any] = {}                     # request id -> pdlink Pull
+        self._pull_started: Dict[str, float] = {}
+        self._failed: Set[str] = set()                       # failed pulls not yet reported
+        self._done: Set[str] = set()                         # finished pulls not yet reported
+        self._held: Dict[str, str] = {}                      # transfer id -> request id
+        self._freed: Set[str] = set()                        # request ids this rank freed
+        self._finished: Set[str] = set()                     # request ids vLLM said finished
+        self._dirty = False
+        # Wall-clock times per transfer id (hold/freed on a prefill rank, pull issued/done on a decode
+        # rank): the e2e script lines them up with its own request times to show where a request's time
+        # goes. Bounded: the oldest entries are dropped.
+        self.timeline: Dict[str, Dict[str, float]] = {}
+        self._pull_tid: Dict[str, str] = {}
+        self.stats = {"pulls": 0, "pulls_failed": 0, "holds": 0, "holds_failed": 0, "releases": 0,
+                      "freed": 0, "expired": 0, "pull_seconds": 0.0}
+        self.counters_path: Optional[str] = None
+        d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
+        if d:
+            role = self.config.get("kv_role", "kv")
+            self.counters_path = os.path.join(d, f"{role}-dp{dp_rank}-tp{tp_rank}.json")
+
+    # ---- registration ------------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Mapping[str, Any]) -> None:
+        import pdlink
+
+        buf, g = kv_region(kv_caches)
+        want = max(self.total_kv_heads // self.tp_size, 1)
+        if g["heads"] != want:
+            raise ValueError(f"PdlinkConnector: rank {self.tp_rank} has {g['heads']} KV heads per layer, "
+                             f"expected {want} ({self.total_kv_heads} heads over TP {self.tp_size})")
+        geometry = pdlink.Geometry(num_layers=g["num_layers"], total_kv_heads=self.total_kv_heads,
+                                   head_dim=g["head_dim"], block_size=g["block_size"], elem_size=g["elem_size"],
+                                   order="hnd", kv_fused=True)
+        self._kv_caches = kv_caches          # the buffer borrows their memory
+        self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size, num_blocks=g["num_blocks"],
+                                        dp_rank=self.dp_rank, dp_size=self.dp_size, kv_buffers=[buf],
+                                        local_rank=self.tp_rank, external_blocks=True)
+        log.info("pdlink rank %d/%d: %d layers x %d blocks of %d heads x %d tokens x 2x%d (%d bytes/elem), "
+                 "one region of %d bytes", self.tp_rank, self.tp_size, g["num_layers"], g["num_blocks"],
+                 g["heads"], g["block_size"], g["head_dim"], g["elem_size"], g["layer_len"] * g["num_layers"])
+
+    # ---- per step -----------------------------------------------------------------------------------
+
+    def start_load_kv(self, plan: Optional[StepPlan]) -> None:
+        if not plan:
+            return
+        for rel in plan.releases:
+            try:
+                self.inst.release(rel.params, None)
+                self.stats["releases"] += 1
+            except Exception as e:  # the producer then frees after defer_timeout; nothing here waits on it
+                log.warning("pdlink rank %d: release of request %s failed: %s", self.tp_rank, rel.request_id, e)
+        for rid in plan.failed:
+            self._failed.add(rid)
+        for order in plan.pulls:
+            try:
+                self._pulls[order.request_id] = self.inst.pull(order.params, order.block_ids, None)
+                self._pull_started[order.request_id] = time.monotonic()
+                tid = str(order.params.get("transfer_id"))
+                self._pull_tid[order.request_id] = tid
+                self._mark(tid, "pull_issued")
+            except Exception as e:
+                log.error("pdlink rank %d: pull of request %s (transfer %s) refused: %s", self.tp_rank,
+                          order.request_id, order.params.get("transfer_id"), e)
+                self._failed.add(order.request_id)
+
+    def wait_for_save(self, plan: Optional[StepPlan]) -> None:
+        if not plan:
+            return
+        for h in plan.holds:
+            try:
+                self.inst.hold(h.transfer_id, h.block_ids, None)
+                self._held[h.transfer_id] = h.request_id
+                self._mark(h.transfer_id, "held")
+                self.stats["holds"] += 1
+            except Exception as e:
+                # Nothing is held, so a decode's pull fails and is reported there; the blocks must not
+                # stay pinned on a "freed" that will never come.
+                log.error("pdlink rank %d: hold of request %s (transfer %s) failed: %s", self.tp_rank,
+                          h.request_id, h.transfer_id, e)
+                self.stats["holds_failed"] += 1
+                self._freed.add(h.request_id)
+
+    def get_transfer_results(self, finished_req_ids: Set[str]) -> Tuple[Set[str], Set[str], Set[str]]:
+        """(finished_sending, finished_recving, failed_recving); failed receives are in both of the
+        last two sets, as vLLM's KVConnectorTransferResults wants."""
+        for rid, pull in list(self._pulls.items()):
+            try:
+                done = pull.wait(0)
+            except Exception as e:
+                log.error("pdlink rank %d: pull of request %s failed: %s", self.tp_rank, rid, e)
+                self._failed.add(rid)
+                done = True
+            if done:
+                self.stats["pull_seconds"] += time.monotonic() - self._pull_started.pop(rid, time.monotonic())
+                if rid not in self._failed:
+                    self._done.add(rid)
+                    self.stats["pulls"] += 1
+                else:
+                    self.stats["pulls_failed"] += 1
+                pull.close()
+                del self._pulls[rid]
+                self._mark(self._pull_tid.pop(rid, rid), "pull_done" if rid in self._done else "pull_failed")
+                self._dirty = True
+        if self.inst is not None:
+            for kind, tid, _rank in self.inst.events():
+                if kind == "expired":
+                    self.stats["expired"] += 1
+                    log.warning("pdlink rank %d: transfer %s expired (no decode released it before "
+                                "defer_timeout)", self.tp_rank, tid)
+                elif kind == "freed":
+                    rid = self._held.pop(tid, None)
+                    if rid is not None:
+                        self._mark(tid, "freed")
+                        self._freed.add(rid)
+                        self.stats["freed"] += 1
+                        self._dirty = True
+        # vLLM only accepts a finished send for a request it has already reported finished to us.
+        self._finished |= finished_req_ids & (self._freed | set(self._held.values()))
+        sending = self._freed & self._finished
+        self._freed -= sending
+        self._finished -= sending
+        failed, self._failed = self._failed, set()
+        recving = self._done | failed
+        self._done = set()
+        if self._dirty and self.counters_path:
+            self.write_counters()
+        self._dirty = False
+        return sending, recving, failed
+
+    def _mark(self, tid: str, what: str) -> None:
+        self.timeline.setdefault(tid, {})[what] = time.time()
+        while len(self.timeline) > 256:
+            del self.timeline[next(iter(self.timeline))]
+
+    # ---- counters and shutdown ----------------------------------------------------------------------
+
+    def counters(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"tp_rank": self.tp_rank, "tp_size": self.tp_size, "dp_rank": self.dp_rank,
+                               "role": self.config.get("kv_role"), "connector": dict(self.stats),
+                               "held_now": len(self._held), "pulls_in_flight": len(self._pulls),
+                               "timeline": self.timeline}
+        if self.inst is not None:
+            out["pdlink"] = self.inst.counters()
+        return out
+
+    def write_counters(self) -> None:
+        assert self.counters_path is not None
+        tmp = self.counters_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.counters(), f, sort_keys=True)
+        os.replace(tmp, self.counters_path)
+
+    def shutdown(self) -> None:
+        if self.inst is None:
+            return
+        c = self.counters()
+        c.pop("timeline")
+        log.info("pdlink rank %d counters at shutdown: %s", self.tp_rank, json.dumps(c, sort_keys=True))
+        if self.counters_path:
+            self.write_counters()
+        for pull in self._pulls.values():
+            pull.close()
+        self._pulls.clear()
+        self.inst.close()
+        self.inst = None
