@@ -37,21 +37,31 @@ static void *workq_main(void *arg)
     return NULL;
 }
 
-pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run, pdl_workq_exit_fn on_exit, void *arg,
-                              const char *who, pdl_error_t *err)
+/* Zero q, check the size, allocate the thread table; no thread yet. */
+static pdl_status_t init(pdl_workq_t *q, int max_threads, int limit, pdl_workq_run_fn run, pdl_workq_exit_fn on_exit,
+                         void *arg, const char *who, pdl_error_t *err)
 {
     memset(q, 0, sizeof(*q));
-    if (nthreads < 1 || nthreads > 64)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d threads, expected 1..64", who, nthreads);
-    q->threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    if (max_threads < 1 || max_threads > limit)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d threads, expected 1..%d", who, max_threads, limit);
+    q->threads = calloc((size_t)max_threads, sizeof(pthread_t));
     if (q->threads == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %d threads", who, nthreads);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %d threads", who, max_threads);
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
     q->run = run;
     q->on_exit = on_exit;
     q->arg = arg;
-    q->max_threads = nthreads;
+    q->max_threads = max_threads;
+    return PDL_OK;
+}
+
+pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run, pdl_workq_exit_fn on_exit, void *arg,
+                              const char *who, pdl_error_t *err)
+{
+    pdl_status_t st = init(q, nthreads, 64, run, on_exit, arg, who, err);
+    if (st != PDL_OK)
+        return st;
     for (int i = 0; i < nthreads; i++) {
         if (pthread_create(&q->threads[i], NULL, workq_main, q) != 0) {
             pdl__workq_stop(q); /* joins the ones already started */
@@ -65,19 +75,10 @@ pdl_status_t pdl__workq_start(pdl_workq_t *q, int nthreads, pdl_workq_run_fn run
 pdl_status_t pdl__workq_start_elastic(pdl_workq_t *q, int max_threads, size_t stack_size, pdl_workq_run_fn run,
                                       void *arg, const char *who, pdl_error_t *err)
 {
-    memset(q, 0, sizeof(*q));
-    if (max_threads < 1 || max_threads > 65536)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d threads, expected 1..65536", who, max_threads);
-    q->threads = calloc((size_t)max_threads, sizeof(pthread_t));
-    if (q->threads == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %d threads", who, max_threads);
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
-    q->run = run;
-    q->arg = arg;
-    q->max_threads = max_threads;
-    q->stack_size = stack_size;
-    return PDL_OK;
+    pdl_status_t st = init(q, max_threads, 65536, run, NULL, arg, who, err);
+    if (st == PDL_OK)
+        q->stack_size = stack_size;
+    return st;
 }
 
 /* Under q->mu. */
