@@ -1335,7 +1335,7 @@ static pdl_status_t chaos_phase(run_ctx_t *c, pdl_run_result_t *r, pdl_error_t *
     node_url(dec, "/metrics", metrics[0], sizeof(metrics[0]));
     node_url(pre, "/metrics", metrics[1], sizeof(metrics[1]));
     const char *const hu[2] = {health[0], health[1]}, *const mu[2] = {metrics[0], metrics[1]};
-    pdl_run_chaos_ops_t ops = {.ctx = c, .drive = chaos_drive, .restart = chaos_restart, .registered = chaos_registered};
+    pdl_run_chaos_ops_t ops = {.ctx = c, .run_pass = chaos_drive, .restart = chaos_restart, .registered = chaos_registered};
     pdl_run_chaos_t ch;
     /* Served again: a decode completed a request; a prefill's KV reached a decode (its releases in READ
      * mode, its write_done in WRITE mode), which its own pdlink_requests_total does not say. */

@@ -101,7 +101,7 @@ static void victim_kill(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v)
     double mis = victim_metric(v, "pdlink_kv_bytes_mismatched_total", NULL, NULL);
     if (mis > 0)
         ch->res->mismatched_killed += (uint64_t)(mis + 0.5);
-    /* Expected exit: children_alive() must not take it for a crash. */
+    /* Expected exit: the run's check for dead children must not take it for a crash. */
     v->child->stopping = true;
     pdl_run_child_signal(v->child, SIGKILL);
     for (int i = 0; i < 200 && !pdl_run_child_poll(v->child); i++)
@@ -244,7 +244,7 @@ pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err)
     while (ch->cur < ch->nv && st == PDL_OK) {
         memset(ch->end_ms, 0, (size_t)ch->n * sizeof(uint64_t));
         int ok_before = ch->res->ok_outage + ch->res->ok_outside;
-        st = ch->ops.drive(ch->ops.ctx, err);
+        st = ch->ops.run_pass(ch->ops.ctx, err);
         pdl_run_chaos_tick(ch); /* the completions after the last tick */
         classify_pass(ch, fail_notes);
         ch->res->passes++;

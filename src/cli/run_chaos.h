@@ -42,7 +42,7 @@ enum {
 typedef struct pdl_run_chaos_ops {
     void *ctx;
     /* Send reqs[0..n) once (cleared first); the load's tick must call pdl_run_chaos_tick. */
-    pdl_status_t (*drive)(void *ctx, pdl_error_t *err);
+    pdl_status_t (*run_pass)(void *ctx, pdl_error_t *err);
     /* Start the killed child again with the same command line (same ports). */
     pdl_status_t (*restart)(void *ctx, pdl_run_child_t *victim, pdl_error_t *err);
     /* One look: does the router list every node of the topology? */
@@ -94,7 +94,7 @@ void pdl_run_chaos_tick(pdl_run_chaos_t *ch);
 
 /*
  * Drive passes of the workload until every victim is DONE (bounded by PDL_RUN_CHAOS_RECOVER_MS each), classifying
- * every finished request. Returns the first error of ops->drive (an interrupt, a dead process); a
+ * every finished request. Returns the first error of ops->run_pass (an interrupt, a dead process); a
  * request failing is not an error.
  */
 pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err);

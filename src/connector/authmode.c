@@ -36,7 +36,7 @@ void pdl__authmode_domain(const pdl_rank_t *r, const char *what, char *buf, size
 }
 
 /* ZAP handler thread: a refused connection counts on the rank its domain names. */
-static void on_refused(void *arg, const char *domain, const char *address)
+static void count_refusal(void *arg, const char *domain, const char *address)
 {
     pdl_instance_t *inst = arg;
     (void)address;
@@ -55,7 +55,7 @@ pdl_status_t pdl__authmode_start(pdl_instance_t *inst, pdl_error_t *err)
         return pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (ZAP counters)");
     char who[PDL_WIRE_HOST_MAX + 32];
     snprintf(who, sizeof(who), "instance %s", inst->engine_id);
-    return pdl_curve_zap_start(inst->zctx, inst->auth, who, on_refused, inst, &inst->zap, err);
+    return pdl_curve_zap_start(inst->zctx, inst->auth, who, count_refusal, inst, &inst->zap, err);
 }
 
 void pdl__authmode_stop(pdl_instance_t *inst)
