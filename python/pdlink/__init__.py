@@ -29,7 +29,6 @@ Errors raise :class:`PdlinkError` (or a subclass) carrying pdlink's own message.
 """
 from __future__ import annotations
 
-import collections
 import json
 import os
 from dataclasses import dataclass
@@ -312,6 +311,7 @@ class Instance:
                  allow_write_mode: bool = False, local_rank: Optional[int] = None,
                  external_blocks: bool = False) -> None:
         self._h: Any = None
+        self._evq: Any = None
         self.geometry = geometry
         c = _instance_config(config, geometry, tp_size, num_blocks, dp_rank, dp_size, allow_write_mode,
                              local_rank, external_blocks)
@@ -339,10 +339,14 @@ class Instance:
         err = _err()
         _check(lib.pdl_instance_create(c, out, err), err)
         self._h = out[0]
-        # Held-transfer events (producer): the C callback appends to this deque on a connector thread.
-        self._events: "collections.deque[tuple[str, str, int]]" = collections.deque()
-        self._self_handle = ffi.new_handle(self)
-        lib.pdl_instance_set_event_fn(self._h, lib.pdlpy_on_event, self._self_handle)
+        # Held-transfer events (producer) queue up in C, never waiting for the GIL on pdlink's threads;
+        # events() takes them. After close, what was still queued waits in _late.
+        self._late: List[Tuple[str, str, int]] = []
+        self._evq = lib.pdlpy_events_attach(self._h)
+        if self._evq == ffi.NULL:
+            lib.pdl_instance_destroy(self._h)
+            self._h = None
+            raise PdlinkError(lib.PDL_ERR_NOMEM, "instance: out of memory for the event queue")
         self.tp_size = tp_size
         #: The rank this object runs (None: every rank).
         self.local_rank: Optional[int] = local_rank
@@ -358,7 +362,9 @@ class Instance:
             lib.pdl_instance_destroy(self._h)
             self._h = None
             self._keep = []
-            self._self_handle = None
+            self._late = self.events()
+            lib.pdlpy_events_free(self._evq)
+            self._evq = None
 
     def __enter__(self) -> "Instance":
         return self
@@ -528,9 +534,15 @@ class Instance:
         With ``local_rank`` "every rank" is this one: the freed event is what that rank's vLLM worker
         reports as ``finished_sending``; with ``external_blocks`` nothing went back anywhere, the event
         says the caller may reuse the blocks."""
+        if self._evq is None:
+            out, self._late = self._late, []
+            return out
         out = []
-        while self._events:
-            out.append(self._events.popleft())
+        ev, rank = ffi.new("int *"), ffi.new("int *")
+        tid = ffi.new("char[]", 1024)
+        while lib.pdlpy_events_take(self._evq, ev, rank, tid, len(tid)):
+            name = _EVENT_NAMES.get(ev[0], str(ev[0]))
+            out.append((name, ffi.string(tid).decode(errors="replace"), -1 if name == "freed" else int(rank[0])))
         return out
 
     # -- counters
@@ -552,14 +564,6 @@ class Instance:
 
 
 _EVENT_NAMES = {1: "reported", 2: "expired", 3: "freed"}
-
-
-@ffi.def_extern()
-def pdlpy_on_event(arg: Any, ev: int, transfer_id: Any, rank: int) -> None:
-    inst = ffi.from_handle(arg)
-    name = _EVENT_NAMES.get(ev, str(ev))
-    inst._events.append((name, ffi.string(transfer_id).decode(errors="replace"),
-                         -1 if name == "freed" else rank))
 
 
 _ROWS: Optional[List[Any]] = None

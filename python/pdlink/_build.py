@@ -118,8 +118,11 @@ pdl_status_t pdl_topo_write_plan(int prefill_tp, int decode_tp, int total_heads,
 typedef enum { PDL_EVENT_RANK_REPORTED = 1, PDL_EVENT_RANK_EXPIRED = 2, PDL_EVENT_FREED = 3 } pdl_instance_event_t;
 typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
 void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
-/* Runs on a connector thread (cffi takes the GIL); Instance keeps the events in a deque. */
-extern "Python" void pdlpy_on_event(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
+/* Held-transfer events, queued in C (the shim below); Instance.events() takes them. */
+typedef struct pdlpy_events pdlpy_events_t;
+pdlpy_events_t *pdlpy_events_attach(pdl_instance_t *inst);
+int pdlpy_events_take(pdlpy_events_t *q, int *ev, int *rank, char *tid, size_t cap);
+void pdlpy_events_free(pdlpy_events_t *q);
 
 /* The shim below: kv_transfer_params cross the boundary as JSON text. */
 void pdlpy_log_set_level(int lvl);
@@ -136,6 +139,8 @@ void free(void *p);
 """
 
 SOURCE = r"""
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <jansson.h>
@@ -145,6 +150,92 @@ SOURCE = r"""
 #include "pdlink/topo.h"
 
 static void pdlpy_log_set_level(int lvl) { pdl_log_set_level((pdl_log_level_t)lvl); }
+
+/* Held-transfer events wait here, in C, until Python takes them. The connector calls its event function
+ * on its own threads -- a rank's service thread among them, which also serves that rank's releases and
+ * handshakes -- so that function must not wait for Python's GIL: in a busy interpreter (a vLLM worker
+ * running its model) every such wait would stall the rank's control plane. */
+typedef struct pdlpy_event {
+    struct pdlpy_event *next;
+    int ev, rank;
+    char tid[];
+} pdlpy_event_t;
+
+typedef struct pdlpy_events {
+    pthread_mutex_t mu;
+    pdlpy_event_t *head, *tail;
+    unsigned long dropped; /* events lost to a failed malloc, logged when next taken */
+} pdlpy_events_t;
+
+static void pdlpy_events_on(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank)
+{
+    pdlpy_events_t *q = arg;
+    size_t n = strlen(transfer_id);
+    pdlpy_event_t *e = malloc(sizeof(*e) + n + 1);
+    pthread_mutex_lock(&q->mu);
+    if (e == NULL) {
+        q->dropped++;
+    } else {
+        e->next = NULL;
+        e->ev = (int)ev;
+        e->rank = tp_rank;
+        memcpy(e->tid, transfer_id, n + 1);
+        if (q->tail)
+            q->tail->next = e;
+        else
+            q->head = e;
+        q->tail = e;
+    }
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* A queue receiving inst's events from now on; NULL without memory. Free it after pdl_instance_destroy. */
+static pdlpy_events_t *pdlpy_events_attach(pdl_instance_t *inst)
+{
+    pdlpy_events_t *q = calloc(1, sizeof(*q));
+    if (q == NULL)
+        return NULL;
+    pthread_mutex_init(&q->mu, NULL);
+    pdl_instance_set_event_fn(inst, pdlpy_events_on, q);
+    return q;
+}
+
+/* The oldest event into ev/rank/tid (cut to cap bytes with its NUL): 1, or 0 when there is none. */
+static int pdlpy_events_take(pdlpy_events_t *q, int *ev, int *rank, char *tid, size_t cap)
+{
+    pthread_mutex_lock(&q->mu);
+    pdlpy_event_t *e = q->head;
+    if (e != NULL) {
+        q->head = e->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+    }
+    unsigned long dropped = q->dropped;
+    q->dropped = 0;
+    pthread_mutex_unlock(&q->mu);
+    if (dropped > 0)
+        pdl_error("python: %lu held-transfer events lost (out of memory): their blocks are freed by pdlink, but "
+                  "a caller waiting for FREED will not see it", dropped);
+    if (e == NULL)
+        return 0;
+    *ev = e->ev;
+    *rank = e->rank;
+    snprintf(tid, cap, "%s", e->tid);
+    free(e);
+    return 1;
+}
+
+static void pdlpy_events_free(pdlpy_events_t *q)
+{
+    if (q == NULL)
+        return;
+    for (pdlpy_event_t *e = q->head, *next; e != NULL; e = next) {
+        next = e->next;
+        free(e);
+    }
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+}
 
 /* Parse kv_transfer_params given as JSON text into *out (initialised; caller clears it). */
 static pdl_status_t pdlpy_parse_params(const char *text, pdl_kv_params_t *out, pdl_error_t *err)
