@@ -38,7 +38,7 @@ from pdlink._pdlink import ffi, lib
 
 __all__ = [
     "PdlinkError", "InvalidError", "TimeoutError_", "Geometry", "Instance", "Pull", "Recv", "plan",
-    "kv_region_len", "counter_names", "set_log_level",
+    "kv_region_len", "counter_names", "set_log_level", "connector_config",
 ]
 __version__ = "0.1.0"
 
@@ -120,6 +120,28 @@ def _config_text(config: JsonConfig) -> bytes:
     if isinstance(config, str):
         return config.encode()
     return json.dumps(dict(config)).encode()
+
+
+def connector_config(config: JsonConfig) -> Dict[str, Any]:
+    """Parse a whole ``--kv-transfer-config`` (a dict or JSON text) with libpdlink's own parser and return
+    what it settled on, defaults filled in: ``role`` ("producer"/"consumer"), ``host_ip``, ``proxy_ip``,
+    ``proxy_ping_port``, ``http_port``, ``handshake_port``, ``notify_port`` (the bases), ``read_mode``
+    and ``backend`` (after "rdma" was mapped). For a process that needs the values without creating an
+    instance (vLLM's scheduler). Raises :class:`InvalidError` naming a bad key or value."""
+    c = ffi.new("pdl_connector_config_t *")
+    err = _err()
+    _check(lib.pdl_connector_config_parse(_config_text(config), c, err), err)
+    return {
+        "role": "producer" if c.role == lib.PDL_ROLE_PRODUCER else "consumer",
+        "host_ip": ffi.string(c.host_ip).decode(),
+        "proxy_ip": ffi.string(c.proxy_ip).decode(),
+        "proxy_ping_port": int(c.proxy_ping_port),
+        "http_port": int(c.http_port),
+        "handshake_port": int(c.handshake_port),
+        "notify_port": int(c.notify_port),
+        "read_mode": bool(c.read_mode),
+        "backend": ffi.string(lib.pdl_backend_name(c.backend)).decode(),
+    }
 
 
 def _instance_config(config: JsonConfig, geometry: Geometry, tp_size: int, num_blocks: int, dp_rank: int,

@@ -37,8 +37,8 @@ typedef int... pdl_backend_kind_t;
 const char *pdl_backend_name(pdl_backend_kind_t kind);
 
 typedef struct pdl_connector_config {
-    pdl_role_t role; bool read_mode; pdl_backend_kind_t backend;
-    int handshake_port; int notify_port; ...;
+    pdl_role_t role; char host_ip[...]; char proxy_ip[...]; int proxy_ping_port; int http_port;
+    bool read_mode; pdl_backend_kind_t backend; int handshake_port; int notify_port; ...;
 } pdl_connector_config_t;
 pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
 

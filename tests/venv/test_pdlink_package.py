@@ -280,6 +280,18 @@ def test_errors_carry_pdlink_message() -> None:
         pdlink.plan(4, 8, 3)
 
 
+def test_connector_config_reports_the_parsed_values() -> None:
+    c = pdlink.connector_config({"kv_role": "kv_consumer", "kv_connector_extra_config": {
+        "host_ip": "10.1.2.3", "handshake_port": 7000, "read_mode": True, "backend": "tcp"}})
+    assert c["role"] == "consumer" and c["host_ip"] == "10.1.2.3" and c["handshake_port"] == 7000
+    assert c["read_mode"] is True and c["backend"] == "tcp"
+    d = pdlink.connector_config('{"kv_role": "kv_producer"}')  # JSON text; MoRIIO's defaults filled in
+    assert d["role"] == "producer" and d["host_ip"] == "127.0.0.1" and d["read_mode"] is False
+    assert d["handshake_port"] == 6301 and d["notify_port"] == 61005
+    with pytest.raises(pdlink.InvalidError, match="handshake_port"):
+        pdlink.connector_config({"kv_role": "kv_producer", "kv_connector_extra_config": {"handshake_port": 70000}})
+
+
 def test_plan_matches_the_seed_topologies() -> None:
     p = pdlink.plan(8, 4, 8)
     assert p["expected_acks"] == 1  # each P8 rank is in exactly one TP4 consumer's group

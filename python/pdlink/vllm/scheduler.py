@@ -26,16 +26,11 @@ Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill``:
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
-
-# The C parser's defaults (src/connector/config.c), which are MoRIIO's: a port given as 0 or "" means
-# the default there too.
-_DEFAULT_HOST = "127.0.0.1"
 
 log = logging.getLogger("pdlink.vllm")
 
@@ -92,17 +87,11 @@ def parse_endpoint(config: Mapping[str, Any]) -> Endpoint:
     """Validate the whole --kv-transfer-config with libpdlink's own parser (so a bad key fails here, in
     the scheduler, with pdlink's message naming it) and return what the params need. Raises
     :class:`pdlink.InvalidError`."""
-    from pdlink import _check, _err
-    from pdlink._pdlink import ffi, lib
+    import pdlink
 
-    c = ffi.new("pdl_connector_config_t *")
-    err = _err()
-    _check(lib.pdl_connector_config_parse(json.dumps(dict(config)).encode(), c, err), err)
-    extra = config.get("kv_connector_extra_config") or {}
-    host = extra.get("host_ip") or _DEFAULT_HOST
-    return Endpoint(host=str(host), handshake_port=int(c.handshake_port), notify_port=int(c.notify_port),
-                    role="producer" if c.role == lib.PDL_ROLE_PRODUCER else "consumer",
-                    read_mode=bool(c.read_mode))
+    c = pdlink.connector_config(config)
+    return Endpoint(host=c["host_ip"], handshake_port=c["handshake_port"], notify_port=c["notify_port"],
+                    role=c["role"], read_mode=c["read_mode"])
 
 
 def transfer_params(ep: Endpoint, *, transfer_id: str, block_ids: Sequence[int], tp_size: int, dp_rank: int,
