@@ -30,17 +30,8 @@ static void use_regions(pdl_instance_config_t *c)
 static void base_config(pdl_instance_config_t *c, const tc_geo_t *g, int tp)
 {
     pdl_instance_config_defaults(c);
-    pdl_connector_config_defaults(&c->conn);
-    c->model.num_layers = g->layers;
-    c->model.total_kv_heads = g->heads;
-    c->model.head_dim = g->head_dim;
-    c->model.elem_size = g->elem;
-    c->model.block_size = g->block_size;
-    c->model.is_mla = g->mla;
-    c->model.kv_separate = g->kv_separate;
-    c->model.order = g->order;
+    c->model = tc_model(g);
     c->tp_size = tp;
-    c->dp_size = 1;
     c->num_blocks = TOTAL_BLOCKS;
 }
 

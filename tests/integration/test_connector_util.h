@@ -166,6 +166,20 @@ typedef struct tc_topo {
         runner(&tc);                                                                                             \
     }
 
+/* The instance-wide model geometry of g. */
+static inline pdl_model_geometry_t tc_model(const tc_geo_t *g)
+{
+    return (pdl_model_geometry_t){.num_layers = g->layers,
+                                  .total_kv_heads = g->heads,
+                                  .head_dim = g->head_dim,
+                                  .elem_size = g->elem,
+                                  .block_size = g->block_size,
+                                  .is_mla = g->mla,
+                                  .order = g->order,
+                                  .kv_separate = g->kv_separate,
+                                  .kv_fused = g->kv_fused};
+}
+
 /* The tests' instance config: READ mode, short timeouts, geometry g, handshake ports from hs and notify
  * ports from nt (rank r on hs + r, nt + r). */
 static inline void tc_config(pdl_instance_config_t *c, pdl_role_t role, int tp, const tc_geo_t *g, uint32_t num_blocks,
@@ -180,18 +194,8 @@ static inline void tc_config(pdl_instance_config_t *c, pdl_role_t role, int tp, 
     c->conn.defer_timeout_s = defer_s;
     c->conn.transfer_timeout_s = 20;
     c->conn.handshake_timeout_s = 5;
-    c->model.num_layers = g->layers;
-    c->model.total_kv_heads = g->heads;
-    c->model.head_dim = g->head_dim;
-    c->model.elem_size = g->elem;
-    c->model.block_size = g->block_size;
-    c->model.is_mla = g->mla;
-    c->model.kv_separate = g->kv_separate;
-    c->model.order = g->order;
-    c->model.kv_fused = g->kv_fused;
+    c->model = tc_model(g);
     c->tp_size = tp;
-    c->dp_rank = 0;
-    c->dp_size = 1;
     c->num_blocks = num_blocks;
 }
 
