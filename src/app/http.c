@@ -447,7 +447,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         return;
     }
     uint64_t now = pdl__clock_now_ms(), last = atomic_load(&h->warn_last_ms);
-    if (last != 0 && now - last < PDL_HTTP_WARN_EVERY_MS) {
+    if (last != 0 && pdl__clock_since(now, last) < PDL_HTTP_WARN_EVERY_MS) {
         atomic_fetch_add(&h->warn_dropped, 1);
         return;
     }

@@ -19,6 +19,11 @@
 uint64_t pdl__clock_now_ns(void);
 uint64_t pdl__clock_now_ms(void);
 
+/* The time from then to now, 0 when then is later. A timestamp another thread took after this thread
+ * read now is later than now; plain now - then would wrap to ~584 years and make, say, a push created
+ * a microsecond after the reaper read the clock look expired at once. */
+static inline uint64_t pdl__clock_since(uint64_t now, uint64_t then) { return now > then ? now - then : 0; }
+
 /* A pdl__clock_now_ns value as a timespec, for pthread_cond_timedwait on a CLOCK_MONOTONIC condvar. */
 struct timespec pdl__clock_timespec(uint64_t ns);
 

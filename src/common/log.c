@@ -76,7 +76,7 @@ bool pdl_ratelimit_allow(pdl_ratelimit_t *rl, uint64_t *suppressed_out)
 {
     uint64_t now = pdl__clock_now_ms();
     uint64_t start = atomic_load(&rl->window_start_ms);
-    if (start == 0 || now - start >= rl->interval_ms) {
+    if (start == 0 || pdl__clock_since(now, start) >= rl->interval_ms) {
         /* One thread wins the window reset; the others fall through and count in the new window. */
         if (atomic_compare_exchange_strong(&rl->window_start_ms, &start, now))
             atomic_store(&rl->in_window, 0);

@@ -1118,7 +1118,7 @@ static void reap_push(void *arg, const char *key, void *value)
 {
     reap_ctx_t *c = arg;
     pdl_push_t *p = value;
-    if (p->state[c->rank] != RS_WAITING || c->now - p->created_ns < c->defer_ns)
+    if (p->state[c->rank] != RS_WAITING || pdl__clock_since(c->now, p->created_ns) < c->defer_ns)
         return;
     if (!grow((void **)&c->ids, &c->cap, c->n, sizeof(char *)))
         return;
@@ -1131,7 +1131,7 @@ static void reap_parked(void *arg, const char *key, void *value)
 {
     reap_ctx_t *c = arg;
     parked_rb_t *k = value;
-    if (k->rank != c->rank || c->now - k->at_ns < c->defer_ns)
+    if (k->rank != c->rank || pdl__clock_since(c->now, k->at_ns) < c->defer_ns)
         return;
     if (!grow((void **)&c->parked_keys, &c->pcap, c->np, sizeof(char *)))
         return;
@@ -1156,11 +1156,12 @@ void pdl__push_reap(pdl_rank_t *r)
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.read_mode)
         return;
-    reap_ctx_t c = {.inst = inst, .rank = r->rank, .now = pdl__clock_now_ns()};
+    reap_ctx_t c = {.inst = inst, .rank = r->rank};
     c.defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9);
     pdl_push_t **freed = NULL;
     size_t nfreed = 0;
     pthread_mutex_lock(&inst->push_mu);
+    c.now = pdl__clock_now_ns(); /* read under the lock: every push and park in the maps is older */
     if (inst->pushes.count == 0 && inst->parked.count == 0 && inst->recvs.count == 0) {
         pthread_mutex_unlock(&inst->push_mu);
         return;

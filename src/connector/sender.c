@@ -145,7 +145,7 @@ static void collect_idle(void *arg, const char *key, void *value)
 {
     sweep_ctx_t *c = arg;
     const dealer_t *d = value;
-    if (c->n < 64 && (c->idle_ns == 0 || c->now_ns - d->used_ns >= c->idle_ns))
+    if (c->n < 64 && (c->idle_ns == 0 || pdl__clock_since(c->now_ns, d->used_ns) >= c->idle_ns))
         c->keys[c->n++] = strdup(key);
 }
 

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 
 typedef struct watched {
     char host[PDL_WIRE_HOST_MAX + 1];
@@ -230,7 +231,7 @@ static void tick_one(void *arg, const char *key, void *value)
         if (poll(&pf, 1, 0) > 0) {
             finish_probe(w, t->now_ns);
             w->next_probe_ns = t->now_ns + t->interval_ns;
-        } else if (t->now_ns - w->probe_started_ns >= t->interval_ns) {
+        } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
             close(w->fd); /* no answer: only the time since the last answer counts */
             w->fd = -1;
             w->next_probe_ns = t->now_ns;
@@ -240,7 +241,7 @@ static void tick_one(void *arg, const char *key, void *value)
         if (w->fd < 0)
             w->next_probe_ns = t->now_ns + t->interval_ns;
     }
-    bool gone = w->refusals >= 2 || t->now_ns - w->last_ok_ns >= t->gone_ns;
+    bool gone = w->refusals >= 2 || pdl__clock_since(t->now_ns, w->last_ok_ns) >= t->gone_ns;
     if (gone && t->ngone < 64)
         t->gone[t->ngone++] = strdup(key);
 }

@@ -152,7 +152,7 @@ static bool peer_dead(shm_remote_t *sr)
     if (atomic_load_explicit(&sr->dead, memory_order_relaxed))
         return true;
     uint64_t now = pdl__clock_now_ns();
-    if (now - atomic_load_explicit(&sr->alive_at_ns, memory_order_relaxed) < SHM_ALIVE_CHECK_NS)
+    if (pdl__clock_since(now, atomic_load_explicit(&sr->alive_at_ns, memory_order_relaxed)) < SHM_ALIVE_CHECK_NS)
         return false;
     struct pollfd p = {.fd = sr->pidfd, .events = POLLIN};
     if (poll(&p, 1, 0) > 0) { /* a pidfd becomes readable when the process exits */
