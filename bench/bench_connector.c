@@ -48,7 +48,7 @@
 #include "bench/pairs.h"
 #include "common/clock.h"
 #include "pdlink/connector.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/models.h"
 #include "pdlink/params.h"
 #include "pdlink/ports.h"

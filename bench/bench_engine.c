@@ -51,7 +51,7 @@
 #include "common/clock.h"
 #include "pdlink/engine.h"
 #include "pdlink/layout.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/topo.h"
 
 #define MAX_LIST 32

@@ -46,7 +46,7 @@
 #include "app/parse.h"
 #include "common/clock.h"
 #include "common/workq.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 _Static_assert(PDL_HTTP_STREAM_END == MHD_CONTENT_READER_END_OF_STREAM, "reader codes are MHD's");
 _Static_assert(PDL_HTTP_STREAM_ERROR == MHD_CONTENT_READER_END_WITH_ERROR, "reader codes are MHD's");

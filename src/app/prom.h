@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "pdlink/strbuf.h"
+#include "common/strbuf.h"
 
 typedef enum pdl_prom_type {
     PDL_PROM_COUNTER,

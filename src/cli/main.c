@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 static const struct {
     const char *name;

@@ -47,7 +47,7 @@
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
 #include "cli/run_router.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/ports.h"
 #include "pdlink/topo.h"
 

@@ -19,7 +19,7 @@
 #include <strings.h>
 
 #include "app/buf.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "router/router.h"
 #include "common/clock.h"
 

@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 pdl_status_t pdl_run_child_start(pdl_run_child_t *c, char *const argv[], const sigset_t *child_mask,
                                  int netns_fd, pdl_error_t *err)

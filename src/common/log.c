@@ -4,7 +4,7 @@
  * A whole line is formatted into a local buffer and written with one write(2), so lines from
  * concurrent threads and processes sharing a terminal do not interleave.
  */
-#include "pdlink/log.h"
+#include "common/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

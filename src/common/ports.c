@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 bool pdl_ports_parse_range(const char *text, pdl_port_range_t *out)
 {

@@ -1,7 +1,7 @@
 /*
  * strbuf.c -- the growable text buffer of strbuf.h: format in place, grow and retry when it did not fit.
  */
-#include "pdlink/strbuf.h"
+#include "common/strbuf.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 static void *workq_main(void *arg)
 {

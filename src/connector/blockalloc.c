@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 struct pdl_blockalloc {
     pthread_mutex_t mu;

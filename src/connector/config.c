@@ -24,7 +24,7 @@
 #include "pdlink/wire.h"
 
 _Static_assert(PDL_CONNECTOR_HOST_MAX == PDL_WIRE_HOST_MAX, "connector and wire must agree on host names");
-#include "pdlink/log.h"
+#include "common/log.h"
 
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg)
 {

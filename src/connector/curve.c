@@ -21,7 +21,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define ZAP_POLL_MS 100        /* how often the thread looks at its stop flag */

@@ -44,7 +44,7 @@
 #include "pdlink/auth.h"
 #include "pdlink/connector.h"
 #include "pdlink/curve.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"

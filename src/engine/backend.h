@@ -27,7 +27,7 @@
 #include "common/cidr.h"
 #include "engine/grant.h"
 #include "pdlink/engine.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 #define PDL_KEY_MAX 256      /* engine keys, hosts, hostnames (bytes incl. NUL) */
 #define PDL_SHM_SLOTS 4096   /* live-registration table entries shared with shm and ucx peers */

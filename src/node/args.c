@@ -18,7 +18,7 @@
 
 #include "app/opts.h"
 #include "app/parse.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/models.h"
 
 void pdl_node_args_defaults(pdl_node_args_t *a)

@@ -19,7 +19,7 @@
 #include "app/http.h"
 #include "node/node.h"
 #include "node/synth.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 /* A completion body is a prompt plus options; 16 MiB is far above any prompt a node accepts. */
 #define BODY_MAX (16u << 20)

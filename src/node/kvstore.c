@@ -17,7 +17,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/topo.h"
 #include "common/clock.h"
 

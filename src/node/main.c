@@ -16,7 +16,7 @@
 #include <time.h>
 
 #include "node/node.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/ports.h"
 #include "pdlink/topo.h"
 

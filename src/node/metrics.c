@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "app/prom.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "common/clock.h"
 
 /* 1-1.5-2-3-5-7 per decade from 100 us to 30 s: fine enough that a percentile interpolated inside a

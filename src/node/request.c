@@ -18,7 +18,7 @@
 #include "app/buf.h"
 #include "node/node.h"
 #include "node/synth.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/pull_hook.h"
 #include "pdlink/wire.h"
 #include "common/clock.h"

@@ -15,7 +15,7 @@
 
 #include "app/opts.h"
 #include "app/parse.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 void pdl_router_config_init(pdl_router_config_t *c)
 {

@@ -26,7 +26,7 @@
 
 #include "common/clock.h"
 #include "pdlink/curve.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"
 

@@ -34,7 +34,7 @@
 #include <jansson.h>
 
 #include "common/clock.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/wire.h"
 #include "router/release.h"
 #include "router/router.h"

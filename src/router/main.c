@@ -14,7 +14,7 @@
 
 #include <curl/curl.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/ports.h"
 #include "router/router.h"
 

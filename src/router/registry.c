@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 typedef struct pdl_worker_table {
     pdl_worker_t *items;

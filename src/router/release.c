@@ -9,7 +9,7 @@
 #include <zmq.h>
 
 #include "pdlink/curve.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"

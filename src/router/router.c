@@ -10,7 +10,7 @@
 #include <string.h>
 
 
-#include "pdlink/log.h"
+#include "common/log.h"
 
 /* Idle legs kept for reuse: enough for a few hundred concurrent streams to keep their connections. */
 #define RT_POOL_IDLE 1024

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pdlink/strbuf.h"
+#include "common/strbuf.h"
 
 typedef enum {
     F_VALUE,    /* Option<T> of a JSON-shaped T: skipped when absent or null, else the value as sent */

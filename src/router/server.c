@@ -15,7 +15,7 @@
 #include <jansson.h>
 
 #include "app/http.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "router/router.h"
 #include "common/clock.h"
 

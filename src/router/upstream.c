@@ -13,7 +13,7 @@
 #include <strings.h>
 
 #include "app/buf.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 struct pdl_upstream {
     pthread_mutex_t mu;

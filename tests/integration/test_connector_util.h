@@ -28,7 +28,7 @@
 
 #include "common/clock.h"
 #include "pdlink/connector.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
 #include "test_ports.h"

@@ -34,7 +34,7 @@
 #include <cmocka.h>
 
 #include "pdlink/engine.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "engine/backend.h" /* pdl__engine_desc_unpack: the test needs the target's port */
 
 #define REGION (4u << 20)

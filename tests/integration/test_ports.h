@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/ports.h"
 #include "common/clock.h"
 

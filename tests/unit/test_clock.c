@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "common/clock.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 static void since_is_elapsed_time_or_zero(void **state)
 {

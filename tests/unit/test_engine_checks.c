@@ -22,7 +22,7 @@
 
 #include "engine/tcp_wire.h"
 #include "pdlink/engine.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 #define SZ 65536
 

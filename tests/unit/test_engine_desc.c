@@ -17,7 +17,7 @@
 
 #include "engine/backend.h"
 #include "pdlink/engine.h"
-#include "pdlink/log.h"
+#include "common/log.h"
 
 static pdl_engine_t *mk(const char *key, pdl_backend_kind_t b)
 {

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/ports.h"
 #include "common/clock.h"
 

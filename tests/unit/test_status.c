@@ -6,7 +6,7 @@
 #include <cmocka.h>
 #include <string.h>
 
-#include "pdlink/log.h"
+#include "common/log.h"
 #include "pdlink/status.h"
 
 static void test_names(void **state)

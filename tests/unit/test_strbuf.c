@@ -7,7 +7,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "pdlink/strbuf.h"
+#include "common/strbuf.h"
 
 static void test_appends_grow_and_keep_text(void **state)
 {

@@ -2,7 +2,8 @@
  * strbuf.h -- a growable text buffer with printf-style appends, for building documents such as a
  * Prometheus exposition or a report.
  *
- * Layer: common. An internal helper for pdlink's own programs; no transfer API takes or returns one.
+ * Internal (not part of the public API): a helper for pdlink's own programs; no transfer API takes or
+ * returns one.
  *
  * Zero-initialise (`pdl_strbuf_t b = {0};`), append with pdl_strbuf_printf, read `b.p`/`b.len`
  * (NUL-terminated once an append succeeded; `p` is NULL before that), free with pdl_strbuf_free.
@@ -11,8 +12,8 @@
  * the text appended before the failure stays intact. The holder owns `p`; `cap` is the allocated size.
  * One thread at a time per buffer.
  */
-#ifndef PDLINK_STRBUF_H
-#define PDLINK_STRBUF_H
+#ifndef PDL_COMMON_STRBUF_H
+#define PDL_COMMON_STRBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -37,4 +38,4 @@ void pdl_strbuf_free(pdl_strbuf_t *b);
 }
 #endif
 
-#endif /* PDLINK_STRBUF_H */
+#endif /* PDL_COMMON_STRBUF_H */
