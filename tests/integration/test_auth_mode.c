@@ -131,29 +131,18 @@ static void write_mode_end_to_end(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a_write);
     assert_non_null(p);
     assert_non_null(c);
-    uint8_t uuid[16] = {42};
-    char rid[1024];
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
-                                           sizeof(rid)) > 0);
-    uint32_t pb[NBLK], cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    tc_fill(p, 8, false, pb, NBLK, 6);
-    pdl_kv_params_t ck, pk;
-    pdl_kv_params_init(&ck);
-    pdl_kv_params_init(&pk);
-    snprintf(ck.transfer_id, sizeof(ck.transfer_id), "tx-auth-w");
-    snprintf(pk.transfer_id, sizeof(pk.transfer_id), "tx-auth-w");
-    ck.remote_tp_size = pk.remote_tp_size = 2;
+    tc_push_leg_t l;
+    assert_int_equal(tc_push_leg(&l, p, c, "tx-auth-w", 42, 8, NBLK, 6), PDL_OK);
     pdl_recv_t *rv;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
-    assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(c, &l.ck, l.rid, l.cb, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &l.pk, l.rid, l.pb, NBLK, &e), PDL_OK);
     if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
         fail_msg("receive: %s", e.msg);
     pdl_recv_free(rv);
+    tc_push_leg_clear(&l);
     uint64_t checked = 0;
-    assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 6, &checked), 0);
+    assert_int_equal(tc_verify(c, 8, false, l.cb, NBLK, 6, &checked), 0);
     assert_true(checked > 0);
     assert_true(tc_wait_for(tc_no_held, p, 30000));
     assert_true(TC_SUM(c, write_done_received) >= 2);
@@ -175,37 +164,24 @@ static bool ctr_reached(void *arg)
     return tc_sum(c->inst, c->off) >= c->want;
 }
 
-/* A plain ZeroMQ client's get_meta_msg: true if anything came back within `ms`. */
-static bool outsider_gets_meta(int hs_port, const pdl_auth_t *auth, int ms)
+/* A ZeroMQ client's get_meta_msg to hs_port: true if anything came back within `ms`. The client speaks
+ * CURVE with `auth`'s keys (NULL: plain), or -- a rogue -- with a key pair of its own and rogue_server_pk,
+ * the cluster's public key, as the server key. */
+static bool gets_meta(int hs_port, const pdl_auth_t *auth, const uint8_t *rogue_server_pk, int ms)
 {
     void *ctx = zmq_ctx_new();
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     int linger = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    assert_int_equal(pdl_curve_client(s, auth, NULL), PDL_OK);
-    char ep[64];
-    snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", hs_port);
-    assert_int_equal(zmq_connect(s, ep), 0);
-    zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), ZMQ_DONTWAIT);
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    bool got = zmq_poll(&it, 1, ms) > 0;
-    zmq_close(s);
-    zmq_ctx_term(ctx);
-    return got;
-}
-
-/* The same with a CURVE key pair of the client's own and the cluster's public key as the server key. */
-static bool rogue_gets_meta(int hs_port, const uint8_t *server_pk, int ms)
-{
-    char pub[41], sec[41];
-    assert_int_equal(zmq_curve_keypair(pub, sec), 0);
-    void *ctx = zmq_ctx_new();
-    void *s = zmq_socket(ctx, ZMQ_DEALER);
-    int linger = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, server_pk, 32), 0);
-    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 40), 0);
-    assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 40), 0);
+    if (rogue_server_pk != NULL) {
+        char pub[41], sec[41];
+        assert_int_equal(zmq_curve_keypair(pub, sec), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, rogue_server_pk, 32), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, pub, 40), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, sec, 40), 0);
+    } else {
+        assert_int_equal(pdl_curve_client(s, auth, NULL), PDL_OK);
+    }
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", hs_port);
     assert_int_equal(zmq_connect(s, ep), 0);
@@ -245,15 +221,15 @@ static void handshake_refused(void **state)
     /* An outsider's own tools: a plain get_meta_msg and one under another cluster's key get no answer. */
     pdl_auth_t *other = NULL;
     assert_int_equal(pdl_auth_from_secret(k_secret_b, strlen(k_secret_b), &other, NULL), PDL_OK);
-    assert_false(outsider_gets_meta(pdl_instance_handshake_port(p, 0), NULL, 500));
-    assert_false(outsider_gets_meta(pdl_instance_handshake_port(p, 0), other, 500));
+    assert_false(gets_meta(pdl_instance_handshake_port(p, 0), NULL, NULL, 500));
+    assert_false(gets_meta(pdl_instance_handshake_port(p, 0), other, NULL, 500));
     pdl_auth_free(other);
     /* One who knows the cluster's public key (it is not secret) but not its secret half completes CURVE
      * with a key pair of its own: the ZAP handler refuses that key. */
     pdl_auth_t *mine = NULL;
     assert_int_equal(pdl_auth_from_secret(k_secret_a, strlen(k_secret_a), &mine, NULL), PDL_OK);
     uint64_t before = TC_SUM(p, auth_refused);
-    assert_false(rogue_gets_meta(pdl_instance_handshake_port(p, 0), pdl_auth_curve_public(mine), 500));
+    assert_false(gets_meta(pdl_instance_handshake_port(p, 0), NULL, pdl_auth_curve_public(mine), 500));
     assert_int_equal(TC_SUM(p, handshakes), 0);
     ctr_at_least_t r = {p, offsetof(pdl_rank_counters_t, auth_refused), before + 1};
     assert_true(tc_wait_for(ctr_reached, &r, 10000));
@@ -261,7 +237,7 @@ static void handshake_refused(void **state)
     ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, auth_refused), 5};
     assert_true(tc_wait_for(ctr_reached, &w, 10000));
     /* A key holder is answered. */
-    assert_true(outsider_gets_meta(pdl_instance_handshake_port(p, 0), mine, 5000));
+    assert_true(gets_meta(pdl_instance_handshake_port(p, 0), mine, NULL, 5000));
     pdl_auth_free(mine);
     printf("handshake: no key, another key, plain get_meta_msg, another key's, a rogue CURVE key pair: 0 answers, %llu "
            "refusals counted\n", (unsigned long long)TC_SUM(p, auth_refused));

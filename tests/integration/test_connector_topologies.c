@@ -77,13 +77,8 @@ static void run_case(const tc_topo_t *tc)
     assert_int_equal(bad, 0);
     /* every byte of every consumer rank's blocks was compared: layers x halves x block_len x ranks */
     uint64_t want_checked = 0;
-    for (int t = 0; t < T; t++) {
-        pdl_instance_t *c = cons[t % tc->ncons];
-        for (int r = 0; r < tc->D; r++) {
-            const pdl_kv_geometry_t *g = pdl_instance_geometry(c, r);
-            want_checked += (uint64_t)tc->g.layers * (uint64_t)pdl_layout_num_halves(g) * pdl_layout_block_len(g) * NBLK;
-        }
-    }
+    for (int t = 0; t < T; t++)
+        want_checked += tc_instance_bytes(cons[t % tc->ncons], tc->g.layers, NBLK);
     assert_int_equal(checked, want_checked);
     assert_int_equal(pull_bytes, want_checked);
 

@@ -31,6 +31,7 @@
 #include "common/log.h"
 #include "pdlink/params.h"
 #include "pdlink/topo.h"
+#include "pdlink/wire.h"
 #include "test_ports.h"
 
 static inline void tc_sleep_ms(int ms)
@@ -309,6 +310,18 @@ static inline uint64_t tc_verify(pdl_instance_t *inst, int heads, bool mla, cons
     return bad;
 }
 
+/* The bytes n blocks of `layers` layers span on every rank of an instance: what tc_verify compares when
+ * each rank received its whole share. */
+static inline uint64_t tc_instance_bytes(pdl_instance_t *inst, int layers, size_t n)
+{
+    uint64_t sum = 0;
+    for (int r = 0; r < pdl_instance_tp_size(inst); r++) {
+        const pdl_kv_geometry_t *g = pdl_instance_geometry(inst, r);
+        sum += (uint64_t)layers * (uint64_t)pdl_layout_num_halves(g) * pdl_layout_block_len(g) * n;
+    }
+    return sum;
+}
+
 /* Sum of a counter field over the ranks the instance runs: TC_SUM(inst, releases_sent). */
 static inline uint64_t tc_sum(pdl_instance_t *inst, size_t off)
 {
@@ -387,6 +400,45 @@ static inline void tc_log_level_from_env(void)
     const char *lvl = getenv("PDLINK_LOG_LEVEL");
     if (lvl && pdl_log_level_parse(lvl) >= 0)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
+}
+
+/* One WRITE-mode transfer from producer p to consumer c, set up as each leg receives it: the request id
+ * naming both (uuid tag `tag`), n <= TC_LEG_MAX blocks allocated on each side (the producer's filled
+ * with the pattern of `seed`, tc_fill) and each leg's params under transfer id `tid`. Returns the first
+ * failure; tc_push_leg_clear gives the params back (the blocks stay the caller's). */
+#define TC_LEG_MAX 16
+typedef struct tc_push_leg {
+    char rid[1024];
+    uint32_t pb[TC_LEG_MAX], cb[TC_LEG_MAX];
+    pdl_kv_params_t pk, ck; /* the producer's leg (names the consumer) and the consumer's */
+} tc_push_leg_t;
+
+static inline pdl_status_t tc_push_leg(tc_push_leg_t *l, pdl_instance_t *p, pdl_instance_t *c, const char *tid,
+                                       uint8_t tag, int heads, size_t n, uint32_t seed)
+{
+    uint8_t uuid[16] = {tag};
+    pdl_kv_params_init(&l->pk);
+    pdl_kv_params_init(&l->ck);
+    if (n > TC_LEG_MAX || pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid,
+                                                     l->rid, sizeof(l->rid)) <= 0)
+        return PDL_ERR_INVALID;
+    pdl_status_t st = pdl_instance_alloc_blocks(p, n, l->pb, NULL);
+    if (st == PDL_OK)
+        st = pdl_instance_alloc_blocks(c, n, l->cb, NULL);
+    if (st != PDL_OK)
+        return st;
+    tc_fill(p, heads, false, l->pb, n, seed);
+    snprintf(l->ck.transfer_id, sizeof(l->ck.transfer_id), "%s", tid);
+    snprintf(l->pk.transfer_id, sizeof(l->pk.transfer_id), "%s", tid);
+    l->ck.remote_tp_size = pdl_instance_tp_size(p);
+    l->pk.remote_tp_size = pdl_instance_tp_size(c);
+    return PDL_OK;
+}
+
+static inline void tc_push_leg_clear(tc_push_leg_t *l)
+{
+    pdl_kv_params_clear(&l->pk);
+    pdl_kv_params_clear(&l->ck);
 }
 
 /* A producer's transfer ready to be pulled: n blocks allocated into ids, filled with the pattern of

@@ -402,46 +402,35 @@ static void write_mode_consumer_guarded(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, write_mode);
     assert_non_null(p);
     assert_non_null(c);
-    uint8_t uuid[16] = {21};
-    char rid[1024];
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
-                                           sizeof(rid)) > 0);
-    uint32_t pb[NBLK], cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    tc_fill(p, 8, false, pb, NBLK, 3);
-    pdl_kv_params_t ck, pk;
-    pdl_kv_params_init(&ck);
-    pdl_kv_params_init(&pk);
-    snprintf(ck.transfer_id, sizeof(ck.transfer_id), "tx-w");
-    snprintf(pk.transfer_id, sizeof(pk.transfer_id), "tx-w");
-    ck.remote_tp_size = pk.remote_tp_size = 1;
+    tc_push_leg_t l;
+    assert_int_equal(tc_push_leg(&l, p, c, "tx-w", 21, 8, NBLK, 3), PDL_OK);
     pdl_recv_t *rv;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(c, &l.ck, l.rid, l.cb, NBLK, &rv, &e), PDL_OK);
 
     outsider_t o;
     outsider_open(&o, pdl_instance_handshake_port(c, 0));
     uint64_t blk = o.size / (uint64_t)g.layers / 2 / TOTAL;
     uint32_t other = 0;
-    while (other == cb[0] || other == cb[1])
+    while (other == l.cb[0] || other == l.cb[1])
         other++;
-    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, NULL, cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, NULL, l.cb[0] * blk, 16, &e), PDL_ERR_DENIED);
     assert_int_equal(outsider_op(&o, PDL_OP_WRITE, "tx-w", other * blk, 16, &e), PDL_ERR_DENIED);
-    assert_int_equal(outsider_op(&o, PDL_OP_READ, "tx-w", cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(outsider_op(&o, PDL_OP_READ, "tx-w", l.cb[0] * blk, 16, &e), PDL_ERR_DENIED);
     assert_int_equal(TC_GET(c, 0, data_requests_denied), 3);
 
     /* The real push lands and verifies. */
-    assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push(p, &l.pk, l.rid, l.pb, NBLK, &e), PDL_OK);
     if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
         fail_msg("receive: %s", e.msg);
     uint64_t checked = 0;
-    assert_int_equal(tc_verify(c, 8, false, cb, NBLK, 3, &checked), 0);
+    assert_int_equal(tc_verify(c, 8, false, l.cb, NBLK, 3, &checked), 0);
     pdl_recv_free(rv);
     /* The receive is over: the grant went with it. */
-    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, "tx-w", cb[0] * blk, 16, &e), PDL_ERR_DENIED);
+    assert_int_equal(outsider_op(&o, PDL_OP_WRITE, "tx-w", l.cb[0] * blk, 16, &e), PDL_ERR_DENIED);
     assert_int_equal(TC_GET(c, 0, data_requests_denied), 4);
     outsider_close(&o);
+    tc_push_leg_clear(&l);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
@@ -465,57 +454,44 @@ static void forged_write_abandon_refused(void **state)
     for (int round = 0; round < 3; round++) {
         char tid[32];
         snprintf(tid, sizeof(tid), "tx-wa%d", round);
-        uint8_t uuid[16] = {(uint8_t)(30 + round)};
-        char rid[1024];
-        assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
-                                               sizeof(rid)) > 0);
-        uint32_t pb[NBLK], cb[NBLK];
-        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
-        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-        tc_fill(p, 8, false, pb, NBLK, (uint32_t)(5 + round));
-        pdl_kv_params_t ck, pk;
-        pdl_kv_params_init(&ck);
-        pdl_kv_params_init(&pk);
-        snprintf(ck.transfer_id, sizeof(ck.transfer_id), "%s", tid);
-        snprintf(pk.transfer_id, sizeof(pk.transfer_id), "%s", tid);
-        ck.remote_tp_size = pk.remote_tp_size = 1;
+        tc_push_leg_t l;
+        assert_int_equal(tc_push_leg(&l, p, c, tid, (uint8_t)(30 + round), 8, NBLK, (uint32_t)(5 + round)), PDL_OK);
         pdl_error_t e;
         pdl_recv_t *rv = NULL;
         uint64_t refused = (uint64_t)round + 1;
         ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, releases_refused), refused};
         if (round == 0) {
-            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            assert_int_equal(pdl_instance_push(p, &l.pk, l.rid, l.pb, NBLK, &e), PDL_OK);
             send_release_status("127.0.0.2", notify, tid, true);
             assert_true(tc_wait_for(ctr_reached, &w, 60000));
         } else if (round == 1) {
             send_release_status("127.0.0.2", notify, tid, true);
             ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, pushes_abandoned), 1};
             assert_true(tc_wait_for(ctr_reached, &parked, 60000));
-            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            assert_int_equal(pdl_instance_push(p, &l.pk, l.rid, l.pb, NBLK, &e), PDL_OK);
             /* Refused as the push is made (counted then, synchronously). */
             assert_int_equal(TC_GET(p, 0, releases_refused), refused);
         } else {
-            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+            assert_int_equal(pdl_instance_expect_push(c, &l.ck, l.rid, l.cb, NBLK, &rv, &e), PDL_OK);
             ctr_at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), 1};
             assert_true(tc_wait_for(ctr_reached, &parked, 60000));
             send_release_status("127.0.0.2", notify, tid, true);
             assert_true(tc_wait_for(ctr_reached, &w, 60000));
-            assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
+            assert_int_equal(pdl_instance_push(p, &l.pk, l.rid, l.pb, NBLK, &e), PDL_OK);
         }
         assert_int_equal(TC_GET(p, 0, pushes_abandoned), round == 0 ? 0 : 1); /* round 1 parked its (refused) one */
         if (rv == NULL)
-            assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
+            assert_int_equal(pdl_instance_expect_push(c, &l.ck, l.rid, l.cb, NBLK, &rv, &e), PDL_OK);
         if (pdl_recv_wait(rv, 60000, &e) != PDL_OK)
             fail_msg("receive %s: %s", tid, e.msg);
         uint64_t checked = 0;
-        assert_int_equal(tc_verify(c, 8, false, cb, NBLK, (uint32_t)(5 + round), &checked), 0);
+        assert_int_equal(tc_verify(c, 8, false, l.cb, NBLK, (uint32_t)(5 + round), &checked), 0);
         assert_true(checked > 0);
         pdl_recv_free(rv);
         assert_true(tc_wait_for(tc_no_held, p, 60000));
         assert_int_equal(TC_SUM(p, expired), 0);
-        pdl_instance_free_blocks(c, cb, NBLK);
-        pdl_kv_params_clear(&ck);
-        pdl_kv_params_clear(&pk);
+        pdl_instance_free_blocks(c, l.cb, NBLK);
+        tc_push_leg_clear(&l);
     }
     assert_int_equal(TC_GET(p, 0, releases_refused), 3);
     assert_int_equal(TC_GET(p, 0, transfers), 3);
