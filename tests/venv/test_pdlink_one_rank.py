@@ -27,6 +27,7 @@ import pdlink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
+from children import get as child_get, reporting  # noqa: E402
 
 L, BS, HD, HEADS, NUM_BLOCKS = 2, 4, 8, 4, 12
 SENTINEL = -1.0
@@ -67,32 +68,6 @@ def expected(layer: int, heads: np.ndarray, nblocks: int) -> np.ndarray:
     t = np.arange(BS)[None, None, :, None]
     c = np.arange(2 * HD)[None, None, None, :]
     return (((layer * 64 + h) * 1024 + (b * BS + t)) * 32 + c).astype(np.float32)
-
-
-def reporting(fn: Any) -> Any:
-    def run(q_out: Any, *args: Any) -> None:
-        try:
-            fn(q_out, *args)
-        except BaseException:
-            import traceback
-            q_out.put(("error", traceback.format_exc()))
-            raise
-    run.__name__ = fn.__name__
-    return run
-
-
-def get(q: Any, procs: List[Any], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            msg = q.get(timeout=0.2)
-        except Exception:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"waiting for {what}: a child exited with {dead}"
-            assert time.monotonic() < deadline, f"waiting for {what}: nothing after {WAIT_S} s"
-            continue
-        assert msg[0] != "error", f"{what}: child failed:\n{msg[1]}"
-        return msg
 
 
 def producer_rank(q_out: Any, q_in: Any, tp: int, r: int, base: int) -> None:
@@ -169,14 +144,14 @@ def test_one_process_per_rank_fused_external_blocks(P: int, D: int) -> None:
     for p in procs:
         p.start()
     try:
-        params = [get(from_p[r], procs, f"producer rank {r} params") for r in range(P)]
+        params = [child_get(from_p[r], procs, f"producer rank {r} params", WAIT_S) for r in range(P)]
         # Every rank computes the same params (tp_size P, the base ports): a vLLM scheduler computes them.
         assert all(p[1] == params[0][1] and p[2] == params[0][2] for p in params)
         assert params[0][1]["tp_size"] == P and params[0][1]["remote_block_ids"] == A_IDS
         for r in range(D):
             to_c[r].put((params[0][1], params[0][2]))
-        cons = [get(from_c[r], procs, f"consumer rank {r}") for r in range(D)]
-        prod = [get(from_p[r], procs, f"producer rank {r} final") for r in range(P)]
+        cons = [child_get(from_c[r], procs, f"consumer rank {r}", WAIT_S) for r in range(D)]
+        prod = [child_get(from_p[r], procs, f"producer rank {r} final", WAIT_S) for r in range(P)]
         for q in to_p:
             q.put("done")
     except BaseException:

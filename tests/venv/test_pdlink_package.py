@@ -28,6 +28,7 @@ import pdlink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
+from children import get as child_get, reporting  # noqa: E402
 
 L, BS, HD, NUM_BLOCKS, NBLK = 2, 4, 8, 16, 3
 SENTINEL = 0xBEEF
@@ -84,34 +85,6 @@ def rank_heads(inst: pdlink.Instance, tp: int, heads: int, r: int) -> np.ndarray
     n = inst.rank_geometry(r)["num_heads"]
     first = r * heads // tp if tp <= heads else r // (tp // heads)
     return np.arange(first, first + n)
-
-
-def reporting(fn: Any) -> Any:
-    """Run a child's body; an exception goes to the parent as ("error", traceback) instead of a hang."""
-    def run(q_out: Any, *args: Any) -> None:
-        try:
-            fn(q_out, *args)
-        except BaseException:
-            import traceback
-            q_out.put(("error", traceback.format_exc()))
-            raise
-    run.__name__ = fn.__name__
-    return run
-
-
-def get(q: Any, procs: List[Any], what: str) -> Any:
-    """The next message on q; fails at once with the child's traceback, or when a child died."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            msg = q.get(timeout=0.2)
-        except Exception:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            assert not dead, f"waiting for {what}: a child exited with {dead}"
-            assert time.monotonic() < deadline, f"waiting for {what}: nothing after {WAIT_S} s"
-            continue
-        assert msg[0] != "error", f"{what}: child failed:\n{msg[1]}"
-        return msg
 
 
 def producer(q_out: Any, q_in: Any, tp: int, heads: int, seeds: List[int]) -> None:
@@ -207,16 +180,16 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
         params: Dict[int, Any] = {}
         for i in range(np_):
             for _ in seeds_of[i]:
-                kind, seed, prm = get(from_prod[i], procs, f"producer {i} params")
+                kind, seed, prm = child_get(from_prod[i], procs, f"producer {i} params", WAIT_S)
                 assert kind == "params"
                 assert prm["remote_block_ids"] and prm["tp_size"] == P and prm["do_remote_prefill"] is True
                 params[seed] = prm
         for t in range(T):
             to_cons[t % nc].put((t + 1, params[t + 1]))
-        cons_final = [get(from_cons[j], procs, f"consumer {j}") for j in range(nc)]
+        cons_final = [child_get(from_cons[j], procs, f"consumer {j}", WAIT_S) for j in range(nc)]
         for q in to_prod:
             q.put("done")
-        prod_final = [get(from_prod[i], procs, f"producer {i} final") for i in range(np_)]
+        prod_final = [child_get(from_prod[i], procs, f"producer {i} final", WAIT_S) for i in range(np_)]
     except BaseException:
         for p in procs:
             p.kill()
