@@ -4,7 +4,8 @@
 #   1. at link level: every pdl_* symbol a layer's archive uses is defined in that layer or one below it
 #      (nm on build/libpdl_<layer>.a), so an upward call is caught even when someone declares it by hand;
 #   2. at compile level: with a layer's include roots (what CMake gives it), an internal or public header of
-#      a higher layer does not resolve, and one of a lower layer does.
+#      a higher layer does not resolve, and one of a lower layer does;
+#   3. no source, test or benchmark #includes a .c file (a program's code is reached through its library).
 set -u
 BUILD=${PDLINK_BUILD_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/build}
 LAYERS=(common topo layout wire engine connector)
@@ -58,6 +59,15 @@ check_blind wire pdlink/engine.h
 check_blind topo pdlink/layout.h
 check_blind common pdlink/topo.h
 check_sees connector engine/backend.h
+
+SRC=${PDLINK_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
+included_c=$(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"][^">]*\.c[">]' "$SRC/src" "$SRC/tests" "$SRC/bench" \
+    --include='*.c' --include='*.h' || true)
+if [[ -z $included_c ]]; then
+    ok "no .c file is #included"
+else
+    bad "a .c file is #included (link the program's library instead): $included_c"
+fi
 
 echo "# $PASS passed, $FAIL failed"
 [[ $FAIL -eq 0 ]]

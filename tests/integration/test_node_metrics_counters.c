@@ -2,20 +2,20 @@
  * test_node_metrics_counters.c -- the connector's counter table (PDL_RANK_COUNTERS in connector.h)
  * and pdlink-node's /metrics text agree: every counter of pdl_rank_counters_t has a row, and every row
  * appears in the exposition with its HELP text, its TYPE and one sample per rank carrying the rank's
- * value (nanosecond counters in seconds). The node's sources are compiled in directly (they belong
- * to the program, not the library).
+ * value (nanosecond counters in seconds). The node's code comes from its library, pdl_node.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
-#include "node/kvstore.c"
-#include "node/metrics.c"
+#include "node/kvstore.h"
+#include "node/metrics.h"
 
 /* Every uint64_t of the struct has exactly one row, at its own offset, with a distinct name. */
 static void table_covers_the_struct(void **state)

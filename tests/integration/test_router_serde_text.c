@@ -1,6 +1,6 @@
 /*
  * test_router_serde_text.c -- pdlink-router's reproduction of the text vllm-router hashes for
- * consistent_hash (serde_text.c is compiled into this test, as policy.c is into test_router_policy).
+ * consistent_hash (linked from the router's library, pdl_router).
  *
  * Every expected string below is what vllm-router 0.1.17 (the PyPI wheel) forwarded to a worker for
  * the given client body, minus the kv_transfer_params it appends, and every expected key is what that
@@ -13,11 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <cmocka.h>
 
-#include "router/policy.c"
-#include "router/serde_text.c"
+#include "router/policy.h"
+#include "router/serde_text.h"
 
 typedef struct fixture {
     bool chat;

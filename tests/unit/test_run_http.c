@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "cli/run_http.c"
+#include "cli/run_http.h"
 
 static void describe(char *out, size_t cap, long status, const char *leg, const char *body)
 {
