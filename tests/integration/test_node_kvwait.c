@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "node/kvstore.h"
+#include "node_testutil.h"
 #include "test_connector_util.h"
 
 static pdl_node_kv_t *make_kv(double defer_s)
@@ -35,17 +36,7 @@ static pdl_node_kv_t *make_kv(double defer_s)
         conn.notify_port = nt;
         conn.defer_timeout_s = defer_s;
         pdl_node_kv_config_t c;
-        memset(&c, 0, sizeof(c));
-        c.model.num_layers = 2;
-        c.model.total_kv_heads = 2;
-        c.model.head_dim = 8;
-        c.model.elem_size = 2;
-        c.model.block_size = 4;
-        c.model.order = PDL_KV_HND;
-        c.model.kv_separate = true;
-        c.tp_size = 2;
-        c.dp_size = 1;
-        c.num_blocks = 8;
+        tn_small_kv_config(&c, 2, 8);
         c.conn = &conn;
         pdl_node_kv_t *kv = NULL;
         pdl_error_t err;

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "node/kvstore.h"
+#include "node_testutil.h"
 #include "node/metrics.h"
 
 static void busy_is_the_union_of_intervals(void **state)
@@ -46,17 +47,7 @@ static void render_has_busy_and_fine_buckets(void **state)
 {
     (void)state;
     pdl_node_kv_config_t c;
-    memset(&c, 0, sizeof(c));
-    c.model.num_layers = 1;
-    c.model.total_kv_heads = 2;
-    c.model.head_dim = 8;
-    c.model.elem_size = 2;
-    c.model.block_size = 4;
-    c.model.order = PDL_KV_HND;
-    c.model.kv_separate = true;
-    c.tp_size = 2;
-    c.dp_size = 1;
-    c.num_blocks = 4;
+    tn_small_kv_config(&c, 1, 4);
     pdl_node_kv_t *kv = NULL;
     assert_int_equal(pdl_node_kv_create(&c, &kv, NULL), PDL_OK);
     pdl_node_metrics_t *m = pdl_node_metrics_create();
