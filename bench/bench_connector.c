@@ -86,31 +86,6 @@ typedef struct bc_ratio {
     bool above; /* median above 1 + PDL_PAIRS_ABOVE_TOL (meaningful for throughput ratios only) */
 } bc_ratio_t;
 
-static int bc_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Median of v[0..n) (sorted in place); 0 for n == 0. */
-static double bc_median(double *v, int n)
-{
-    if (n == 0)
-        return 0;
-    qsort(v, (size_t)n, sizeof(*v), bc_cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-/* Value at quantile q of v[0..n) (sorted in place, nearest rank). */
-static double bc_quantile(double *v, int n, double q)
-{
-    if (n == 0)
-        return 0;
-    qsort(v, (size_t)n, sizeof(*v), bc_cmp_double);
-    int i = (int)(q * n);
-    return v[i < n ? i : n - 1];
-}
-
 /* The per-pair ratios a[i] / b[i] summed up by bench/pairs.h. */
 static bc_ratio_t bc_pairs_ratio(const double *a, const double *b, int n)
 {
@@ -627,7 +602,7 @@ static double bc_zmq_rt(struct bc_zmq *z, int n)
             return -1;
         v[i] = (double)(pdl__clock_now_ns() - t0) / 1e3;
     }
-    return bc_median(v, n);
+    return pdl_pairs_median(v, n);
 }
 
 static void bc_zmq_fini(bc_zmq_t *z)
@@ -670,25 +645,22 @@ typedef struct bc_split_row {
 
 static size_t bc_nblk(const bc_opts_t *o, int tokens) { return (size_t)((tokens + o->block_size - 1) / o->block_size); }
 
-/* Warm-up (untimed): handshakes, lanes, DEALER connections and first touch of the blocks. */
-static void bc_warm(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_stats_t *st)
-{
-    static bc_sample_t smp; /* large; the bench runs on one thread */
-    for (int i = 0; i < 3; i++) {
-        memset(&smp, 0, sizeof(smp));
-        bc_conn_one(s, o, nblk, &smp, st, NULL, NULL);
-    }
-}
-
-/* Warm a setup for `nblk` blocks and build the engine-only batches on the block ids of a connector
- * transfer (the allocator hands the same ids out again). NULL on failure (logged). */
+/* Warm a setup for `nblk` blocks (untimed: handshakes, lanes, DEALER connections and first touch of the
+ * blocks) and build the engine-only batches on the block ids of a connector transfer (the allocator hands
+ * the same ids out again). NULL on failure (logged). */
 static bc_batches_t *bc_prepare(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_stats_t *st, uint32_t *pblk,
                                 uint32_t *cblk)
 {
-    static bc_sample_t smp;
-    bc_warm(s, o, nblk, st);
-    memset(&smp, 0, sizeof(smp));
-    if (bc_conn_one(s, o, nblk, &smp, st, pblk, cblk) == 0)
+    bc_sample_t *smp = malloc(sizeof(*smp));
+    if (smp == NULL)
+        return NULL;
+    uint64_t moved = 0;
+    for (int i = 0; i < 4; i++) { /* 3 warm-ups, then the transfer whose block ids the batches use */
+        memset(smp, 0, sizeof(*smp));
+        moved = bc_conn_one(s, o, nblk, smp, st, i == 3 ? pblk : NULL, i == 3 ? cblk : NULL);
+    }
+    free(smp);
+    if (moved == 0)
         return NULL;
     bc_batches_t *b = malloc(sizeof(*b));
     pdl_error_t e;
@@ -706,25 +678,34 @@ static bc_batches_t *bc_prepare(bc_setup_t *s, const bc_opts_t *o, size_t nblk, 
 static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceiling_memcpy_t *mc, bc_zmq_t *z,
                        uint8_t *src, uint8_t *dst, bc_stats_t *st, bc_row_t *row)
 {
-    static bc_sample_t smp;
-    static double pulls[BC_MAX_PAIRS * BC_MAX_REPS], rels[BC_MAX_PAIRS * BC_MAX_REPS * PDL_TOPO_MAX_TP];
+    /* Too large for the stack (a release sample per producer rank per transfer): one allocation per row. */
+    struct {
+        bc_sample_t smp;
+        double pulls[BC_MAX_PAIRS * BC_MAX_REPS], rels[BC_MAX_PAIRS * BC_MAX_REPS * PDL_TOPO_MAX_TP];
+    } *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return false;
+    bc_sample_t *smp = &w->smp;
+    double *pulls = w->pulls, *rels = w->rels;
     double conn[BC_MAX_PAIRS], eng[BC_MAX_PAIRS], mem[BC_MAX_PAIRS], rel[BC_MAX_PAIRS], zrt[BC_MAX_PAIRS],
         zcold[BC_MAX_PAIRS];
     int npulls = 0, nrels = 0;
     size_t nblk = bc_nblk(o, tokens);
     uint32_t pblk[256], cblk[256];
     bc_batches_t *b = bc_prepare(s, o, nblk, st, pblk, cblk);
-    if (b == NULL)
+    if (b == NULL) {
+        free(w);
         return false;
+    }
     for (int i = 0; i < o->pairs; i++) {
-        bc_conn_sample(s, o, nblk, &smp, st);
-        conn[i] = smp.gbps;
-        for (int k = 0; k < smp.npull; k++)
-            pulls[npulls++] = smp.pull_us[k];
-        for (int k = 0; k < smp.nrelease; k++)
-            rels[nrels++] = smp.release_us[k];
-        rel[i] = bc_median(smp.release_us, smp.nrelease);
-        zcold[i] = bc_median(smp.cold_rt_us, smp.ncold);
+        bc_conn_sample(s, o, nblk, smp, st);
+        conn[i] = smp->gbps;
+        for (int k = 0; k < smp->npull; k++)
+            pulls[npulls++] = smp->pull_us[k];
+        for (int k = 0; k < smp->nrelease; k++)
+            rels[nrels++] = smp->release_us[k];
+        rel[i] = pdl_pairs_median(smp->release_us, smp->nrelease);
+        zcold[i] = pdl_pairs_median(smp->cold_rt_us, smp->ncold);
         zrt[i] = bc_zmq_rt(z, o->zmq_rts);
         eng[i] = bc_engine_sample(s, o, b, pblk, cblk, nblk, st);
         mem[i] = pdl_ceiling_memcpy_run(mc, dst, src, (size_t)b->bytes, o->reps);
@@ -737,17 +718,18 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
     row->rel_vs_zmq = bc_pairs_ratio(rel, zrt, o->pairs);
     row->rel_vs_cold = bc_pairs_ratio(rel, zcold, o->pairs);
     row->rel_vs_zmq.above = row->rel_vs_cold.above = false; /* latencies: above 1 is the expected side */
-    row->zmq_cold = bc_median(zcold, o->pairs);
-    row->conn = bc_median(conn, o->pairs);
-    row->engine = bc_median(eng, o->pairs);
-    row->memcpy_gbps = bc_median(mem, o->pairs);
-    row->zmq_rt = bc_median(zrt, o->pairs);
-    row->pull_p50 = bc_quantile(pulls, npulls, 0.5);
-    row->pull_p99 = bc_quantile(pulls, npulls, 0.99);
-    row->rel_p50 = bc_quantile(rels, nrels, 0.5);
-    row->rel_p99 = bc_quantile(rels, nrels, 0.99);
+    row->zmq_cold = pdl_pairs_median(zcold, o->pairs);
+    row->conn = pdl_pairs_median(conn, o->pairs);
+    row->engine = pdl_pairs_median(eng, o->pairs);
+    row->memcpy_gbps = pdl_pairs_median(mem, o->pairs);
+    row->zmq_rt = pdl_pairs_median(zrt, o->pairs);
+    row->pull_p50 = pdl_pairs_quantile(pulls, npulls, 0.5);
+    row->pull_p99 = pdl_pairs_quantile(pulls, npulls, 0.99);
+    row->rel_p50 = pdl_pairs_quantile(rels, nrels, 0.5);
+    row->rel_p99 = pdl_pairs_quantile(rels, nrels, 0.99);
     bc_batches_free(b);
     free(b);
+    free(w);
     return true;
 }
 
@@ -756,7 +738,9 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
 static bool bc_split_run(bc_setup_t *split, bc_setup_t *homog, const bc_opts_t *o, int tokens, bc_stats_t *st,
                          bc_split_row_t *row)
 {
-    static bc_sample_t smp;
+    bc_sample_t *smp = calloc(1, sizeof(*smp));
+    if (smp == NULL)
+        return false;
     double a[BC_MAX_PAIRS], b[BC_MAX_PAIRS], ea[BC_MAX_PAIRS], eb[BC_MAX_PAIRS];
     size_t nblk = bc_nblk(o, tokens);
     uint32_t sp[256], sc[256], hp[256], hc[256];
@@ -766,14 +750,15 @@ static bool bc_split_run(bc_setup_t *split, bc_setup_t *homog, const bc_opts_t *
         if (bs)
             bc_batches_free(bs);
         free(bs);
+        free(smp);
         return false;
     }
     for (int i = 0; i < o->pairs; i++) {
-        bc_conn_sample(split, o, nblk, &smp, st);
-        a[i] = smp.gbps;
-        row->bytes = smp.bytes;
-        bc_conn_sample(homog, o, nblk, &smp, st);
-        b[i] = smp.gbps;
+        bc_conn_sample(split, o, nblk, smp, st);
+        a[i] = smp->gbps;
+        row->bytes = smp->bytes;
+        bc_conn_sample(homog, o, nblk, smp, st);
+        b[i] = smp->gbps;
         ea[i] = bc_engine_sample(split, o, bs, sp, sc, nblk, st);
         eb[i] = bc_engine_sample(homog, o, bh, hp, hc, nblk, st);
     }
@@ -784,12 +769,13 @@ static bool bc_split_run(bc_setup_t *split, bc_setup_t *homog, const bc_opts_t *
     row->descs_homog = bh->ndescs;
     row->ratio = bc_pairs_ratio(a, b, o->pairs);
     row->engine_ratio = bc_pairs_ratio(ea, eb, o->pairs);
-    row->split = bc_median(a, o->pairs);
-    row->homog = bc_median(b, o->pairs);
+    row->split = pdl_pairs_median(a, o->pairs);
+    row->homog = pdl_pairs_median(b, o->pairs);
     bc_batches_free(bs);
     bc_batches_free(bh);
     free(bs);
     free(bh);
+    free(smp);
     return true;
 }
 
@@ -1082,7 +1068,7 @@ int pdl_bench_connector_main(int argc, char **argv)
     memcpy(need, o.topo_on, sizeof(need));
     if (o.topo_on[BC_T_P4D8] || o.topo_on[BC_T_P8D4])
         need[BC_T_P4D4] = true;
-    static bc_setup_t setups[BC_NTOPO];
+    bc_setup_t *setups = calloc(BC_NTOPO, sizeof(*setups)); /* large: per-rank engines, plans, sessions */
     bc_stats_t st = {0};
     bc_row_t rows[BC_NTOPO * BC_MAX_TOKENS];
     bc_split_row_t srows[2 * BC_MAX_TOKENS];
@@ -1095,7 +1081,7 @@ int pdl_bench_connector_main(int argc, char **argv)
     uint64_t maxbytes = (uint64_t)maxblk * o.block_size * o.model->num_layers * 2 * o.model->total_kv_heads *
                         o.model->head_dim * o.model->elem_size;
     uint8_t *src = pdl_ceiling_alloc((size_t)maxbytes), *dst = pdl_ceiling_alloc((size_t)maxbytes);
-    if (!bc_zmq_init(&z) || mc == NULL || src == NULL || dst == NULL) {
+    if (!bc_zmq_init(&z) || mc == NULL || src == NULL || dst == NULL || setups == NULL) {
         fprintf(stderr, "pdlink bench: set-up failed (ZeroMQ round-trip sockets, memcpy threads or %" PRIu64
                         " bytes of buffers)\n", maxbytes);
         ok = false;
@@ -1121,9 +1107,10 @@ int pdl_bench_connector_main(int argc, char **argv)
         if (o.json != NULL && bc_write_json(&o, rows, nrows, srows, nsplit, &st) != 0)
             ok = false;
     }
-    for (int k = 0; k < BC_NTOPO; k++)
+    for (int k = 0; k < BC_NTOPO && setups != NULL; k++)
         if (setups[k].name != NULL) /* begun, maybe not finished */
             bc_setup_free(&setups[k]);
+    free(setups);
     bc_zmq_fini(&z);
     pdl_ceiling_memcpy_destroy(mc);
     if (src)

@@ -37,6 +37,22 @@ static double rank_sorted(const double *v, int n, double q)
     return v[k < 1 ? 0 : k > n ? n - 1 : k - 1];
 }
 
+double pdl_pairs_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return median_sorted(v, n);
+}
+
+double pdl_pairs_quantile(double *v, int n, double q)
+{
+    if (n <= 0)
+        return 0;
+    qsort(v, (size_t)n, sizeof(*v), cmp_double);
+    return rank_sorted(v, n, q);
+}
+
 void pdl_pairs_summarize(const pdl_pairs_t *p, double max_spread, double above_tol, pdl_pairs_summary_t *out)
 {
     memset(out, 0, sizeof(*out));

@@ -70,6 +70,12 @@ int pdl_pairs_count(const pdl_pairs_t *p);
  */
 void pdl_pairs_summarize(const pdl_pairs_t *p, double max_spread, double above_tol, pdl_pairs_summary_t *out);
 
+/* Median of v[0..n) (the mean of the two middle values when n is even), and the nearest-rank quantile q
+ * in (0, 1] (the ceil(q * n)-th smallest value): the figures a benchmark prints beside its ratios. Both
+ * sort v in place and return 0 for n == 0. */
+double pdl_pairs_median(double *v, int n);
+double pdl_pairs_quantile(double *v, int n, double q);
+
 /* "ok", "too few pairs", "unstable", "ABOVE CEILING". */
 const char *pdl_pairs_verdict_name(pdl_pairs_verdict_t v);
 

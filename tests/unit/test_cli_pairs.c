@@ -125,6 +125,26 @@ static void test_pairs_too_few_and_invalid(void **state)
     assert_float_equal(s.spread, 0.0, 1e-12);
 }
 
+static void test_median_and_quantile_of_samples(void **state)
+{
+    (void)state;
+    double odd[] = {5, 1, 4, 2, 3};
+    assert_float_equal(pdl_pairs_median(odd, 5), 3, 0);
+    assert_float_equal(odd[0], 1, 0); /* sorted in place */
+    double even[] = {40, 10, 30, 20};
+    assert_float_equal(pdl_pairs_median(even, 4), 25, 0);
+    double v[100];
+    for (int i = 0; i < 100; i++)
+        v[i] = 100 - i; /* 100 .. 1 */
+    assert_float_equal(pdl_pairs_quantile(v, 100, 0.5), 50, 0);  /* the 50th smallest */
+    assert_float_equal(pdl_pairs_quantile(v, 100, 0.99), 99, 0); /* the 99th, not the maximum */
+    assert_float_equal(pdl_pairs_quantile(v, 100, 1.0), 100, 0);
+    double one[] = {7};
+    assert_float_equal(pdl_pairs_quantile(one, 1, 0.99), 7, 0);
+    assert_float_equal(pdl_pairs_median(NULL, 0), 0, 0);
+    assert_float_equal(pdl_pairs_quantile(NULL, 0, 0.5), 0, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -133,6 +153,7 @@ int main(void)
         cmocka_unit_test(test_pairs_unstable),
         cmocka_unit_test(test_pairs_above_ceiling),
         cmocka_unit_test(test_pairs_too_few_and_invalid),
+        cmocka_unit_test(test_median_and_quantile_of_samples),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
