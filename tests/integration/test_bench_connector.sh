@@ -4,25 +4,7 @@
 # every KV byte of every transfer compared (verified bytes = verified transfers x bytes) and none
 # differed; usage errors exit 2. Never asserts on a timing or a ratio's value.
 set -u
-PDLINK="${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR is not set}/pdlink"
-PY=/usr/bin/python3
-if [ ! -x "$PDLINK" ] || [ ! -x "$PY" ]; then
-    echo "skip: $PDLINK or $PY is missing"
-    exit 77
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-check() {
-    local name=$1 file=$2 expr=$3
-    if "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($expr) else 1)" "$file"; then
-        pass "$name"
-    else
-        fail "$name: $expr"
-    fi
-}
+. "$(dirname "$0")/test_cli_lib.bash"
 
 # The real geometry with one short prompt (one block: every transfer moves the same bytes) and the fewest
 # pairs and reps.
@@ -60,5 +42,4 @@ check "256 tokens: every transfer fully compared, none differed" "$TMP/big.json"
 "$PDLINK" bench --connector --topologies P3/D5 >/dev/null 2>&1
 [ $? = 2 ] && pass "unknown topology refused" || fail "unknown topology not refused"
 
-[ "$fails" = 0 ] || { echo "$fails checks failed"; exit 1; }
-echo "all checks passed"
+finish

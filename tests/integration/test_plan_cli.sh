@@ -3,31 +3,7 @@
 # module), the human output, xPyD pairs, WRITE mode, MLA, and usage/topology errors (exit 2, message
 # naming the values).
 set -u
-PDLINK="${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR is not set}/pdlink"
-PY=/usr/bin/python3
-if [ ! -x "$PDLINK" ]; then
-    echo "skip: $PDLINK is not built"
-    exit 77
-fi
-if [ ! -x "$PY" ]; then
-    echo "skip: $PY is missing"
-    exit 77
-fi
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fails=0
-pass() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
-
-# check NAME FILE PYTHON-EXPRESSION-ON-d: the expression must be true for the parsed document d.
-check() {
-    local name=$1 file=$2 expr=$3
-    if "$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($expr) else 1)" "$file"; then
-        pass "$name"
-    else
-        fail "$name: $expr"
-    fi
-}
+. "$(dirname "$0")/test_cli_lib.bash"
 
 # Seed topologies, one document each, and all four together.
 "$PDLINK" plan --prefill-tp 4 --decode-tp 8 --model llama-3.1-8b --json >"$TMP/p4d8.json" || fail "P4/D8 exit $?"
@@ -122,8 +98,4 @@ expect_error "missing head count" "--kv-heads is required" --prefill-tp 4 --deco
 
 "$PDLINK" plan --help >"$TMP/help" 2>&1 && grep -q "llama-3.1-70b" "$TMP/help" && pass "--help lists presets" || fail "--help"
 
-if [ $fails -ne 0 ]; then
-    echo "$fails check(s) failed"
-    exit 1
-fi
-echo "all checks passed"
+finish
