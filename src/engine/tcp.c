@@ -595,6 +595,22 @@ static bool may_block(uint64_t deadline)
            (deadline != 0 && pdl__clock_now_ns() + (uint64_t)TCP_RCV_SLICE_MS * 1000000u <= deadline);
 }
 
+/* What a failed sendmsg/recvmsg (errno en) means for tx_run/rx_run: call again (interrupted, or it
+ * would block and the caller may still wait), return IO_AGAIN (it would block and the call must not),
+ * stop (the deadline passed), or fail the connection (a real error). */
+typedef enum { IO_RETRY, IO_WOULD_BLOCK, IO_TIMED_OUT, IO_BROKEN } io_fail_t;
+
+static io_fail_t io_failure(int en, bool block, uint64_t deadline)
+{
+    if (en == EINTR)
+        return IO_RETRY;
+    if (en != EAGAIN && en != EWOULDBLOCK)
+        return IO_BROKEN;
+    if (!block)
+        return IO_WOULD_BLOCK;
+    return deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline ? IO_TIMED_OUT : IO_RETRY;
+}
+
 /*
  * Send queued requests until none is left, the socket is full (deadline 0) or the deadline passes
  * (blocking sends in SO_SNDTIMEO slices: only when no response is due, which could be what the owner
@@ -660,17 +676,12 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
         if (c->dead != PDL_OK)
             return res;
         if (n < 0) {
-            if (en == EINTR)
+            io_fail_t f = io_failure(en, block, deadline);
+            if (f == IO_RETRY)
                 continue;
-            if (en == EAGAIN || en == EWOULDBLOCK) {
-                if (!block)
-                    return res | IO_AGAIN;
-                if (deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline)
-                    return res;
-                continue;
-            }
-            io_error_locked(s, c, c->tx_op, en);
-            return res;
+            if (f == IO_BROKEN)
+                io_error_locked(s, c, c->tx_op, en);
+            return f == IO_WOULD_BLOCK ? res | IO_AGAIN : res;
         }
         res |= IO_MOVED;
         size_t done = (size_t)n;
@@ -753,17 +764,12 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
             return res;
         }
         if (n < 0) {
-            if (en == EINTR)
+            io_fail_t f = io_failure(en, block, deadline);
+            if (f == IO_RETRY)
                 continue;
-            if (en == EAGAIN || en == EWOULDBLOCK) {
-                if (!block)
-                    return res | IO_AGAIN;
-                if (deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline)
-                    return res;
-                continue;
-            }
-            io_error_locked(s, c, op, en);
-            return res;
+            if (f == IO_BROKEN)
+                io_error_locked(s, c, op, en);
+            return f == IO_WOULD_BLOCK ? res | IO_AGAIN : res;
         }
         res |= IO_MOVED;
         if (c->rx_stage == RX_HDR) {

@@ -34,17 +34,6 @@ static bool host_char(char c)
            c == ':' || c == '%' || c == '[' || c == ']';
 }
 
-/* Segment text for an error message: at most 40 bytes, unprintable bytes replaced. */
-static void seg_quote(char *dst, size_t cap, const char *s, size_t n)
-{
-    size_t o = 0, lim = n < 40 ? n : 40;
-    for (size_t i = 0; i < lim && o + 1 < cap; i++)
-        dst[o++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-    if (n > lim && o + 4 < cap)
-        dst[o++] = '.', dst[o++] = '.', dst[o++] = '.';
-    dst[o] = '\0';
-}
-
 static bool parse_port(const char *s, size_t n, int *out)
 {
     if (n == 0 || n > 5)
@@ -76,7 +65,7 @@ pdl_status_t pdl__zmq_parse_n(const char *s, size_t n, const char *ctx, pdl_zmq_
         const char *comma = memchr(seg, ',', n - pos);
         size_t sl = comma ? (size_t)(comma - seg) : n - pos;
         char q[64];
-        seg_quote(q, sizeof(q), seg, sl);
+        pdl__wire_quote(q, sizeof(q), seg, sl);
         const char *colon = memchr(seg, ':', sl);
         if (colon == NULL)
             return pdl_error_set(err, PDL_ERR_PARSE, "%s: zmq_address segment \"%s\" has no ':' (expected key:value)",

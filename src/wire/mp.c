@@ -148,6 +148,16 @@ pdl_status_t pdl__mp_unpack(const void *buf, size_t len, size_t max_items, const
     return PDL_OK;
 }
 
+void pdl__wire_quote(char *dst, size_t cap, const char *s, size_t n)
+{
+    size_t o = 0, lim = n < 40 ? n : 40;
+    for (size_t i = 0; i < lim && o + 1 < cap; i++)
+        dst[o++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
+    if (n > lim && o + 4 < cap)
+        dst[o++] = '.', dst[o++] = '.', dst[o++] = '.';
+    dst[o] = '\0';
+}
+
 const char *pdl__mp_kind(const msgpack_object *o)
 {
     switch (o->type) {

@@ -35,6 +35,10 @@ pdl__mp_scan_t pdl__mp_scan(const uint8_t *buf, size_t len, size_t max_items, si
 pdl_status_t pdl__mp_unpack(const void *buf, size_t len, size_t max_items, const char *what,
                             msgpack_unpacked *u, pdl_error_t *err);
 
+/* Untrusted text for an error message: at most 40 bytes of s[0..n) into dst (NUL-terminated), each
+ * unprintable byte replaced by '?', "..." appended when cut. For the text codecs too (addr.c). */
+void pdl__wire_quote(char *dst, size_t cap, const char *s, size_t n);
+
 /* "a string", "binary", "a negative integer", ... for error messages. */
 const char *pdl__mp_kind(const msgpack_object *o);
 

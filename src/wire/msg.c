@@ -107,17 +107,6 @@ static const char *const key_names[K_COUNT] = {
     "producer_tp_rank", "req_id", "block_notify_list", "decode_rank",
 };
 
-/* Copy at most 40 bytes of untrusted text into a message, replacing anything unprintable. */
-static void quote(char *dst, size_t cap, const char *s, size_t n)
-{
-    size_t o = 0, lim = n < 40 ? n : 40;
-    for (size_t i = 0; i < lim && o + 1 < cap; i++)
-        dst[o++] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-    if (n > lim && o + 4 < cap)
-        dst[o++] = '.', dst[o++] = '.', dst[o++] = '.';
-    dst[o] = '\0';
-}
-
 static pdl_status_t get_status(const msgpack_object *o, const char *ctx, pdl_release_status_t *out, pdl_error_t *err)
 {
     const char *s;
@@ -131,7 +120,7 @@ static pdl_status_t get_status(const msgpack_object *o, const char *ctx, pdl_rel
         *out = PDL_RELEASE_FAILED;
     else {
         char q[64];
-        quote(q, sizeof(q), s, n);
+        pdl__wire_quote(q, sizeof(q), s, n);
         return pdl_error_set(err, PDL_ERR_PARSE, "%s: status must be \"ok\" or \"failed\", got \"%s\"", ctx, q);
     }
     return PDL_OK;
@@ -225,7 +214,7 @@ static pdl_status_t decode_map(const msgpack_object *map, pdl_msg_t *out, pdl_er
             type = PDL_MSG_KEEPALIVE;
         else {
             char q[64];
-            quote(q, sizeof(q), s, n);
+            pdl__wire_quote(q, sizeof(q), s, n);
             return pdl_error_set(err, PDL_ERR_PARSE, "notify: unknown message type \"%s\"", q);
         }
     } else if (v[K_REQ_ID] != NULL) {
