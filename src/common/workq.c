@@ -3,6 +3,7 @@
  */
 #include "common/workq.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,7 @@ static pdl_status_t init(pdl_workq_t *q, int max_threads, int limit, pdl_workq_r
     q->on_exit = on_exit;
     q->arg = arg;
     q->max_threads = max_threads;
+    snprintf(q->who, sizeof(q->who), "%s", who);
     return PDL_OK;
 }
 
@@ -104,7 +106,7 @@ bool pdl__workq_offer(pdl_workq_t *q, pdl_workq_item_t *job, void (*admit)(pdl_w
         if (pthread_create(&q->threads[q->nthreads], &attr, workq_main, q) == 0)
             q->nthreads++;
         else
-            pdl_warn("cannot start a worker thread (%d running): jobs wait for a running one", q->nthreads);
+            pdl_warn("%s: cannot start a worker thread (%d running): jobs wait for a running one", q->who, q->nthreads);
         pthread_attr_destroy(&attr);
     }
     if (q->nthreads == 0 || q->stop) {

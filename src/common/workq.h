@@ -44,6 +44,7 @@ typedef struct pdl_workq {
     int nthreads, max_threads;
     int idle, queued;         /* threads waiting for a job; jobs waiting for a thread */
     size_t stack_size;        /* elastic: the threads' stack (0: the default) */
+    char who[48];             /* the queue's name in its log lines, e.g. "http workers" */
 } pdl_workq_t;
 
 /* Initialise q and start `nthreads` threads (1..64) running run(arg, job, stopping); on_exit may be
