@@ -253,8 +253,9 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
  * The same, for the consumer named by `request_id` (MoRIIO's "___prefill_addr_..___decode_addr_.._hex";
  * may be NULL or carry no decode address: then it is pdl_instance_hold). The producer probes that
  * consumer's handshake port while it holds KV for it, and when the consumer is gone -- its port refuses
- * connections twice in a row, or nothing answered for consumer_gone_timeout -- frees its holds at once
- * (counted in consumer_gone_freed, events RANK_EXPIRED and FREED) instead of after defer_timeout.
+ * connections twice in a row, nothing answered for consumer_gone_timeout, or another process answers
+ * there (its handshake metadata differs: restarted) -- frees its holds at once (counted in
+ * consumer_gone_freed, events RANK_EXPIRED and FREED) instead of after defer_timeout.
  * Fails like pdl_instance_hold.
  */
 pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
@@ -389,6 +390,12 @@ typedef enum pdl_counter_kind {
       "Transfers the consumer will not pull: failed releases sent at once (pdl_instance_abandon, decode).")      \
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
       "Held transfers (READ holds, WRITE pushes) given up early: their consumer was gone (prefill rank 0).")     \
+    X(watch_identities, "pdlink_watch_identities_total", PDL_COUNTER_COUNT,                                         \
+      "Consumer-gone watch probes answered with the peer's identity, its handshake metadata (rank 0).")          \
+    X(producer_gone_failed, "pdlink_producer_gone_failed_total", PDL_COUNTER_COUNT,                                 \
+      "Receives (WRITE decode) failed at once because a producer rank they wait on was gone (rank 0).")          \
+    X(remote_blocks_given_up, "pdlink_remote_blocks_given_up_total", PDL_COUNTER_COUNT,                             \
+      "remote_blocks for a push this rank had given up, answered with a failed write_done (WRITE prefill).")     \
     X(data_requests_served, "pdlink_data_requests_served_total", PDL_COUNTER_COUNT,                                 \
       "Remote READ/WRITE requests this rank's tcp engine served (inside a grant).")                              \
     X(data_requests_denied, "pdlink_data_requests_denied_total", PDL_COUNTER_COUNT,                                 \

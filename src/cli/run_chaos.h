@@ -28,11 +28,11 @@
 #include "pdlink/status.h"
 
 enum {
-    /* How long a victim stays dead before its restart. Longer than a producer's consumer-gone watch needs
-     * to see a dead decode (two refused probes, 1 s apart with consumer_gone_timeout 5 s): measured with
-     * 500 ms, a decode back on its address before that left the holds of its dead process's transfers on a
-     * surviving prefill until defer_timeout (60 s; 2p1d, 3 of 6 runs) -- docs/run.md, "--chaos". */
-    PDL_RUN_CHAOS_DOWN_MS = 3000,
+    /* How long a victim stays dead before its restart: shorter than the two refused probes (1 s apart)
+     * the consumer-gone watch needed before it told a restarted decode from its dead process by the
+     * handshake metadata (watch.c). With 500 ms and that older watch, the dead process's holds stayed on
+     * a surviving prefill until defer_timeout (60 s; 2p1d, 3 of 6 runs) -- docs/run.md, "--chaos". */
+    PDL_RUN_CHAOS_DOWN_MS = 500,
     PDL_RUN_CHAOS_RECOVER_MS = 60000, /* kill -> first success through it, at most */
     PDL_RUN_CHAOS_RETRY_MS = 100,     /* pause after a pass in which every request failed */
     PDL_RUN_CHAOS_FAIL_NOTES = 2,   /* failures noted per outage (all are counted) */

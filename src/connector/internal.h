@@ -464,6 +464,16 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
  * share still being written keeps it held, and the watch finds it again). Takes push_mu and held_mu,
  * never both at once. */
 bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id);
+/* The watch (watch.c), WRITE consumer: call fn(arg, peer, item) for each producer rank an unfinished
+ * receive waits on: peer "host:port" of that rank's handshake port, item "producer rank|transfer id".
+ * Takes push_mu: fn must not call back into push.c. */
+typedef void (*pdl_watch_item_fn)(void *arg, const char *peer, const char *item);
+void pdl__push_watch_producers(pdl_instance_t *inst, pdl_watch_item_fn fn, void *arg);
+/* The watch, WRITE consumer: producer rank `prank` (at `peer`) of receive transfer_id is gone (`why`):
+ * the consumer ranks still waiting on it finish at once with PDL_ERR_PEER_GONE naming peer and rank
+ * (their grants revoked: nothing more is written into their blocks). Counted once per receive in r0's
+ * producer_gone_failed, before the waiter can see the receive end. True when a rank was failed now. */
+bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank, const char *peer, const char *why);
 /* pdl_instance_abandon in WRITE mode (either role). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err);
@@ -474,6 +484,8 @@ void pdl__push_reap(pdl_rank_t *r);
 void pdl__push_free_all(pdl_instance_t *inst);
 
 /* ---- the instance ---------------------------------------------------------------------------- */
+
+#define PDL_PUSH_TOMBS 256
 
 struct pdl_instance {
     pdl_instance_config_t cfg;
@@ -506,6 +518,10 @@ struct pdl_instance {
      * receives by transfer id */
     pthread_mutex_t push_mu;
     pdl_strmap_t pushes, parked, recvs;
+    /* push.c: the last pushes a rank of which was given up without writing (a ring), so a late
+     * remote_blocks is answered with a failed write_done */
+    struct pdl_push *tombs[PDL_PUSH_TOMBS];
+    unsigned tomb_next;
 
     pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
 

@@ -79,6 +79,10 @@ struct pdl_recv {
     pthread_cond_t cv;
     char transfer_id[PDL_WIRE_ID_MAX + 1];
     int producer_tp, expected, pending;
+    /* The producer instance, for the watch (watch.c): host, handshake base, DP rank */
+    char phost[PDL_WIRE_HOST_MAX + 1];
+    int phs_base, pdp;
+    bool producer_gone; /* the watch failed it (counted once in producer_gone_failed) */
     bool in_map;
     uint64_t deadline_ns;
     int *count;        /* per consumer rank */
@@ -115,13 +119,44 @@ static bool push_all_final(const pdl_push_t *p, int tp)
     return true;
 }
 
-/* Under push_mu: mark rank final; removes and returns the push when every rank is final. */
+/*
+ * Tombstones. A push a rank of which was given up without writing (reaped after defer_timeout,
+ * abandoned, its consumer found gone) is kept, without its block list, in a ring of the last
+ * PDL_PUSH_TOMBS such pushes once it left the map. A remote_blocks that comes later for such a rank
+ * is answered at once with a failed write_done, so the decode fails now instead of waiting out
+ * transfer_timeout (before, it was parked or dropped in silence). Under push_mu.
+ */
+static void entomb(pdl_instance_t *inst, pdl_push_t *p)
+{
+    free(p->ids);
+    p->ids = NULL;
+    unsigned slot = inst->tomb_next++ % PDL_PUSH_TOMBS;
+    push_free(inst->tombs[slot]);
+    inst->tombs[slot] = p;
+}
+
+static pdl_push_t *tomb_find(pdl_instance_t *inst, const char *tid)
+{
+    for (unsigned i = 0; i < PDL_PUSH_TOMBS; i++)
+        if (inst->tombs[i] != NULL && strcmp(inst->tombs[i]->transfer_id, tid) == 0)
+            return inst->tombs[i];
+    return NULL;
+}
+
+/* Under push_mu: mark rank final; removes and returns the push when every rank is final, unless a rank
+ * of it was given up: then it becomes a tombstone (NULL is returned). */
 static pdl_push_t *push_rank_final(pdl_instance_t *inst, pdl_push_t *p, int rank, int state)
 {
     p->state[rank] = (uint8_t)state;
     if (!push_all_final(p, inst->tp))
         return NULL;
     pdl__strmap_remove(&inst->pushes, p->transfer_id);
+    for (int i = 0; i < inst->tp; i++) {
+        if (p->state[i] == RS_EXPIRED) {
+            entomb(inst, p);
+            return NULL;
+        }
+    }
     return p;
 }
 
@@ -301,6 +336,37 @@ static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode
     return j;
 }
 
+/* Where the failed write_done for a given-up rank goes: the push's consumer (never the sender's word). */
+typedef struct given_up {
+    char host[PDL_WIRE_HOST_MAX + 1];
+    int notify_base, consumer_tp;
+} given_up_t;
+
+/* Service thread: a remote_blocks for a rank of a push that was given up. Each consumer rank of this
+ * rank's notify set gets a failed write_done, as if the share had failed, so the receive fails now. */
+static void answer_given_up(pdl_rank_t *r, const pdl_msg_t *msg, const given_up_t *gu)
+{
+    int first = 0, count = 0;
+    if (pdl_topo_consumers_of(r->inst->tp, gu->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
+        return;
+    for (int c = first; c < first + count; c++) {
+        pdl_bytes_t b = {0};
+        pdl_error_t e;
+        int off = pdl_topo_port_offset((int)msg->decode_rank, gu->consumer_tp, c);
+        if (encode_write_done(r, msg->transfer_id, false, &b, &e) == PDL_OK && off >= 0 &&
+            pdl__outq_send(r, gu->host, gu->notify_base + off, PDL_OUT_OTHER, &b, &e) == PDL_OK)
+            PDL_CTR_ADD(r, write_done_sent, 1);
+        pdl_bytes_free(&b);
+    }
+    PDL_CTR_ADD(r, remote_blocks_given_up, 1);
+    uint64_t sup = 0;
+    if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
+        pdl_warn("rank %d: remote_blocks for push %.100s came after this rank gave it up (reaped after "
+                 "defer_timeout, abandoned, or its consumer looked gone); answered with a failed write_done so "
+                 "the decode fails now%s",
+                 r->rank, msg->transfer_id, sup ? " (more suppressed)" : "");
+}
+
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
@@ -333,15 +399,23 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     bool dropped = false, parked = false;
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
+    given_up_t gu = {.consumer_tp = 0};
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
-    if (p != NULL) {
+    pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
+    if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
+        snprintf(gu.host, sizeof(gu.host), "%s", given->host);
+        gu.notify_base = given->notify_base;
+        gu.consumer_tp = said_tp > 0 ? said_tp : given->consumer_tp;
+    } else if (p != NULL) {
         if (p->state[r->rank] == RS_WAITING) {
             job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank, said_tp);
             if (job != NULL)
                 p->state[r->rank] = RS_STARTED;
         }
         dropped = job == NULL;
+    } else if (given != NULL) {
+        dropped = true; /* a duplicate for a rank that wrote */
     } else if (inst->parked.count < PUSH_MAX_PARKED && pdl__strmap_get(&inst->parked, key) == NULL) {
         parked_rb_t *k = calloc(1, sizeof(*k));
         if (k != NULL) {
@@ -364,6 +438,11 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     pthread_mutex_unlock(&inst->push_mu);
     if (job != NULL) {
         enqueue_job(r, job);
+        return;
+    }
+    if (gu.consumer_tp > 0) {
+        free(blocks);
+        answer_given_up(r, msg, &gu);
         return;
     }
     if (parked) {
@@ -781,7 +860,7 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
  * prefill address), its TP, and its DP rank. */
 typedef struct producer_ref {
     char host[PDL_WIRE_HOST_MAX + 1];
-    int notify_base, tp, dp;
+    int hs_base, notify_base, tp, dp;
 } producer_ref_t;
 
 static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
@@ -790,6 +869,7 @@ static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_
     const char *tid = params->transfer_id;
     if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
         snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
+        pr->hs_base = params->remote_handshake_port;
         pr->notify_base = params->remote_notify_port;
     } else {
         pdl_zmq_addr_t pa;
@@ -800,6 +880,7 @@ static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_
                                  "remote_handshake_port/remote_notify_port and the request id %s",
                                  what, tid, request_id ? e.msg : "is absent");
         snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
+        pr->hs_base = pa.handshake_port;
         pr->notify_base = pa.notify_port;
     }
     bool disagree = false;
@@ -870,6 +951,9 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     rv->inst = inst;
     snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
     rv->producer_tp = P;
+    snprintf(rv->phost, sizeof(rv->phost), "%s", pr.host);
+    rv->phs_base = pr.hs_base;
+    rv->pdp = remote_dp;
     rv->expected = expected;
     rv->pending = inst->hi - inst->lo;
     rv->status = PDL_OK;
@@ -987,6 +1071,76 @@ void pdl_recv_free(pdl_recv_t *rv)
     }
     pthread_mutex_unlock(&inst->push_mu);
     recv_free_parts(rv);
+}
+
+/* ---- consumer: producers that are gone (the watch, watch.c) ------------------------------------ */
+
+typedef struct watch_walk {
+    pdl_instance_t *inst;
+    pdl_watch_item_fn fn;
+    void *arg;
+} watch_walk_t;
+
+static void watch_recv(void *arg, const char *key, void *value)
+{
+    (void)key;
+    watch_walk_t *w = arg;
+    pdl_recv_t *rv = value;
+    int P = rv->producer_tp, D = w->inst->tp;
+    uint64_t named[PDL_TOPO_MAX_TP / 64] = {0};
+    PDL_FOR_LOCAL(w->inst, d) {
+        int gfirst = 0, gcount = 0;
+        if (rv->done[d] || pdl_topo_group(P, D, d, &gfirst, &gcount, NULL) != PDL_OK)
+            continue;
+        for (int g = gfirst; g < gfirst + gcount; g++) {
+            if (named[g / 64] & (1ull << (g % 64)))
+                continue;
+            named[g / 64] |= 1ull << (g % 64);
+            int off = pdl_topo_port_offset(rv->pdp, P, g);
+            if (off < 0 || rv->phs_base + off > 65535)
+                continue;
+            char peer[PDL_WIRE_HOST_MAX + 16], item[PDL_WIRE_ID_MAX + 16];
+            pdl__held_consumer_name(peer, sizeof(peer), rv->phost, rv->phs_base + off);
+            snprintf(item, sizeof(item), "%d|%s", g, rv->transfer_id);
+            w->fn(w->arg, peer, item);
+        }
+    }
+}
+
+void pdl__push_watch_producers(pdl_instance_t *inst, pdl_watch_item_fn fn, void *arg)
+{
+    watch_walk_t w = {.inst = inst, .fn = fn, .arg = arg};
+    pthread_mutex_lock(&inst->push_mu);
+    pdl__strmap_foreach(&inst->recvs, watch_recv, &w);
+    pthread_mutex_unlock(&inst->push_mu);
+}
+
+bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank, const char *peer, const char *why)
+{
+    pdl_instance_t *inst = r0->inst;
+    bool failed = false;
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, transfer_id);
+    if (rv != NULL && prank >= 0 && prank < rv->producer_tp) {
+        char msg[PDL_ERR_MSG_LEN];
+        int len = snprintf(msg, sizeof(msg), "producer %.200s (producer tp rank %d) is gone (", peer, prank);
+        snprintf(msg + len, sizeof(msg) - (size_t)len,
+                 "%.100s): its write_done will not come; failed at once instead of after transfer_timeout", why);
+        bool first = !rv->producer_gone;
+        rv->producer_gone = true;
+        if (first) /* before the waiter can wake (push_mu is held): it sees the count */
+            PDL_CTR_ADD(r0, producer_gone_failed, 1);
+        PDL_FOR_LOCAL(inst, d) {
+            int gfirst = 0, gcount = 0;
+            if (rv->done[d] || pdl_topo_group(rv->producer_tp, inst->tp, d, &gfirst, &gcount, NULL) != PDL_OK ||
+                prank < gfirst || prank >= gfirst + gcount)
+                continue;
+            recv_rank_finish(rv, d, PDL_ERR_PEER_GONE, msg);
+            failed = true;
+        }
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    return failed;
 }
 
 /* ---- abandon (pdl_instance_abandon in WRITE mode) ---------------------------------------------- */
@@ -1236,6 +1390,8 @@ static void orphan_recv(void *arg, const char *key, void *value)
 
 void pdl__push_free_all(pdl_instance_t *inst)
 {
+    for (unsigned i = 0; i < PDL_PUSH_TOMBS; i++)
+        push_free(inst->tombs[i]);
     pdl__strmap_foreach(&inst->pushes, free_push_v, NULL);
     pdl__strmap_free(&inst->pushes);
     pdl__strmap_foreach(&inst->parked, free_parked_v, NULL);

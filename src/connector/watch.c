@@ -1,35 +1,56 @@
 /*
- * watch.c -- a producer notices that a consumer it holds KV for is gone, and frees those transfers
- * within seconds instead of after defer_timeout (60 s): READ holds and WRITE pushes alike.
+ * watch.c -- an instance notices that a peer a transfer waits on is gone, or was restarted, and ends
+ * those transfers within seconds instead of after a timeout (60 s defer, 30 s transfer):
+ *
+ *   producer: the consumers of its held transfers (READ holds, WRITE pushes) -> freed
+ *   consumer in WRITE mode: the producer ranks its receives wait on for write_done -> failed
  *
  * Why: a decode that is killed (or rejects its request without telling us) never releases, and in
- * WRITE mode never sends the remote_blocks a push waits for. Before, after kill -9 of a decode the
- * prefill held 495 of 496 blocks until the 60 s reaper, and new requests waited for blocks meanwhile.
+ * WRITE mode never sends the remote_blocks a push waits for; a prefill that is killed never sends the
+ * write_done a receive waits for. Before, after kill -9 of a decode the prefill held 495 of 496 blocks
+ * until the 60 s reaper, and a decode waited out transfer_timeout for a killed prefill.
  *
  * How: holds made with pdl_instance_hold_for name their consumer (the request id's decode address),
- * and so do pushes (pdl_instance_push: the consumer it writes to, "host:handshake base").
- * Rank 0's service thread probes each consumer that has holds with a non-blocking TCP connect to its
- * handshake port, at most once per probe interval (consumer_gone_timeout / 4, at most 1 s), checked
- * without blocking on later ticks. Verdicts per consumer:
+ * pushes too (pdl_instance_push: "host:handshake base"); a receive names its producer and so each
+ * producer rank it waits on ("host:handshake port of that rank", push.c). Rank 0's service thread
+ * probes each named peer at most once per probe interval (consumer_gone_timeout / 4, at most 1 s),
+ * without blocking: a TCP connect to its handshake port, then (a producer only, see below), once that
+ * is accepted, the handshake request get_meta_msg on a DEALER, whose reply is the peer's identity: the
+ * metadata carries its engine descriptor, whose key is random per process, and its pid. Verdicts:
  *
  *   connect accepted (not to itself)   -> alive: last_ok = now, refusals = 0
+ *   metadata received                  -> its identity; one that differs from the last one seen means
+ *                                         a new process on the same address (see "restarts" below)
  *   refused (or connected to itself)   -> refusals + 1; gone at 2 in a row (a closed port means no
- *                                         process: two looks one interval apart rule out a restart race)
+ *                                         process: two looks one interval apart rule out a listener
+ *                                         paused for want of descriptors, listen.c)
  *   no answer within the interval      -> counts by time only: gone when nothing answered for
  *                                         consumer_gone_timeout (host down, network cut)
  *
- * READ: a gone consumer's holds are cancelled in every rank's fan-in and resolved as expired on every
- * rank (events RANK_EXPIRED, then FREED). Releases that still come later are parked and dropped like any
- * unknown release. WRITE: each push to it is given up (pdl__push_consumer_gone): ranks still waiting for
- * remote_blocks resolve as expired at once, shares queued on a writer lane fail without writing, and a
- * share being written fails by itself against the dead peer and resolves its rank (FREED with the
- * last). Either way counted per transfer in consumer_gone_freed. A consumer is forgotten when it has no
- * held transfers left.
+ * Restarts. A peer restarted faster than two refusals (a second) answers again, so its dead
+ * predecessor's transfers looked alive until the timeout. Each transfer ("item") is therefore tied to
+ * one incarnation: the identity answered by the first probe that started after the watch first saw
+ * the item (a new item makes the next probe start at once). If that probe was refused, the peer died
+ * after the transfer was made: the item is DOWN, and the next identity decides (the same one: the
+ * listener was only paused; another: it belonged to the dead one). An item of identity X is ended as
+ * soon as a probe answers with another identity; an item first seen after the restart takes the new
+ * identity and is kept. Every probe answered with an identity is counted in watch_identities.
  *
- * The probe is a plain connect that is closed at once: pdlink and upstream consumers alike listen on a
- * ZeroMQ ROUTER there, which drops a connection that never sends a greeting. Holds made with
- * pdl_instance_hold (no request id) are left to the reaper. With DP > 1 the probed port is the decode
- * address's base (DP rank 0 rank 0), which the request id names; another DP rank's death is not seen.
+ * Ending an item. Producer, READ: the hold is cancelled in every rank's fan-in and resolved as expired
+ * on every rank (events RANK_EXPIRED, then FREED); releases that still come later are parked and
+ * dropped like any unknown release. Producer, WRITE: the push is given up (pdl__push_consumer_gone).
+ * Either way counted per transfer in consumer_gone_freed. Consumer, WRITE: the consumer ranks waiting
+ * on that producer rank fail at once with PDL_ERR_PEER_GONE naming it (pdl__push_producer_gone,
+ * counted per receive in producer_gone_failed). A peer is forgotten when nothing names it any more.
+ *
+ * Only a producer asks for identities. A WRITE consumer probes its producers by connect alone: the
+ * metadata answer would count as a handshake served on the prefill, whose counts are the transfers'.
+ * So a prefill restarted within a second is not told from its predecessor there (its receives then end
+ * at transfer_timeout, as before).
+ * Upstream peers answer get_meta_msg too; one that does not is only probed by connect, as before.
+ * Holds made with pdl_instance_hold (no request id) are left to the reaper. With DP > 1 a producer
+ * probes the decode address's base (DP rank 0 rank 0), which the request id names; another DP rank's
+ * death is not seen.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -39,17 +60,32 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "connector/internal.h"
 #include "common/clock.h"
+#include "common/siphash.h"
+
+/* An item's incarnation: not probed yet, tied to an identity, or seen refused before any identity. */
+enum { IT_UNKNOWN = 0, IT_OF = 1, IT_DOWN = 2 };
+
+typedef struct item {
+    uint64_t first_seen_ns;
+    uint64_t ident; /* IT_OF: the identity it belongs to */
+    int state;
+    bool seen; /* named during the current collection */
+} item_t;
 
 typedef struct watched {
     char host[PDL_WIRE_HOST_MAX + 1];
     int port;
-    int fd; /* a connect in progress, or -1 */
+    int fd;      /* a connect in progress, or -1 */
+    void *zsock; /* a get_meta_msg in flight, or NULL */
     uint64_t probe_started_ns, next_probe_ns, last_ok_ns;
+    uint64_t ident; /* the last identity answered, 0 = none yet */
     int refusals;
-    bool seen; /* named by a hold during the current collection */
+    bool seen; /* named during the current collection */
+    pdl_strmap_t items; /* item key -> item_t* */
 } watched_t;
 
 static uint64_t probe_interval_ns(const pdl_instance_t *inst)
@@ -82,23 +118,42 @@ static bool split_key(const char *key, char *host, size_t cap, int *port)
     return *port > 0 && *port < 65536;
 }
 
+static void free_item(void *arg, const char *key, void *value)
+{
+    (void)arg;
+    (void)key;
+    free(value);
+}
+
+static void close_watched(watched_t *w)
+{
+    if (w == NULL)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    if (w->zsock != NULL)
+        zmq_close(w->zsock);
+    pdl__strmap_foreach(&w->items, free_item, NULL);
+    pdl__strmap_free(&w->items);
+    free(w);
+}
+
+/* ---- collection: which peers are named, by which items ------------------------------------------ */
+
 typedef struct collect_ctx {
     pdl_strmap_t *watch;
     uint64_t now_ns;
 } collect_ctx_t;
 
-static void collect_consumer(void *arg, const char *key, void *value)
+/* Peer `peer` ("host:port") is named by item `key`. */
+static void collect_item(void *arg, const char *peer, const char *key)
 {
-    (void)key;
     collect_ctx_t *c = arg;
-    const pdl_held_t *h = value;
-    if (h->consumer[0] == '\0')
-        return;
-    watched_t *w = pdl__strmap_get(c->watch, h->consumer);
+    watched_t *w = pdl__strmap_get(c->watch, peer);
     if (w == NULL) {
         w = calloc(1, sizeof(*w));
-        if (w == NULL || !split_key(h->consumer, w->host, sizeof(w->host), &w->port) ||
-            pdl__strmap_put(c->watch, h->consumer, w) != 0) {
+        if (w == NULL || !split_key(peer, w->host, sizeof(w->host), &w->port) ||
+            pdl__strmap_put(c->watch, peer, w) != 0) {
             free(w);
             return;
         }
@@ -106,7 +161,28 @@ static void collect_consumer(void *arg, const char *key, void *value)
         w->last_ok_ns = c->now_ns; /* it was alive when it was chosen for the request */
     }
     w->seen = true;
+    item_t *it = pdl__strmap_get(&w->items, key);
+    if (it == NULL) {
+        it = calloc(1, sizeof(*it));
+        if (it == NULL || pdl__strmap_put(&w->items, key, it) != 0) {
+            free(it);
+            return;
+        }
+        it->first_seen_ns = c->now_ns;
+        if (w->fd < 0 && w->zsock == NULL)
+            w->next_probe_ns = c->now_ns; /* tie it to an incarnation soon */
+    }
+    it->seen = true;
 }
+
+static void collect_hold(void *arg, const char *key, void *value)
+{
+    const pdl_held_t *h = value;
+    if (h->consumer[0] != '\0')
+        collect_item(arg, h->consumer, key);
+}
+
+/* ---- probes ------------------------------------------------------------------------------------- */
 
 static void start_probe(watched_t *w, uint64_t now_ns)
 {
@@ -127,8 +203,56 @@ static void start_probe(watched_t *w, uint64_t now_ns)
     w->fd = fd;
 }
 
+/* The connect was accepted: ask for the metadata (answered by the peer's service thread). A socket that
+ * cannot be set up only costs the identity of this look. */
+static void start_identity(pdl_instance_t *inst, watched_t *w)
+{
+    char ep[PDL_WIRE_HOST_MAX + 32];
+    if (pdl__endpoint(ep, sizeof(ep), w->host, w->port) < 0)
+        return;
+    void *s = zmq_socket(inst->zctx, ZMQ_DEALER);
+    if (s == NULL)
+        return;
+    int v = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
+    int64_t max = PDL_WIRE_MAX_FRAME;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    if (strchr(w->host, ':')) {
+        v = 1;
+        zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
+    }
+    if (pdl_curve_client(s, inst->auth, NULL) != PDL_OK || zmq_connect(s, ep) != 0 ||
+        zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), ZMQ_DONTWAIT) < 0) {
+        zmq_close(s);
+        return;
+    }
+    w->zsock = s;
+}
+
+/* The reply ["", metadata], when it came: its fingerprint (never 0), else 0. */
+static uint64_t take_identity(void *s)
+{
+    static const uint8_t key[PDL_SIPHASH_KEY_LEN] = {0}; /* a fingerprint, not a secret */
+    uint64_t ident = 0;
+    int part = 0, more = 1;
+    while (more) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, s, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return 0;
+        }
+        more = zmq_msg_more(&m);
+        if (part == 1)
+            ident = pdl__siphash24(key, zmq_msg_data(&m), zmq_msg_size(&m)) | 1;
+        part++;
+        zmq_msg_close(&m);
+    }
+    return part == 2 ? ident : 0;
+}
+
 /* A finished connect: alive, refused or self-connected (= nothing listens). */
-static void finish_probe(watched_t *w, uint64_t now_ns)
+static void finish_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
 {
     int soerr = 0;
     socklen_t sl = sizeof(soerr);
@@ -139,82 +263,149 @@ static void finish_probe(watched_t *w, uint64_t now_ns)
     if (soerr == 0 && getsockname(w->fd, (struct sockaddr *)&me, &ml) == 0 &&
         getpeername(w->fd, (struct sockaddr *)&them, &tl) == 0 && ml == tl && memcmp(&me, &them, ml) == 0)
         soerr = ECONNREFUSED;
+    close(w->fd);
+    w->fd = -1;
     if (soerr == 0) {
         w->last_ok_ns = now_ns;
         w->refusals = 0;
+        /* A producer asks its consumers who they are; a WRITE consumer does not ask its producers:
+         * the metadata answer counts as a handshake served there, and their counts are the transfers'. */
+        if (inst->cfg.conn.role == PDL_ROLE_PRODUCER)
+            start_identity(inst, w);
     } else if (soerr == ECONNREFUSED) {
         w->refusals++;
     }
-    close(w->fd);
-    w->fd = -1;
 }
 
-typedef struct gone_ctx {
-    const char *consumer;
-    char **ids;
+/* ---- verdicts ------------------------------------------------------------------------------------ */
+
+typedef struct verdict_ctx {
+    watched_t *w;
+    uint64_t ident; /* the identity answered; 0 = the probe was refused */
+    char **end;     /* items of a dead incarnation */
     size_t n, cap;
-} gone_ctx_t;
+} verdict_ctx_t;
 
-static void collect_held_of(void *arg, const char *key, void *value)
+static void push_key(verdict_ctx_t *v, const char *key)
 {
-    gone_ctx_t *c = arg;
-    const pdl_held_t *h = value;
-    if (strcmp(h->consumer, c->consumer) != 0)
-        return;
-    if (c->n == c->cap) {
-        size_t nc = c->cap ? 2 * c->cap : 16;
-        char **v = realloc(c->ids, nc * sizeof(*v));
-        if (v == NULL)
-            return; /* the rest is reaped after defer_timeout */
-        c->ids = v;
-        c->cap = nc;
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? 2 * v->cap : 16;
+        char **nv = realloc(v->end, nc * sizeof(*nv));
+        if (nv == NULL)
+            return; /* ended by the next identity change, or the timeouts */
+        v->end = nv;
+        v->cap = nc;
     }
-    if ((c->ids[c->n] = strdup(key)) != NULL)
-        c->n++;
+    if ((v->end[v->n] = strdup(key)) != NULL)
+        v->n++;
 }
 
-static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
+/* One probe's answer (started at w->probe_started_ns) applied to one item. */
+static void judge_item(void *arg, const char *key, void *value)
+{
+    verdict_ctx_t *v = arg;
+    item_t *it = value;
+    bool probed_since = it->first_seen_ns <= v->w->probe_started_ns; /* the probe started after it was seen */
+    if (v->ident == 0) { /* refused */
+        if (it->state == IT_UNKNOWN && probed_since)
+            it->state = IT_DOWN;
+        return;
+    }
+    if (it->state == IT_OF && it->ident != v->ident) {
+        push_key(v, key);
+    } else if (it->state == IT_DOWN) {
+        if (v->w->ident != 0 && v->w->ident == v->ident) {
+            it->state = IT_OF; /* the same process answers again: its listener was only paused */
+            it->ident = v->ident;
+        } else {
+            push_key(v, key);
+        }
+    } else if (it->state == IT_UNKNOWN && probed_since) {
+        it->state = IT_OF;
+        it->ident = v->ident;
+    }
+}
+
+/* ---- ending items -------------------------------------------------------------------------------- */
+
+/* Producer: give up held transfer `id` whose consumer is gone. True when it was given up now (a push
+ * given up on an earlier look whose share is still being written is found again: not counted twice). */
+static bool end_hold(pdl_rank_t *r0, const char *id)
 {
     pdl_instance_t *inst = r0->inst;
-    gone_ctx_t c = {.consumer = consumer};
+    if (!inst->cfg.conn.read_mode)
+        return pdl__push_consumer_gone(r0, id);
     pthread_mutex_lock(&inst->held_mu);
-    pdl__strmap_foreach(&inst->held, collect_held_of, &c);
+    bool held = pdl__strmap_get(&inst->held, id) != NULL;
     pthread_mutex_unlock(&inst->held_mu);
-    size_t freed = 0;
-    for (size_t i = 0; i < c.n; i++) {
-        if (!inst->cfg.conn.read_mode) {
-            freed += pdl__push_consumer_gone(r0, c.ids[i]);
-            free(c.ids[i]);
-            continue;
-        }
-        freed++;
-        /* Counted before its events: whoever sees FREED also sees the count. */
-        PDL_CTR_ADD(r0, consumer_gone_freed, 1);
-        PDL_FOR_LOCAL(inst, k) {
-            pdl_rank_t *r = &inst->ranks[k];
-            pthread_mutex_lock(&r->fan.mu);
-            pdl__fanin_cancel(r->fan.fanin, c.ids[i]);
-            pthread_mutex_unlock(&r->fan.mu);
-            pdl__held_rank_resolved(inst, c.ids[i], k, true);
-        }
-        free(c.ids[i]);
+    if (!held)
+        return false;
+    /* Counted before its events: whoever sees FREED also sees the count. */
+    PDL_CTR_ADD(r0, consumer_gone_freed, 1);
+    PDL_FOR_LOCAL(inst, k) {
+        pdl_rank_t *r = &inst->ranks[k];
+        pthread_mutex_lock(&r->fan.mu);
+        pdl__fanin_cancel(r->fan.fanin, id);
+        pthread_mutex_unlock(&r->fan.mu);
+        pdl__held_rank_resolved(inst, id, k, true);
     }
-    /* Only what was given up now: a push given up on an earlier look whose share is still being written
-     * keeps its hold, is found again, and is neither logged nor counted twice. */
-    if (freed > 0)
+    return true;
+}
+
+/* End items keys[0..n) of peer `peer` ("host:port"), freeing the keys. */
+static void end_items(pdl_rank_t *r0, const char *peer, char **keys, size_t n, const char *why)
+{
+    pdl_instance_t *inst = r0->inst;
+    bool producer = inst->cfg.conn.role == PDL_ROLE_PRODUCER;
+    size_t ended = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (producer) {
+            ended += end_hold(r0, keys[i]);
+        } else {
+            /* "producer rank|transfer id" */
+            char *bar = strchr(keys[i], '|');
+            if (bar != NULL && pdl__push_producer_gone(r0, bar + 1, atoi(keys[i]), peer, why))
+                ended++;
+        }
+        free(keys[i]);
+    }
+    if (ended == 0)
+        return;
+    if (producer)
         pdl_warn("consumer %s is gone (%s): giving up its %zu held transfers now (blocks freed; a push being "
                  "written, when its write ends)",
-                 consumer, why, freed);
-    free(c.ids);
+                 peer, why, ended);
+    else
+        pdl_warn("producer %s is gone (%s): %zu receives waiting for its write_done failed now", peer, why, ended);
 }
+
+/* Every item of a gone peer. */
+static void all_keys(void *arg, const char *key, void *value)
+{
+    (void)value;
+    push_key(arg, key);
+}
+
+/* ---- the tick ------------------------------------------------------------------------------------ */
 
 typedef struct tick_ctx {
     pdl_rank_t *r;
     uint64_t now_ns, interval_ns, gone_ns;
     char *drop[64]; /* keys to forget after the walk (the map may not change during it) */
     char *gone[64];
-    int ndrop, ngone;
+    char *changed[64]; /* peers whose probe answered (an identity, or a refusal) */
+    uint64_t changed_ident[64];
+    int ndrop, ngone, nchanged;
 } tick_ctx_t;
+
+static void forget_unseen_items(void *arg, const char *key, void *value)
+{
+    verdict_ctx_t *v = arg;
+    item_t *it = value;
+    if (!it->seen)
+        push_key(v, key);
+    it->seen = false;
+}
 
 static void tick_one(void *arg, const char *key, void *value)
 {
@@ -226,10 +417,27 @@ static void tick_one(void *arg, const char *key, void *value)
         return;
     }
     w->seen = false;
-    if (w->fd >= 0) {
+    verdict_ctx_t unseen = {.w = w}; /* items no longer named: their transfer ended */
+    pdl__strmap_foreach(&w->items, forget_unseen_items, &unseen);
+    for (size_t k = 0; k < unseen.n; k++) {
+        free(pdl__strmap_remove(&w->items, unseen.end[k]));
+        free(unseen.end[k]);
+    }
+    free(unseen.end);
+    int refusals_before = w->refusals;
+    uint64_t ident = 0;
+    if (w->zsock != NULL) {
+        zmq_pollitem_t it = {.socket = w->zsock, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 0) > 0 && (it.revents & ZMQ_POLLIN))
+            ident = take_identity(w->zsock);
+        if (ident != 0 || pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
+            zmq_close(w->zsock); /* no metadata in time: this look only proved the port open */
+            w->zsock = NULL;
+        }
+    } else if (w->fd >= 0) {
         struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
         if (poll(&pf, 1, 0) > 0) {
-            finish_probe(w, t->now_ns);
+            finish_probe(t->r->inst, w, t->now_ns);
             w->next_probe_ns = t->now_ns + t->interval_ns;
         } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
             close(w->fd); /* no answer: only the time since the last answer counts */
@@ -241,48 +449,81 @@ static void tick_one(void *arg, const char *key, void *value)
         if (w->fd < 0)
             w->next_probe_ns = t->now_ns + t->interval_ns;
     }
+    if ((ident != 0 || w->refusals > refusals_before) && t->nchanged < 64) {
+        t->changed_ident[t->nchanged] = ident;
+        t->changed[t->nchanged++] = strdup(key);
+    }
     bool gone = w->refusals >= 2 || pdl__clock_since(t->now_ns, w->last_ok_ns) >= t->gone_ns;
     if (gone && t->ngone < 64)
         t->gone[t->ngone++] = strdup(key);
 }
 
-static void close_watched(watched_t *w)
+/* A probe of `peer` answered: apply it to the peer's items; end those of a dead incarnation. */
+static void apply_answer(pdl_rank_t *r0, watched_t *w, const char *peer, uint64_t ident)
 {
-    if (w && w->fd >= 0)
-        close(w->fd);
-    free(w);
+    verdict_ctx_t v = {.w = w, .ident = ident};
+    pdl__strmap_foreach(&w->items, judge_item, &v);
+    if (ident != 0) {
+        PDL_CTR_ADD(r0, watch_identities, 1);
+        w->ident = ident;
+    }
+    for (size_t i = 0; i < v.n; i++)
+        free(pdl__strmap_remove(&w->items, v.end[i]));
+    end_items(r0, peer, v.end, v.n, "another process answers on its handshake port: it was restarted");
+    free(v.end);
+}
+
+static void collect(pdl_rank_t *r, uint64_t now_ns)
+{
+    pdl_instance_t *inst = r->inst;
+    collect_ctx_t cc = {.watch = &r->svc.watch, .now_ns = now_ns};
+    if (inst->cfg.conn.role == PDL_ROLE_PRODUCER) {
+        pthread_mutex_lock(&inst->held_mu);
+        pdl__strmap_foreach(&inst->held, collect_hold, &cc);
+        pthread_mutex_unlock(&inst->held_mu);
+    } else {
+        pdl__push_watch_producers(inst, collect_item, &cc);
+    }
 }
 
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
 {
     pdl_instance_t *inst = r->inst;
-    if (r != pdl__rank_first(inst) || inst->cfg.conn.role != PDL_ROLE_PRODUCER || inst->cfg.conn.consumer_gone_timeout_s <= 0)
+    bool consumer_write = inst->cfg.conn.role == PDL_ROLE_CONSUMER && !inst->cfg.conn.read_mode;
+    if (r != pdl__rank_first(inst) || (inst->cfg.conn.role != PDL_ROLE_PRODUCER && !consumer_write) ||
+        inst->cfg.conn.consumer_gone_timeout_s <= 0)
         return;
     /* Checked every service tick (10-50 ms) while probes are in flight, otherwise every interval/4. */
     if (now_ns < r->svc.next_watch_ns)
         return;
     uint64_t interval = probe_interval_ns(inst);
     r->svc.next_watch_ns = now_ns + interval / 4;
-    collect_ctx_t cc = {.watch = &r->svc.watch, .now_ns = now_ns};
-    pthread_mutex_lock(&inst->held_mu);
-    pdl__strmap_foreach(&inst->held, collect_consumer, &cc);
-    pthread_mutex_unlock(&inst->held_mu);
+    collect(r, now_ns);
     tick_ctx_t t = {.r = r,
                     .now_ns = now_ns,
                     .interval_ns = interval,
                     .gone_ns = (uint64_t)(inst->cfg.conn.consumer_gone_timeout_s * 1e9)};
     pdl__strmap_foreach(&r->svc.watch, tick_one, &t);
+    for (int i = 0; i < t.nchanged; i++) {
+        watched_t *w = t.changed[i] ? pdl__strmap_get(&r->svc.watch, t.changed[i]) : NULL;
+        if (w != NULL)
+            apply_answer(r, w, t.changed[i], t.changed_ident[i]);
+        free(t.changed[i]);
+    }
     for (int i = 0; i < t.ngone; i++) {
-        if (t.gone[i] == NULL)
-            continue;
-        const watched_t *w = pdl__strmap_get(&r->svc.watch, t.gone[i]);
-        char why[96];
-        if (w && w->refusals >= 2)
-            snprintf(why, sizeof(why), "its handshake port refused %d connects in a row", w->refusals);
-        else
-            snprintf(why, sizeof(why), "no answer for %.1f s", inst->cfg.conn.consumer_gone_timeout_s);
-        free_holds_of(r, t.gone[i], why);
-        close_watched(pdl__strmap_remove(&r->svc.watch, t.gone[i]));
+        watched_t *w = t.gone[i] ? pdl__strmap_remove(&r->svc.watch, t.gone[i]) : NULL;
+        if (w != NULL) {
+            char why[96];
+            if (w->refusals >= 2)
+                snprintf(why, sizeof(why), "its handshake port refused %d connects in a row", w->refusals);
+            else
+                snprintf(why, sizeof(why), "no answer for %.1f s", inst->cfg.conn.consumer_gone_timeout_s);
+            verdict_ctx_t v = {.w = w};
+            pdl__strmap_foreach(&w->items, all_keys, &v);
+            end_items(r, t.gone[i], v.end, v.n, why);
+            free(v.end);
+            close_watched(w);
+        }
         free(t.gone[i]);
     }
     for (int i = 0; i < t.ndrop; i++) {
