@@ -5,13 +5,15 @@
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
 #   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
+#   make compare-peers -- build, install NIXL and Mooncake into BUILD/peers-venv (scripts/install-peers),
+#                   then bench/compare-peers.sh (COMPARE_PEERS_FLAGS, e.g. --full); a benchmark, not a test
 BUILD      ?= build
 JOBS       ?= 2
 FUZZ_SECONDS ?= 15
 STRESS_N   ?= 20
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e
+.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e compare-peers
 
 all: build
 
@@ -51,6 +53,10 @@ ci: test asan tsan fuzz
 vllm-e2e: build
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_FLAGS)
+
+compare-peers: build
+	BUILD=$(BUILD) ./scripts/install-peers
+	PEERS_VENV=$(BUILD)/peers-venv ./bench/compare-peers.sh $(COMPARE_PEERS_FLAGS) $(BUILD)/pdlink
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

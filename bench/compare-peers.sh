@@ -1,21 +1,45 @@
 #!/bin/bash
-# compare-peers.sh -- pdlink's engines next to UCX's ucp_get on the same machine, same sizes, same
-# transport class, in one run: shared memory (ucx_perftest with UCX_TLS=posix,cma vs pdlink shm and
-# pdlink ucx on the same UCX_TLS) and TCP over loopback (UCX_TLS=tcp, UCX_NET_DEVICES=lo vs pdlink tcp
-# and pdlink ucx on the same UCX_TLS). One get in flight (ucx_perftest default) is compared with pdlink
-# batch 1; 16 gets in flight (-O 16) with pdlink batch 16. UCX prints MiB/s; every column here is GB/s
-# (10^9 bytes/s). NIXL and Mooncake (PyPI) are not run by this script: the last lines say so.
-# Each row is PAIRS (default 5, at least 5) alternating passes of UCX and pdlink: median of the per-pass
-# ratios, min-max, and "unstable" when they spread too wide (the method of pdlink bench, bench/pairs.h).
+# compare-peers.sh -- pdlink's engines beside the systems users would otherwise pick, on the same machine,
+# same sizes, same transport class, in one run: UCX's ucx_perftest (ucp_get), NIXL (PyPI nixl, UCX
+# backend) and Mooncake Transfer Engine (PyPI mooncake-transfer-engine, TCP transport), all DRAM to DRAM
+# between two processes, READ.
+#   class shm: UCX_TLS=posix,cma for ucx_perftest, NIXL and pdlink ucx, beside pdlink's shm engine;
+#   class tcp: UCX_TLS=tcp, UCX_NET_DEVICES=lo for the same three, beside pdlink's tcp engine.
+# Mooncake runs its TCP transport in both classes. A batch of N descriptors is compared with
+# ucx_perftest -O N (N gets in flight). UCX prints MiB/s; every figure here is GB/s (10^9 bytes/s).
+# Each row is PAIRS (default 5, at least 5) passes; a pass measures every system of the row back to
+# back (UCX, pdlink shm|tcp, pdlink ucx, NIXL, Mooncake), so ratios are taken per pass: median of the
+# per-pass ratios, min-max, "unstable" past a 0.25 spread (the method of pdlink bench, bench/pairs.h).
 #
-# usage: [PAIRS=N] bench/compare-peers.sh [PDLINK_BINARY] [SIZES]     e.g. bench/compare-peers.sh build/pdlink 4K,64K,1M,16M
+# usage: [PAIRS=N] [BATCHES=1,16] [RESULTS=DIR] [PEERS_VENV=DIR] bench/compare-peers.sh [--full] [PDLINK_BINARY] [SIZES]
+#   e.g. bench/compare-peers.sh build/pdlink 4K,64K,1M,16M      (the default grid: these sizes, batches 1,16)
+#   --full: the issue's grid, sizes 4K,16K,64K,256K,1M,4M,16M,64M and batches 1,4,16,64,256,1024 (hours
+#   here: ucp_get over UCX tcp costs ~1 ms per operation; points above 256 MiB per batch are skipped).
+# Writes RESULTS (default build/peers-results/UTC-TIMESTAMP): table.md, table.csv, raw.csv (every pass),
+# peers.png, failures.txt (the command and output of any peer that could not run), and the pdlink bench
+# text of the last pass. NIXL and Mooncake come from the venv scripts/install-peers makes (default
+# build/peers-venv); without it they are marked "not installed" and everything else still runs.
 # Needs ucx_perftest (Debian package ucx-utils, installed by scripts/install-deps); installs it with
 # apt-get when running as root, otherwise says how. Servers are started on a free port of 127.0.0.1 and
 # stopped by their PID.
 set -u
 
-PDLINK=${1:-$(dirname "$0")/../build/pdlink}
-SIZES=${2:-4K,64K,1M,16M}
+here=$(cd "$(dirname "$0")" && pwd)
+FULL=0
+case ${1:-} in
+    --full) FULL=1; shift ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+PDLINK=${1:-$here/../build/pdlink}
+if [ $FULL = 1 ]; then
+    SIZES=${2:-4K,16K,64K,256K,1M,4M,16M,64M}
+    BATCHES=${BATCHES:-1,4,16,64,256,1024}
+else
+    SIZES=${2:-4K,64K,1M,16M}
+    BATCHES=${BATCHES:-1,16}
+fi
+RESULTS=${RESULTS:-$here/../build/peers-results/$(date -u +%Y%m%dT%H%M%SZ)}
+PEERS_VENV=${PEERS_VENV:-$here/../build/peers-venv}
 if [ ! -x "$PDLINK" ]; then
     echo "compare-peers: $PDLINK is not built (pass the pdlink binary as the first argument)" >&2
     exit 2
@@ -31,8 +55,11 @@ if ! command -v ucx_perftest >/dev/null; then
         exit 2
     fi
 fi
-PY=/usr/bin/python3
-[ -x $PY ] || PY=python3
+PAIRS=${PAIRS:-5}
+[ "$PAIRS" -ge 5 ] 2>/dev/null || { echo "compare-peers: PAIRS must be at least 5" >&2; exit 2; }
+mkdir -p "$RESULTS" || exit 2
+RESULTS=$(cd "$RESULTS" && pwd)
+: >"$RESULTS/failures.txt"
 TMP=$(mktemp -d)
 SERVER=
 cleanup() {
@@ -61,8 +88,11 @@ ucx_gbps_once() {
     port=$(free_port)
     iters=$(( 2000000000 / size )); [ $iters -gt 20000 ] && iters=20000; [ $iters -lt 40 ] && iters=40
     if [ "$tls" = tcp ]; then
-        # ucp_get over tcp costs ~1.1 ms per get (machine.md 4d): cap the iterations so a row takes seconds.
-        [ "$out" = 1 ] && [ $iters -gt 2000 ] && iters=2000
+        # ucp_get over tcp costs ~1.1 ms per get (machine.md 4d) and its bandwidth is ~0.1-1 GB/s: cap the
+        # iterations to 300 single gets and 256 MiB so that a row takes seconds.
+        [ "$out" = 1 ] && [ $iters -gt 300 ] && iters=300
+        [ $((iters * size)) -gt 268435456 ] && iters=$((268435456 / size))
+        [ $iters -lt 10 ] && iters=10
     fi
     local envs=(UCX_TLS="$tls")
     [ "$tls" = tcp ] && envs+=(UCX_NET_DEVICES=lo)
@@ -89,90 +119,94 @@ ucx_gbps() {
     echo "$r"
 }
 
-# pdlink_run BACKEND BATCH TLS K -> runs pdlink bench once for all sizes, writes $TMP/pdl.BACKEND.BATCH.K.json;
-# TLS is the UCX_TLS the ucx backend gets (the same one ucx_perftest ran on).
+# pdlink_run CLASS BACKEND BATCH TLS K -> runs pdlink bench once for all sizes, writes
+# $TMP/pdl.CLASS.BACKEND.BATCH.K.json; TLS is the UCX_TLS the ucx backend gets (the same one
+# ucx_perftest ran on).
 pdlink_run() {
-    local backend=$1 batch=$2 tls=$3 k=$4
+    local class=$1 backend=$2 batch=$3 tls=$4 k=$5
     local envs=(UCX_TLS="$tls")
     [ "$tls" = tcp ] && envs+=(UCX_NET_DEVICES=lo)
     env "${envs[@]}" "$PDLINK" bench --backend "$backend" --op read --block-sizes "$SIZES" --batch-sizes "$batch" \
-        --no-hetero --json "$TMP/pdl.$backend.$batch.$k.json" >"$TMP/pdl.$backend.$batch.$k.txt" 2>/dev/null ||
-        echo "compare-peers: pdlink bench --backend $backend failed" >&2
+        --no-hetero --json "$TMP/pdl.$class.$backend.$batch.$k.json" >"$TMP/pdl.$class.$backend.$batch.$k.txt" 2>&1 ||
+        note_failure "pdlink bench --backend $backend (pass $k)" "$TMP/pdl.$class.$backend.$batch.$k.txt" \
+            env "${envs[@]}" "$PDLINK" bench --backend "$backend" --op read --block-sizes "$SIZES" --batch-sizes "$batch" --no-hetero
 }
 
-# Method (the same as pdlink bench's, bench/pairs.h): for each transport class and batch, PAIRS passes
-# alternate UCX (A: one ucx_perftest per size) and pdlink (B: one pdlink bench run over all sizes, each
-# backend); a row's ratio is the median of the per-pass ratios pdlink / UCX with their min-max, the GB/s
-# columns are medians, and a row whose spread ((q3 - q1) / median of the ratios) is above 0.25 prints
-# "unstable" instead of a ratio. The ceiling column is pdlink bench's own median ceiling and its verdict.
-PAIRS=${PAIRS:-5}
-[ "$PAIRS" -ge 5 ] 2>/dev/null || { echo "compare-peers: PAIRS must be at least 5" >&2; exit 2; }
-
-summarize() { # CLASS BACKEND BATCH TLS -> one table row per size
-    $PY - "$TMP" "$1" "$2" "$3" "$4" "$PAIRS" "$SIZES" <<'EOF'
-import json, math, sys
-tmp, cls, backend, batch, tls, pairs, sizes = sys.argv[1:8]
-def to_bytes(s):
-    m = {"K": 1 << 10, "k": 1 << 10, "M": 1 << 20, "m": 1 << 20, "G": 1 << 30, "g": 1 << 30}
-    return int(s[:-1]) * m[s[-1]] if s[-1] in m else int(s)
-def med(v):
-    v = sorted(v); n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-def rank(v, q):  # nearest rank, as bench/pairs.c
-    v = sorted(v); k = math.ceil(q * len(v))
-    return v[min(max(k, 1), len(v)) - 1]
-for s in sizes.split(","):
-    ucx, pdl, ceil, ratios, verdicts = [], [], [], [], set()
-    for k in range(1, int(pairs) + 1):
-        try:
-            u = float(open("%s/ucx.%s.%s.%s.%d" % (tmp, cls, batch, s, k)).read())
-            rows = json.load(open("%s/pdl.%s.%s.%d.json" % (tmp, backend, batch, k)))["rows"]
-            r = [x for x in rows if x["block"] == to_bytes(s)][0]
-        except Exception:
-            continue
-        if u <= 0:
-            continue
-        ucx.append(u); pdl.append(r["gbps"]); ceil.append(r["ceiling_gbps"]); ratios.append(r["gbps"] / u)
-        verdicts.add(r.get("verdict", "?"))
-    label = "%s (%s) x%s" % (backend, tls, batch)
-    if len(ratios) < 5:
-        print("%-26s %6s %9s %11s %13s %6s %11s  too few valid passes (%d of %s)" % (label, s, "n/a", "n/a", "n/a", "n/a",
-              "", len(ratios), pairs))
-        continue
-    m = med(ratios)
-    spread = (rank(ratios, 0.75) - rank(ratios, 0.25)) / m if m > 0 else 0
-    ok = spread <= 0.25
-    print("%-26s %6s %9.2f %11.2f %13.2f %6s %11s  %s; %s" % (label, s, med(ucx), med(pdl), med(ceil),
-          "%.2f" % m if ok else "-", "%.2f-%.2f" % (min(ratios), max(ratios)),
-          "ok" if ok else "unstable (spread %.2f)" % spread, "/".join(sorted(verdicts))))
-EOF
+# note_failure WHAT LOGFILE COMMAND... -> the command and the end of its output into failures.txt and stderr
+note_failure() {
+    local what=$1 log=$2
+    shift 2
+    {
+        echo "== $what failed: $*"
+        tail -n 25 "$log"
+        echo
+    } >>"$RESULTS/failures.txt"
+    echo "compare-peers: $what failed (command and output in $RESULTS/failures.txt)" >&2
 }
 
-echo "pdlink vs UCX ucp_get (UCX $(ucx_info -v 2>/dev/null | sed -n 's/^# Version //p' | head -1)), READ, GB = 10^9 B/s, $(date -u +%FT%TZ)"
-echo "method: $PAIRS alternating passes (UCX, pdlink) per row; x UCX = median of the per-pass ratios [min-max];"
-echo "GB/s = medians; spread = (q3 - q1) / median of the ratios, above 0.25 = unstable"
-printf "%-26s %6s %9s %11s %13s %6s %11s  %s\n" "pdlink backend (UCX_TLS) xN" "size" "UCX GB/s" "pdlink GB/s" \
-    "ceiling GB/s" "x UCX" "min-max" "verdict (x UCX; pdlink bench vs its ceiling)"
+# Peers: usable when the venv's python imports the library; otherwise status.PEER says why (the exact
+# command and its output), the table marks the peer and the run goes on without it.
+PEER_PY=$PEERS_VENV/bin/python
+peer_probe() { # PEER MODULE
+    local peer=$1 mod=$2 out
+    if [ ! -x "$PEER_PY" ]; then
+        echo "not installed: $PEER_PY does not exist (run scripts/install-peers)" >"$TMP/status.$peer"
+        return 1
+    fi
+    if ! out=$("$PEER_PY" -c "import $mod" 2>&1); then
+        printf 'cannot run: `%s -c "import %s"` said: %s\n' "$PEER_PY" "$mod" "$(echo "$out" | tail -n 3 | tr '\n' ' ')" \
+            >"$TMP/status.$peer"
+        echo "== $peer: $PEER_PY -c \"import $mod\"" >>"$RESULTS/failures.txt"
+        echo "$out" >>"$RESULTS/failures.txt"
+        return 1
+    fi
+    echo ok >"$TMP/status.$peer"
+}
+NIXL_OK=0; MOONCAKE_OK=0
+peer_probe nixl nixl_cu12._api && NIXL_OK=1
+peer_probe mooncake mooncake.engine && MOONCAKE_OK=1
+
+# peer_run PEER CLASS BATCH TLS K -> $TMP/PEER.CLASS.BATCH.K.json; a failed pass is recorded and marked.
+peer_run() {
+    local peer=$1 class=$2 batch=$3 tls=$4 k=$5
+    local envs=() log="$TMP/$peer.$class.$batch.$k.txt"
+    if [ "$peer" = nixl ]; then
+        envs=(UCX_TLS="$tls")
+        [ "$tls" = tcp ] && envs+=(UCX_NET_DEVICES=lo)
+    fi
+    local cmd=(env "${envs[@]}" timeout 900 "$PEER_PY" "$here/peers/${peer}_bench.py" --op read --block-sizes "$SIZES"
+        --batch-sizes "$batch")
+    if ! "${cmd[@]}" --json "$TMP/$peer.$class.$batch.$k.json" >"$log" 2>&1; then
+        note_failure "$peer ($class, batch $batch, pass $k)" "$log" "${cmd[@]}"
+        echo "failed in at least one pass (command and output in $RESULTS/failures.txt)" >"$TMP/status.$peer"
+    fi
+}
+
+CLASSES="shm=posix,cma;tcp=tcp"
+echo "pdlink vs ucx_perftest, NIXL, Mooncake TE (UCX $(ucx_info -v 2>/dev/null | sed -n 's/^# Version //p' | head -1)), READ, GB = 10^9 B/s, $(date -u +%FT%TZ)"
+echo "sizes $SIZES, batches $BATCHES, $PAIRS alternating passes per row; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "NIXL: $(cat "$TMP/status.nixl"); Mooncake: $(cat "$TMP/status.mooncake")"
 for class in shm tcp; do
     tls=posix,cma
     [ $class = tcp ] && tls=tcp
-    for batch in 1 16; do
+    for batch in ${BATCHES//,/ }; do
         for k in $(seq 1 "$PAIRS"); do
+            echo "compare-peers: $class batch $batch pass $k/$PAIRS (load $(cut -d' ' -f1 /proc/loadavg))" >&2
             for s in ${SIZES//,/ }; do
-                ucx_gbps $tls "$(to_bytes "$s")" $batch >"$TMP/ucx.$class.$batch.$s.$k"
+                ucx_gbps $tls "$(to_bytes "$s")" "$batch" >"$TMP/ucx.$class.$batch.$s.$k"
             done
             for backend in $class ucx; do
-                pdlink_run $backend $batch $tls "$k"
+                pdlink_run $class $backend "$batch" $tls "$k"
             done
+            [ $NIXL_OK = 1 ] && peer_run nixl $class "$batch" $tls "$k"
+            [ $MOONCAKE_OK = 1 ] && peer_run mooncake $class "$batch" $tls "$k"
         done
-        for backend in $class ucx; do
-            summarize $class $backend $batch $tls
-        done
+        cp "$TMP"/pdl.$class.*."$batch.$PAIRS".txt "$RESULTS/" 2>/dev/null
     done
 done
-echo "x1: one get in flight (ucx_perftest default) vs pdlink batch 1; x16: ucx_perftest -O 16 vs pdlink batch 16."
-echo "ceiling: pdlink bench's same-run ceiling for that row (memcpy for shm and ucx on posix,cma; TCP stream for tcp"
-echo "and ucx on tcp), the median over the passes; after ';' the verdicts pdlink bench gave that row vs its ceiling."
-echo "pdlink ucx runs on the same UCX_TLS as ucx_perftest (the tcp rows add UCX_NET_DEVICES=lo)."
-echo "NIXL (PyPI nixl) and Mooncake Transfer Engine (PyPI mooncake-transfer-engine): not run by this script (not"
-echo "installed in this repository's environment); their columns are absent, not zero."
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+REPORT_PY=python3
+[ -x "$PEER_PY" ] && REPORT_PY=$PEER_PY
+"$REPORT_PY" "$here/peers/report.py" "$TMP" "$RESULTS" "$PAIRS" "$SIZES" "$BATCHES" "$CLASSES"
+echo "x N: N descriptors per pdlink/NIXL/Mooncake batch; ucx_perftest -O N (N gets in flight)."
+echo "results: $RESULTS (table.md, table.csv, raw.csv, peers.png, failures.txt)"
