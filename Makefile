@@ -5,6 +5,7 @@
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
 #   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
+#   make vllm-e2e-short -- the same, short (what CI runs): 1P1D and P1/D2, 3 prompts each
 #   make compare-peers -- build, install NIXL and Mooncake into BUILD/peers-venv (scripts/install-peers),
 #                   then bench/compare-peers.sh (COMPARE_PEERS_FLAGS, e.g. --full); a benchmark, not a test
 BUILD      ?= build
@@ -13,7 +14,7 @@ FUZZ_SECONDS ?= 15
 STRESS_N   ?= 20
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e compare-peers
+.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short compare-peers
 
 all: build
 
@@ -57,6 +58,13 @@ vllm-e2e: build
 compare-peers: build
 	BUILD=$(BUILD) ./scripts/install-peers
 	PEERS_VENV=$(BUILD)/peers-venv ./bench/compare-peers.sh $(COMPARE_PEERS_FLAGS) $(BUILD)/pdlink
+
+# CI's version: the same-TP pair and the head split (each decode rank reads half of every head group).
+# P2/D1 is left to `make vllm-e2e`: a third topology adds about 3 minutes of vLLM startups.
+VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3
+vllm-e2e-short: build
+	BUILD=$(BUILD) ./scripts/install-vllm
+	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

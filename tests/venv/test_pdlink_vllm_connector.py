@@ -8,6 +8,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -478,3 +479,35 @@ def test_empty_steps_pause_only_when_nothing_is_ordered(monkeypatch: Any) -> Non
     monkeypatch.setenv("PDLINK_VLLM_IDLE_STEP_MS", "0")
     PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS).build_connector_meta({})
     assert slept == [0.007]
+
+
+def test_pdlink_threads_start_unpinned_from_an_openmp_bound_worker_thread() -> None:
+    """vLLM's CPU backend pins a worker's main thread to one OpenMP CPU and every thread started from it
+    inherits that: the worker widens the calling thread to its thread_cpus while pdlink may start
+    threads (a pull starts a producer's transfer lane), then puts the binding back."""
+    allowed = os.sched_getaffinity(0)
+    assert len(allowed) >= 2, "this test needs a machine with 2 CPUs or more"
+    pinned = {min(allowed)}
+    seen: Dict[str, Any] = {}
+
+    def worker_thread() -> None:
+        os.sched_setaffinity(0, pinned)              # what libgomp does to vLLM's worker thread
+        w = fake_worker("kv_consumer")
+        w.thread_cpus = set(allowed)
+        real_pull = w.inst.pull
+
+        def pull(params: Dict[str, Any], ids: List[int], rid: Optional[str]) -> FakePull:
+            seen["during_pull"] = os.sched_getaffinity(0)
+            return real_pull(params, ids, rid)
+        w.inst.pull = pull
+        w.inst.pull_outcomes = {"t1": [True]}
+        w.start_load_kv(StepPlan(pulls=[pull_order("r1", "t1", [1])]))
+        seen["after"] = os.sched_getaffinity(0)
+        seen["results"] = w.get_transfer_results(set())
+
+    t = threading.Thread(target=worker_thread)
+    t.start()
+    t.join()
+    assert seen["during_pull"] == allowed
+    assert seen["after"] == pinned
+    assert seen["results"] == (set(), {"r1"}, set())

@@ -21,13 +21,14 @@ variable is set (the e2e script reads them), and ``shutdown`` logs them.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import logging
 import os
 import re
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Set, Tuple
 
 from pdlink.vllm.scheduler import StepPlan
 
@@ -42,6 +43,41 @@ def layer_index(name: str) -> int:
     if m is None:
         raise ValueError(f"PdlinkConnector: KV cache layer name {name!r} has no layer number")
     return int(m.group(1))
+
+
+def thread_cpus() -> Optional[Set[int]]:
+    """The CPUs pdlink's threads may use in a vLLM worker: its parent's (vLLM's engine process, which
+    vLLM does not bind, so what the user's taskset or cgroup allows) when they are more than this
+    thread's, else None (nothing to widen, or no affinity calls on this platform)."""
+    try:
+        mine, parent = os.sched_getaffinity(0), os.sched_getaffinity(os.getppid())
+    except (AttributeError, OSError):
+        return None
+    return set(parent) if parent > mine else None
+
+
+@contextlib.contextmanager
+def threads_unpinned(cpus: Optional[Set[int]]) -> Iterator[None]:
+    """Run the body with this thread's CPU affinity widened to ``cpus`` (None: unchanged), then restore
+    it. A thread starts with the affinity of the thread that creates it, and vLLM's CPU backend pins a
+    worker's main thread -- the one calling the connector -- to its first OpenMP CPU (libgomp's binding
+    under VLLM_CPU_OMP_THREADS_BIND, "auto" by default). pdlink's service, data and transfer threads
+    started from it would all share that CPU with the forward passes and never move to an idle one or
+    to the CPUs vLLM reserves for a KV connector (seen on a 2-vCPU VM: a prefill's data thread pinned
+    so, a 256 KiB read waited 0.4-0.6 s for it)."""
+    if not cpus:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:        # a cpuset that shrank since: keep the binding rather than fail a transfer
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def kv_region(kv_caches: Mapping[str, Any]) -> Tuple[Any, Dict[str, int]]:
@@ -95,6 +131,9 @@ class PdlinkWorker:
             make_instance = pdlink.Instance
         self._make_instance = make_instance
         self.inst: Any = None
+        # Threads pdlink starts (at registration, and a transfer lane at the first pull from a producer)
+        # get these CPUs rather than the calling thread's OpenMP binding (threads_unpinned).
+        self.thread_cpus = thread_cpus()
         self._kv_caches: Optional[Mapping[str, Any]] = None
         self._pulls: Dict[str, Any] = {}                     # request id -> pdlink Pull
         self._pull_started: Dict[str, float] = {}
@@ -131,9 +170,10 @@ class PdlinkWorker:
                                    head_dim=g["head_dim"], block_size=g["block_size"], elem_size=g["elem_size"],
                                    order="hnd", kv_fused=True)
         self._kv_caches = kv_caches          # the buffer borrows their memory
-        self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size, num_blocks=g["num_blocks"],
-                                        dp_rank=self.dp_rank, dp_size=self.dp_size, kv_buffers=[buf],
-                                        local_rank=self.tp_rank, external_blocks=True)
+        with threads_unpinned(self.thread_cpus):
+            self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size,
+                                            num_blocks=g["num_blocks"], dp_rank=self.dp_rank, dp_size=self.dp_size,
+                                            kv_buffers=[buf], local_rank=self.tp_rank, external_blocks=True)
         log.info("pdlink rank %d/%d: %d layers x %d blocks of %d heads x %d tokens x 2x%d (%d bytes/elem), "
                  "one region of %d bytes", self.tp_rank, self.tp_size, g["num_layers"], g["num_blocks"],
                  g["heads"], g["block_size"], g["head_dim"], g["elem_size"], g["layer_len"] * g["num_layers"])
@@ -143,6 +183,10 @@ class PdlinkWorker:
     def start_load_kv(self, plan: Optional[StepPlan]) -> None:
         if not plan:
             return
+        with threads_unpinned(self.thread_cpus if plan.pulls or plan.releases else None):
+            self._start_orders(plan)
+
+    def _start_orders(self, plan: StepPlan) -> None:
         for rel in plan.releases:
             try:
                 self.inst.release(rel.params, None)
