@@ -177,9 +177,7 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
 {
     pdl_instance_t *inst = r0->inst;
     gone_ctx_t c = {.consumer = consumer};
-    pthread_mutex_lock(&inst->held_mu);
-    pdl__strmap_foreach(&inst->held, collect_held_of, &c);
-    pthread_mutex_unlock(&inst->held_mu);
+    pdl__held_foreach(inst, collect_held_of, &c);
     size_t freed = 0;
     for (size_t i = 0; i < c.n; i++) {
         if (!inst->cfg.conn.read_mode) {
@@ -190,13 +188,8 @@ static void free_holds_of(pdl_rank_t *r0, const char *consumer, const char *why)
         freed++;
         /* Counted before its events: whoever sees FREED also sees the count. */
         PDL_CTR_ADD(r0, consumer_gone_freed, 1);
-        PDL_FOR_LOCAL(inst, k) {
-            pdl_rank_t *r = &inst->ranks[k];
-            pthread_mutex_lock(&r->fan.mu);
-            pdl__fanin_cancel(r->fan.fanin, c.ids[i]);
-            pthread_mutex_unlock(&r->fan.mu);
+        PDL_FOR_LOCAL(inst, k)
             pdl__held_rank_resolved(inst, c.ids[i], k, true);
-        }
         free(c.ids[i]);
     }
     /* Only what was given up now: a push given up on an earlier look whose share is still being written
@@ -264,9 +257,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
     uint64_t interval = probe_interval_ns(inst);
     r->svc.next_watch_ns = now_ns + interval / 4;
     collect_ctx_t cc = {.watch = &r->svc.watch, .now_ns = now_ns};
-    pthread_mutex_lock(&inst->held_mu);
-    pdl__strmap_foreach(&inst->held, collect_consumer, &cc);
-    pthread_mutex_unlock(&inst->held_mu);
+    pdl__held_foreach(inst, collect_consumer, &cc);
     tick_ctx_t t = {.r = r,
                     .now_ns = now_ns,
                     .interval_ns = interval,
