@@ -34,6 +34,7 @@ typedef enum fanin_state { ST_OPEN = 0, ST_HELD, ST_REPORTED, ST_EXPIRED, ST_DRO
 
 typedef struct fanin_rank {
     fanin_state_t state;
+    bool resolved; /* by the owner (pdl__fanin_resolve) */
     int count;
     uint64_t deadline_ns;
     uint64_t seen[FANIN_RANK_WORDS]; /* consumer ranks already counted */
@@ -41,7 +42,7 @@ typedef struct fanin_rank {
 
 typedef struct fanin_record {
     void *data;     /* the owner's; NULL once terminal */
-    int unresolved; /* ranks OPEN or HELD */
+    int unresolved; /* ranks the owner has not resolved */
     char *id;       /* behind rank[] (the ring needs the key to remove a terminal record from its map) */
     fanin_rank_t rank[];
 } fanin_record_t;
@@ -198,19 +199,6 @@ static void retire(pdl_fanin_t *f, fanin_record_t *rec)
     f->ring_len++;
 }
 
-/* Rank s of rec leaves OPEN/HELD. With the last one the record leaves `held` (the caller retires it
- * once it no longer needs rec->id) and its data goes back through `out`. */
-static void rank_finish(pdl_fanin_t *f, fanin_record_t *rec, int s, fanin_state_t st, pdl_fanin_outcome_t *out)
-{
-    rec->rank[s].state = st;
-    out->resolved = true;
-    if (--rec->unresolved > 0)
-        return;
-    out->last = true;
-    out->data = rec->data;
-    pdl__strmap_remove(&f->held, rec->id);
-}
-
 static void park_unlink(fanin_park_t *pk, fanin_parked_t *p)
 {
     if (p->prev)
@@ -249,10 +237,9 @@ static bool release_valid(const pdl_fanin_t *f, const pdl_fanin_release_t *rel, 
     return true;
 }
 
-/* Apply a valid release to rank s, which holds rec. A report that is the record's last retires it:
- * rec is gone when this returns PDL_FANIN_REPORTED with out->last. */
+/* Apply a valid release to rank s, which holds rec. */
 static pdl_fanin_result_t apply_to_held(pdl_fanin_t *f, fanin_record_t *rec, int s, int64_t consumer_rank,
-                                        int expected, bool failed, pdl_fanin_outcome_t *out)
+                                        int expected, bool failed)
 {
     fanin_rank_t *fr = &rec->rank[s];
     pdl_fanin_counters_t *c = &f->c[s];
@@ -269,9 +256,7 @@ static pdl_fanin_result_t apply_to_held(pdl_fanin_t *f, fanin_record_t *rec, int
     if (fr->count < expected)
         return PDL_FANIN_COUNTED;
     c->reported++;
-    rank_finish(f, rec, s, ST_REPORTED, out);
-    if (out->last)
-        retire(f, rec);
+    fr->state = ST_REPORTED;
     return PDL_FANIN_REPORTED;
 }
 
@@ -311,12 +296,8 @@ static pdl_fanin_result_t park(pdl_fanin_t *f, int s, const pdl_fanin_release_t 
 }
 
 pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_release_t *rel, uint64_t now_ns,
-                                      pdl_fanin_outcome_t *out, pdl_error_t *err)
+                                      pdl_error_t *err)
 {
-    pdl_fanin_outcome_t ignored;
-    if (out == NULL)
-        out = &ignored;
-    *out = (pdl_fanin_outcome_t){0};
     int s = slot_of(f, rank);
     if (s < 0) {
         pdl_error_set(err, PDL_ERR_INVALID, "release: producer rank %d is not counted here", rank);
@@ -334,7 +315,7 @@ pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_
         rec = pdl__strmap_get(&f->terminal, rel->transfer_id);
     fanin_rank_t *fr = rec ? &rec->rank[s] : NULL;
     if (fr != NULL && fr->state == ST_HELD)
-        return apply_to_held(f, rec, s, rel->consumer_tp_rank, expected, rel->failed, out);
+        return apply_to_held(f, rec, s, rel->consumer_tp_rank, expected, rel->failed);
     if (fr != NULL && finished(fr->state)) {
         if (rel->consumer_tp_rank >= 0 && seen_test(fr->seen, rel->consumer_tp_rank)) {
             f->c[s].duplicate++;
@@ -349,33 +330,31 @@ pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_
 pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data, pdl_error_t *err)
 {
     if (transfer_id == NULL || transfer_id[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_INVALID, "hold: empty transfer id");
+        return pdl_error_set(err, PDL_ERR_INVALID, "empty transfer id");
     if (pdl__strmap_get(&f->held, transfer_id))
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "hold: transfer %s is already held", transfer_id);
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "transfer %s is already held", transfer_id);
     size_t ranks_len = (size_t)f->cfg.ranks * sizeof(fanin_rank_t), idl = strlen(transfer_id);
     fanin_record_t *rec = calloc(1, sizeof(*rec) + ranks_len + idl + 1);
     if (rec == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "hold: out of memory");
+        return pdl_error_set(err, PDL_ERR_NOMEM, "transfer %s: out of memory", transfer_id);
     rec->data = data;
     rec->unresolved = f->cfg.ranks;
     rec->id = (char *)rec->rank + ranks_len;
     memcpy(rec->id, transfer_id, idl + 1);
     if (pdl__strmap_put(&f->held, transfer_id, rec) != 0) {
         free(rec);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "hold: out of memory");
+        return pdl_error_set(err, PDL_ERR_NOMEM, "transfer %s: out of memory", transfer_id);
     }
     /* A re-used id starts a new life: its old terminal record must not make new releases "late". */
     terminal_forget(f, transfer_id);
     return PDL_OK;
 }
 
-pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns,
-                             pdl_fanin_outcome_t *out, pdl_error_t *err)
+pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
+                             pdl_error_t *err)
 {
-    pdl_fanin_outcome_t ignored;
-    if (out == NULL)
-        out = &ignored;
-    *out = (pdl_fanin_outcome_t){0};
+    if (reported_out)
+        *reported_out = false;
     int s = slot_of(f, rank);
     if (s < 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "hold %s: producer rank %d is not counted here",
@@ -393,14 +372,15 @@ pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, 
     /* Apply this rank's parked releases for this id in arrival order. */
     fanin_park_t *pk = &f->park[s];
     fanin_parked_t *p = pk->head;
+    bool reported = false;
     while (p) {
         fanin_parked_t *n = p->next;
         if (strcmp(p->id, transfer_id) == 0) {
             park_unlink(pk, p);
-            if (!out->resolved) {
+            if (!reported) {
                 int expected = 1;
                 pdl_topo_expected_acks(f->cfg.producer_tp, (int)p->consumer_tp_size, &expected, NULL);
-                apply_to_held(f, rec, s, p->consumer_tp_rank, expected, p->failed, out);
+                reported = apply_to_held(f, rec, s, p->consumer_tp_rank, expected, p->failed) == PDL_FANIN_REPORTED;
             } else {
                 /* More parked releases than the fan-in needed: they are late now. */
                 f->c[s].late++;
@@ -409,6 +389,8 @@ pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, 
         }
         p = n;
     }
+    if (reported_out)
+        *reported_out = reported;
     return PDL_OK;
 }
 
@@ -426,37 +408,31 @@ bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, int rank, uin
 }
 
 typedef struct reap_ctx {
+    pdl_fanin_t *f;
     int s;
     uint64_t now_ns;
-    size_t max;
-    fanin_record_t **recs;
-    size_t n, cap;
+    size_t max, n;
+    void (*fn)(void *arg, const char *transfer_id);
+    void *arg;
 } reap_ctx_t;
 
-static void collect_expired(void *arg, const char *key, void *value)
+/* Expiring changes a record, never the map (the record stays until its owner resolves the rank), so it
+ * is done during the walk. */
+static void expire_due(void *arg, const char *key, void *value)
 {
-    (void)key;
     reap_ctx_t *rc = arg;
-    fanin_record_t *rec = value;
-    const fanin_rank_t *fr = &rec->rank[rc->s];
+    fanin_rank_t *fr = &((fanin_record_t *)value)->rank[rc->s];
     if (fr->state != ST_HELD || fr->deadline_ns > rc->now_ns || rc->n == rc->max)
         return;
-    if (rc->n == rc->cap) {
-        size_t nc = rc->cap ? rc->cap * 2 : 16;
-        fanin_record_t **v = realloc(rc->recs, nc * sizeof(*v));
-        if (v == NULL) {
-            rc->max = rc->n; /* out of memory: the rest expire on a later call */
-            return;
-        }
-        rc->recs = v;
-        rc->cap = nc;
-    }
-    rc->recs[rc->n++] = rec;
+    fr->state = ST_EXPIRED;
+    rc->f->c[rc->s].expired++;
+    rc->n++;
+    if (rc->fn)
+        rc->fn(rc->arg, key);
 }
 
 size_t pdl__fanin_reap(pdl_fanin_t *f, int rank, uint64_t now_ns, size_t max,
-                       void (*expired_fn)(void *arg, const char *transfer_id, const pdl_fanin_outcome_t *o),
-                       void *arg)
+                       void (*expired_fn)(void *arg, const char *transfer_id), void *arg)
 {
     int s = slot_of(f, rank);
     if (s < 0)
@@ -468,20 +444,8 @@ size_t pdl__fanin_reap(pdl_fanin_t *f, int rank, uint64_t now_ns, size_t max,
         free(p);
         f->c[s].parked_dropped++;
     }
-    reap_ctx_t rc = {.s = s, .now_ns = now_ns, .max = max};
-    pdl__strmap_foreach(&f->held, collect_expired, &rc);
-    /* Each collected record is resolved once here, and only its own last rank retires it. */
-    for (size_t i = 0; i < rc.n; i++) {
-        fanin_record_t *rec = rc.recs[i];
-        pdl_fanin_outcome_t o = {0};
-        f->c[s].expired++;
-        rank_finish(f, rec, s, ST_EXPIRED, &o);
-        if (expired_fn)
-            expired_fn(arg, rec->id, &o);
-        if (o.last)
-            retire(f, rec);
-    }
-    free(rc.recs);
+    reap_ctx_t rc = {.f = f, .s = s, .now_ns = now_ns, .max = max, .fn = expired_fn, .arg = arg};
+    pdl__strmap_foreach(&f->held, expire_due, &rc);
     return rc.n;
 }
 
@@ -519,11 +483,18 @@ bool pdl__fanin_resolve(pdl_fanin_t *f, const char *transfer_id, int rank, pdl_f
     *out = (pdl_fanin_outcome_t){0};
     int s = slot_of(f, rank);
     fanin_record_t *rec = transfer_id && s >= 0 ? pdl__strmap_get(&f->held, transfer_id) : NULL;
-    if (rec == NULL || (rec->rank[s].state != ST_OPEN && rec->rank[s].state != ST_HELD))
+    if (rec == NULL || rec->rank[s].resolved)
         return false;
-    rank_finish(f, rec, s, ST_DROPPED, out);
-    if (out->last)
-        retire(f, rec);
+    fanin_rank_t *fr = &rec->rank[s];
+    fr->resolved = true;
+    if (!finished(fr->state))
+        fr->state = ST_DROPPED;
+    if (--rec->unresolved > 0)
+        return true;
+    out->last = true;
+    out->data = rec->data;
+    pdl__strmap_remove(&f->held, rec->id);
+    retire(f, rec);
     return true;
 }
 

@@ -3,11 +3,15 @@
  * fan-in and lease state machine of each of the instance's ranks (SPEC §5 steps 4-6).
  *
  * Pure: no sockets, no threads, no clock of its own (every call takes `now_ns`), no logging. The owner
- * (held.c) guards the whole table with one mutex and turns the outcomes into grants revoked, events and
+ * (held.c) guards the whole table with one mutex and turns the results into events, grants revoked and
  * blocks freed; a record carries the owner's `data` (its blocks) and gives it back when it leaves.
  *
- * A record lives while any of its ranks is unresolved. States of one rank of a transfer id, and the
- * function that moves it (ranks are independent: a release, keepalive or reap names one rank):
+ * The fan-in decides, the owner resolves: a rank's fan-in finishing (reported, expired) is a result the
+ * owner reports first and then resolves with pdl__fanin_resolve; the owner may also resolve a rank
+ * whose fan-in never finished (a WRITE push that ended, a consumer that is gone). A record lives until
+ * every rank is resolved, so whoever sees it gone also sees every rank's report made before. States of
+ * one rank of a transfer id, and the function that moves it (a release, keepalive or reap names one
+ * rank; ranks are independent):
  *
  *   (no record) --add--> OPEN            pdl__fanin_add: the transfer is recorded for every rank; a rank
  *                                        not holding yet parks its releases like an unknown id's.
@@ -20,17 +24,16 @@
  *   HELD --release--> HELD | REPORTED    counted; REPORTED once count >= expected(P, consumer_tp_size).
  *   HELD --keepalive--> HELD             deadline = now + defer_timeout (nothing counted).
  *   HELD --reap--> EXPIRED               pdl__fanin_reap: the deadline passed with too few releases.
- *   OPEN/HELD --resolve--> DROPPED       pdl__fanin_resolve: the owner resolved the rank itself (a WRITE
- *                                        push that ended, a consumer that is gone); the rank forgets the
- *                                        id, so its later releases park like an unknown id's.
+ *   OPEN/HELD --resolve--> DROPPED       pdl__fanin_resolve before the fan-in finished; the rank forgets
+ *                                        the id, so its later releases park like an unknown id's.
  *   REPORTED/EXPIRED = finished          the rank's consumer ranks seen stay with the record, so a later
  *                                        release to that rank is a duplicate (that consumer rank already
  *                                        counted) or late (anything else) -- also after the record left:
  *                                        it is remembered (bounded LRU of max_terminal ids) while any
  *                                        rank finished this way.
  *
- * The last rank to leave OPEN/HELD takes the record out of the table: the call that resolved it says so
- * in its pdl_fanin_outcome_t, with the record's data. pdl__fanin_cancel takes a record out at once.
+ * Resolving the last rank takes the record out of the table: pdl_fanin_outcome_t says so, with the
+ * record's data. pdl__fanin_cancel takes a record out at once.
  *
  * Duplicates: a release carrying consumer_tp_rank is counted once per consumer rank (a resend of the
  * same rank's release is a duplicate); releases of distinct ranks all count. A release without
@@ -75,11 +78,10 @@ typedef enum pdl_fanin_result {
     PDL_FANIN_INVALID = 5,   /* consumer_tp_size/rank unusable with this P (or a rank not counted here) */
 } pdl_fanin_result_t;
 
-/* What a call did to the named rank of a record. */
+/* What resolving a rank did to its record. */
 typedef struct pdl_fanin_outcome {
-    bool resolved; /* the rank left OPEN/HELD in this call (reported, expired or resolved) */
-    bool last;     /* ...and it was the record's last: the record left the table */
-    void *data;    /* with last: the data given to pdl__fanin_add, the caller's again */
+    bool last;  /* the rank was the record's last unresolved one: the record left the table */
+    void *data; /* then: the data given to pdl__fanin_add, the caller's again */
 } pdl_fanin_outcome_t;
 
 typedef struct pdl_fanin_counters {
@@ -111,37 +113,37 @@ void pdl__fanin_destroy(pdl_fanin_t *f);
 pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data, pdl_error_t *err);
 
 /*
- * Rank `rank` holds transfer_id from now on. Its parked releases for the id are applied now; `out` says
- * when they completed its fan-in (the caller reports it). Errors: no such record, or the rank is not
- * OPEN -- it holds already or was resolved meanwhile -- (PDL_ERR_BAD_STATE), a rank not counted here
- * (PDL_ERR_INVALID).
+ * Rank `rank` holds transfer_id from now on. Its parked releases for the id are applied now;
+ * *reported_out is set when they completed its fan-in (the caller reports it). Errors: no such record,
+ * or the rank is not OPEN -- it holds already or was resolved meanwhile -- (PDL_ERR_BAD_STATE), a rank
+ * not counted here (PDL_ERR_INVALID).
  */
-pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns,
-                             pdl_fanin_outcome_t *out, pdl_error_t *err);
+pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
+                             pdl_error_t *err);
 
-/* Hand one release to rank `rank`; `out` is resolved exactly when the result is PDL_FANIN_REPORTED.
- * On PDL_FANIN_INVALID `err` says why (names the value). */
+/* Hand one release to rank `rank`. On PDL_FANIN_INVALID `err` says why (names the value). */
 pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_release_t *rel, uint64_t now_ns,
-                                      pdl_fanin_outcome_t *out, pdl_error_t *err);
+                                      pdl_error_t *err);
 
 /* Extend rank `rank`'s lease of transfer_id; false if that rank does not hold it. */
 bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns);
 
 /*
  * Rank `rank`: drop its parked releases older than max_park_age_ns, and expire at most `max` of the
- * transfers it holds whose deadline passed, calling expired_fn for each after the record changed
- * (transfer_id is valid during the call only; expired_fn must not call into the table). Returns the
- * number expired: when it is `max`, more may be due (call again).
+ * transfers it holds whose deadline passed, calling expired_fn for each (transfer_id is valid during the
+ * call only; expired_fn must not call into the table). Returns the number expired: when it is `max`,
+ * more may be due (call again).
  */
 size_t pdl__fanin_reap(pdl_fanin_t *f, int rank, uint64_t now_ns, size_t max,
-                       void (*expired_fn)(void *arg, const char *transfer_id, const pdl_fanin_outcome_t *o),
-                       void *arg);
+                       void (*expired_fn)(void *arg, const char *transfer_id), void *arg);
 
 /* Earliest deadline among rank `rank`'s held transfers and parked releases (UINT64_MAX when none). */
 uint64_t pdl__fanin_next_deadline(const pdl_fanin_t *f, int rank);
 
-/* The owner resolved rank `rank` of transfer_id itself (OPEN/HELD -> DROPPED; nothing is counted).
- * False when there is no record or that rank was resolved already. */
+/* The owner is done with rank `rank` of transfer_id: after reporting its finished fan-in (the state
+ * stays, for late/duplicate releases), or before it finished (OPEN/HELD -> DROPPED; nothing is counted).
+ * `out` says whether that was the record's last rank. False when there is no record or that rank was
+ * resolved already. */
 bool pdl__fanin_resolve(pdl_fanin_t *f, const char *transfer_id, int rank, pdl_fanin_outcome_t *out);
 
 /* Take transfer_id's record out of the table whatever its ranks' states (nothing is remembered);

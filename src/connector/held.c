@@ -132,24 +132,21 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
     }
 }
 
-/* Under held_mu, right after the table resolved `rank` of transfer_id: nobody may read that rank's
- * blocks any more; a record that left with its last rank still counts (freeing) until its blocks are
- * back and FREED is delivered. */
-static void settle_locked(pdl_instance_t *inst, const char *transfer_id, int rank, const pdl_fanin_outcome_t *o)
-{
-    if (!o->resolved)
-        return;
-    revoke(inst, transfer_id, rank);
-    if (o->last)
-        inst->freeing++;
-}
-
-/* After held_mu: the rank's event; with the last rank the blocks go back and FREED follows. */
-static void deliver(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired,
-                    const pdl_fanin_outcome_t *o)
+void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired)
 {
     emit(inst, expired ? PDL_EVENT_RANK_EXPIRED : PDL_EVENT_RANK_REPORTED, transfer_id, rank);
-    pdl_held_t *freed = o->last ? o->data : NULL;
+    pdl_fanin_outcome_t o;
+    pthread_mutex_lock(&inst->held_mu);
+    /* One rank per process (local_rank): the table counts this process's ranks only, so the last of
+     * them frees; the other ranks' processes hold and count their own. */
+    if (pdl__fanin_resolve(inst->held, transfer_id, rank, &o)) {
+        /* This rank's consumers released (or the lease ended): nobody may read its blocks any more. */
+        revoke(inst, transfer_id, rank);
+        if (o.last)
+            inst->freeing++;
+    }
+    pthread_mutex_unlock(&inst->held_mu);
+    pdl_held_t *freed = o.last ? o.data : NULL;
     if (freed == NULL)
         return;
     if (inst->blocks != NULL) { /* external_blocks: the caller frees them on PDL_EVENT_FREED */
@@ -165,28 +162,13 @@ static void deliver(pdl_instance_t *inst, const char *transfer_id, int rank, boo
     free(freed);
 }
 
-void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired)
-{
-    pdl_fanin_outcome_t o;
-    pthread_mutex_lock(&inst->held_mu);
-    /* One rank per process (local_rank): the other ranks' processes hold and count their own. */
-    pdl__fanin_resolve(inst->held, transfer_id, rank, &o);
-    settle_locked(inst, transfer_id, rank, &o);
-    pthread_mutex_unlock(&inst->held_mu);
-    /* The rank's event even when it had resolved already: callers report what happened to them. */
-    deliver(inst, transfer_id, rank, expired, &o);
-}
-
 pdl_fanin_result_t pdl__held_release(pdl_rank_t *r, const pdl_fanin_release_t *rel, pdl_error_t *err)
 {
-    pdl_instance_t *inst = r->inst;
-    pdl_fanin_outcome_t o;
-    pthread_mutex_lock(&inst->held_mu);
-    pdl_fanin_result_t res = pdl__fanin_release(inst->held, r->rank, rel, pdl__clock_now_ns(), &o, err);
-    settle_locked(inst, rel->transfer_id, r->rank, &o);
-    pthread_mutex_unlock(&inst->held_mu);
-    if (o.resolved)
-        deliver(inst, rel->transfer_id, r->rank, false, &o);
+    pthread_mutex_lock(&r->inst->held_mu);
+    pdl_fanin_result_t res = pdl__fanin_release(r->inst->held, r->rank, rel, pdl__clock_now_ns(), err);
+    pthread_mutex_unlock(&r->inst->held_mu);
+    if (res == PDL_FANIN_REPORTED)
+        pdl__held_rank_resolved(r->inst, rel->transfer_id, r->rank, false);
     return res;
 }
 
@@ -198,32 +180,25 @@ bool pdl__held_keepalive(pdl_rank_t *r, const char *transfer_id)
     return ok;
 }
 
-/* Expired transfers are taken out of the table in batches this size, copied here while held_mu is held
- * and delivered after: no allocation, so none can fail between the two. */
+/* Expired transfers are taken from the table in batches this size, their ids copied here under held_mu
+ * and resolved after it: nothing to allocate, so nothing can fail between the two. */
 #define HELD_REAP_BATCH 32
 
 typedef struct reap_batch {
-    pdl_rank_t *r;
     size_t n;
-    struct {
-        char id[PDL_WIRE_ID_MAX + 1];
-        pdl_fanin_outcome_t o;
-    } e[HELD_REAP_BATCH];
+    char ids[HELD_REAP_BATCH][PDL_WIRE_ID_MAX + 1];
 } reap_batch_t;
 
-static void take_expired(void *arg, const char *transfer_id, const pdl_fanin_outcome_t *o)
+static void take_expired(void *arg, const char *transfer_id)
 {
     reap_batch_t *b = arg;
-    settle_locked(b->r->inst, transfer_id, b->r->rank, o);
-    snprintf(b->e[b->n].id, sizeof(b->e[b->n].id), "%s", transfer_id);
-    b->e[b->n].o = *o;
-    b->n++;
+    snprintf(b->ids[b->n++], sizeof(b->ids[0]), "%s", transfer_id);
 }
 
 void pdl__held_reap(pdl_rank_t *r)
 {
     pdl_instance_t *inst = r->inst;
-    reap_batch_t b = {.r = r};
+    reap_batch_t b;
     do {
         b.n = 0;
         pthread_mutex_lock(&inst->held_mu);
@@ -233,9 +208,8 @@ void pdl__held_reap(pdl_rank_t *r)
             uint64_t sup = 0;
             if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
                 pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed%s",
-                         r->rank, b.e[i].id, inst->cfg.conn.defer_timeout_s,
-                         sup ? " (more expiries suppressed)" : "");
-            deliver(inst, b.e[i].id, r->rank, true, &b.e[i].o);
+                         r->rank, b.ids[i], inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
+            pdl__held_rank_resolved(inst, b.ids[i], r->rank, true);
         }
     } while (b.n == HELD_REAP_BATCH);
 }
@@ -313,17 +287,16 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         /* The peer's read request reaches the engine through a socket, which orders nothing for the
          * engine's serving threads; publish the caller's KV writes to them before the params go out. */
         pdl_engine_publish(inst->ranks[i].mem.engine);
-        pdl_fanin_outcome_t o;
+        bool reported = false;
         pdl_error_t e;
         pthread_mutex_lock(&inst->held_mu);
-        pdl_status_t hst = pdl__fanin_hold(inst->held, transfer_id, i, now, &o, &e);
-        settle_locked(inst, transfer_id, i, &o);
+        pdl_status_t hst = pdl__fanin_hold(inst->held, transfer_id, i, now, &reported, &e);
         pthread_mutex_unlock(&inst->held_mu);
         if (hst != PDL_OK) /* the rank was resolved meanwhile (its consumer is gone): nothing to hold */
             pdl_debug("rank %d: %s", i, e.msg);
-        if (o.resolved) {
+        if (reported) {
             pdl_debug("rank %d: transfer %s completed by parked releases at hold", i, transfer_id);
-            deliver(inst, transfer_id, i, false, &o);
+            pdl__held_rank_resolved(inst, transfer_id, i, false);
         }
     }
     return PDL_OK;

@@ -18,8 +18,8 @@
  *   no answer within the interval      -> counts by time only: gone when nothing answered for
  *                                         consumer_gone_timeout (host down, network cut)
  *
- * READ: a gone consumer's holds are cancelled in every rank's fan-in and resolved as expired on every
- * rank (events RANK_EXPIRED, then FREED). Releases that still come later are parked and dropped like any
+ * READ: a gone consumer's holds are resolved as expired on every rank, which ends each rank's fan-in
+ * of them (events RANK_EXPIRED, then FREED). Releases that still come later are parked and dropped like any
  * unknown release. WRITE: each push to it is given up (pdl__push_consumer_gone): ranks still waiting for
  * remote_blocks resolve as expired at once, shares queued on a writer lane fail without writing, and a
  * share being written fails by itself against the dead peer and resolves its rank (FREED with the
