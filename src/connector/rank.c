@@ -8,8 +8,8 @@
  * (pdl_instance_config_t.kv_regions), which it neither clears nor frees. The handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
  *
- * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue, fan-in
- * lock), so instance destroy can tear every rank down the same way; pdl__rank_open then makes the
+ * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue), so
+ * instance destroy can tear every rank down the same way; pdl__rank_open then makes the
  * engine and the memory. instance.c binds the rank's ROUTERs (service.c) between the two.
  *
  * Ports: the rank's handshake and notify ROUTERs are bound FIRST (by instance.c, between
