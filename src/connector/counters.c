@@ -83,9 +83,9 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
     *out = r->ctr.v;
     pthread_mutex_unlock(&r->ctr.mu);
     pdl_fanin_counters_t fc;
-    pthread_mutex_lock(&r->fan.mu);
-    pdl__fanin_get_counters(r->fan.fanin, &fc);
-    pthread_mutex_unlock(&r->fan.mu);
+    pthread_mutex_lock(&inst->held_mu);
+    pdl__fanin_get_counters(inst->held, tp_rank, &fc);
+    pthread_mutex_unlock(&inst->held_mu);
     out->transfers += fc.reported;
     out->releases_received = fc.received;
     out->releases_duplicate = fc.duplicate;

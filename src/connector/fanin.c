@@ -1,10 +1,24 @@
 /*
- * fanin.c -- release fan-in and lease state machine of one producer rank (states in fanin.h).
+ * fanin.c -- the held-transfer table of one producer instance: a record per transfer id holding each
+ * rank's release fan-in and lease (states in fanin.h).
  *
- * Storage: held transfers and terminal (finished) ids in hash maps keyed by transfer id, the terminal
- * ids also in a FIFO ring so the oldest is forgotten first (upstream keeps the same kind of LRU of
- * 4096 terminal ids, reference §3.3). Parked releases are a FIFO list in arrival order: expiry and
- * eviction take from the head, a hold scans for its id (the list is bounded, default 1024).
+ * Why one record with per-rank state in it, rather than a record in the instance plus a fan-in map per
+ * rank: every rank of an instance holds the same transfers (a hold or a push names them all), so N
+ * per-rank maps keyed by the same id were N copies of one key kept in step by hand -- a consumer that
+ * went away had to be cancelled in every rank's map, and the instance counted "ranks resolved" beside
+ * the fan-ins that resolved them. Here the record is the only place a held id lives: the owner's data
+ * (its blocks), how many ranks are unresolved, and per rank the lease, the release count and the
+ * consumer ranks seen. The other way round -- the owner's record embedding the fan-in state -- would
+ * have left the releases of ids that are not held (parked, and late ones after the record left) with
+ * no home but a second table.
+ *
+ * Storage: records, and terminal records (gone, with a rank finished through the fan-in), in hash maps
+ * keyed by id (strmap.h: ids come from the network, so the hash is keyed). A record is one allocation:
+ * the per-rank array (cfg.ranks entries) with the id behind it; when it becomes terminal it is kept as
+ * it is, also in a FIFO ring so the oldest is forgotten first (upstream keeps the same kind of LRU of
+ * 4096 terminal ids, reference §3.3). Parked releases are a FIFO list per rank in arrival order: expiry
+ * and eviction take from the head, a hold scans its rank's list for its id (bounded, default 1024), and
+ * a flood aimed at one rank cannot push out another rank's.
  */
 #include "connector/fanin.h"
 
@@ -16,16 +30,22 @@
 
 #define FANIN_RANK_WORDS (PDL_TOPO_MAX_TP / 64)
 
-typedef struct fanin_held {
-    uint64_t deadline_ns;
-    int count;
-    uint64_t seen[FANIN_RANK_WORDS]; /* consumer ranks already counted */
-} fanin_held_t;
+typedef enum fanin_state { ST_OPEN = 0, ST_HELD, ST_REPORTED, ST_EXPIRED, ST_DROPPED } fanin_state_t;
 
-typedef struct fanin_terminal {
-    uint64_t seen[FANIN_RANK_WORDS];
-    char *id; /* owned copy (the ring needs the key to remove it from the map) */
-} fanin_terminal_t;
+typedef struct fanin_rank {
+    fanin_state_t state;
+    bool resolved; /* by the owner (pdl__fanin_resolve) */
+    int count;
+    uint64_t deadline_ns;
+    uint64_t seen[FANIN_RANK_WORDS]; /* consumer ranks already counted */
+} fanin_rank_t;
+
+typedef struct fanin_record {
+    void *data;     /* the owner's; NULL once terminal */
+    int unresolved; /* ranks the owner has not resolved */
+    char *id;       /* behind rank[] (the ring needs the key to remove a terminal record from its map) */
+    fanin_rank_t rank[];
+} fanin_record_t;
 
 typedef struct fanin_parked {
     struct fanin_parked *prev, *next;
@@ -35,15 +55,19 @@ typedef struct fanin_parked {
     char id[];
 } fanin_parked_t;
 
+typedef struct fanin_park {
+    fanin_parked_t *head, *tail;
+    size_t len;
+} fanin_park_t;
+
 struct pdl_fanin {
     pdl_fanin_config_t cfg;
-    pdl_strmap_t held;     /* id → fanin_held_t* */
-    pdl_strmap_t terminal; /* id → fanin_terminal_t* */
-    fanin_terminal_t **ring;
+    pdl_strmap_t held;     /* id → fanin_record_t*: every record with a rank unresolved */
+    pdl_strmap_t terminal; /* id → fanin_record_t*: gone, remembered for late/duplicate */
+    fanin_record_t **ring;
     size_t ring_head, ring_len;
-    fanin_parked_t *park_head, *park_tail;
-    size_t park_len;
-    pdl_fanin_counters_t c;
+    fanin_park_t *park;     /* per rank */
+    pdl_fanin_counters_t *c; /* per rank */
 };
 
 const char *pdl__fanin_result_name(pdl_fanin_result_t r)
@@ -64,6 +88,9 @@ pdl_status_t pdl__fanin_create(const pdl_fanin_config_t *cfg, pdl_fanin_t **out,
     if (cfg == NULL || out == NULL || cfg->producer_tp <= 0 || cfg->producer_tp > PDL_TOPO_MAX_TP)
         return pdl_error_set(err, PDL_ERR_INVALID, "fan-in: producer TP %d outside [1, %d]",
                              cfg ? cfg->producer_tp : 0, PDL_TOPO_MAX_TP);
+    if (cfg->first_rank < 0 || cfg->ranks < 1 || cfg->ranks > cfg->producer_tp - cfg->first_rank)
+        return pdl_error_set(err, PDL_ERR_INVALID, "fan-in: ranks [%d, %d + %d) outside producer TP %d",
+                             cfg->first_rank, cfg->first_rank, cfg->ranks, cfg->producer_tp);
     pdl_fanin_t *f = calloc(1, sizeof(*f));
     if (f == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "fan-in: out of memory");
@@ -75,15 +102,17 @@ pdl_status_t pdl__fanin_create(const pdl_fanin_config_t *cfg, pdl_fanin_t **out,
     if (f->cfg.max_terminal == 0)
         f->cfg.max_terminal = 4096;
     f->ring = calloc(f->cfg.max_terminal, sizeof(*f->ring));
-    if (f->ring == NULL) {
-        free(f);
+    f->park = calloc((size_t)cfg->ranks, sizeof(*f->park));
+    f->c = calloc((size_t)cfg->ranks, sizeof(*f->c));
+    if (f->ring == NULL || f->park == NULL || f->c == NULL) {
+        pdl__fanin_destroy(f);
         return pdl_error_set(err, PDL_ERR_NOMEM, "fan-in: out of memory");
     }
     *out = f;
     return PDL_OK;
 }
 
-static void free_held_value(void *arg, const char *key, void *value)
+static void free_record_value(void *arg, const char *key, void *value)
 {
     (void)arg;
     (void)key;
@@ -94,35 +123,40 @@ void pdl__fanin_destroy(pdl_fanin_t *f)
 {
     if (f == NULL)
         return;
-    pdl__strmap_foreach(&f->held, free_held_value, NULL);
+    pdl__strmap_foreach(&f->held, free_record_value, NULL);
     pdl__strmap_free(&f->held);
-    for (size_t i = 0; i < f->ring_len; i++) {
-        fanin_terminal_t *t = f->ring[(f->ring_head + i) % f->cfg.max_terminal];
-        if (t) {
-            free(t->id);
-            free(t);
-        }
-    }
+    for (size_t i = 0; f->ring != NULL && i < f->ring_len; i++)
+        free(f->ring[(f->ring_head + i) % f->cfg.max_terminal]);
     pdl__strmap_free(&f->terminal);
     free(f->ring);
-    fanin_parked_t *p = f->park_head;
-    while (p) {
-        fanin_parked_t *n = p->next;
-        free(p);
-        p = n;
+    for (int s = 0; f->park != NULL && s < f->cfg.ranks; s++) {
+        fanin_parked_t *p = f->park[s].head;
+        while (p) {
+            fanin_parked_t *n = p->next;
+            free(p);
+            p = n;
+        }
     }
+    free(f->park);
+    free(f->c);
     free(f);
 }
 
-void pdl__fanin_set_defer_timeout(pdl_fanin_t *f, uint64_t defer_timeout_ns) { f->cfg.defer_timeout_ns = defer_timeout_ns; }
+/* The index of producer rank `rank` in the per-rank arrays; -1 when it is not counted here. */
+static int slot_of(const pdl_fanin_t *f, int rank)
+{
+    int s = rank - f->cfg.first_rank;
+    return s >= 0 && s < f->cfg.ranks ? s : -1;
+}
 
 static bool seen_test(const uint64_t *seen, int64_t rank) { return (seen[rank / 64] >> (rank % 64)) & 1u; }
 static void seen_set(uint64_t *seen, int64_t rank) { seen[rank / 64] |= 1ull << (rank % 64); }
+static bool finished(fanin_state_t st) { return st == ST_REPORTED || st == ST_EXPIRED; }
 
-/* Forget the oldest terminal id. */
+/* Forget the oldest terminal record. */
 static void terminal_evict_oldest(pdl_fanin_t *f)
 {
-    fanin_terminal_t *t = f->ring[f->ring_head];
+    fanin_record_t *t = f->ring[f->ring_head];
     f->ring[f->ring_head] = NULL;
     f->ring_head = (f->ring_head + 1) % f->cfg.max_terminal;
     f->ring_len--;
@@ -130,45 +164,52 @@ static void terminal_evict_oldest(pdl_fanin_t *f)
         return;
     if (pdl__strmap_get(&f->terminal, t->id) == t)
         pdl__strmap_remove(&f->terminal, t->id);
-    free(t->id);
     free(t);
 }
 
-/* Move an id into the terminal set with the ranks that were counted. Best effort under OOM. */
-static void terminal_add(pdl_fanin_t *f, const char *id, const uint64_t *seen)
+/* Forget id's terminal record now (the id is recorded again); its ring slot stays until it is the oldest. */
+static void terminal_forget(pdl_fanin_t *f, const char *id)
 {
-    fanin_terminal_t *old = pdl__strmap_get(&f->terminal, id);
-    if (old) { /* re-held and finished again: refresh the ranks in place */
-        memcpy(old->seen, seen, sizeof(old->seen));
+    fanin_record_t *t = pdl__strmap_remove(&f->terminal, id);
+    if (t == NULL)
+        return;
+    for (size_t i = 0; i < f->ring_len; i++) {
+        size_t k = (f->ring_head + i) % f->cfg.max_terminal;
+        if (f->ring[k] == t)
+            f->ring[k] = NULL;
+    }
+    free(t);
+}
+
+/* A record that left `held`: remembered while a rank finished it through the fan-in (its later
+ * releases are late or duplicate), else freed. Best effort under OOM. */
+static void retire(pdl_fanin_t *f, fanin_record_t *rec)
+{
+    bool keep = false;
+    for (int s = 0; s < f->cfg.ranks; s++)
+        keep = keep || finished(rec->rank[s].state);
+    rec->data = NULL;
+    if (!keep || pdl__strmap_put(&f->terminal, rec->id, rec) != 0) {
+        free(rec);
         return;
     }
     if (f->ring_len == f->cfg.max_terminal)
         terminal_evict_oldest(f);
-    fanin_terminal_t *t = calloc(1, sizeof(*t));
-    if (t == NULL)
-        return;
-    t->id = strdup(id);
-    if (t->id == NULL || pdl__strmap_put(&f->terminal, id, t) != 0) {
-        free(t->id);
-        free(t);
-        return;
-    }
-    memcpy(t->seen, seen, sizeof(t->seen));
-    f->ring[(f->ring_head + f->ring_len) % f->cfg.max_terminal] = t;
+    f->ring[(f->ring_head + f->ring_len) % f->cfg.max_terminal] = rec;
     f->ring_len++;
 }
 
-static void park_unlink(pdl_fanin_t *f, fanin_parked_t *p)
+static void park_unlink(fanin_park_t *pk, fanin_parked_t *p)
 {
     if (p->prev)
         p->prev->next = p->next;
     else
-        f->park_head = p->next;
+        pk->head = p->next;
     if (p->next)
         p->next->prev = p->prev;
     else
-        f->park_tail = p->prev;
-    f->park_len--;
+        pk->tail = p->prev;
+    pk->len--;
 }
 
 /* Validate consumer_tp_size/rank against P; fills *expected. */
@@ -196,129 +237,153 @@ static bool release_valid(const pdl_fanin_t *f, const pdl_fanin_release_t *rel, 
     return true;
 }
 
-/* Apply a valid release to a held entry. */
-static pdl_fanin_result_t apply_to_held(pdl_fanin_t *f, const char *id, fanin_held_t *h, int64_t rank, int expected,
-                                        bool failed)
+/* Apply a valid release to rank s, which holds rec. */
+static pdl_fanin_result_t apply_to_held(pdl_fanin_t *f, fanin_record_t *rec, int s, int64_t consumer_rank,
+                                        int expected, bool failed)
 {
-    if (rank >= 0 && seen_test(h->seen, rank)) {
-        f->c.duplicate++;
+    fanin_rank_t *fr = &rec->rank[s];
+    pdl_fanin_counters_t *c = &f->c[s];
+    if (consumer_rank >= 0 && seen_test(fr->seen, consumer_rank)) {
+        c->duplicate++;
         return PDL_FANIN_DUPLICATE;
     }
-    if (rank >= 0)
-        seen_set(h->seen, rank);
-    h->count++;
-    f->c.counted++;
+    if (consumer_rank >= 0)
+        seen_set(fr->seen, consumer_rank);
+    fr->count++;
+    c->counted++;
     if (failed)
-        f->c.failed_status++;
-    if (h->count < expected)
+        c->failed_status++;
+    if (fr->count < expected)
         return PDL_FANIN_COUNTED;
-    f->c.reported++;
-    uint64_t seen[FANIN_RANK_WORDS];
-    memcpy(seen, h->seen, sizeof(seen));
-    pdl__strmap_remove(&f->held, id);
-    free(h);
-    terminal_add(f, id, seen);
+    c->reported++;
+    fr->state = ST_REPORTED;
     return PDL_FANIN_REPORTED;
 }
 
-pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, const pdl_fanin_release_t *rel, uint64_t now_ns,
-                                      pdl_error_t *err)
+/* Early release: park it on rank s. When the park is full the oldest goes, so a flood of releases for
+ * ids that never get held costs bounded memory (upstream's buffer was unbounded, reference §8.5 #50674). */
+static pdl_fanin_result_t park(pdl_fanin_t *f, int s, const pdl_fanin_release_t *rel, uint64_t now_ns)
 {
-    int expected = 1;
-    if (!release_valid(f, rel, &expected, err)) {
-        f->c.invalid++;
-        return PDL_FANIN_INVALID;
-    }
-    f->c.received++;
-    const char *id = rel->transfer_id;
-    fanin_held_t *h = pdl__strmap_get(&f->held, id);
-    if (h)
-        return apply_to_held(f, id, h, rel->consumer_tp_rank, expected, rel->failed);
-    fanin_terminal_t *t = pdl__strmap_get(&f->terminal, id);
-    if (t) {
-        if (rel->consumer_tp_rank >= 0 && seen_test(t->seen, rel->consumer_tp_rank)) {
-            f->c.duplicate++;
-            return PDL_FANIN_DUPLICATE;
-        }
-        f->c.late++;
-        return PDL_FANIN_LATE;
-    }
-    /* Early release: park it. When the park is full the oldest goes, so a flood of releases for ids
-     * that never get held costs bounded memory (upstream's buffer was unbounded, reference §8.5 #50674). */
-    size_t idl = strlen(id);
+    fanin_park_t *pk = &f->park[s];
+    pdl_fanin_counters_t *c = &f->c[s];
+    size_t idl = strlen(rel->transfer_id);
     fanin_parked_t *p = malloc(sizeof(*p) + idl + 1);
+    c->parked++;
     if (p == NULL) {
-        f->c.parked_dropped++;
-        f->c.parked++;
+        c->parked_dropped++;
         return PDL_FANIN_PARKED;
     }
-    if (f->park_len >= f->cfg.max_parked) {
-        fanin_parked_t *old = f->park_head;
-        park_unlink(f, old);
+    if (pk->len >= f->cfg.max_parked) {
+        fanin_parked_t *old = pk->head;
+        park_unlink(pk, old);
         free(old);
-        f->c.parked_dropped++;
+        c->parked_dropped++;
     }
     p->arrival_ns = now_ns;
     p->consumer_tp_size = rel->consumer_tp_size;
     p->consumer_tp_rank = rel->consumer_tp_rank;
     p->failed = rel->failed;
-    memcpy(p->id, id, idl + 1);
+    memcpy(p->id, rel->transfer_id, idl + 1);
     p->next = NULL;
-    p->prev = f->park_tail;
-    if (f->park_tail)
-        f->park_tail->next = p;
+    p->prev = pk->tail;
+    if (pk->tail)
+        pk->tail->next = p;
     else
-        f->park_head = p;
-    f->park_tail = p;
-    f->park_len++;
-    f->c.parked++;
+        pk->head = p;
+    pk->tail = p;
+    pk->len++;
     return PDL_FANIN_PARKED;
 }
 
-pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, uint64_t now_ns, bool *reported_out,
+pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_release_t *rel, uint64_t now_ns,
+                                      pdl_error_t *err)
+{
+    int s = slot_of(f, rank);
+    if (s < 0) {
+        pdl_error_set(err, PDL_ERR_INVALID, "release: producer rank %d is not counted here", rank);
+        return PDL_FANIN_INVALID;
+    }
+    int expected = 1;
+    if (!release_valid(f, rel, &expected, err)) {
+        f->c[s].invalid++;
+        return PDL_FANIN_INVALID;
+    }
+    f->c[s].received++;
+    /* An id is in one map at most: recorded (some rank unresolved) or terminal. */
+    fanin_record_t *rec = pdl__strmap_get(&f->held, rel->transfer_id);
+    if (rec == NULL)
+        rec = pdl__strmap_get(&f->terminal, rel->transfer_id);
+    fanin_rank_t *fr = rec ? &rec->rank[s] : NULL;
+    if (fr != NULL && fr->state == ST_HELD)
+        return apply_to_held(f, rec, s, rel->consumer_tp_rank, expected, rel->failed);
+    if (fr != NULL && finished(fr->state)) {
+        if (rel->consumer_tp_rank >= 0 && seen_test(fr->seen, rel->consumer_tp_rank)) {
+            f->c[s].duplicate++;
+            return PDL_FANIN_DUPLICATE;
+        }
+        f->c[s].late++;
+        return PDL_FANIN_LATE;
+    }
+    return park(f, s, rel, now_ns); /* unknown to this rank: not recorded, OPEN, or DROPPED */
+}
+
+pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data, pdl_error_t *err)
+{
+    if (transfer_id == NULL || transfer_id[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "empty transfer id");
+    if (pdl__strmap_get(&f->held, transfer_id))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "transfer %s is already held", transfer_id);
+    size_t ranks_len = (size_t)f->cfg.ranks * sizeof(fanin_rank_t), idl = strlen(transfer_id);
+    fanin_record_t *rec = calloc(1, sizeof(*rec) + ranks_len + idl + 1);
+    if (rec == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "transfer %s: out of memory", transfer_id);
+    rec->data = data;
+    rec->unresolved = f->cfg.ranks;
+    rec->id = (char *)rec->rank + ranks_len;
+    memcpy(rec->id, transfer_id, idl + 1);
+    if (pdl__strmap_put(&f->held, transfer_id, rec) != 0) {
+        free(rec);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "transfer %s: out of memory", transfer_id);
+    }
+    /* A re-used id starts a new life: its old terminal record must not make new releases "late". */
+    terminal_forget(f, transfer_id);
+    return PDL_OK;
+}
+
+pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
                              pdl_error_t *err)
 {
     if (reported_out)
         *reported_out = false;
-    if (transfer_id == NULL || transfer_id[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_INVALID, "hold: empty transfer id");
-    if (pdl__strmap_get(&f->held, transfer_id))
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "hold: transfer %s is already held", transfer_id);
-    fanin_held_t *h = calloc(1, sizeof(*h));
-    if (h == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "hold: out of memory");
-    h->deadline_ns = now_ns + f->cfg.defer_timeout_ns;
-    if (pdl__strmap_put(&f->held, transfer_id, h) != 0) {
-        free(h);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "hold: out of memory");
-    }
-    /* A re-used id starts a new life: its old terminal record must not make new releases "late". */
-    fanin_terminal_t *t = pdl__strmap_remove(&f->terminal, transfer_id);
-    if (t) {
-        for (size_t i = 0; i < f->ring_len; i++) {
-            size_t k = (f->ring_head + i) % f->cfg.max_terminal;
-            if (f->ring[k] == t)
-                f->ring[k] = NULL; /* slot stays until it is the oldest */
-        }
-        free(t->id);
-        free(t);
-    }
-    /* Apply parked releases for this id in arrival order. */
-    fanin_parked_t *p = f->park_head;
+    int s = slot_of(f, rank);
+    if (s < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "hold %s: producer rank %d is not counted here",
+                             transfer_id ? transfer_id : "", rank);
+    fanin_record_t *rec = transfer_id ? pdl__strmap_get(&f->held, transfer_id) : NULL;
+    if (rec == NULL)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "hold: transfer %s is not recorded (or resolved already)",
+                             transfer_id ? transfer_id : "");
+    fanin_rank_t *fr = &rec->rank[s];
+    if (fr->state != ST_OPEN)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "hold: rank %d already held (or resolved) transfer %s", rank,
+                             transfer_id);
+    fr->state = ST_HELD;
+    fr->deadline_ns = now_ns + f->cfg.defer_timeout_ns;
+    /* Apply this rank's parked releases for this id in arrival order. */
+    fanin_park_t *pk = &f->park[s];
+    fanin_parked_t *p = pk->head;
     bool reported = false;
     while (p) {
         fanin_parked_t *n = p->next;
         if (strcmp(p->id, transfer_id) == 0) {
-            park_unlink(f, p);
+            park_unlink(pk, p);
             if (!reported) {
                 int expected = 1;
                 pdl_topo_expected_acks(f->cfg.producer_tp, (int)p->consumer_tp_size, &expected, NULL);
-                h = pdl__strmap_get(&f->held, transfer_id);
-                if (apply_to_held(f, transfer_id, h, p->consumer_tp_rank, expected, p->failed) == PDL_FANIN_REPORTED)
-                    reported = true;
+                reported = apply_to_held(f, rec, s, p->consumer_tp_rank, expected, p->failed) == PDL_FANIN_REPORTED;
             } else {
                 /* More parked releases than the fan-in needed: they are late now. */
-                f->c.late++;
+                f->c[s].late++;
             }
             free(p);
         }
@@ -329,112 +394,174 @@ pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, uint64_t n
     return PDL_OK;
 }
 
-bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, uint64_t now_ns)
+bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns)
 {
-    fanin_held_t *h = transfer_id ? pdl__strmap_get(&f->held, transfer_id) : NULL;
-    if (h == NULL)
+    int s = slot_of(f, rank);
+    fanin_record_t *rec = transfer_id && s >= 0 ? pdl__strmap_get(&f->held, transfer_id) : NULL;
+    if (rec == NULL || rec->rank[s].state != ST_HELD)
         return false;
     uint64_t d = now_ns + f->cfg.defer_timeout_ns;
-    if (d > h->deadline_ns)
-        h->deadline_ns = d;
-    f->c.keepalives++;
+    if (d > rec->rank[s].deadline_ns)
+        rec->rank[s].deadline_ns = d;
+    f->c[s].keepalives++;
     return true;
 }
 
 typedef struct reap_ctx {
+    pdl_fanin_t *f;
+    int s;
     uint64_t now_ns;
-    char **ids;
-    size_t n, cap;
-    bool oom;
+    size_t max, n;
+    void (*fn)(void *arg, const char *transfer_id);
+    void *arg;
 } reap_ctx_t;
 
-static void collect_expired(void *arg, const char *key, void *value)
+/* Expiring changes a record, never the map (the record stays until its owner resolves the rank), so it
+ * is done during the walk. */
+static void expire_due(void *arg, const char *key, void *value)
 {
     reap_ctx_t *rc = arg;
-    fanin_held_t *h = value;
-    if (h->deadline_ns > rc->now_ns || rc->oom)
+    fanin_rank_t *fr = &((fanin_record_t *)value)->rank[rc->s];
+    if (fr->state != ST_HELD || fr->deadline_ns > rc->now_ns || rc->n == rc->max)
         return;
-    if (rc->n == rc->cap) {
-        size_t nc = rc->cap ? rc->cap * 2 : 16;
-        char **v = realloc(rc->ids, nc * sizeof(*v));
-        if (v == NULL) {
-            rc->oom = true;
-            return;
-        }
-        rc->ids = v;
-        rc->cap = nc;
-    }
-    rc->ids[rc->n] = strdup(key);
-    if (rc->ids[rc->n] == NULL) {
-        rc->oom = true;
-        return;
-    }
+    fr->state = ST_EXPIRED;
+    rc->f->c[rc->s].expired++;
     rc->n++;
+    if (rc->fn)
+        rc->fn(rc->arg, key);
 }
 
-size_t pdl__fanin_reap(pdl_fanin_t *f, uint64_t now_ns, void (*expired_fn)(void *arg, const char *transfer_id),
-                       void *arg)
+size_t pdl__fanin_reap(pdl_fanin_t *f, int rank, uint64_t now_ns, size_t max,
+                       void (*expired_fn)(void *arg, const char *transfer_id), void *arg)
 {
-    while (f->park_head && f->park_head->arrival_ns + f->cfg.max_park_age_ns <= now_ns) {
-        fanin_parked_t *p = f->park_head;
-        park_unlink(f, p);
+    int s = slot_of(f, rank);
+    if (s < 0)
+        return 0;
+    fanin_park_t *pk = &f->park[s];
+    while (pk->head && pk->head->arrival_ns + f->cfg.max_park_age_ns <= now_ns) {
+        fanin_parked_t *p = pk->head;
+        park_unlink(pk, p);
         free(p);
-        f->c.parked_dropped++;
+        f->c[s].parked_dropped++;
     }
-    reap_ctx_t rc = {.now_ns = now_ns};
-    pdl__strmap_foreach(&f->held, collect_expired, &rc);
-    for (size_t i = 0; i < rc.n; i++) {
-        fanin_held_t *h = pdl__strmap_remove(&f->held, rc.ids[i]);
-        if (h) {
-            terminal_add(f, rc.ids[i], h->seen);
-            free(h);
-            f->c.expired++;
-            if (expired_fn)
-                expired_fn(arg, rc.ids[i]);
-        }
-        free(rc.ids[i]);
-    }
-    free(rc.ids);
+    reap_ctx_t rc = {.f = f, .s = s, .now_ns = now_ns, .max = max, .fn = expired_fn, .arg = arg};
+    pdl__strmap_foreach(&f->held, expire_due, &rc);
     return rc.n;
 }
+
+typedef struct deadline_ctx {
+    int s;
+    uint64_t min;
+} deadline_ctx_t;
 
 static void min_deadline(void *arg, const char *key, void *value)
 {
     (void)key;
-    uint64_t *m = arg;
-    fanin_held_t *h = value;
-    if (h->deadline_ns < *m)
-        *m = h->deadline_ns;
+    deadline_ctx_t *dc = arg;
+    const fanin_rank_t *fr = &((const fanin_record_t *)value)->rank[dc->s];
+    if (fr->state == ST_HELD && fr->deadline_ns < dc->min)
+        dc->min = fr->deadline_ns;
 }
 
-uint64_t pdl__fanin_next_deadline(const pdl_fanin_t *f)
+uint64_t pdl__fanin_next_deadline(const pdl_fanin_t *f, int rank)
 {
-    uint64_t m = UINT64_MAX;
-    pdl__strmap_foreach(&f->held, min_deadline, &m);
-    if (f->park_head && f->park_head->arrival_ns + f->cfg.max_park_age_ns < m)
-        m = f->park_head->arrival_ns + f->cfg.max_park_age_ns;
-    return m;
+    deadline_ctx_t dc = {.s = slot_of(f, rank), .min = UINT64_MAX};
+    if (dc.s < 0)
+        return UINT64_MAX;
+    pdl__strmap_foreach(&f->held, min_deadline, &dc);
+    const fanin_parked_t *head = f->park[dc.s].head;
+    if (head && head->arrival_ns + f->cfg.max_park_age_ns < dc.min)
+        dc.min = head->arrival_ns + f->cfg.max_park_age_ns;
+    return dc.min;
 }
 
-bool pdl__fanin_cancel(pdl_fanin_t *f, const char *transfer_id)
+bool pdl__fanin_resolve(pdl_fanin_t *f, const char *transfer_id, int rank, pdl_fanin_outcome_t *out)
 {
-    fanin_held_t *h = pdl__strmap_remove(&f->held, transfer_id);
-    free(h);
-    return h != NULL;
+    pdl_fanin_outcome_t ignored;
+    if (out == NULL)
+        out = &ignored;
+    *out = (pdl_fanin_outcome_t){0};
+    int s = slot_of(f, rank);
+    fanin_record_t *rec = transfer_id && s >= 0 ? pdl__strmap_get(&f->held, transfer_id) : NULL;
+    if (rec == NULL || rec->rank[s].resolved)
+        return false;
+    fanin_rank_t *fr = &rec->rank[s];
+    fr->resolved = true;
+    if (!finished(fr->state))
+        fr->state = ST_DROPPED;
+    if (--rec->unresolved > 0)
+        return true;
+    out->last = true;
+    out->data = rec->data;
+    pdl__strmap_remove(&f->held, rec->id);
+    retire(f, rec);
+    return true;
 }
 
-bool pdl__fanin_is_held(const pdl_fanin_t *f, const char *transfer_id)
+bool pdl__fanin_cancel(pdl_fanin_t *f, const char *transfer_id, void **data_out)
 {
-    return pdl__strmap_get(&f->held, transfer_id) != NULL;
+    fanin_record_t *rec = transfer_id ? pdl__strmap_remove(&f->held, transfer_id) : NULL;
+    if (data_out)
+        *data_out = rec ? rec->data : NULL;
+    free(rec);
+    return rec != NULL;
 }
 
-size_t pdl__fanin_held_count(const pdl_fanin_t *f) { return f->held.count; }
-size_t pdl__fanin_parked_count(const pdl_fanin_t *f) { return f->park_len; }
-
-int pdl__fanin_count_of(const pdl_fanin_t *f, const char *transfer_id)
+void *pdl__fanin_data(const pdl_fanin_t *f, const char *transfer_id)
 {
-    const fanin_held_t *h = pdl__strmap_get(&f->held, transfer_id);
-    return h ? h->count : -1;
+    const fanin_record_t *rec = pdl__strmap_get(&f->held, transfer_id);
+    return rec ? rec->data : NULL;
 }
 
-void pdl__fanin_get_counters(const pdl_fanin_t *f, pdl_fanin_counters_t *out) { *out = f->c; }
+typedef struct foreach_ctx {
+    void (*fn)(void *arg, const char *transfer_id, void *data);
+    void *arg;
+} foreach_ctx_t;
+
+static void foreach_one(void *arg, const char *key, void *value)
+{
+    foreach_ctx_t *fc = arg;
+    fc->fn(fc->arg, key, ((fanin_record_t *)value)->data);
+}
+
+void pdl__fanin_foreach(const pdl_fanin_t *f, void (*fn)(void *arg, const char *transfer_id, void *data), void *arg)
+{
+    foreach_ctx_t fc = {.fn = fn, .arg = arg};
+    pdl__strmap_foreach(&f->held, foreach_one, &fc);
+}
+
+size_t pdl__fanin_count(const pdl_fanin_t *f) { return f->held.count; }
+
+/* Rank `rank`'s state of transfer_id while it holds it, else NULL. */
+static const fanin_rank_t *held_rank(const pdl_fanin_t *f, const char *transfer_id, int rank)
+{
+    int s = slot_of(f, rank);
+    const fanin_record_t *rec = s >= 0 ? pdl__strmap_get(&f->held, transfer_id) : NULL;
+    return rec != NULL && rec->rank[s].state == ST_HELD ? &rec->rank[s] : NULL;
+}
+
+bool pdl__fanin_is_held(const pdl_fanin_t *f, const char *transfer_id, int rank)
+{
+    return held_rank(f, transfer_id, rank) != NULL;
+}
+
+int pdl__fanin_count_of(const pdl_fanin_t *f, const char *transfer_id, int rank)
+{
+    const fanin_rank_t *fr = held_rank(f, transfer_id, rank);
+    return fr ? fr->count : -1;
+}
+
+size_t pdl__fanin_parked_count(const pdl_fanin_t *f, int rank)
+{
+    int s = slot_of(f, rank);
+    return s >= 0 ? f->park[s].len : 0;
+}
+
+void pdl__fanin_get_counters(const pdl_fanin_t *f, int rank, pdl_fanin_counters_t *out)
+{
+    int s = slot_of(f, rank);
+    if (s >= 0)
+        *out = f->c[s];
+    else
+        *out = (pdl_fanin_counters_t){0};
+}

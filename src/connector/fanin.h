@@ -1,29 +1,46 @@
 /*
- * fanin.h -- the release fan-in and lease state machine of ONE producer rank (SPEC §5 steps 4-6).
+ * fanin.h -- the held transfers of one producer instance: ONE record per transfer id, holding the release
+ * fan-in and lease state machine of each of the instance's ranks (SPEC §5 steps 4-6).
  *
- * Pure: no sockets, no threads, no clock of its own (every call takes `now_ns`), no logging. The rank
- * that owns it guards it with a mutex and turns the results into log lines and instance events.
+ * Pure: no sockets, no threads, no clock of its own (every call takes `now_ns`), no logging. The owner
+ * (held.c) guards the whole table with one mutex and turns the results into events, grants revoked and
+ * blocks freed; a record carries the owner's `data` (its blocks) and gives it back when it leaves.
  *
- * States of a transfer id, and the function that moves it:
+ * The fan-in decides, the owner resolves: a rank's fan-in finishing (reported, expired) is a result the
+ * owner reports first and then resolves with pdl__fanin_resolve; the owner may also resolve a rank
+ * whose fan-in never finished (a WRITE push that ended, a consumer that is gone). A record lives until
+ * every rank is resolved, so whoever sees it gone also sees every rank's report made before. States of
+ * one rank of a transfer id, and the function that moves it (a release, keepalive or reap names one
+ * rank; ranks are independent):
  *
- *   (unknown) --release--> PARKED        pdl__fanin_release: an early release (the consumer raced ahead
- *                                        of pdl__fanin_hold). Bounded: at most max_parked releases and
+ *   (no record) --add--> OPEN            pdl__fanin_add: the transfer is recorded for every rank; a rank
+ *                                        not holding yet parks its releases like an unknown id's.
+ *   (unknown)/OPEN --release--> PARKED   pdl__fanin_release: an early release (the consumer raced ahead
+ *                                        of the hold). Bounded per rank: at most max_parked releases and
  *                                        max_park_age_ns old; the oldest is dropped first
  *                                        (counted in parked_dropped).
- *   (unknown)/PARKED --hold--> HELD      pdl__fanin_hold: registered with deadline now + defer_timeout;
- *                                        parked releases for it are applied in arrival order.
+ *   OPEN --hold--> HELD                  pdl__fanin_hold: lease until now + defer_timeout; the rank's
+ *                                        parked releases for the id are applied in arrival order.
  *   HELD --release--> HELD | REPORTED    counted; REPORTED once count >= expected(P, consumer_tp_size).
  *   HELD --keepalive--> HELD             deadline = now + defer_timeout (nothing counted).
  *   HELD --reap--> EXPIRED               pdl__fanin_reap: the deadline passed with too few releases.
- *   REPORTED/EXPIRED = terminal          remembered (bounded LRU of max_terminal ids) with the set of
- *                                        consumer ranks seen, so a later release is classified as a
- *                                        duplicate (that rank already counted) or late (anything else).
+ *   OPEN/HELD --resolve--> DROPPED       pdl__fanin_resolve before the fan-in finished; the rank forgets
+ *                                        the id, so its later releases park like an unknown id's.
+ *   REPORTED/EXPIRED = finished          the rank's consumer ranks seen stay with the record, so a later
+ *                                        release to that rank is a duplicate (that consumer rank already
+ *                                        counted) or late (anything else) -- also after the record left:
+ *                                        it is remembered (bounded LRU of max_terminal ids) while any
+ *                                        rank finished this way.
  *
- * Duplicates: a release carrying consumer_tp_rank is counted once per rank (a resend of the same rank's
- * release is a duplicate); releases of distinct ranks all count. A release without consumer_tp_rank
- * (upstream vLLM, or a legacy plain-string completion with consumer_tp_size 1) is always counted, as
- * upstream's `resolve_moriio_transfer_ack` does. A release with status "failed" counts like "ok"
- * (the blocks are freed anyway) and is also counted in failed_status.
+ * Resolving the last rank takes the record out of the table: pdl_fanin_outcome_t says so, with the
+ * record's data. pdl__fanin_cancel takes a record out at once.
+ *
+ * Duplicates: a release carrying consumer_tp_rank is counted once per consumer rank (a resend of the
+ * same rank's release is a duplicate); releases of distinct ranks all count. A release without
+ * consumer_tp_rank (upstream vLLM, or a legacy plain-string completion with consumer_tp_size 1) is
+ * always counted, as upstream's `resolve_moriio_transfer_ack` does. A release with status "failed"
+ * counts like "ok" (the blocks are freed anyway) and is also counted in failed_status. Every count
+ * above is the named rank's (pdl__fanin_get_counters).
  */
 #ifndef PDL_CONNECTOR_FANIN_H
 #define PDL_CONNECTOR_FANIN_H
@@ -38,8 +55,9 @@ typedef struct pdl_fanin pdl_fanin_t;
 
 typedef struct pdl_fanin_config {
     int producer_tp;          /* P: this instance's TP size */
+    int first_rank, ranks;    /* the producer ranks counted here: [first_rank, first_rank + ranks) */
     uint64_t defer_timeout_ns;/* lease of a held transfer */
-    size_t max_parked;        /* early releases kept (default 1024 when 0) */
+    size_t max_parked;        /* early releases kept per rank (default 1024 when 0) */
     uint64_t max_park_age_ns; /* age after which a parked release is dropped (default defer_timeout) */
     size_t max_terminal;      /* finished ids remembered for late/duplicate classification (default 4096) */
 } pdl_fanin_config_t;
@@ -53,12 +71,18 @@ typedef struct pdl_fanin_release {
 
 typedef enum pdl_fanin_result {
     PDL_FANIN_COUNTED = 0,   /* counted, more releases expected */
-    PDL_FANIN_REPORTED = 1,  /* counted and the fan-in is complete: report the transfer (exactly once) */
+    PDL_FANIN_REPORTED = 1,  /* counted and the rank's fan-in is complete: report it (exactly once) */
     PDL_FANIN_DUPLICATE = 2, /* the same consumer rank again: not counted */
-    PDL_FANIN_LATE = 3,      /* the transfer already finished or expired */
-    PDL_FANIN_PARKED = 4,    /* unknown transfer: kept until it is held (or dropped when too old) */
-    PDL_FANIN_INVALID = 5,   /* consumer_tp_size/rank unusable with this P: dropped */
+    PDL_FANIN_LATE = 3,      /* the rank already finished or expired the transfer */
+    PDL_FANIN_PARKED = 4,    /* the rank does not hold the transfer: kept until it does (or too old) */
+    PDL_FANIN_INVALID = 5,   /* consumer_tp_size/rank unusable with this P (or a rank not counted here) */
 } pdl_fanin_result_t;
+
+/* What resolving a rank did to its record. */
+typedef struct pdl_fanin_outcome {
+    bool last;  /* the rank was the record's last unresolved one: the record left the table */
+    void *data; /* then: the data given to pdl__fanin_add, the caller's again */
+} pdl_fanin_outcome_t;
 
 typedef struct pdl_fanin_counters {
     uint64_t received;       /* every valid release handed in (including parked, duplicate, late) */
@@ -76,45 +100,69 @@ typedef struct pdl_fanin_counters {
 
 const char *pdl__fanin_result_name(pdl_fanin_result_t r);
 
+/* PDL_ERR_INVALID for a P or rank range outside [1, PDL_TOPO_MAX_TP]; PDL_ERR_NOMEM. */
 pdl_status_t pdl__fanin_create(const pdl_fanin_config_t *cfg, pdl_fanin_t **out, pdl_error_t *err);
+/* Frees every record, not their data (take it with pdl__fanin_foreach first). NULL is fine. */
 void pdl__fanin_destroy(pdl_fanin_t *f);
 
-/* Change the lease of transfers held from now on (tests use tiny values). */
-void pdl__fanin_set_defer_timeout(pdl_fanin_t *f, uint64_t defer_timeout_ns);
+/*
+ * Record transfer_id with every rank OPEN, carrying `data` (not owned: returned by the outcome of its
+ * last rank, or by pdl__fanin_cancel). A finished id may be recorded again (it leaves the terminal set).
+ * Errors: an empty id (PDL_ERR_INVALID), an id already recorded (PDL_ERR_BAD_STATE), PDL_ERR_NOMEM.
+ */
+pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data, pdl_error_t *err);
 
 /*
- * Register a held transfer. Parked releases for it are applied now; *reported_out is set when they
- * complete the fan-in (the caller reports it). Errors: an id already held (PDL_ERR_BAD_STATE).
- * A previously finished id may be held again (it leaves the terminal set).
+ * Rank `rank` holds transfer_id from now on. Its parked releases for the id are applied now;
+ * *reported_out is set when they completed its fan-in (the caller reports it). Errors: no such record,
+ * or the rank is not OPEN -- it holds already or was resolved meanwhile -- (PDL_ERR_BAD_STATE), a rank
+ * not counted here (PDL_ERR_INVALID).
  */
-pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, uint64_t now_ns, bool *reported_out,
+pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
                              pdl_error_t *err);
 
-/* Hand in one release. On PDL_FANIN_INVALID `err` says why (names the value). */
-pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, const pdl_fanin_release_t *rel, uint64_t now_ns,
+/* Hand one release to rank `rank`. On PDL_FANIN_INVALID `err` says why (names the value). */
+pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_release_t *rel, uint64_t now_ns,
                                       pdl_error_t *err);
 
-/* Extend the lease of a held transfer; false if it is not held. */
-bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, uint64_t now_ns);
+/* Extend rank `rank`'s lease of transfer_id; false if that rank does not hold it. */
+bool pdl__fanin_keepalive(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns);
 
 /*
- * Expire held transfers whose deadline passed (calling expired_fn for each, then forgetting them into
- * the terminal set) and drop parked releases older than max_park_age_ns. Returns the number expired.
+ * Rank `rank`: drop its parked releases older than max_park_age_ns, and expire at most `max` of the
+ * transfers it holds whose deadline passed, calling expired_fn for each (transfer_id is valid during the
+ * call only; expired_fn must not call into the table). Returns the number expired: when it is `max`,
+ * more may be due (call again).
  */
-size_t pdl__fanin_reap(pdl_fanin_t *f, uint64_t now_ns, void (*expired_fn)(void *arg, const char *transfer_id),
-                       void *arg);
+size_t pdl__fanin_reap(pdl_fanin_t *f, int rank, uint64_t now_ns, size_t max,
+                       void (*expired_fn)(void *arg, const char *transfer_id), void *arg);
 
-/* Earliest deadline among held transfers and parked releases (UINT64_MAX when none). */
-uint64_t pdl__fanin_next_deadline(const pdl_fanin_t *f);
+/* Earliest deadline among rank `rank`'s held transfers and parked releases (UINT64_MAX when none). */
+uint64_t pdl__fanin_next_deadline(const pdl_fanin_t *f, int rank);
 
-/* Drop a held transfer without reporting it (instance teardown); false if not held. */
-bool pdl__fanin_cancel(pdl_fanin_t *f, const char *transfer_id);
+/* The owner is done with rank `rank` of transfer_id: after reporting its finished fan-in (the state
+ * stays, for late/duplicate releases), or before it finished (OPEN/HELD -> DROPPED; nothing is counted).
+ * `out` says whether that was the record's last rank. False when there is no record or that rank was
+ * resolved already. */
+bool pdl__fanin_resolve(pdl_fanin_t *f, const char *transfer_id, int rank, pdl_fanin_outcome_t *out);
 
-bool pdl__fanin_is_held(const pdl_fanin_t *f, const char *transfer_id);
-size_t pdl__fanin_held_count(const pdl_fanin_t *f);
-size_t pdl__fanin_parked_count(const pdl_fanin_t *f);
-/* Releases counted so far for a held transfer (-1 if not held). */
-int pdl__fanin_count_of(const pdl_fanin_t *f, const char *transfer_id);
-void pdl__fanin_get_counters(const pdl_fanin_t *f, pdl_fanin_counters_t *out);
+/* Take transfer_id's record out of the table whatever its ranks' states (nothing is remembered);
+ * *data_out gets its data. False if there is no record. */
+bool pdl__fanin_cancel(pdl_fanin_t *f, const char *transfer_id, void **data_out);
+
+/* The data of transfer_id's record (NULL if none). Valid until the record leaves. */
+void *pdl__fanin_data(const pdl_fanin_t *f, const char *transfer_id);
+/* Calls fn for every record; fn may not call into the table. */
+void pdl__fanin_foreach(const pdl_fanin_t *f, void (*fn)(void *arg, const char *transfer_id, void *data), void *arg);
+
+/* Records in the table (transfers some rank has not resolved). */
+size_t pdl__fanin_count(const pdl_fanin_t *f);
+/* Does rank `rank` hold transfer_id (HELD)? */
+bool pdl__fanin_is_held(const pdl_fanin_t *f, const char *transfer_id, int rank);
+size_t pdl__fanin_parked_count(const pdl_fanin_t *f, int rank);
+/* Releases rank `rank` counted so far for transfer_id (-1 if that rank does not hold it). */
+int pdl__fanin_count_of(const pdl_fanin_t *f, const char *transfer_id, int rank);
+/* Rank `rank`'s counters (zeros for a rank not counted here). */
+void pdl__fanin_get_counters(const pdl_fanin_t *f, int rank, pdl_fanin_counters_t *out);
 
 #endif /* PDL_CONNECTOR_FANIN_H */

@@ -1,14 +1,18 @@
 /*
  * held.c -- held transfers of a producer instance and the events they raise (SPEC §5).
  *
- * A held transfer (a READ hold, or a WRITE push) is recorded once per instance: its block ids and the
- * set of ranks that resolved it. vLLM frees a producer request only when every TP worker reported it
- * finished (KVOutputAggregator, reference §4.5): each rank resolves a transfer once -- its fan-in
- * reported (READ), its push finished (WRITE), or it expired after defer_timeout -- and the last one
- * frees the blocks. A rank that resolves twice (cannot happen by construction) is ignored.
+ * A held transfer (a READ hold, or a WRITE push) is recorded once per instance, in the instance's
+ * held-transfer table (fanin.c): one record per transfer id carrying its blocks and consumer
+ * (pdl_held_t) and each rank's release fan-in and lease. vLLM frees a producer request only when every
+ * TP worker reported it finished (KVOutputAggregator, reference §4.5): each rank resolves a transfer
+ * once -- its fan-in reported (READ), its push finished (WRITE), or it expired after defer_timeout --
+ * and the last one frees the blocks. A rank that resolves twice (cannot happen by construction) is
+ * ignored.
  *
- * The per-rank release counting itself lives in each rank's fan-in (fanin.c), keyed by the same id:
- * it is that rank's state machine, not a second record of the blocks.
+ * This file is the table's only door: it holds inst->held_mu around every call into it (one mutex for
+ * all the instance's ranks: the table is pure and each call is short), revokes a resolved rank's grant
+ * under that lock (so no rank's grant outlives the blocks another rank frees), and delivers events and
+ * frees blocks after releasing it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +62,7 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
         pdl_engine_grant_peer(r->mem.engine, transfer_id, expected, cap, NULL);
     if (expected[0] == '\0') {
         pthread_mutex_lock(&inst->held_mu);
-        const pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
+        const pdl_held_t *h = pdl__fanin_data(inst->held, transfer_id);
         if (h)
             snprintf(expected, cap, "%s", h->consumer_ip);
         pthread_mutex_unlock(&inst->held_mu);
@@ -93,16 +97,15 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
     pthread_mutex_lock(&inst->held_mu);
-    int rc = pdl__strmap_put(&inst->held, transfer_id, h);
-    if (rc == 0)
+    pdl_status_t st = pdl__fanin_add(inst->held, transfer_id, h, err);
+    if (st == PDL_OK)
         inst->held_blocks += n;
     pthread_mutex_unlock(&inst->held_mu);
-    if (rc == 0)
-        return PDL_OK;
-    free(h->ids);
-    free(h);
-    return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "transfer %s is already held", transfer_id)
-                  : pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
+    if (st != PDL_OK) {
+        free(h->ids);
+        free(h);
+    }
+    return st;
 }
 
 /* READ mode only: a WRITE push's blocks are read by nobody but this process (rank.c grants). */
@@ -116,8 +119,10 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
 {
     PDL_FOR_LOCAL(inst, i)
         revoke(inst, transfer_id, i);
+    void *data = NULL;
     pthread_mutex_lock(&inst->held_mu);
-    pdl_held_t *h = pdl__strmap_remove(&inst->held, transfer_id);
+    pdl__fanin_cancel(inst->held, transfer_id, &data);
+    pdl_held_t *h = data;
     if (h != NULL)
         inst->held_blocks -= h->n;
     pthread_mutex_unlock(&inst->held_mu);
@@ -130,49 +135,128 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired)
 {
     emit(inst, expired ? PDL_EVENT_RANK_EXPIRED : PDL_EVENT_RANK_REPORTED, transfer_id, rank);
-    pdl_held_t *freed = NULL;
+    pdl_fanin_outcome_t o;
     pthread_mutex_lock(&inst->held_mu);
-    pdl_held_t *h = pdl__strmap_get(&inst->held, transfer_id);
-    if (h && !((h->rank_done[rank / 64] >> (rank % 64)) & 1u)) {
-        h->rank_done[rank / 64] |= 1ull << (rank % 64);
+    /* One rank per process (local_rank): the table counts this process's ranks only, so the last of
+     * them frees; the other ranks' processes hold and count their own. */
+    if (pdl__fanin_resolve(inst->held, transfer_id, rank, &o)) {
         /* This rank's consumers released (or the lease ended): nobody may read its blocks any more. */
         revoke(inst, transfer_id, rank);
-        /* One rank per process (local_rank): the other ranks' processes hold and count their own. */
-        if (++h->resolved == inst->hi - inst->lo) {
-            pdl__strmap_remove(&inst->held, transfer_id);
+        if (o.last)
             inst->freeing++;
-            freed = h;
-        }
     }
     pthread_mutex_unlock(&inst->held_mu);
-    if (freed) {
-        if (inst->blocks != NULL) { /* external_blocks: the caller frees them on PDL_EVENT_FREED */
-            pdl__scrub_blocks(inst, freed->ids, freed->n);
-            pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
-        }
-        emit(inst, PDL_EVENT_FREED, transfer_id, -1);
-        pthread_mutex_lock(&inst->held_mu);
-        inst->held_blocks -= freed->n;
-        inst->freeing--;
-        pthread_mutex_unlock(&inst->held_mu);
-        free(freed->ids);
-        free(freed);
+    pdl_held_t *freed = o.last ? o.data : NULL;
+    if (freed == NULL)
+        return;
+    if (inst->blocks != NULL) { /* external_blocks: the caller frees them on PDL_EVENT_FREED */
+        pdl__scrub_blocks(inst, freed->ids, freed->n);
+        pdl__blockalloc_free(inst->blocks, freed->ids, freed->n);
     }
+    emit(inst, PDL_EVENT_FREED, transfer_id, -1);
+    pthread_mutex_lock(&inst->held_mu);
+    inst->held_blocks -= freed->n;
+    inst->freeing--;
+    pthread_mutex_unlock(&inst->held_mu);
+    free(freed->ids);
+    free(freed);
 }
 
-static void free_held_v(void *arg, const char *key, void *value)
+pdl_fanin_result_t pdl__held_release(pdl_rank_t *r, const pdl_fanin_release_t *rel, pdl_error_t *err)
+{
+    pthread_mutex_lock(&r->inst->held_mu);
+    pdl_fanin_result_t res = pdl__fanin_release(r->inst->held, r->rank, rel, pdl__clock_now_ns(), err);
+    pthread_mutex_unlock(&r->inst->held_mu);
+    if (res == PDL_FANIN_REPORTED)
+        pdl__held_rank_resolved(r->inst, rel->transfer_id, r->rank, false);
+    return res;
+}
+
+bool pdl__held_keepalive(pdl_rank_t *r, const char *transfer_id)
+{
+    pthread_mutex_lock(&r->inst->held_mu);
+    bool ok = pdl__fanin_keepalive(r->inst->held, transfer_id, r->rank, pdl__clock_now_ns());
+    pthread_mutex_unlock(&r->inst->held_mu);
+    return ok;
+}
+
+/* Expired transfers are taken from the table in batches this size, their ids copied here under held_mu
+ * and resolved after it: nothing to allocate, so nothing can fail between the two. */
+#define HELD_REAP_BATCH 32
+
+typedef struct reap_batch {
+    size_t n;
+    char ids[HELD_REAP_BATCH][PDL_WIRE_ID_MAX + 1];
+} reap_batch_t;
+
+static void take_expired(void *arg, const char *transfer_id)
+{
+    reap_batch_t *b = arg;
+    snprintf(b->ids[b->n++], sizeof(b->ids[0]), "%s", transfer_id);
+}
+
+void pdl__held_reap(pdl_rank_t *r)
+{
+    pdl_instance_t *inst = r->inst;
+    reap_batch_t b;
+    do {
+        b.n = 0;
+        pthread_mutex_lock(&inst->held_mu);
+        pdl__fanin_reap(inst->held, r->rank, pdl__clock_now_ns(), HELD_REAP_BATCH, take_expired, &b);
+        pthread_mutex_unlock(&inst->held_mu);
+        for (size_t i = 0; i < b.n; i++) {
+            uint64_t sup = 0;
+            if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
+                pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed%s",
+                         r->rank, b.ids[i], inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
+            pdl__held_rank_resolved(inst, b.ids[i], r->rank, true);
+        }
+    } while (b.n == HELD_REAP_BATCH);
+}
+
+bool pdl__held_exists(pdl_instance_t *inst, const char *transfer_id)
+{
+    pthread_mutex_lock(&inst->held_mu);
+    bool held = pdl__fanin_data(inst->held, transfer_id) != NULL;
+    pthread_mutex_unlock(&inst->held_mu);
+    return held;
+}
+
+void pdl__held_foreach(pdl_instance_t *inst, void (*fn)(void *arg, const char *transfer_id, void *held), void *arg)
+{
+    pthread_mutex_lock(&inst->held_mu);
+    pdl__fanin_foreach(inst->held, fn, arg);
+    pthread_mutex_unlock(&inst->held_mu);
+}
+
+pdl_status_t pdl__held_init(pdl_instance_t *inst, pdl_error_t *err)
+{
+    pdl_fanin_config_t fc = {.producer_tp = inst->tp,
+                             .first_rank = inst->lo,
+                             .ranks = inst->hi - inst->lo,
+                             .defer_timeout_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9),
+                             .max_parked = 1024,
+                             .max_park_age_ns = 0,
+                             .max_terminal = 4096};
+    return pdl__fanin_create(&fc, &inst->held, err);
+}
+
+static void free_held_v(void *arg, const char *transfer_id, void *data)
 {
     (void)arg;
-    (void)key;
-    pdl_held_t *h = value;
+    (void)transfer_id;
+    pdl_held_t *h = data;
     free(h->ids);
     free(h);
 }
 
 void pdl__held_free_all(pdl_instance_t *inst)
 {
-    pdl__strmap_foreach(&inst->held, free_held_v, NULL);
-    pdl__strmap_free(&inst->held);
+    if (inst->held == NULL)
+        return;
+    pdl__fanin_foreach(inst->held, free_held_v, NULL);
+    pdl__fanin_destroy(inst->held);
+    inst->held = NULL;
 }
 
 /* ---- READ mode: holds ------------------------------------------------------------------------- */
@@ -208,21 +292,16 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     }
     uint64_t now = pdl__clock_now_ns();
     PDL_FOR_LOCAL(inst, i) {
-        pdl_rank_t *r = &inst->ranks[i];
         /* The peer's read request reaches the engine through a socket, which orders nothing for the
          * engine's serving threads; publish the caller's KV writes to them before the params go out. */
-        pdl_engine_publish(r->mem.engine);
+        pdl_engine_publish(inst->ranks[i].mem.engine);
         bool reported = false;
-        pthread_mutex_lock(&r->fan.mu);
         pdl_error_t e;
-        pdl_status_t hst = pdl__fanin_hold(r->fan.fanin, transfer_id, now, &reported, &e);
-        pthread_mutex_unlock(&r->fan.mu);
-        if (hst != PDL_OK) {
-            /* Cannot happen while the instance map refuses duplicates; resolve the rank so the blocks
-             * are not stuck forever. */
-            pdl_warn("rank %d: %s", i, e.msg);
-            reported = true;
-        }
+        pthread_mutex_lock(&inst->held_mu);
+        pdl_status_t hst = pdl__fanin_hold(inst->held, transfer_id, i, now, &reported, &e);
+        pthread_mutex_unlock(&inst->held_mu);
+        if (hst != PDL_OK) /* the rank was resolved meanwhile (its consumer is gone): nothing to hold */
+            pdl_debug("rank %d: %s", i, e.msg);
         if (reported) {
             pdl_debug("rank %d: transfer %s completed by parked releases at hold", i, transfer_id);
             pdl__held_rank_resolved(inst, transfer_id, i, false);
@@ -234,7 +313,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
 size_t pdl_instance_held_transfers(pdl_instance_t *inst)
 {
     pthread_mutex_lock(&inst->held_mu);
-    size_t n = inst->held.count + inst->freeing;
+    size_t n = pdl__fanin_count(inst->held) + inst->freeing;
     pthread_mutex_unlock(&inst->held_mu);
     return n;
 }

@@ -128,6 +128,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     /* external_blocks: the caller (vLLM's scheduler) owns the ids; inst->blocks stays NULL. */
     st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
     if (st == PDL_OK)
+        st = pdl__held_init(inst, err);
+    if (st == PDL_OK)
         st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
     if (st == PDL_OK)
         st = pdl__authmode_load(inst, err);
@@ -190,6 +192,7 @@ fail:
         if (inst->zctx)
             zmq_ctx_term(inst->zctx);
         pdl__blockalloc_destroy(inst->blocks);
+        pdl__held_free_all(inst);
         pdl__cidrs_free(&inst->trusted);
         pdl__authmode_free(inst);
         pthread_mutex_destroy(&inst->held_mu);

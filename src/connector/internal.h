@@ -15,7 +15,9 @@
  *   pull.c, push.c ─> xfer.c      ONE transfer executor for both directions
  *                         └─> peer.c  the per-side peer cache ─> prewarm.c ─> handshake.c; and
  *                                      peer.c ─> handshake.c (the handshake client)
- *   push.c ─> held.c    held transfers, recorded once per instance (pdl_held_t), and instance events
+ *   push.c ─> held.c    held transfers, recorded once per instance, and instance events; the only
+ *                       door to the held-transfer table (fanin.c: per transfer id one record with its
+ *                       blocks, pdl_held_t, and every rank's release fan-in and lease)
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
  *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> handshake.c; peer.c takes
@@ -26,8 +28,9 @@
  * the reader (pull.c, READ consumer) and the writer (push.c, WRITE producer) are each one pdl_workq_t
  * thread that owns its peer cache and its DEALER cache. Nothing else touches those caches.
  *
- * Lock order (never the other way round): rank->fan.mu, then inst->held_mu; counters' mu and the
- * sender queue's mu are leaves. inst->push_mu is never held while taking held_mu or fan.mu.
+ * Locks: inst->held_mu guards the held-transfer table for every rank of the instance (held.c takes it;
+ * counters.c to read the fan-in counters); engine grants are revoked under it. Counters' mu and the
+ * sender queue's mu are leaves. inst->push_mu is never held while taking held_mu.
  */
 #ifndef PDL_CONNECTOR_INTERNAL_H
 #define PDL_CONNECTOR_INTERNAL_H
@@ -323,12 +326,6 @@ typedef struct pdl_rank_svc {
     uint64_t ping_failures;
 } pdl_rank_svc_t;
 
-/* service.c and held.c: the producer's release fan-in (pure state machine, fanin.h) and its lock. */
-typedef struct pdl_rank_fan {
-    pthread_mutex_t mu;
-    pdl_fanin_t *fanin;
-} pdl_rank_fan_t;
-
 struct pdl_rank {
     pdl_instance_t *inst;
     int rank;
@@ -337,14 +334,13 @@ struct pdl_rank {
     pdl_rank_ctr_t ctr;     /* counters.c */
     pdl_outq_t out;         /* sender.c */
     pdl_rank_svc_t svc;     /* service.c */
-    pdl_rank_fan_t fan;     /* service.c (releases), held.c (holds) */
     pdl_xfer_lanes_t readers; /* pull.c: READ lanes, one per producer instance */
     pdl_xfer_lanes_t writers; /* push.c: WRITE lanes, one per consumer instance */
 };
 
 /* rank.c */
 /* Ports, locks, geometry (no I/O); then, once the rank's ROUTERs are bound (pdl__service_bind), the
- * engine, the KV memory, the fan-in and the handshake payloads. Fails with the statuses of the geometry,
+ * engine, the KV memory and the handshake payloads. Fails with the statuses of the geometry,
  * pdl_engine_create and the memory calls; destroy tears down a rank in any of these states. */
 pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_error_t *err);
 pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err);
@@ -361,15 +357,18 @@ void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank);
 
 /* ---- held.c: held transfers ------------------------------------------------------------------ */
 
-/* A producer transfer whose blocks wait for every rank to resolve it (READ hold or WRITE push). */
+/* A producer transfer whose blocks wait for every rank to resolve it (READ hold or WRITE push): the
+ * data of its record in the held-transfer table, which tracks the ranks (fanin.h). */
 typedef struct pdl_held {
     uint32_t *ids;
     size_t n;
     char consumer[PDL_WIRE_HOST_MAX + 16]; /* "host:port" of the consumer's handshake port; "" = unknown */
     char consumer_ip[64]; /* that host when it is a numeric address; "" = unknown or a name */
-    int resolved;
-    uint64_t rank_done[PDL_TOPO_MAX_TP / 64];
 } pdl_held_t;
+
+/* The instance's held-transfer table (instance create; PDL_ERR_NOMEM) / free it with every record's
+ * blocks list (instance destroy, after every thread stopped; the blocks themselves stay allocated). */
+pdl_status_t pdl__held_init(pdl_instance_t *inst, pdl_error_t *err);
 
 /* The name a held transfer gives its consumer (pdl_held_t.consumer): "host:port" of its handshake port,
  * "[v6]:port" for an IPv6 address. */
@@ -393,9 +392,22 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
 bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer);
 /* Undo pdl__held_add and its grants (the blocks stay with the caller). */
 void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id);
-/* Rank `rank` is done with transfer_id (reported, or expired): its grant is revoked; the last rank frees
- * the blocks. */
+/* Rank `rank` is done with transfer_id (push.c: its share was written, or given up; watch.c: its
+ * consumer is gone): its grant is revoked; the last rank frees the blocks. Event RANK_REPORTED or, with
+ * `expired`, RANK_EXPIRED (also for a rank that was resolved already), then FREED with the last. */
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired);
+/* Service thread of rank r, READ producer: hand a release (already allowed) / a keepalive to the rank's
+ * fan-in. A release that completes it resolves the rank as pdl__held_rank_resolved does (RANK_REPORTED).
+ * PDL_FANIN_INVALID fills `err`. The keepalive is false when the rank does not hold the transfer. */
+pdl_fanin_result_t pdl__held_release(pdl_rank_t *r, const pdl_fanin_release_t *rel, pdl_error_t *err);
+bool pdl__held_keepalive(pdl_rank_t *r, const char *transfer_id);
+/* Service thread of rank r, every tick: drop its stale parked releases and resolve its holds whose
+ * lease ended (RANK_EXPIRED, logged through the rank's expiry rate limiter). */
+void pdl__held_reap(pdl_rank_t *r);
+/* Whether transfer_id is held now (its record may leave right after: a hint, e.g. for the watch). */
+bool pdl__held_exists(pdl_instance_t *inst, const char *transfer_id);
+/* Call fn for every held transfer (`held` is its pdl_held_t) under held_mu: fn takes no connector lock. */
+void pdl__held_foreach(pdl_instance_t *inst, void (*fn)(void *arg, const char *transfer_id, void *held), void *arg);
 void pdl__held_free_all(pdl_instance_t *inst);
 
 /* ---- listen.c: ROUTERs out of file descriptors ---------------------------------------------- */
@@ -504,7 +516,7 @@ struct pdl_instance {
 
     /* held.c */
     pthread_mutex_t held_mu;
-    pdl_strmap_t held; /* transfer id -> pdl_held_t* */
+    pdl_fanin_t *held; /* the held-transfer table: one record per transfer id (data: pdl_held_t) */
     size_t held_blocks;
     /* Transfers resolved but still being freed (blocks back to the allocator, FREED delivered): they
      * still count in pdl_instance_held_transfers/_blocks, so a caller that sees 0 also sees their

@@ -8,8 +8,8 @@
  * (pdl_instance_config_t.kv_regions), which it neither clears nor frees. The handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
  *
- * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue, fan-in
- * lock), so instance destroy can tear every rank down the same way; pdl__rank_open then makes the
+ * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue), so
+ * instance destroy can tear every rank down the same way; pdl__rank_open then makes the
  * engine and the memory. instance.c binds the rank's ROUTERs (service.c) between the two.
  *
  * Ports: the rank's handshake and notify ROUTERs are bound FIRST (by instance.c, between
@@ -175,7 +175,6 @@ void pdl__rank_init_locks(pdl_rank_t *r)
 {
     pdl__ctr_init(&r->ctr);
     pdl__outq_init(&r->out);
-    pthread_mutex_init(&r->fan.mu, NULL);
 }
 
 pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_error_t *err)
@@ -246,14 +245,6 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
      * each to requests naming that transfer. */
     pdl_mem_guard(m->kv);
 
-    pdl_fanin_config_t fc = {.producer_tp = cfg->tp_size,
-                             .defer_timeout_ns = (uint64_t)(cfg->conn.defer_timeout_s * 1e9),
-                             .max_parked = 1024,
-                             .max_park_age_ns = 0,
-                             .max_terminal = 4096};
-    st = pdl__fanin_create(&fc, &r->fan.fanin, err);
-    if (st != PDL_OK)
-        return st;
     return build_payloads(inst, r, err);
 }
 
@@ -266,8 +257,6 @@ void pdl__rank_fini(pdl_rank_t *r)
         pdl_engine_deregister_mem(m->engine, m->kv);
     if (m->engine)
         pdl_engine_destroy(m->engine);
-    pdl__fanin_destroy(r->fan.fanin);
-    pthread_mutex_destroy(&r->fan.mu);
     pdl__outq_fini(&r->out);
     pdl__ctr_fini(&r->ctr);
 }

@@ -1,6 +1,6 @@
 /*
  * service.c -- the per-rank service thread: handshake and notify ROUTERs, outbound DEALERs, the
- * discovery ping and the lease reaper (SPEC §4, §5).
+ * discovery ping, and the ticks of the lease reaper (held.c) and the WRITE reaper (push.c) (SPEC §4, §5).
  *
  * One thread owns the rank's ROUTERs, its ping DEALER and its outbound DEALER cache (ZeroMQ sockets
  * are not thread-safe). It sleeps in zmq_poll on the two ROUTERs and an eventfd; other threads queue
@@ -153,27 +153,6 @@ static void hs_handle(pdl_rank_t *r, mp_t *m)
 
 /* ---- notify ----------------------------------------------------------------------------------- */
 
-typedef struct expired_list {
-    char **ids;
-    size_t n, cap;
-} expired_list_t;
-
-static void collect_id(void *arg, const char *id)
-{
-    expired_list_t *l = arg;
-    if (l->n == l->cap) {
-        size_t nc = l->cap ? 2 * l->cap : 8;
-        char **v = realloc(l->ids, nc * sizeof(*v));
-        if (v == NULL)
-            return; /* the rank stays unresolved; the instance keeps the blocks (logged below) */
-        l->ids = v;
-        l->cap = nc;
-    }
-    char *c = strdup(id);
-    if (c)
-        l->ids[l->n++] = c;
-}
-
 static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     char expected[64];
@@ -193,16 +172,13 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
                                .failed = msg->status == PDL_RELEASE_FAILED};
     pdl_error_t e;
-    pthread_mutex_lock(&r->fan.mu);
-    pdl_fanin_result_t res = pdl__fanin_release(r->fan.fanin, &rel, pdl__clock_now_ns(), &e);
-    pthread_mutex_unlock(&r->fan.mu);
+    pdl_fanin_result_t res = pdl__held_release(r, &rel, &e);
     switch (res) {
     case PDL_FANIN_INVALID:
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_FANIN, "release: %s", e.msg);
         break;
-    case PDL_FANIN_REPORTED:
+    case PDL_FANIN_REPORTED: /* resolved by pdl__held_release */
         pdl_debug("rank %d: transfer %s released by all its consumers", r->rank, msg->transfer_id);
-        pdl__held_rank_resolved(r->inst, msg->transfer_id, r->rank, false);
         break;
     case PDL_FANIN_LATE: {
         uint64_t sup = 0;
@@ -241,10 +217,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
-        pthread_mutex_lock(&r->fan.mu);
-        bool ok = pdl__fanin_keepalive(r->fan.fanin, msg.transfer_id, pdl__clock_now_ns());
-        pthread_mutex_unlock(&r->fan.mu);
-        if (!ok)
+        if (!pdl__held_keepalive(r, msg.transfer_id))
             pdl_debug("rank %d: keepalive for transfer %s that is not held", r->rank, msg.transfer_id);
         break;
     }
@@ -316,23 +289,6 @@ static void ping_tick(pdl_rank_t *r, uint64_t now_ms)
 
 /* ---- the loop --------------------------------------------------------------------------------- */
 
-static void reap_tick(pdl_rank_t *r)
-{
-    expired_list_t l = {0};
-    pthread_mutex_lock(&r->fan.mu);
-    pdl__fanin_reap(r->fan.fanin, pdl__clock_now_ns(), collect_id, &l);
-    pthread_mutex_unlock(&r->fan.mu);
-    for (size_t i = 0; i < l.n; i++) {
-        uint64_t sup = 0;
-        if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
-            pdl_warn("rank %d: transfer %s reaped after defer_timeout %.1f s without its releases; blocks freed%s",
-                     r->rank, l.ids[i], r->inst->cfg.conn.defer_timeout_s, sup ? " (more expiries suppressed)" : "");
-        pdl__held_rank_resolved(r->inst, l.ids[i], r->rank, true);
-        free(l.ids[i]);
-    }
-    free(l.ids);
-}
-
 static void drain(pdl_rank_t *r, void *sock, void (*handle)(pdl_rank_t *, mp_t *))
 {
     for (int i = 0; i < SVC_BUDGET; i++) {
@@ -381,7 +337,7 @@ static void *service_main(void *arg)
         pdl__listen_tick(r, &r->svc.hs_listen, pdl__clock_now_ms());
         pdl__listen_tick(r, &r->svc.notify_listen, pdl__clock_now_ms());
         pdl__outq_flush(r, &r->svc.dealers);
-        reap_tick(r);
+        pdl__held_reap(r);
         pdl__push_reap(r);
         uint64_t now_ms = pdl__clock_now_ms();
         ping_tick(r, now_ms);

@@ -36,8 +36,8 @@
  * soon as a probe answers with another identity; an item first seen after the restart takes the new
  * identity and is kept. Every probe answered with an identity is counted in watch_identities.
  *
- * Ending an item. Producer, READ: the hold is cancelled in every rank's fan-in and resolved as expired
- * on every rank (events RANK_EXPIRED, then FREED); releases that still come later are parked and
+ * Ending an item. Producer, READ: the hold is resolved as expired on every rank, which ends each
+ * rank's fan-in of it (events RANK_EXPIRED, then FREED); releases that still come later are parked and
  * dropped like any unknown release. Producer, WRITE: the push is given up (pdl__push_consumer_gone).
  * Either way counted per transfer in consumer_gone_freed. Consumer, WRITE: the consumer ranks waiting
  * on that producer rank fail at once with PDL_ERR_PEER_GONE naming it (pdl__push_producer_gone,
@@ -335,20 +335,12 @@ static bool end_hold(pdl_rank_t *r0, const char *id)
     pdl_instance_t *inst = r0->inst;
     if (!inst->cfg.conn.read_mode)
         return pdl__push_consumer_gone(r0, id);
-    pthread_mutex_lock(&inst->held_mu);
-    bool held = pdl__strmap_get(&inst->held, id) != NULL;
-    pthread_mutex_unlock(&inst->held_mu);
-    if (!held)
+    if (!pdl__held_exists(inst, id))
         return false;
     /* Counted before its events: whoever sees FREED also sees the count. */
     PDL_CTR_ADD(r0, consumer_gone_freed, 1);
-    PDL_FOR_LOCAL(inst, k) {
-        pdl_rank_t *r = &inst->ranks[k];
-        pthread_mutex_lock(&r->fan.mu);
-        pdl__fanin_cancel(r->fan.fanin, id);
-        pthread_mutex_unlock(&r->fan.mu);
-        pdl__held_rank_resolved(inst, id, k, true);
-    }
+    PDL_FOR_LOCAL(inst, k)
+        pdl__held_rank_resolved(inst, id, k, true); /* ends the rank's fan-in of it too */
     return true;
 }
 
@@ -478,9 +470,7 @@ static void collect(pdl_rank_t *r, uint64_t now_ns)
     pdl_instance_t *inst = r->inst;
     collect_ctx_t cc = {.watch = &r->svc.watch, .now_ns = now_ns};
     if (inst->cfg.conn.role == PDL_ROLE_PRODUCER) {
-        pthread_mutex_lock(&inst->held_mu);
-        pdl__strmap_foreach(&inst->held, collect_hold, &cc);
-        pthread_mutex_unlock(&inst->held_mu);
+        pdl__held_foreach(inst, collect_hold, &cc);
     } else {
         pdl__push_watch_producers(inst, collect_item, &cc);
     }
