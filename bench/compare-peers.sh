@@ -104,7 +104,7 @@ ucx_gbps_once() {
     wait "$SERVER" 2>/dev/null
     SERVER=
     # last table row: iters, lat 50%, lat avg, lat overall, MB/s avg, MB/s overall, ...
-    awk 'NF >= 8 && $1 ~ /^[0-9]+$/ { bw = $6 } END { if (bw == "") print "n/a"; else printf "%.2f", bw * 1048576 / 1e9 }' "$TMP/cli.log"
+    awk 'NF >= 8 && $1 ~ /^[0-9]+$/ { bw = $6 } END { if (bw == "") print "n/a"; else printf "%.4f", bw * 1048576 / 1e9 }' "$TMP/cli.log"
 }
 
 # ucx_gbps TLS SIZE OUTSTANDING: up to 3 tries, since on a loaded machine the server is sometimes not

@@ -134,7 +134,7 @@ def main():
                         for k, g in raw[(cls, batch, s)][name]:
                             w.writerow([cls, tls, batch, to_bytes(s), name, k, "%.6f" % g])
 
-    head = ["class", "batch", "block", "ucx_perftest", "NIXL", "Mooncake (tcp)", "pdlink shm|tcp", "pdlink ucx",
+    head = ["class", "batch", "block", "ucx_perftest", "NIXL", "Mooncake (tcp)", "pdlink shm/tcp", "pdlink ucx",
             "pdlink / NIXL", "pdlink / Mooncake", "pdlink ucx / ucx_perftest", "pdlink ucx / NIXL"]
     table = []
     for cls, tls in classes:
@@ -180,7 +180,7 @@ def main():
               file=sys.stderr)
         return
     labels = {"ucx_perftest": "ucx_perftest ucp_get", "nixl": "NIXL (UCX)", "mooncake": "Mooncake TE (tcp)",
-              "pdlink": "pdlink shm|tcp", "pdlink_ucx": "pdlink ucx"}
+              "pdlink": "pdlink shm/tcp", "pdlink_ucx": "pdlink ucx"}
     fig, axes = plt.subplots(len(classes), len(batches), figsize=(max(4.2 * len(batches), 7.5), 3.6 * len(classes)),
                              squeeze=False)
     for i, (cls, tls) in enumerate(classes):
@@ -193,7 +193,7 @@ def main():
                     if v:
                         xs.append(to_bytes(s)); ys.append(med(v)); lo.append(med(v) - min(v)); hi.append(max(v) - med(v))
                 if xs:
-                    lab = labels[name].replace("shm|tcp", cls)
+                    lab = labels[name].replace("shm/tcp", cls)
                     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", ms=3, capsize=2, label=lab)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
