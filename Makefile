@@ -60,7 +60,7 @@ compare-peers: build
 	PEERS_VENV=$(BUILD)/peers-venv ./bench/compare-peers.sh $(COMPARE_PEERS_FLAGS) $(BUILD)/pdlink
 
 # CI's version: the same-TP pair and the head split (each decode rank reads half of every head group).
-# P2/D1 is left to `make vllm-e2e`: a third topology adds about 3 minutes of vLLM startups.
+# P2/D1 is left to `make vllm-e2e`: a third topology adds 2-6 minutes of vLLM startups here.
 VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3
 vllm-e2e-short: build
 	BUILD=$(BUILD) ./scripts/install-vllm
