@@ -134,26 +134,17 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
     pull->release_sent_ns[r->rank] = pdl__clock_now_ns();
     pthread_mutex_unlock(&pull->mu);
     for (int g = first; g < first + count; g++) {
-        pdl_msg_t m;
-        pdl_msg_init(&m, PDL_MSG_RELEASE);
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", pull->transfer_id);
-        m.consumer_tp_size = r->inst->tp;
-        m.consumer_tp_rank = r->rank;
-        m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
-        m.producer_tp_size = pull->producer.tp;
-        m.producer_tp_rank = g;
         pdl_bytes_t b = {0};
         pdl_error_t e;
         int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
         char ep[PDL_WIRE_HOST_MAX + 32];
-        if (pdl_wire_encode_msg(&m, &b, &e) != PDL_OK)
+        if (pdl__release_encode(pull->transfer_id, r->inst->tp, r->rank, pull->producer.tp, g, ok, &b, &e) != PDL_OK)
             pdl_warn("rank %d: release of %s to producer rank %d not encoded: %s", r->rank, pull->transfer_id, g, e.msg);
         else if (pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) < 0)
             pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->producer.host);
         else
             pdl__dealer_send(r, dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
         pdl_bytes_free(&b);
-        pdl_msg_clear(&m);
     }
 }
 
@@ -473,17 +464,8 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
         if (st != PDL_OK)
             return pdl_error_prefix(err, st, "abandon %s", params->transfer_id);
         for (int g = first; g < first + count; g++) {
-            pdl_msg_t m;
-            pdl_msg_init(&m, PDL_MSG_RELEASE);
-            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", params->transfer_id);
-            m.consumer_tp_size = inst->tp;
-            m.consumer_tp_rank = d;
-            m.status = PDL_RELEASE_FAILED;
-            m.producer_tp_size = pr.tp;
-            m.producer_tp_rank = g;
             pdl_bytes_t b = {0};
-            st = pdl_wire_encode_msg(&m, &b, err);
-            pdl_msg_clear(&m);
+            st = pdl__release_encode(params->transfer_id, inst->tp, d, pr.tp, g, false, &b, err);
             if (st == PDL_OK)
                 st = pdl__outq_send(r, pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g), PDL_OUT_RELEASE,
                                     &b, err);

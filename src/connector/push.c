@@ -1157,17 +1157,8 @@ static pdl_status_t abandon_as_consumer(pdl_instance_t *inst, const pdl_kv_param
         for (int g = gfirst; st == PDL_OK && g < gfirst + gcount; g++) {
             if (!consumer_speaks_for(pr.tp, inst->tp, d, g))
                 continue;
-            pdl_msg_t m;
-            pdl_msg_init(&m, PDL_MSG_RELEASE);
-            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", params->transfer_id);
-            m.consumer_tp_size = inst->tp;
-            m.consumer_tp_rank = d;
-            m.status = PDL_RELEASE_FAILED;
-            m.producer_tp_size = pr.tp;
-            m.producer_tp_rank = g;
             pdl_bytes_t b = {0};
-            st = pdl_wire_encode_msg(&m, &b, err);
-            pdl_msg_clear(&m);
+            st = pdl__release_encode(params->transfer_id, inst->tp, d, pr.tp, g, false, &b, err);
             if (st == PDL_OK)
                 st = pdl__outq_send(&inst->ranks[d], pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g),
                                     PDL_OUT_RELEASE, &b, err);
