@@ -402,6 +402,24 @@ static inline void tc_log_level_from_env(void)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(lvl));
 }
 
+/* A request id carrying both instances' addresses, as the router builds it (uuid bytes t*16 .. t*16+15).
+ * False when the addresses do not fit `cap`. */
+static inline bool tc_request_id(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
+{
+    uint8_t uuid[16];
+    for (int i = 0; i < 16; i++)
+        uuid[i] = (uint8_t)(t * 16 + i);
+    return pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, buf, cap) > 0;
+}
+
+/* The params each leg carries in WRITE mode (router-spec §3.4): the transfer id and the peer's TP. */
+static inline void tc_leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
+{
+    pdl_kv_params_init(kp);
+    snprintf(kp->transfer_id, sizeof(kp->transfer_id), "%s", tid);
+    kp->remote_tp_size = peer_tp;
+}
+
 /* One WRITE-mode transfer from producer p to consumer c, set up as each leg receives it: the request id
  * naming both (uuid tag `tag`), n <= TC_LEG_MAX blocks allocated on each side (the producer's filled
  * with the pattern of `seed`, tc_fill) and each leg's params under transfer id `tid`. Returns the first

@@ -43,24 +43,6 @@ static bool parked_reached(void *arg)
     return TC_SUM(w->p, remote_blocks_parked) >= w->want;
 }
 
-/* A request id carrying both instances' addresses, as the router builds it. */
-static void make_rid(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
-{
-    uint8_t uuid[16];
-    for (int i = 0; i < 16; i++)
-        uuid[i] = (uint8_t)(t * 16 + i);
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, buf, cap) >
-                0);
-}
-
-/* The params each leg carries in WRITE mode (router-spec §3.4): the transfer id and the peer's TP. */
-static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
-{
-    pdl_kv_params_init(kp);
-    snprintf(kp->transfer_id, sizeof(kp->transfer_id), "%s", tid);
-    kp->remote_tp_size = peer_tp;
-}
-
 static void run_case(const tc_topo_t *tc)
 {
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
@@ -87,7 +69,7 @@ static void run_case(const tc_topo_t *tc)
         per_cons[t % tc->ncons]++;
         char tid[64], rid[1024];
         snprintf(tid, sizeof(tid), "tx-w-%s-%d", tc->name, t);
-        make_rid(p, c, t, rid, sizeof(rid));
+        assert_true(tc_request_id(p, c, t, rid, sizeof(rid)));
         uint32_t skip[NBLK];
         assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk[t], NULL), PDL_OK);
         assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
@@ -95,8 +77,8 @@ static void run_case(const tc_topo_t *tc)
         pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
         tc_fill(p, tc->g.heads, tc->g.mla, pblk[t], NBLK, (uint32_t)t + 1);
         pdl_kv_params_t pk, ck;
-        leg_params(tid, tc->D, &pk);
-        leg_params(tid, tc->P, &ck);
+        tc_leg_params(tid, tc->D, &pk);
+        tc_leg_params(tid, tc->P, &ck);
         pdl_error_t e;
         bool park = t % 2 == 1;
         if (park) {
@@ -202,9 +184,9 @@ static void write_expired_without_remote_blocks(void **state)
     uint32_t blk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
     char rid[1024];
-    make_rid(p, c, 1, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 1, rid, sizeof(rid)));
     pdl_kv_params_t pk;
-    leg_params("tx-never", 8, &pk);
+    tc_leg_params("tx-never", 8, &pk);
     pdl_error_t e;
     assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_OK);
     /* a second push of the same transfer is refused */
@@ -240,10 +222,10 @@ static void write_failed_is_load_error(void **state)
     assert_int_equal(pdl_instance_alloc_blocks(p, 2, pblk, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     char rid[1024];
-    make_rid(p, c, 2, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 2, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
-    leg_params("tx-fail", 4, &pk);
-    leg_params("tx-fail", 8, &ck);
+    tc_leg_params("tx-fail", 4, &pk);
+    tc_leg_params("tx-fail", 8, &ck);
     pdl_error_t e;
     pdl_recv_t *rv = NULL;
     assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
@@ -321,7 +303,7 @@ static void write_done_outside_group_and_duplicates(void **state)
     uint32_t cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    leg_params("tx-forged", 8, &ck);
+    tc_leg_params("tx-forged", 8, &ck);
     /* the producer address points at nothing: the remote_blocks stay queued in libzmq */
     snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
     ck.remote_handshake_port = 1000;
@@ -385,10 +367,10 @@ static void write_consumer_tp_from_remote_blocks(void **state)
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     tc_fill(p, 8, false, pblk, NBLK, 77);
     char rid[1024];
-    make_rid(p, c, 3, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 3, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
-    leg_params("tx-oldrouter", 1, &pk);
-    leg_params("tx-oldrouter", 4, &ck);
+    tc_leg_params("tx-oldrouter", 1, &pk);
+    tc_leg_params("tx-oldrouter", 4, &ck);
     pdl_error_t e;
     pdl_recv_t *rv = NULL;
     assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
@@ -427,7 +409,7 @@ static void write_receive_times_out(void **state)
     uint32_t cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    leg_params("tx-silent", 4, &ck);
+    tc_leg_params("tx-silent", 4, &ck);
     snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
     ck.remote_handshake_port = 1000;
     ck.remote_notify_port = 1100;
@@ -469,10 +451,10 @@ static void abandon_push(int P, int D, bool abandon_first)
     uint32_t blk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
     char rid[1024];
-    make_rid(p, c, 7, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 7, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
-    leg_params("tx-abandoned", D, &pk);
-    leg_params("tx-abandoned", P, &ck);
+    tc_leg_params("tx-abandoned", D, &pk);
+    tc_leg_params("tx-abandoned", P, &ck);
     pdl_error_t e;
     if (!abandon_first)
         assert_int_equal(pdl_instance_push(p, &pk, rid, blk, NBLK, &e), PDL_OK);
@@ -522,10 +504,10 @@ static void write_producer_abandon_fails_receive(void **state)
     uint32_t cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     char rid[1024];
-    make_rid(p, c, 8, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 8, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
-    leg_params("tx-no-prefill", 4, &pk);
-    leg_params("tx-no-prefill", 8, &ck);
+    tc_leg_params("tx-no-prefill", 4, &pk);
+    tc_leg_params("tx-no-prefill", 8, &ck);
     pdl_error_t e;
     pdl_recv_t *rv = NULL;
     assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
@@ -560,10 +542,10 @@ static void write_producer_abandon_before_receive(void **state)
     assert_non_null(p);
     assert_non_null(c);
     char rid[1024];
-    make_rid(p, c, 9, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 9, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
-    leg_params("tx-refused-first", 4, &pk);
-    leg_params("tx-refused-first", 8, &ck);
+    tc_leg_params("tx-refused-first", 4, &pk);
+    tc_leg_params("tx-refused-first", 8, &ck);
     pdl_error_t e;
     assert_int_equal(pdl_instance_abandon(p, &pk, rid, &e), PDL_OK);
     /* P8/D4: each producer rank sends its failed write_done to its one consumer rank. */
@@ -619,13 +601,13 @@ static void write_gone_consumer_pushes_freed(void **state)
     pdl_instance_set_event_fn(p, tc_on_event, &ev);
     uint32_t blk[4][NBLK];
     char rid_live[1024];
-    make_rid(p, live, 40, rid_live, sizeof(rid_live));
+    assert_true(tc_request_id(p, live, 40, rid_live, sizeof(rid_live)));
     for (int i = 0; i < 4; i++) {
         char tid[32], rid[1024];
         snprintf(tid, sizeof(tid), "tx-gone-%d", i);
-        make_rid(p, c, 41 + i, rid, sizeof(rid));
+        assert_true(tc_request_id(p, c, 41 + i, rid, sizeof(rid)));
         pdl_kv_params_t pk;
-        leg_params(tid, i < 3 ? 2 : 1, &pk);
+        tc_leg_params(tid, i < 3 ? 2 : 1, &pk);
         assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk[i], NULL), PDL_OK);
         tc_fill(p, g.heads, g.mla, blk[i], NBLK, (uint32_t)(50 + i));
         pdl_error_t e;
@@ -652,7 +634,7 @@ static void write_gone_consumer_pushes_freed(void **state)
     uint32_t cb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(live, NBLK, cb, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    leg_params("tx-gone-3", 2, &ck);
+    tc_leg_params("tx-gone-3", 2, &ck);
     pdl_recv_t *rv = NULL;
     pdl_error_t e;
     assert_int_equal(pdl_instance_expect_push(live, &ck, rid_live, cb, NBLK, &rv, &e), PDL_OK);
@@ -702,13 +684,13 @@ static pdl_instance_t *write_instance_at(pdl_role_t role, int tp, const tc_geo_t
 static pdl_status_t push_once(pdl_instance_t *p, pdl_instance_t *c, const char *tid, int t, pdl_error_t *e)
 {
     char rid[1024];
-    make_rid(p, c, t, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, t, rid, sizeof(rid)));
     uint32_t pblk[NBLK], cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     pdl_kv_params_t pk, ck;
-    leg_params(tid, pdl_instance_tp_size(c), &pk);
-    leg_params(tid, pdl_instance_tp_size(p), &ck);
+    tc_leg_params(tid, pdl_instance_tp_size(c), &pk);
+    tc_leg_params(tid, pdl_instance_tp_size(p), &ck);
     pdl_recv_t *rv = NULL;
     assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, e), PDL_OK);
     assert_int_equal(pdl_instance_push(p, &pk, rid, pblk, NBLK, e), PDL_OK);
@@ -796,7 +778,7 @@ static void write_refused_without_opt_in(void **state)
     uint32_t blk[1];
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, blk, NULL), PDL_OK);
     pdl_kv_params_t pk;
-    leg_params("tx-read", 2, &pk);
+    tc_leg_params("tx-read", 2, &pk);
     pdl_error_t e;
     assert_int_equal(pdl_instance_push(p, &pk, NULL, blk, 1, &e), PDL_ERR_BAD_STATE);
     pdl_recv_t *rv = NULL;

@@ -37,22 +37,6 @@ static void write_reaps_fast(pdl_instance_config_t *c)
     c->conn.defer_timeout_s = 0.3;
 }
 
-static void make_rid(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
-{
-    uint8_t uuid[16];
-    for (int i = 0; i < 16; i++)
-        uuid[i] = (uint8_t)(t * 16 + i);
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, buf, cap) >
-                0);
-}
-
-static void leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
-{
-    pdl_kv_params_init(kp);
-    snprintf(kp->transfer_id, sizeof(kp->transfer_id), "%s", tid);
-    kp->remote_tp_size = peer_tp;
-}
-
 typedef struct at_least {
     pdl_instance_t *inst;
     size_t off;
@@ -87,11 +71,11 @@ static void killed_producer_fails_receive(void **state)
     assert_non_null(p);
     assert_non_null(c);
     char rid[1024];
-    make_rid(p, c, 1, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 1, rid, sizeof(rid)));
     uint32_t cb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    leg_params("tx-killed", 2, &ck);
+    tc_leg_params("tx-killed", 2, &ck);
     pdl_recv_t *rv = NULL;
     pdl_error_t e;
     assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
@@ -127,7 +111,7 @@ static void transfer_from_nowhere_fails_receive(void **state)
     uint32_t cb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    leg_params("tx-nowhere", 1, &ck);
+    tc_leg_params("tx-nowhere", 1, &ck);
     snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
     ck.remote_handshake_port = nowhere;
     ck.remote_notify_port = nowhere + 1;
@@ -156,13 +140,13 @@ static void late_remote_blocks_for_reaped_push_answered(void **state)
     assert_non_null(p);
     assert_non_null(c);
     char rid[1024];
-    make_rid(p, c, 2, rid, sizeof(rid));
+    assert_true(tc_request_id(p, c, 2, rid, sizeof(rid)));
     uint32_t pb[NBLK], cb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pb, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
     pdl_kv_params_t pk, ck;
-    leg_params("tx-reaped", 1, &pk);
-    leg_params("tx-reaped", 2, &ck);
+    tc_leg_params("tx-reaped", 1, &pk);
+    tc_leg_params("tx-reaped", 2, &ck);
     pdl_error_t e;
     assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
     at_least_t reaped = {p, offsetof(pdl_rank_counters_t, expired), 2};
