@@ -74,20 +74,10 @@ def main():
                 raise RuntimeError("batch_transfer_sync_%s returned %d" % (args.op, rc))
 
         try:
-            if args.op == "read":
-                local.clear(block * batch)
-                post_and_wait()
-                bad = [k for k in range(batch) if not local.matches_pattern(loffs[k], roffs[k], block)]
-                if bad:
-                    failed = "block %s batch %d: %d of %d blocks differ from the target's bytes" % (
-                        pc.fmt_size(block), batch, len(bad), batch)
-                    break
-            gbps, iters, lat = pc.measure(post_and_wait, block, batch, pc.iterations(args, block, batch, True),
-                                          args.max_seconds)
+            rows.append(pc.point(args, local, post_and_wait, block, batch, True))
         except RuntimeError as e:
-            failed = "block %s batch %d: %s" % (pc.fmt_size(block), batch, e)
+            failed = str(e)
             break
-        rows.append({"block": block, "batch": batch, "gbps": gbps, "iters": iters, "lat_us_median": lat})
     pc.stop_target(target)
     pc.report("mooncake", "tcp", args.op, rows, args)
     if failed:

@@ -76,24 +76,14 @@ def main():
                 raise RuntimeError("transfer state %s" % st)
 
         try:
-            if args.op == "read":
-                local.clear(block * batch)
-                post_and_wait()
-                bad = [k for k in range(batch) if not local.matches_pattern(loffs[k], roffs[k], block)]
-                if bad:
-                    failed = "block %s batch %d: %d of %d blocks differ from the target's bytes" % (
-                        pc.fmt_size(block), batch, len(bad), batch)
-                    break
-            gbps, iters, lat = pc.measure(post_and_wait, block, batch, pc.iterations(args, block, batch, tcp),
-                                          args.max_seconds)
+            rows.append(pc.point(args, local, post_and_wait, block, batch, tcp))
         except RuntimeError as e:
-            failed = "block %s batch %d: %s" % (pc.fmt_size(block), batch, e)
+            failed = str(e)
             break
         finally:
             ag.release_xfer_handle(h)
             ag.release_dlist_handle(lside)
             ag.release_dlist_handle(rside)
-        rows.append({"block": block, "batch": batch, "gbps": gbps, "iters": iters, "lat_us_median": lat})
     pc.stop_target(target)
     pc.report("nixl", "UCX_TLS=" + tls, args.op, rows, args)
     if failed:

@@ -147,6 +147,24 @@ def measure(post_and_wait, block, batch, iters, max_seconds):
     return block * batch * len(lat) / dt / 1e9, len(lat), lat[len(lat) // 2] * 1e6
 
 
+def point(args, local, post_and_wait, block, batch, tcp):
+    """One grid point: with --op read the first batch is checked byte for byte (local blocks in order,
+    remote reversed: layout()), then the point is timed. Returns its row; raises RuntimeError naming the
+    point when a transfer fails or a block differs from the target's bytes."""
+    loffs, roffs = layout(block, batch)
+    try:
+        if args.op == "read":
+            local.clear(block * batch)
+            post_and_wait()
+            bad = [k for k in range(batch) if not local.matches_pattern(loffs[k], roffs[k], block)]
+            if bad:
+                raise RuntimeError("%d of %d blocks differ from the target's bytes" % (len(bad), batch))
+        gbps, iters, lat = measure(post_and_wait, block, batch, iterations(args, block, batch, tcp), args.max_seconds)
+    except RuntimeError as e:
+        raise RuntimeError("block %s batch %d: %s" % (fmt_size(block), batch, e)) from None
+    return {"block": block, "batch": batch, "gbps": gbps, "iters": iters, "lat_us_median": lat}
+
+
 def start_target(args, region):
     """Start this program as the target; returns (process, its READY info dict)."""
     cmd = [sys.executable, sys.argv[0], "--serve", "--region", str(region)]
