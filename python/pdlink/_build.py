@@ -214,8 +214,8 @@ static int pdlpy_events_take(pdlpy_events_t *q, int *ev, int *rank, char *tid, s
     q->dropped = 0;
     pthread_mutex_unlock(&q->mu);
     if (dropped > 0)
-        pdl_error("python: %lu held-transfer events lost (out of memory): their blocks are freed by pdlink, but "
-                  "a caller waiting for FREED will not see it", dropped);
+        fprintf(stderr, "pdlink python: error: %lu held-transfer events lost (out of memory): their blocks are "
+                        "freed by pdlink, but a caller waiting for FREED will not see it\n", dropped);
     if (e == NULL)
         return 0;
     *ev = e->ev;
