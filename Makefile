@@ -1,7 +1,8 @@
 # The two commands of README.md, and the CI steps. Each target installs missing Debian packages first.
 #   make run    -- build, then run the main job (pdlink run)
 #   make test   -- build, then every test (ctest)
-#   make ci     -- test + ASan/UBSan build + TSan build + a short run of every fuzz target
+#   make ci     -- test + vllm-e2e-short + ASan/UBSan build + TSan build + a short run of every fuzz target
+#                 (what .ci/run does)
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
 #   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
@@ -49,7 +50,7 @@ fuzz: deps
 	@cmake --build build-fuzz -j $(JOBS)
 	./tools/run-fuzzers build-fuzz $(FUZZ_SECONDS)
 
-ci: test asan tsan fuzz
+ci: test vllm-e2e-short asan tsan fuzz
 
 vllm-e2e: build
 	BUILD=$(BUILD) ./scripts/install-vllm
