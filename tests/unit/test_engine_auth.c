@@ -15,11 +15,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "engine/tcp_wire.h"
+#include "tcp_raw_testutil.h"
 #include "pdlink/auth.h"
 #include "pdlink/engine.h"
 
@@ -164,12 +166,10 @@ static void owner_without_key_refused(void **state)
 
 /* ---- raw clients -------------------------------------------------------------------------------- */
 
+/* With a 5 s receive timeout: a refused peer's missing answer fails the test instead of hanging it. */
 static int raw_connect(uint16_t port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int fd = raw_dial(port, 0);
     struct timeval tv = {5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
@@ -183,18 +183,7 @@ static int32_t raw_step(int fd, uint16_t op, const void *body, size_t len, uint8
     pdl_tcp_req_encode(h, &r);
     assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
     assert_int_equal(send(fd, body, len, MSG_NOSIGNAL), (ssize_t)len);
-    uint8_t rh[PDL_TCP_RESP_HDR];
-    assert_int_equal(recv(fd, rh, sizeof(rh), MSG_WAITALL), (ssize_t)sizeof(rh));
-    pdl_tcp_resp_t rr;
-    pdl_tcp_resp_decode(rh, &rr);
-    assert_int_equal(rr.magic, PDL_TCP_RESP_MAGIC);
-    uint64_t n = rr.status ? rr.msg_len : rr.payload_len;
-    assert_true(n < cap);
-    if (n)
-        assert_int_equal(recv(fd, buf, n, MSG_WAITALL), (ssize_t)n);
-    buf[n] = 0;
-    *got = n;
-    return rr.status;
+    return raw_response(fd, -1, buf, cap, got);
 }
 
 /* The owner closed the connection: EOF, or a reset when it closed with our unread request bytes. */

@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "engine/tcp_wire.h"
+#include "tcp_raw_testutil.h"
 #include "pdlink/engine.h"
 #include "common/log.h"
 
@@ -152,15 +153,7 @@ static void test_initiator_checks_tcp(void **state)
 /* A data connection from local address `src` (host order; 0 = the kernel's choice) after its HELLO. */
 static int raw_hello_from(uint16_t port, const char *key, uint32_t src)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (src != 0) {
-        struct sockaddr_in me = {.sin_family = AF_INET};
-        me.sin_addr.s_addr = htonl(src);
-        assert_int_equal(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
-    }
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int fd = raw_dial(port, src);
     uint8_t h[PDL_TCP_REQ_HDR];
     pdl_tcp_req_t r = {PDL_TCP_REQ_MAGIC, PDL_TCP_VERSION, PDL_TCP_OP_HELLO, 0, 0, 0, strlen(key), 0};
     pdl_tcp_req_encode(h, &r);
@@ -199,19 +192,7 @@ static int32_t raw_req_g(int fd, uint16_t op, uint64_t id, const char *grant, co
         assert_int_equal(send(fd, grant, glen, 0), (ssize_t)glen);
     if (op == PDL_TCP_OP_WRITE)
         assert_int_equal(send(fd, payload, total, 0), (ssize_t)total);
-    uint8_t rh[PDL_TCP_RESP_HDR];
-    assert_int_equal(recv(fd, rh, sizeof(rh), MSG_WAITALL), (ssize_t)sizeof(rh));
-    pdl_tcp_resp_t rr;
-    pdl_tcp_resp_decode(rh, &rr);
-    assert_int_equal(rr.magic, PDL_TCP_RESP_MAGIC);
-    assert_int_equal(rr.tag, 99);
-    uint64_t n = rr.status ? rr.msg_len : rr.payload_len;
-    assert_true(n < cap);
-    if (n)
-        assert_int_equal(recv(fd, buf, n, MSG_WAITALL), (ssize_t)n);
-    buf[n] = 0;
-    *got = n;
-    return rr.status;
+    return raw_response(fd, 99, buf, cap, got);
 }
 
 static int32_t raw_req(int fd, uint16_t op, uint64_t id, const uint64_t *segs, uint32_t nseg, const uint8_t *payload,
