@@ -336,6 +336,33 @@ static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode
     return j;
 }
 
+/* Queue on rank r's service thread a failed write_done of `tid` to every consumer rank of r's notify set
+ * (consumer TP consumer_tp, DP rank dp, the notify ports of `host` from notify_base), each counted in
+ * write_done_sent: what a rank that will not write sends, so the decode's receive fails now. Stops at the
+ * first failure (PDL_ERR_INVALID for the TPs or the port, PDL_ERR_NOMEM), naming the consumer rank. */
+static pdl_status_t queue_failed_write_done(pdl_rank_t *r, const char *tid, const char *host, int notify_base,
+                                            int consumer_tp, int dp, pdl_error_t *err)
+{
+    int first = 0, count = 0;
+    pdl_status_t st = pdl_topo_consumers_of(r->inst->tp, consumer_tp, r->rank, &first, &count, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, st, "consumer TP %d with producer TP %d", consumer_tp, r->inst->tp);
+    for (int c = first; st == PDL_OK && c < first + count; c++) {
+        pdl_bytes_t b = {0};
+        int off = pdl_topo_port_offset(dp, consumer_tp, c);
+        st = off < 0 ? pdl_error_set(err, PDL_ERR_INVALID, "no notify port for DP rank %d", dp)
+                     : encode_write_done(r, tid, false, &b, err);
+        if (st == PDL_OK)
+            st = pdl__outq_send(r, host, notify_base + off, PDL_OUT_OTHER, &b, err);
+        pdl_bytes_free(&b);
+        if (st == PDL_OK)
+            PDL_CTR_ADD(r, write_done_sent, 1);
+        else
+            pdl_error_prefix(err, st, "write_done to consumer rank %d", c);
+    }
+    return st;
+}
+
 /* Where the failed write_done for a given-up rank goes: the push's consumer (never the sender's word). */
 typedef struct given_up {
     char host[PDL_WIRE_HOST_MAX + 1];
@@ -346,18 +373,10 @@ typedef struct given_up {
  * rank's notify set gets a failed write_done, as if the share had failed, so the receive fails now. */
 static void answer_given_up(pdl_rank_t *r, const pdl_msg_t *msg, const given_up_t *gu)
 {
-    int first = 0, count = 0;
-    if (pdl_topo_consumers_of(r->inst->tp, gu->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
-        return;
-    for (int c = first; c < first + count; c++) {
-        pdl_bytes_t b = {0};
-        pdl_error_t e;
-        int off = pdl_topo_port_offset((int)msg->decode_rank, gu->consumer_tp, c);
-        if (encode_write_done(r, msg->transfer_id, false, &b, &e) == PDL_OK && off >= 0 &&
-            pdl__outq_send(r, gu->host, gu->notify_base + off, PDL_OUT_OTHER, &b, &e) == PDL_OK)
-            PDL_CTR_ADD(r, write_done_sent, 1);
-        pdl_bytes_free(&b);
-    }
+    pdl_error_t e;
+    if (queue_failed_write_done(r, msg->transfer_id, gu->host, gu->notify_base, gu->consumer_tp,
+                                (int)msg->decode_rank, &e) != PDL_OK)
+        pdl_debug("rank %d: failed write_done of given-up push %.100s: %s", r->rank, msg->transfer_id, e.msg);
     PDL_CTR_ADD(r, remote_blocks_given_up, 1);
     uint64_t sup = 0;
     if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
@@ -1198,23 +1217,10 @@ static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_param
             parked_free(k);
         }
     }
-    int first = 0, count = 0;
     for (int r = inst->lo; st == PDL_OK && r < inst->hi; r++) {
-        pdl_rank_t *rk = &inst->ranks[r];
-        st = pdl_topo_consumers_of(inst->tp, D, r, &first, &count, err);
+        st = queue_failed_write_done(&inst->ranks[r], tid, host, notify_base, D, dp, err);
         if (st != PDL_OK)
-            return pdl_error_prefix(err, st, "abandon %s: consumer TP %d with producer TP %d", tid, D, inst->tp);
-        for (int c = first; st == PDL_OK && c < first + count; c++) {
-            pdl_bytes_t b = {0};
-            st = encode_write_done(rk, tid, false, &b, err);
-            if (st == PDL_OK)
-                st = pdl__outq_send(rk, host, notify_base + pdl_topo_port_offset(dp, D, c), PDL_OUT_OTHER, &b, err);
-            pdl_bytes_free(&b);
-            if (st == PDL_OK)
-                PDL_CTR_ADD(rk, write_done_sent, 1);
-            else
-                pdl_error_prefix(err, st, "abandon %s: write_done to consumer rank %d", tid, c);
-        }
+            pdl_error_prefix(err, st, "abandon %s", tid);
     }
     return st;
 }
