@@ -5,6 +5,7 @@
  * when a snapshot is taken, so a reader sees one consistent set per rank.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #include "connector/internal.h"
@@ -31,14 +32,21 @@ void pdl__ctr_add(pdl_rank_ctr_t *c, size_t offset, uint64_t v)
     pthread_mutex_unlock(&c->mu);
 }
 
-void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
+/* Counts one event in the counter at `offset` and asks the event's rate limiter whether to log it, both
+ * under mu (the limiters are shared by the service thread and the lanes). */
+static bool count_limited(pdl_rank_t *r, size_t offset, pdl_ratelimit_t *rl, uint64_t *suppressed)
 {
     pthread_mutex_lock(&r->ctr.mu);
     *(uint64_t *)((char *)&r->ctr.v + offset) += 1;
-    uint64_t suppressed = 0;
-    bool log = pdl_ratelimit_allow(&r->ctr.refused_rl, &suppressed);
+    bool log = pdl_ratelimit_allow(rl, suppressed);
     pthread_mutex_unlock(&r->ctr.mu);
-    if (!log)
+    return log;
+}
+
+void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
+{
+    uint64_t suppressed = 0;
+    if (!count_limited(r, offset, &r->ctr.refused_rl, &suppressed))
         return;
     char msg[512];
     va_list ap;
@@ -50,14 +58,9 @@ void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
 
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)
 {
-    /* Drops are counted by the service thread only, so the kind's limiter needs no lock of its own;
-     * it is taken under mu anyway to keep that true if another thread ever drops. */
-    pthread_mutex_lock(&r->ctr.mu);
-    r->ctr.v.dropped_malformed++;
+    /* One limiter per kind, so a flood of one malformed kind does not hide the first of another. */
     uint64_t suppressed = 0;
-    bool log = pdl_ratelimit_allow(&r->ctr.drop_rl[kind], &suppressed);
-    pthread_mutex_unlock(&r->ctr.mu);
-    if (!log)
+    if (!count_limited(r, offsetof(pdl_rank_counters_t, dropped_malformed), &r->ctr.drop_rl[kind], &suppressed))
         return;
     char msg[512];
     va_list ap;

@@ -811,7 +811,7 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
     if (rc != 0) {
         st = pdl_error_set(err, PDL_ERR_INVALID, "engine %s: cannot resolve host '%s': %s", e->key, e->host,
                            gai_strerror(rc));
-        goto err_free;
+        goto fail;
     }
     if (e->bind_all) { /* the wildcard of host's family, same port */
         if (ai->ai_family == AF_INET6)
@@ -826,7 +826,7 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
         st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: listen on %s:%u%s: %s", e->key, e->host, e->port,
                            e->bind_all ? " (bind_all: every address)" : "", strerror(errno));
         freeaddrinfo(ai);
-        goto err_free;
+        goto fail;
     }
     freeaddrinfo(ai);
     struct sockaddr_storage ss;
@@ -835,12 +835,12 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
     e->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
 
-    srv->nthreads = e->num_workers;
-    srv->th = calloc((size_t)srv->nthreads, sizeof(*srv->th));
+    srv->th = calloc((size_t)e->num_workers, sizeof(*srv->th));
     if (srv->th == NULL) {
         st = pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-        goto err_free;
+        goto fail;
     }
+    srv->nthreads = e->num_workers; /* only now: stop() walks th[0..nthreads) */
     for (int i = 0; i < srv->nthreads; i++) {
         srv->th[i].epfd = srv->th[i].evfd = -1;
     }
@@ -852,7 +852,7 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
         th->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (th->epfd < 0 || th->evfd < 0) {
             st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: epoll/eventfd: %s", e->key, strerror(errno));
-            goto err_threads;
+            goto fail;
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = th};
         epoll_ctl(th->epfd, EPOLL_CTL_ADD, th->evfd, &ev);
@@ -866,23 +866,15 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
         if (rc != 0) {
             st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create for server thread %d: %s", e->key, i,
                                strerror(rc));
-            goto err_threads;
+            goto fail;
         }
         srv->th[i].started = true;
     }
     *out = srv;
     return PDL_OK;
 
-err_threads:
+fail: /* stop() undoes any prefix of the above: threads not started, fds still -1, th not allocated */
     pdl__tcp_server_stop(srv);
-    return st;
-err_free:
-    if (srv->lfd >= 0)
-        close(srv->lfd);
-    if (srv->spare_fd >= 0)
-        close(srv->spare_fd);
-    pthread_mutex_destroy(&srv->mu);
-    free(srv);
     return st;
 }
 
