@@ -59,6 +59,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     if (p != NULL) {
         if (pdl__strmap_put(cache, key, p) != 0) {
             pdl__peer_free(r, p);
+            pdl__prewarm_lane_done(r, key, PDL_ERR_NOMEM);
             return pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
         }
         pdl__health_ok(&side->health, key);
