@@ -20,8 +20,9 @@
  * Release latency: per transfer and producer rank, the time from the last consumer send among the
  * consumer ranks that release it (pdl_pull_release_sent_ns) to that producer rank's RANK_REPORTED
  * event, both on CLOCK_MONOTONIC. Next to it, in the same pairs, the round trip of a message of the
- * same bytes between a DEALER and a ROUTER (the release path's socket types) over loopback tcp, two
- * ways: "hot", --zmq-rts round trips back to back after each connector sample (threads that never
+ * same bytes between a DEALER and a ROUTER (the release path's socket types) over loopback tcp, each
+ * in its own ZeroMQ context as the instances' sockets are (one shared context would serve both ends
+ * from one I/O thread, which a release never has), two ways: "hot", --zmq-rts round trips back to back after each connector sample (threads that never
  * sleep long: the figure issue 16 quotes), and "cold", one round trip right after each connector
  * transfer, untimed, when that path's threads have slept as long as the release path's did. On a
  * loaded machine a thread woken from a long sleep waits for a CPU; the cold probe pays that wait too,
@@ -535,7 +536,9 @@ static double bc_engine_sample(bc_setup_t *s, const bc_opts_t *o, const bc_batch
 /* ---- the ZeroMQ round trip: DEALER -> ROUTER -> DEALER, the release's bytes ---------------------- */
 
 typedef struct bc_zmq {
-    void *ctx, *router, *dealer;
+    /* One context per end, as the two instances have (and two processes would): one shared context
+     * serves both ends from one I/O thread, which a release never has. */
+    void *rctx, *dctx, *router, *dealer;
     pthread_t echo;
     bool running;
     pdl_bytes_t msg;
@@ -574,9 +577,10 @@ static bool bc_zmq_init(bc_zmq_t *z)
     m.status = PDL_RELEASE_OK;
     pdl_status_t st = pdl_wire_encode_msg(&m, &z->msg, NULL);
     pdl_msg_clear(&m);
-    z->ctx = zmq_ctx_new();
-    z->router = z->ctx ? zmq_socket(z->ctx, ZMQ_ROUTER) : NULL;
-    z->dealer = z->ctx ? zmq_socket(z->ctx, ZMQ_DEALER) : NULL;
+    z->rctx = zmq_ctx_new();
+    z->dctx = zmq_ctx_new();
+    z->router = z->rctx ? zmq_socket(z->rctx, ZMQ_ROUTER) : NULL;
+    z->dealer = z->dctx ? zmq_socket(z->dctx, ZMQ_DEALER) : NULL;
     if (st != PDL_OK || z->router == NULL || z->dealer == NULL || zmq_bind(z->router, "tcp://127.0.0.1:*") != 0)
         return false;
     char ep[128];
@@ -616,8 +620,10 @@ static void bc_zmq_fini(bc_zmq_t *z)
         zmq_close(z->dealer);
     if (z->router)
         zmq_close(z->router);
-    if (z->ctx)
-        zmq_ctx_term(z->ctx);
+    if (z->rctx)
+        zmq_ctx_term(z->rctx);
+    if (z->dctx)
+        zmq_ctx_term(z->dctx);
     pdl_bytes_free(&z->msg);
 }
 

@@ -44,9 +44,10 @@ extern "C" {
 /* Bytes of a host name or address, without the NUL (the wire's limit, checked where they meet). */
 #define PDL_CONNECTOR_HOST_MAX 256
 #define PDL_CONNECTOR_TRUSTED_MAX 1023 /* bytes of trusted_hosts as text */
-#define PDL_CONNECTOR_PREWARM_MAX 16    /* producer instances in prewarm_peers */
+#define PDL_CONNECTOR_PREWARM_MAX 16    /* remote instances in prewarm_peers */
 
-/* A producer instance a decode connects to at start-up (prewarm_peers). */
+/* A remote instance connected at start-up (prewarm_peers): a producer of a READ decode, a consumer
+ * (decode) of a WRITE prefill. */
 typedef struct pdl_prewarm_peer {
     char host[PDL_CONNECTOR_HOST_MAX + 1];
     int handshake_port; /* its base handshake port (rank r of DP rank dp listens on base + dp * tp + r) */
@@ -87,8 +88,9 @@ typedef struct pdl_connector_config {
     bool bind_all; /* false: handshake, notify and data ports listen on host_ip only; true: on every address */
     /* Comma-separated addresses/CIDRs a decode may dial and a producer serves; "" = everyone. */
     char trusted_hosts[PDL_CONNECTOR_TRUSTED_MAX + 1];
-    /* READ-mode decode: producers to handshake with and map at start-up, in the background, retried
-     * with peer_backoff until reachable (prewarm.c); more are learnt from requests. */
+    /* READ-mode decode: producers, WRITE-mode prefill: consumers, to handshake with and map at
+     * start-up, in the background, retried with peer_backoff until reachable (prewarm.c); more are
+     * learnt from requests. */
     pdl_prewarm_peer_t prewarm_peers[PDL_CONNECTOR_PREWARM_MAX];
     int num_prewarm_peers;
     /* Authenticated mode (docs/security.md): the cluster key file; "" = compatible mode. With it, the
@@ -117,7 +119,7 @@ pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connect
 
 /*
  * Add one prewarm_peers entry, "HOST:PORT[:TP[:DP]]" (an IPv6 host in brackets: "[::1]:7000:8"): the
- * producer instance's host, base handshake port, TP size (omitted or 0: ours) and DP rank (0). An entry
+ * remote instance's (a producer; in WRITE mode a consumer) host, base handshake port, TP size (omitted or 0: ours) and DP rank (0). An entry
  * already listed is not added twice. Fails with PDL_ERR_INVALID naming the entry (empty or too long
  * host, a port outside 1-65535, a TP outside 0-PDL_TOPO_MAX_TP, a DP outside 0-1023, junk after the
  * fields, more than PDL_CONNECTOR_PREWARM_MAX entries); cfg is then unchanged.
@@ -265,10 +267,11 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
  * in the allocator and its PDL_EVENT_FREED has been delivered, so 0 means all of that happened. */
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
-/* Peers (a local rank and a producer rank it reads from) the background prewarm still has to connect:
- * prewarm_peers not yet reachable, producers just learnt from a request, ones evicted after a failure.
- * 0 means every known producer is handshaked and mapped, so no pull pays for it (counter
- * transfer_handshakes). 0 for NULL or a WRITE-mode or producer instance. */
+/* Peers (a local rank and a producer rank it reads from, or in WRITE mode a consumer rank it writes to)
+ * the background prewarm still has to connect: prewarm_peers not yet reachable, peers just learnt from
+ * a request, ones evicted after a failure. 0 means every known peer is handshaked and mapped, so no
+ * pull or push pays for it (counter transfer_handshakes). 0 for NULL and for an instance that moves no KV itself (a READ-mode producer, a
+ * WRITE-mode consumer). */
 size_t pdl_instance_prewarm_pending(pdl_instance_t *inst);
 
 /*
@@ -413,7 +416,9 @@ typedef enum pdl_counter_kind {
     X(listener_pauses, "pdlink_listener_pauses_total", PDL_COUNTER_COUNT,                                           \
       "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).") \
     X(prewarm_handshakes, "pdlink_prewarm_handshakes_total", PDL_COUNTER_COUNT,                                     \
-      "Peers handshaked, opened and mapped ahead of need by the background prewarm (decode).")                    \
+      "Peers handshaked, opened and mapped ahead of need by the background prewarm (READ decode, WRITE prefill).") \
+    X(prewarm_evictions, "pdlink_prewarm_evictions_total", PDL_COUNTER_COUNT,                                       \
+      "Rank pairs of learnt peers the prewarm forgot: failing for 2 x peer_backoff_max, or to make room.")         \
     X(transfer_handshakes, "pdlink_transfer_handshakes_total", PDL_COUNTER_COUNT,                                   \
       "Handshakes (with the session open and mapping) a transfer had to wait for: 0 when prewarm was in time.")  \
     X(auth_refused, "pdlink_auth_refused_total", PDL_COUNTER_COUNT,                                                 \

@@ -94,7 +94,7 @@ typedef struct run_opts {
     int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
     const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
     const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
-    bool no_prewarm;                    /* --no-prewarm: decodes learn producers from requests only */
+    bool no_prewarm;                    /* --no-prewarm: peers are learnt from requests only */
     bool chaos;                         /* --chaos: kill -9 and restart a decode and a prefill (run_chaos.h) */
 } run_opts_t;
 
@@ -222,8 +222,8 @@ static void usage(FILE *f)
             "  --quiet                 no progress display on stderr\n"
             "  --child-log-level L     --log-level of the nodes and the router (default info; debug logs\n"
             "                          where each pull and request spends its time, see --log-dir)\n"
-            "  --no-prewarm            decodes are not told the producers: each learns them from its first\n"
-            "                          request, which pays the handshake and the mapping (the old behaviour)\n"
+            "  --no-prewarm            decodes (WRITE: prefills) are not told their peers: each learns them\n"
+            "                          from its first request, which pays the handshake and the mapping\n"
             "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
             "                          one from the project venv or $PATH, with the seed's flags and\n"
             "                          consistent_hash), or the path of a router executable\n"
@@ -689,6 +689,12 @@ static pdl_status_t drive(run_ctx_t *c, const char *base_url, int first, int n, 
 
 /* ---------------------------------------------------------------- starting processes */
 
+/* The role whose instances connect ahead of need: the one that moves the KV. */
+static node_role_t prewarming_role(const run_ctx_t *c)
+{
+    return strcmp(c->o.mode, "read") == 0 ? ROLE_DECODE : ROLE_PREFILL;
+}
+
 static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *proxy_ip, char *out, size_t len)
 {
     json_t *extra = json_pack("{s:s, s:s, s:i, s:i, s:i, s:i, s:b, s:s, s:i, s:i}", "host_ip", nd->host, "proxy_ip",
@@ -700,13 +706,14 @@ static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *prox
      * it the producer died); 10 s instead of the default 30 s bounds that stall, and the report shows it. */
     if (c->o.chaos)
         json_object_set_new(extra, "transfer_timeout", json_integer(RUN_CHAOS_TRANSFER_TIMEOUT_S));
-    /* The cluster is known: a READ decode connects to every prefill instance before the first request
-     * (prewarm_peers), so that no pull pays a handshake or a region mapping (issue 16). */
-    if (nd->role == ROLE_DECODE && strcmp(c->o.mode, "read") == 0 && !c->o.no_prewarm) {
+    /* The cluster is known: the side that moves the KV (a READ decode, a WRITE prefill) connects to every
+     * instance of the other side before the first request (prewarm_peers), so that no transfer pays a
+     * handshake or a region mapping (issue 16). */
+    if (nd->role == prewarming_role(c) && !c->o.no_prewarm) {
         json_t *pw = json_array();
         for (int i = 0; i < c->nnodes; i++) {
             const run_node_t *p = &c->nodes[i];
-            if (p->role != ROLE_PREFILL)
+            if (p->role != (nd->role == ROLE_DECODE ? ROLE_PREFILL : ROLE_DECODE))
                 continue;
             char spec[64];
             snprintf(spec, sizeof(spec), "%s:%d:%d", p->host, p->hs_base, p->tp);
@@ -850,8 +857,9 @@ static pdl_status_t wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadl
 }
 
 /*
- * Wait until every decode reports pdlink_prewarm_pending 0: its background prewarm connected and mapped
- * every prefill rank it will read from, so the first requests measure transfers, not set-up. Bounded:
+ * Wait until every READ decode (WRITE prefill) reports pdlink_prewarm_pending 0: its background prewarm
+ * connected and mapped every rank it will read from (write to), so the first requests measure
+ * transfers, not set-up. Bounded:
  * past the deadline the workload starts anyway, and the report's "pulls that handshaked" row shows what
  * the requests paid for it. False only when interrupted or a child died.
  */
@@ -864,21 +872,22 @@ static bool wait_prewarmed(run_ctx_t *c, pdl_run_result_t *r)
         int waiting = 0;
         for (int i = 0; i < c->nnodes; i++) {
             const run_node_t *nd = &c->nodes[i];
-            if (nd->role != ROLE_DECODE)
+            if (nd->role != prewarming_role(c))
                 continue;
             int found = 0;
             double v = pdl_run_metrics_sum(nd->metrics ? nd->metrics : "", "pdlink_prewarm_pending", NULL, NULL, &found);
             waiting += found == 0 || v > 0;
         }
         if (waiting == 0) {
-            progress(c, "every decode connected to its producers in %.1f s", (pdl__clock_now_ms() - t0) / 1e3);
+            progress(c, "every %s connected to its peers in %.1f s", prewarming_role(c) == ROLE_DECODE ? "decode" : "prefill",
+                     (pdl__clock_now_ms() - t0) / 1e3);
             return true;
         }
         if (!children_alive(c))
             return false;
         if (pdl__clock_now_ms() >= deadline) {
-            pdl_run_result_note(r, "%d decode instance(s) still connecting to producers after %d s; started anyway",
-                                waiting, RUN_PREWARM_TIMEOUT_MS / 1000);
+            pdl_run_result_note(r, "%d %s instance(s) still connecting to their peers after %d s; started anyway", waiting,
+                                prewarming_role(c) == ROLE_DECODE ? "decode" : "prefill", RUN_PREWARM_TIMEOUT_MS / 1000);
             return true;
         }
         if (!wait_ms(c, 50))
@@ -1079,6 +1088,9 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->kv_bytes += msum(nd, "pdlink_kv_bytes_total");
             r->descriptors += msum(nd, "pdlink_descriptors_total");
             r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
+            /* Only the side that moves the KV handshakes (and prewarms). */
+            r->prewarm_handshakes += msum(nd, "pdlink_prewarm_handshakes_total");
+            r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
         }
         if (nd->role == ROLE_DECODE) {
             if (wm)
@@ -1090,8 +1102,6 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->busy_seconds +=
                 pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
             pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &pull_hist);
-            r->prewarm_handshakes += msum(nd, "pdlink_prewarm_handshakes_total");
-            r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
         } else if (nd->role == ROLE_PREFILL) {
             if (wm)
                 r->releases_sent += msum(nd, "pdlink_write_done_sent_total");
@@ -1461,7 +1471,7 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
         goto out;
     }
 
-    if (strcmp(c->o.mode, "read") == 0 && !c->o.no_prewarm && !wait_prewarmed(c, r))
+    if (!c->o.no_prewarm && !wait_prewarmed(c, r))
         goto out;
 
     char base[96];

@@ -175,7 +175,7 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW(w ? "receive p50 / p99 (ms)" : "pull p50 / p99 (ms)", r->pull_p50_ms < 0 ? snprintf(cell, sizeof(cell), "-")
                                                   : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->pull_p50_ms,
                                                              r->pull_p99_ms));
-    ROW(w ? "receives that handshaked" : "pulls that handshaked",
+    ROW(w ? "pushes that handshaked" : "pulls that handshaked",
         snprintf(cell, sizeof(cell), "%llu (%llu ahead)", (unsigned long long)r->transfer_handshakes,
                  (unsigned long long)r->prewarm_handshakes));
     ROW("transfer busy (s)", snprintf(cell, sizeof(cell), "%.3f", r->busy_seconds));

@@ -143,7 +143,8 @@ static const key_row_t k_rows[] = {
      "pdlink: addresses/CIDRs (list or comma-separated string) a decode may dial and a producer serves; "
      "empty = everyone"},
     {"prewarm_peers", K_PREWARM, OFF(prewarm_peers),
-     "pdlink: producers a READ decode handshakes with and maps at start-up, in the background: a list of "
+     "pdlink: producers a READ decode (consumers a WRITE prefill) handshakes with and maps at start-up, in "
+     "the background: a list of "
      "\"host:handshake_port[:tp[:dp]]\" (or one comma-separated string)"},
     {"bind_all", K_BOOL, OFF(bind_all),
      "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},

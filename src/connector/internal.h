@@ -20,8 +20,9 @@
  *                       blocks, pdl_held_t, and every rank's release fan-in and lease)
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
- *   prewarm.c   a READ decode's background handshakes (pdl_prewarm_t) ─> handshake.c; peer.c takes
- *               its peers for the lanes and tells it what they evicted
+ *   prewarm.c   background handshakes of a READ decode or a WRITE prefill (pdl_prewarm_t) ─> handshake.c;
+ *               peer.c takes its peers for the lanes and tells it what they connected and evicted;
+ *               its eviction rule is prewarm_policy.c (pure)
  *   fanin.c (pure), blockalloc.c, config.c, strmap.c: leaves
  *
  * Threads per rank: the service thread (service.c) owns the ROUTERs and the outbound DEALER cache;
@@ -198,9 +199,9 @@ void pdl__peer_who(const pdl_peer_addr_t *addr, int remote_rank, char *who, size
 /* ---- prewarm.c: sessions before the first request -------------------------------------------- */
 
 typedef struct pdl_prewarm pdl_prewarm_t;
-/* Start the background thread of a READ-mode consumer with the config's prewarm_peers (inst->prewarm
- * stays NULL for other instances, and every function below then does nothing). PDL_ERR_NOMEM or
- * PDL_ERR_SYSTEM (no thread); an unusable prewarm_peers entry is logged and skipped, never fatal. */
+/* Start the background thread of a READ-mode consumer or a WRITE-mode producer with the config's
+ * prewarm_peers (producers; consumers in WRITE mode). inst->prewarm stays NULL for other instances,
+ * and every function below then does nothing. PDL_ERR_NOMEM or PDL_ERR_SYSTEM (no thread); an unusable prewarm_peers entry is logged and skipped, never fatal. */
 pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
 /* Stop the thread (waits for a handshake in progress, at most handshake_timeout) and free the peers
  * nobody took. Before the ranks' engines and the ZeroMQ context go. */
@@ -208,13 +209,32 @@ void pdl__prewarm_stop(pdl_instance_t *inst);
 /* A lane's cache miss for `key` (rank of addr) on rank r: the prewarmed peer (now the caller's), after
  * waiting for one being connected right now; NULL when there is none, and the prewarm then leaves that
  * key to the lane -- with *st_out (and err) the failure of the attempt the lane waited for, if it
- * failed, which the lane takes as its own. A producer instance not known yet gets every (local rank,
- * producer rank) pair this instance will read from it queued for the background thread (tried once;
- * only prewarm_peers are retried until reachable). */
+ * failed, which the lane takes as its own. A remote instance not known yet gets every (local rank,
+ * remote rank) pair this instance will read from it (READ) or write to (WRITE) queued for the
+ * background thread (tried once; only prewarm_peers are retried until reachable). When the lane is left
+ * to connect itself (NULL, PDL_OK) it reports the outcome with pdl__prewarm_lane_done. */
 pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const char *key, pdl_status_t *st_out,
                               pdl_error_t *err);
 /* A lane evicted `key` (its peer looked gone): connect it again in the background. */
 void pdl__prewarm_again(pdl_rank_t *r, const char *key);
+/* A lane that pdl__prewarm_take left to connect `key` itself tells how that went (st: PDL_OK, it holds
+ * the peer now; anything else, it does not): a pair a lane holds is never evicted, a failed one may be. */
+void pdl__prewarm_lane_done(pdl_rank_t *r, const char *key, pdl_status_t st);
+
+/* ---- prewarm_policy.c: which learnt remote instance the prewarm forgets (pure) ---------------- */
+
+/* One remote instance of the prewarm's table, as the eviction rule sees it. */
+typedef struct pdl_prewarm_cand {
+    bool configured;    /* named by prewarm_peers: never dropped */
+    bool in_use;        /* a pair connecting or warm, or a lane holds (or is connecting) its peer */
+    uint64_t failed_ns; /* every pair's last attempt failed, the latest at this time; 0: not all failed */
+    uint64_t learnt_ns; /* when a request named it first */
+} pdl_prewarm_cand_t;
+/* The index in c[0..n) of the instance to drop now, or -1 for none. Never a configured or in-use one.
+ * A failed one (failed_ns != 0) is dropped once now_ns >= failed_ns + ttl_ns, the longest failed first;
+ * with need_room (a new instance does not fit) the longest failed at once, or if none failed, the one
+ * learnt first. Cannot fail. */
+long pdl__prewarm_pick_victim(const pdl_prewarm_cand_t *c, size_t n, uint64_t now_ns, uint64_t ttl_ns, bool need_room);
 
 /* ---- xfer.c: the transfer executor ----------------------------------------------------------- */
 
@@ -540,7 +560,7 @@ struct pdl_instance {
     struct pdl_push *tombs[PDL_PUSH_TOMBS];
     unsigned tomb_next;
 
-    pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer */
+    pdl_prewarm_t *prewarm; /* prewarm.c; NULL unless a READ-mode consumer or a WRITE-mode producer */
 
     /* authmode.c: authenticated mode; both NULL in compatible mode (no auth_key_file) */
     pdl_auth_t *auth;

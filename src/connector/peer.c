@@ -5,7 +5,8 @@
  * Peers are cached per lane under "engine_id|dp|rank", each cache used by one thread only
  * (pdl_xfer_side_t). A miss first asks the prewarm (prewarm.c) for a peer connected ahead of need;
  * a handshake a transfer has to make itself is counted (transfer_handshakes); a producer first seen
- * there gets the instance's other rank pairs connected in the background. A peer is evicted when a
+ * there gets the instance's other rank pairs connected in the background, and the prewarm is told how
+ * the lane's own handshake went (it never forgets a pair a lane holds). A peer is evicted when a
  * transfer reports it gone (and handed back to the prewarm to connect again); a failed handshake is not
  * cached, but remembered in the lane's peer health (peerhealth.h) when it says the peer is unreachable
  * (timeout, refused, transport): transfers within the backoff fail at once with that reason, and the
@@ -58,6 +59,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     if (p != NULL) {
         if (pdl__strmap_put(cache, key, p) != 0) {
             pdl__peer_free(r, p);
+            pdl__prewarm_lane_done(r, key, PDL_ERR_NOMEM);
             return pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
         }
         pdl__health_ok(&side->health, key);
@@ -68,6 +70,7 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     pdl_status_t hst = PDL_ERR_PEER_GONE;
     if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
         PDL_CTR_ADD(r, peer_backoff_refusals, 1);
+        pdl__prewarm_lane_done(r, key, hst);
         return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
     }
     pdl_status_t st = pdl__peer_connect(r, addr, prank, &p, err);
@@ -75,6 +78,8 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
         pdl__peer_free(r, p);
         st = pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory", who);
     }
+    /* Whether this lane holds the pair now: one it holds is never evicted from the prewarm's table. */
+    pdl__prewarm_lane_done(r, key, st);
     if (st != PDL_OK) {
         /* Remembered only when it says the peer cannot be reached: a mismatch is fast to find again, and
          * a fixed peer must not wait out a backoff. */

@@ -68,8 +68,9 @@ const char *pdl_node_args_usage(void)
            "                                 with kv_role kv_both) the node serves alone. Its extra config's\n"
            "                                 auth_key_file turns on authenticated mode (docs/security.md)\n"
            "  --api-key KEY                  /v1 routes require Authorization: Bearer KEY (as vLLM; 401 without)\n"
-"  --prewarm-peer HOST:PORT[:TP[:DP]]  a decode (READ mode) handshakes with and maps this producer at\n"
-           "                                 start-up, in the background, retried until it answers; PORT is its base\n"
+"  --prewarm-peer HOST:PORT[:TP[:DP]]  a READ decode handshakes with and maps this producer (a WRITE\n"
+           "                                 prefill: this decode) at start-up, in the background, retried\n"
+           "                                 until it answers; PORT is its base\n"
            "                                 handshake port, TP its TP size (default ours). Repeatable; adds to\n"
            "                                 prewarm_peers (pdlink)\n"
            "  --kv-layout hnd|nhd            KV order inside a block (pdlink; default hnd)\n"
@@ -265,7 +266,7 @@ static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, con
         if (st != PDL_OK)
             return pdl_error_prefix(err, st, "%s", flag);
         if (a->num_prewarm_peers == PDL_CONNECTOR_PREWARM_MAX)
-            return pdl_error_set(err, PDL_ERR_INVALID, "%s: more than %d producers", flag, PDL_CONNECTOR_PREWARM_MAX);
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s: more than %d peers", flag, PDL_CONNECTOR_PREWARM_MAX);
         a->prewarm_peers[a->num_prewarm_peers++] = value;
         return PDL_OK;
     }

@@ -3,8 +3,9 @@
 
 All five seed topologies pass with every request answered, parity n/n with a single node, 0 mismatched
 bytes, 0 expired transfers, 0 blocks held, KV moved and verified, and the releases (READ) or write_done
-messages (WRITE) sent, received and expected all equal. In READ mode (decodes told their producers
-through prewarm_peers) no pull handshaked: every peer was connected ahead of need (issue 16). --vllm-router LOGDIR also checks that the real
+messages (WRITE) sent, received and expected all equal. No transfer handshaked: every peer was connected
+ahead of need (issue 16; READ decodes are told their producers, WRITE prefills their decodes, through
+prewarm_peers). --vllm-router LOGDIR also checks that the real
 vllm-router served each topology (its own log lines: MoRIIO READ mode, consistent_hash per leg).
 --chaos checks a `pdlink run --chaos` report: the figures above are then the final batch's, sent after a
 decode and a prefill were killed and restarted, while the nodes' counters (releases, pulls, handshakes,
@@ -79,9 +80,9 @@ def main() -> int:
             # rank sends write_done to every consumer rank of its notify set. Both are max(P, D) per request.
             assert t["releases_sent"] == t["releases_received"] == t["releases_expected"], \
                 (n, t["releases_sent"], t["releases_received"], t["releases_expected"])
-        # Counts, not timings: a pull that had to handshake (and map the producer's region) itself. A
-        # restarted node is a new peer: the pulls after a chaos restart handshake again.
-        if a.mode == "read" and not a.chaos:
+        # Counts, not timings: a pull (WRITE: a push) that had to handshake (and map the peer's region)
+        # itself. A restarted node is a new peer: the transfers after a chaos restart handshake again.
+        if not a.chaos:
             assert t["transfer_handshakes"] == 0, (n, "pulls that handshaked", t["transfer_handshakes"])
             assert t["prewarm_handshakes"] > 0, (n, "peers connected ahead of need", t["prewarm_handshakes"])
         for k in ("transfer_share_of_ttft", "transfer_share_of_request"):
