@@ -14,9 +14,11 @@
  * pushes too (pdl_instance_push: "host:handshake base"); a receive names its producer and so each
  * producer rank it waits on ("host:handshake port of that rank", push.c). Rank 0's service thread
  * probes each named peer at most once per probe interval (consumer_gone_timeout / 4, at most 1 s),
- * without blocking: a TCP connect to its handshake port, then (a producer only, see below), once that
- * is accepted, the handshake request get_meta_msg on a DEALER, whose reply is the peer's identity: the
- * metadata carries its engine descriptor, whose key is random per process, and its pid. Verdicts:
+ * without blocking: a TCP connect to its handshake port, then, once that is accepted, pdlink's identity
+ * request (PDL_WIRE_GET_IDENTITY) on a DEALER, answered by the peer's service thread with its pid and a
+ * fingerprint of its handshake metadata, whose engine key is random per process. It is counted there
+ * in identities_served, not as a handshake (tests and reports count handshakes as the transfers').
+ * Verdicts:
  *
  *   connect accepted (not to itself)   -> alive: last_ok = now, refusals = 0
  *   metadata received                  -> its identity; one that differs from the last one seen means
@@ -43,16 +45,19 @@
  * on that producer rank fail at once with PDL_ERR_PEER_GONE naming it (pdl__push_producer_gone,
  * counted per receive in producer_gone_failed). A peer is forgotten when nothing names it any more.
  *
- * Only a producer asks for identities. A WRITE consumer probes its producers by connect alone: the
- * metadata answer would count as a handshake served on the prefill, whose counts are the transfers'.
- * So a prefill restarted within a second is not told from its predecessor there (its receives then end
- * at transfer_timeout, as before).
- * Upstream peers answer get_meta_msg too; one that does not is only probed by connect, as before.
+ * Both sides ask for identities: a WRITE decode tells a prefill restarted within a second from its
+ * dead predecessor, and fails the receives that waited on the dead one at once.
+ * Upstream peers do not know the identity request and leave it unanswered (or answer it otherwise). A
+ * peer that never answered it is asked twice (one interval each), then: a producer asks that consumer
+ * get_meta_msg instead, as before (upstream answers it; it counts as a handshake there), a consumer
+ * probes that producer by connect alone (its restarts within a second are then not seen). Nothing is
+ * logged above debug for it: an upstream peer is not an error.
  * Holds made with pdl_instance_hold (no request id) are left to the reaper. With DP > 1 a producer
  * probes the decode address's base (DP rank 0 rank 0), which the request id names; another DP rank's
  * death is not seen.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdio.h>
@@ -69,6 +74,10 @@
 /* An item's incarnation: not probed yet, tied to an identity, or seen refused before any identity. */
 enum { IT_UNKNOWN = 0, IT_OF = 1, IT_DOWN = 2 };
 
+/* What a watched peer is asked once its connect was accepted (see "Upstream peers" above). */
+enum { ASK_IDENTITY = 0, ASK_META = 1, ASK_NOTHING = 2 };
+#define ASK_SILENT_MAX 2 /* identity requests a peer may leave unanswered before it is asked no more */
+
 typedef struct item {
     uint64_t first_seen_ns;
     uint64_t ident; /* IT_OF: the identity it belongs to */
@@ -84,6 +93,9 @@ typedef struct watched {
     uint64_t probe_started_ns, next_probe_ns, last_ok_ns;
     uint64_t ident; /* the last identity answered, 0 = none yet */
     int refusals;
+    int ask;        /* ASK_*: what a probe asks once connected */
+    int silent;     /* identity requests unanswered while none ever was */
+    bool answered;  /* an identity request was answered */
     bool seen; /* named during the current collection */
     pdl_strmap_t items; /* item key -> item_t* */
 } watched_t;
@@ -203,10 +215,13 @@ static void start_probe(watched_t *w, uint64_t now_ns)
     w->fd = fd;
 }
 
-/* The connect was accepted: ask for the metadata (answered by the peer's service thread). A socket that
- * cannot be set up only costs the identity of this look. */
+/* The connect was accepted: ask who answers (the peer's service thread replies). A socket that cannot
+ * be set up only costs the identity of this look. */
 static void start_identity(pdl_instance_t *inst, watched_t *w)
 {
+    const char *req = w->ask == ASK_META ? PDL_WIRE_GET_META : PDL_WIRE_GET_IDENTITY;
+    if (w->ask == ASK_NOTHING)
+        return;
     char ep[PDL_WIRE_HOST_MAX + 32];
     if (pdl__endpoint(ep, sizeof(ep), w->host, w->port) < 0)
         return;
@@ -222,7 +237,7 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
         zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
     }
     if (pdl_curve_client(s, inst->auth, NULL) != PDL_OK || zmq_connect(s, ep) != 0 ||
-        zmq_send(s, PDL_WIRE_GET_META, strlen(PDL_WIRE_GET_META), ZMQ_DONTWAIT) < 0) {
+        zmq_send(s, req, strlen(req), ZMQ_DONTWAIT) < 0) {
         zmq_close(s);
         return;
     }
@@ -268,10 +283,7 @@ static void finish_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
     if (soerr == 0) {
         w->last_ok_ns = now_ns;
         w->refusals = 0;
-        /* A producer asks its consumers who they are; a WRITE consumer does not ask its producers:
-         * the metadata answer counts as a handshake served there, and their counts are the transfers'. */
-        if (inst->cfg.conn.role == PDL_ROLE_PRODUCER)
-            start_identity(inst, w);
+        start_identity(inst, w);
     } else if (soerr == ECONNREFUSED) {
         w->refusals++;
     }
@@ -422,9 +434,19 @@ static void tick_one(void *arg, const char *key, void *value)
         zmq_pollitem_t it = {.socket = w->zsock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 0) > 0 && (it.revents & ZMQ_POLLIN))
             ident = take_identity(w->zsock);
-        if (ident != 0 || pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
-            zmq_close(w->zsock); /* no metadata in time: this look only proved the port open */
+        if (ident != 0) {
+            w->answered = true;
+            zmq_close(w->zsock);
             w->zsock = NULL;
+        } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
+            zmq_close(w->zsock); /* no answer in time: this look only proved the port open */
+            w->zsock = NULL;
+            if (!w->answered && w->ask == ASK_IDENTITY && ++w->silent >= ASK_SILENT_MAX) {
+                bool producer = t->r->inst->cfg.conn.role == PDL_ROLE_PRODUCER;
+                w->ask = producer ? ASK_META : ASK_NOTHING;
+                pdl_debug("watch: %s does not answer pdlink's identity request (an upstream peer?): %s", key,
+                          producer ? "asking it get_meta_msg instead" : "probing it by connect only");
+            }
         }
     } else if (w->fd >= 0) {
         struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
@@ -521,6 +543,16 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
             close_watched(pdl__strmap_remove(&r->svc.watch, t.drop[i]));
         free(t.drop[i]);
     }
+}
+
+size_t pdl__watch_identity(const pdl_rank_t *r, char *buf, size_t cap)
+{
+    static const uint8_t key[PDL_SIPHASH_KEY_LEN] = {0}; /* a fingerprint, not a secret */
+    uint64_t fp = pdl__siphash24(key, r->mem.meta_payload.data, r->mem.meta_payload.len);
+    int n = snprintf(buf, cap, "pid=%ld meta=%016" PRIx64, (long)getpid(), fp);
+    if (n < 0 || cap == 0)
+        return 0;
+    return (size_t)n < cap ? (size_t)n : cap - 1;
 }
 
 static void close_one(void *arg, const char *key, void *value)
