@@ -13,6 +13,12 @@
  *   (peer_backoff_cleared), so the first pull after the restart succeeds. Before, it was refused
  *   (peer_backoff_refusals 1) for the rest of the backoff.
  *
+ * - and the prefill's side of a decode restart: a hold made for the decode's address while the decode
+ *   is dead (the router chose it; its restarted process takes the request a moment later) belongs to
+ *   the new process. Before, the watch gave it up when the new process answered (its first probe had
+ *   been refused, so it was taken for the dead one's), and under `pdlink run --chaos` the restarted
+ *   decode then read blocks already reused (636513 bytes mismatched, shm backend).
+ *
  * Nothing waits on a fixed time to pass: each step waits for a counter or an outcome, within generous
  * bounds; the restarts are in-process (destroy, then create on the same ports).
  */
@@ -25,6 +31,7 @@
 #include "connector/internal.h" /* the config of an instance restarted on its ports */
 #include "test_connector_util.h"
 #include "common/clock.h"
+#include "pdlink/wire.h"
 
 #define NBLK 3
 #define TOTAL 24
@@ -170,12 +177,76 @@ static void read_first_pull_after_restart_not_refused(void **state)
     pdl_instance_destroy(p);
 }
 
+static void watch_slow(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 600; }
+
+/* Hold NBLK new blocks as `tid` for the decode at zmq address `caddr` (uuid tag t). */
+static void hold_for(pdl_instance_t *p, const char *caddr, const char *tid, int t, uint32_t *ids)
+{
+    char rid[1024];
+    uint8_t uuid[16];
+    for (int i = 0; i < 16; i++)
+        uuid[i] = (uint8_t)(t * 16 + i);
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), caddr, uuid, rid, sizeof(rid)) > 0);
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
+    pdl_error_t e;
+    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
+        fail_msg("hold %s: %s", tid, e.msg);
+}
+
+static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
+    assert_non_null(p);
+    assert_non_null(c);
+    uint32_t a_ids[NBLK], b_ids[NBLK];
+    char caddr[256];
+    snprintf(caddr, sizeof(caddr), "%s", pdl_instance_zmq_address(c));
+    /* A: held for the live decode, which then dies: freed by two refused probes. */
+    hold_for(p, caddr, "tx-a", 1, a_ids);
+    at_least_t idents = {p, offsetof(pdl_rank_counters_t, watch_identities), 1};
+    assert_true(tc_wait_for(sum_reached, &idents, 20000));
+    pdl_instance_config_t cfg = c->cfg;
+    cfg.attn_backend_name = NULL;
+    pdl_instance_destroy(c);
+    at_least_t freed = {p, offsetof(pdl_rank_counters_t, consumer_gone_freed), 1};
+    assert_true(tc_wait_for(sum_reached, &freed, 20000));
+    /* B: held for the same address while nothing listens there, then the decode comes back. */
+    hold_for(p, caddr, "tx-b", 2, b_ids);
+    /* Let the watch look once while nothing listens (its next tick, within 250 ms, probes a new hold
+     * at once; the second refusal would come a second after it). The outcome asserted does not depend
+     * on this pause: without it the old watch simply was not caught (B's first probe saw the new
+     * process). */
+    tc_sleep_ms(400);
+    pdl_instance_t *nc = NULL;
+    pdl_error_t e;
+    for (int i = 0; i < 200 && nc == NULL; i++) {
+        if (pdl_instance_create(&cfg, &nc, &e) != PDL_OK)
+            tc_sleep_ms(10);
+    }
+    assert_non_null(nc);
+    /* Three more answered identity probes: B is tied to the new process and kept. */
+    at_least_t more = {p, offsetof(pdl_rank_counters_t, watch_identities), TC_SUM(p, watch_identities) + 3};
+    assert_true(tc_wait_for(sum_reached, &more, 20000));
+    assert_int_equal(TC_SUM(p, consumer_gone_freed), 1); /* A only */
+    assert_int_equal(pdl_instance_held_transfers(p), 1);
+    assert_int_equal(pdl_instance_held_blocks(p), NBLK);
+    pdl_instance_destroy(nc);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000)); /* and freed when that one dies too */
+    assert_int_equal(TC_SUM(p, consumer_gone_freed), 2);
+    pdl_instance_destroy(p);
+}
+
 int main(void)
 {
     tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(write_restarted_producer_fails_receive),
         cmocka_unit_test(read_first_pull_after_restart_not_refused),
+        cmocka_unit_test(hold_made_while_decode_dead_kept_for_its_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
