@@ -392,6 +392,8 @@ typedef enum pdl_counter_kind {
       "Held transfers (READ holds, WRITE pushes) given up early: their consumer was gone (prefill rank 0).")     \
     X(watch_identities, "pdlink_watch_identities_total", PDL_COUNTER_COUNT,                                         \
       "Peer watch probes answered with the peer's process identity (rank 0; watch.c).")                         \
+    X(watch_refused, "pdlink_watch_refused_total", PDL_COUNTER_COUNT,                                               \
+      "Peer watch probes refused: nothing listened on the peer's handshake port (rank 0; watch.c).")            \
     X(identities_served, "pdlink_identities_served_total", PDL_COUNTER_COUNT,                                       \
       "Identity requests (pdlink_get_identity) answered on the handshake port; not handshakes.")                \
     X(peer_backoff_cleared, "pdlink_peer_backoff_cleared_total", PDL_COUNTER_COUNT,                                 \

@@ -32,17 +32,18 @@
  * Restarts. A peer restarted faster than two refusals (a second) answers again, so its dead
  * predecessor's transfers looked alive until the timeout. Each transfer ("item") is therefore tied to
  * one incarnation: the identity answered by the first probe that started after the watch first saw
- * the item (a new item makes the next probe start at once); a refused probe leaves it untied, and the
- * next identity ties it. An item of identity X is ended as soon as a probe answers with another
- * identity; an item first seen after the restart takes the new identity and is kept.
- * An item first seen while its peer refuses ("born down": the router chose a decode that was dead or
- * not yet listening; its restarted process may take the request a moment later) is left out of the
- * verdict of that run of refusals, and judged afresh after it. Before, such a hold was freed by the
- * two refusals (or by the next identity, as "the dead one's") while the restarted decode pulled it:
- * with the shm backend the pull read blocks already reused (636513 of 933888 bytes mismatched, 2p1d
- * under `pdlink run --chaos`). The price: a transfer whose consumer died before the first probe after
- * it is no longer given up when another process answers there; the router's failed releases or the
- * reaper free it. Every probe answered with an identity is counted in watch_identities.
+ * the item (a new item makes the next probe start at once). If that probe was refused, the peer died
+ * after the transfer was made: the item is DOWN, and the next identity decides (the same one: the
+ * listener was only paused; another: it belonged to the dead one). An item of identity X is ended as
+ * soon as a probe answers with another identity; an item first seen after the restart takes the new
+ * identity and is kept.
+ * An item first seen while its peer's port already refuses ("born down": the router chose a decode
+ * that was dead or not listening yet; its restarted process may take the request a moment later) is
+ * never DOWN, sits out the verdict of that run of refusals (the peer stays watched, its refusals
+ * counted again; a second verdict ends it) and is tied to the next identity. Before, such a hold was freed by the two refusals, or by the next identity as the
+ * dead one's, while the restarted decode pulled it: with the shm backend the pull read blocks already
+ * reused (636513 of 933888 bytes mismatched, 2p1d under `pdlink run --chaos`). Every probe answered
+ * with an identity is counted in watch_identities.
  *
  * Ending an item. Producer, READ: the hold is resolved as expired on every rank, which ends each
  * rank's fan-in of it (events RANK_EXPIRED, then FREED); releases that still come later are parked and
@@ -77,8 +78,8 @@
 #include "common/clock.h"
 #include "common/siphash.h"
 
-/* An item's incarnation: not tied yet, or tied to an identity. */
-enum { IT_UNKNOWN = 0, IT_OF = 1 };
+/* An item's incarnation: not probed yet, tied to an identity, or seen refused before any identity. */
+enum { IT_UNKNOWN = 0, IT_OF = 1, IT_DOWN = 2 };
 
 /* What a watched peer is asked once its connect was accepted (see "Upstream peers" above). */
 enum { ASK_IDENTITY = 0, ASK_META = 1, ASK_NOTHING = 2 };
@@ -326,11 +327,21 @@ static void judge_item(void *arg, const char *key, void *value)
     verdict_ctx_t *v = arg;
     item_t *it = value;
     bool probed_since = it->first_seen_ns <= v->w->probe_started_ns; /* the probe started after it was seen */
-    if (v->ident == 0) /* refused: nothing learnt about whom it belongs to */
+    if (v->ident == 0) { /* refused */
+        if (it->state == IT_UNKNOWN && probed_since && !it->born_down)
+            it->state = IT_DOWN;
         return;
+    }
     it->born_down = false; /* the run of refusals is over */
     if (it->state == IT_OF && it->ident != v->ident) {
         push_key(v, key);
+    } else if (it->state == IT_DOWN) {
+        if (v->w->ident != 0 && v->w->ident == v->ident) {
+            it->state = IT_OF; /* the same process answers again: its listener was only paused */
+            it->ident = v->ident;
+        } else {
+            push_key(v, key);
+        }
     } else if (it->state == IT_UNKNOWN && probed_since) {
         it->state = IT_OF;
         it->ident = v->ident;
@@ -380,6 +391,13 @@ static void end_items(pdl_rank_t *r0, const char *peer, char **keys, size_t n, c
                  peer, why, ended);
     else
         pdl_warn("producer %s is gone (%s): %zu receives waiting for its write_done failed now", peer, why, ended);
+}
+
+static void clear_born_down(void *arg, const char *key, void *value)
+{
+    (void)arg;
+    (void)key;
+    ((item_t *)value)->born_down = false;
 }
 
 /* Every item of a gone peer, but those first seen during its run of refusals (see "born down"). */
@@ -463,6 +481,8 @@ static void tick_one(void *arg, const char *key, void *value)
         if (w->fd < 0)
             w->next_probe_ns = t->now_ns + t->interval_ns;
     }
+    if (w->refusals > refusals_before)
+        PDL_CTR_ADD(t->r, watch_refused, 1);
     if ((ident != 0 || w->refusals > refusals_before) && t->nchanged < 64) {
         t->changed_ident[t->nchanged] = ident;
         t->changed[t->nchanged++] = strdup(key);
@@ -523,7 +543,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
         free(t.changed[i]);
     }
     for (int i = 0; i < t.ngone; i++) {
-        watched_t *w = t.gone[i] ? pdl__strmap_remove(&r->svc.watch, t.gone[i]) : NULL;
+        watched_t *w = t.gone[i] ? pdl__strmap_get(&r->svc.watch, t.gone[i]) : NULL;
         if (w != NULL) {
             char why[96];
             if (w->refusals >= 2)
@@ -532,9 +552,19 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
                 snprintf(why, sizeof(why), "no answer for %.1f s", inst->cfg.conn.consumer_gone_timeout_s);
             verdict_ctx_t v = {.w = w};
             pdl__strmap_foreach(&w->items, gone_keys, &v);
+            for (size_t k = 0; k < v.n; k++)
+                free(pdl__strmap_remove(&w->items, v.end[k]));
             end_items(r, t.gone[i], v.end, v.n, why);
             free(v.end);
-            close_watched(w);
+            if (w->items.count == 0) {
+                close_watched(pdl__strmap_remove(&r->svc.watch, t.gone[i]));
+            } else {
+                /* Items born down sat this verdict out: the next run of refusals (or an identity)
+                 * judges them, keeping the identity seen before. */
+                pdl__strmap_foreach(&w->items, clear_born_down, NULL);
+                w->refusals = 0;
+                w->last_ok_ns = t.now_ns;
+            }
         }
         free(t.gone[i]);
     }

@@ -201,25 +201,27 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
     assert_non_null(p);
     assert_non_null(c);
-    uint32_t a_ids[NBLK], b_ids[NBLK];
     char caddr[256];
     snprintf(caddr, sizeof(caddr), "%s", pdl_instance_zmq_address(c));
-    /* A: held for the live decode, which then dies: freed by two refused probes. */
+    uint32_t a_ids[NBLK], b_ids[NBLK];
+    /* A: held for the live decode (tied to it by an answered identity probe). */
     hold_for(p, caddr, "tx-a", 1, a_ids);
     at_least_t idents = {p, offsetof(pdl_rank_counters_t, watch_identities), 1};
     assert_true(tc_wait_for(sum_reached, &idents, 20000));
     pdl_instance_config_t cfg = c->cfg;
     cfg.attn_backend_name = NULL;
     pdl_instance_destroy(c);
-    at_least_t freed = {p, offsetof(pdl_rank_counters_t, consumer_gone_freed), 1};
-    assert_true(tc_wait_for(sum_reached, &freed, 20000));
-    /* B: held for the same address while nothing listens there, then the decode comes back. */
+    /* X, held right after the decode died, makes the watch look soon: refused. B is held after that
+     * look, while nothing listens: "born down". B makes the watch look at once again: the second
+     * refusal in a row, whose verdict frees A and X (made while the decode lived, as far as the watch
+     * can tell) and not B. Then the decode comes back. */
+    uint32_t x_ids[NBLK];
+    hold_for(p, caddr, "tx-x", 3, x_ids);
+    at_least_t refused = {p, offsetof(pdl_rank_counters_t, watch_refused), 1};
+    assert_true(tc_wait_for(sum_reached, &refused, 20000));
     hold_for(p, caddr, "tx-b", 2, b_ids);
-    /* Let the watch look once while nothing listens (its next tick, within 250 ms, probes a new hold
-     * at once; the second refusal would come a second after it). The outcome asserted does not depend
-     * on this pause: without it the old watch simply was not caught (B's first probe saw the new
-     * process). */
-    tc_sleep_ms(400);
+    at_least_t freed = {p, offsetof(pdl_rank_counters_t, consumer_gone_freed), 2};
+    assert_true(tc_wait_for(sum_reached, &freed, 20000));
     pdl_instance_t *nc = NULL;
     pdl_error_t e;
     for (int i = 0; i < 200 && nc == NULL; i++) {
@@ -227,16 +229,16 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
             tc_sleep_ms(10);
     }
     assert_non_null(nc);
-    /* Three more answered identity probes: B is tied to the new process and kept. */
+    /* B stays: it is tied to the new process through more probes. */
     at_least_t more = {p, offsetof(pdl_rank_counters_t, watch_identities), TC_SUM(p, watch_identities) + 3};
     assert_true(tc_wait_for(sum_reached, &more, 20000));
-    assert_int_equal(TC_SUM(p, consumer_gone_freed), 1); /* A only */
+    assert_int_equal(TC_SUM(p, consumer_gone_freed), 2); /* A and X */
     assert_int_equal(pdl_instance_held_transfers(p), 1);
     assert_int_equal(pdl_instance_held_blocks(p), NBLK);
     pdl_instance_destroy(nc);
     pdl_instance_t *plist[2] = {p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000)); /* and freed when that one dies too */
-    assert_int_equal(TC_SUM(p, consumer_gone_freed), 2);
+    assert_int_equal(TC_SUM(p, consumer_gone_freed), 3);
     pdl_instance_destroy(p);
 }
 
