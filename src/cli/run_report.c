@@ -228,7 +228,7 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
         ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
                                       r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
         ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
-        ROW("prefill not killed", snprintf(cell, sizeof(cell), "%s", r->chaos.healthy[0] ? r->chaos.healthy : "-"));
+        ROW("prefill not killed", snprintf(cell, sizeof(cell), "%.60s", r->chaos.healthy[0] ? r->chaos.healthy : "-"));
         static const char *const phase_row[PDL_RUN_CHAOS_PHASES] = {
             "  before: p50 / p99 ms", "  outage: p50 / p99 ms", "  after: p50 / p99 ms"};
         for (int k = 0; k < PDL_RUN_CHAOS_PHASES; k++)
