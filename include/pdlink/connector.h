@@ -394,7 +394,13 @@ typedef enum pdl_counter_kind {
     X(consumer_gone_freed, "pdlink_consumer_gone_freed_total", PDL_COUNTER_COUNT,                                   \
       "Held transfers (READ holds, WRITE pushes) given up early: their consumer was gone (prefill rank 0).")     \
     X(watch_identities, "pdlink_watch_identities_total", PDL_COUNTER_COUNT,                                         \
-      "Consumer-gone watch probes answered with the peer's identity, its handshake metadata (rank 0).")          \
+      "Peer watch probes answered with the peer's process identity (rank 0; watch.c).")                         \
+    X(watch_refused, "pdlink_watch_refused_total", PDL_COUNTER_COUNT,                                               \
+      "Peer watch probes refused: nothing listened on the peer's handshake port (rank 0; watch.c).")            \
+    X(identities_served, "pdlink_identities_served_total", PDL_COUNTER_COUNT,                                       \
+      "Identity requests (pdlink_get_identity) answered on the handshake port; not handshakes.")                \
+    X(peer_backoff_cleared, "pdlink_peer_backoff_cleared_total", PDL_COUNTER_COUNT,                                 \
+      "Peers in backoff after a refusal let through early: their handshake port accepted a connect again.")     \
     X(producer_gone_failed, "pdlink_producer_gone_failed_total", PDL_COUNTER_COUNT,                                 \
       "Receives (WRITE decode) failed at once because a producer rank they wait on was gone (rank 0).")          \
     X(remote_blocks_given_up, "pdlink_remote_blocks_given_up_total", PDL_COUNTER_COUNT,                             \

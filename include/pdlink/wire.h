@@ -144,6 +144,11 @@ bool pdl_msg_equal(const pdl_msg_t *a, const pdl_msg_t *b);
 
 #define PDL_WIRE_GET_META "get_meta_msg"
 #define PDL_WIRE_POP_DONE_RECV "pop_done_recv"
+/* pdlink only (upstream MoRIIO does not know it): the peer answers ["", identity], a short text naming
+ * its process ("pid=<pid> meta=<16 hex digits>": its pid and a fingerprint of its handshake metadata,
+ * whose engine key is random per process). Callers only compare answers for equality; the text is not
+ * decoded. Not a handshake: counted in identities_served, not in handshakes (connector watch.c). */
+#define PDL_WIRE_GET_IDENTITY "pdlink_get_identity"
 
 /*
  * First reply payload: MoRIIO's agent metadata map plus pdlink's compatibility keys.

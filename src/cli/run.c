@@ -439,9 +439,13 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         o->ntopos = N_SEED_TOPOS;
     }
     /* The chaos phase restarts a node in the root namespace and asks pdlink-router's /workers whether it is
-     * back; vllm-router lists its instances only in its log (docs/run.md, "--chaos"). */
+     * back; vllm-router lists its instances only in its log, and sends no failed releases for a decode leg
+     * that failed, so a prefill keeps those holds until defer_timeout (docs/run.md, "--chaos"). */
     if (o->chaos && (o->keep || o->netns || (o->router != NULL && strcmp(o->router, "pdlink") != 0))) {
-        fprintf(stderr, "pdlink run: --chaos works with pdlink-router (--router pdlink), without --keep and --netns\n");
+        fprintf(stderr, "pdlink run: --chaos works with pdlink-router (--router pdlink), without --keep and --netns: "
+                        "behind vllm-router the prefill's KV of requests whose decode was down stays held until "
+                        "defer_timeout (vllm-router releases nothing for a failed decode leg), which the chaos "
+                        "checks count as held blocks\n");
         return -1;
     }
     if (o->netns) {

@@ -69,6 +69,14 @@ pdl_status_t pdl_run_chaos_init(pdl_run_chaos_t *ch, const pdl_run_chaos_ops_t *
         v->served_metric = served[k];
         snprintf(ch->res->victim[k], sizeof(ch->res->victim[k]), "%s", victims[k]->name);
     }
+    /* "http://host:port/health" -> "host:port": how the router names the prefill victim. */
+    if (ch->nv > 1) {
+        const char *h = strstr(health_urls[1], "://");
+        h = h ? h + 3 : health_urls[1];
+        const char *slash = strchr(h, '/');
+        snprintf(ch->victim_prefill, sizeof(ch->victim_prefill), "%.*s", (int)(slash ? slash - h : (long)strlen(h)), h);
+    }
+    ch->extra_until = -1;
     return PDL_OK;
 }
 
@@ -76,6 +84,90 @@ void pdl_run_chaos_fini(pdl_run_chaos_t *ch)
 {
     free(ch->end_ms);
     ch->end_ms = NULL;
+    free(ch->samples);
+    ch->samples = NULL;
+}
+
+/* Keep finished request q as a sample; the first prefill other than the victim is the healthy one. */
+static void add_sample(pdl_run_chaos_t *ch, const pdl_run_req_t *q)
+{
+    if (ch->nsamples == ch->capsamples) {
+        int nc = ch->capsamples ? 2 * ch->capsamples : 256;
+        pdl_run_chaos_sample_t *ns = realloc(ch->samples, (size_t)nc * sizeof(*ns));
+        if (ns == NULL)
+            return; /* fewer samples: the report says so if it leaves too few */
+        ch->samples = ns;
+        ch->capsamples = nc;
+    }
+    if (ch->res->healthy[0] == '\0' && q->prefill[0] != '\0' && ch->victim_prefill[0] != '\0' &&
+        strcmp(q->prefill, ch->victim_prefill) != 0)
+        snprintf(ch->res->healthy, sizeof(ch->res->healthy), "%s", q->prefill);
+    ch->samples[ch->nsamples++] = (pdl_run_chaos_sample_t){
+        .start_ms = q->start_ns / 1000000,
+        .end_ms = q->end_ns / 1000000,
+        .ms = q->total_ms,
+        .ok = q->ok,
+        .healthy = ch->res->healthy[0] != '\0' && strcmp(q->prefill, ch->res->healthy) == 0,
+    };
+}
+
+/* Does sample s overlap victim k's outage window [kill, first success] (open-ended while not served)? */
+static bool overlaps(const pdl_run_chaos_t *ch, const pdl_run_chaos_sample_t *s, int k)
+{
+    const pdl_run_chaos_victim_t *v = &ch->v[k];
+    if (v->kill_ms == 0)
+        return false;
+    uint64_t until = v->served_ms != 0 ? v->served_ms : UINT64_MAX;
+    return s->start_ms <= until && s->end_ms >= v->kill_ms;
+}
+
+/* The phase of a healthy sample relative to the prefill victim (index 1): BEFORE, DURING, AFTER, or -1
+ * (during the decode's outage, or before the prefill victim exists). */
+static int sample_phase(const pdl_run_chaos_t *ch, const pdl_run_chaos_sample_t *s)
+{
+    if (ch->nv < 2 || overlaps(ch, s, 0))
+        return -1;
+    const pdl_run_chaos_victim_t *v = &ch->v[1];
+    if (overlaps(ch, s, 1))
+        return PDL_RUN_CHAOS_DURING;
+    if (v->kill_ms == 0 || s->end_ms < v->kill_ms)
+        return PDL_RUN_CHAOS_BEFORE;
+    return PDL_RUN_CHAOS_AFTER;
+}
+
+/* Successes through the healthy prefill in `phase` so far. */
+static int healthy_ok(const pdl_run_chaos_t *ch, int phase)
+{
+    int n = 0;
+    for (int i = 0; i < ch->nsamples; i++)
+        n += ch->samples[i].healthy && ch->samples[i].ok && sample_phase(ch, &ch->samples[i]) == phase;
+    return n;
+}
+
+/* Fill res->healthy_lat from the samples. */
+static void healthy_summary(pdl_run_chaos_t *ch)
+{
+    double *v = malloc((size_t)(ch->nsamples > 0 ? ch->nsamples : 1) * sizeof(double));
+    for (int p = 0; p < PDL_RUN_CHAOS_PHASES; p++) {
+        pdl_run_chaos_lat_t *l = &ch->res->healthy_lat[p];
+        *l = (pdl_run_chaos_lat_t){.p50_ms = -1, .p99_ms = -1};
+        int n = 0;
+        for (int i = 0; i < ch->nsamples; i++) {
+            const pdl_run_chaos_sample_t *s = &ch->samples[i];
+            if (!s->healthy || sample_phase(ch, s) != p)
+                continue;
+            if (!s->ok)
+                l->failed++;
+            else if (v != NULL)
+                v[n++] = s->ms;
+        }
+        l->ok = n;
+        if (n > 0) {
+            l->p50_ms = pdl_pairs_quantile(v, n, 0.5);
+            l->p99_ms = pdl_pairs_quantile(v, n, 0.99);
+        }
+    }
+    free(v);
 }
 
 /* GET the victim's /metrics and sum one series (label may be NULL); -1 when it does not answer. */
@@ -125,7 +217,10 @@ static void victim_step(pdl_run_chaos_t *ch, pdl_run_chaos_victim_t *v, int k)
     }
     switch (v->state) {
     case PDL_CHAOS_WAIT:
-        if (ch->completed >= ch->next_kill_at)
+        /* The prefill victim waits for a baseline through the healthy prefill too, a bounded while. */
+        if (ch->completed >= ch->next_kill_at &&
+            (k != 1 || ch->res->healthy[0] == '\0' || healthy_ok(ch, PDL_RUN_CHAOS_BEFORE) >= PDL_RUN_CHAOS_MIN_SAMPLES ||
+             ch->completed >= ch->next_kill_at + PDL_RUN_CHAOS_EXTRA_PASSES * ch->n))
             victim_kill(ch, v);
         break;
     case PDL_CHAOS_DOWN:
@@ -184,6 +279,7 @@ void pdl_run_chaos_tick(pdl_run_chaos_t *ch)
         if (ch->reqs[i].done && ch->end_ms[i] == 0) {
             ch->end_ms[i] = now;
             ch->completed++;
+            add_sample(ch, &ch->reqs[i]);
         }
     if (ch->cur < ch->nv)
         victim_step(ch, &ch->v[ch->cur], ch->cur);
@@ -235,13 +331,24 @@ static void classify_pass(pdl_run_chaos_t *ch, int *fail_notes)
     }
 }
 
+/* After the last victim: another pass while the healthy prefill has too few successes after the
+ * prefill's outage, within PDL_RUN_CHAOS_EXTRA_PASSES passes' worth of completions. */
+static bool more_after(pdl_run_chaos_t *ch)
+{
+    if (ch->res->healthy[0] == '\0' || ch->nv < 2 || !ch->res->recovered[1])
+        return false;
+    if (ch->extra_until < 0)
+        ch->extra_until = ch->completed + PDL_RUN_CHAOS_EXTRA_PASSES * ch->n;
+    return ch->completed < ch->extra_until && healthy_ok(ch, PDL_RUN_CHAOS_AFTER) < PDL_RUN_CHAOS_MIN_SAMPLES;
+}
+
 pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err)
 {
     pdl_status_t st = PDL_OK;
     int fail_notes[PDL_RUN_CHAOS_VICTIMS] = {0};
     /* Ends: each victim is DONE at the latest PDL_RUN_CHAOS_RECOVER_MS after its kill, and every pass
      * completes requests, which brings the next kill. */
-    while (ch->cur < ch->nv && st == PDL_OK) {
+    while (st == PDL_OK && (ch->cur < ch->nv || more_after(ch))) {
         memset(ch->end_ms, 0, (size_t)ch->n * sizeof(uint64_t));
         int ok_before = ch->res->ok_outage + ch->res->ok_outside;
         st = ch->ops.run_pass(ch->ops.ctx, err);
@@ -253,5 +360,6 @@ pdl_status_t pdl_run_chaos_run(pdl_run_chaos_t *ch, pdl_error_t *err)
         if (ok_before == ch->res->ok_outage + ch->res->ok_outside)
             nanosleep(&(struct timespec){.tv_nsec = PDL_RUN_CHAOS_RETRY_MS * 1000 * 1000}, NULL);
     }
+    healthy_summary(ch);
     return st;
 }

@@ -15,6 +15,14 @@
  *   SERVING --(its "served" counter > 0: a decode's requests_total{status="ok"}, a prefill's
  *              releases or write_done, i.e. its KV reached a decode)--> DONE; the next victim's WAIT
  *   any state but WAIT/DONE --(PDL_RUN_CHAOS_RECOVER_MS after the kill)--> DONE, not recovered
+ *
+ * The prefill that is not killed (a topology with two prefills): every finished request is kept as a
+ * sample with the prefill pdlink-router named for it (X-Pdlink-Prefill), so the report can show that
+ * prefill's latencies before, during and after the other's outage (run_report.h). The prefill victim's
+ * WAIT also waits for PDL_RUN_CHAOS_MIN_SAMPLES successes through the healthy prefill outside the
+ * decode's outage, and the phase goes on after the last victim until as many came after its outage --
+ * each for at most PDL_RUN_CHAOS_EXTRA_PASSES more passes of the workload, so a workload that hashes
+ * (almost) nothing to that prefill does not run on.
  */
 #ifndef PDL_CLI_RUN_CHAOS_H
 #define PDL_CLI_RUN_CHAOS_H
@@ -36,7 +44,16 @@ enum {
     PDL_RUN_CHAOS_RECOVER_MS = 60000, /* kill -> first success through it, at most */
     PDL_RUN_CHAOS_RETRY_MS = 100,     /* pause after a pass in which every request failed */
     PDL_RUN_CHAOS_FAIL_NOTES = 2,   /* failures noted per outage (all are counted) */
+    PDL_RUN_CHAOS_EXTRA_PASSES = 4, /* passes' worth of completions waited at most for latency samples */
 };
+
+/* One finished request of the phase, for the healthy prefill's latencies. */
+typedef struct pdl_run_chaos_sample {
+    uint64_t start_ms, end_ms; /* pdl__clock_now_ms() scale */
+    double ms;                 /* its total time */
+    bool ok;
+    bool healthy;              /* served by the prefill that is not killed */
+} pdl_run_chaos_sample_t;
 
 /* What run.c does for the chaos phase; ctx is passed back to each. */
 typedef struct pdl_run_chaos_ops {
@@ -72,6 +89,10 @@ typedef struct pdl_run_chaos {
     char *const *ref_text;           /* the single-node reference's texts, borrowed (NULL entries: none) */
     int n;
     uint64_t *end_ms;                /* when each request of the pass was seen done; 0 = not yet */
+    char victim_prefill[128];        /* "host:port" of the prefill victim (from its health URL) */
+    pdl_run_chaos_sample_t *samples; /* every finished request of the phase, in order */
+    int nsamples, capsamples;
+    int extra_until;                 /* completions after the last victim: go on until then at most */
     pdl_run_chaos_result_t *res;     /* filled as the phase goes */
     pdl_run_result_t *notes;         /* failures and events are noted here */
 } pdl_run_chaos_t;

@@ -60,6 +60,8 @@ void pdl_run_req_clear(pdl_run_req_t *r)
     r->error[0] = '\0';
     r->ttft_ms = -1;
     r->total_ms = 0;
+    r->start_ns = r->end_ns = 0;
+    r->prefill[0] = r->decode[0] = '\0';
 }
 
 /* The text of choices[0] of one completion object: .text, or .message.content, or .delta.content. */
@@ -280,20 +282,29 @@ void pdl_run_failure_describe(char *dst, size_t cap, long status, const char *le
     snprintf(dst, cap, "HTTP %ld%s: %s", status, where, m);
 }
 
-/* Response headers of a workload request: keeps the router's failed-leg header. */
+/* If header line data[0, n) is `name` (with its colon), its value into dst[cap]. */
+static void header_take(const char *data, size_t n, const char *name, char *dst, size_t cap)
+{
+    size_t nl = strlen(name);
+    if (n <= nl || strncasecmp(data, name, nl) != 0)
+        return;
+    size_t a = nl, e = n;
+    while (a < e && (data[a] == ' ' || data[a] == '\t'))
+        a++;
+    while (e > a && (data[e - 1] == '\r' || data[e - 1] == '\n'))
+        e--;
+    snprintf(dst, cap, "%.*s", (int)(e - a), data + a);
+}
+
+/* Response headers of a workload request: keeps the router's failed-leg header and the instances it
+ * names as having served the request. */
 static size_t header_write(char *data, size_t size, size_t nmemb, void *userp)
 {
-    char *leg = userp; /* RUN_LEG_MAX bytes */
+    slot_t *s = userp;
     size_t n = size * nmemb;
-    static const char name[] = PDL_RT_FAILED_LEG_HEADER ":";
-    if (n > sizeof(name) - 1 && strncasecmp(data, name, sizeof(name) - 1) == 0) {
-        size_t a = sizeof(name) - 1, e = n;
-        while (a < e && (data[a] == ' ' || data[a] == '\t'))
-            a++;
-        while (e > a && (data[e - 1] == '\r' || data[e - 1] == '\n'))
-            e--;
-        snprintf(leg, RUN_LEG_MAX, "%.*s", (int)(e - a), data + a);
-    }
+    header_take(data, n, PDL_RT_FAILED_LEG_HEADER ":", s->leg, sizeof(s->leg));
+    header_take(data, n, PDL_RT_PREFILL_HEADER ":", s->req->prefill, sizeof(s->req->prefill));
+    header_take(data, n, PDL_RT_DECODE_HEADER ":", s->req->decode, sizeof(s->req->decode));
     return n;
 }
 
@@ -302,6 +313,8 @@ static void slot_finish(slot_t *s, CURLcode rc, const char *ebuf)
     pdl_run_req_t *r = s->req;
     uint64_t now = pdl__clock_now_ns();
     r->done = true;
+    r->start_ns = s->start_ns;
+    r->end_ns = now;
     r->total_ms = (double)(now - s->start_ns) / 1e6;
     r->ttft_ms = s->b.first_byte_ns ? (double)(s->b.first_byte_ns - s->start_ns) / 1e6 : -1.0;
     curl_easy_getinfo(s->h, CURLINFO_RESPONSE_CODE, &r->http_code);
@@ -378,7 +391,7 @@ pdl_status_t pdl_run_load_drive(const pdl_run_load_t *ld, pdl_run_req_t *reqs, i
             curl_easy_setopt(s->h, CURLOPT_WRITEFUNCTION, body_write);
             curl_easy_setopt(s->h, CURLOPT_WRITEDATA, &s->b);
             curl_easy_setopt(s->h, CURLOPT_HEADERFUNCTION, header_write);
-            curl_easy_setopt(s->h, CURLOPT_HEADERDATA, s->leg);
+            curl_easy_setopt(s->h, CURLOPT_HEADERDATA, (void *)s);
             curl_easy_setopt(s->h, CURLOPT_TIMEOUT_MS, ld->timeout_ms);
             curl_easy_setopt(s->h, CURLOPT_NOSIGNAL, 1L);
             curl_easy_setopt(s->h, CURLOPT_NOPROXY, "*");

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pdlink/status.h"
 
@@ -27,6 +28,11 @@ typedef struct pdl_run_req {
     char error[400];           /* why not ok */
     double ttft_ms;            /* request start → first body byte; < 0 if none arrived */
     double total_ms;
+    uint64_t start_ns, end_ns; /* pdl__clock_now_ns() when it was sent and when it ended */
+    /* The instances pdlink-router chose ("host:port" of their HTTP servers, its X-Pdlink-Prefill /
+     * X-Pdlink-Decode headers), "" when the answer named none (another router, a failure before the
+     * workers were chosen). */
+    char prefill[128], decode[128];
 } pdl_run_req_t;
 
 /* Free the outcome of a request and mark it not done. */

@@ -56,6 +56,28 @@ void pdl_run_ratio_cell(const pdl_run_ratio_t *r, char *buf, size_t len)
         snprintf(buf, len, "%.0f%% %.0f-%.0f%s", 100 * r->median, 100 * r->min, 100 * r->max, r->above ? "!" : "");
 }
 
+double pdl_run_chaos_p99_ratio(const pdl_run_chaos_result_t *ch)
+{
+    const pdl_run_chaos_lat_t *b = &ch->healthy_lat[PDL_RUN_CHAOS_BEFORE], *d = &ch->healthy_lat[PDL_RUN_CHAOS_DURING];
+    if (b->ok < PDL_RUN_CHAOS_MIN_SAMPLES || d->ok < PDL_RUN_CHAOS_MIN_SAMPLES || b->p99_ms <= 0)
+        return -1;
+    return d->p99_ms / b->p99_ms;
+}
+
+/* A healthy-prefill phase cell: "12 / 30 (n=24)", "n=6<20 12 ms" (too few for a p99), "-" (none). The
+ * failures of the phase follow as "+2 failed". */
+static int chaos_lat_cell(const pdl_run_chaos_lat_t *l, char *buf, size_t len)
+{
+    char fails[32] = "";
+    if (l->failed > 0)
+        snprintf(fails, sizeof(fails), " +%d failed", l->failed);
+    if (l->ok == 0)
+        return snprintf(buf, len, "-%s", fails);
+    if (l->ok < PDL_RUN_CHAOS_MIN_SAMPLES)
+        return snprintf(buf, len, "n=%d<%d %.0f%s", l->ok, PDL_RUN_CHAOS_MIN_SAMPLES, l->p50_ms, fails);
+    return snprintf(buf, len, "%.0f / %.0f (n=%d)%s", l->p50_ms, l->p99_ms, l->ok, fails);
+}
+
 void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...)
 {
     if (r->nnotes >= PDL_RUN_MAX_NOTES)
@@ -206,12 +228,25 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
         ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
                                       r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
         ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
+        ROW("prefill not killed", snprintf(cell, sizeof(cell), "%.60s", r->chaos.healthy[0] ? r->chaos.healthy : "-"));
+        static const char *const phase_row[PDL_RUN_CHAOS_PHASES] = {
+            "  before: p50 / p99 ms", "  outage: p50 / p99 ms", "  after: p50 / p99 ms"};
+        for (int k = 0; k < PDL_RUN_CHAOS_PHASES; k++)
+            ROW(phase_row[k], r->chaos.healthy[0] ? chaos_lat_cell(&r->chaos.healthy_lat[k], cell, sizeof(cell))
+                                                  : snprintf(cell, sizeof(cell), "-"));
+        ROW("  p99 outage / before", pdl_run_chaos_p99_ratio(&r->chaos) < 0
+                                         ? snprintf(cell, sizeof(cell), "-")
+                                         : snprintf(cell, sizeof(cell), "%.2f%s", pdl_run_chaos_p99_ratio(&r->chaos),
+                                                    pdl_run_chaos_p99_ratio(&r->chaos) > 2 ? "!" : ""));
     }
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
     if (chaos)
         fprintf(out, "\n  --chaos: the rows above \"chaos\" are the final batch's, sent after both restarts; an outage"
                      " runs from\n  a kill to the first success through the restarted node (\"served\", seconds after"
-                     " the kill)\n");
+                     " the kill)\n  \"prefill not killed\": the requests pdlink-router's X-Pdlink-Prefill header"
+                     " says it served,\n  before the other's kill (outside the decode's outage), during its outage"
+                     " and after; p50 / p99\n  of the successes (start to last byte), \"n=k<%d\": too few for a p99,"
+                     " no ratio; \"!\": ratio above 2\n", PDL_RUN_CHAOS_MIN_SAMPLES);
     fprintf(out, "\n  of ceiling: median of %d+ alternating pairs (a round of the workload right after its own ceiling)"
                  " with min-max;\n  \"wide\": spread (q3 - q1) / median > %.2f, no figure; \"!\": above the ceiling"
                  " (by > %.0f%%), which is then no upper bound\n", PDL_RUN_MIN_PAIRS, PDL_PAIRS_SPREAD_MAX,
@@ -255,10 +290,25 @@ static json_t *chaos_json(const pdl_run_chaos_result_t *ch)
                                             ch->restart_s[k] < 0 ? json_null() : json_real(ch->restart_s[k]),
                                             "recover_seconds",
                                             ch->recover_s[k] < 0 ? json_null() : json_real(ch->recover_s[k])));
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I}", "passes", ch->passes, "ok_outage", ch->ok_outage,
+    json_t *healthy = json_null();
+    if (ch->healthy[0]) {
+        static const char *const phase[PDL_RUN_CHAOS_PHASES] = {"before", "during", "after"};
+        healthy = json_pack("{s:s, s:i}", "prefill", ch->healthy, "min_samples", PDL_RUN_CHAOS_MIN_SAMPLES);
+        for (int k = 0; k < PDL_RUN_CHAOS_PHASES; k++) {
+            const pdl_run_chaos_lat_t *l = &ch->healthy_lat[k];
+            bool enough = l->ok >= PDL_RUN_CHAOS_MIN_SAMPLES;
+            json_object_set_new(healthy, phase[k],
+                                json_pack("{s:i, s:i, s:o, s:o}", "ok", l->ok, "failed", l->failed, "p50_ms",
+                                          l->ok ? json_real(l->p50_ms) : json_null(), "p99_ms",
+                                          enough ? json_real(l->p99_ms) : json_null()));
+        }
+        double ratio = pdl_run_chaos_p99_ratio(ch);
+        json_object_set_new(healthy, "p99_ratio", ratio < 0 ? json_null() : json_real(ratio));
+    }
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I, s:o}", "passes", ch->passes, "ok_outage", ch->ok_outage,
                      "failed_outage", ch->failed_outage, "ok_outside", ch->ok_outside, "failed_outside",
                      ch->failed_outside, "parity_bad", ch->parity_bad, "victims", vs, "mismatched_killed",
-                     (json_int_t)ch->mismatched_killed);
+                     (json_int_t)ch->mismatched_killed, "healthy_prefill", healthy);
 }
 
 json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)

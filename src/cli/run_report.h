@@ -52,6 +52,22 @@ void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len);
  * the first success through the restarted node). Times are measured and shown, never judged.
  */
 enum { PDL_RUN_CHAOS_VICTIMS = 2 };
+
+/*
+ * Requests served by the prefill that was NOT killed (a topology with two prefills), by when they ran
+ * relative to the killed prefill's outage window: before the kill (and outside the decode's outage),
+ * overlapping the window, and after it. Which prefill served a request is what pdlink-router's
+ * X-Pdlink-Prefill header said. Latencies are of the successes (request start to last byte). Fewer
+ * than PDL_RUN_CHAOS_MIN_SAMPLES successes in a phase give no p99 and no ratio: the report says
+ * "n=k<20" instead (the convention of the ratios above: too few, say so).
+ */
+enum { PDL_RUN_CHAOS_BEFORE, PDL_RUN_CHAOS_DURING, PDL_RUN_CHAOS_AFTER, PDL_RUN_CHAOS_PHASES };
+enum { PDL_RUN_CHAOS_MIN_SAMPLES = 20 };
+typedef struct pdl_run_chaos_lat {
+    int ok, failed;          /* requests of the phase that the healthy prefill served (or failed) */
+    double p50_ms, p99_ms;   /* of the successes (nearest rank); -1 without any */
+} pdl_run_chaos_lat_t;
+
 typedef struct pdl_run_chaos_result {
     bool on;                         /* --chaos ran on this topology */
     int passes;                      /* passes of the workload sent while the kills and restarts went on */
@@ -64,7 +80,12 @@ typedef struct pdl_run_chaos_result {
     double restart_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> /health 200 again; -1 if never */
     double recover_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> first success through it; -1 if never */
     uint64_t mismatched_killed;      /* mismatched bytes the victims had counted before their kill */
+    char healthy[128];               /* "host:port" of the prefill not killed; "" with one prefill */
+    pdl_run_chaos_lat_t healthy_lat[PDL_RUN_CHAOS_PHASES];
 } pdl_run_chaos_result_t;
+
+/* p99(during) / p99(before) of the healthy prefill, or -1 when either phase has too few successes. */
+double pdl_run_chaos_p99_ratio(const pdl_run_chaos_result_t *ch);
 
 /* What one topology's run produced. All byte counts are summed over instances and TP ranks. */
 typedef struct pdl_run_result {

@@ -138,6 +138,12 @@ static pdl_status_t hs_probe(const char *host, int port, int timeout_ms, const c
     return st;
 }
 
+pdl_status_t pdl__peer_listening(const pdl_peer_addr_t *addr, int prank, int timeout_ms)
+{
+    int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
+    return hs_probe(addr->host, port, timeout_ms, "", NULL);
+}
+
 /* One get_meta_msg exchange on a fresh DEALER (upstream does the same: a socket per handshake). */
 static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_bytes_t *meta, pdl_bytes_t *layers,
                              const char *who, pdl_error_t *err)

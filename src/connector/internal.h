@@ -64,7 +64,7 @@ typedef enum pdl_drop_kind {
     PDL_DROP_NOTIFY_FRAMES,      /* multi-frame junk on the notify port */
     PDL_DROP_NOTIFY_UNSUPPORTED, /* a WRITE-mode message (remote_blocks/write_done) in READ mode */
     PDL_DROP_NOTIFY_FANIN,       /* a release whose consumer_tp_size/rank does not fit this P */
-    PDL_DROP_HANDSHAKE,          /* any handshake request other than get_meta_msg / pop_done_recv */
+    PDL_DROP_HANDSHAKE,          /* any handshake request other than get_meta_msg / pop_done_recv / identity */
     PDL_DROP_KINDS
 } pdl_drop_kind_t;
 
@@ -193,6 +193,11 @@ void pdl__peer_key(const pdl_peer_addr_t *addr, int remote_rank, char *key, size
 /* Does a handshake's status say the peer cannot be reached (timeout, refused, transport), as opposed
  * to a mismatch or a local failure? Those are retried after a backoff; the others are not. */
 bool pdl__peer_unreachable(pdl_status_t st);
+/* handshake.c: does anything listen on the handshake port of rank `remote_rank` of addr? The same
+ * connect probe as a handshake's first step, within timeout_ms: PDL_OK, PDL_ERR_PEER_GONE (refused),
+ * PDL_ERR_TIMEOUT or PDL_ERR_TRANSPORT. A peer in backoff after a refusal that listens again is tried
+ * at once (peer.c). */
+pdl_status_t pdl__peer_listening(const pdl_peer_addr_t *addr, int remote_rank, int timeout_ms);
 /* "host:port (producer tp rank N)": how messages name rank `remote_rank` of addr, into who[cap]. */
 void pdl__peer_who(const pdl_peer_addr_t *addr, int remote_rank, char *who, size_t cap);
 
@@ -471,6 +476,9 @@ void pdl__scrub_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n);
 void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns);
 /* Service thread at exit: close the probes. */
 void pdl__watch_fini(pdl_rank_t *r);
+/* The answer to PDL_WIRE_GET_IDENTITY on rank r: "pid=<pid> meta=<fingerprint>" into buf[cap]
+ * (cap >= 48); returns its length. */
+size_t pdl__watch_identity(const pdl_rank_t *r, char *buf, size_t cap);
 
 /* ---- service.c / pull.c / push.c lifecycles ---------------------------------------------------- */
 

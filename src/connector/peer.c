@@ -10,13 +10,19 @@
  * transfer reports it gone (and handed back to the prewarm to connect again); a failed handshake is not
  * cached, but remembered in the lane's peer health (peerhealth.h) when it says the peer is unreachable
  * (timeout, refused, transport): transfers within the backoff fail at once with that reason, and the
- * first one after it tries again, so a peer that restarts is picked up within one backoff period.
+ * first one after it tries again. A peer that refused is also let through early once its handshake
+ * port accepts a connect again (peer_backoff_cleared): a restarted prefill serves the first request
+ * after its restart instead of being refused for the rest of the backoff.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "connector/internal.h"
 #include "common/clock.h"
+
+/* A peer in backoff after a refusal is looked at again (one connect, bounded) at most this often. */
+#define PEER_RECHECK_MS 100
+#define PEER_RECHECK_NS (PEER_RECHECK_MS * 1000000ull)
 
 /* The engine id a request claims must be the one the dialled address answered with. The peer stays
  * cached: it is what that address is; only the request that lied is refused. */
@@ -68,10 +74,17 @@ pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_
     }
     char why[PDL_HEALTH_REASON_MAX + 64];
     pdl_status_t hst = PDL_ERR_PEER_GONE;
-    if (!pdl__health_admit(&side->health, key, pdl__clock_now_ns(), &hst, why, sizeof(why))) {
-        PDL_CTR_ADD(r, peer_backoff_refusals, 1);
-        pdl__prewarm_lane_done(r, key, hst);
-        return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
+    uint64_t now = pdl__clock_now_ns();
+    if (!pdl__health_admit(&side->health, key, now, &hst, why, sizeof(why))) {
+        /* A peer that refused and listens again was restarted: try it now, not after the backoff. */
+        if (!pdl__health_recheck_due(&side->health, key, now, PEER_RECHECK_NS) ||
+            pdl__peer_listening(addr, prank, PEER_RECHECK_MS) != PDL_OK) {
+            PDL_CTR_ADD(r, peer_backoff_refusals, 1);
+            pdl__prewarm_lane_done(r, key, hst);
+            return pdl_error_set(err, hst, "%s: failed recently, not retried yet (peer_backoff): %s", who, why);
+        }
+        pdl__health_readmit(&side->health, key);
+        PDL_CTR_ADD(r, peer_backoff_cleared, 1);
     }
     pdl_status_t st = pdl__peer_connect(r, addr, prank, &p, err);
     if (st == PDL_OK && pdl__strmap_put(cache, key, p) != 0) {

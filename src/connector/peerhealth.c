@@ -12,6 +12,7 @@ typedef struct pdl_health_entry {
     int failures;
     pdl_status_t status;
     uint64_t failed_at_ns, retry_at_ns;
+    uint64_t rechecked_ns; /* the last pdl__health_recheck_due that said yes; 0 = none since the failure */
     char reason[PDL_HEALTH_REASON_MAX];
 } pdl_health_entry_t;
 
@@ -84,7 +85,25 @@ void pdl__health_failed(pdl_peerhealth_t *h, const char *key, uint64_t now_ns, p
     e->status = st;
     e->failed_at_ns = now_ns;
     e->retry_at_ns = now_ns + backoff;
+    e->rechecked_ns = 0; /* the peer may be restarted right after it refused: the first recheck is free */
     snprintf(e->reason, sizeof(e->reason), "%s", reason ? reason : "failed");
+}
+
+bool pdl__health_recheck_due(pdl_peerhealth_t *h, const char *key, uint64_t now_ns, uint64_t every_ns)
+{
+    pdl_health_entry_t *e = pdl__strmap_get(&h->map, key);
+    if (e == NULL || e->state != PDL_HEALTH_BACKOFF || e->status != PDL_ERR_PEER_GONE ||
+        (e->rechecked_ns != 0 && now_ns < e->rechecked_ns + every_ns))
+        return false;
+    e->rechecked_ns = now_ns;
+    return true;
+}
+
+void pdl__health_readmit(pdl_peerhealth_t *h, const char *key)
+{
+    pdl_health_entry_t *e = pdl__strmap_get(&h->map, key);
+    if (e != NULL && e->state == PDL_HEALTH_BACKOFF)
+        e->state = PDL_HEALTH_PROBING;
 }
 
 void pdl__health_ok(pdl_peerhealth_t *h, const char *key) { free(pdl__strmap_remove(&h->map, key)); }

@@ -19,6 +19,12 @@
  *                                             while it tries are refused (one probe per backoff period).
  *   PROBING --failed--> BACKOFF               failures + 1, retry at now + min(initial * 2^(failures-1), max).
  *   PROBING/BACKOFF --ok--> HEALTHY           pdl__health_ok: the entry is removed.
+ *   BACKOFF --recheck due, caller saw the peer listen again--> PROBING
+ *                                             pdl__health_recheck_due / pdl__health_readmit: a peer that
+ *                                             refused (nothing listened) and listens again was restarted
+ *                                             (or its listener resumed): it is tried at once instead of
+ *                                             after the backoff (issue 11: the first request after a
+ *                                             prefill restart was refused for peer_backoff).
  *
  * A peer that never fails costs one hash lookup per admit. At most `max_entries` keys are remembered;
  * a failure beyond that is not recorded (the peer is then simply tried again), so a flood of bogus peer
@@ -61,6 +67,14 @@ bool pdl__health_admit(pdl_peerhealth_t *h, const char *key, uint64_t now_ns, pd
                        size_t cap);
 /* The attempt failed with st and reason (copied, truncated): back off. */
 void pdl__health_failed(pdl_peerhealth_t *h, const char *key, uint64_t now_ns, pdl_status_t st, const char *reason);
+/* Is `key` backing off after a refusal (PDL_ERR_PEER_GONE), with no recheck since the failure or the
+ * last one at least every_ns ago? Then true, and the recheck is recorded as made now: the caller looks
+ * once whether the peer listens again (at most once per every_ns per key; the first at once, since a
+ * restart can follow the refusal within milliseconds) and calls pdl__health_readmit if it does. */
+bool pdl__health_recheck_due(pdl_peerhealth_t *h, const char *key, uint64_t now_ns, uint64_t every_ns);
+/* The peer of a BACKOFF key listens again: PROBING, as if its backoff had passed (the caller tries it
+ * once; ok or failed as after an admit). No-op for another state. */
+void pdl__health_readmit(pdl_peerhealth_t *h, const char *key);
 /* The attempt succeeded: forget the key. */
 void pdl__health_ok(pdl_peerhealth_t *h, const char *key);
 /* For tests and metrics: the key's state, consecutive failures and next retry time (0 when healthy). */

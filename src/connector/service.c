@@ -140,6 +140,13 @@ static void hs_handle(pdl_rank_t *r, mp_t *m)
         PDL_CTR_ADD(r, handshakes, 1);
         return;
     }
+    if (frame_is(req, PDL_WIRE_GET_IDENTITY)) { /* a peer's watch (watch.c): not a handshake */
+        char ident[64];
+        pdl_bytes_t b = {(uint8_t *)ident, pdl__watch_identity(r, ident, sizeof(ident))};
+        hs_reply(r, id, &b);
+        PDL_CTR_ADD(r, identities_served, 1);
+        return;
+    }
     if (frame_is(req, PDL_WIRE_POP_DONE_RECV)) {
         size_t n = zmq_msg_size(id);
         if (n <= sizeof(r->svc.followup_identity)) {

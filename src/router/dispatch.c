@@ -133,9 +133,10 @@ static bool hop_by_hop(const char *h)
 }
 
 /* Queue the decode's response: its status and headers, and its body pulled through stream_read.
- * `failed_leg` (NULL on success) is added as PDL_RT_FAILED_LEG_HEADER to a non-2xx answer. */
+ * `failed_leg` (NULL on success) is added as PDL_RT_FAILED_LEG_HEADER to a non-2xx answer; `served`
+ * (the two PDL_RT_PREFILL_HEADER / PDL_RT_DECODE_HEADER lines) to every answer. */
 static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, pdl_rt_route_t route,
-                        uint64_t start_ns, const char *failed_leg)
+                        uint64_t start_ns, const char *failed_leg, const char *const *served)
 {
     rt_stream_t *s = calloc(1, sizeof(*s));
     if (s == NULL) {
@@ -156,7 +157,7 @@ static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, p
             size = v;
     }
     s->size = size;
-    const char *headers[PDL_LEG_MAX_HEADERS + 1];
+    const char *headers[PDL_LEG_MAX_HEADERS + 3];
     size_t nh = 0;
     for (size_t i = 0; i < dleg->nheaders && nh < PDL_LEG_MAX_HEADERS; i++)
         if (!hop_by_hop(dleg->headers[i]))
@@ -166,6 +167,8 @@ static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, p
         snprintf(leg_line, sizeof(leg_line), PDL_RT_FAILED_LEG_HEADER ": %s", failed_leg);
         headers[nh++] = leg_line;
     }
+    headers[nh++] = served[0];
+    headers[nh++] = served[1];
     unsigned status = dleg->status >= 200 && dleg->status <= 599 ? (unsigned)dleg->status : 502;
     return pdl_http_reply_stream(c, status, size, &stream_read, s, &stream_free, headers, nh);
 }
@@ -173,40 +176,43 @@ static int relay_decode(pdl_router_t *rt, pdl_http_conn_t *c, pdl_leg_t *dleg, p
 /* Count the error, finish the request and answer msg[0, len) as text. leg (NULL: none) is
  * "prefill|decode <http_address>" for a leg that failed at a worker: the body stays vllm-router's and
  * PDL_RT_FAILED_LEG_HEADER carries the leg, so a client (pdlink run, the tests) can say which leg and which
- * worker without parsing the text. */
+ * worker without parsing the text; the two `served` lines (with a leg only) name both workers chosen. */
 static int fail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
-                    pdl_rt_error_t kind, unsigned status, const char *leg, const char *msg, size_t len)
+                    pdl_rt_error_t kind, unsigned status, const char *leg, const char *const *served,
+                    const char *msg, size_t len)
 {
     pdl_rt_metrics_error(rt->metrics, kind);
     finish_request(rt, route, start_ns);
     char line[700];
-    const char *h[1] = {line};
+    const char *h[3] = {line, served ? served[0] : NULL, served ? served[1] : NULL};
     if (leg != NULL)
         snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", leg);
-    return pdl_http_reply_headers(c, status, NULL, msg, len, h, leg != NULL ? 1 : 0);
+    return pdl_http_reply_headers(c, status, NULL, msg, len, h, leg == NULL ? 0 : served ? 3 : 1);
 }
 
 static int vfail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
-                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
-    __attribute__((format(printf, 8, 0)));
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *const *served,
+                     const char *fmt, va_list ap) __attribute__((format(printf, 9, 0)));
 static int vfail_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
-                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, va_list ap)
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *const *served,
+                     const char *fmt, va_list ap)
 {
     char buf[2048];
     int n = vsnprintf(buf, sizeof(buf), fmt, ap);
     size_t len = n < 0 ? 0 : (size_t)n >= sizeof(buf) ? sizeof(buf) - 1 : (size_t)n;
-    return fail_leg(rt, c, route, start_ns, kind, status, leg, buf, len);
+    return fail_leg(rt, c, route, start_ns, kind, status, leg, served, buf, len);
 }
 
 static int failf_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
-                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *const *served,
+                     const char *fmt, ...) __attribute__((format(printf, 9, 10)));
 static int failf_leg(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uint64_t start_ns,
-                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *fmt, ...)
+                     pdl_rt_error_t kind, unsigned status, const char *leg, const char *const *served,
+                     const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    int ret = vfail_leg(rt, c, route, start_ns, kind, status, leg, fmt, ap);
+    int ret = vfail_leg(rt, c, route, start_ns, kind, status, leg, served, fmt, ap);
     va_end(ap);
     return ret;
 }
@@ -218,7 +224,7 @@ static int failf(pdl_router_t *rt, pdl_http_conn_t *c, pdl_rt_route_t route, uin
 {
     va_list ap;
     va_start(ap, fmt);
-    int ret = vfail_leg(rt, c, route, start_ns, kind, status, NULL, fmt, ap);
+    int ret = vfail_leg(rt, c, route, start_ns, kind, status, NULL, NULL, fmt, ap);
     va_end(ap);
     return ret;
 }
@@ -342,6 +348,8 @@ typedef struct dispatch {
     size_t nh;
     char purl[700], durl[700], pbase[600], dbase[600];
     char pleg_name[608], dleg_name[608];
+    char served_p[640], served_d[640]; /* PDL_RT_PREFILL_HEADER / PDL_RT_DECODE_HEADER lines */
+    const char *served[2];
     pdl_leg_t *pleg, *dleg;
     json_t *pbody, *dbody, *presp;
     char *ptext, *dtext, *key;
@@ -406,6 +414,10 @@ static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, siz
     snprintf(d->dbase, sizeof(d->dbase), "http://%s", d->D->http_address);
     snprintf(d->pleg_name, sizeof(d->pleg_name), "prefill %s", d->P->http_address);
     snprintf(d->dleg_name, sizeof(d->dleg_name), "decode %s", d->D->http_address);
+    snprintf(d->served_p, sizeof(d->served_p), PDL_RT_PREFILL_HEADER ": %s", d->P->http_address);
+    snprintf(d->served_d, sizeof(d->served_d), PDL_RT_DECODE_HEADER ": %s", d->D->http_address);
+    d->served[0] = d->served_p;
+    d->served[1] = d->served_d;
     snprintf(d->purl, sizeof(d->purl), "%s%s", d->pbase, path);
     snprintf(d->durl, sizeof(d->durl), "%s%s", d->dbase, path);
     pdl_debug("request %s: prefill %s, decode %s, %s mode, transfer %s", d->request_id, d->P->http_address,
@@ -505,7 +517,7 @@ static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
     json_error_t perr;
     d->presp = json_loadb(d->pleg->buf + d->pleg->rpos, d->pleg->len - d->pleg->rpos, 0, &perr);
     if (!json_is_object(d->presp)) {
-        d->ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name,
+        d->ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, d->served,
                            "Request processing failed: Prefill server %s returned a body that is not a JSON object: %s",
                            d->P->http_address, d->presp ? "wrong type" : perr.text);
         return false;
@@ -559,7 +571,7 @@ static int dispatch_decode_answer(dispatch_t *d)
     }
     if (dgone) {
         pdl_rt_metrics_leg(rt->metrics, 'D', d->dbase, 1);
-        return failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, d->dleg_name,
+        return failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, d->dleg_name, d->served,
                          "Request processing failed: Decode server error: %s: %s", d->D->http_address,
                          pdl_leg_error(dleg));
     }
@@ -572,7 +584,7 @@ static int dispatch_decode_answer(dispatch_t *d)
     pdl_leg_release(rt->up, d->pleg);
     d->pleg = NULL;
     d->dleg = NULL; /* relay_decode owns it and the request's end */
-    return relay_decode(rt, d->c, dleg, d->route, d->start_ns, dfail ? d->dleg_name : NULL);
+    return relay_decode(rt, d->c, dleg, d->route, d->start_ns, dfail ? d->dleg_name : NULL, d->served);
 }
 
 /* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a 4xx
@@ -590,11 +602,11 @@ static int dispatch_prefill_failed(dispatch_t *d)
         finish_request(rt, d->route, d->start_ns);
         char line[700];
         snprintf(line, sizeof(line), PDL_RT_FAILED_LEG_HEADER ": %s", d->pleg_name);
-        const char *h[1] = {line};
+        const char *h[3] = {line, d->served[0], d->served[1]};
         ret = pdl_http_reply_headers(d->c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen,
-                                     h, 1);
+                                     h, 3);
     } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
-        ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name,
+        ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, d->served,
                         "Request processing failed: Prefill server error: %s: %s", d->P->http_address,
                         pdl_leg_error(pleg));
     } else {
@@ -602,11 +614,11 @@ static int dispatch_prefill_failed(dispatch_t *d)
         int hl = snprintf(head, sizeof(head), "Request processing failed: Prefill server error %ld: ", pleg->status);
         char *msg = malloc((size_t)hl + blen + 1);
         if (msg == NULL) {
-            ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, "%s", head);
+            ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, d->served, "%s", head);
         } else {
             memcpy(msg, head, (size_t)hl);
             memcpy(msg + hl, pleg->buf + pleg->rpos, blen);
-            ret = fail_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, msg,
+            ret = fail_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, d->served, msg,
                            (size_t)hl + blen);
             free(msg);
         }

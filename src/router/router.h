@@ -28,6 +28,11 @@
  * this is how a client tells which leg failed; `pdlink run` reports it.
  */
 #define PDL_RT_FAILED_LEG_HEADER "X-Pdlink-Failed-Leg"
+/* Response headers on every completion answer once the workers were chosen (success, pass-through,
+ * failure at a worker): the http_address of the prefill and of the decode that served the request
+ * (a pdlink addition), so a client can tell which instance served what; `pdlink run --chaos` does. */
+#define PDL_RT_PREFILL_HEADER "X-Pdlink-Prefill"
+#define PDL_RT_DECODE_HEADER "X-Pdlink-Decode"
 
 typedef struct pdl_rt_release pdl_rt_release_t;
 typedef struct pdl_discovery pdl_discovery_t;

@@ -236,6 +236,7 @@ typedef struct rh_resp {
     size_t len;
     char content_type[128];
     char failed_leg[128]; /* the router's X-Pdlink-Failed-Leg header, "" when absent */
+    char served_prefill[128], served_decode[128]; /* its X-Pdlink-Prefill / X-Pdlink-Decode, "" when absent */
     CURLcode rc;
 } rh_resp_t;
 
@@ -253,19 +254,27 @@ static inline size_t rh_on_body(char *p, size_t s, size_t n, void *ud)
     return k;
 }
 
+/* If header line p[0, k) is `name` (lower case, with its colon), its value into dst[cap]. */
+static inline void rh_header_take(const char *p, size_t k, const char *name, char *dst, size_t cap)
+{
+    size_t nl = strlen(name);
+    if (k <= nl || strncasecmp(p, name, nl) != 0)
+        return;
+    size_t a = nl, e = k;
+    while (a < e && p[a] == ' ')
+        a++;
+    while (e > a && (p[e - 1] == '\r' || p[e - 1] == '\n'))
+        e--;
+    snprintf(dst, cap, "%.*s", (int)(e - a), p + a);
+}
+
 static inline size_t rh_on_header(char *p, size_t s, size_t n, void *ud)
 {
     rh_resp_t *r = ud;
     size_t k = s * n;
-    static const char name[] = "x-pdlink-failed-leg:";
-    if (k > sizeof(name) - 1 && strncasecmp(p, name, sizeof(name) - 1) == 0) {
-        size_t a = sizeof(name) - 1, e = k;
-        while (a < e && p[a] == ' ')
-            a++;
-        while (e > a && (p[e - 1] == '\r' || p[e - 1] == '\n'))
-            e--;
-        snprintf(r->failed_leg, sizeof(r->failed_leg), "%.*s", (int)(e - a), p + a);
-    }
+    rh_header_take(p, k, "x-pdlink-failed-leg:", r->failed_leg, sizeof(r->failed_leg));
+    rh_header_take(p, k, "x-pdlink-prefill:", r->served_prefill, sizeof(r->served_prefill));
+    rh_header_take(p, k, "x-pdlink-decode:", r->served_decode, sizeof(r->served_decode));
     return k;
 }
 

@@ -132,6 +132,12 @@ static void read_mode_legs_are_exact(void **state)
     assert_int_equal(c.len, strlen(sent));
     assert_memory_equal(c.body, sent, c.len);
     assert_non_null(strstr(c.body, "data: [DONE]\n\n"));
+    /* A success names the instances that served it. */
+    char served[64];
+    snprintf(served, sizeof(served), "127.0.0.1:%d", s.p[0].port);
+    assert_string_equal(c.served_prefill, served);
+    snprintf(served, sizeof(served), "127.0.0.1:%d", s.d[0].port);
+    assert_string_equal(c.served_decode, served);
     json_decref(presp);
     json_decref(pr);
     json_decref(dr);
@@ -214,6 +220,8 @@ static void prefill_failure_is_500_with_its_body(void **state)
     char leg[64];
     snprintf(leg, sizeof(leg), "prefill 127.0.0.1:%d", s.p[0].port);
     assert_string_equal(c.failed_leg, leg);
+    assert_string_equal(c.served_prefill, leg + strlen("prefill ")); /* a failure names both too */
+    assert_non_null(strstr(c.served_decode, "127.0.0.1:"));
     rh_resp_free(&c);
     assert_int_equal(nreq(&s.d[0]), 0); /* READ: no decode after a failed prefill */
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_prefill_errors_total"), 1);
@@ -253,6 +261,7 @@ static void decode_failure_is_passed_through(void **state)
     char leg[64];
     snprintf(leg, sizeof(leg), "decode 127.0.0.1:%d", s.d[0].port);
     assert_string_equal(c.failed_leg, leg);
+    assert_string_equal(c.served_decode, leg + strlen("decode "));
     rh_resp_free(&c);
     assert_int_equal((int)rh_metric(s.r.http, "vllm_router_pd_decode_errors_total"), 1);
 
@@ -291,6 +300,8 @@ static void bad_requests_get_400_naming_the_problem(void **state)
             fprintf(stderr, "case %zu: status %ld body %s\n", i, c.status, c.body);
         assert_int_equal(c.status, 400);
         assert_non_null(strstr(c.body, cases[i].needle));
+        assert_string_equal(c.served_prefill, ""); /* refused before any worker was chosen */
+        assert_string_equal(c.served_decode, "");
         rh_resp_free(&c);
     }
     rh_resp_t c = rh_http(s.r.http, "/v1/nothing", "{}");

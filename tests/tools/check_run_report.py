@@ -11,7 +11,8 @@ vllm-router served each topology (its own log lines: MoRIIO READ mode, consisten
 decode and a prefill were killed and restarted, while the nodes' counters (releases, pulls, handshakes,
 bytes) also hold the chaos passes; so those are checked as lower bounds, and the "chaos" object must show
 both victims serving again, no failure outside the outage windows, every success equal to the reference
-and no byte mismatched by a victim before its kill.
+and no byte mismatched by a victim before its kill; with two prefills, the rows of the one not killed
+(its latencies before, during and after the other's outage) are well formed and it served during it.
 Exits 1 with the failed assertion on stderr.
 """
 import argparse
@@ -20,6 +21,35 @@ import os
 import sys
 
 SEED = ["1p1d", "2p1d", "1p2d", "p4d8", "p8d4"]
+
+
+def check_healthy_prefill(t) -> None:
+    """With two prefills, the one not killed (named by pdlink-router's X-Pdlink-Prefill) has well-formed
+    latency rows before, during and after the other's outage, and served requests during it; with one
+    prefill there is none. Figures are checked for form and consistency only, never against a time."""
+    n, h = t["name"], t["chaos"].get("healthy_prefill", "absent")
+    if len(t["prefill_tp"]) < 2:
+        assert h is None, (n, "a healthy prefill with one prefill", h)
+        return
+    assert isinstance(h, dict), (n, "no healthy_prefill rows", h)
+    host, _, port = h["prefill"].rpartition(":")
+    assert host and port.isdigit(), (n, h["prefill"])
+    m = h["min_samples"]
+    assert m >= 1, (n, h)
+    for phase in ("before", "during", "after"):
+        p = h[phase]
+        assert p["ok"] >= 0 and p["failed"] >= 0, (n, phase, p)
+        assert (p["p50_ms"] is None) == (p["ok"] == 0), (n, phase, p)
+        assert (p["p99_ms"] is None) == (p["ok"] < m), (n, phase, p)
+        if p["p99_ms"] is not None:
+            assert 0 < p["p50_ms"] <= p["p99_ms"], (n, phase, p)
+    b, d = h["before"], h["during"]
+    # The healthy prefill kept serving while the other was down.
+    assert d["ok"] > 0, (n, "the healthy prefill served nothing during the outage", h)
+    if b["p99_ms"] is None or d["p99_ms"] is None:
+        assert h["p99_ratio"] is None, (n, h)
+    else:
+        assert abs(h["p99_ratio"] - d["p99_ms"] / b["p99_ms"]) < 1e-6 * max(1.0, h["p99_ratio"]), (n, h)
 
 
 def check_chaos(t) -> None:
@@ -38,6 +68,7 @@ def check_chaos(t) -> None:
     assert c["mismatched_killed"] == 0, (n, c)
     # The workload kept going around the kills: successes on both sides of each outage.
     assert c["ok_outside"] > 0 and c["ok_outage"] + c["failed_outage"] > 0, (n, c)
+    check_healthy_prefill(t)
     assert t["pulls"] >= t["requests"] and t["releases_sent"] >= t["releases_expected"], (n, t["pulls"])
     assert t["releases_received"] >= t["releases_expected"], (n, t["releases_received"])
 

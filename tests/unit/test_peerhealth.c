@@ -1,7 +1,8 @@
 /*
  * test_peerhealth.c -- the failed-peer memory and its backoff (src/connector/peerhealth.c) with an
  * injected clock: every transition of the state diagram in peerhealth.h, the doubling and its cap
- * over a long run of failures, the reason text, independence of keys, and the entry bound.
+ * over a long run of failures, the reason text, independence of keys, the entry bound, and the early
+ * readmission of a refused peer that listens again.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -149,6 +150,43 @@ static void reason_truncated_and_latest(void **state)
     pdl__health_fini(&h);
 }
 
+/* A refused peer is rechecked at most once per interval; when it listens again it is let through at
+ * once (PROBING), and its failure then doubles the backoff as after an admit. A timed-out peer is never
+ * rechecked (a connect to it could cost the timeout again). */
+static void refused_peer_rechecked_and_readmitted(void **state)
+{
+    (void)state;
+    pdl_peerhealth_t h;
+    pdl__health_init(&h, 2 * SEC, 30 * SEC, 16);
+    uint64_t t0 = 50 * SEC;
+    pdl__health_failed(&h, "gone", t0, PDL_ERR_PEER_GONE, "connect: Connection refused");
+    pdl__health_failed(&h, "slow", t0, PDL_ERR_TIMEOUT, "no reply");
+    assert_false(pdl__health_recheck_due(&h, "slow", t0 + SEC, 100 * MS));
+    assert_false(pdl__health_recheck_due(&h, "healthy", t0 + SEC, 100 * MS));
+    assert_true(pdl__health_recheck_due(&h, "gone", t0 + 1 * MS, 100 * MS)); /* the first one at once */
+    assert_false(pdl__health_recheck_due(&h, "gone", t0 + 50 * MS, 100 * MS)); /* rechecked 49 ms ago */
+    assert_true(pdl__health_recheck_due(&h, "gone", t0 + 101 * MS, 100 * MS));
+    assert_false(pdl__health_recheck_due(&h, "gone", t0 + 150 * MS, 100 * MS));
+    assert_false(pdl__health_admit(&h, "gone", t0 + 150 * MS, NULL, NULL, 0));
+    assert_true(pdl__health_recheck_due(&h, "gone", t0 + 201 * MS, 100 * MS));
+    pdl__health_readmit(&h, "gone");
+    assert_int_equal(pdl__health_state(&h, "gone", NULL, NULL), PDL_HEALTH_PROBING);
+    assert_false(pdl__health_recheck_due(&h, "gone", t0 + SEC, 100 * MS)); /* one try at a time */
+    pdl__health_failed(&h, "gone", t0 + 300 * MS, PDL_ERR_PEER_GONE, "connect: Connection refused");
+    int fails;
+    uint64_t at;
+    assert_int_equal(pdl__health_state(&h, "gone", &fails, &at), PDL_HEALTH_BACKOFF);
+    assert_int_equal(fails, 2);
+    assert_int_equal(at, t0 + 300 * MS + 4 * SEC);
+    assert_true(pdl__health_recheck_due(&h, "gone", t0 + 301 * MS, 100 * MS)); /* a new failure: at once */
+    pdl__health_readmit(&h, "slow"); /* only after the caller saw it listen; BACKOFF -> PROBING */
+    assert_int_equal(pdl__health_state(&h, "slow", NULL, NULL), PDL_HEALTH_PROBING);
+    pdl__health_ok(&h, "slow");
+    pdl__health_readmit(&h, "slow"); /* healthy: no-op */
+    assert_int_equal(pdl__health_state(&h, "slow", NULL, NULL), PDL_HEALTH_HEALTHY);
+    pdl__health_fini(&h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +196,7 @@ int main(void)
         cmocka_unit_test(keys_are_independent),
         cmocka_unit_test(entries_are_bounded),
         cmocka_unit_test(reason_truncated_and_latest),
+        cmocka_unit_test(refused_peer_rechecked_and_readmitted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
