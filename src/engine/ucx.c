@@ -35,12 +35,12 @@
  * does not bound-check every access on every transport, and its software-emulated RMA over tcp checks
  * nothing): every range against the size in the memory descriptor (engine.c), and the registration's
  * liveness against the owner's live table (the same table shm maps), which the owner ucp_mem_maps and
- * whose address and rkey are in its engine descriptor ("ctl_addr", "ctl_rkey"). Every batch reads its
- * region's slot first (every chunk, on its own lane) and posts its gets or puts only once the slot says the region is live: a batch
- * posted after the owner's pdl_engine_deregister_mem returned fails with NOT_FOUND and never touches
- * the region. That costs one small get per batch, and it has to come first: over UCX's tcp the owner's
- * worker serves a get or put at whatever address it names, so an access to a region the owner has
- * unmapped would fault in the owner. A deregistration racing a batch already past its check is not
+ * whose address and rkey are in its engine descriptor ("ctl_addr", "ctl_rkey"). Every chunk reads its
+ * region's slot first, on its own lane, and posts its gets or puts only once the slot says the region
+ * is live: a batch posted after the owner's pdl_engine_deregister_mem returned fails with NOT_FOUND and
+ * never touches the region. That costs one small get per chunk, and it has to come first: over UCX's
+ * tcp the owner's worker serves a get or put at whatever address it names, so an access to a region
+ * the owner has unmapped would fault in the owner. A deregistration racing a batch already past its check is not
  * caught (the window is one round trip); real RDMA NICs refuse that access, UCX's tcp does not.
  *
  * Chunk states (ucx_op_t.phase; a batch is done when its last chunk is):
@@ -67,6 +67,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/clock.h"
+#include "common/copy.h"
 #include "engine/backend.h"
 
 /* The waiting thread progresses the worker itself this long before handing over to the progress
@@ -116,6 +117,7 @@ typedef struct ucx_mem {
 typedef struct ucx_rlane { /* a remote engine as seen from one lane; under that lane's mu */
     ucp_ep_h ep;         /* NULL once closed */
     ucp_rkey_h ctl_rkey; /* the remote's live table */
+    _Atomic uint64_t *ctl_map; /* that table mapped here by UCX (ucp_rkey_ptr), or NULL */
 } ucx_rlane_t;
 
 typedef struct ucx_remote {
@@ -130,6 +132,7 @@ typedef struct ucx_remote {
 
 typedef struct ucx_session {
     ucp_rkey_h rkey[UCX_LANES]; /* the remote region's rkey, unpacked on each lane's endpoint */
+    uint8_t *map[UCX_LANES];    /* the whole region mapped here by UCX through that rkey, or NULL */
 } ucx_session_t;
 
 enum { PHASE_CHECK = 1, PHASE_XFER = 2 };
@@ -520,6 +523,7 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 static void rlane_close_locked(ucx_lane_t *ln, ucx_rlane_t *rl)
 {
     if (rl->ctl_rkey) {
+        rl->ctl_map = NULL;
         ucp_rkey_destroy(rl->ctl_rkey);
         rl->ctl_rkey = NULL;
     }
@@ -601,8 +605,11 @@ static ucs_status_t rlane_open_locked(pdl_engine_t *e, ucx_lane_t *ln, ucx_remot
     if (us != UCS_OK) {
         rl->ctl_rkey = NULL;
         rlane_close_locked(ln, rl);
+        return us;
     }
-    return us;
+    void *p = NULL;
+    rl->ctl_map = ucp_rkey_ptr(rl->ctl_rkey, r->ctl_addr, &p) == UCS_OK ? p : NULL;
+    return UCS_OK;
 }
 
 static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
@@ -668,6 +675,18 @@ static pdl_status_t ucx_session_check(pdl_session_t *s, pdl_error_t *err)
 
 static void ucx_session_close(pdl_session_t *s);
 
+/* Where UCX maps the whole remote region in this process (its shared-memory transports attach the
+ * owner's segment when the rkey is unpacked), or NULL when it does not, or not in one piece. */
+static uint8_t *region_map(ucp_rkey_h rkey, const pdl_rmem_t *rm)
+{
+    void *first = NULL, *last = NULL;
+    if (rm->size == 0 || ucp_rkey_ptr(rkey, rm->addr, &first) != UCS_OK ||
+        ucp_rkey_ptr(rkey, rm->addr + rm->size - 1, &last) != UCS_OK ||
+        (uint8_t *)last != (uint8_t *)first + (rm->size - 1))
+        return NULL;
+    return first;
+}
+
 static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
 {
     pdl_engine_t *e = s->engine;
@@ -693,6 +712,8 @@ static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
         u = ep ? ucp_ep_rkey_unpack(ep, s->rmem.rkey, &us->rkey[l]) : UCS_ERR_NOT_CONNECTED;
         if (u != UCS_OK)
             us->rkey[l] = NULL;
+        else
+            us->map[l] = region_map(us->rkey[l], &s->rmem);
         pthread_mutex_unlock(&ux->lanes[l].mu);
     }
     if (u != UCS_OK) {
@@ -813,6 +834,12 @@ static void post_data(pdl_session_t *s, ucx_rlane_t *rl, ucx_op_t *op)
                  s->rmem.addr + b->d[i].remote_off, rkey);
 }
 
+static pdl_status_t not_registered(pdl_session_t *s, pdl_error_t *err)
+{
+    return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: region %" PRIu64 " of engine %s is not registered any more",
+                         s->engine->key, s->rmem.id, s->rmem.engine_key);
+}
+
 /* The chunk's lane mu held (a flush callback, or the thread that started the chunk). The batch may be
  * freed by its waiter as soon as pdl__batch_chunk_done returns, so nothing touches `op` after it. */
 static void op_flushed(ucx_op_t *op, ucs_status_t status)
@@ -836,9 +863,7 @@ static void op_flushed(ucx_op_t *op, ucs_status_t status)
                                b->op == PDL_OP_READ ? "read" : "write", s->rmem.engine_key, s->rmem.id,
                                ucs_status_string(status));
     } else if (op->phase == PHASE_CHECK && op->slot != s->rmem.id) {
-        st = pdl_error_set(&err, PDL_ERR_NOT_FOUND,
-                           "engine %s: region %" PRIu64 " of engine %s is not registered any more", s->engine->key,
-                           s->rmem.id, s->rmem.engine_key);
+        st = not_registered(s, &err);
     } else if (op->phase == PHASE_CHECK) {
         /* The region is live: now the data. */
         ucx_rlane_t *rl = &ur->lane[op->idx];
@@ -852,8 +877,41 @@ static void op_flushed(ucx_op_t *op, ucs_status_t status)
     pdl__batch_chunk_done(b, st, &err);
 }
 
-/* Start chunk idx on its lane: the live-table check, whose completion posts the data (op_flushed). Over
- * UCX's shared memory all of it, the copy included, completes inside this call. */
+/*
+ * A chunk whose region and live table UCX maps here (its shared-memory transports: ucp_rkey_ptr) is a
+ * plain copy through those mappings, the same access UCX's own get makes (uct_sm_ep_get_bcopy copies
+ * out of the same mapped segment) but with the copy routine of pdlink's shm engine: glibc's memcpy
+ * (UCX's) moves a chunk larger than the caches at a fraction of the streaming copy's speed here
+ * (copy.c). `slot` is the region's live-table slot, read before any byte moves.
+ */
+static void chunk_copy(pdl_batch_t *b, int idx, uint64_t slot)
+{
+    pdl_session_t *s = b->session;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st = PDL_OK;
+    if (slot != s->rmem.id) {
+        st = not_registered(s, &err);
+    } else {
+        const pdl_chunk_t *c = &b->chunks[idx];
+        uint8_t *map = ((ucx_session_t *)s->bk)->map[idx], *local = s->local->ptr;
+        bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
+        for (size_t i = c->first; i < c->first + c->count; i++) {
+            const pdl_desc_t *d = &b->d[i];
+            uint8_t *dst = b->op == PDL_OP_READ ? local + d->local_off : map + d->remote_off;
+            const uint8_t *src = b->op == PDL_OP_READ ? map + d->remote_off : local + d->local_off;
+            if (stream)
+                pdl__copy_stream(dst, src, d->len);
+            else
+                memcpy(dst, src, d->len);
+        }
+    }
+    pdl__batch_chunk_done(b, st, &err);
+}
+
+/* Start chunk idx on its lane: the live-table check, whose completion posts the data (op_flushed), or
+ * over UCX's mappings the check and the copy (chunk_copy). Over UCX's shared memory all of it
+ * completes inside this call. */
 static void chunk_start(pdl_batch_t *b, int idx)
 {
     pdl_session_t *s = b->session;
@@ -867,6 +925,14 @@ static void chunk_start(pdl_batch_t *b, int idx)
         pdl_status_t st = pdl_error_set(&err, (pdl_status_t)atomic_load(&ur->dead), "%s", ur->dead_msg);
         pthread_mutex_unlock(&ln->mu);
         pdl__batch_chunk_done(b, st, &err);
+        return;
+    }
+    if (rl->ctl_map != NULL && ((ucx_session_t *)s->bk)->map[idx] != NULL) {
+        /* The table's mapping lives with the endpoint (closed under this lock); the region's with the
+         * session, which outlives its batches: the copy needs no lock. */
+        uint64_t slot = atomic_load_explicit(&rl->ctl_map[s->rmem.slot], memory_order_acquire);
+        pthread_mutex_unlock(&ln->mu);
+        chunk_copy(b, idx, slot);
         return;
     }
     post_slot_get(s, rl, op);
