@@ -79,8 +79,10 @@
  * cores; the memcpy ceiling and shm copy with two threads by default as well). */
 #define UCX_LANES 2
 /* A batch of fewer bytes stays on lane 0: handing a chunk to a pool thread costs a wake-up (tens of
- * µs under load here) that a smaller copy does not win back. */
-#define UCX_SPLIT_MIN_BYTES (1u << 20)
+ * µs under load here) that a smaller copy does not win back. Measured with the mapped copy (posix,cma,
+ * pdlink bench, GB/s, three alternating runs): 64K x16 unsplit 16.6-18.0 against 12.0-13.3 split,
+ * 1M x1 14.8-17.8 against 12.6-13.7; 1M x16 8.0-8.7 either way; 2M and 4M x1 even. */
+#define UCX_SPLIT_MIN_BYTES (2u << 20)
 /* UCX's shared-memory transports as ucp_ep_print_info names them ("0:posix/memory.0 md[0] ..."): over
  * these a get or put is a copy made by the posting thread, so more posting threads copy faster. Over
  * UCX's tcp the owner's one worker serves every get and two lanes measured no faster (1M x16:
@@ -633,7 +635,7 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     if (us == UCS_OK) {
         ur->split = copies_in_caller(ur->lane[0].ep);
         pdl_debug("engine %s: ucx endpoints to engine %s: %s", e->key, r->key,
-                  ur->split ? "shared memory, batches of 1 MiB or more are split over the lanes"
+                  ur->split ? "shared memory, batches of 2 MiB or more are split over the lanes"
                             : "not shared memory, every batch on one lane");
     }
     if (us != UCS_OK) {
