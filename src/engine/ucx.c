@@ -12,9 +12,11 @@
  *
  * Why lanes: over UCX's shared-memory transports a get is one synchronous memcpy inside ucp_get_nbx,
  * in the thread that posts it (uct_sm_ep_get_bcopy), so one worker moves a batch at one core's copy
- * speed. A batch of at least UCX_SPLIT_MIN bytes is cut by bytes into one chunk per lane: chunk 0 is
- * posted on lane 0 by the posting thread, chunk i > 0 on lane i by a pool thread (drive_chunk), so the
- * copies run side by side, as shm's memcpy workers do.
+ * speed. A batch of at least UCX_SPLIT_MIN_BYTES to a remote reached over shared memory is cut by
+ * bytes into one chunk per lane: chunk 0 is posted on lane 0 by the posting thread, chunk i > 0 on lane
+ * i by a pool thread (drive_chunk), so the copies run side by side, as shm's memcpy workers do. Where
+ * UCX maps the remote region and live table here (ucp_rkey_ptr), a chunk skips ucp_get_nbx and copies
+ * through those mappings with the shm engine's copy routine (chunk_copy).
  *
  * Locking: a lane's worker and the endpoints and rkeys made on it are used only under that lane's mu
  * (the workers are UCS_THREAD_MODE_SERIALIZED: these locks serialise them); calls on the context
