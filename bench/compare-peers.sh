@@ -10,6 +10,10 @@
 # Each row is PAIRS (default 5, at least 5) passes; a pass measures every system of the row back to
 # back (UCX, pdlink shm|tcp, pdlink ucx, NIXL, Mooncake), so ratios are taken per pass: median of the
 # per-pass ratios, min-max, "unstable" past a 0.25 spread (the method of pdlink bench, bench/pairs.h).
+# ucx_perftest -O N re-reads one buffer of one block for all N gets (cache-resident), while a pdlink
+# batch reads N distinct blocks: for N > 1 and blocks of 64 KiB or more each pass also runs one
+# ucx_perftest get of N x block bytes (-O 1), the same bytes and memory footprint as the batch, shown
+# as a second ucx_perftest column ("footprint") beside the first; for N = 1 the two are the same run.
 #
 # usage: [PAIRS=N] [BATCHES=1,16] [RESULTS=DIR] [PEERS_VENV=DIR] bench/compare-peers.sh [--full] [PDLINK_BINARY] [SIZES]
 #   e.g. bench/compare-peers.sh build/pdlink 4K,64K,1M,16M      (the default grid: these sizes, batches 1,16)
@@ -194,6 +198,10 @@ for class in shm tcp; do
             echo "compare-peers: $class batch $batch pass $k/$PAIRS (load $(cut -d' ' -f1 /proc/loadavg))" >&2
             for s in ${SIZES//,/ }; do
                 ucx_gbps $tls "$(to_bytes "$s")" "$batch" >"$TMP/ucx.$class.$batch.$s.$k"
+                fp=$(( $(to_bytes "$s") * batch ))
+                if [ "$batch" -gt 1 ] && [ "$(to_bytes "$s")" -ge 65536 ] && [ $fp -le 268435456 ]; then
+                    ucx_gbps $tls $fp 1 >"$TMP/ucxfp.$class.$batch.$s.$k"
+                fi
             done
             for backend in $class ucx; do
                 pdlink_run $class $backend "$batch" $tls "$k"

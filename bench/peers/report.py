@@ -3,6 +3,8 @@
 script leaves in its scratch directory:
 
   ucx.CLASS.BATCH.SIZE.K          ucx_perftest's GB/s of pass K (or n/a)
+  ucxfp.CLASS.BATCH.SIZE.K        ucx_perftest's GB/s for one get of BATCH x SIZE bytes (the batch's
+                                  footprint; batches > 1 only: for batch 1 it is the ucx.* run)
   pdl.CLASS.BACKEND.BATCH.K.json  pdlink bench --json of pass K (all sizes)
   PEER.CLASS.BATCH.K.json         bench/peers/PEER_bench.py --json of pass K (all sizes)
   status.PEER                     "ok", or why the peer did not run (shown in the table's notes)
@@ -21,7 +23,7 @@ import math
 import os
 import sys
 
-SYSTEMS = ["ucx_perftest", "nixl", "mooncake", "pdlink", "pdlink_ucx"]
+SYSTEMS = ["ucx_perftest", "ucx_perftest_fp", "nixl", "mooncake", "pdlink", "pdlink_ucx"]
 MAX_SPREAD = 0.25
 
 
@@ -63,13 +65,14 @@ def collect(tmp, pairs, sizes, batches, classes):
                 for s in sizes:
                     key, b = (cls, batch, s), to_bytes(s)
                     cell = raw.setdefault(key, {x: [] for x in SYSTEMS})
-                    try:
-                        with open(os.path.join(tmp, "ucx.%s.%d.%s.%d" % (cls, batch, s, k))) as f:
-                            u = float(f.read())
-                        if u > 0:
-                            cell["ucx_perftest"].append((k, u))
-                    except (OSError, ValueError):
-                        pass
+                    for name, prefix in (("ucx_perftest", "ucx"), ("ucx_perftest_fp", "ucx" if batch == 1 else "ucxfp")):
+                        try:
+                            with open(os.path.join(tmp, "%s.%s.%d.%s.%d" % (prefix, cls, batch, s, k))) as f:
+                                u = float(f.read())
+                            if u > 0:
+                                cell[name].append((k, u))
+                        except (OSError, ValueError):
+                            pass
                     for name, rows in (("pdlink", pdl), ("pdlink_ucx", pdu), ("nixl", nx), ("mooncake", mc)):
                         r = rows.get((b, batch))
                         if r is not None and r["gbps"] > 0:
@@ -134,17 +137,19 @@ def main():
                         for k, g in raw[(cls, batch, s)][name]:
                             w.writerow([cls, tls, batch, to_bytes(s), name, k, "%.6f" % g])
 
-    head = ["class", "batch", "block", "ucx_perftest", "NIXL", "Mooncake (tcp)", "pdlink shm/tcp", "pdlink ucx",
-            "pdlink / NIXL", "pdlink / Mooncake", "pdlink ucx / ucx_perftest", "pdlink ucx / NIXL"]
+    head = ["class", "batch", "block", "ucx_perftest", "ucx_perftest footprint", "NIXL", "Mooncake (tcp)", "pdlink shm/tcp",
+            "pdlink ucx", "pdlink / NIXL", "pdlink / Mooncake", "pdlink ucx / ucx_perftest",
+            "pdlink ucx / ucx_perftest footprint", "pdlink ucx / NIXL"]
     table = []
     for cls, tls in classes:
         for batch in batches:
             for s in sizes:
                 c = raw[(cls, batch, s)]
-                table.append([cls, str(batch), s, fmt_gbps(c["ucx_perftest"]), fmt_gbps(c["nixl"]), fmt_gbps(c["mooncake"]),
-                              fmt_gbps(c["pdlink"]), fmt_gbps(c["pdlink_ucx"]),
+                table.append([cls, str(batch), s, fmt_gbps(c["ucx_perftest"]), fmt_gbps(c["ucx_perftest_fp"]),
+                              fmt_gbps(c["nixl"]), fmt_gbps(c["mooncake"]), fmt_gbps(c["pdlink"]), fmt_gbps(c["pdlink_ucx"]),
                               fmt_ratio(ratio(c, "pdlink", "nixl"), pairs), fmt_ratio(ratio(c, "pdlink", "mooncake"), pairs),
                               fmt_ratio(ratio(c, "pdlink_ucx", "ucx_perftest"), pairs),
+                              fmt_ratio(ratio(c, "pdlink_ucx", "ucx_perftest_fp"), pairs),
                               fmt_ratio(ratio(c, "pdlink_ucx", "nixl"), pairs)])
     with open(os.path.join(results, "table.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -156,6 +161,9 @@ def main():
              "class tcp: UCX_TLS=%s (+ UCX_NET_DEVICES=lo) for ucx_perftest, NIXL and pdlink ucx; pdlink tcp is pdlink's "
              "own tcp engine" % dict(classes).get("tcp", "-"),
              "Mooncake runs its TCP transport in both classes (the transport the issue names; no other was tried)",
+             "ucx_perftest: -O N gets of one block re-reading one buffer (cache-resident); footprint: one get of "
+             "N x block bytes, the bytes and memory a pdlink batch of N blocks reads (N > 1, blocks >= 64K; for N = 1 "
+             "the same run)",
              "GB/s = 10^9 B/s, medians over %d alternating passes; ratios: median of per-pass ratios (min-max), "
              "'unstable' when (q3 - q1) / median > %.2f" % (pairs, MAX_SPREAD),
              "NIXL: %s" % status["nixl"], "Mooncake: %s" % status["mooncake"]]
@@ -167,7 +175,7 @@ def main():
 
     widths = [max(len(head[i]), *(len(r[i]) for r in table)) for i in range(len(head))]
     for row in [head] + table:
-        print("  ".join(x.rjust(widths[i]) if 3 <= i <= 7 else x.ljust(widths[i]) for i, x in enumerate(row)).rstrip())
+        print("  ".join(x.rjust(widths[i]) if 3 <= i <= 8 else x.ljust(widths[i]) for i, x in enumerate(row)).rstrip())
     for n in notes:
         print(n)
 
@@ -179,7 +187,7 @@ def main():
         print("report: matplotlib not importable here (scripts/install-peers puts it in the peers venv): no plot",
               file=sys.stderr)
         return
-    labels = {"ucx_perftest": "ucx_perftest ucp_get", "nixl": "NIXL (UCX)", "mooncake": "Mooncake TE (tcp)",
+    labels = {"ucx_perftest": "ucx_perftest ucp_get", "ucx_perftest_fp": "ucx_perftest, batch footprint", "nixl": "NIXL (UCX)", "mooncake": "Mooncake TE (tcp)",
               "pdlink": "pdlink shm/tcp", "pdlink_ucx": "pdlink ucx"}
     fig, axes = plt.subplots(len(classes), len(batches), figsize=(max(4.2 * len(batches), 7.5), 3.6 * len(classes)),
                              squeeze=False)
@@ -187,6 +195,8 @@ def main():
         for j, batch in enumerate(batches):
             ax = axes[i][j]
             for name in SYSTEMS:
+                if name == "ucx_perftest_fp" and batch == 1:  # the ucx_perftest run itself
+                    continue
                 xs, ys, lo, hi = [], [], [], []
                 for s in sizes:
                     v = [g for _, g in raw[(cls, batch, s)][name]]

@@ -3,46 +3,58 @@
  * UCX selects (rc/dc/ud verbs on an RDMA NIC, its tcp, its shared-memory transports; UCX_TLS and the
  * other UCX_* variables pass through, read by ucp_config_read).
  *
- * Objects: one UCP context and one worker per engine; one endpoint per remote engine, created from the
- * worker address carried in the remote's engine descriptor (field "ucx_addr") with peer error handling,
- * so a dead peer fails the endpoint instead of hanging it; every registration is ucp_mem_map'ed and its
+ * Objects: one UCP context per engine and UCX_LANES workers ("lanes": posting contexts); one endpoint
+ * per remote engine per lane, each created from the worker address carried in the remote's engine
+ * descriptor (field "ucx_addr": lane 0's worker, which serves the peers) with peer error handling, so a
+ * dead peer fails the endpoint instead of hanging it; every registration is ucp_mem_map'ed and its
  * packed rkey travels in the memory descriptor ("rkey"); a session unpacks the remote region's rkey on
- * the remote's endpoint once.
+ * each lane's endpoint once.
  *
- * Locking: UCP objects are used only under ux->mu (the worker is created UCS_THREAD_MODE_SERIALIZED:
- * this lock is what serialises it). Lock order: engine->mu → ux->mu → batch->mu / session->mu; the
- * completion callbacks run inside ucp_worker_progress, under ux->mu, and take only the latter two.
+ * Why lanes: over UCX's shared-memory transports a get is one synchronous memcpy inside ucp_get_nbx,
+ * in the thread that posts it (uct_sm_ep_get_bcopy), so one worker moves a batch at one core's copy
+ * speed. A batch of at least UCX_SPLIT_MIN_BYTES to a remote reached over shared memory is cut by
+ * bytes into one chunk per lane: chunk 0 is posted on lane 0 by the posting thread, chunk i > 0 on lane
+ * i by a pool thread (drive_chunk), so the copies run side by side, as shm's memcpy workers do. Where
+ * UCX maps the remote region and live table here (ucp_rkey_ptr), a chunk skips ucp_get_nbx and copies
+ * through those mappings with the shm engine's copy routine (chunk_copy).
  *
- * Progress: a batch is posted from the posting thread (submit: every get/put of the batch, then one
- * ucp_ep_flush_nbx whose completion is the batch's completion: one request per batch, not one per
- * descriptor). The waiting thread progresses the worker itself for up to UCX_SPIN_NS (UCX completes
- * shared-memory gets within that, like ucx_perftest's busy polling), then sleeps on the batch's
- * condition variable while the engine's progress thread, asleep on the worker's event fd
- * (UCP_FEATURE_WAKEUP), progresses it. The progress thread is also what serves peers: UCX's tcp
- * transport has no one-sided get, and UCX emulates it with messages the owner's worker answers.
+ * Locking: a lane's worker and the endpoints and rkeys made on it are used only under that lane's mu
+ * (the workers are UCS_THREAD_MODE_SERIALIZED: these locks serialise them); calls on the context
+ * (ucp_mem_map, ucp_rkey_pack, ...) are made under lane 0's mu, and the context is created with
+ * mt_workers_shared since its workers run on different threads. Lane locks are never nested. Lock order:
+ * engine->mu → a lane's mu → batch->mu / session->mu; the completion callbacks run inside
+ * ucp_worker_progress, under their lane's mu, and take only the latter two.
+ *
+ * Progress: a chunk is posted from the thread that starts it (its gets/puts, then one ucp_ep_flush_nbx
+ * whose completion is the chunk's: one request per chunk, not one per descriptor). The waiting thread
+ * progresses the batch's lanes itself for up to UCX_SPIN_NS (UCX completes shared-memory gets within
+ * that, like ucx_perftest's busy polling), then sleeps on the batch's condition variable while the
+ * engine's progress thread, asleep on the workers' event fds (UCP_FEATURE_WAKEUP), progresses them.
+ * The progress thread is also what serves peers: UCX's tcp transport has no one-sided get, and UCX
+ * emulates it with messages the owner's worker answers.
  *
  * Checks, on the requesting side only (UCX does the owner's side: an rkey covers its region, but UCX
  * does not bound-check every access on every transport, and its software-emulated RMA over tcp checks
  * nothing): every range against the size in the memory descriptor (engine.c), and the registration's
  * liveness against the owner's live table (the same table shm maps), which the owner ucp_mem_maps and
- * whose address and rkey are in its engine descriptor ("ctl_addr", "ctl_rkey"). Every batch reads its
- * region's slot first and posts its gets or puts only once the slot says the region is live: a batch
- * posted after the owner's pdl_engine_deregister_mem returned fails with NOT_FOUND and never touches
- * the region. That costs one small get per batch, and it has to come first: over UCX's tcp the owner's
- * worker serves a get or put at whatever address it names, so an access to a region the owner has
- * unmapped would fault in the owner. A deregistration racing a batch already past its check is not
+ * whose address and rkey are in its engine descriptor ("ctl_addr", "ctl_rkey"). Every chunk reads its
+ * region's slot first, on its own lane, and posts its gets or puts only once the slot says the region
+ * is live: a batch posted after the owner's pdl_engine_deregister_mem returned fails with NOT_FOUND and
+ * never touches the region. That costs one small get per chunk, and it has to come first: over UCX's
+ * tcp the owner's worker serves a get or put at whatever address it names, so an access to a region
+ * the owner has unmapped would fault in the owner. A deregistration racing a batch already past its check is not
  * caught (the window is one round trip); real RDMA NICs refuse that access, UCX's tcp does not.
  *
- * Batch states (ucx_op_t.phase):
- *   submit posts the slot get + flush → CHECK --flush done, slot == id--> posts the gets or puts +
+ * Chunk states (ucx_op_t.phase; a batch is done when its last chunk is):
+ *   chunk_start posts the slot get + flush → CHECK --flush done, slot == id--> posts the gets or puts +
  *   flush → XFER --flush done--> OK.  CHECK with slot != id → NOT_FOUND (nothing moved); a flush
  *   failing → the endpoint's error (below) or the post error.
  * Endpoint states (ucx_remote_t): live --(UCX error callback: peer died, connection reset, keepalive
- * timeout)--> dead (sticky: every session to that remote breaks, PDL_ERR_PEER_GONE or, for UCX
- * timeouts, PDL_ERR_TIMEOUT) ; live --(pdl_engine_remove_remote, a running batch freed)--> closed
- * (force-close: requests in flight complete with UCS_ERR_CANCELED; sessions break). The endpoint is
- * shared by every session to that remote engine, so freeing one running batch breaks all of them;
- * remove and re-add the remote engine to get a new endpoint.
+ * timeout, on any of its lanes)--> dead (sticky: every session to that remote breaks, PDL_ERR_PEER_GONE
+ * or, for UCX timeouts, PDL_ERR_TIMEOUT) ; live --(pdl_engine_remove_remote, a running batch freed)-->
+ * closed (force-close of every lane's endpoint: requests in flight complete with UCS_ERR_CANCELED;
+ * sessions break). The endpoints are shared by every session to that remote engine, so freeing one
+ * running batch breaks all of them; remove and re-add the remote engine to get new endpoints.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -57,6 +69,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/clock.h"
+#include "common/copy.h"
 #include "engine/backend.h"
 
 /* The waiting thread progresses the worker itself this long before handing over to the progress
@@ -64,16 +77,36 @@
  * get over UCX tcp (~1 ms here, machine.md §4d) does not burn a whole core of the two. */
 #define UCX_SPIN_NS 200000ull
 
-typedef struct ucx_engine {
-    pthread_mutex_t mu; /* every call on ctx / worker and the objects made from them */
-    ucp_context_h ctx;
+/* Posting contexts per engine: one for the posting thread, one for a pool thread (this VM has two
+ * cores; the memcpy ceiling and shm copy with two threads by default as well). */
+#define UCX_LANES 2
+/* A batch of fewer bytes stays on lane 0: handing a chunk to a pool thread costs a wake-up (tens of
+ * µs under load here) that a smaller copy does not win back. Measured with the mapped copy (posix,cma,
+ * pdlink bench, GB/s, three alternating runs): 64K x16 unsplit 16.6-18.0 against 12.0-13.3 split,
+ * 1M x1 14.8-17.8 against 12.6-13.7; 1M x16 8.0-8.7 either way; 2M and 4M x1 even. */
+#define UCX_SPLIT_MIN_BYTES (2u << 20)
+/* UCX's shared-memory transports as ucp_ep_print_info names them ("0:posix/memory.0 md[0] ..."): over
+ * these a get or put is a copy made by the posting thread, so more posting threads copy faster. Over
+ * UCX's tcp the owner's one worker serves every get and two lanes measured no faster (1M x16:
+ * 0.86-0.87 GB/s split, 0.92-1.19 not); over verbs the NIC copies (not measured here). */
+static const char *const sm_transports[] = {":posix/", ":sysv/", ":cma/", ":xpmem/", ":knem/"};
+
+typedef struct ucx_lane {
+    pthread_mutex_t mu; /* every call on this worker and the endpoints / rkeys made on it */
     ucp_worker_h worker;
-    void *addr; /* packed worker address (ucp_worker_get_address) */
+    int efd;
+} ucx_lane_t;
+
+typedef struct ucx_engine {
+    ucp_context_h ctx; /* calls on it under lanes[0].mu */
+    ucx_lane_t lanes[UCX_LANES];
+    int nlanes; /* workers created so far (engine_release) */
+    void *addr; /* packed address of lane 0's worker (ucp_worker_get_address): what peers connect to */
     size_t addr_len;
     ucp_mem_h ctl_memh; /* the live table, readable by peers */
     void *ctl_rkey;
     size_t ctl_rkey_len;
-    int efd, stop_fd, epfd;
+    int stop_fd, epfd;
     pthread_t thread;
     bool thread_started;
     _Atomic bool stopping;
@@ -85,28 +118,43 @@ typedef struct ucx_mem {
     size_t rkey_len;
 } ucx_mem_t;
 
+typedef struct ucx_rlane { /* a remote engine as seen from one lane; under that lane's mu */
+    ucp_ep_h ep;         /* NULL once closed */
+    ucp_rkey_h ctl_rkey; /* the remote's live table */
+    _Atomic uint64_t *ctl_map; /* that table mapped here by UCX (ucp_rkey_ptr), or NULL */
+} ucx_rlane_t;
+
 typedef struct ucx_remote {
-    ucp_ep_h ep;          /* NULL once closed */
-    ucp_rkey_h ctl_rkey;  /* the remote's live table */
-    _Atomic int dead;     /* 0, or the pdl_status_t every session to it breaks with */
-    char dead_msg[PDL_ERR_MSG_LEN]; /* written once, before dead is set */
+    ucx_rlane_t lane[UCX_LANES];
+    pthread_mutex_t fail_mu; /* setting dead: lanes fail on different threads (taken under a lane's mu) */
+    _Atomic int dead;        /* 0, or the pdl_status_t every session to it breaks with */
+    char dead_msg[PDL_ERR_MSG_LEN]; /* written once, under fail_mu, before dead is set */
     char key[PDL_KEY_MAX];
     const char *local_key;
+    bool split; /* batches to it are cut over the lanes (copies_in_caller) */
 } ucx_remote_t;
 
 typedef struct ucx_session {
-    ucp_rkey_h rkey;
+    ucp_rkey_h rkey[UCX_LANES]; /* the remote region's rkey, unpacked on each lane's endpoint */
+    uint8_t *map[UCX_LANES];    /* the whole region mapped here by UCX through that rkey, or NULL */
 } ucx_session_t;
 
 enum { PHASE_CHECK = 1, PHASE_XFER = 2 };
 
-typedef struct ucx_op { /* b->priv: one per batch (plan() returns 1) */
+typedef struct ucx_op { /* b->priv: one per chunk; chunk i runs on lane i */
     pdl_batch_t *b;
+    int idx;
     int phase;
     uint64_t slot;       /* the owner's live-table slot, read by ucp_get */
     pdl_status_t post_st; /* first error posting an operation */
     pdl_error_t post_err;
 } ucx_op_t;
+
+/* Chunk i's state: engine.c lays b->priv out in steps of chunk_priv rounded up to 16 bytes. */
+static ucx_op_t *op_at(pdl_batch_t *b, int i)
+{
+    return (ucx_op_t *)((uint8_t *)b->priv + (size_t)i * ((sizeof(ucx_op_t) + 15) & ~(size_t)15));
+}
 
 /* ---------------------------------------------------------------- status mapping */
 
@@ -144,18 +192,24 @@ static void *progress_main(void *arg)
         /* One progress call per lock hold, so posting threads are not starved while peers are served. */
         unsigned n;
         do {
-            pthread_mutex_lock(&ux->mu);
-            n = ucp_worker_progress(ux->worker);
-            pthread_mutex_unlock(&ux->mu);
+            n = 0;
+            for (int l = 0; l < UCX_LANES; l++) {
+                pthread_mutex_lock(&ux->lanes[l].mu);
+                n += ucp_worker_progress(ux->lanes[l].worker);
+                pthread_mutex_unlock(&ux->lanes[l].mu);
+            }
         } while (n > 0 && !atomic_load(&ux->stopping));
-        pthread_mutex_lock(&ux->mu);
-        ucs_status_t st = ucp_worker_arm(ux->worker);
-        pthread_mutex_unlock(&ux->mu);
-        if (st == UCS_ERR_BUSY) /* events arrived meanwhile: progress again */
+        bool busy = false;
+        for (int l = 0; l < UCX_LANES && !busy; l++) {
+            pthread_mutex_lock(&ux->lanes[l].mu);
+            busy = ucp_worker_arm(ux->lanes[l].worker) == UCS_ERR_BUSY;
+            pthread_mutex_unlock(&ux->lanes[l].mu);
+        }
+        if (busy) /* events arrived meanwhile: progress again */
             continue;
-        struct epoll_event ev[2];
+        struct epoll_event ev[UCX_LANES + 1];
         /* The timeout only bounds a wake-up UCX might not signal (none seen); events wake it at once. */
-        int r = epoll_wait(ux->epfd, ev, 2, 100);
+        int r = epoll_wait(ux->epfd, ev, UCX_LANES + 1, 100);
         if (r < 0 && errno != EINTR) {
             pdl_error("engine %s: ucx progress thread: epoll_wait: %s", e->key, strerror(errno));
             usleep(1000);
@@ -183,7 +237,7 @@ static void env_defaults(void)
     setenv("UCX_SYSV_ERROR_HANDLING", "y", 0);
 }
 
-static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur);
+static void remote_destroy(ucx_engine_t *ux, ucx_remote_t *ur);
 static void ucx_mem_fini(pdl_engine_t *e, pdl_mem_t *m);
 
 static void engine_release(pdl_engine_t *e)
@@ -196,16 +250,17 @@ static void engine_release(pdl_engine_t *e)
         e->ctl = NULL; /* UCX's memory: engine.c must not munmap it */
     }
     if (ux->addr)
-        ucp_worker_release_address(ux->worker, ux->addr);
-    if (ux->worker)
-        ucp_worker_destroy(ux->worker);
+        ucp_worker_release_address(ux->lanes[0].worker, ux->addr);
+    for (int l = 0; l < ux->nlanes; l++)
+        ucp_worker_destroy(ux->lanes[l].worker);
     if (ux->ctx)
         ucp_cleanup(ux->ctx);
     if (ux->epfd >= 0)
         close(ux->epfd);
     if (ux->stop_fd >= 0)
         close(ux->stop_fd);
-    pthread_mutex_destroy(&ux->mu);
+    for (int l = 0; l < UCX_LANES; l++)
+        pthread_mutex_destroy(&ux->lanes[l].mu);
     free(ux);
     e->bk = NULL;
 }
@@ -215,8 +270,9 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     ucx_engine_t *ux = calloc(1, sizeof(*ux));
     if (ux == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-    ux->efd = ux->stop_fd = ux->epfd = -1;
-    pthread_mutex_init(&ux->mu, NULL);
+    ux->stop_fd = ux->epfd = -1;
+    for (int l = 0; l < UCX_LANES; l++)
+        pthread_mutex_init(&ux->lanes[l].mu, NULL);
     e->bk = ux;
 
     pdl_status_t st;
@@ -231,7 +287,7 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
-        .mt_workers_shared = 0,
+        .mt_workers_shared = 1, /* the lanes' workers run on different threads */
     };
     us = ucp_init(&params, cfg, &ux->ctx);
     ucp_config_release(cfg);
@@ -250,14 +306,16 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     }
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED};
-    us = ucp_worker_create(ux->ctx, &wp, &ux->worker);
-    if (us != UCS_OK) {
-        ux->worker = NULL;
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_create: %s", e->key, ucs_status_string(us));
-        goto fail;
+    for (; ux->nlanes < UCX_LANES; ux->nlanes++) {
+        us = ucp_worker_create(ux->ctx, &wp, &ux->lanes[ux->nlanes].worker);
+        if (us != UCS_OK) {
+            st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_create (lane %d): %s", e->key, ux->nlanes,
+                               ucs_status_string(us));
+            goto fail;
+        }
     }
     ucp_address_t *addr = NULL;
-    us = ucp_worker_get_address(ux->worker, &addr, &ux->addr_len);
+    us = ucp_worker_get_address(ux->lanes[0].worker, &addr, &ux->addr_len);
     if (us != UCS_OK) {
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_address: %s", e->key,
                            ucs_status_string(us));
@@ -293,16 +351,21 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
                            us != UCS_OK ? ucs_status_string(us) : "packed rkey too large");
         goto fail;
     }
-    us = ucp_worker_get_efd(ux->worker, &ux->efd);
-    if (us != UCS_OK) {
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_efd: %s", e->key, ucs_status_string(us));
-        goto fail;
+    for (int l = 0; l < UCX_LANES; l++) {
+        us = ucp_worker_get_efd(ux->lanes[l].worker, &ux->lanes[l].efd);
+        if (us != UCS_OK) {
+            st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_efd: %s", e->key,
+                               ucs_status_string(us));
+            goto fail;
+        }
     }
     ux->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     ux->epfd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = {.events = EPOLLIN};
-    if (ux->stop_fd < 0 || ux->epfd < 0 || epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->efd, &ev) != 0 ||
-        epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->stop_fd, &ev) != 0) {
+    bool polled = ux->stop_fd >= 0 && ux->epfd >= 0 && epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->stop_fd, &ev) == 0;
+    for (int l = 0; l < UCX_LANES && polled; l++)
+        polled = epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->lanes[l].efd, &ev) == 0;
+    if (!polled) {
         st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: eventfd/epoll for the ucx progress thread: %s", e->key,
                            strerror(errno));
         goto fail;
@@ -339,10 +402,7 @@ static void ucx_engine_fini(pdl_engine_t *e)
         ucx_remote_t *ur = r->bk;
         if (ur == NULL)
             continue;
-        pthread_mutex_lock(&ux->mu);
-        remote_close_locked(ux, ur);
-        pthread_mutex_unlock(&ux->mu);
-        free(ur);
+        remote_destroy(ux, ur);
         r->bk = NULL;
     }
     for (size_t i = 0; i < e->nmems; i++)
@@ -390,7 +450,7 @@ static pdl_status_t ucx_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err
         mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
         mp.flags = UCP_MEM_MAP_ALLOCATE;
     }
-    pthread_mutex_lock(&ux->mu);
+    pthread_mutex_lock(&ux->lanes[0].mu);
     ucs_status_t us = ucp_mem_map(ux->ctx, &mp, &um->memh);
     if (us == UCS_OK && m->kind == PDL_MEM_BACKEND) {
         ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH};
@@ -412,7 +472,7 @@ static pdl_status_t ucx_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err
         ucp_mem_unmap(ux->ctx, um->memh);
         us = UCS_ERR_EXCEEDS_LIMIT;
     }
-    pthread_mutex_unlock(&ux->mu);
+    pthread_mutex_unlock(&ux->lanes[0].mu);
     if (us != UCS_OK) {
         free(um);
         return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_mem_map/ucp_rkey_pack of %zu bytes at %p: %s",
@@ -428,10 +488,10 @@ static void ucx_mem_fini(pdl_engine_t *e, pdl_mem_t *m)
     ucx_mem_t *um = m->bk;
     if (um == NULL || ux == NULL)
         return;
-    pthread_mutex_lock(&ux->mu);
+    pthread_mutex_lock(&ux->lanes[0].mu);
     ucp_rkey_buffer_release(um->rkey);
     ucs_status_t us = ucp_mem_unmap(ux->ctx, um->memh);
-    pthread_mutex_unlock(&ux->mu);
+    pthread_mutex_unlock(&ux->lanes[0].mu);
     if (us != UCS_OK)
         pdl_warn("engine %s: ucp_mem_unmap of region %" PRIu64 ": %s", e->key, m->id, ucs_status_string(us));
     free(um);
@@ -451,32 +511,109 @@ static void ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     (void)ep;
     ucx_remote_t *ur = arg;
-    if (atomic_load(&ur->dead) != 0)
-        return;
     pdl_status_t st = map_status(status);
-    snprintf(ur->dead_msg, sizeof(ur->dead_msg), "%sengine %.120s: ucx endpoint to engine %.120s failed: %s",
-             st == PDL_ERR_PEER_GONE ? "peer gone: " : "", ur->local_key, ur->key, ucs_status_string(status));
-    atomic_store(&ur->dead, (int)st);
-    pdl_debug("%s", ur->dead_msg);
+    pthread_mutex_lock(&ur->fail_mu);
+    if (atomic_load(&ur->dead) == 0) { /* the first failure, of any lane, says why */
+        snprintf(ur->dead_msg, sizeof(ur->dead_msg), "%sengine %.120s: ucx endpoint to engine %.120s failed: %s",
+                 st == PDL_ERR_PEER_GONE ? "peer gone: " : "", ur->local_key, ur->key, ucs_status_string(status));
+        atomic_store(&ur->dead, (int)st);
+        pdl_debug("%s", ur->dead_msg);
+    }
+    pthread_mutex_unlock(&ur->fail_mu);
 }
 
-/* Force-close: requests in flight complete (UCS_ERR_CANCELED) inside this call. ux->mu held. */
-static void remote_close_locked(ucx_engine_t *ux, ucx_remote_t *ur)
+/* Force-close one lane's endpoint: requests in flight complete (UCS_ERR_CANCELED) inside this call.
+ * That lane's mu held. */
+static void rlane_close_locked(ucx_lane_t *ln, ucx_rlane_t *rl)
 {
-    if (ur->ctl_rkey) {
-        ucp_rkey_destroy(ur->ctl_rkey);
-        ur->ctl_rkey = NULL;
+    if (rl->ctl_rkey) {
+        rl->ctl_map = NULL;
+        ucp_rkey_destroy(rl->ctl_rkey);
+        rl->ctl_rkey = NULL;
     }
-    if (ur->ep == NULL)
+    if (rl->ep == NULL)
         return;
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS, .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    void *req = ucp_ep_close_nbx(ur->ep, &p);
+    void *req = ucp_ep_close_nbx(rl->ep, &p);
     if (UCS_PTR_IS_PTR(req)) {
         while (ucp_request_check_status(req) == UCS_INPROGRESS)
-            ucp_worker_progress(ux->worker);
+            ucp_worker_progress(ln->worker);
         ucp_request_free(req);
     }
-    ur->ep = NULL;
+    rl->ep = NULL;
+}
+
+/* Every lane's endpoint, one lane lock at a time. */
+static void remote_close(ucx_engine_t *ux, ucx_remote_t *ur)
+{
+    for (int l = 0; l < UCX_LANES; l++) {
+        pthread_mutex_lock(&ux->lanes[l].mu);
+        rlane_close_locked(&ux->lanes[l], &ur->lane[l]);
+        pthread_mutex_unlock(&ux->lanes[l].mu);
+    }
+}
+
+static void remote_destroy(ucx_engine_t *ux, ucx_remote_t *ur)
+{
+    remote_close(ux, ur);
+    pthread_mutex_destroy(&ur->fail_mu);
+    free(ur);
+}
+
+/* Whether the endpoint's lanes are UCX shared-memory transports, from UCX's own description of it. */
+static bool copies_in_caller(ucp_ep_h ep)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL)
+        return false;
+    ucp_ep_print_info(ep, f);
+    fclose(f);
+    bool sm = false;
+    for (size_t i = 0; i < sizeof(sm_transports) / sizeof(sm_transports[0]) && !sm; i++)
+        sm = strstr(text, sm_transports[i]) != NULL;
+    free(text);
+    return sm;
+}
+
+/* One lane's endpoint to the remote and its unpacked live-table rkey; that lane's mu held. With
+ * `warn`, say once that no transport handles peer failure. */
+static ucs_status_t rlane_open_locked(pdl_engine_t *e, ucx_lane_t *ln, ucx_remote_t *ur, ucx_rlane_t *rl,
+                                      const pdl_remote_t *r, bool warn)
+{
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)r->ucx_addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ep_err_cb, .arg = ur},
+    };
+    ucs_status_t us = ucp_ep_create(ln->worker, &ep, &rl->ep);
+    if (us == UCS_ERR_UNREACHABLE) {
+        /* No transport to this peer handles peer failure (e.g. UCX_TLS=sm with
+         * UCX_POSIX_ERROR_HANDLING=n). Without it a dead peer is not reported (a get from it may hang
+         * or fail the process); say so once per remote, and go on. */
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(ln->worker, &ep, &rl->ep);
+        if (us == UCS_OK && warn)
+            pdl_warn("engine %s: no UCX transport to engine %s handles peer failure (UCX_TLS=%s): a dead peer will "
+                     "not be reported as gone; include tcp in UCX_TLS for that",
+                     e->key, r->key, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
+    }
+    if (us != UCS_OK) {
+        rl->ep = NULL;
+        return us;
+    }
+    us = ucp_ep_rkey_unpack(rl->ep, r->ctl_rkey, &rl->ctl_rkey);
+    if (us != UCS_OK) {
+        rl->ctl_rkey = NULL;
+        rlane_close_locked(ln, rl);
+        return us;
+    }
+    void *p = NULL;
+    rl->ctl_map = ucp_rkey_ptr(rl->ctl_rkey, r->ctl_addr, &p) == UCS_OK ? p : NULL;
+    return UCS_OK;
 }
 
 static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
@@ -490,38 +627,21 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
     snprintf(ur->key, sizeof(ur->key), "%s", r->key);
     ur->local_key = e->key;
-    ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)r->ucx_addr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ep_err_cb, .arg = ur},
-    };
-    pthread_mutex_lock(&ux->mu);
-    ucs_status_t us = ucp_ep_create(ux->worker, &ep, &ur->ep);
-    if (us == UCS_ERR_UNREACHABLE) {
-        /* No transport to this peer handles peer failure (e.g. UCX_TLS=sm with
-         * UCX_POSIX_ERROR_HANDLING=n). Without it a dead peer is not reported (a get from it may hang
-         * or fail the process); say so once per remote, and go on. */
-        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        us = ucp_ep_create(ux->worker, &ep, &ur->ep);
-        if (us == UCS_OK)
-            pdl_warn("engine %s: no UCX transport to engine %s handles peer failure (UCX_TLS=%s): a dead peer will "
-                     "not be reported as gone; include tcp in UCX_TLS for that",
-                     e->key, r->key, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
+    pthread_mutex_init(&ur->fail_mu, NULL);
+    ucs_status_t us = UCS_OK;
+    for (int l = 0; l < UCX_LANES && us == UCS_OK; l++) {
+        pthread_mutex_lock(&ux->lanes[l].mu);
+        us = rlane_open_locked(e, &ux->lanes[l], ur, &ur->lane[l], r, l == 0);
+        pthread_mutex_unlock(&ux->lanes[l].mu);
     }
     if (us == UCS_OK) {
-        us = ucp_ep_rkey_unpack(ur->ep, r->ctl_rkey, &ur->ctl_rkey);
-        if (us != UCS_OK) {
-            ur->ctl_rkey = NULL;
-            remote_close_locked(ux, ur);
-        }
-    } else {
-        ur->ep = NULL;
+        ur->split = copies_in_caller(ur->lane[0].ep);
+        pdl_debug("engine %s: ucx endpoints to engine %s: %s", e->key, r->key,
+                  ur->split ? "shared memory, batches of 2 MiB or more are split over the lanes"
+                            : "not shared memory, every batch on one lane");
     }
-    pthread_mutex_unlock(&ux->mu);
     if (us != UCS_OK) {
-        free(ur);
+        remote_destroy(ux, ur);
         return pdl_error_set(err, us == UCS_ERR_UNREACHABLE ? PDL_ERR_UNSUPPORTED : PDL_ERR_TRANSPORT,
                              "engine %s: ucx endpoint to engine %s: %s%s", e->key, r->key, ucs_status_string(us),
                              us == UCS_ERR_UNREACHABLE ? " (no common UCX transport: compare UCX_TLS on both sides)"
@@ -537,10 +657,7 @@ static void ucx_remote_free(pdl_engine_t *e, pdl_remote_t *r)
     ucx_remote_t *ur = r->bk;
     if (ur == NULL)
         return;
-    pthread_mutex_lock(&ux->mu);
-    remote_close_locked(ux, ur);
-    pthread_mutex_unlock(&ux->mu);
-    free(ur);
+    remote_destroy(ux, ur);
     r->bk = NULL;
 }
 
@@ -558,6 +675,20 @@ static pdl_status_t ucx_session_check(pdl_session_t *s, pdl_error_t *err)
         return pdl_error_set(err, (pdl_status_t)dead, "%s", ur->dead_msg);
     }
     return PDL_OK;
+}
+
+static void ucx_session_close(pdl_session_t *s);
+
+/* Where UCX maps the whole remote region in this process (its shared-memory transports attach the
+ * owner's segment when the rkey is unpacked), or NULL when it does not, or not in one piece. */
+static uint8_t *region_map(ucp_rkey_h rkey, const pdl_rmem_t *rm)
+{
+    void *first = NULL, *last = NULL;
+    if (rm->size == 0 || ucp_rkey_ptr(rkey, rm->addr, &first) != UCS_OK ||
+        ucp_rkey_ptr(rkey, rm->addr + rm->size - 1, &last) != UCS_OK ||
+        (uint8_t *)last != (uint8_t *)first + (rm->size - 1))
+        return NULL;
+    return first;
 }
 
 static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
@@ -578,11 +709,20 @@ static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
     ucx_session_t *us = calloc(1, sizeof(*us));
     if (us == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-    pthread_mutex_lock(&ux->mu);
-    ucs_status_t u = ur->ep ? ucp_ep_rkey_unpack(ur->ep, s->rmem.rkey, &us->rkey) : UCS_ERR_NOT_CONNECTED;
-    pthread_mutex_unlock(&ux->mu);
+    ucs_status_t u = UCS_OK;
+    for (int l = 0; l < UCX_LANES && u == UCS_OK; l++) {
+        pthread_mutex_lock(&ux->lanes[l].mu);
+        ucp_ep_h ep = ur->lane[l].ep;
+        u = ep ? ucp_ep_rkey_unpack(ep, s->rmem.rkey, &us->rkey[l]) : UCS_ERR_NOT_CONNECTED;
+        if (u != UCS_OK)
+            us->rkey[l] = NULL;
+        else
+            us->map[l] = region_map(us->rkey[l], &s->rmem);
+        pthread_mutex_unlock(&ux->lanes[l].mu);
+    }
     if (u != UCS_OK) {
-        free(us);
+        s->bk = us;
+        ucx_session_close(s);
         return pdl_error_set(err, u == UCS_ERR_NOT_CONNECTED ? PDL_ERR_PEER_GONE : PDL_ERR_PARSE,
                              "engine %s: rkey of region %" PRIu64 " of engine %s: %s", e->key, s->rmem.id,
                              s->rmem.engine_key, ucs_status_string(u));
@@ -597,37 +737,41 @@ static void ucx_session_close(pdl_session_t *s)
     if (us == NULL)
         return;
     ucx_engine_t *ux = s->engine->bk;
-    pthread_mutex_lock(&ux->mu);
-    ucp_rkey_destroy(us->rkey);
-    pthread_mutex_unlock(&ux->mu);
+    for (int l = 0; l < UCX_LANES; l++) {
+        if (us->rkey[l] == NULL)
+            continue;
+        pthread_mutex_lock(&ux->lanes[l].mu);
+        ucp_rkey_destroy(us->rkey[l]);
+        pthread_mutex_unlock(&ux->lanes[l].mu);
+    }
     free(us);
     s->bk = NULL;
 }
 
-/* The endpoint is the only handle on requests in flight: closing it is how they are abandoned. */
+/* The endpoints are the only handle on requests in flight: closing them is how they are abandoned. */
 static void ucx_session_kill(pdl_session_t *s)
 {
     ucx_engine_t *ux = s->engine->bk;
     ucx_remote_t *ur = s->remote->bk;
-    pthread_mutex_lock(&ux->mu);
+    pthread_mutex_lock(&ur->fail_mu);
     if (atomic_load(&ur->dead) == 0) {
         snprintf(ur->dead_msg, sizeof(ur->dead_msg),
                  "engine %.100s: ucx endpoint to engine %.100s was closed (remote removed or a running batch freed)",
                  s->engine->key, ur->key);
         atomic_store(&ur->dead, (int)PDL_ERR_BAD_STATE);
     }
-    remote_close_locked(ux, ur);
-    pthread_mutex_unlock(&ux->mu);
+    pthread_mutex_unlock(&ur->fail_mu);
+    remote_close(ux, ur);
 }
 
-/* UCX stripes and pipelines a batch over its lanes itself: one chunk, one flush. */
+/* A batch of UCX_SPLIT_MIN_BYTES or more to a remote reached over shared memory is cut by bytes into
+ * one chunk per lane (see "Why lanes" above); UCX stripes and pipelines each chunk over its own
+ * transport lanes itself. */
 static int ucx_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
 {
-    (void)s;
     (void)op;
-    (void)bytes;
     (void)n;
-    return 1;
+    return ((ucx_remote_t *)s->remote->bk)->split && bytes >= UCX_SPLIT_MIN_BYTES ? UCX_LANES : 1;
 }
 
 /* ---------------------------------------------------------------- batches */
@@ -640,21 +784,21 @@ static void flush_cb(void *req, ucs_status_t status, void *user)
     op_flushed(user, status);
 }
 
-/* Post a flush of the endpoint: it completes once every operation posted before it has (remotely)
- * completed, or failed. ux->mu held. */
-static void post_flush(ucx_remote_t *ur, ucx_op_t *op)
+/* Post a flush of the chunk's endpoint: it completes once every operation posted before it has
+ * (remotely) completed, or failed. The chunk's lane mu held. */
+static void post_flush(ucp_ep_h ep, ucx_op_t *op)
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
                              .cb.send = flush_cb,
                              .user_data = op};
-    void *req = ucp_ep_flush_nbx(ur->ep, &p);
+    void *req = ucp_ep_flush_nbx(ep, &p);
     if (req == NULL)
         op_flushed(op, UCS_OK);
     else if (UCS_PTR_IS_ERR(req))
         op_flushed(op, UCS_PTR_STATUS(req));
 }
 
-/* Remember the first error posting an operation; the batch reports it once the flush is done. */
+/* Remember the first error posting an operation; the chunk reports it once the flush is done. */
 static void post_failed(ucx_op_t *op, ucs_status_t us, const char *what)
 {
     if (op->post_st != PDL_OK)
@@ -665,36 +809,43 @@ static void post_failed(ucx_op_t *op, ucs_status_t us, const char *what)
                                 s->rmem.engine_key, s->rmem.id, ucs_status_string(us));
 }
 
-static void post_one(ucx_remote_t *ur, ucx_op_t *op, bool get, void *local, size_t len, uint64_t raddr,
-                     ucp_rkey_h rkey)
+static void post_one(ucp_ep_h ep, ucx_op_t *op, bool get, void *local, size_t len, uint64_t raddr, ucp_rkey_h rkey)
 {
     /* No callback: the request is released as soon as it completes, and the flush reports the result. */
     ucp_request_param_t p = {.op_attr_mask = 0};
-    void *req = get ? ucp_get_nbx(ur->ep, local, len, raddr, rkey, &p) : ucp_put_nbx(ur->ep, local, len, raddr, rkey, &p);
+    void *req = get ? ucp_get_nbx(ep, local, len, raddr, rkey, &p) : ucp_put_nbx(ep, local, len, raddr, rkey, &p);
     if (UCS_PTR_IS_ERR(req))
         post_failed(op, UCS_PTR_STATUS(req), get ? "get_nbx" : "put_nbx");
     else if (req != NULL)
         ucp_request_free(req);
 }
 
-static void post_slot_get(pdl_session_t *s, ucx_remote_t *ur, ucx_op_t *op)
+static void post_slot_get(pdl_session_t *s, ucx_rlane_t *rl, ucx_op_t *op)
 {
-    post_one(ur, op, true, &op->slot, sizeof(op->slot), s->remote->ctl_addr + (uint64_t)s->rmem.slot * sizeof(uint64_t),
-             ur->ctl_rkey);
+    post_one(rl->ep, op, true, &op->slot, sizeof(op->slot),
+             s->remote->ctl_addr + (uint64_t)s->rmem.slot * sizeof(uint64_t), rl->ctl_rkey);
 }
 
-static void post_data(pdl_session_t *s, ucx_remote_t *ur, ucx_op_t *op)
+/* The chunk's descriptors, on its lane. */
+static void post_data(pdl_session_t *s, ucx_rlane_t *rl, ucx_op_t *op)
 {
     pdl_batch_t *b = op->b;
-    ucx_session_t *us = s->bk;
+    const pdl_chunk_t *c = &b->chunks[op->idx];
+    ucp_rkey_h rkey = ((ucx_session_t *)s->bk)->rkey[op->idx];
     uint8_t *local = s->local->ptr;
-    for (size_t i = 0; i < b->n; i++)
-        post_one(ur, op, b->op == PDL_OP_READ, local + b->d[i].local_off, b->d[i].len, s->rmem.addr + b->d[i].remote_off,
-                 us->rkey);
+    for (size_t i = c->first; i < c->first + c->count; i++)
+        post_one(rl->ep, op, b->op == PDL_OP_READ, local + b->d[i].local_off, b->d[i].len,
+                 s->rmem.addr + b->d[i].remote_off, rkey);
 }
 
-/* ux->mu held (a flush callback, or the posting thread). The batch may be freed by its waiter as soon
- * as pdl__batch_chunk_done returns, so nothing touches `op` after it. */
+static pdl_status_t not_registered(pdl_session_t *s, pdl_error_t *err)
+{
+    return pdl_error_set(err, PDL_ERR_NOT_FOUND, "engine %s: region %" PRIu64 " of engine %s is not registered any more",
+                         s->engine->key, s->rmem.id, s->rmem.engine_key);
+}
+
+/* The chunk's lane mu held (a flush callback, or the thread that started the chunk). The batch may be
+ * freed by its waiter as soon as pdl__batch_chunk_done returns, so nothing touches `op` after it. */
 static void op_flushed(ucx_op_t *op, ucs_status_t status)
 {
     pdl_batch_t *b = op->b;
@@ -716,14 +867,13 @@ static void op_flushed(ucx_op_t *op, ucs_status_t status)
                                b->op == PDL_OP_READ ? "read" : "write", s->rmem.engine_key, s->rmem.id,
                                ucs_status_string(status));
     } else if (op->phase == PHASE_CHECK && op->slot != s->rmem.id) {
-        st = pdl_error_set(&err, PDL_ERR_NOT_FOUND,
-                           "engine %s: region %" PRIu64 " of engine %s is not registered any more", s->engine->key,
-                           s->rmem.id, s->rmem.engine_key);
+        st = not_registered(s, &err);
     } else if (op->phase == PHASE_CHECK) {
         /* The region is live: now the data. */
+        ucx_rlane_t *rl = &ur->lane[op->idx];
         op->phase = PHASE_XFER;
-        post_data(s, ur, op);
-        post_flush(ur, op);
+        post_data(s, rl, op);
+        post_flush(rl->ep, op);
         return;
     }
     if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
@@ -731,23 +881,78 @@ static void op_flushed(ucx_op_t *op, ucs_status_t status)
     pdl__batch_chunk_done(b, st, &err);
 }
 
-static void ucx_submit(pdl_session_t *s, pdl_batch_t *b)
+/*
+ * A chunk whose region and live table UCX maps here (its shared-memory transports: ucp_rkey_ptr) is a
+ * plain copy through those mappings, the same access UCX's own get makes (uct_sm_ep_get_bcopy copies
+ * out of the same mapped segment) but with the copy routine of pdlink's shm engine: glibc's memcpy
+ * (UCX's) moves a chunk larger than the caches at a fraction of the streaming copy's speed here
+ * (copy.c). `slot` is the region's live-table slot, read before any byte moves.
+ */
+static void chunk_copy(pdl_batch_t *b, int idx, uint64_t slot)
 {
-    ucx_engine_t *ux = s->engine->bk;
-    ucx_remote_t *ur = s->remote->bk;
-    ucx_op_t *op = b->priv;
-    *op = (ucx_op_t){.b = b, .phase = PHASE_CHECK, .post_st = PDL_OK};
-    pthread_mutex_lock(&ux->mu);
-    if (ur->ep == NULL) { /* closed since session_check; ucx_session_kill set dead first */
+    pdl_session_t *s = b->session;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st = PDL_OK;
+    if (slot != s->rmem.id) {
+        st = not_registered(s, &err);
+    } else {
+        const pdl_chunk_t *c = &b->chunks[idx];
+        uint8_t *map = ((ucx_session_t *)s->bk)->map[idx], *local = s->local->ptr;
+        bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
+        for (size_t i = c->first; i < c->first + c->count; i++) {
+            const pdl_desc_t *d = &b->d[i];
+            uint8_t *dst = b->op == PDL_OP_READ ? local + d->local_off : map + d->remote_off;
+            const uint8_t *src = b->op == PDL_OP_READ ? map + d->remote_off : local + d->local_off;
+            if (stream)
+                pdl__copy_stream(dst, src, d->len);
+            else
+                memcpy(dst, src, d->len);
+        }
+    }
+    pdl__batch_chunk_done(b, st, &err);
+}
+
+/* Start chunk idx on its lane: the live-table check, whose completion posts the data (op_flushed), or
+ * over UCX's mappings the check and the copy (chunk_copy). Over UCX's shared memory all of it
+ * completes inside this call. */
+static void chunk_start(pdl_batch_t *b, int idx)
+{
+    pdl_session_t *s = b->session;
+    ucx_lane_t *ln = &((ucx_engine_t *)s->engine->bk)->lanes[idx];
+    ucx_rlane_t *rl = &((ucx_remote_t *)s->remote->bk)->lane[idx];
+    ucx_op_t *op = op_at(b, idx);
+    pthread_mutex_lock(&ln->mu);
+    if (rl->ep == NULL) { /* closed since session_check; ucx_session_kill set dead first */
+        ucx_remote_t *ur = s->remote->bk;
         pdl_error_t err;
         pdl_status_t st = pdl_error_set(&err, (pdl_status_t)atomic_load(&ur->dead), "%s", ur->dead_msg);
-        pthread_mutex_unlock(&ux->mu);
+        pthread_mutex_unlock(&ln->mu);
         pdl__batch_chunk_done(b, st, &err);
         return;
     }
-    post_slot_get(s, ur, op);
-    post_flush(ur, op);
-    pthread_mutex_unlock(&ux->mu);
+    if (rl->ctl_map != NULL && ((ucx_session_t *)s->bk)->map[idx] != NULL) {
+        /* The table's mapping lives with the endpoint (closed under this lock); the region's with the
+         * session, which outlives its batches: the copy needs no lock. */
+        uint64_t slot = atomic_load_explicit(&rl->ctl_map[s->rmem.slot], memory_order_acquire);
+        pthread_mutex_unlock(&ln->mu);
+        chunk_copy(b, idx, slot);
+        return;
+    }
+    post_slot_get(s, rl, op);
+    post_flush(rl->ep, op);
+    pthread_mutex_unlock(&ln->mu);
+}
+
+static void ucx_submit(pdl_session_t *s, pdl_batch_t *b)
+{
+    (void)s;
+    for (int i = 0; i < b->nchunks; i++)
+        *op_at(b, i) = (ucx_op_t){.b = b, .idx = i, .phase = PHASE_CHECK, .post_st = PDL_OK};
+    /* The other lanes' chunks first, so that their copies start while this thread does chunk 0's. */
+    for (int i = 1; i < b->nchunks; i++)
+        pdl__engine_pool_drive(b, i);
+    chunk_start(b, 0);
 }
 
 static bool batch_done(pdl_batch_t *b)
@@ -765,20 +970,27 @@ static void ucx_progress(pdl_batch_t *b, uint64_t deadline)
     if (deadline < until)
         until = deadline;
     for (;;) {
-        pthread_mutex_lock(&ux->mu);
-        unsigned n = ucp_worker_progress(ux->worker);
-        pthread_mutex_unlock(&ux->mu);
+        unsigned n = 0;
+        for (int l = 0; l < b->nchunks; l++) {
+            /* A lane whose lock is held is busy with a copy (a pool thread's chunk) or progressed by
+             * the progress thread: skip it rather than sleep on it. */
+            if (pthread_mutex_trylock(&ux->lanes[l].mu) != 0)
+                continue;
+            n += ucp_worker_progress(ux->lanes[l].worker);
+            pthread_mutex_unlock(&ux->lanes[l].mu);
+        }
         if (batch_done(b) || pdl__clock_now_ns() >= until)
             return;
         if (n == 0)
-            sched_yield(); /* two vCPUs: let the owner (or our progress thread) run */
+            sched_yield(); /* two vCPUs: let the owner, a pool thread or our progress thread run */
     }
 }
 
+/* Chunk idx > 0 on a pool thread: start it on its lane (over shared memory that is the whole copy);
+ * what remains completes through progress (the waiter's or the progress thread's). */
 static void ucx_drive_chunk(pdl_batch_t *b, int idx)
 {
-    (void)b;
-    (void)idx; /* never handed to the pool: plan() returns one chunk and submit never calls the pool */
+    chunk_start(b, idx);
 }
 
 static pdl_status_t ucx_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
