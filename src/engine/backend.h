@@ -268,6 +268,11 @@ void pdl__engine_mem_put(pdl_mem_t *m);
 
 /* A chunk of b finished with st (err filled when st != PDL_OK); the last one completes the batch. */
 void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err);
+/* Copy chunk c of b between the session's local region and `map`, the remote region mapped into this
+ * process (shm's mapping, UCX's ucp_rkey_ptr): a chunk larger than the caches with the streaming copy
+ * (common/copy.c says why), the cancel flag checked every 64 MiB (PDL_ERR_BAD_STATE). */
+pdl_status_t pdl__chunk_copy_mapped(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, uint8_t *map,
+                                    pdl_error_t *err);
 /* Queue chunk idx of b on the worker pool; the worker calls ops->drive_chunk(b, idx). */
 void pdl__engine_pool_drive(pdl_batch_t *b, int idx);
 

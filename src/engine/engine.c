@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/copy.h"
 #include "engine/backend.h"
 
 struct pdl_job {
@@ -41,6 +42,35 @@ struct pdl_job {
 };
 
 static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "write"; }
+
+/* ---------------------------------------------------------------- mapped copy (shm, ucx) */
+
+/* Cancellation is checked every this many bytes. */
+#define COPY_CANCEL_STEP (64u << 20)
+
+pdl_status_t pdl__chunk_copy_mapped(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, uint8_t *map,
+                                    pdl_error_t *err)
+{
+    uint8_t *local = s->local->ptr;
+    uint64_t since = 0;
+    bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
+    for (size_t i = c->first; i < c->first + c->count; i++) {
+        const pdl_desc_t *d = &b->d[i];
+        uint8_t *dst = b->op == PDL_OP_READ ? local + d->local_off : map + d->remote_off;
+        const uint8_t *src = b->op == PDL_OP_READ ? map + d->remote_off : local + d->local_off;
+        if (stream)
+            pdl__copy_stream(dst, src, d->len);
+        else
+            memcpy(dst, src, d->len);
+        since += d->len;
+        if (since >= COPY_CANCEL_STEP) {
+            since = 0;
+            if (atomic_load(&b->cancel))
+                return pdl_error_set(err, PDL_ERR_BAD_STATE, "engine %s: batch cancelled", s->engine->key);
+        }
+    }
+    return PDL_OK;
+}
 
 /* ---------------------------------------------------------------- worker pool */
 

@@ -41,7 +41,6 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "common/copy.h"
 #include "engine/backend.h"
 
 #ifndef IOV_MAX
@@ -51,8 +50,6 @@
 /* Below this a batch runs on one thread (inside post, see inline_max): waking workers costs more than
  * it saves (measured: a 1 MiB batch of 256 x 4 KiB took 167 us split over two workers, ~60 us inline). */
 #define SHM_SPLIT_MIN_BYTES (4u << 20)
-/* Cancellation is checked every this many bytes of memcpy. */
-#define SHM_CANCEL_STEP (64u << 20)
 
 /* The owner's liveness is polled through its pidfd at most this often: the poll is a system call, and
  * small batches are short enough for it to matter (UCX completes a 4 KiB shm get in ~90 ns here). A
@@ -283,31 +280,6 @@ static int shm_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
     return by_size < (uint64_t)w ? (int)by_size : w;
 }
 
-static pdl_status_t run_memcpy(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, pdl_error_t *err)
-{
-    shm_session_t *ss = s->bk;
-    uint8_t *local = s->local->ptr;
-    uint64_t since = 0;
-    /* A chunk larger than the caches is copied with the streaming copy (copy.c explains why). */
-    bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
-    for (size_t i = c->first; i < c->first + c->count; i++) {
-        const pdl_desc_t *d = &b->d[i];
-        uint8_t *dst = b->op == PDL_OP_READ ? local + d->local_off : ss->map + d->remote_off;
-        const uint8_t *src = b->op == PDL_OP_READ ? ss->map + d->remote_off : local + d->local_off;
-        if (stream)
-            pdl__copy_stream(dst, src, d->len);
-        else
-            memcpy(dst, src, d->len);
-        since += d->len;
-        if (since >= SHM_CANCEL_STEP) {
-            since = 0;
-            if (atomic_load(&b->cancel))
-                return pdl_error_set(err, PDL_ERR_BAD_STATE, "engine %s: batch cancelled", s->engine->key);
-        }
-    }
-    return PDL_OK;
-}
-
 /* Copy with process_vm_readv/writev, IOV_MAX iovecs a call; a short count resumes mid-iovec. */
 static pdl_status_t run_vm(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, pdl_error_t *err)
 {
@@ -366,7 +338,7 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
     const pdl_chunk_t *c = &b->chunks[idx];
     shm_session_t *ss = s->bk;
     if (ss->map)
-        return run_memcpy(s, b, c, err);
+        return pdl__chunk_copy_mapped(s, b, c, ((shm_session_t *)s->bk)->map, err);
     return run_vm(s, b, c, err);
 }
 

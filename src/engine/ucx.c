@@ -16,7 +16,7 @@
  * bytes into one chunk per lane: chunk 0 is posted on lane 0 by the posting thread, chunk i > 0 on lane
  * i by a pool thread (drive_chunk), so the copies run side by side, as shm's memcpy workers do. Where
  * UCX maps the remote region and live table here (ucp_rkey_ptr), a chunk skips ucp_get_nbx and copies
- * through those mappings with the shm engine's copy routine (chunk_copy).
+ * through those mappings with the shm engine's copy (pdl__chunk_copy_mapped, engine.c).
  *
  * Locking: a lane's worker and the endpoints and rkeys made on it are used only under that lane's mu
  * (the workers are UCS_THREAD_MODE_SERIALIZED: these locks serialise them); calls on the context
@@ -69,7 +69,6 @@
 #include <ucp/api/ucp.h>
 
 #include "common/clock.h"
-#include "common/copy.h"
 #include "engine/backend.h"
 
 /* The waiting thread progresses the worker itself this long before handing over to the progress
@@ -893,23 +892,9 @@ static void chunk_copy(pdl_batch_t *b, int idx, uint64_t slot)
     pdl_session_t *s = b->session;
     pdl_error_t err;
     pdl_error_clear(&err);
-    pdl_status_t st = PDL_OK;
-    if (slot != s->rmem.id) {
-        st = not_registered(s, &err);
-    } else {
-        const pdl_chunk_t *c = &b->chunks[idx];
-        uint8_t *map = ((ucx_session_t *)s->bk)->map[idx], *local = s->local->ptr;
-        bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
-        for (size_t i = c->first; i < c->first + c->count; i++) {
-            const pdl_desc_t *d = &b->d[i];
-            uint8_t *dst = b->op == PDL_OP_READ ? local + d->local_off : map + d->remote_off;
-            const uint8_t *src = b->op == PDL_OP_READ ? map + d->remote_off : local + d->local_off;
-            if (stream)
-                pdl__copy_stream(dst, src, d->len);
-            else
-                memcpy(dst, src, d->len);
-        }
-    }
+    pdl_status_t st = slot != s->rmem.id
+                          ? not_registered(s, &err)
+                          : pdl__chunk_copy_mapped(s, b, &b->chunks[idx], ((ucx_session_t *)s->bk)->map[idx], &err);
     pdl__batch_chunk_done(b, st, &err);
 }
 
