@@ -152,18 +152,6 @@ static void write_mode_end_to_end(void **state)
     pdl_instance_destroy(p);
 }
 
-typedef struct ctr_at_least {
-    pdl_instance_t *inst;
-    size_t off;
-    uint64_t want;
-} ctr_at_least_t;
-
-static bool ctr_reached(void *arg)
-{
-    ctr_at_least_t *c = arg;
-    return tc_sum(c->inst, c->off) >= c->want;
-}
-
 /* A ZeroMQ client's get_meta_msg to hs_port: true if anything came back within `ms`. The client speaks
  * CURVE with `auth`'s keys (NULL: plain), or -- a rogue -- with a key pair of its own and rogue_server_pk,
  * the cluster's public key, as the server key. */
@@ -231,11 +219,11 @@ static void handshake_refused(void **state)
     uint64_t before = TC_SUM(p, auth_refused);
     assert_false(gets_meta(pdl_instance_handshake_port(p, 0), NULL, pdl_auth_curve_public(mine), 500));
     assert_int_equal(TC_SUM(p, handshakes), 0);
-    ctr_at_least_t r = {p, offsetof(pdl_rank_counters_t, auth_refused), before + 1};
-    assert_true(tc_wait_for(ctr_reached, &r, 10000));
+    tc_at_least_t r = {p, offsetof(pdl_rank_counters_t, auth_refused), before + 1};
+    assert_true(tc_wait_for(tc_sum_reached, &r, 10000));
     /* Counted: the two consumers and the three outsiders (at least one attempt each). */
-    ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, auth_refused), 5};
-    assert_true(tc_wait_for(ctr_reached, &w, 10000));
+    tc_at_least_t w = {p, offsetof(pdl_rank_counters_t, auth_refused), 5};
+    assert_true(tc_wait_for(tc_sum_reached, &w, 10000));
     /* A key holder is answered. */
     assert_true(gets_meta(pdl_instance_handshake_port(p, 0), mine, NULL, 5000));
     pdl_auth_free(mine);
@@ -281,8 +269,8 @@ static void notify_refused(void **state)
     assert_int_equal(pdl_auth_from_secret(k_secret_a, strlen(k_secret_a), &mine, NULL), PDL_OK);
     send_release(port, "tx-notify", NULL);
     send_release(port, "tx-notify", other);
-    ctr_at_least_t w = {p, offsetof(pdl_rank_counters_t, auth_refused), 2};
-    assert_true(tc_wait_for(ctr_reached, &w, 10000));
+    tc_at_least_t w = {p, offsetof(pdl_rank_counters_t, auth_refused), 2};
+    assert_true(tc_wait_for(tc_sum_reached, &w, 10000));
     tc_sleep_ms(200);
     assert_int_equal(pdl_instance_held_transfers(p), 1);
     assert_int_equal(TC_SUM(p, releases_received), 0);

@@ -51,18 +51,6 @@ static void backoff_long(pdl_instance_config_t *c)
     c->conn.peer_backoff_max_s = 60;
 }
 
-typedef struct at_least {
-    pdl_instance_t *inst;
-    size_t off;
-    uint64_t want;
-} at_least_t;
-
-static bool sum_reached(void *arg)
-{
-    at_least_t *a = arg;
-    return tc_sum(a->inst, a->off) >= a->want;
-}
-
 /* Destroy p and create it again from its own config, on the same ports (bounded retry while a port
  * is still being released). */
 static pdl_instance_t *restart(pdl_instance_t *p)
@@ -89,21 +77,15 @@ static void write_restarted_producer_fails_receive(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
     assert_non_null(p);
     assert_non_null(c);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 1, rid, sizeof(rid)));
-    uint32_t cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    pdl_kv_params_t ck;
-    tc_leg_params("tx-restarted", 1, &ck);
+    tc_push_leg_t l;
+    assert_int_equal(tc_push_leg(&l, p, c, "tx-restarted", 1, 8, NBLK, 1), PDL_OK);
     pdl_recv_t *rv = NULL;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
-    at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), 1};
-    assert_true(tc_wait_for(sum_reached, &parked, 20000));
+    assert_int_equal(tc_push_leg_parked(&l, p, c, NBLK, &rv, &e), PDL_OK);
     /* Two answered identity probes: the second started after the receive was seen, so it is tied to
      * this prefill process (watch.c). */
-    at_least_t idents = {c, offsetof(pdl_rank_counters_t, watch_identities), 2};
-    assert_true(tc_wait_for(sum_reached, &idents, 20000));
+    tc_at_least_t idents = {c, offsetof(pdl_rank_counters_t, watch_identities), 2};
+    assert_true(tc_wait_for(tc_sum_reached, &idents, 20000));
     /* Asked on the prefill's handshake port, and not counted as handshakes there. */
     assert_true(TC_GET(p, 0, identities_served) >= 2);
     assert_int_equal(TC_SUM(p, handshakes), 0);
@@ -118,9 +100,9 @@ static void write_restarted_producer_fails_receive(void **state)
     assert_non_null(strstr(e.msg, "restarted"));
     assert_int_equal(TC_GET(c, 0, producer_gone_failed), 1);
     pdl_recv_free(rv);
-    pdl_instance_free_blocks(c, cb, NBLK);
+    pdl_instance_free_blocks(c, l.cb, NBLK);
     assert_int_equal(pdl_instance_free_block_count(c), TOTAL);
-    pdl_kv_params_clear(&ck);
+    tc_push_leg_clear(&l);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
@@ -206,8 +188,8 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
     uint32_t a_ids[NBLK], b_ids[NBLK];
     /* A: held for the live decode (tied to it by an answered identity probe). */
     hold_for(p, caddr, "tx-a", 1, a_ids);
-    at_least_t idents = {p, offsetof(pdl_rank_counters_t, watch_identities), 1};
-    assert_true(tc_wait_for(sum_reached, &idents, 20000));
+    tc_at_least_t idents = {p, offsetof(pdl_rank_counters_t, watch_identities), 1};
+    assert_true(tc_wait_for(tc_sum_reached, &idents, 20000));
     pdl_instance_config_t cfg = c->cfg;
     cfg.attn_backend_name = NULL;
     pdl_instance_destroy(c);
@@ -217,11 +199,11 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
      * can tell) and not B. Then the decode comes back. */
     uint32_t x_ids[NBLK];
     hold_for(p, caddr, "tx-x", 3, x_ids);
-    at_least_t refused = {p, offsetof(pdl_rank_counters_t, watch_refused), 1};
-    assert_true(tc_wait_for(sum_reached, &refused, 20000));
+    tc_at_least_t refused = {p, offsetof(pdl_rank_counters_t, watch_refused), 1};
+    assert_true(tc_wait_for(tc_sum_reached, &refused, 20000));
     hold_for(p, caddr, "tx-b", 2, b_ids);
-    at_least_t freed = {p, offsetof(pdl_rank_counters_t, consumer_gone_freed), 2};
-    assert_true(tc_wait_for(sum_reached, &freed, 20000));
+    tc_at_least_t freed = {p, offsetof(pdl_rank_counters_t, consumer_gone_freed), 2};
+    assert_true(tc_wait_for(tc_sum_reached, &freed, 20000));
     pdl_instance_t *nc = NULL;
     pdl_error_t e;
     for (int i = 0; i < 200 && nc == NULL; i++) {
@@ -230,8 +212,8 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
     }
     assert_non_null(nc);
     /* B stays: it is tied to the new process through more probes. */
-    at_least_t more = {p, offsetof(pdl_rank_counters_t, watch_identities), TC_SUM(p, watch_identities) + 3};
-    assert_true(tc_wait_for(sum_reached, &more, 20000));
+    tc_at_least_t more = {p, offsetof(pdl_rank_counters_t, watch_identities), TC_SUM(p, watch_identities) + 3};
+    assert_true(tc_wait_for(tc_sum_reached, &more, 20000));
     assert_int_equal(TC_SUM(p, consumer_gone_freed), 2); /* A and X */
     assert_int_equal(pdl_instance_held_transfers(p), 1);
     assert_int_equal(pdl_instance_held_blocks(p), NBLK);

@@ -343,6 +343,20 @@ static inline uint64_t tc_get(pdl_instance_t *inst, int rank, size_t off)
 }
 #define TC_GET(inst, rank, field) tc_get((inst), (rank), offsetof(pdl_rank_counters_t, field))
 
+/* For tc_wait_for: the counter at `off` (offsetof in pdl_rank_counters_t), summed over inst's ranks,
+ * reached `want`. */
+typedef struct {
+    pdl_instance_t *inst;
+    size_t off;
+    uint64_t want;
+} tc_at_least_t;
+
+static inline bool tc_sum_reached(void *arg)
+{
+    tc_at_least_t *a = arg;
+    return tc_sum(a->inst, a->off) >= a->want;
+}
+
 static inline bool tc_no_held(void *arg) { return pdl_instance_held_transfers((pdl_instance_t *)arg) == 0; }
 
 /* tc_wait_for condition: no instance of the NULL-terminated array arg holds a transfer. */
@@ -457,6 +471,19 @@ static inline void tc_push_leg_clear(tc_push_leg_t *l)
 {
     pdl_kv_params_clear(&l->pk);
     pdl_kv_params_clear(&l->ck);
+}
+
+/* The consumer's side of l: c expects the push of l->cb[0..n) and p has parked its remote_blocks on
+ * every producer rank (before any push), for tests that then take p away. Returns the first failure
+ * (PDL_ERR_TIMEOUT if p did not park them within 20 s). */
+static inline pdl_status_t tc_push_leg_parked(tc_push_leg_t *l, pdl_instance_t *p, pdl_instance_t *c, size_t n,
+                                              pdl_recv_t **rv, pdl_error_t *e)
+{
+    pdl_status_t st = pdl_instance_expect_push(c, &l->ck, l->rid, l->cb, n, rv, e);
+    if (st != PDL_OK)
+        return st;
+    tc_at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), (uint64_t)pdl_instance_tp_size(p)};
+    return tc_wait_for(tc_sum_reached, &parked, 20000) ? PDL_OK : PDL_ERR_TIMEOUT;
 }
 
 /* A producer's transfer ready to be pulled: n blocks allocated into ids, filled with the pattern of

@@ -37,18 +37,6 @@ static void write_reaps_fast(pdl_instance_config_t *c)
     c->conn.defer_timeout_s = 0.3;
 }
 
-typedef struct at_least {
-    pdl_instance_t *inst;
-    size_t off;
-    uint64_t want;
-} at_least_t;
-
-static bool sum_reached(void *arg)
-{
-    at_least_t *a = arg;
-    return tc_sum(a->inst, a->off) >= a->want;
-}
-
 /* The receive ends within WAIT_MS with `want`; its message is copied to msg. */
 static void wait_fails(pdl_recv_t *rv, pdl_status_t want, char *msg, size_t cap)
 {
@@ -70,17 +58,11 @@ static void killed_producer_fails_receive(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
     assert_non_null(p);
     assert_non_null(c);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 1, rid, sizeof(rid)));
-    uint32_t cb[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
-    pdl_kv_params_t ck;
-    tc_leg_params("tx-killed", 2, &ck);
+    tc_push_leg_t l;
+    assert_int_equal(tc_push_leg(&l, p, c, "tx-killed", 1, 8, NBLK, 1), PDL_OK);
     pdl_recv_t *rv = NULL;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cb, NBLK, &rv, &e), PDL_OK);
-    at_least_t parked = {p, offsetof(pdl_rank_counters_t, remote_blocks_parked), 2};
-    assert_true(tc_wait_for(sum_reached, &parked, 20000)); /* the prefill knows the blocks, then dies */
+    assert_int_equal(tc_push_leg_parked(&l, p, c, NBLK, &rv, &e), PDL_OK); /* the prefill knows the blocks, then dies */
     int p_hs = pdl_instance_handshake_port(p, 0);
     pdl_instance_destroy(p);
     char msg[PDL_ERR_MSG_LEN], want[64];
@@ -93,9 +75,9 @@ static void killed_producer_fails_receive(void **state)
     assert_non_null(strstr(msg, "is gone"));
     assert_int_equal(TC_GET(c, 0, producer_gone_failed), 1);
     pdl_recv_free(rv);
-    pdl_instance_free_blocks(c, cb, NBLK);
+    pdl_instance_free_blocks(c, l.cb, NBLK);
     assert_int_equal(pdl_instance_free_block_count(c), TOTAL);
-    pdl_kv_params_clear(&ck);
+    tc_push_leg_clear(&l);
     pdl_instance_destroy(c);
 }
 
@@ -149,8 +131,8 @@ static void late_remote_blocks_for_reaped_push_answered(void **state)
     tc_leg_params("tx-reaped", 2, &ck);
     pdl_error_t e;
     assert_int_equal(pdl_instance_push(p, &pk, rid, pb, NBLK, &e), PDL_OK);
-    at_least_t reaped = {p, offsetof(pdl_rank_counters_t, expired), 2};
-    assert_true(tc_wait_for(sum_reached, &reaped, 20000));
+    tc_at_least_t reaped = {p, offsetof(pdl_rank_counters_t, expired), 2};
+    assert_true(tc_wait_for(tc_sum_reached, &reaped, 20000));
     pdl_instance_t *plist[2] = {p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000)); /* the push is gone; its tombstone stays */
     pdl_recv_t *rv = NULL;
