@@ -514,15 +514,18 @@ bool pdl_http_bearer_ok(const pdl_http_request_t *req, const char *token)
     return strlen(h) == n && sodium_memcmp(h, token, n) == 0;
 }
 
-/* The connection limit that leaves a quarter of the descriptors (at least 64) to the rest of the process:
- * ZeroMQ sockets, upstream connections, the KV engine. Past it MHD stops accepting by itself, which is
- * the cheap way to meet EMFILE (it then pauses its listener until a connection closes). */
+/* The connection limit that leaves five eighths of the descriptors (at least 64) to the rest of the
+ * process: ZeroMQ sockets (each rank's ROUTERs keep a sixteenth each, connector/listen.c, and libzmq
+ * accepts a burst past that before the pause), upstream connections, the KV engine (its data port keeps
+ * an eighth). Past it MHD stops accepting by itself; it must never meet
+ * EMFILE, since MHD then pauses its listener until one of its connections closes (an idle timeout
+ * away). */
 static unsigned fd_bounded(unsigned want, const char *what)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
         return want;
-    rlim_t reserve = rl.rlim_cur / 4 > 64 ? rl.rlim_cur / 4 : 64;
+    rlim_t reserve = rl.rlim_cur / 8 * 5 > 64 ? rl.rlim_cur / 8 * 5 : 64;
     rlim_t room = rl.rlim_cur > reserve + 16 ? rl.rlim_cur - reserve : 16;
     if ((rlim_t)want <= room)
         return want;

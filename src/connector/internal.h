@@ -337,6 +337,7 @@ typedef struct pdl_listen {
     char endpoint[128]; /* as bound (ZMQ_LAST_ENDPOINT), for unbind and bind again */
     bool paused;
     uint64_t resume_ms;
+    uint64_t live, cap; /* connections accepted and not yet gone (monitor events); the most kept */
 } pdl_listen_t;
 
 typedef struct pdl_rank_svc {

@@ -22,16 +22,39 @@
  * names the listening endpoint, not the peer). A client that completed CURVE with a key that is not the
  * cluster's is refused and counted by the ZAP handler (authmode.c), with its address.
  *
- * States per ROUTER: BOUND --accept failed EMFILE/ENFILE--> PAUSED --resume_ms passed, bind ok--> BOUND
+ * A ROUTER also pauses once it holds its share of the descriptor limit (cap: ulimit -n / 16 / the
+ * process' ranks, at least LISTEN_CAP_MIN), counted from ZMQ_EVENT_ACCEPTED and _DISCONNECTED: libzmq
+ * itself accepts until the process has no descriptor left, and then every other listener of the process
+ * fails too -- libmicrohttpd stops accepting until one of its connections closes, which with idle
+ * clients is its idle timeout: /health went unanswered for a minute with 1,100 idle connections per
+ * port at ulimit -n 1024. With the http server's half and the data port's eighth, the ROUTERs' share
+ * keeps the process below the limit.
+ *
+ * States per ROUTER: BOUND --accept failed EMFILE/ENFILE, or cap connections--> PAUSED --resume_ms passed, bind ok--> BOUND
  * (bind failed: PAUSED for another pause). Everything runs on the rank's service thread.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "connector/internal.h"
+
+/* Descriptors that must be free before the ROUTER is bound again: libzmq 4.3's bind resolves the host
+ * as an interface name first (getifaddrs: a netlink socket) and asserts that it got one -- out of
+ * descriptors, zmq_bind aborts the process ("Too many open files (src/ip_resolver.cpp:542)"), seen
+ * with 1,100 idle connections per port at ulimit -n 1024. So the tick first takes this many with
+ * dup() and gives them back just before binding; if it cannot, the port stays closed another pause.
+ * The other listeners bound their own share (the http server, the engine's data port), so the room
+ * made by dropping the ROUTER's connections stays. */
+#define LISTEN_BIND_SPARE 16
+
+/* The fewest connections a ROUTER keeps before it pauses, whatever the descriptor limit: a notify
+ * port has one connection per consumer rank that releases to it. */
+#define LISTEN_CAP_MIN 32
 
 /* Long enough that a flood that reconnects at once costs a few milliseconds of spin per second, short
  * enough that peers retrying a refused handshake (peer_backoff 2 s) find the port back. */
@@ -42,6 +65,11 @@ void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char 
     memset(l, 0, sizeof(*l));
     l->router = router;
     l->what = what;
+    struct rlimit nofile;
+    int ranks = r->inst->hi - r->inst->lo;
+    l->cap = LISTEN_CAP_MIN;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / 16 / (rlim_t)ranks > LISTEN_CAP_MIN)
+        l->cap = nofile.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)(nofile.rlim_cur / 16 / (rlim_t)ranks);
     size_t n = sizeof(l->endpoint);
     if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, l->endpoint, &n) != 0) {
         l->endpoint[0] = '\0';
@@ -49,7 +77,8 @@ void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char 
     }
     char mon[96];
     snprintf(mon, sizeof(mon), "inproc://pdl-listen-%d-%s", r->rank, what);
-    int events = ZMQ_EVENT_ACCEPT_FAILED | (r->inst->auth ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL : 0);
+    int events = ZMQ_EVENT_ACCEPT_FAILED | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                 (r->inst->auth ? ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL : 0);
     if (zmq_socket_monitor(router, mon, events) != 0)
         goto fail;
     l->mon = zmq_socket(r->inst->zctx, ZMQ_PAIR);
@@ -101,6 +130,10 @@ void pdl__listen_on_event(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
     while (read_event(l->mon, &event, &value)) {
         if (event == ZMQ_EVENT_ACCEPT_FAILED && (value == EMFILE || value == ENFILE))
             why = (int)value;
+        if (event == ZMQ_EVENT_ACCEPTED && !l->paused)
+            l->live++;
+        if (event == ZMQ_EVENT_DISCONNECTED && l->live > 0) /* also ours: DEALERs are other sockets */
+            l->live--;
         if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
             refused++;
     }
@@ -112,7 +145,7 @@ void pdl__listen_on_event(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
                      "another cluster's (auth_key_file; %" PRIu64 " more refusals since the last report)",
                      r->rank, l->what, refused, sup);
     }
-    if (why == 0 || l->paused)
+    if ((why == 0 && l->live < l->cap) || l->paused)
         return;
     if (zmq_unbind(l->router, l->endpoint) != 0) {
         pdl_warn("rank %d %s port: out of file descriptors, and unbinding %s failed: %s", r->rank, l->what,
@@ -121,19 +154,39 @@ void pdl__listen_on_event(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
     }
     l->paused = true;
     l->resume_ms = now_ms + LISTEN_PAUSE_MS;
+    uint64_t held = l->live;
+    l->live = 0; /* unbinding dropped them */
     PDL_CTR_ADD(r, listener_pauses, 1);
     uint64_t sup = 0;
-    if (pdl_ratelimit_allow(&r->ctr.listen_rl, &sup))
+    if (!pdl_ratelimit_allow(&r->ctr.listen_rl, &sup))
+        return;
+    if (why != 0)
         pdl_warn("rank %d %s port: accept: %s: out of file descriptors (raise ulimit -n); port closed for %d ms, "
                  "its connections dropped (%" PRIu64 " more pauses since the last report)",
                  r->rank, l->what, strerror(why), LISTEN_PAUSE_MS, sup);
+    else
+        pdl_warn("rank %d %s port: %" PRIu64 " connections, its share of ulimit -n (%" PRIu64 "); port closed for "
+                 "%d ms, its connections dropped (%" PRIu64 " more pauses since the last report)",
+                 r->rank, l->what, held, l->cap, LISTEN_PAUSE_MS, sup);
+}
+
+/* True if LISTEN_BIND_SPARE descriptors could be opened (they are closed again before returning). */
+static bool descriptors_free(void)
+{
+    int fds[LISTEN_BIND_SPARE], n = 0;
+    while (n < LISTEN_BIND_SPARE && (fds[n] = dup(STDERR_FILENO)) >= 0)
+        n++;
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+    return n == LISTEN_BIND_SPARE;
 }
 
 void pdl__listen_tick(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
 {
     if (!l->paused || now_ms < l->resume_ms)
         return;
-    if (zmq_bind(l->router, l->endpoint) == 0) {
+    bool room = descriptors_free();
+    if (room && zmq_bind(l->router, l->endpoint) == 0) {
         l->paused = false;
         return;
     }
@@ -141,7 +194,7 @@ void pdl__listen_tick(pdl_rank_t *r, pdl_listen_t *l, uint64_t now_ms)
     uint64_t sup = 0;
     if (pdl_ratelimit_allow(&r->ctr.listen_rl, &sup))
         pdl_warn("rank %d %s port: binding %s again failed: %s; retrying in %d ms", r->rank, l->what, l->endpoint,
-                 zmq_strerror(zmq_errno()), LISTEN_PAUSE_MS);
+                 room ? zmq_strerror(zmq_errno()) : "still out of file descriptors", LISTEN_PAUSE_MS);
 }
 
 void pdl__listen_fini(pdl_listen_t *l)

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -116,6 +117,8 @@ typedef struct srv_conn {
     uint8_t auth_out[2 * PDL_TCP_AUTH_LEN];       /* HELLO_AUTH's answer: Ns, the owner's MAC */
     struct srv_conn *next, *prev; /* srv->conns */
     struct srv_conn *pend_next;   /* th->pending */
+    atomic_bool heard;            /* a whole request header came: not an idle connection */
+    bool evicted;                 /* shut down to make room (under srv->mu) */
 } srv_conn_t;
 
 struct srv_thread {
@@ -135,6 +138,7 @@ struct pdl_tcp_server {
     srv_thread_t *th;
     pthread_mutex_t mu; /* conns list, conn->mem, pending queues */
     srv_conn_t *conns;
+    size_t nconns, max_conns; /* open data connections, and the most kept (SRV_CONNS_SHARE) */
     _Atomic bool stop;
     int spare_fd;     /* reserve descriptor for shedding at EMFILE (accept_shed); -1 if lost */
     bool lfd_paused;  /* listener out of thread 0's epoll until resume_ms (accept_shed) */
@@ -166,6 +170,7 @@ static void conn_close(srv_thread_t *th, srv_conn_t *c)
         srv->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    srv->nconns--;
     pthread_mutex_unlock(&srv->mu);
     close(c->fd);
     free(c->segs);
@@ -473,8 +478,11 @@ static int conn_progress(srv_conn_t *c)
                 return r > 0 ? 0 : -1;
             }
             c->got += (size_t)n;
-            if (c->got == PDL_TCP_REQ_HDR && on_header(c) < 0)
-                return -1;
+            if (c->got == PDL_TCP_REQ_HDR) {
+                atomic_store_explicit(&c->heard, true, memory_order_relaxed);
+                if (on_header(c) < 0)
+                    return -1;
+            }
             break;
         case RX_SEGS:
             n = recv(c->fd, c->segs + c->got, c->seg_need - c->got, MSG_DONTWAIT);
@@ -586,6 +594,14 @@ static int conn_progress(srv_conn_t *c)
     }
 }
 
+/* The data port keeps at most 1/SRV_CONNS_SHARE of the descriptor limit (at least SRV_CONNS_MIN) as
+ * connections: past it, the oldest that never sent a request is shut down to make room, else the new
+ * one is closed at once (both counted as shed). Without a bound, idle connections to it took every
+ * descriptor the process had (1,100 at ulimit -n 1024), and the rank's ZeroMQ ports then could not be
+ * bound again after their pause (listen.c). A peer engine opens a handful of connections. */
+#define SRV_CONNS_SHARE 8
+#define SRV_CONNS_MIN 64
+
 /* How long the listener rests when the process is out of descriptors and has no spare to shed with. */
 #define ACCEPT_PAUSE_MS 100
 
@@ -663,6 +679,34 @@ static void conn_accept(pdl_tcp_server_t *srv)
             close(fd);
             continue;
         }
+        pthread_mutex_lock(&srv->mu);
+        bool full = srv->nconns >= srv->max_conns;
+        if (full) {
+            /* Room is made by the oldest connection that never sent a request (an idle flood must not
+             * keep a peer out); its thread closes it on the hang-up. Only if every one spoke is the new
+             * one shed. */
+            srv_conn_t *victim = NULL;
+            for (srv_conn_t *o = srv->conns; o; o = o->next)
+                if (!o->evicted && !atomic_load_explicit(&o->heard, memory_order_relaxed))
+                    victim = o; /* the list is newest first: the last found is the oldest */
+            if (victim != NULL) {
+                victim->evicted = true;
+                shutdown(victim->fd, SHUT_RDWR);
+                full = false;
+                atomic_fetch_add(&srv->e->st_conn_shed, 1);
+            }
+        }
+        pthread_mutex_unlock(&srv->mu);
+        if (full) { /* shed: the process' other listeners keep descriptors to accept with */
+            close(fd);
+            atomic_fetch_add(&srv->e->st_conn_shed, 1);
+            uint64_t suppressed = 0;
+            if (pdl_ratelimit_allow(&srv->e->rl_shed, &suppressed))
+                pdl_warn("engine %s: %zu data connections open, the most kept (1/%d of ulimit -n): closing new "
+                         "ones at once (%" PRIu64 " shed so far)",
+                         srv->e->key, srv->max_conns, SRV_CONNS_SHARE, atomic_load(&srv->e->st_conn_shed));
+            continue;
+        }
         srv_conn_t *c = calloc(1, sizeof(*c));
         if (c == NULL) {
             close(fd);
@@ -683,6 +727,7 @@ static void conn_accept(pdl_tcp_server_t *srv)
         if (srv->conns)
             srv->conns->prev = c;
         srv->conns = c;
+        srv->nconns++;
         /* Hand over: the owning thread adds it to its own epoll when it drains `pending`. */
         c->pend_next = th->pending;
         th->pending = c;
@@ -802,6 +847,10 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
     srv->lfd = -1;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->send_max = PDL_TCP_SEND_CALL_MAX;
+    struct rlimit nofile;
+    srv->max_conns = SRV_CONNS_MIN;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / SRV_CONNS_SHARE > SRV_CONNS_MIN)
+        srv->max_conns = nofile.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)(nofile.rlim_cur / SRV_CONNS_SHARE);
     pthread_mutex_init(&srv->mu, NULL);
     pdl_status_t st;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;

@@ -77,7 +77,7 @@ const char *pdl_node_args_usage(void)
            "  --kv-interleaved               K and V interleaved per block instead of [2][blocks] (pdlink)\n"
            "  --kv-wait-timeout SECONDS      wait this long for free KV blocks before a 503 (pdlink; default 30)\n"
            "  --http-idle-timeout SECONDS    close an HTTP connection silent this long (pdlink; default 60, 0 = never)\n"
-           "  --http-max-connections N       open HTTP connections at most (pdlink; default 4096, lowered to 3/4 of\n"
+           "  --http-max-connections N       open HTTP connections at most (pdlink; default 4096, lowered to 3/8 of\n"
            "                                 ulimit -n)\n"
            "  --http-max-connections-per-client N  from one IP address (pdlink; default 3/4 of the above)\n"
            "  --http-threads N               HTTP polling threads (pdlink; default 2)\n"

@@ -78,7 +78,7 @@ const char *pdl_router_usage(void)
            "                                  the discovery socket then admits only key holders (CURVE)\n"
            "  --api-key KEY                   sent to the nodes as Authorization: Bearer KEY (their --api-key)\n"
            "  --http-idle-timeout SECONDS     close a connection silent this long (default 60, 0 = never)\n"
-           "  --http-max-connections N        open connections at most (default 8192, lowered to 3/4 of ulimit -n)\n"
+           "  --http-max-connections N        open connections at most (default 8192, lowered to 3/8 of ulimit -n)\n"
            "  --http-max-connections-per-client N  from one IP address (default 3/4 of the above)\n"
            "  --http-threads N                HTTP polling threads (default 2)\n"
            "  --http-workers N                requests and streams handled at once; more wait (default 1024)\n"

@@ -618,7 +618,7 @@ static __attribute__((unused)) void out_of_descriptors_the_listener_idles(void *
     char line[1024];
     while (fgets(line, sizeof(line), lf) != NULL) {
         lines++;
-        lowered += strstr(line, "--http-max-connections 4096 lowered to 192") != NULL;
+        lowered += strstr(line, "--http-max-connections 4096 lowered to 96") != NULL;
     }
     fclose(lf);
     unlink(logpath);
