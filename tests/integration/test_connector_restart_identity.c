@@ -89,7 +89,9 @@ static void write_restarted_producer_fails_receive(void **state)
     /* Asked on the prefill's handshake port, and not counted as handshakes there. */
     assert_true(TC_GET(p, 0, identities_served) >= 2);
     assert_int_equal(TC_SUM(p, handshakes), 0);
-    assert_int_equal(TC_SUM(p, dropped_malformed), 0);
+    /* Not asserted: dropped_malformed == 0. Under ctest -j another test's DEALER, queued for a port this
+     * prefill got after that test freed it, delivered its frames here (CI: 5 "unknown handshake
+     * request"s of 119 bytes, counted and dropped, as they should be). */
 
     uint64_t t0 = pdl__clock_now_ns();
     p = restart(p);
