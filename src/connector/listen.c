@@ -22,8 +22,9 @@
  * names the listening endpoint, not the peer). A client that completed CURVE with a key that is not the
  * cluster's is refused and counted by the ZAP handler (authmode.c), with its address.
  *
- * A ROUTER also pauses once it holds its share of the descriptor limit (cap: ulimit -n / 16 / the
- * process' ranks, at least LISTEN_CAP_MIN), counted from ZMQ_EVENT_ACCEPTED and _DISCONNECTED: libzmq
+ * A ROUTER also pauses once it holds its share of the descriptor limit (cap: ulimit -n / 32 / the
+ * process' ranks, at least LISTEN_CAP_MIN; libzmq accepts a burst of up to its listen queue, 32 here,
+ * past that before the pause), counted from ZMQ_EVENT_ACCEPTED and _DISCONNECTED: libzmq
  * itself accepts until the process has no descriptor left, and then every other listener of the process
  * fails too -- libmicrohttpd stops accepting until one of its connections closes, which with idle
  * clients is its idle timeout: /health went unanswered for a minute with 1,100 idle connections per
@@ -68,8 +69,8 @@ void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char 
     struct rlimit nofile;
     int ranks = r->inst->hi - r->inst->lo;
     l->cap = LISTEN_CAP_MIN;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / 16 / (rlim_t)ranks > LISTEN_CAP_MIN)
-        l->cap = nofile.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)(nofile.rlim_cur / 16 / (rlim_t)ranks);
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / 32 / (rlim_t)ranks > LISTEN_CAP_MIN)
+        l->cap = nofile.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)(nofile.rlim_cur / 32 / (rlim_t)ranks);
     size_t n = sizeof(l->endpoint);
     if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, l->endpoint, &n) != 0) {
         l->endpoint[0] = '\0';

@@ -395,6 +395,9 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     }
     if (strchr(cc->bind_all ? cc->host_ip : host, ':'))
         set_int_opt(s, ZMQ_IPV6, 1);
+    /* libzmq accepts the whole queue at once; a shorter queue bounds how far a flood overshoots the
+     * ROUTER's share of the descriptors before listen.c pauses it (peers retry a dropped SYN). */
+    set_int_opt(s, ZMQ_BACKLOG, 32);
     char domain[64];
     pdl__authmode_domain(r, what, domain, sizeof(domain));
     if (pdl_curve_server(s, r->inst->auth, domain, err) != PDL_OK) {
