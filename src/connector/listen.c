@@ -38,10 +38,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "common/fdlimit.h"
 #include "connector/internal.h"
 
 /* Descriptors that must be free before the ROUTER is bound again: libzmq 4.3's bind resolves the host
@@ -66,11 +66,7 @@ void pdl__listen_watch(pdl_rank_t *r, pdl_listen_t *l, void *router, const char 
     memset(l, 0, sizeof(*l));
     l->router = router;
     l->what = what;
-    struct rlimit nofile;
-    int ranks = r->inst->hi - r->inst->lo;
-    l->cap = LISTEN_CAP_MIN;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / 32 / (rlim_t)ranks > LISTEN_CAP_MIN)
-        l->cap = nofile.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)(nofile.rlim_cur / 32 / (rlim_t)ranks);
+    l->cap = pdl__fd_share(32 * (uint64_t)(r->inst->hi - r->inst->lo), LISTEN_CAP_MIN);
     size_t n = sizeof(l->endpoint);
     if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, l->endpoint, &n) != 0) {
         l->endpoint[0] = '\0';

@@ -41,7 +41,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -50,6 +49,7 @@
 #include <arpa/inet.h>
 
 #include "common/clock.h"
+#include "common/fdlimit.h"
 #include "engine/backend.h"
 #include "engine/grant.h"
 #include "engine/iov.h"
@@ -855,10 +855,8 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
     srv->lfd = -1;
     srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     srv->send_max = PDL_TCP_SEND_CALL_MAX;
-    struct rlimit nofile;
-    srv->max_conns = SRV_CONNS_MIN;
-    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur / SRV_CONNS_SHARE > SRV_CONNS_MIN)
-        srv->max_conns = nofile.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)(nofile.rlim_cur / SRV_CONNS_SHARE);
+    uint64_t share = pdl__fd_share(SRV_CONNS_SHARE, SRV_CONNS_MIN);
+    srv->max_conns = share > SIZE_MAX ? SIZE_MAX : (size_t)share;
     pthread_mutex_init(&srv->mu, NULL);
     pdl_status_t st;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
