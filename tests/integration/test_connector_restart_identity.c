@@ -37,14 +37,6 @@
 #define TOTAL 24
 #define WAIT_MS 10000
 
-static void write_slow(pdl_instance_config_t *c)
-{
-    c->conn.read_mode = false;
-    c->allow_write_mode = true;
-    c->conn.transfer_timeout_s = 600;
-    c->conn.consumer_gone_timeout_s = 600; /* probes once a second; gone by refusals or identities only */
-}
-
 static void backoff_long(pdl_instance_config_t *c)
 {
     c->conn.peer_backoff_s = 60;
@@ -73,8 +65,8 @@ static void write_restarted_producer_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
     assert_non_null(p);
     assert_non_null(c);
     tc_push_leg_t l;
@@ -161,19 +153,11 @@ static void read_first_pull_after_restart_not_refused(void **state)
     pdl_instance_destroy(p);
 }
 
-static void watch_slow(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 600; }
-
 /* Hold NBLK new blocks as `tid` for the decode at zmq address `caddr` (uuid tag t). */
 static void hold_for(pdl_instance_t *p, const char *caddr, const char *tid, int t, uint32_t *ids)
 {
-    char rid[1024];
-    uint8_t uuid[16];
-    for (int i = 0; i < 16; i++)
-        uuid[i] = (uint8_t)(t * 16 + i);
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), caddr, uuid, rid, sizeof(rid)) > 0);
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
     pdl_error_t e;
-    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
+    if (tc_hold_for(p, caddr, tid, t, ids, NBLK, &e) != PDL_OK)
         fail_msg("hold %s: %s", tid, e.msg);
 }
 
@@ -181,7 +165,7 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_slow);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_watch_slow);
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
     assert_non_null(p);
     assert_non_null(c);

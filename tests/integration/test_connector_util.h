@@ -418,13 +418,43 @@ static inline void tc_log_level_from_env(void)
 
 /* A request id carrying both instances' addresses, as the router builds it (uuid bytes t*16 .. t*16+15).
  * False when the addresses do not fit `cap`. */
-static inline bool tc_request_id(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
+static inline bool tc_request_id_to(pdl_instance_t *p, const char *caddr, int t, char *buf, size_t cap)
 {
     uint8_t uuid[16];
     for (int i = 0; i < 16; i++)
         uuid[i] = (uint8_t)(t * 16 + i);
-    return pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, buf, cap) > 0;
+    return pdl_wire_format_request_id(pdl_instance_zmq_address(p), caddr, uuid, buf, cap) > 0;
 }
+
+static inline bool tc_request_id(pdl_instance_t *p, pdl_instance_t *c, int t, char *buf, size_t cap)
+{
+    return tc_request_id_to(p, pdl_instance_zmq_address(c), t, buf, cap);
+}
+
+/* A producer's hold of n new blocks (into ids) as `tid`, for the decode at zmq address `caddr` (which
+ * may be dead: the request id names it), request uuid tag t. Returns the first failure (err filled). */
+static inline pdl_status_t tc_hold_for(pdl_instance_t *p, const char *caddr, const char *tid, int t, uint32_t *ids,
+                                       size_t n, pdl_error_t *err)
+{
+    char rid[1024];
+    if (!tc_request_id_to(p, caddr, t, rid, sizeof(rid)))
+        return pdl_error_set(err, PDL_ERR_INVALID, "request id for %s", caddr);
+    pdl_status_t st = pdl_instance_alloc_blocks(p, n, ids, err);
+    return st != PDL_OK ? st : pdl_instance_hold_for(p, tid, rid, ids, n, err);
+}
+
+/* WRITE mode, with transfer and consumer-gone timeouts far beyond any test's bound: what ends a wait
+ * early is the watch (refusals, identities), never a timeout. */
+static inline void tc_write_slow(pdl_instance_config_t *c)
+{
+    c->conn.read_mode = false;
+    c->allow_write_mode = true;
+    c->conn.transfer_timeout_s = 600;
+    c->conn.consumer_gone_timeout_s = 600;
+}
+
+/* A producer whose consumer-gone watch gives up only on refusals or identities, never on its timeout. */
+static inline void tc_watch_slow(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 600; }
 
 /* The params each leg carries in WRITE mode (router-spec §3.4): the transfer id and the peer's TP. */
 static inline void tc_leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)

@@ -23,8 +23,6 @@
 #define TOTAL 16
 
 /* defer_timeout is 600 s (tc_instance's argument); the watch probes once a second. */
-static void watch_slow(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 600; }
-
 static pdl_instance_t *consumer_at(const tc_geo_t *g, int hs, int nt)
 {
     pdl_instance_config_t c;
@@ -38,15 +36,8 @@ static pdl_instance_t *consumer_at(const tc_geo_t *g, int hs, int nt)
 
 static void hold_for(pdl_instance_t *p, pdl_instance_t *c, const char *tid, int t, uint32_t *ids)
 {
-    char rid[1024];
-    uint8_t uuid[16];
-    for (int i = 0; i < 16; i++)
-        uuid[i] = (uint8_t)(t * 16 + i);
-    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), pdl_instance_zmq_address(c), uuid, rid,
-                                           sizeof(rid)) > 0);
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
     pdl_error_t e;
-    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
+    if (tc_hold_for(p, pdl_instance_zmq_address(c), tid, t, ids, NBLK, &e) != PDL_OK)
         fail_msg("hold %s: %s", tid, e.msg);
 }
 
@@ -74,7 +65,7 @@ static void restarted_decode_frees_old_holds_keeps_new(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_slow);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_watch_slow);
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
     assert_non_null(p);
     assert_non_null(c);

@@ -20,14 +20,6 @@
 #define NBLK 2
 #define TOTAL 16
 
-static void write_slow(pdl_instance_config_t *c)
-{
-    c->conn.read_mode = false;
-    c->allow_write_mode = true;
-    c->conn.transfer_timeout_s = 600;
-    c->conn.consumer_gone_timeout_s = 600; /* probes once a second; gone by refusals only */
-}
-
 /* Read what reached the ROUTER for `ms`: count identity requests and get_meta_msg frames. */
 static void drain(void *router, int ms, int *ident, int *meta)
 {
@@ -59,7 +51,7 @@ static void upstream_producer_asked_twice_then_connect_only(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
     assert_non_null(c);
     int port = tp_free_range(2);
     assert_true(port > 0);

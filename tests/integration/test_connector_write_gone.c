@@ -22,18 +22,10 @@
 #define TOTAL 24
 #define WAIT_MS 10000
 
-static void write_slow(pdl_instance_config_t *c)
-{
-    c->conn.read_mode = false;
-    c->allow_write_mode = true;
-    c->conn.transfer_timeout_s = 600;
-    c->conn.consumer_gone_timeout_s = 600; /* probes once a second; gone by refusals only */
-}
-
 /* A producer that reaps a push left without remote_blocks after 0.3 s. */
 static void write_reaps_fast(pdl_instance_config_t *c)
 {
-    write_slow(c);
+    tc_write_slow(c);
     c->conn.defer_timeout_s = 0.3;
 }
 
@@ -54,8 +46,8 @@ static void killed_producer_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
     assert_non_null(p);
     assert_non_null(c);
     tc_push_leg_t l;
@@ -86,7 +78,7 @@ static void transfer_from_nowhere_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
     assert_non_null(c);
     int nowhere = tp_free_range(2); /* free when probed, and nothing of ours binds it */
     assert_true(nowhere > 0);
@@ -118,7 +110,7 @@ static void late_remote_blocks_for_reaped_push_answered(void **state)
     (void)state;
     tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 0.3, write_reaps_fast);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_slow);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
     assert_non_null(p);
     assert_non_null(c);
     char rid[1024];
