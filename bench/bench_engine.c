@@ -68,7 +68,7 @@ typedef struct opts {
     int pairs;         /* --pairs: minimum alternating pairs per row */
     double max_spread; /* --max-spread: above it a row is "unstable" */
     uint64_t cap;
-    bool contiguous, hetero, strict;
+    bool contiguous, same_block, hetero, strict;
     const char *json, *plot, *host, *serve, *connect, *port_file;
     const char *tcp_cc; /* --tcp-congestion (NULL = the engine's choice) */
     const char *auth_compare; /* --auth-compare KEYFILE: A = authenticated session, B = open one */
@@ -328,6 +328,10 @@ static void usage(FILE *f)
             "  --strict                 exit status 3 if a point is unstable or ABOVE CEILING\n"
             "  --max-batch-bytes SIZE   skip points with block*batch above this (default 256M)\n"
             "  --contiguous             remote blocks in order, so descriptors merge\n"
+            "  --same-block             every descriptor of a batch names block 0 on both sides: one\n"
+            "                           block re-read N times, what ucx_perftest -O N measures (its\n"
+            "                           footprint is one block, cache-resident); the memcpy ceiling\n"
+            "                           copies that block N times too\n"
             "  --no-hetero              skip the heterogeneous-TP rows (P4/D8, P8/D4 vs P4/D4)\n"
             "  --host ADDR              address the engines (tcp) and the tcp ceiling use (default 127.0.0.1)\n"
             "  --json FILE              write the rows as JSON\n"
@@ -361,7 +365,8 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         {"block-sizes", required_argument, 0, 'B'}, {"batch-sizes", required_argument, 0, 'N'},
         {"threads", required_argument, 0, 't'}, {"qp", required_argument, 0, 'q'},
         {"iters", required_argument, 0, 'i'}, {"max-batch-bytes", required_argument, 0, 'm'},
-        {"contiguous", no_argument, 0, 'c'}, {"no-hetero", no_argument, 0, 'H'},
+        {"contiguous", no_argument, 0, 'c'}, {"same-block", no_argument, 0, 'R'},
+        {"no-hetero", no_argument, 0, 'H'},
         {"host", required_argument, 0, 'h'}, {"json", required_argument, 0, 'j'},
         {"plot", required_argument, 0, 'p'}, {"serve", required_argument, 0, 's'},
         {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
@@ -443,6 +448,9 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             break;
         case 'c':
             o->contiguous = true;
+            break;
+        case 'R':
+            o->same_block = true;
             break;
         case 'H':
             o->hetero = false;
@@ -658,14 +666,17 @@ static double engine_loop(ctx_t *c, pdl_session_t *s, const pdl_desc_t *d, size_
  * One ceiling loop (pair member B) with the same resources as the engine loop: the same bytes, the same
  * local buffer (the destination of a READ, the source of a WRITE), the same threads (memcpy) or one
  * warm stream per engine connection (tcp; the faster of the system-default and the engine's congestion
- * control). Returns GB/s, < 0 on failure.
+ * control). With reuse_block (--same-block) the memcpy ceiling copies that one block bytes/reuse_block
+ * times, the batch's own footprint. Returns GB/s, < 0 on failure.
  */
-static double ceiling_loop(ctx_t *c, uint64_t bytes, int per)
+static double ceiling_loop(ctx_t *c, uint64_t bytes, uint64_t reuse_block, int per)
 {
     const opts_t *o = c->o;
     uint8_t *local = pdl_mem_ptr(c->local);
     uint8_t *dst = o->op == PDL_OP_READ ? local : c->src;
     const uint8_t *src = o->op == PDL_OP_READ ? c->src : local;
+    if (c->cm != NULL && reuse_block > 0) /* --same-block: the batch's footprint, one block copied N times */
+        return pdl_ceiling_memcpy_run(c->cm, dst, src, reuse_block, per * (int)(bytes / reuse_block));
     if (c->cm != NULL)
         return pdl_ceiling_memcpy_run(c->cm, dst, src, bytes, per);
     /* The stream cycles 1 MiB writes over the batch's bytes (at least one write per stream, so a 4 KiB
@@ -703,6 +714,7 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
             local_end = d[i].local_off + d[i].len;
     }
     uint64_t seed = ++c->seed;
+    uint64_t reuse = o->same_block && strcmp(label, "sweep") == 0 ? block : 0; /* the hetero rows never reuse */
     uint8_t *local = pdl_mem_ptr(c->local);
     if (o->op == PDL_OP_READ) {
         if (ctl_cmd(c->fd, 'F', seed, remote_end, NULL, 0) != 0) {
@@ -751,7 +763,7 @@ static int measure(ctx_t *c, const char *label, const pdl_desc_t *d, size_t n, u
             }
         }
         size_t descs_b = 0;
-        double ceil = c->sa ? engine_loop(c, c->s, d, n, bytes, warm, per, c->lat_b, &descs_b) : ceiling_loop(c, bytes, per);
+        double ceil = c->sa ? engine_loop(c, c->s, d, n, bytes, warm, per, c->lat_b, &descs_b) : ceiling_loop(c, bytes, reuse, per);
         if (pdl_pairs_add(&pairs, g, ceil) != 0) {
             fprintf(stderr, "\npdlink bench: the ceiling loop failed (%.3f GB/s)\n", ceil);
             free(lat);
@@ -802,7 +814,9 @@ static void print_header(const opts_t *o, const char *engine_cc)
         snprintf(conns, sizeof(conns), ", %d connection(s) per session", o->qp);
     printf("pdlink bench: backend %s, op %s, engine workers %d per side%s, remote blocks %s\n",
            pdl_backend_name(o->backend), o->op == PDL_OP_READ ? "read" : "write", o->threads, conns,
-           o->contiguous ? "in order (mergeable)" : "in reverse order (no merging)");
+           o->same_block   ? "all block 0 (--same-block: one block re-read per batch)"
+           : o->contiguous ? "in order (mergeable)"
+                           : "in reverse order (no merging)");
     if (o->backend == PDL_BACKEND_UCX)
         printf("ucx: UCX_TLS=%s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset: UCX's default selection)");
     if (o->auth_compare)
@@ -1171,7 +1185,8 @@ static int initiator_run(ctx_t *c)
             fprintf(stderr, "\r[%d/%d] block %s batch %" PRIu64 " (%.0f s elapsed)...          ", ++done, npoints, bs,
                     batch, now_s() - t_start);
             for (uint64_t k = 0; k < batch; k++)
-                d[k] = (pdl_desc_t){k * block, (o->contiguous ? k : batch - 1 - k) * block, block};
+                d[k] = o->same_block ? (pdl_desc_t){0, 0, block}
+                                     : (pdl_desc_t){k * block, (o->contiguous ? k : batch - 1 - k) * block, block};
             if (measure(c, "sweep", d, batch, block, batch, &rows[nrows]) != 0) {
                 rc = 2;
                 break;

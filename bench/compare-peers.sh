@@ -14,6 +14,9 @@
 # batch reads N distinct blocks: for N > 1 and blocks of 64 KiB or more each pass also runs one
 # ucx_perftest get of N x block bytes (-O 1), the same bytes and memory footprint as the batch, shown
 # as a second ucx_perftest column ("footprint") beside the first; for N = 1 the two are the same run.
+# And the other way round, for N > 1 each pass also runs pdlink ucx with --same-block: every descriptor
+# of its batch names one block on both sides, N re-reads of one buffer, what ucx_perftest -O N measures
+# ("pdlink ucx same-block"); the like-for-like ratio is that column over ucx_perftest's.
 #
 # usage: [PAIRS=N] [BATCHES=1,16] [RESULTS=DIR] [PEERS_VENV=DIR] bench/compare-peers.sh [--full] [PDLINK_BINARY] [SIZES]
 #   e.g. bench/compare-peers.sh build/pdlink 4K,64K,1M,16M      (the default grid: these sizes, batches 1,16)
@@ -123,17 +126,18 @@ ucx_gbps() {
     echo "$r"
 }
 
-# pdlink_run CLASS BACKEND BATCH TLS K -> runs pdlink bench once for all sizes, writes
-# $TMP/pdl.CLASS.BACKEND.BATCH.K.json; TLS is the UCX_TLS the ucx backend gets (the same one
-# ucx_perftest ran on).
+# pdlink_run CLASS BACKEND BATCH TLS K [same] -> runs pdlink bench once for all sizes, writes
+# $TMP/pdl.CLASS.BACKEND.BATCH.K.json (BACKEND "ucxsame" with "same": the ucx backend with --same-block);
+# TLS is the UCX_TLS the ucx backend gets (the same one ucx_perftest ran on).
 pdlink_run() {
-    local class=$1 backend=$2 batch=$3 tls=$4 k=$5
-    local envs=(UCX_TLS="$tls")
+    local class=$1 backend=$2 batch=$3 tls=$4 k=$5 name=$2
+    local envs=(UCX_TLS="$tls") extra=()
     [ "$tls" = tcp ] && envs+=(UCX_NET_DEVICES=lo)
-    env "${envs[@]}" "$PDLINK" bench --backend "$backend" --op read --block-sizes "$SIZES" --batch-sizes "$batch" \
-        --no-hetero --json "$TMP/pdl.$class.$backend.$batch.$k.json" >"$TMP/pdl.$class.$backend.$batch.$k.txt" 2>&1 ||
-        note_failure "pdlink bench --backend $backend (pass $k)" "$TMP/pdl.$class.$backend.$batch.$k.txt" \
-            env "${envs[@]}" "$PDLINK" bench --backend "$backend" --op read --block-sizes "$SIZES" --batch-sizes "$batch" --no-hetero
+    [ "${6:-}" = same ] && { name=${backend}same; extra=(--same-block); }
+    local cmd=(env "${envs[@]}" "$PDLINK" bench --backend "$backend" --op read --block-sizes "$SIZES" --batch-sizes "$batch"
+        --no-hetero "${extra[@]}")
+    "${cmd[@]}" --json "$TMP/pdl.$class.$name.$batch.$k.json" >"$TMP/pdl.$class.$name.$batch.$k.txt" 2>&1 ||
+        note_failure "pdlink bench --backend $backend ${extra[*]} (pass $k)" "$TMP/pdl.$class.$name.$batch.$k.txt" "${cmd[@]}"
 }
 
 # note_failure WHAT LOGFILE COMMAND... -> the command and the end of its output into failures.txt and stderr
@@ -206,6 +210,7 @@ for class in shm tcp; do
             for backend in $class ucx; do
                 pdlink_run $class $backend "$batch" $tls "$k"
             done
+            [ "$batch" -gt 1 ] && pdlink_run $class ucx "$batch" $tls "$k" same
             [ $NIXL_OK = 1 ] && peer_run nixl $class "$batch" $tls "$k"
             [ $MOONCAKE_OK = 1 ] && peer_run mooncake $class "$batch" $tls "$k"
         done

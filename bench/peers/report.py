@@ -5,7 +5,8 @@ script leaves in its scratch directory:
   ucx.CLASS.BATCH.SIZE.K          ucx_perftest's GB/s of pass K (or n/a)
   ucxfp.CLASS.BATCH.SIZE.K        ucx_perftest's GB/s for one get of BATCH x SIZE bytes (the batch's
                                   footprint; batches > 1 only: for batch 1 it is the ucx.* run)
-  pdl.CLASS.BACKEND.BATCH.K.json  pdlink bench --json of pass K (all sizes)
+  pdl.CLASS.BACKEND.BATCH.K.json  pdlink bench --json of pass K (all sizes); BACKEND "ucxsame" is the ucx
+                                  backend with --same-block (batches > 1 only: for batch 1 it is pdl.*.ucx.*)
   PEER.CLASS.BATCH.K.json         bench/peers/PEER_bench.py --json of pass K (all sizes)
   status.PEER                     "ok", or why the peer did not run (shown in the table's notes)
 
@@ -23,7 +24,7 @@ import math
 import os
 import sys
 
-SYSTEMS = ["ucx_perftest", "ucx_perftest_fp", "nixl", "mooncake", "pdlink", "pdlink_ucx"]
+SYSTEMS = ["ucx_perftest", "ucx_perftest_fp", "nixl", "mooncake", "pdlink", "pdlink_ucx", "pdlink_ucx_same"]
 MAX_SPREAD = 0.25
 
 
@@ -60,6 +61,7 @@ def collect(tmp, pairs, sizes, batches, classes):
             for k in range(1, pairs + 1):
                 pdl = load_json_rows(os.path.join(tmp, "pdl.%s.%s.%d.%d.json" % (cls, cls, batch, k)))
                 pdu = load_json_rows(os.path.join(tmp, "pdl.%s.ucx.%d.%d.json" % (cls, batch, k)))
+                pds = pdu if batch == 1 else load_json_rows(os.path.join(tmp, "pdl.%s.ucxsame.%d.%d.json" % (cls, batch, k)))
                 nx = load_json_rows(os.path.join(tmp, "nixl.%s.%d.%d.json" % (cls, batch, k)))
                 mc = load_json_rows(os.path.join(tmp, "mooncake.%s.%d.%d.json" % (cls, batch, k)))
                 for s in sizes:
@@ -73,7 +75,8 @@ def collect(tmp, pairs, sizes, batches, classes):
                                 cell[name].append((k, u))
                         except (OSError, ValueError):
                             pass
-                    for name, rows in (("pdlink", pdl), ("pdlink_ucx", pdu), ("nixl", nx), ("mooncake", mc)):
+                    for name, rows in (("pdlink", pdl), ("pdlink_ucx", pdu), ("pdlink_ucx_same", pds), ("nixl", nx),
+                                       ("mooncake", mc)):
                         r = rows.get((b, batch))
                         if r is not None and r["gbps"] > 0:
                             cell[name].append((k, r["gbps"]))
@@ -138,8 +141,9 @@ def main():
                             w.writerow([cls, tls, batch, to_bytes(s), name, k, "%.6f" % g])
 
     head = ["class", "batch", "block", "ucx_perftest", "ucx_perftest footprint", "NIXL", "Mooncake (tcp)", "pdlink shm/tcp",
-            "pdlink ucx", "pdlink / NIXL", "pdlink / Mooncake", "pdlink ucx / ucx_perftest",
-            "pdlink ucx / ucx_perftest footprint", "pdlink ucx / NIXL"]
+            "pdlink ucx", "pdlink ucx same-block", "pdlink / NIXL", "pdlink / Mooncake",
+            "pdlink ucx same-block / ucx_perftest", "pdlink ucx / ucx_perftest footprint", "pdlink ucx / ucx_perftest",
+            "pdlink ucx / NIXL"]
     table = []
     for cls, tls in classes:
         for batch in batches:
@@ -147,9 +151,11 @@ def main():
                 c = raw[(cls, batch, s)]
                 table.append([cls, str(batch), s, fmt_gbps(c["ucx_perftest"]), fmt_gbps(c["ucx_perftest_fp"]),
                               fmt_gbps(c["nixl"]), fmt_gbps(c["mooncake"]), fmt_gbps(c["pdlink"]), fmt_gbps(c["pdlink_ucx"]),
+                              fmt_gbps(c["pdlink_ucx_same"]),
                               fmt_ratio(ratio(c, "pdlink", "nixl"), pairs), fmt_ratio(ratio(c, "pdlink", "mooncake"), pairs),
-                              fmt_ratio(ratio(c, "pdlink_ucx", "ucx_perftest"), pairs),
+                              fmt_ratio(ratio(c, "pdlink_ucx_same", "ucx_perftest"), pairs),
                               fmt_ratio(ratio(c, "pdlink_ucx", "ucx_perftest_fp"), pairs),
+                              fmt_ratio(ratio(c, "pdlink_ucx", "ucx_perftest"), pairs),
                               fmt_ratio(ratio(c, "pdlink_ucx", "nixl"), pairs)])
     with open(os.path.join(results, "table.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -164,6 +170,9 @@ def main():
              "ucx_perftest: -O N gets of one block re-reading one buffer (cache-resident); footprint: one get of "
              "N x block bytes, the bytes and memory a pdlink batch of N blocks reads (N > 1, blocks >= 64K; for N = 1 "
              "the same run)",
+             "pdlink ucx same-block: pdlink bench --same-block, a batch of N descriptors all naming one block on both "
+             "sides, what ucx_perftest -O N measures (for N = 1 the pdlink ucx run); like for like: same-block / "
+             "ucx_perftest, and pdlink ucx / footprint",
              "GB/s = 10^9 B/s, medians over %d alternating passes; ratios: median of per-pass ratios (min-max), "
              "'unstable' when (q3 - q1) / median > %.2f" % (pairs, MAX_SPREAD),
              "NIXL: %s" % status["nixl"], "Mooncake: %s" % status["mooncake"]]
@@ -175,7 +184,7 @@ def main():
 
     widths = [max(len(head[i]), *(len(r[i]) for r in table)) for i in range(len(head))]
     for row in [head] + table:
-        print("  ".join(x.rjust(widths[i]) if 3 <= i <= 8 else x.ljust(widths[i]) for i, x in enumerate(row)).rstrip())
+        print("  ".join(x.rjust(widths[i]) if 3 <= i <= 9 else x.ljust(widths[i]) for i, x in enumerate(row)).rstrip())
     for n in notes:
         print(n)
 
@@ -188,14 +197,14 @@ def main():
               file=sys.stderr)
         return
     labels = {"ucx_perftest": "ucx_perftest ucp_get", "ucx_perftest_fp": "ucx_perftest, batch footprint", "nixl": "NIXL (UCX)", "mooncake": "Mooncake TE (tcp)",
-              "pdlink": "pdlink shm/tcp", "pdlink_ucx": "pdlink ucx"}
+              "pdlink": "pdlink shm/tcp", "pdlink_ucx": "pdlink ucx", "pdlink_ucx_same": "pdlink ucx, same block"}
     fig, axes = plt.subplots(len(classes), len(batches), figsize=(max(4.2 * len(batches), 7.5), 3.6 * len(classes)),
                              squeeze=False)
     for i, (cls, tls) in enumerate(classes):
         for j, batch in enumerate(batches):
             ax = axes[i][j]
             for name in SYSTEMS:
-                if name == "ucx_perftest_fp" and batch == 1:  # the ucx_perftest run itself
+                if name in ("ucx_perftest_fp", "pdlink_ucx_same") and batch == 1:  # the same run as another line
                     continue
                 xs, ys, lo, hi = [], [], [], []
                 for s in sizes:

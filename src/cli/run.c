@@ -109,6 +109,14 @@ typedef struct run_node {
     char *metrics;                      /* last /metrics body */
 } run_node_t;
 
+/* The transfer figures of a cluster's /metrics that --chaos takes the final batch's share of: the
+ * decodes' pulls (READ) or receives (WRITE), and the bytes moved by the side that moves them. */
+typedef struct pull_figs {
+    uint64_t pulls, kv_bytes, descriptors, verified;
+    double seconds, busy_seconds, read_seconds;
+    pdl_run_hist_t hist; /* pdlink_transfer_seconds_bucket, summed over the decodes */
+} pull_figs_t;
+
 typedef struct run_ctx {
     run_opts_t o;
     char exe_dir[PATH_MAX];
@@ -146,6 +154,7 @@ typedef struct run_ctx {
     int round_off;                      /* requests of the earlier rounds (progress, fault injection) */
     pdl_run_netns_t *keep_ns;           /* namespaces of a cluster left up by --keep */
     pdl_run_chaos_t *chaos;             /* the chaos phase in progress, advanced by load_tick */
+    pull_figs_t chaos_base;             /* --chaos: the decodes' pull figures when the chaos phase ended */
 } run_ctx_t;
 
 /* ---------------------------------------------------------------- progress and messages */
@@ -1054,11 +1063,52 @@ static int topo_pull_threads(const pdl_run_topo_t *t);
 static double ceiling_with(const run_ctx_t *c, int threads);
 static double inst_ceiling(const run_ctx_t *c, int threads);
 
+/* The transfer figures as last scraped (a node not scraped adds nothing). */
+static void pull_figs(const run_ctx_t *c, pull_figs_t *f)
+{
+    memset(f, 0, sizeof(*f));
+    bool wm = strcmp(c->o.mode, "write") == 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const run_node_t *nd = &c->nodes[i];
+        if (nd->metrics == NULL)
+            continue;
+        f->verified += msum(nd, "pdlink_kv_bytes_verified_total");
+        if (nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE)) {
+            f->kv_bytes += msum(nd, "pdlink_kv_bytes_total");
+            f->descriptors += msum(nd, "pdlink_descriptors_total");
+            f->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
+        }
+        if (nd->role != ROLE_DECODE)
+            continue;
+        f->pulls += msum(nd, "pdlink_transfer_seconds_count");
+        f->seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
+        f->busy_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
+        pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &f->hist);
+    }
+}
+
+/* f -= base: counters only grow on a live node, and a node restarted before base was taken counts
+ * from its restart on both sides, so the difference is what came after base. */
+#define FIG_SUB(x) (f->x = f->x > base->x ? f->x - base->x : 0)
+static void pull_figs_sub(pull_figs_t *f, const pull_figs_t *base)
+{
+    FIG_SUB(pulls);
+    FIG_SUB(kv_bytes);
+    FIG_SUB(descriptors);
+    FIG_SUB(verified);
+    FIG_SUB(seconds);
+    FIG_SUB(busy_seconds);
+    FIG_SUB(read_seconds);
+    for (int i = 0; i < f->hist.n; i++)
+        for (int j = 0; j < base->hist.n; j++)
+            if (f->hist.le[i] == base->hist.le[j])
+                f->hist.cum[i] = f->hist.cum[i] > base->hist.cum[j] ? f->hist.cum[i] - base->hist.cum[j] : 0;
+}
+#undef FIG_SUB
+
 static void collect(run_ctx_t *c, pdl_run_result_t *r)
 {
     r->metrics_ok = true;
-    pdl_run_hist_t pull_hist;
-    memset(&pull_hist, 0, sizeof(pull_hist));
     for (int i = 0; i < c->nnodes; i++) {
         run_node_t *nd = &c->nodes[i];
         if (nd->metrics == NULL) {
@@ -1074,7 +1124,6 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
                 r->metrics_ok = false;
             }
         }
-        r->verified += msum(nd, "pdlink_kv_bytes_verified_total");
         r->mismatched += msum(nd, "pdlink_kv_bytes_mismatched_total");
         r->expired += msum(nd, "pdlink_expired_total");
         r->held_blocks += msum(nd, "pdlink_held_blocks");
@@ -1089,9 +1138,6 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
         bool wm = strcmp(c->o.mode, "write") == 0;
         const run_node_t *mover = nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE) ? nd : NULL;
         if (mover != NULL) {
-            r->kv_bytes += msum(nd, "pdlink_kv_bytes_total");
-            r->descriptors += msum(nd, "pdlink_descriptors_total");
-            r->read_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_read_seconds_total", NULL, NULL, NULL);
             /* Only the side that moves the KV handshakes (and prewarms). */
             r->prewarm_handshakes += msum(nd, "pdlink_prewarm_handshakes_total");
             r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
@@ -1101,11 +1147,6 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
                 r->releases_received += msum(nd, "pdlink_write_done_received_total");
             else
                 r->releases_sent += msum(nd, "pdlink_releases_sent_total");
-            r->pulls += msum(nd, "pdlink_transfer_seconds_count");
-            r->pull_seconds += pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_seconds_sum", NULL, NULL, NULL);
-            r->busy_seconds +=
-                pdl_run_metrics_sum(nd->metrics, "pdlink_transfer_busy_seconds_total", NULL, NULL, NULL);
-            pdl_run_metrics_hist_add(nd->metrics, "pdlink_transfer_seconds_bucket", &pull_hist);
         } else if (nd->role == ROLE_PREFILL) {
             if (wm)
                 r->releases_sent += msum(nd, "pdlink_write_done_sent_total");
@@ -1113,6 +1154,18 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
                 r->releases_received += msum(nd, "pdlink_releases_received_total");
         }
     }
+    /* Under --chaos the transfers of the chaos passes are left out: these rows describe the final batch
+     * (mismatched bytes stay whole-run: a chaos pass's mismatch must not vanish). */
+    pull_figs_t pf;
+    pull_figs(c, &pf);
+    pull_figs_sub(&pf, &c->chaos_base);
+    r->verified = pf.verified;
+    r->kv_bytes = pf.kv_bytes;
+    r->descriptors = pf.descriptors;
+    r->read_seconds = pf.read_seconds;
+    r->pulls = pf.pulls;
+    r->pull_seconds = pf.seconds;
+    r->busy_seconds = pf.busy_seconds;
     /*
      * The rate is bytes over the wall time during which the decode instances had a pull in flight (the
      * union of the pull intervals, per instance, summed over instances): the sum of pull seconds would
@@ -1122,9 +1175,9 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
     r->gbps = (r->kv_bytes > 0 && r->busy_seconds > 0) ? (double)r->kv_bytes / r->busy_seconds / 1e9 : -1;
     r->read_gbps = (r->kv_bytes > 0 && r->read_seconds > 0) ? (double)r->kv_bytes / r->read_seconds / 1e9 : -1;
     r->pull_p50_ms = r->pull_p99_ms = -1;
-    if (r->pulls > 0 && pull_hist.n > 0) {
-        r->pull_p50_ms = 1e3 * pdl_run_hist_quantile(&pull_hist, (double)r->pulls, 0.50);
-        r->pull_p99_ms = 1e3 * pdl_run_hist_quantile(&pull_hist, (double)r->pulls, 0.99);
+    if (r->pulls > 0 && pf.hist.n > 0) {
+        r->pull_p50_ms = 1e3 * pdl_run_hist_quantile(&pf.hist, (double)r->pulls, 0.50);
+        r->pull_p99_ms = 1e3 * pdl_run_hist_quantile(&pf.hist, (double)r->pulls, 0.99);
     }
     r->rank_ceiling_gbps = c->ceiling_gbps;
     r->ceiling_threads = topo_pull_threads(&r->topo);
@@ -1380,6 +1433,7 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     c->child_died = false;
     c->nnodes = 0;
     memset(&c->router, 0, sizeof(c->router));
+    memset(&c->chaos_base, 0, sizeof(c->chaos_base)); /* per topology: set again when its chaos phase ends */
     pdl_error_t err;
     pdl_error_clear(&err);
     int rc = 0;
@@ -1484,6 +1538,10 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
              c->o.concurrency);
     r->ran = true;
     pdl_status_t st = c->o.chaos ? chaos_phase(c, r, &err) : PDL_OK;
+    if (st == PDL_OK && c->o.chaos) {
+        scrape_all(c);
+        pull_figs(c, &c->chaos_base);
+    }
     if (st == PDL_OK)
         st = drive_rounds(c, r, base, &err);
     judge_requests(c, r);

@@ -124,7 +124,7 @@ struct pdl_batch {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int pending;     /* chunks not finished */
-    bool done;
+    _Atomic bool done; /* set under mu; read without it where a stale false only costs a pass */
     pdl_status_t status;
     pdl_error_t err;
     _Atomic bool cancel;

@@ -206,8 +206,8 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
     pdl_prom_family(&w, "pdlink_held_blocks", PDL_PROM_GAUGE, "KV blocks held for a consumer.");
     pdl_prom_u64(&w, "pdlink_held_blocks", by_role, 1, inst ? pdl_instance_held_blocks(inst) : 0);
     pdl_prom_family(&w, "pdlink_prewarm_pending", PDL_PROM_GAUGE,
-                    "Rank pairs the background prewarm still has to connect (decode); 0: no pull waits for a "
-                    "handshake or a mapping.");
+                    "Rank pairs the background prewarm still has to connect (a READ decode, a WRITE prefill); 0: no "
+                    "transfer waits for a handshake or a mapping.");
     pdl_prom_u64(&w, "pdlink_prewarm_pending", by_role, 1, inst ? pdl_instance_prewarm_pending(inst) : 0);
     pdl_prom_family(&w, "pdlink_free_blocks", PDL_PROM_GAUGE, "Free KV blocks.");
     pdl_prom_u64(&w, "pdlink_free_blocks", by_role, 1, pdl_node_kv_free_count(kv));
