@@ -35,6 +35,7 @@
 #include "pdlink/engine.h"
 #include "pdlink/wire.h"
 #include "test_connector_util.h"
+#include "test_listen.h"
 
 #define TOTAL 16
 #define NBLK 2
@@ -350,17 +351,6 @@ static void forged_release_refused(void **state)
     pdl_instance_destroy(p);
 }
 
-/* Can another loopback address bind `port`? Not when something listens on it on every address. */
-static bool other_address_can_bind(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(0x7f000002); /* 127.0.0.2: loopback routes all of 127/8 */
-    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
 static void set_bind_all(pdl_instance_config_t *c) { c->conn.bind_all = true; }
 
 static void control_ports_bind_host_ip(void **state)
@@ -370,15 +360,15 @@ static void control_ports_bind_host_ip(void **state)
     pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
     assert_non_null(p);
     for (int r = 0; r < 2; r++) {
-        assert_true(other_address_can_bind(pdl_instance_handshake_port(p, r)));
-        assert_true(other_address_can_bind(pdl_instance_notify_port(p, r)));
+        assert_false(tl_reaches_other_loopback(pdl_instance_handshake_port(p, r)));
+        assert_false(tl_reaches_other_loopback(pdl_instance_notify_port(p, r)));
     }
     pdl_instance_destroy(p);
     p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, set_bind_all);
     assert_non_null(p);
     for (int r = 0; r < 2; r++) {
-        assert_false(other_address_can_bind(pdl_instance_handshake_port(p, r)));
-        assert_false(other_address_can_bind(pdl_instance_notify_port(p, r)));
+        assert_true(tl_reaches_other_loopback(pdl_instance_handshake_port(p, r)));
+        assert_true(tl_reaches_other_loopback(pdl_instance_notify_port(p, r)));
     }
     pdl_instance_destroy(p);
 }

@@ -22,6 +22,7 @@
 
 #include "engine/tcp_wire.h"
 #include "tcp_raw_testutil.h"
+#include "test_listen.h"
 #include "pdlink/engine.h"
 #include "common/log.h"
 
@@ -562,22 +563,6 @@ static void test_peer_stats_tcp(void **state)
     pair_close(&p);
 }
 
-/* Does the data port answer on 127.0.0.2? A connect probes the listener itself: a bind probe also
- * fails for sockets other tests leave on 127.0.0.2:port (CI saw exactly that under TSan). */
-static bool other_address_reaches(uint16_t port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-    a.sin_addr.s_addr = htonl(0x7f000002);
-    int rc = connect(fd, (struct sockaddr *)&a, sizeof(a));
-    int err = errno;
-    close(fd);
-    if (rc != 0)
-        assert_int_equal(err, ECONNREFUSED); /* anything else is not an answer about the listener */
-    return rc == 0;
-}
-
 /* The data port listens on `host` only, unless bind_all (issue 12). */
 static void test_bind_all_tcp(void **state)
 {
@@ -588,7 +573,7 @@ static void test_bind_all_tcp(void **state)
         oc.bind_all = all;
         pdl_engine_t *e;
         assert_int_equal(pdl_engine_create(&oc, &e, NULL), PDL_OK);
-        assert_int_equal(other_address_reaches(pdl_engine_port(e)), all);
+        assert_int_equal(tl_reaches_other_loopback(pdl_engine_port(e)), all);
         pdl_engine_destroy(e);
     }
 }
