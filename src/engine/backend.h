@@ -82,6 +82,7 @@ typedef struct pdl_remote {
     pdl_backend_kind_t backend;
     uint16_t port;
     int64_t pid;
+    uint64_t pid_start; /* its start time (liveness.h), 0 if the sender did not say */
     int64_t ctl_fd;
     /* ucx: the worker address, and where the live table is in the owner with its packed rkey */
     uint64_t ctl_addr;
@@ -213,6 +214,7 @@ struct pdl_engine {
     char host[PDL_KEY_MAX];
     char hostname[PDL_KEY_MAX];
     char boot_id[64];
+    uint64_t pid_start; /* this process's start time, for peers' liveness checks (liveness.h) */
     uint16_t port;
     bool bind_all; /* tcp: listen on the wildcard address, advertise host */
     pdl_backend_kind_t backend;

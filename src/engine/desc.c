@@ -2,13 +2,14 @@
  * desc.c -- packing and unpacking of engine and memory descriptors (msgpack maps with string keys).
  *
  * Engine descriptor: {"magic":"pdlink-engine","v":1,"key","backend":"shm"|"tcp"|"ucx","host","port",
- *                     "pid","hostname","boot_id","ctl_fd"} and, for ucx, {"ucx_addr","ctl_addr","ctl_rkey"}
+ *                     "pid","pid_start","hostname","boot_id","ctl_fd"} and, for ucx, {"ucx_addr","ctl_addr",
+ *                     "ctl_rkey"}; "pid_start" (the sender's start time, liveness.h) is optional on
+ *                     reading, so descriptors from engines that predate it are still read
  * Memory descriptor: {"magic":"pdlink-mem","v":1,"engine","id","size","kind":"memfd"|"user","addr",
  *                     "fd","pid","slot"} and, for ucx, {"rkey"}
  * The ucx fields are msgpack bin (the worker address, the live table's and the region's packed rkeys:
  * opaque UCX bytes, bounded by PDL_UCX_ADDR_MAX / PDL_UCX_RKEY_MAX); they are written only when
- * non-empty, so shm and tcp descriptors are byte for byte what they were, and version 1 still reads
- * them (unknown keys are skipped).
+ * non-empty; readers of version 1 skip keys they do not know, so they read every field added since.
  * A map is order-free and unknown keys are ignored, so later versions can add fields; a different "v"
  * is PDL_ERR_MISMATCH, anything malformed is PDL_ERR_PARSE. The bytes come from a peer, so they enter
  * msgpack-c only through the wire layer's guarded door (pdl__mp_unpack, src/wire/mp.c), which refuses a
@@ -62,7 +63,7 @@ pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pd
     pdl__mp_enc_t enc;
     pdl__enc_init(&enc);
     bool ucx = r->ucx_addr_len > 0;
-    pdl__enc_map(&enc, ucx ? 13 : 10);
+    pdl__enc_map(&enc, ucx ? 14 : 11);
     enc_kv_str(&enc, "magic", "pdlink-engine");
     enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
     enc_kv_str(&enc, "key", r->key);
@@ -70,6 +71,7 @@ pdl_status_t pdl__engine_desc_encode(const pdl_remote_t *r, pdl_bytes_t *out, pd
     enc_kv_str(&enc, "host", r->host);
     enc_kv_u64(&enc, "port", r->port);
     enc_kv_i64(&enc, "pid", r->pid);
+    enc_kv_u64(&enc, "pid_start", r->pid_start);
     enc_kv_str(&enc, "hostname", r->hostname);
     enc_kv_str(&enc, "boot_id", r->boot_id);
     enc_kv_i64(&enc, "ctl_fd", r->ctl_fd);
@@ -115,6 +117,7 @@ pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_
     r->backend = e->backend;
     r->port = e->port;
     r->pid = (int64_t)getpid();
+    r->pid_start = e->pid_start;
     r->ctl_fd = e->ctl_fd;
     e->ops->engine_desc_fill(e, r);
     pdl_status_t st = pdl__engine_desc_encode(r, out, err);
@@ -270,6 +273,7 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
         {"host", F_STR, r->host, sizeof(r->host), NULL, true, false},
         {"port", F_U64, &port, 0, NULL, true, false},
         {"pid", F_I64, &r->pid, 0, NULL, true, false},
+        {"pid_start", F_U64, &r->pid_start, 0, NULL, false, false},
         {"hostname", F_STR, r->hostname, sizeof(r->hostname), NULL, true, false},
         {"boot_id", F_STR, r->boot_id, sizeof(r->boot_id), NULL, false, false},
         {"ctl_fd", F_I64, &r->ctl_fd, 0, NULL, false, false},

@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/copy.h"
 #include "engine/backend.h"
+#include "engine/liveness.h"
 
 struct pdl_job {
     pdl_workq_item_t item; /* first: the pool hands the item back as the job */
@@ -203,6 +204,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     if (gethostname(e->hostname, sizeof(e->hostname) - 1) != 0)
         snprintf(e->hostname, sizeof(e->hostname), "unknown");
     read_boot_id(e->boot_id, sizeof(e->boot_id));
+    e->pid_start = pdl__proc_start_time(getpid());
     e->port = cfg->port;
     e->backend = cfg->backend;
     e->qp_per_transfer = cfg->qp_per_transfer;
@@ -407,7 +409,7 @@ pdl_status_t pdl_engine_add_remote(pdl_engine_t *e, const void *desc, size_t len
     for (pdl_remote_t *o = e->remotes; o; o = o->next) {
         if (strcmp(o->key, r->key) != 0)
             continue;
-        bool same = o->pid == r->pid && o->port == r->port && strcmp(o->host, r->host) == 0 &&
+        bool same = o->pid == r->pid && o->pid_start == r->pid_start && o->port == r->port && strcmp(o->host, r->host) == 0 &&
                     strcmp(o->hostname, r->hostname) == 0;
         pthread_mutex_unlock(&e->mu);
         free(r);

@@ -30,18 +30,17 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "engine/backend.h"
+#include "engine/liveness.h"
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
@@ -99,10 +98,16 @@ static pdl_status_t shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     shm_remote_t *sr = calloc(1, sizeof(*sr));
     if (sr == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-    sr->pidfd = (int)syscall(SYS_pidfd_open, (pid_t)r->pid, 0);
+    sr->pidfd = pdl__proc_pidfd(r->pid, r->pid_start);
     if (sr->pidfd < 0) {
         int en = errno;
         free(sr);
+        if (en == ESTALE)
+            return pdl_error_set(err, PDL_ERR_PEER_GONE,
+                                 "peer gone: engine %s: remote engine %s: pid %" PRId64 " is not the process that "
+                                 "sent its descriptor (another start time: it exited and the pid was reused, or "
+                                 "it runs in another pid namespace)",
+                                 e->key, r->key, r->pid);
         return pdl_error_set(err, en == ESRCH ? PDL_ERR_PEER_GONE : PDL_ERR_SYSTEM,
                              "engine %s: remote engine %s: pidfd_open(%" PRId64 "): %s", e->key, r->key, r->pid,
                              strerror(en));
@@ -151,8 +156,7 @@ static bool peer_dead(shm_remote_t *sr)
     uint64_t now = pdl__clock_now_ns();
     if (pdl__clock_since(now, atomic_load_explicit(&sr->alive_at_ns, memory_order_relaxed)) < SHM_ALIVE_CHECK_NS)
         return false;
-    struct pollfd p = {.fd = sr->pidfd, .events = POLLIN};
-    if (poll(&p, 1, 0) > 0) { /* a pidfd becomes readable when the process exits */
+    if (pdl__proc_exited(sr->pidfd)) {
         atomic_store(&sr->dead, true);
         return true;
     }
@@ -306,11 +310,13 @@ static pdl_status_t run_vm(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *
         if (got < 0 || (got == 0 && want > 0)) {
             int en = got < 0 ? errno : EFAULT;
             const pdl_desc_t *d = &b->d[i];
-            if (en == ESRCH)
+            if (en == ESRCH) { /* exited (a zombie has no memory either): every later batch fails too */
+                atomic_store(&((shm_remote_t *)s->remote->bk)->dead, true);
                 return pdl_error_set(err, PDL_ERR_PEER_GONE,
                                      "peer gone: engine %s: remote engine %s (pid %" PRId64 ") exited during %s of region %" PRIu64,
                                      s->engine->key, s->rmem.engine_key, s->rmem.pid,
                                      b->op == PDL_OP_READ ? "read" : "write", s->rmem.id);
+            }
             return pdl_error_set(err, en == EFAULT ? PDL_ERR_TRANSPORT : PDL_ERR_SYSTEM,
                                  "engine %s: process_vm_%s [%" PRIu64 ", +%" PRIu64 ") of region %" PRIu64
                                  " of engine %s (pid %" PRId64 "): %s",

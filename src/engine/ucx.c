@@ -55,6 +55,14 @@
  * closed (force-close of every lane's endpoint: requests in flight complete with UCS_ERR_CANCELED;
  * sessions break). The endpoints are shared by every session to that remote engine, so freeing one
  * running batch breaks all of them; remove and re-add the remote engine to get new endpoints.
+ *
+ * Peers on this host: UCX notices a dead peer through its transports (a reset tcp connection) or its
+ * keepalive, which over shared memory runs every UCX_KEEPALIVE_INTERVAL (20 s by default) and takes a
+ * zombie for alive; meanwhile a get that needs the dead owner's worker (UCX's software RMA) waits. So a
+ * remote whose descriptor names a process on this host (same boot id, its start time proved:
+ * liveness.h) is watched through a pidfd in the progress thread's epoll set: when it becomes readable
+ * the remote turns dead (PEER_GONE, "exited") and its endpoints are force-closed, which fails every
+ * request in flight at once.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -70,6 +78,7 @@
 
 #include "common/clock.h"
 #include "engine/backend.h"
+#include "engine/liveness.h"
 
 /* The waiting thread progresses the worker itself this long before handing over to the progress
  * thread: shared-memory gets of up to a few MiB complete within it, so they cost no wake-up, while a
@@ -106,6 +115,11 @@ typedef struct ucx_engine {
     void *ctl_rkey;
     size_t ctl_rkey_len;
     int stop_fd, epfd;
+    /* Remotes on this host whose process is watched (see "Peers on this host"). Taken before a lane's
+     * mu, never under one. */
+    pthread_mutex_t watch_mu;
+    struct ucx_remote *watched;
+    uint64_t watch_ids; /* the last id given: an epoll event names its remote by id, never by pointer */
     pthread_t thread;
     bool thread_started;
     _Atomic bool stopping;
@@ -125,6 +139,10 @@ typedef struct ucx_rlane { /* a remote engine as seen from one lane; under that 
 
 typedef struct ucx_remote {
     ucx_rlane_t lane[UCX_LANES];
+    int pidfd;            /* the peer process when watched, else -1; under the engine's watch_mu */
+    uint64_t watch_id;
+    int64_t pid;
+    struct ucx_remote *watch_next;
     pthread_mutex_t fail_mu; /* setting dead: lanes fail on different threads (taken under a lane's mu) */
     _Atomic int dead;        /* 0, or the pdl_status_t every session to it breaks with */
     char dead_msg[PDL_ERR_MSG_LEN]; /* written once, under fail_mu, before dead is set */
@@ -181,6 +199,84 @@ static pdl_status_t map_status(ucs_status_t st)
     }
 }
 
+/* ---------------------------------------------------------------- peers on this host */
+
+static void remote_close(ucx_engine_t *ux, ucx_remote_t *ur);
+
+/* Stop watching ur's process; the engine's watch_mu held. */
+static void watch_drop_locked(ucx_engine_t *ux, ucx_remote_t *ur)
+{
+    for (ucx_remote_t **pp = &ux->watched; *pp; pp = &(*pp)->watch_next)
+        if (*pp == ur) {
+            *pp = ur->watch_next;
+            break;
+        }
+    epoll_ctl(ux->epfd, EPOLL_CTL_DEL, ur->pidfd, NULL);
+    close(ur->pidfd);
+    ur->pidfd = -1;
+}
+
+/* Watch the process behind remote r when it runs on this host and is proved to be the one that sent
+ * the descriptor; otherwise leave the remote to UCX's own error handling. */
+static void watch_start(pdl_engine_t *e, ucx_engine_t *ux, ucx_remote_t *ur, const pdl_remote_t *r)
+{
+    if (r->pid_start == 0 || r->boot_id[0] == '\0' || strcmp(r->boot_id, e->boot_id) != 0)
+        return;
+    int fd = pdl__proc_pidfd(r->pid, r->pid_start);
+    if (fd < 0) { /* another pid namespace (its pid names another process here), or gone already */
+        pdl_debug("engine %s: remote engine %s (pid %" PRId64 ") on this host is not watched: %s", e->key, r->key,
+                  r->pid, errno == ESTALE ? "that pid names another process here" : strerror(errno));
+        return;
+    }
+    pthread_mutex_lock(&ux->watch_mu);
+    ur->watch_id = ++ux->watch_ids;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ur->watch_id};
+    if (epoll_ctl(ux->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        pdl_warn("engine %s: watching remote engine %s (pid %" PRId64 "): epoll_ctl: %s; a dead peer is found by "
+                 "UCX alone",
+                 e->key, r->key, r->pid, strerror(errno));
+        close(fd);
+    } else {
+        ur->pidfd = fd;
+        ur->pid = r->pid;
+        ur->watch_next = ux->watched;
+        ux->watched = ur;
+    }
+    pthread_mutex_unlock(&ux->watch_mu);
+}
+
+static void watch_stop(ucx_engine_t *ux, ucx_remote_t *ur)
+{
+    pthread_mutex_lock(&ux->watch_mu);
+    if (ur->pidfd >= 0)
+        watch_drop_locked(ux, ur);
+    pthread_mutex_unlock(&ux->watch_mu);
+}
+
+/* The progress thread saw watch `id`'s pidfd readable: that peer exited. By id, because the remote
+ * may have been removed between epoll_wait and here. */
+static void watch_fired(pdl_engine_t *e, ucx_engine_t *ux, uint64_t id)
+{
+    pthread_mutex_lock(&ux->watch_mu);
+    ucx_remote_t *ur = ux->watched;
+    while (ur && ur->watch_id != id)
+        ur = ur->watch_next;
+    if (ur != NULL && pdl__proc_exited(ur->pidfd)) {
+        int64_t pid = ur->pid;
+        watch_drop_locked(ux, ur);
+        pthread_mutex_lock(&ur->fail_mu);
+        if (atomic_load(&ur->dead) == 0) {
+            snprintf(ur->dead_msg, sizeof(ur->dead_msg), "peer gone: engine %.120s: remote engine %.120s (pid %" PRId64
+                     ") exited", e->key, ur->key, pid);
+            atomic_store(&ur->dead, (int)PDL_ERR_PEER_GONE);
+            pdl_debug("%s", ur->dead_msg);
+        }
+        pthread_mutex_unlock(&ur->fail_mu);
+        remote_close(ux, ur); /* requests in flight fail now, with the reason above */
+    }
+    pthread_mutex_unlock(&ux->watch_mu);
+}
+
 /* ---------------------------------------------------------------- progress thread */
 
 static void *progress_main(void *arg)
@@ -206,13 +302,16 @@ static void *progress_main(void *arg)
         }
         if (busy) /* events arrived meanwhile: progress again */
             continue;
-        struct epoll_event ev[UCX_LANES + 1];
+        struct epoll_event ev[UCX_LANES + 8];
         /* The timeout only bounds a wake-up UCX might not signal (none seen); events wake it at once. */
-        int r = epoll_wait(ux->epfd, ev, UCX_LANES + 1, 100);
+        int r = epoll_wait(ux->epfd, ev, UCX_LANES + 8, 100);
         if (r < 0 && errno != EINTR) {
             pdl_error("engine %s: ucx progress thread: epoll_wait: %s", e->key, strerror(errno));
             usleep(1000);
         }
+        for (int i = 0; i < r; i++)
+            if (ev[i].data.u64 != 0) /* a watched peer's pidfd; the workers' and stop fds carry 0 */
+                watch_fired(e, ux, ev[i].data.u64);
     }
     return NULL;
 }
@@ -260,6 +359,7 @@ static void engine_release(pdl_engine_t *e)
         close(ux->stop_fd);
     for (int l = 0; l < UCX_LANES; l++)
         pthread_mutex_destroy(&ux->lanes[l].mu);
+    pthread_mutex_destroy(&ux->watch_mu);
     free(ux);
     e->bk = NULL;
 }
@@ -272,6 +372,7 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     ux->stop_fd = ux->epfd = -1;
     for (int l = 0; l < UCX_LANES; l++)
         pthread_mutex_init(&ux->lanes[l].mu, NULL);
+    pthread_mutex_init(&ux->watch_mu, NULL);
     e->bk = ux;
 
     pdl_status_t st;
@@ -554,6 +655,7 @@ static void remote_close(ucx_engine_t *ux, ucx_remote_t *ur)
 
 static void remote_destroy(ucx_engine_t *ux, ucx_remote_t *ur)
 {
+    watch_stop(ux, ur);
     remote_close(ux, ur);
     pthread_mutex_destroy(&ur->fail_mu);
     free(ur);
@@ -626,6 +728,7 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
     snprintf(ur->key, sizeof(ur->key), "%s", r->key);
     ur->local_key = e->key;
+    ur->pidfd = -1;
     pthread_mutex_init(&ur->fail_mu, NULL);
     ucs_status_t us = UCS_OK;
     for (int l = 0; l < UCX_LANES && us == UCS_OK; l++) {
@@ -646,6 +749,7 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
                              us == UCS_ERR_UNREACHABLE ? " (no common UCX transport: compare UCX_TLS on both sides)"
                                                        : "");
     }
+    watch_start(e, ux, ur, r);
     r->bk = ur;
     return PDL_OK;
 }

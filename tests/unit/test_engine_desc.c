@@ -16,6 +16,7 @@
 #include <msgpack.h>
 
 #include "engine/backend.h"
+#include "engine/liveness.h"
 #include "pdlink/engine.h"
 #include "common/log.h"
 
@@ -43,6 +44,8 @@ static void test_engine_roundtrip(void **state)
     assert_int_equal(r.port, pdl_engine_port(e));
     assert_int_equal(r.backend, PDL_BACKEND_TCP);
     assert_int_equal(r.pid, getpid());
+    assert_true(r.pid_start != 0); /* what peers' liveness checks prove the pid with */
+    assert_true(r.pid_start == pdl__proc_start_time(getpid()));
     /* Every truncation of a valid descriptor is refused, never crashes. */
     for (size_t n = 0; n < b.len; n++)
         assert_int_not_equal(pdl__engine_desc_unpack(b.data, n, &r, &err), PDL_OK);
@@ -189,8 +192,11 @@ static void test_version_mismatch(void **state)
     assert_non_null(strstr(err.msg, "version 2"));
     assert_non_null(strstr(err.msg, "consumer:tp0"));
     msgpack_sbuffer_destroy(&sb);
-    /* The same descriptor with v = 1 is accepted. */
+    /* The same descriptor with v = 1 is accepted, without "pid_start" (engines that predate it). */
     pack_engine_v(&sb, PDL_ENGINE_DESC_VERSION, "tcp");
+    pdl_remote_t r;
+    assert_int_equal(pdl__engine_desc_unpack(sb.data, sb.size, &r, &err), PDL_OK);
+    assert_true(r.pid_start == 0);
     char key[64];
     assert_int_equal(pdl_engine_add_remote(e, sb.data, sb.size, key, sizeof(key), &err), PDL_OK);
     assert_string_equal(key, "producer:tp9");
