@@ -921,7 +921,7 @@ static void bc_usage(FILE *f)
 {
     fprintf(f,
             "usage: pdlink bench --connector [--model NAME] [--tokens LIST] [--topologies LIST] [--pairs N]\n"
-            "                    [--reps N] [--block-size N] [--backend shm|tcp] [--zmq-rts N] [--json FILE|-]\n\n"
+            "                    [--reps N] [--block-size N] [--backend shm|tcp|ucx] [--zmq-rts N] [--json FILE|-]\n\n"
             "One prefill and one decode instance per topology in this process; per transfer the whole READ path\n"
             "(hold, plan, descriptors, engine batches, releases, fan-in, free) with no model compute, against the\n"
             "same descriptors posted straight to the engine and memcpy of the same bytes, alternating (connector,\n"
@@ -934,7 +934,7 @@ static void bc_usage(FILE *f)
             "  --pairs N           alternating pairs per row (5..%d, default 7)\n"
             "  --reps N            transfers per sample (1..%d, default 4)\n"
             "  --block-size N      tokens per KV block (default 16)\n"
-            "  --backend NAME      shm (default) or tcp\n"
+            "  --backend NAME      shm (default), tcp or ucx (UCX_TLS honoured)\n"
             "  --zmq-rts N         ZeroMQ round trips per pair for the release comparison (default 200)\n"
             "  --json FILE         also write the rows as JSON (\"-\": stdout, instead of the table)\n"
             "Exit status 1 if a byte differed or a transfer failed, 2 on a usage or set-up error.\n",
@@ -1023,8 +1023,8 @@ static int bc_parse(int argc, char **argv, bc_opts_t *o)
         }
         case 'b': {
             int b = pdl_backend_parse(optarg);
-            if (b != PDL_BACKEND_SHM && b != PDL_BACKEND_TCP)
-                bad = "--backend: expected shm or tcp";
+            if (b != PDL_BACKEND_SHM && b != PDL_BACKEND_TCP && b != PDL_BACKEND_UCX)
+                bad = "--backend: expected shm, tcp or ucx";
             else
                 o->backend = (pdl_backend_kind_t)b;
             break;

@@ -311,8 +311,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: pdlink bench [options]\n"
+            "       pdlink bench --connector [options]   (the whole connector path; --connector --help)\n"
             "Measure the transfer engine between two processes against this machine's own ceilings.\n\n"
-            "  --backend shm|tcp        backend (default shm)\n"
+            "  --backend shm|tcp|ucx    backend (default shm; ucx honours UCX_TLS and the other UCX_*)\n"
             "  --op read|write          one-sided READ (remote -> local) or WRITE (default read)\n"
             "  --block-sizes LIST       e.g. 4K,16K,64K,256K,1M,4M,16M,64M (the default)\n"
             "  --batch-sizes LIST       descriptors per batch, e.g. 1,4,16,64,256,1024 (the default)\n"
