@@ -149,6 +149,19 @@ static void test_initiator_checks_tcp(void **state)
     initiator_checks(PDL_BACKEND_TCP);
 }
 
+/* UCX bounds a get only by the rkey's whole region (and its tcp emulation not at all): the same
+ * refusals must come from pdlink, over both of the transports this machine has. */
+static void test_initiator_checks_ucx(void **state)
+{
+    (void)state;
+    const char *tls[] = {"tcp", "sm"};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(setenv("UCX_TLS", tls[i], 1), 0);
+        initiator_checks(PDL_BACKEND_UCX);
+    }
+    unsetenv("UCX_TLS");
+}
+
 /* ---------------------------------------------------------------- owner side, raw frames */
 
 /* A data connection from local address `src` (host order; 0 = the kernel's choice) after its HELLO. */
@@ -583,6 +596,7 @@ int main(void)
     pdl_log_set_level(PDL_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_initiator_checks_shm), cmocka_unit_test(test_initiator_checks_tcp),
+        cmocka_unit_test(test_initiator_checks_ucx),
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
