@@ -1059,6 +1059,31 @@ static uint64_t total_held(const run_ctx_t *c)
     return h;
 }
 
+/*
+ * Releases (READ: sent by decode ranks, received by prefill ranks) or write_done (WRITE: sent by
+ * prefill ranks, received by decode ranks), summed over the nodes as last scraped. Both modes carry
+ * max(P, D) per request.
+ */
+static void release_totals(const run_ctx_t *c, uint64_t *sent, uint64_t *received)
+{
+    bool wm = strcmp(c->o.mode, "write") == 0;
+    *sent = *received = 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const run_node_t *nd = &c->nodes[i];
+        if (nd->role == ROLE_DECODE) {
+            if (wm)
+                *received += msum(nd, "pdlink_write_done_received_total");
+            else
+                *sent += msum(nd, "pdlink_releases_sent_total");
+        } else if (nd->role == ROLE_PREFILL) {
+            if (wm)
+                *sent += msum(nd, "pdlink_write_done_sent_total");
+            else
+                *received += msum(nd, "pdlink_releases_received_total");
+        }
+    }
+}
+
 static int topo_pull_threads(const pdl_run_topo_t *t);
 static double ceiling_with(const run_ctx_t *c, int threads);
 static double inst_ceiling(const run_ctx_t *c, int threads);
@@ -1129,31 +1154,16 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
         r->held_blocks += msum(nd, "pdlink_held_blocks");
         r->node_failed_requests += (uint64_t)pdl_run_metrics_sum(nd->metrics, "pdlink_requests_total", "status",
                                                                  "failed", NULL);
-        /*
-         * READ mode: the decode ranks read (bytes, descriptors, read time) and send releases that the
-         * prefill ranks receive. WRITE mode: the prefill ranks write and send write_done, the decode
-         * ranks count them -- max(P, D) per request as well, so the release rows carry them. The
-         * transfer time (receive wait on the decode) is measured on the decode in both modes.
-         */
+        /* READ mode: the decode ranks read (bytes, descriptors, read time); WRITE mode: the prefill
+         * ranks write. The transfer time (receive wait on the decode) is measured on the decode in both
+         * modes. Only the side that moves the KV handshakes (and prewarms). */
         bool wm = strcmp(c->o.mode, "write") == 0;
-        const run_node_t *mover = nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE) ? nd : NULL;
-        if (mover != NULL) {
-            /* Only the side that moves the KV handshakes (and prewarms). */
+        if (nd->role == (wm ? ROLE_PREFILL : ROLE_DECODE)) {
             r->prewarm_handshakes += msum(nd, "pdlink_prewarm_handshakes_total");
             r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
         }
-        if (nd->role == ROLE_DECODE) {
-            if (wm)
-                r->releases_received += msum(nd, "pdlink_write_done_received_total");
-            else
-                r->releases_sent += msum(nd, "pdlink_releases_sent_total");
-        } else if (nd->role == ROLE_PREFILL) {
-            if (wm)
-                r->releases_sent += msum(nd, "pdlink_write_done_sent_total");
-            else
-                r->releases_received += msum(nd, "pdlink_releases_received_total");
-        }
     }
+    release_totals(c, &r->releases_sent, &r->releases_received);
     /* Under --chaos the transfers of the chaos passes are left out: these rows describe the final batch
      * (mismatched bytes stay whole-run: a chaos pass's mismatch must not vanish). */
     pull_figs_t pf;
@@ -1558,11 +1568,16 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
         goto out;
     }
 
-    /* Releases are asynchronous: give the held blocks a moment to drain before the final scrape. */
+    /* Releases are asynchronous: give the held blocks a moment to drain before the final scrape, and
+     * the releases (write_done) in flight a moment to be counted where they arrive -- nodes are scraped
+     * one after the other, so the sender's count can be ahead of the receiver's in one round. Under
+     * --chaos a killed node's counters restart, so there only the held blocks are waited for. */
     uint64_t drain_deadline = pdl__clock_now_ms() + RUN_DRAIN_TIMEOUT_MS;
     for (;;) {
         int got = scrape_all(c);
-        if (got == c->nnodes && total_held(c) == 0)
+        uint64_t sent, received;
+        release_totals(c, &sent, &received);
+        if (got == c->nnodes && total_held(c) == 0 && (c->o.chaos || sent == received))
             break;
         if (!children_alive(c) || pdl__clock_now_ms() >= drain_deadline || !wait_ms(c, 100))
             break;

@@ -197,14 +197,20 @@ char *pdl_node_metrics_render(pdl_node_metrics_t *m, pdl_node_kv_t *kv, const ch
     pdl_prom_t w;
     pdl_prom_init(&w);
     pdl_instance_t *inst = pdl_node_kv_instance(kv);
+    /* The held gauges are read before the counters: a release is counted before the blocks it frees
+     * are, so a scrape that shows nothing held also counts every release that freed them. Read after
+     * the counters, a release arriving in between showed up as freed blocks but not as received
+     * (pdlink run's drain took such a scrape: "96 sent, 88 received" with 0 blocks held). */
+    size_t held_transfers = inst ? pdl_instance_held_transfers(inst) : 0;
+    size_t held_blocks = inst ? pdl_instance_held_blocks(inst) : 0;
     render_rank_counters(&w, inst, pdl_node_kv_tp_size(kv), role);
     render_peer_stats(&w, inst, pdl_node_kv_tp_size(kv), role);
 
     const pdl_prom_label_t by_role[] = {{"role", role}};
     pdl_prom_family(&w, "pdlink_held_transfers", PDL_PROM_GAUGE, "Transfers held for a consumer.");
-    pdl_prom_u64(&w, "pdlink_held_transfers", by_role, 1, inst ? pdl_instance_held_transfers(inst) : 0);
+    pdl_prom_u64(&w, "pdlink_held_transfers", by_role, 1, held_transfers);
     pdl_prom_family(&w, "pdlink_held_blocks", PDL_PROM_GAUGE, "KV blocks held for a consumer.");
-    pdl_prom_u64(&w, "pdlink_held_blocks", by_role, 1, inst ? pdl_instance_held_blocks(inst) : 0);
+    pdl_prom_u64(&w, "pdlink_held_blocks", by_role, 1, held_blocks);
     pdl_prom_family(&w, "pdlink_prewarm_pending", PDL_PROM_GAUGE,
                     "Rank pairs the background prewarm still has to connect (a READ decode, a WRITE prefill); 0: no "
                     "transfer waits for a handshake or a mapping.");
