@@ -218,16 +218,17 @@ static void watch_drop_locked(ucx_engine_t *ux, ucx_remote_t *ur)
 
 /* Watch the process behind remote r when it runs on this host and is proved to be the one that sent
  * the descriptor; otherwise leave the remote to UCX's own error handling. */
-static void watch_start(pdl_engine_t *e, ucx_engine_t *ux, ucx_remote_t *ur, const pdl_remote_t *r)
+static bool watch_start(pdl_engine_t *e, ucx_engine_t *ux, ucx_remote_t *ur, const pdl_remote_t *r)
 {
     if (r->pid_start == 0 || r->boot_id[0] == '\0' || strcmp(r->boot_id, e->boot_id) != 0)
-        return;
+        return false;
     int fd = pdl__proc_pidfd(r->pid, r->pid_start);
     if (fd < 0) { /* another pid namespace (its pid names another process here), or gone already */
         pdl_debug("engine %s: remote engine %s (pid %" PRId64 ") on this host is not watched: %s", e->key, r->key,
                   r->pid, errno == ESTALE ? "that pid names another process here" : strerror(errno));
-        return;
+        return false;
     }
+    bool watched = false;
     pthread_mutex_lock(&ux->watch_mu);
     ur->watch_id = ++ux->watch_ids;
     struct epoll_event ev = {.events = EPOLLIN, .data.u64 = ur->watch_id};
@@ -241,8 +242,10 @@ static void watch_start(pdl_engine_t *e, ucx_engine_t *ux, ucx_remote_t *ur, con
         ur->pid = r->pid;
         ur->watch_next = ux->watched;
         ux->watched = ur;
+        watched = true;
     }
     pthread_mutex_unlock(&ux->watch_mu);
+    return watched;
 }
 
 static void watch_stop(ucx_engine_t *ux, ucx_remote_t *ur)
@@ -678,10 +681,10 @@ static bool copies_in_caller(ucp_ep_h ep)
     return sm;
 }
 
-/* One lane's endpoint to the remote and its unpacked live-table rkey; that lane's mu held. With
- * `warn`, say once that no transport handles peer failure. */
-static ucs_status_t rlane_open_locked(pdl_engine_t *e, ucx_lane_t *ln, ucx_remote_t *ur, ucx_rlane_t *rl,
-                                      const pdl_remote_t *r, bool warn)
+/* One lane's endpoint to the remote and its unpacked live-table rkey; that lane's mu held. Sets
+ * *unhandled when no transport to the peer handles peer failure. */
+static ucs_status_t rlane_open_locked(ucx_lane_t *ln, ucx_remote_t *ur, ucx_rlane_t *rl, const pdl_remote_t *r,
+                                      bool *unhandled)
 {
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -693,14 +696,11 @@ static ucs_status_t rlane_open_locked(pdl_engine_t *e, ucx_lane_t *ln, ucx_remot
     ucs_status_t us = ucp_ep_create(ln->worker, &ep, &rl->ep);
     if (us == UCS_ERR_UNREACHABLE) {
         /* No transport to this peer handles peer failure (e.g. UCX_TLS=sm with
-         * UCX_POSIX_ERROR_HANDLING=n). Without it a dead peer is not reported (a get from it may hang
-         * or fail the process); say so once per remote, and go on. */
+         * UCX_POSIX_ERROR_HANDLING=n): go on without it; ucx_remote_add says what that costs. */
         ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
         us = ucp_ep_create(ln->worker, &ep, &rl->ep);
-        if (us == UCS_OK && warn)
-            pdl_warn("engine %s: no UCX transport to engine %s handles peer failure (UCX_TLS=%s): a dead peer will "
-                     "not be reported as gone; include tcp in UCX_TLS for that",
-                     e->key, r->key, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
+        if (us == UCS_OK)
+            *unhandled = true;
     }
     if (us != UCS_OK) {
         rl->ep = NULL;
@@ -731,9 +731,10 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     ur->pidfd = -1;
     pthread_mutex_init(&ur->fail_mu, NULL);
     ucs_status_t us = UCS_OK;
+    bool unhandled = false;
     for (int l = 0; l < UCX_LANES && us == UCS_OK; l++) {
         pthread_mutex_lock(&ux->lanes[l].mu);
-        us = rlane_open_locked(e, &ux->lanes[l], ur, &ur->lane[l], r, l == 0);
+        us = rlane_open_locked(&ux->lanes[l], ur, &ur->lane[l], r, &unhandled);
         pthread_mutex_unlock(&ux->lanes[l].mu);
     }
     if (us == UCS_OK) {
@@ -749,7 +750,13 @@ static pdl_status_t ucx_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
                              us == UCS_ERR_UNREACHABLE ? " (no common UCX transport: compare UCX_TLS on both sides)"
                                                        : "");
     }
-    watch_start(e, ux, ur, r);
+    /* Without UCX's peer-failure handling only the watch finds a dead peer (a get from it may hang or
+     * fail the process otherwise): say so once per remote when there is no watch either. */
+    if (!watch_start(e, ux, ur, r) && unhandled)
+        pdl_warn("engine %s: no UCX transport to engine %s handles peer failure (UCX_TLS=%s) and its process "
+                 "cannot be watched from here: a dead peer will not be reported as gone; include tcp in UCX_TLS "
+                 "for that",
+                 e->key, r->key, getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
     r->bk = ur;
     return PDL_OK;
 }
