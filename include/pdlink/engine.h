@@ -63,13 +63,16 @@ typedef enum pdl_backend_kind {
     PDL_BACKEND_SHM = 1, /* peers on one host: shared memfd mappings + process_vm_readv */
     PDL_BACKEND_TCP = 2, /* any two hosts: the owner serves reads/writes of its memory over TCP */
     PDL_BACKEND_UCX = 3, /* UCX's UCP: one-sided get/put over whatever transport UCX selects (UCX_TLS) */
+    /* GPUs of one host: CUDA IPC handles and copies on the GPU, the CUDA driver loaded at run time
+     * (docs/gpu.md); registers CUDA memory only. */
+    PDL_BACKEND_CUDA = 4,
 } pdl_backend_kind_t;
 
-/* "shm" / "tcp" / "ucx", or "unknown" for any other value; static, never NULL. */
+/* "shm" / "tcp" / "ucx" / "cuda", or "unknown" for any other value; static, never NULL. */
 const char *pdl_backend_name(pdl_backend_kind_t kind);
 /*
- * "shm" | "tcp" | "ucx" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP | PDL_BACKEND_UCX; -1 if
- * unknown or NULL ("rdma" is resolved by pdl_backend_pick_rdma, not here).
+ * "shm" | "tcp" | "ucx" | "cuda" (case-sensitive) → PDL_BACKEND_SHM | PDL_BACKEND_TCP | PDL_BACKEND_UCX |
+ * PDL_BACKEND_CUDA; -1 if unknown or NULL ("rdma" is resolved by pdl_backend_pick_rdma, not here).
  */
 int pdl_backend_parse(const char *s);
 /*
@@ -82,9 +85,11 @@ int pdl_backend_parse(const char *s);
 pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap);
 
 /*
- * Where registered memory lives. Host memory works with every backend; device memory only with ucx,
- * and only where UCX reports support for that memory type (built with CUDA / ROCm and a device
- * present): pdl_engine_register_mem_type refuses it otherwise.
+ * Where registered memory lives. Host memory works with shm, tcp and ucx; CUDA memory with cuda (GPUs of
+ * one host, through CUDA IPC) and with ucx where UCX reports support for that memory type (built with
+ * CUDA / ROCm and a device present): pdl_engine_register_mem_type refuses it otherwise. Device memory
+ * is never read or written by the CPU inside pdlink: only the GPU's copy engines and kernels, or the
+ * UCX transport told the memory type, touch it.
  */
 typedef enum pdl_mem_type {
     PDL_MEM_TYPE_HOST = 0,
@@ -142,7 +147,8 @@ typedef struct pdl_engine_config {
  * PDL_ERR_INVALID for cfg or engine_out NULL, a value outside the ranges above, an unknown backend,
  * a tcp_congestion that cannot be set, or (tcp) a host that does not resolve; PDL_ERR_NOMEM;
  * PDL_ERR_SYSTEM when a system call fails (shm: memfd_create/mmap of the registration table; tcp:
- * bind/listen, epoll; pthread_create). On failure nothing is left behind.
+ * bind/listen, epoll; pthread_create); PDL_ERR_UNSUPPORTED (cuda) when the CUDA driver cannot be loaded
+ * (no libcuda.so.1) or reports no device, the message saying which. On failure nothing is left behind.
  */
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err);
 /*
@@ -231,7 +237,9 @@ pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t siz
  */
 pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_type_t type,
                                           pdl_mem_t **mem_out, pdl_error_t *err);
-/* The memory types this engine registers, as bits (1u << pdl_mem_type_t); always has the host bit. */
+/* The memory types this engine registers, as bits (1u << pdl_mem_type_t): the host bit for every backend
+ * but cuda, whose engines register CUDA memory only (pdl_engine_alloc_mem and host registrations of a
+ * cuda engine fail with PDL_ERR_UNSUPPORTED). */
 unsigned pdl_engine_mem_types(const pdl_engine_t *engine);
 /*
  * After this, peers' requests naming this registration are refused (tcp: NOT_FOUND; shm: the next

@@ -36,6 +36,7 @@
  * devices and transports (verbs adds a few dozen bytes per device) and bound what a peer can send. */
 #define PDL_UCX_ADDR_MAX 4096
 #define PDL_UCX_RKEY_MAX 1024
+#define PDL_CUDA_IPC_HANDLE 64 /* bytes of a CUipcMemHandle */
 #define PDL_DEAD_IDS 256     /* deregistered ids remembered for the error message */
 
 typedef enum pdl_mem_kind {
@@ -71,6 +72,11 @@ typedef struct pdl_rmem {
     int64_t slot;
     uint32_t rkey_len; /* ucx: the packed rkey of the region (0 for other backends) */
     uint8_t rkey[PDL_UCX_RKEY_MAX];
+    pdl_mem_type_t type; /* where the region lives in its owner (host unless the descriptor says) */
+    /* cuda: the IPC handle of the allocation holding the region and the region's offset inside it */
+    uint32_t ipc_len;
+    uint8_t ipc[PDL_CUDA_IPC_HANDLE];
+    uint64_t ipc_off;
 } pdl_rmem_t;
 
 /* A remote engine (unpacked pdl_engine_pack bytes) and what the backend keeps for it. */
@@ -200,6 +206,14 @@ typedef struct pdl_backend_ops {
 extern const pdl_backend_ops_t pdl__shm_ops;
 extern const pdl_backend_ops_t pdl__tcp_ops;
 extern const pdl_backend_ops_t pdl__ucx_ops;
+extern const pdl_backend_ops_t pdl__cuda_ops;
+
+/* shm's peer checks, shared with cuda (same host, same uid; shm.c): remote_add opens the owner's pidfd
+ * and maps its live-registration table into r->bk; session_check refuses a removed or exited owner and
+ * a region no longer registered. */
+pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err);
+void pdl__shm_remote_free(pdl_engine_t *e, pdl_remote_t *r);
+pdl_status_t pdl__shm_session_check(pdl_session_t *s, pdl_error_t *err);
 
 /* Shared no-op entries for backends without the optional hook (UCX's "empty function" style). */
 void pdl__backend_nop_mem_kick(pdl_engine_t *e, pdl_mem_t *m);
@@ -272,7 +286,8 @@ void pdl__engine_mem_put(pdl_mem_t *m);
 void pdl__batch_chunk_done(pdl_batch_t *b, pdl_status_t st, const pdl_error_t *err);
 /* Copy chunk c of b between the session's local region and `map`, the remote region mapped into this
  * process (shm's mapping, UCX's ucp_rkey_ptr): a chunk larger than the caches with the streaming copy
- * (common/copy.c says why), the cancel flag checked every 64 MiB (PDL_ERR_BAD_STATE). */
+ * (common/copy.c says why), the cancel flag checked every 64 MiB (PDL_ERR_BAD_STATE). A CPU copy: it
+ * refuses (PDL_ERR_UNSUPPORTED, nothing touched) when either side is not host memory. */
 pdl_status_t pdl__chunk_copy_mapped(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, uint8_t *map,
                                     pdl_error_t *err);
 /* Queue chunk idx of b on the worker pool; the worker calls ops->drive_chunk(b, idx). */

@@ -14,6 +14,7 @@ static const pdl_backend_ops_t *const backends[] = {
     [PDL_BACKEND_SHM] = &pdl__shm_ops,
     [PDL_BACKEND_TCP] = &pdl__tcp_ops,
     [PDL_BACKEND_UCX] = &pdl__ucx_ops,
+    [PDL_BACKEND_CUDA] = &pdl__cuda_ops,
 };
 
 #define NBACKENDS (sizeof(backends) / sizeof(backends[0]))

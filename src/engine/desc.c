@@ -6,7 +6,9 @@
  *                     "ctl_rkey"}; "pid_start" (the sender's start time, liveness.h) is optional on
  *                     reading, so descriptors from engines that predate it are still read
  * Memory descriptor: {"magic":"pdlink-mem","v":1,"engine","id","size","kind":"memfd"|"user","addr",
- *                     "fd","pid","slot"} and, for ucx, {"rkey"}
+ *                     "fd","pid","slot"} and, for ucx, {"rkey"}; for device memory {"mem_type"} (1 CUDA,
+ *                     2 ROCm; absent = host); for cuda {"ipc" (the 64-byte CUipcMemHandle of the
+ *                     allocation), "ipc_off" (the region's offset in that allocation)}
  * The ucx fields are msgpack bin (the worker address, the live table's and the region's packed rkeys:
  * opaque UCX bytes, bounded by PDL_UCX_ADDR_MAX / PDL_UCX_RKEY_MAX); they are written only when
  * non-empty; readers of version 1 skip keys they do not know, so they read every field added since.
@@ -87,7 +89,8 @@ pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_er
 {
     pdl__mp_enc_t enc;
     pdl__enc_init(&enc);
-    pdl__enc_map(&enc, rm->rkey_len > 0 ? 11 : 10);
+    bool dev = rm->type != PDL_MEM_TYPE_HOST, ipc = rm->ipc_len > 0;
+    pdl__enc_map(&enc, 10 + (rm->rkey_len > 0) + dev + 2 * ipc);
     enc_kv_str(&enc, "magic", "pdlink-mem");
     enc_kv_u64(&enc, "v", PDL_ENGINE_DESC_VERSION);
     enc_kv_str(&enc, "engine", rm->engine_key);
@@ -100,6 +103,12 @@ pdl_status_t pdl__mem_desc_encode(const pdl_rmem_t *rm, pdl_bytes_t *out, pdl_er
     enc_kv_i64(&enc, "slot", rm->slot);
     if (rm->rkey_len > 0)
         enc_kv_bin(&enc, "rkey", rm->rkey, rm->rkey_len);
+    if (dev)
+        enc_kv_u64(&enc, "mem_type", (uint64_t)rm->type);
+    if (ipc) {
+        enc_kv_bin(&enc, "ipc", rm->ipc, rm->ipc_len);
+        enc_kv_u64(&enc, "ipc_off", rm->ipc_off);
+    }
     return pdl__enc_finish(&enc, "memory descriptor", out, err);
 }
 
@@ -135,6 +144,7 @@ pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_
         .fd = m->memfd,
         .pid = (int64_t)getpid(),
         .slot = m->slot,
+        .type = m->type,
     };
     memcpy(rm.engine_key, m->engine->key, sizeof(rm.engine_key));
     m->engine->ops->mem_desc_fill(m, &rm);
@@ -307,6 +317,7 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
 pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, pdl_error_t *err)
 {
     char kind[16] = "";
+    uint64_t mem_type = PDL_MEM_TYPE_HOST;
     memset(rm, 0, sizeof(*rm));
     rm->fd = rm->slot = -1;
     field_t f[] = {
@@ -319,6 +330,9 @@ pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, p
         {"pid", F_I64, &rm->pid, 0, NULL, false, false},
         {"slot", F_I64, &rm->slot, 0, NULL, false, false},
         {"rkey", F_BIN, rm->rkey, sizeof(rm->rkey), &rm->rkey_len, false, false},
+        {"mem_type", F_U64, &mem_type, 0, NULL, false, false},
+        {"ipc", F_BIN, rm->ipc, sizeof(rm->ipc), &rm->ipc_len, false, false},
+        {"ipc_off", F_U64, &rm->ipc_off, 0, NULL, false, false},
     };
     pdl_status_t st = parse_map("memory descriptor", buf, len, "pdlink-mem", f, (int)(sizeof(f) / sizeof(f[0])), err);
     if (st != PDL_OK)
@@ -330,5 +344,14 @@ pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, p
     else
         return pdl_error_set(err, PDL_ERR_PARSE, "memory descriptor of engine '%s': unknown kind '%s'",
                              rm->engine_key, kind);
+    if (mem_type > PDL_MEM_TYPE_ROCM)
+        return pdl_error_set(err, PDL_ERR_PARSE, "memory descriptor of engine '%s': unknown memory type %llu",
+                             rm->engine_key, (unsigned long long)mem_type);
+    rm->type = (pdl_mem_type_t)mem_type;
+    /* The encoder writes the handle and its offset together; a handle is exactly a CUipcMemHandle. */
+    if ((rm->ipc_len > 0 && rm->ipc_len != PDL_CUDA_IPC_HANDLE) || (rm->ipc_len == 0 && rm->ipc_off != 0))
+        return pdl_error_set(err, PDL_ERR_PARSE,
+                             "memory descriptor of engine '%s': 'ipc' must be %d bytes and goes with 'ipc_off'",
+                             rm->engine_key, PDL_CUDA_IPC_HANDLE);
     return PDL_OK;
 }

@@ -52,6 +52,13 @@ static const char *op_name(pdl_op_t op) { return op == PDL_OP_READ ? "read" : "w
 pdl_status_t pdl__chunk_copy_mapped(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *c, uint8_t *map,
                                     pdl_error_t *err)
 {
+    /* The CPU must never touch device memory (a fault at best, a wrong answer at worst): a backend that
+     * could map such a region falls back to its transport, and this is the last line. */
+    if (s->local->type != PDL_MEM_TYPE_HOST || s->rmem.type != PDL_MEM_TYPE_HOST)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "engine %s: CPU copy refused between local region %" PRIu64 " and region %" PRIu64
+                             " of engine %s: one of them is device memory",
+                             s->engine->key, s->local->id, s->rmem.id, s->rmem.engine_key);
     uint8_t *local = s->local->ptr;
     uint64_t since = 0;
     bool stream = c->bytes >= PDL_COPY_STREAM_MIN_CHUNK;
@@ -178,7 +185,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: host name too long", cfg->key);
     const pdl_backend_ops_t *ops = pdl__backend_ops(cfg->backend);
     if (ops == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm, tcp or ucx)", cfg->key,
+        return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm, tcp, ucx or cuda)", cfg->key,
                              (int)cfg->backend);
     if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: qp_per_transfer %d must be 1..64", cfg->key,
@@ -566,6 +573,11 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
     if (e == NULL || mem_out == NULL || size == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_alloc_mem: engine, mem_out and a size > 0 needed");
     long pg = sysconf(_SC_PAGESIZE);
+    if (!(e->mem_types & (1u << PDL_MEM_TYPE_HOST)))
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "engine %s: backend %s registers device memory only; allocate it on the GPU and "
+                             "register it with pdl_engine_register_mem_type",
+                             e->key, e->ops->name);
     if (e->ops->caps & PDL_BACKEND_CAP_ALLOC) {
         /* ucx: memory UCX allocates itself is what its shared-memory transports can map in the peer. */
         pdl_status_t st = mem_add(e, NULL, size, PDL_MEM_BACKEND, PDL_MEM_TYPE_HOST, -1, mem_out, err);
@@ -616,10 +628,12 @@ pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *e, void *ptr, size_t siz
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown memory type %d", e->key, (int)type);
     if (!(e->mem_types & (1u << type)))
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "engine %s: backend %s cannot register %s memory here (%s)", e->key,
-                             e->ops->name, type == PDL_MEM_TYPE_CUDA ? "CUDA" : "ROCm",
-                             e->backend == PDL_BACKEND_UCX ? "UCX reports no support for it"
-                                                           : "only the ucx backend registers device memory");
+                             "engine %s: backend %s cannot register %s memory here (%s)", e->key, e->ops->name,
+                             type == PDL_MEM_TYPE_CUDA ? "CUDA" : type == PDL_MEM_TYPE_ROCM ? "ROCm" : "host",
+                             e->backend == PDL_BACKEND_UCX    ? "UCX reports no support for it"
+                             : e->backend == PDL_BACKEND_CUDA ? "the cuda backend moves CUDA memory only"
+                                                              : "only the ucx and cuda backends register device "
+                                                                "memory");
     return mem_add(e, ptr, size, PDL_MEM_USER, type, -1, mem_out, err);
 }
 

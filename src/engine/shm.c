@@ -89,9 +89,9 @@ static pdl_status_t shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     if (r->boot_id[0] && e->boot_id[0] ? strcmp(r->boot_id, e->boot_id) != 0
                                        : strcmp(r->hostname, e->hostname) != 0)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "engine %s: remote engine %s runs on host %s, not on this host (%s); the shm backend "
+                             "engine %s: remote engine %s runs on host %s, not on this host (%s); the %s backend "
                              "needs both engines on one host (use tcp)",
-                             e->key, r->key, r->hostname, e->hostname);
+                             e->key, r->key, r->hostname, e->hostname, e->ops->name);
     if (r->pid <= 0 || r->pid > INT_MAX || r->ctl_fd < 0 || r->ctl_fd > INT_MAX)
         return pdl_error_set(err, PDL_ERR_PARSE, "engine %s: remote engine %s: bad pid %" PRId64 " or ctl_fd %" PRId64,
                              e->key, r->key, r->pid, r->ctl_fd);
@@ -347,6 +347,15 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
         return pdl__chunk_copy_mapped(s, b, c, ((shm_session_t *)s->bk)->map, err);
     return run_vm(s, b, c, err);
 }
+
+pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
+{
+    return shm_remote_add(e, r, err);
+}
+
+void pdl__shm_remote_free(pdl_engine_t *e, pdl_remote_t *r) { shm_remote_free(e, r); }
+
+pdl_status_t pdl__shm_session_check(pdl_session_t *s, pdl_error_t *err) { return shm_session_check(s, err); }
 
 const pdl_backend_ops_t pdl__shm_ops = {
     .name = "shm",

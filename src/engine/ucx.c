@@ -123,6 +123,8 @@ typedef struct ucx_engine {
     pthread_t thread;
     bool thread_started;
     _Atomic bool stopping;
+    unsigned ucx_types; /* device types UCX itself supports (1u << pdl_mem_type_t): e->mem_types may claim more
+                         * under the test hook */
 } ucx_engine_t;
 
 typedef struct ucx_mem {
@@ -407,6 +409,13 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
         if (ca.memory_types & UCS_BIT(UCS_MEMORY_TYPE_ROCM))
             e->mem_types |= 1u << PDL_MEM_TYPE_ROCM;
     }
+    ux->ucx_types = e->mem_types;
+    /* Test hook (tests/integration/test_engine_devmem.c): claim CUDA without UCX support for it, so a
+     * test can register memory the CPU must not touch (PROT_NONE) as device memory on a host without a
+     * GPU and prove that no pdlink path dereferences it. */
+    const char *claim = getenv("PDLINK_TEST_UCX_CLAIM_CUDA");
+    if (claim != NULL && strcmp(claim, "1") == 0)
+        e->mem_types |= 1u << PDL_MEM_TYPE_CUDA;
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED};
     for (; ux->nlanes < UCX_LANES; ux->nlanes++) {
@@ -826,7 +835,9 @@ static pdl_status_t ucx_session_open(pdl_session_t *s, pdl_error_t *err)
         u = ep ? ucp_ep_rkey_unpack(ep, s->rmem.rkey, &us->rkey[l]) : UCS_ERR_NOT_CONNECTED;
         if (u != UCS_OK)
             us->rkey[l] = NULL;
-        else
+        else if (s->local->type == PDL_MEM_TYPE_HOST && s->rmem.type == PDL_MEM_TYPE_HOST)
+            /* Only host memory on both sides is copied by the CPU through UCX's mapping: a device
+             * region UCX maps (cuda_ipc's rkey_ptr) is a device address, and the CPU faults on it. */
             us->map[l] = region_map(us->rkey[l], &s->rmem);
         pthread_mutex_unlock(&ux->lanes[l].mu);
     }
@@ -919,10 +930,23 @@ static void post_failed(ucx_op_t *op, ucs_status_t us, const char *what)
                                 s->rmem.engine_key, s->rmem.id, ucs_status_string(us));
 }
 
-static void post_one(ucp_ep_h ep, ucx_op_t *op, bool get, void *local, size_t len, uint64_t raddr, ucp_rkey_h rkey)
+/* `lmem` is the registration `local` lies in, or NULL for the live-table slot (host memory on the stack
+ * of no registration). */
+static void post_one(ucp_ep_h ep, ucx_op_t *op, bool get, const pdl_mem_t *lmem, void *local, size_t len,
+                     uint64_t raddr, ucp_rkey_h rkey)
 {
-    /* No callback: the request is released as soon as it completes, and the flush reports the result. */
-    ucp_request_param_t p = {.op_attr_mask = 0};
+    /* No callback: the request is released as soon as it completes, and the flush reports the result.
+     * The local buffer's memory type and handle go with every data request: without them UCX guesses
+     * the type from its memtype cache, which misses memory allocated before ucp_init, and then treats
+     * a GPU buffer as host memory (a get into cuMemAlloc'ed memory crashed in ucp_get_rep_handler). */
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE, .memory_type = UCS_MEMORY_TYPE_HOST};
+    if (lmem != NULL) {
+        p.memory_type = ucs_type(lmem->type);
+        if (lmem->bk != NULL) {
+            p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            p.memh = ((const ucx_mem_t *)lmem->bk)->memh;
+        }
+    }
     void *req = get ? ucp_get_nbx(ep, local, len, raddr, rkey, &p) : ucp_put_nbx(ep, local, len, raddr, rkey, &p);
     if (UCS_PTR_IS_ERR(req))
         post_failed(op, UCS_PTR_STATUS(req), get ? "get_nbx" : "put_nbx");
@@ -932,7 +956,7 @@ static void post_one(ucp_ep_h ep, ucx_op_t *op, bool get, void *local, size_t le
 
 static void post_slot_get(pdl_session_t *s, ucx_rlane_t *rl, ucx_op_t *op)
 {
-    post_one(rl->ep, op, true, &op->slot, sizeof(op->slot),
+    post_one(rl->ep, op, true, NULL, &op->slot, sizeof(op->slot),
              s->remote->ctl_addr + (uint64_t)s->rmem.slot * sizeof(uint64_t), rl->ctl_rkey);
 }
 
@@ -943,8 +967,15 @@ static void post_data(pdl_session_t *s, ucx_rlane_t *rl, ucx_op_t *op)
     const pdl_chunk_t *c = &b->chunks[op->idx];
     ucp_rkey_h rkey = ((ucx_session_t *)s->bk)->rkey[op->idx];
     uint8_t *local = s->local->ptr;
+    if (!(((ucx_engine_t *)s->engine->bk)->ucx_types & (1u << s->local->type))) {
+        /* Only under the test hook: UCX would take the buffer for host memory and its CPU copy fault. */
+        op->post_st = pdl_error_set(&op->post_err, PDL_ERR_UNSUPPORTED,
+                                    "engine %s: this UCX does not support the memory type of local region %" PRIu64,
+                                    s->engine->key, s->local->id);
+        return;
+    }
     for (size_t i = c->first; i < c->first + c->count; i++)
-        post_one(rl->ep, op, b->op == PDL_OP_READ, local + b->d[i].local_off, b->d[i].len,
+        post_one(rl->ep, op, b->op == PDL_OP_READ, s->local, local + b->d[i].local_off, b->d[i].len,
                  s->rmem.addr + b->d[i].remote_off, rkey);
 }
 

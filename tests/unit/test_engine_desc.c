@@ -143,7 +143,7 @@ static void test_ucx_descriptors(void **state)
     assert_int_equal(pdl_engine_mem_types(t), 1u << PDL_MEM_TYPE_HOST);
     assert_int_equal(pdl_engine_register_mem_type(t, buf, sizeof(buf), PDL_MEM_TYPE_ROCM, &g, &err),
                      PDL_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "only the ucx backend"));
+    assert_non_null(strstr(err.msg, "only the ucx and cuda backends"));
     pdl_engine_destroy(t);
 }
 
