@@ -1,6 +1,11 @@
-# The two commands of README.md, and the CI steps. Each target installs missing Debian packages first.
-#   make run    -- build, then run the main job (pdlink run)
-#   make test   -- build, then every test (ctest)
+# The two commands of README.md, and the CI steps. Setting up and building are separate steps:
+#   make deps   -- install missing Debian packages and the test venv (scripts/install-deps; root, network)
+#   make build  -- configure with CMake + Ninja into BUILD and build; never installs anything
+#   make run    -- deps, build, then run the main job (pdlink run)
+#   make test   -- deps, build, then every test (ctest)
+#   make install -- build, then install into PREFIX (/usr/local), under DESTDIR when given:
+#                 libpdlink.so/.a, include/pdlink, pdlink.pc, lib/cmake/pdlink, the programs, man pages
+#   make wheel  -- a manylinux wheel of the Python package in dist/ (scripts/build-wheel)
 #   make ci     -- test + vllm-e2e-short + ASan/UBSan build + TSan build + a short run of every fuzz target
 #                 (what .ci/run does)
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
@@ -14,56 +19,71 @@ JOBS       ?= 2
 FUZZ_SECONDS ?= 15
 STRESS_N   ?= 20
 CMAKE_FLAGS ?=
+PREFIX     ?= /usr/local
+DESTDIR    ?=
+# The project's own builds: warnings are errors, and the ucx backend and its tests must be there (a
+# plain `cmake` makes both optional).
+PDL_FLAGS  := -DPDL_WERROR=ON -DPDL_WITH_UCX=ON
 
-.PHONY: all deps build run test stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short compare-peers
+.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short compare-peers
 
 all: build
 
 deps:
 	@./scripts/install-deps
 
-build: deps
-	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+build:
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(PDL_FLAGS) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+# deps, then build: a recursive make, so that `make -j` cannot start building before the packages are in.
+setup: deps
+	@$(MAKE) --no-print-directory build
+
+run: setup
 	$(BUILD)/pdlink run
 
-test: build
+test: setup
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
-stress: build
+install: build
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD) --prefix "$(PREFIX)"
+
+wheel:
+	./scripts/build-wheel dist
+
+stress: setup
 	BUILD=$(BUILD) JOBS=$(JOBS) ./tests/stress.sh $(STRESS_N)
 
 asan: deps
-	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=address >/dev/null
+	@cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=address $(PDL_FLAGS) >/dev/null
 	@cmake --build build-asan -j $(JOBS)
 	ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
 tsan: deps
-	@cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=thread >/dev/null
+	@cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_SANITIZE=thread $(PDL_FLAGS) >/dev/null
 	@cmake --build build-tsan -j $(JOBS)
 	ctest --test-dir build-tsan --output-on-failure -j $(JOBS)
 
 fuzz: deps
-	@CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_FUZZ=ON >/dev/null
+	@CC=clang cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DPDL_FUZZ=ON $(PDL_FLAGS) >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	./tools/run-fuzzers build-fuzz $(FUZZ_SECONDS)
 
 ci: test vllm-e2e-short asan tsan fuzz
 
-vllm-e2e: build
+vllm-e2e: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_FLAGS)
 
-compare-peers: build
+compare-peers: setup
 	BUILD=$(BUILD) ./scripts/install-peers
 	PEERS_VENV=$(BUILD)/peers-venv ./bench/compare-peers.sh $(COMPARE_PEERS_FLAGS) $(BUILD)/pdlink
 
 # CI's version: the same-TP pair and the head split (each decode rank reads half of every head group).
 # P2/D1 is left to `make vllm-e2e`: a third topology adds 2-6 minutes of vLLM startups here.
 VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3
-vllm-e2e-short: build
+vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
 

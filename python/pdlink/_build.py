@@ -2,14 +2,25 @@
 
 API mode (``set_source``) lets the C compiler check every declaration below against the real headers
 in ``include/pdlink/`` and compute the struct layouts (``...;``), so the Python side never hard-codes an
-offset that could drift from the C library. The extension links libpdlink's static layer libraries
-from a CMake build directory (``PDLINK_BUILD_DIR``, default ``<repo>/build``; the libraries are
-compiled with ``-fPIC`` for this) and the system libraries they need (libzmq, msgpack-c, jansson, UCX).
+offset that could drift from the C library. The extension links libpdlink statically (``libpdlink.a``,
+compiled with ``-fPIC``) and the system libraries it needs (libzmq, libsodium, msgpack-c, jansson, and
+UCX when libpdlink was built with it), so the wheel carries no libpdlink of its own to find at run time.
+
+Where libpdlink.a comes from:
+
+* ``PDLINK_BUILD_DIR=<dir>``: an existing CMake build of the repository (``make build`` makes ``build/``);
+  the repository's tests use this to test the library they just built.
+* otherwise ``setup.py`` configures and builds the repository's CMake project itself (the library only:
+  no programs, no tests, no cmocka/libmicrohttpd/curl needed) in ``python/build/libpdlink``, Release, with
+  ``PDLINK_WITH_UCX`` (AUTO, ON or OFF; default AUTO) and ``PDLINK_CMAKE_ARGS`` passed on, and ccache as
+  the compiler launcher when it is installed. ``pip install ./python`` and ``pip wheel ./python`` need
+  only CMake >= 3.25, a C compiler, pkg-config and the libraries' development files.
 """
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,9 +28,55 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 REPO = Path(os.environ.get("PDLINK_SOURCE_DIR", HERE.parent.parent)).resolve()
-BUILD = Path(os.environ.get("PDLINK_BUILD_DIR", REPO / "build")).resolve()
-# Link order: a layer before the layers it uses.
-LAYERS = ["connector", "engine", "wire", "layout", "topo", "common"]
+OWN_BUILD = HERE.parent / "build" / "libpdlink"
+
+
+def build_dir() -> Path:
+    """The CMake build directory whose libpdlink.a the extension links."""
+    given = os.environ.get("PDLINK_BUILD_DIR")
+    return Path(given).resolve() if given else OWN_BUILD
+
+
+def build_libpdlink() -> Path:
+    """Make sure libpdlink.a exists: check a given build tree, or configure and build our own."""
+    bdir = build_dir()
+    if os.environ.get("PDLINK_BUILD_DIR"):
+        if not (bdir / "libpdlink.a").exists():
+            raise RuntimeError(f"pdlink: PDLINK_BUILD_DIR={bdir} has no libpdlink.a; run `make build` in {REPO} "
+                               f"(or unset PDLINK_BUILD_DIR to let this build compile libpdlink itself)")
+        return bdir
+    if not (REPO / "CMakeLists.txt").exists():
+        raise RuntimeError(f"pdlink: the pdlink repository is not at {REPO}: python/ builds libpdlink from its "
+                           f"parent folder (or set PDLINK_SOURCE_DIR)")
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError("pdlink: building libpdlink needs CMake >= 3.25 (Debian: apt-get install cmake)")
+    args = [cmake, "-S", str(REPO), "-B", str(bdir), "-DCMAKE_BUILD_TYPE=Release",
+            "-DPDL_BUILD_PROGRAMS=OFF", "-DPDL_BUILD_TESTS=OFF", "-DPDL_BUILD_SHARED=OFF",
+            f"-DPDL_WITH_UCX={os.environ.get('PDLINK_WITH_UCX', 'AUTO')}"]
+    if not (bdir / "CMakeCache.txt").exists():
+        if shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        if shutil.which("ccache"):
+            args += ["-DCMAKE_C_COMPILER_LAUNCHER=ccache"]
+    args += shlex.split(os.environ.get("PDLINK_CMAKE_ARGS", ""))
+    subprocess.run(args, check=True)
+    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 1)
+    subprocess.run([cmake, "--build", str(bdir), "--target", "pdlink_static", "-j", jobs], check=True)
+    return bdir
+
+
+def link_args(bdir: Path) -> dict:
+    """extra_objects, libraries and library_dirs for linking libpdlink.a from bdir statically."""
+    modules = (bdir / "pdlink-deps.txt").read_text().split()
+    out = subprocess.run(["pkg-config", "--libs", *modules], check=True, capture_output=True, text=True).stdout
+    libs = shlex.split(out)
+    return {
+        "extra_objects": [str(bdir / "libpdlink.a")],
+        "libraries": [a[2:] for a in libs if a.startswith("-l")] + ["pthread", "m"],
+        "library_dirs": [a[2:] for a in libs if a.startswith("-L")],
+    }
+
 
 CDEF = r"""
 typedef enum pdl_status { PDL_OK = 0, PDL_INPROGRESS = 1, PDL_ERR_INVALID = -1, PDL_ERR_NOT_FOUND = -2,
@@ -315,27 +372,19 @@ static pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json,
 """
 
 
-def _pkg_config(*args: str) -> list[str]:
-    out = subprocess.run(["pkg-config", *args, "libzmq", "msgpack", "jansson", "ucx"], check=True,
-                         capture_output=True, text=True).stdout
+def _cflags() -> list[str]:
+    out = subprocess.run(["pkg-config", "--cflags", "jansson"], check=True, capture_output=True, text=True).stdout
     return shlex.split(out)
 
 
 def _builder() -> FFI:
-    missing = [str(BUILD / f"libpdl_{layer}.a") for layer in LAYERS if not (BUILD / f"libpdl_{layer}.a").exists()]
-    if missing:
-        raise RuntimeError(f"pdlink: libpdlink is not built in {BUILD} (missing {', '.join(missing)}); "
-                           f"run `make build` in {REPO} first or set PDLINK_BUILD_DIR")
-    libs = _pkg_config("--libs")
     ffi = FFI()
     ffi.cdef(CDEF)
+    # setup.py's build_ext adds the link arguments once libpdlink.a is built (link_args).
     ffi.set_source(
         "pdlink._pdlink", SOURCE,
         include_dirs=[str(REPO / "include")],
-        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"] + _pkg_config("--cflags"),
-        extra_objects=[str(BUILD / f"libpdl_{layer}.a") for layer in LAYERS],
-        libraries=[a[2:] for a in libs if a.startswith("-l")] + ["pthread", "m"],
-        library_dirs=[a[2:] for a in libs if a.startswith("-L")],
+        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"] + _cflags(),
     )
     return ffi
 
@@ -343,4 +392,5 @@ def _builder() -> FFI:
 ffibuilder = _builder()
 
 if __name__ == "__main__":
+    ffibuilder.set_source("pdlink._pdlink", SOURCE, include_dirs=[str(REPO / "include")], **link_args(build_libpdlink()))
     ffibuilder.compile(verbose=True)

@@ -786,7 +786,8 @@ static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const ch
     rv->done[rank] = true;
     if (st != PDL_OK && rv->status == PDL_OK) {
         rv->status = st;
-        snprintf(rv->msg, sizeof(rv->msg), "consumer rank %d: %s", rank, msg);
+        /* msg may fill a whole error buffer: keep what fits after the prefix (at most 27 bytes). */
+        snprintf(rv->msg, sizeof(rv->msg), "consumer rank %d: %.*s", rank, (int)sizeof(rv->msg) - 28, msg);
     }
     /* No producer rank of its group writes into this rank's blocks any more. */
     pdl__rank_revoke(rv->inst, rv->transfer_id, rank);

@@ -163,7 +163,7 @@ pdl_status_t pdl_instance_kv_region_len(const pdl_instance_config_t *cfg, int tp
     if (cfg->num_blocks == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "instance: num_blocks must be > 0");
     pdl_kv_geometry_t geo;
-    uint64_t total;
+    uint64_t total = 0; /* rank_geometry sets it only on success */
     pdl_status_t st = rank_geometry(cfg, tp_rank, &geo, &total, err);
     if (st != PDL_OK)
         return st;
