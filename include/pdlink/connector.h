@@ -262,6 +262,17 @@ pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, co
  */
 pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
                                    const uint32_t *ids, size_t n, pdl_error_t *err);
+/*
+ * Zero the rows of the last of the n blocks `ids` that lie past a prompt of num_tokens tokens, in
+ * every layer and half, on every local rank (host memory with the CPU, device memory on the device).
+ * Call it after the prefill and before pdl_instance_hold / _hold_for / _push: the consumer reads and
+ * the producer pushes whole blocks, and a block's unused rows still hold whatever request used the
+ * block before, which the consumer must never see. Costs at most one block's rows per layer.
+ * PDL_ERR_INVALID when num_tokens does not need exactly n blocks ((n - 1) * block_size < num_tokens
+ * <= n * block_size) or a block id is out of range; PDL_ERR_UNSUPPORTED as pdl_mem_zero.
+ */
+pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
+                                    pdl_error_t *err);
 /* Transfers currently held (producer) and blocks they hold (a block two overlapping holds name, with
  * external_blocks, counts twice). A transfer counts until its blocks are back
  * in the allocator and its PDL_EVENT_FREED has been delivered, so 0 means all of that happened. */

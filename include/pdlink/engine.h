@@ -319,9 +319,12 @@ void pdl_session_close(pdl_session_t *session);
  * Grants (docs/security.md). A guarded registration is served by the tcp backend only to requests that
  * name a live grant covering every byte they touch; every other request is refused (status
  * PDL_ERR_DENIED, counted in requests_denied) and no byte of it is read or written. A registration is
- * open (served to any request inside it, as before) until pdl_mem_guard. The shm backend has no server:
- * a shm peer maps the memfd or uses process_vm_readv, which the kernel allows only to the same uid or
- * root, so grants do not apply to it.
+ * open (served to any request inside it) until pdl_mem_guard. The shm backend has no server: a shm
+ * peer maps the memfd or uses process_vm_readv, which the kernel allows only to the same uid or root,
+ * so the owner cannot refuse it. The owner instead publishes which grants are live in memory its shm
+ * peers map, and a shm batch that names a grant checks it itself: PDL_ERR_DENIED when the grant is
+ * not live (for that registration and op) before the copy, and when it was revoked during the copy
+ * (the owner may have reused the bytes, so what was read is void). Ranges are not checked on shm.
  *
  * pdl_mem_guard: guard `mem` from now on (requests already being served finish). Cannot fail; `mem`
  * must not be NULL.
@@ -332,8 +335,8 @@ void pdl_session_close(pdl_session_t *session);
  * useless (the region's bounds are checked first). PDL_ERR_INVALID (NULL argument, bad name or ops,
  * n == 0, an empty or wrapping range), PDL_ERR_BAD_STATE (a grant of that name exists), PDL_ERR_NOMEM.
  *
- * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a request being served
- * finishes. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
+ * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a tcp request being
+ * served finishes, a shm copy under way fails. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
  */
 /*
  * pdl_engine_grant_peer: the numeric address of the host the grant was first served to ("" while
@@ -350,6 +353,15 @@ pdl_status_t pdl_engine_grant(pdl_engine_t *engine, pdl_mem_t *mem, const char *
                               const pdl_range_t *ranges, size_t n, pdl_error_t *err);
 pdl_status_t pdl_engine_revoke(pdl_engine_t *engine, const char *name, pdl_error_t *err);
 pdl_status_t pdl_engine_grant_peer(pdl_engine_t *engine, const char *name, char *host, size_t cap, pdl_error_t *err);
+
+/*
+ * Zero the n byte ranges (offsets in `mem`) of a registration: host memory with the CPU, device memory
+ * on the device by the backend (never by the CPU). For the caller's own bookkeeping, e.g. the unused
+ * rows of a block before it is granted to a peer. PDL_ERR_INVALID for a NULL argument or a range
+ * outside the region (nothing is zeroed then); PDL_ERR_UNSUPPORTED for device memory of a backend
+ * without a device path for it.
+ */
+pdl_status_t pdl_mem_zero(pdl_mem_t *mem, const pdl_range_t *ranges, size_t n, pdl_error_t *err);
 
 typedef enum pdl_op {
     PDL_OP_READ = 1,  /* remote → local */
@@ -390,7 +402,8 @@ pdl_status_t pdl_session_post(pdl_session_t *session, pdl_op_t op, const pdl_des
 /*
  * pdl_session_post for a guarded remote registration: every request of the batch names the grant
  * `grant` (1..PDL_GRANT_NAME_MAX bytes; NULL or "" = none, which is pdl_session_post). The owner refuses
- * the batch with PDL_ERR_DENIED unless that grant covers it. shm ignores the name (see pdl_mem_guard).
+ * the batch with PDL_ERR_DENIED unless that grant covers it; shm fails it with PDL_ERR_DENIED unless the
+ * grant stays live for the whole copy (see pdl_mem_guard).
  * PDL_ERR_INVALID also for a name that is too long.
  */
 pdl_status_t pdl_session_post_granted(pdl_session_t *session, pdl_op_t op, const char *grant, const pdl_desc_t *descs,

@@ -19,6 +19,7 @@
  * first, and on a host whose configured ranges lie in the ephemeral range (the seed's second prefill
  * uses notify port 40006) its port could take one of them: "Address already in use" at start.
  */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,53 @@ void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank)
 {
     for (int i = rank < 0 ? inst->lo : rank; i < (rank < 0 ? inst->hi : rank + 1); i++)
         pdl_engine_revoke(inst->ranks[i].mem.engine, name, NULL); /* NOT_FOUND: nothing to forget */
+}
+
+pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
+                                    pdl_error_t *err)
+{
+    if (inst == NULL || (ids == NULL && n > 0))
+        return pdl_error_set(err, PDL_ERR_INVALID, "zero_tail: instance and ids must not be NULL");
+    int L = inst->cfg.model.num_layers;
+    PDL_FOR_LOCAL(inst, i) {
+        pdl_rank_mem_t *m = &inst->ranks[i].mem;
+        const pdl_kv_geometry_t *g = &m->geo;
+        uint64_t bs = g->block_size;
+        if (n == 0 || num_tokens <= (uint64_t)(n - 1) * bs || num_tokens > (uint64_t)n * bs)
+            return pdl_error_set(err, PDL_ERR_INVALID, "zero_tail: %" PRIu64 " tokens do not fill %zu blocks of %" PRIu64,
+                                 num_tokens, n, bs);
+        uint32_t last = ids[n - 1];
+        if (last >= g->num_blocks)
+            return pdl_error_set(err, PDL_ERR_INVALID, "zero_tail: block %" PRIu32 " of %" PRIu64, last, g->num_blocks);
+        uint64_t used = num_tokens - (uint64_t)(n - 1) * bs;
+        if (used == bs)
+            return PDL_OK; /* the same for every rank: the block is full */
+        /* Rows past `used`: NHD keeps a token's heads together (one range per half), HND a head's
+         * tokens (one range per head and half). */
+        uint64_t row = pdl_layout_row_len(g), heads = g->num_heads;
+        int halves = pdl_layout_num_halves(g);
+        size_t per_half = g->order == PDL_KV_HND ? (size_t)heads : 1;
+        size_t nr = (size_t)L * (size_t)halves * per_half;
+        pdl_range_t *rg = malloc(nr * sizeof(*rg));
+        if (rg == NULL)
+            return pdl_error_set(err, PDL_ERR_NOMEM, "zero_tail: out of memory for %zu ranges", nr);
+        size_t k = 0;
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < halves; h++) {
+                uint64_t base = (uint64_t)l * m->layer_len + pdl_layout_half_offset(g, last, h);
+                if (g->order == PDL_KV_HND) {
+                    for (uint64_t hd = 0; hd < heads; hd++)
+                        rg[k++] = (pdl_range_t){base + hd * bs * row + used * row, (bs - used) * row};
+                } else {
+                    rg[k++] = (pdl_range_t){base + used * heads * row, (bs - used) * heads * row};
+                }
+            }
+        pdl_status_t st = pdl_mem_zero(m->kv, rg, k, err);
+        free(rg);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "zero_tail: rank %d", i);
+    }
+    return PDL_OK;
 }
 
 pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,

@@ -20,14 +20,22 @@
  * in identities_served, not as a handshake (tests and reports count handshakes as the transfers').
  * Verdicts:
  *
- *   connect accepted (not to itself)   -> alive: last_ok = now, refusals = 0
+ *   connect accepted (not to itself)   -> alive: refusals = 0
  *   metadata received                  -> its identity; one that differs from the last one seen means
  *                                         a new process on the same address (see "restarts" below)
  *   refused (or connected to itself)   -> refusals + 1; gone at 2 in a row (a closed port means no
  *                                         process: two looks one interval apart rule out a listener
  *                                         paused for want of descriptors, listen.c)
- *   no answer within the interval      -> counts by time only: gone when nothing answered for
- *                                         consumer_gone_timeout (host down, network cut)
+ *   no answer within the interval      -> nothing: silence is no proof. A paused peer answers nothing
+ *                                         and is alive, and a watcher that was paused itself would
+ *                                         judge its peers by its own stall. A host that is down keeps
+ *                                         its holds until defer_timeout; the grants protect the
+ *                                         blocks either way (a hold given up is refused to readers).
+ *
+ * Paused, then replaced. An item made while the peer answered, which the peer then stopped answering
+ * before any probe tied it (a decode paused, killed and restarted within a second), belongs to the
+ * paused process: when another identity answers, it is ended -- unless the port refused in between
+ * before the item came (then the item came during the restart and is the new process's).
  *
  * Restarts. A peer restarted faster than two refusals (a second) answers again, so its dead
  * predecessor's transfers looked alive until the timeout. Each transfer ("item") is therefore tied to
@@ -98,8 +106,11 @@ typedef struct watched {
     int port;
     int fd;      /* a connect in progress, or -1 */
     void *zsock; /* a get_meta_msg in flight, or NULL */
-    uint64_t probe_started_ns, next_probe_ns, last_ok_ns;
+    uint64_t probe_started_ns, next_probe_ns;
     uint64_t ident; /* the last identity answered, 0 = none yet */
+    /* Since that identity answered: the start of the first probe it left unanswered, and of the first
+     * one refused (0 = none); see judge_item. */
+    uint64_t stall_since_ns, refused_since_ns;
     int refusals;
     int ask;        /* ASK_*: what a probe asks once connected */
     int silent;     /* identity requests unanswered while none ever was */
@@ -178,7 +189,6 @@ static void collect_item(void *arg, const char *peer, const char *key)
             return;
         }
         w->fd = -1;
-        w->last_ok_ns = c->now_ns; /* it was alive when it was chosen for the request */
     }
     w->seen = true;
     item_t *it = pdl__strmap_get(&w->items, key);
@@ -276,7 +286,7 @@ static uint64_t take_identity(void *s)
 }
 
 /* A finished connect: alive, refused or self-connected (= nothing listens). */
-static void finish_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
+static void finish_probe(pdl_instance_t *inst, watched_t *w)
 {
     int soerr = 0;
     socklen_t sl = sizeof(soerr);
@@ -290,7 +300,6 @@ static void finish_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
     close(w->fd);
     w->fd = -1;
     if (soerr == 0) {
-        w->last_ok_ns = now_ns;
         w->refusals = 0;
         start_identity(inst, w);
     } else if (soerr == ECONNREFUSED) {
@@ -342,6 +351,11 @@ static void judge_item(void *arg, const char *key, void *value)
         } else {
             push_key(v, key);
         }
+    } else if (it->state == IT_UNKNOWN && v->w->ident != 0 && v->w->ident != v->ident && v->w->stall_since_ns != 0 &&
+               (v->w->refused_since_ns == 0 || it->first_seen_ns < v->w->refused_since_ns)) {
+        /* The process that answered last stopped answering (paused, or dying) and another answers
+         * now; the item came while the port never refused, so the old process held it: it is gone. */
+        push_key(v, key);
     } else if (it->state == IT_UNKNOWN && probed_since) {
         it->state = IT_OF;
         it->ident = v->ident;
@@ -412,7 +426,7 @@ static void gone_keys(void *arg, const char *key, void *value)
 
 typedef struct tick_ctx {
     pdl_rank_t *r;
-    uint64_t now_ns, interval_ns, gone_ns;
+    uint64_t now_ns, interval_ns;
     char *drop[64]; /* keys to forget after the walk (the map may not change during it) */
     char *gone[64];
     char *changed[64]; /* peers whose probe answered (an identity, or a refusal) */
@@ -459,6 +473,8 @@ static void tick_one(void *arg, const char *key, void *value)
         } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
             zmq_close(w->zsock); /* no answer in time: this look only proved the port open */
             w->zsock = NULL;
+            if (w->answered && w->ident != 0 && w->stall_since_ns == 0)
+                w->stall_since_ns = w->probe_started_ns;
             if (!w->answered && w->ask == ASK_IDENTITY && ++w->silent >= ASK_SILENT_MAX) {
                 bool producer = t->r->inst->cfg.conn.role == PDL_ROLE_PRODUCER;
                 w->ask = producer ? ASK_META : ASK_NOTHING;
@@ -469,7 +485,7 @@ static void tick_one(void *arg, const char *key, void *value)
     } else if (w->fd >= 0) {
         struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
         if (poll(&pf, 1, 0) > 0) {
-            finish_probe(t->r->inst, w, t->now_ns);
+            finish_probe(t->r->inst, w);
             w->next_probe_ns = t->now_ns + t->interval_ns;
         } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
             close(w->fd); /* no answer: only the time since the last answer counts */
@@ -481,13 +497,18 @@ static void tick_one(void *arg, const char *key, void *value)
         if (w->fd < 0)
             w->next_probe_ns = t->now_ns + t->interval_ns;
     }
-    if (w->refusals > refusals_before)
+    if (w->refusals > refusals_before) {
         PDL_CTR_ADD(t->r, watch_refused, 1);
+        if (w->ident != 0 && w->refused_since_ns == 0)
+            w->refused_since_ns = w->probe_started_ns;
+    }
     if ((ident != 0 || w->refusals > refusals_before) && t->nchanged < 64) {
         t->changed_ident[t->nchanged] = ident;
         t->changed[t->nchanged++] = strdup(key);
     }
-    bool gone = w->refusals >= 2 || pdl__clock_since(t->now_ns, w->last_ok_ns) >= t->gone_ns;
+    /* Silence is no proof: a paused peer (or a watcher that was paused itself) answers nothing for a
+     * while and is alive. Only a closed port is; identities catch restarts (judge_item). */
+    bool gone = w->refusals >= 2;
     if (gone && t->ngone < 64)
         t->gone[t->ngone++] = strdup(key);
 }
@@ -500,6 +521,7 @@ static void apply_answer(pdl_rank_t *r0, watched_t *w, const char *peer, uint64_
     if (ident != 0) {
         PDL_CTR_ADD(r0, watch_identities, 1);
         w->ident = ident;
+        w->stall_since_ns = w->refused_since_ns = 0;
     }
     for (size_t i = 0; i < v.n; i++)
         free(pdl__strmap_remove(&w->items, v.end[i]));
@@ -533,8 +555,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
     collect(r, now_ns);
     tick_ctx_t t = {.r = r,
                     .now_ns = now_ns,
-                    .interval_ns = interval,
-                    .gone_ns = (uint64_t)(inst->cfg.conn.consumer_gone_timeout_s * 1e9)};
+                    .interval_ns = interval};
     pdl__strmap_foreach(&r->svc.watch, tick_one, &t);
     for (int i = 0; i < t.nchanged; i++) {
         watched_t *w = t.changed[i] ? pdl__strmap_get(&r->svc.watch, t.changed[i]) : NULL;
@@ -546,10 +567,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
         watched_t *w = t.gone[i] ? pdl__strmap_get(&r->svc.watch, t.gone[i]) : NULL;
         if (w != NULL) {
             char why[96];
-            if (w->refusals >= 2)
-                snprintf(why, sizeof(why), "its handshake port refused %d connects in a row", w->refusals);
-            else
-                snprintf(why, sizeof(why), "no answer for %.1f s", inst->cfg.conn.consumer_gone_timeout_s);
+            snprintf(why, sizeof(why), "its handshake port refused %d connects in a row", w->refusals);
             verdict_ctx_t v = {.w = w};
             pdl__strmap_foreach(&w->items, gone_keys, &v);
             for (size_t k = 0; k < v.n; k++)
@@ -563,7 +581,6 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
                  * judges them, keeping the identity seen before. */
                 pdl__strmap_foreach(&w->items, clear_born_down, NULL);
                 w->refusals = 0;
-                w->last_ok_ns = t.now_ns;
             }
         }
         free(t.gone[i]);

@@ -38,6 +38,10 @@
 #define PDL_UCX_RKEY_MAX 1024
 #define PDL_CUDA_IPC_HANDLE 64 /* bytes of a CUipcMemHandle */
 #define PDL_DEAD_IDS 256     /* deregistered ids remembered for the error message */
+/* The shared control memfd of shm engines: the live-registration table, then the published grants
+ * (grant.h), page-aligned. */
+#define PDL_CTL_LIVE_BYTES ((size_t)PDL_SHM_SLOTS * sizeof(uint64_t))
+#define PDL_CTL_BYTES ((PDL_CTL_LIVE_BYTES + sizeof(pdl_grant_pub_t) + 4095) & ~(size_t)4095)
 
 typedef enum pdl_mem_kind {
     PDL_MEM_MEMFD = 1, /* pdlink allocated it (memfd, MAP_SHARED): shm peers map it */
@@ -201,6 +205,10 @@ typedef struct pdl_backend_ops {
     void (*submit)(pdl_session_t *s, pdl_batch_t *b);
     void (*progress)(pdl_batch_t *b, uint64_t deadline_ns);
     void (*drive_chunk)(pdl_batch_t *b, int idx);
+
+    /* Optional (NULL: device memory cannot be zeroed): zero ranges of a device registration on the
+     * device (pdl_mem_zero; host memory is zeroed by engine.c). Ranges are checked already. */
+    pdl_status_t (*mem_zero)(pdl_mem_t *m, const pdl_range_t *r, size_t n, pdl_error_t *err);
 } pdl_backend_ops_t;
 
 extern const pdl_backend_ops_t pdl__shm_ops;

@@ -164,7 +164,7 @@ static void read_boot_id(char *out, size_t cap)
 static void engine_free(pdl_engine_t *e)
 {
     if (e->ctl)
-        munmap((void *)e->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+        munmap((void *)e->ctl, PDL_CTL_BYTES);
     if (e->ctl_fd >= 0)
         close(e->ctl_fd);
     pdl__grants_fini(&e->grants);
@@ -236,7 +236,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
      * it, ucx reads it with ucp_get) so they can see a deregistration; tcp's server checks itself. A
      * backend that allocates its memory (ucx) allocates the table too, in engine_init. */
     if ((ops->caps & PDL_BACKEND_CAP_LIVE_TABLE) && !(ops->caps & PDL_BACKEND_CAP_ALLOC)) {
-        size_t tbl = PDL_SHM_SLOTS * sizeof(uint64_t);
+        size_t tbl = PDL_CTL_BYTES;
         e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC);
         if (e->ctl_fd < 0 || ftruncate(e->ctl_fd, (off_t)tbl) != 0) {
             st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create for the registration table: %s",
@@ -250,6 +250,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
             goto err_free;
         }
         e->ctl = p;
+        pdl__grants_publish(&e->grants, (pdl_grant_pub_t *)((uint8_t *)p + PDL_CTL_LIVE_BYTES));
     }
 
     char who[PDL_KEY_MAX + 32];
@@ -698,6 +699,28 @@ void pdl__engine_mem_put(pdl_mem_t *m)
 }
 
 void *pdl_mem_ptr(const pdl_mem_t *m) { return m->ptr; }
+
+pdl_status_t pdl_mem_zero(pdl_mem_t *m, const pdl_range_t *r, size_t n, pdl_error_t *err)
+{
+    if (m == NULL || (r == NULL && n > 0))
+        return pdl_error_set(err, PDL_ERR_INVALID, "pdl_mem_zero: mem and ranges must not be NULL");
+    for (size_t i = 0; i < n; i++)
+        if (r[i].off > m->size || r[i].len > m->size - r[i].off)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "engine %s: zeroing [%" PRIu64 ", +%" PRIu64 ") of region %" PRIu64
+                                 " (%zu bytes): outside it",
+                                 m->engine->key, r[i].off, r[i].len, m->id, m->size);
+    if (m->type != PDL_MEM_TYPE_HOST) {
+        if (m->engine->ops->mem_zero == NULL)
+            return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                                 "engine %s: backend %s cannot zero device memory (region %" PRIu64 ")",
+                                 m->engine->key, m->engine->ops->name, m->id);
+        return m->engine->ops->mem_zero(m, r, n, err);
+    }
+    for (size_t i = 0; i < n; i++)
+        memset((uint8_t *)m->ptr + r[i].off, 0, r[i].len);
+    return PDL_OK;
+}
 size_t pdl_mem_size(const pdl_mem_t *m) { return m->size; }
 uint64_t pdl_mem_id(const pdl_mem_t *m) { return m->id; }
 

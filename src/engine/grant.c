@@ -1,12 +1,14 @@
 /*
  * grant.c -- the grants of an engine (see grant.h): a hash table of named, sorted and merged range
- * lists, checked by the tcp server before it serves a request on a guarded registration.
+ * lists, checked by the tcp server before it serves a request on a guarded registration, and (shm)
+ * mirrored into a table peers map, which they check around their own copies.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sched.h>
 
 #include "engine/grant.h"
 #include "engine/tcp_wire.h"
@@ -18,21 +20,128 @@ struct pdl_grant {
     uint64_t mem_id;
     unsigned ops;
     char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
+    int64_t pub_slot; /* its slot in g->pub, or -1 */
     pdl_range_t *r; /* sorted by off, merged: no two overlap or touch */
     size_t n;
 };
+
+/* getrandom without flags blocks only until the kernel's pool is first seeded (at boot). */
+static void random_key(uint8_t *key, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = getrandom(key + got, len - got, 0);
+        if (r > 0)
+            got += (size_t)r;
+    }
+}
 
 void pdl__grants_init(pdl_grants_t *g)
 {
     memset(g, 0, sizeof(*g));
     pthread_mutex_init(&g->mu, NULL);
-    /* getrandom without flags blocks only until the kernel's pool is first seeded (at boot). */
-    size_t got = 0;
-    while (got < sizeof(g->key)) {
-        ssize_t r = getrandom(g->key + got, sizeof(g->key) - got, 0);
-        if (r > 0)
-            got += (size_t)r;
+    random_key(g->key, sizeof(g->key));
+}
+
+void pdl__grants_publish(pdl_grants_t *g, pdl_grant_pub_t *pub)
+{
+    random_key(pub->key, sizeof(pub->key));
+    pub->nslots = PDL_GRANT_PUB_SLOTS;
+    g->pub = pub;
+}
+
+/* A published hash is never 0: 0 marks a slot never used, where a lookup stops. */
+static uint64_t pub_hash(const pdl_grant_pub_t *pub, const char *name, size_t len)
+{
+    uint64_t h = pdl__siphash24(pub->key, name, len);
+    return h ? h : 1;
+}
+
+/* The owner changes a slot (under g->mu; readers see an odd seq meanwhile, or a new even one). */
+static void pub_write(pdl_grant_slot_t *s, uint64_t hash, uint64_t mem_id, uint64_t ops)
+{
+    uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
+    atomic_store_explicit(&s->seq, q + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&s->hash, hash, memory_order_relaxed);
+    atomic_store_explicit(&s->mem_id, mem_id, memory_order_relaxed);
+    atomic_store_explicit(&s->ops, ops, memory_order_relaxed);
+    atomic_store_explicit(&s->seq, q + 2, memory_order_release);
+    /* What the caller does next (free the blocks, let them be rewritten) must not be seen before the
+     * new seq by a reader that checks it after its copy. */
+    atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Under g->mu: a free slot on the name's probe sequence for x, or false when every slot is live. */
+static bool pub_add(pdl_grants_t *g, pdl_grant_t *x)
+{
+    pdl_grant_pub_t *pub = g->pub;
+    uint64_t h = pub_hash(pub, x->name, x->name_len);
+    for (uint64_t i = 0; i < PDL_GRANT_PUB_SLOTS; i++) {
+        uint64_t k = (h + i) % PDL_GRANT_PUB_SLOTS;
+        if (atomic_load_explicit(&pub->slot[k].ops, memory_order_relaxed) == 0) {
+            pub_write(&pub->slot[k], h, x->mem_id, x->ops);
+            x->pub_slot = (int64_t)k;
+            return true;
+        }
     }
+    return false;
+}
+
+static void pub_revoke(pdl_grants_t *g, pdl_grant_t *x)
+{
+    if (g->pub == NULL || x->pub_slot < 0)
+        return;
+    pdl_grant_slot_t *s = &g->pub->slot[x->pub_slot];
+    pub_write(s, atomic_load_explicit(&s->hash, memory_order_relaxed), 0, 0);
+}
+
+/* A consistent snapshot of slot k; false if the owner kept changing it. */
+static bool pub_read(const pdl_grant_slot_t *s, uint64_t *seq, uint64_t *hash, uint64_t *mem_id, uint64_t *ops)
+{
+    for (int tries = 0; tries < 1000; tries++) {
+        uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if (q & 1) {
+            sched_yield();
+            continue;
+        }
+        *hash = atomic_load_explicit(&s->hash, memory_order_relaxed);
+        *mem_id = atomic_load_explicit(&s->mem_id, memory_order_relaxed);
+        *ops = atomic_load_explicit(&s->ops, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&s->seq, memory_order_relaxed) == q) {
+            *seq = q;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool pdl__grant_pub_find(const pdl_grant_pub_t *pub, const char *name, uint64_t mem_id, unsigned op, uint64_t *slot,
+                         uint64_t *seq)
+{
+    size_t len = strlen(name);
+    uint64_t h = pub_hash(pub, name, len);
+    for (uint64_t i = 0; i < PDL_GRANT_PUB_SLOTS; i++) {
+        uint64_t k = (h + i) % PDL_GRANT_PUB_SLOTS;
+        uint64_t q, sh, sm, so;
+        if (!pub_read(&pub->slot[k], &q, &sh, &sm, &so))
+            return false;
+        if (sh == 0)
+            return false; /* never used: the end of this name's probe sequence */
+        if (sh == h && so != 0 && sm == mem_id && (so & op)) {
+            *slot = k;
+            *seq = q;
+            return true;
+        }
+    }
+    return false;
+}
+
+bool pdl__grant_pub_still(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t seq)
+{
+    atomic_thread_fence(memory_order_acquire);
+    return slot < PDL_GRANT_PUB_SLOTS && atomic_load_explicit(&pub->slot[slot].seq, memory_order_acquire) == seq;
 }
 
 static void grant_free(pdl_grant_t *x)
@@ -113,17 +222,22 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
     x->name_len = len;
     x->mem_id = mem_id;
     x->ops = ops;
+    x->pub_slot = -1;
     pthread_mutex_lock(&g->mu);
     pdl_grant_t **pp = find(g, name, len);
-    bool taken = *pp != NULL;
-    if (!taken) {
+    bool taken = *pp != NULL, full = false;
+    if (!taken && g->pub)
+        full = !pub_add(g, x);
+    if (!taken && !full) {
         *pp = x;
         g->count++;
     }
     pthread_mutex_unlock(&g->mu);
-    if (taken) {
+    if (taken || full) {
         grant_free(x);
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "grant %s: a grant of that name exists (revoke it first)", name);
+        return taken ? pdl_error_set(err, PDL_ERR_BAD_STATE, "grant %s: a grant of that name exists (revoke it first)", name)
+                     : pdl_error_set(err, PDL_ERR_NOMEM, "grant %s: %d grants are live already (revoke some first)", name,
+                                     PDL_GRANT_PUB_SLOTS);
     }
     return PDL_OK;
 }
@@ -137,6 +251,7 @@ bool pdl__grants_revoke(pdl_grants_t *g, const char *name)
     if (x) {
         *pp = x->next;
         g->count--;
+        pub_revoke(g, x);
     }
     pthread_mutex_unlock(&g->mu);
     if (x)

@@ -12,6 +12,7 @@
 #define PDL_ENGINE_GRANT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -21,23 +22,61 @@
 
 #define PDL_GRANT_BUCKETS 256
 #define PDL_GRANT_PEER_MAX 64 /* a numeric IPv6 address with a scope fits */
+#define PDL_GRANT_PUB_SLOTS 16384 /* live grants an engine can publish (512 KiB of table) */
 
 typedef struct pdl_grant pdl_grant_t;
+
+/*
+ * The published grant table: a copy of which grants are live, in memory the owner shares with peers
+ * that access its registrations without a server (shm maps it). Such a peer cannot be refused by the
+ * owner, so it checks for itself: before a copy it looks the grant up (pdl__grant_pub_find), and after
+ * the copy it checks that the grant's slot did not change (pdl__grant_pub_still). Every change of a
+ * slot bumps its sequence number (odd while it changes, a seqlock), and the owner revokes a grant
+ * before it reuses the blocks, so a copy whose slot is unchanged afterwards read no reused byte, and
+ * one whose slot changed is failed: a reader that was paused while its hold was given up gets an
+ * error, not another prompt's KV. Slots are found by open addressing on a keyed hash of the name; a
+ * slot with ops 0 is free (a revoked one keeps its hash so lookups probe past it).
+ */
+typedef struct pdl_grant_slot {
+    _Atomic uint64_t seq; /* odd while the owner changes the slot */
+    _Atomic uint64_t hash;
+    _Atomic uint64_t mem_id;
+    _Atomic uint64_t ops; /* 0 = free */
+} pdl_grant_slot_t;
+
+typedef struct pdl_grant_pub {
+    uint8_t key[PDL_SIPHASH_KEY_LEN]; /* the name hash's key: random per engine, not the buckets' key */
+    uint64_t nslots;
+    uint64_t reserved;
+    pdl_grant_slot_t slot[PDL_GRANT_PUB_SLOTS];
+} pdl_grant_pub_t;
 
 typedef struct pdl_grants {
     pthread_mutex_t mu;
     uint8_t key[PDL_SIPHASH_KEY_LEN];
     pdl_grant_t *b[PDL_GRANT_BUCKETS];
     size_t count;
+    pdl_grant_pub_t *pub; /* NULL: grants are not published (tcp checks them in its server) */
 } pdl_grants_t;
 
 /* Draw the hash key (getrandom) and empty the table; cannot fail. */
 void pdl__grants_init(pdl_grants_t *g);
 /* Free every grant. */
 void pdl__grants_fini(pdl_grants_t *g);
+/* Publish every later grant in `pub` (zeroed shared memory the caller maps for peers): draws its key.
+ * Call before the first grant is added. */
+void pdl__grants_publish(pdl_grants_t *g, pdl_grant_pub_t *pub);
+/*
+ * Peer side of a published table (read-only mapping). find: is a grant named `name` live for
+ * registration mem_id allowing `op`? On true, *slot and *seq identify what was seen; still: is that
+ * slot unchanged since (call after the copy; it orders the copy's loads before its own).
+ */
+bool pdl__grant_pub_find(const pdl_grant_pub_t *pub, const char *name, uint64_t mem_id, unsigned op, uint64_t *slot,
+                         uint64_t *seq);
+bool pdl__grant_pub_still(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t seq);
 /* Add a grant; the name and ranges are copied. PDL_ERR_INVALID for an empty or too long name, ops
  * without READ or WRITE, n == 0 or a range of length 0; PDL_ERR_BAD_STATE when the name is taken;
- * PDL_ERR_NOMEM. The message names the grant. */
+ * PDL_ERR_NOMEM, also when a published table has PDL_GRANT_PUB_SLOTS live grants. The message names the grant. */
 pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
 /* Remove a grant; false when no grant has that name. */

@@ -123,7 +123,17 @@ static pdl_status_t shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
                              e->key, r->key, r->pid, r->ctl_fd, strerror(en),
                              en == EACCES || en == EPERM ? " (shm needs the same uid, or root)" : "");
     }
-    void *p = mmap(NULL, PDL_SHM_SLOTS * sizeof(uint64_t), PROT_READ, MAP_SHARED, fd, 0);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < PDL_CTL_BYTES) {
+        close(fd);
+        close(sr->pidfd);
+        free(sr);
+        return pdl_error_set(err, PDL_ERR_MISMATCH,
+                             "engine %s: remote engine %s: its control table is smaller than this pdlink's (%zu "
+                             "bytes): another pdlink version; run the same version on both sides",
+                             e->key, r->key, (size_t)PDL_CTL_BYTES);
+    }
+    void *p = mmap(NULL, PDL_CTL_BYTES, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) {
         int en = errno;
@@ -143,7 +153,7 @@ static void shm_remote_free(pdl_engine_t *e, pdl_remote_t *r)
     shm_remote_t *sr = r->bk;
     if (sr == NULL)
         return;
-    munmap((void *)sr->ctl, PDL_SHM_SLOTS * sizeof(uint64_t));
+    munmap((void *)sr->ctl, PDL_CTL_BYTES);
     close(sr->pidfd);
     free(sr);
     r->bk = NULL;
@@ -339,13 +349,36 @@ static pdl_status_t run_vm(pdl_session_t *s, pdl_batch_t *b, const pdl_chunk_t *
     return PDL_OK;
 }
 
+static const pdl_grant_pub_t *remote_grants(const pdl_session_t *s)
+{
+    return (const pdl_grant_pub_t *)((const uint8_t *)((shm_remote_t *)s->remote->bk)->ctl + PDL_CTL_LIVE_BYTES);
+}
+
+/*
+ * A batch naming a grant runs only while the owner keeps that grant (grant.h): looked up before the
+ * copy, and its slot checked unchanged after it. The owner revokes a grant before it frees the blocks,
+ * so a copy that overlapped a revocation may have read blocks reused for another request (or written
+ * into them): it fails, and the caller must not use what it read.
+ */
 static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
 {
     const pdl_chunk_t *c = &b->chunks[idx];
     shm_session_t *ss = s->bk;
-    if (ss->map)
-        return pdl__chunk_copy_mapped(s, b, c, ((shm_session_t *)s->bk)->map, err);
-    return run_vm(s, b, c, err);
+    unsigned gop = b->op == PDL_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE;
+    uint64_t slot = 0, seq = 0;
+    if (b->grant[0] && !pdl__grant_pub_find(remote_grants(s), b->grant, s->rmem.id, gop, &slot, &seq))
+        return pdl_error_set(err, PDL_ERR_DENIED,
+                             "engine %s: grant %s is not live on region %" PRIu64 " of engine %s (the owner revoked "
+                             "it: it gave up the transfer, e.g. after its release or its timeout)",
+                             s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key);
+    pdl_status_t st = ss->map ? pdl__chunk_copy_mapped(s, b, c, ss->map, err) : run_vm(s, b, c, err);
+    if (st == PDL_OK && b->grant[0] && !pdl__grant_pub_still(remote_grants(s), slot, seq))
+        return pdl_error_set(err, PDL_ERR_DENIED,
+                             "engine %s: grant %s on region %" PRIu64 " of engine %s was revoked during the %s: the "
+                             "owner may have reused those blocks, so the %s is void",
+                             s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key, b->op == PDL_OP_READ ? "read" : "write",
+                             b->op == PDL_OP_READ ? "data read" : "write");
+    return st;
 }
 
 pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)

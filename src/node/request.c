@@ -938,6 +938,13 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
         apply_stop(req, res);
         keep_prompt(&prompt, res);
     }
+    if (ok && (req->mode == PDL_NODE_MODE_PREFILL_HOLD || req->mode == PDL_NODE_MODE_PREFILL_PUSH) &&
+        pdl_instance_zero_tail(pdl_node_kv_instance(node->kv), blocks, nblocks, prompt.n, &err) != PDL_OK) {
+        /* The consumer gets whole blocks: their rows past the prompt must not be an earlier request's. */
+        pdl_node_result_error(res, 500, "zeroing the unused rows of transfer %s failed: %s", req->params.transfer_id,
+                              err.msg);
+        ok = false;
+    }
     if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD && strcmp(res->finish_reason, "length") != 0) {
         /* vLLM's producer returns kv_transfer_params only for a request capped by length: a stop
          * string in the first token ends it without a transfer, and the router then sends the decode

@@ -426,12 +426,328 @@ static void decode_killed_mid_pull_then_restarted(void **state)
     pdl_instance_destroy(p);
 }
 
+/* ---- paused peers (a long GC, a stalled host) --------------------------------------------------- */
+
+/*
+ * A decode process for the tests below. Its first line says where to bind ({} = anywhere; else the hs
+ * and nt ports of a killed predecessor, taken as soon as they are free); it announces {hs, nt, zmq} and
+ * then pulls each {"params", "rid", "seed"} it is sent, reporting {status, msg, checked, bad}.
+ */
+static pdl_backend_kind_t pz_backend = PDL_BACKEND_TCP;
+
+static void pz_decode(int wfd, FILE *in)
+{
+    json_t *ports = read_line(in);
+    if (ports == NULL)
+        _exit(3);
+    kd_hs = (int)json_integer_value(json_object_get(ports, "hs"));
+    kd_nt = (int)json_integer_value(json_object_get(ports, "nt"));
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *c = NULL;
+    for (int i = 0; i < 500 && c == NULL; i++) {
+        c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, pz_backend, 60, kd_hs ? at_ports : NULL);
+        if (c == NULL)
+            tc_sleep_ms(20);
+    }
+    if (c == NULL)
+        _exit(4);
+    json_t *me = json_pack("{s:i,s:i,s:s}", "hs", pdl_instance_handshake_port(c, 0), "nt",
+                           pdl_instance_notify_port(c, 0), "zmq", pdl_instance_zmq_address(c));
+    write_line(wfd, me);
+    json_decref(me);
+    json_t *cmd;
+    while ((cmd = read_line(in)) != NULL) {
+        uint32_t lb[NBLK];
+        if (pdl_instance_alloc_blocks(c, NBLK, lb, NULL) != PDL_OK)
+            _exit(5);
+        pdl_kv_params_t kp;
+        pdl_kv_params_init(&kp);
+        pdl_pull_t *pull = NULL;
+        pdl_error_t e;
+        pdl_error_clear(&e);
+        pdl_status_t st = pdl_kv_params_from_json(json_object_get(cmd, "params"), &kp, &e);
+        if (st == PDL_OK)
+            st = pdl_instance_pull(c, &kp, json_string_value(json_object_get(cmd, "rid")), lb, NBLK, &pull, &e);
+        if (st == PDL_OK)
+            st = pdl_pull_wait(pull, 60000, &e);
+        uint32_t seed = (uint32_t)json_integer_value(json_object_get(cmd, "seed"));
+        uint64_t checked = 0, bad = st == PDL_OK ? tc_verify(c, KHEADS, false, lb, NBLK, seed, &checked) : 0;
+        json_t *res = json_pack("{s:s,s:s,s:I,s:I}", "status", pdl_status_name(st), "msg", e.msg, "checked",
+                                (json_int_t)checked, "bad", (json_int_t)bad);
+        write_line(wfd, res);
+        json_decref(res);
+        pdl_pull_free(pull);
+        pdl_kv_params_clear(&kp);
+        pdl_instance_free_blocks(c, lb, NBLK);
+        json_decref(cmd);
+    }
+    pdl_instance_destroy(c);
+    _exit(0);
+}
+
+/* Hold NBLK filled blocks under tid for the decode named in rid; returns the params as JSON. */
+static json_t *pz_hold(pdl_instance_t *p, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
+{
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
+    tc_fill(p, KHEADS, false, ids, NBLK, seed);
+    pdl_error_t e;
+    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
+        fail_msg("hold_for %s: %s", tid, e.msg);
+    pdl_kv_params_t kp;
+    assert_int_equal(pdl_instance_params(p, tid, ids, NBLK, &kp, NULL), PDL_OK);
+    json_t *j = pdl_kv_params_to_json(&kp);
+    pdl_kv_params_clear(&kp);
+    return j;
+}
+
+static void pz_send_pull(int fd, json_t *params, const char *rid, uint32_t seed)
+{
+    json_t *j = json_pack("{s:O,s:s,s:i}", "params", params, "rid", rid, "seed", (int)seed);
+    write_line(fd, j);
+    json_decref(j);
+}
+
+static void pz_rid(pdl_instance_t *p, json_t *me, char *rid, size_t cap)
+{
+    uint8_t uuid[16] = {7, 7, 7};
+    assert_true(pdl_wire_format_request_id(pdl_instance_zmq_address(p), json_string_value(json_object_get(me, "zmq")),
+                                           uuid, rid, cap) > 0);
+}
+
+static void pz_send_empty(int fd)
+{
+    json_t *j = json_object();
+    write_line(fd, j);
+    json_decref(j);
+}
+
+static void pz_end(kid_t *k)
+{
+    close(k->cmd);
+    int status;
+    assert_int_equal(waitpid(k->pid, &status, 0), k->pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    fclose(k->in);
+}
+
+static void defer_2s(pdl_instance_config_t *c)
+{
+    c->conn.defer_timeout_s = 2.0;
+    c->conn.consumer_gone_timeout_s = 1.0;
+}
+
+/*
+ * A decode paused while the prefill holds its KV: the hold ends (defer_timeout here), the prefill
+ * reuses the blocks for another prompt, the decode resumes and pulls. Its pull must fail: before, on
+ * shm it read the other prompt's KV and reported success (tcp refused it: the grant was revoked).
+ */
+static void paused_decode(pdl_backend_kind_t be)
+{
+    pz_backend = be;
+    kd_hs = kd_nt = 0;
+    kid_t d = kd_fork(pz_decode);
+    pz_send_empty(d.cmd);
+    json_t *me = read_line(d.in);
+    assert_non_null(me);
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, KP, &g, TOTAL, be, 600, defer_2s);
+    assert_non_null(p);
+    char rid[1024];
+    pz_rid(p, me, rid, sizeof(rid));
+    uint32_t a[NBLK], o[NBLK];
+    json_t *params = pz_hold(p, "pz-late", a, 1, rid);
+    kill(d.pid, SIGSTOP);
+    assert_true(tc_wait_for(none_held, p, 30000)); /* given up while the decode sleeps */
+    assert_int_equal(TC_SUM(p, expired), 1);
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, o, NULL), PDL_OK); /* another prompt's KV */
+    tc_fill(p, KHEADS, false, o, NBLK, 99);
+    kill(d.pid, SIGCONT);
+    pz_send_pull(d.cmd, params, rid, 1);
+    json_t *res = read_line(d.in);
+    assert_non_null(res);
+    printf("%s: paused decode's late pull: %s (%s), %lld bad bytes\n", pdl_backend_name(be),
+           json_string_value(json_object_get(res, "status")), json_string_value(json_object_get(res, "msg")),
+           (long long)json_integer_value(json_object_get(res, "bad")));
+    assert_string_not_equal(json_string_value(json_object_get(res, "status")), "PDL_OK");
+    json_decref(res);
+    json_decref(params);
+    json_decref(me);
+    pz_end(&d);
+    pdl_instance_free_blocks(p, o, NBLK);
+    pdl_instance_destroy(p);
+}
+
+static void paused_decode_shm(void **state)
+{
+    (void)state;
+    paused_decode(PDL_BACKEND_SHM);
+}
+
+static void paused_decode_tcp(void **state)
+{
+    (void)state;
+    paused_decode(PDL_BACKEND_TCP);
+}
+
+/*
+ * A prefill process for the next test: reads the decode's {zmq}, holds a transfer for it (defer 600 s,
+ * consumer_gone_timeout 1 s) and sends {params, rid}; then answers each line with {held, gone}.
+ */
+static void pz_prefill(int wfd, FILE *in)
+{
+    json_t *dec = read_line(in);
+    if (dec == NULL)
+        _exit(3);
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, KP, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_fast);
+    if (p == NULL)
+        _exit(4);
+    char rid[1024];
+    uint8_t uuid[16] = {9};
+    if (pdl_wire_format_request_id(pdl_instance_zmq_address(p), json_string_value(json_object_get(dec, "zmq")), uuid,
+                                   rid, sizeof(rid)) <= 0)
+        _exit(5);
+    uint32_t ids[NBLK];
+    json_t *params = pz_hold(p, "pz-live", ids, 5, rid);
+    json_t *out = json_pack("{s:o,s:s}", "params", params, "rid", rid);
+    write_line(wfd, out);
+    json_decref(out);
+    json_t *q;
+    while ((q = read_line(in)) != NULL) {
+        json_decref(q);
+        json_t *a = json_pack("{s:I,s:I,s:I}", "held", (json_int_t)pdl_instance_held_transfers(p), "gone",
+                              (json_int_t)TC_GET(p, 0, consumer_gone_freed), "idents",
+                              (json_int_t)TC_GET(p, 0, watch_identities));
+        write_line(wfd, a);
+        json_decref(a);
+    }
+    pdl_instance_destroy(p);
+    _exit(0);
+}
+
+static json_int_t pz_ask(kid_t *k, const char *what)
+{
+    pz_send_empty(k->cmd);
+    json_t *a = read_line(k->in);
+    assert_non_null(a);
+    json_int_t v = json_integer_value(json_object_get(a, what));
+    json_decref(a);
+    return v;
+}
+
+/*
+ * The prefill is paused (SIGSTOP) for three times consumer_gone_timeout while it holds a live decode's
+ * KV. Before, on SIGCONT its watch found "no answer for 1.0 s" -- its own stall -- and freed the hold;
+ * the decode's pull failed. Silence is no proof now: the hold stays and the pull succeeds.
+ */
+static void paused_prefill_keeps_live_holds(void **state)
+{
+    (void)state;
+    kid_t kp = kd_fork(pz_prefill);
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
+    assert_non_null(c);
+    json_t *me = json_pack("{s:s}", "zmq", pdl_instance_zmq_address(c));
+    write_line(kp.cmd, me);
+    json_decref(me);
+    json_t *held = read_line(kp.in);
+    assert_non_null(held);
+    kill(kp.pid, SIGSTOP);
+    tc_sleep_ms(3000);
+    kill(kp.pid, SIGCONT);
+    tc_sleep_ms(1500); /* several watch ticks after the stall */
+    json_int_t h = pz_ask(&kp, "held"), gone = pz_ask(&kp, "gone"), idents = pz_ask(&kp, "idents");
+    printf("after a 3 s pause of the prefill: %lld held, %lld freed as gone (%lld identities seen)\n", (long long)h,
+           (long long)gone, (long long)idents);
+    assert_true(idents > 0); /* the decode was watched */
+    assert_int_equal(gone, 0);
+    assert_int_equal(h, 1);
+    pdl_kv_params_t kp2;
+    pdl_kv_params_init(&kp2);
+    assert_int_equal(pdl_kv_params_from_json(json_object_get(held, "params"), &kp2, NULL), PDL_OK);
+    uint32_t lb[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, lb, NULL), PDL_OK);
+    pdl_pull_t *pull;
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_pull(c, &kp2, json_string_value(json_object_get(held, "rid")), lb, NBLK, &pull, &e),
+                     PDL_OK);
+    if (pdl_pull_wait(pull, 60000, &e) != PDL_OK)
+        fail_msg("pull after the prefill's pause: %s", e.msg);
+    pdl_pull_free(pull);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, KHEADS, false, lb, NBLK, 5, &checked), 0);
+    assert_true(checked > 0);
+    pdl_kv_params_clear(&kp2);
+    for (int i = 0; i < 200 && pz_ask(&kp, "held") != 0; i++)
+        tc_sleep_ms(100);
+    assert_int_equal(pz_ask(&kp, "held"), 0); /* released by the decode */
+    json_decref(held);
+    pz_end(&kp);
+    pdl_instance_free_blocks(c, lb, NBLK);
+    pdl_instance_destroy(c);
+}
+
+static void watch_4s(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 4.0; }
+
+/*
+ * A decode paused, killed and restarted on its ports within a probe interval (1 s here) while the
+ * prefill holds KV for it, one hold made after the pause began. The restarted process never saw those
+ * requests. Before, the hold made during the pause was tied to the new process's identity and stayed
+ * until defer_timeout (600 s here); now both end when the new identity answers.
+ */
+static void paused_decode_killed_restarted(void **state)
+{
+    (void)state;
+    pz_backend = PDL_BACKEND_TCP;
+    kd_hs = kd_nt = 0;
+    kid_t d1 = kd_fork(pz_decode), d2 = kd_fork(pz_decode);
+    pz_send_empty(d1.cmd);
+    json_t *me = read_line(d1.in);
+    assert_non_null(me);
+    tc_geo_t g = tc_geo_default(KHEADS);
+    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, KP, &g, TOTAL, PDL_BACKEND_TCP, 600, watch_4s);
+    assert_non_null(p);
+    char rid[1024];
+    pz_rid(p, me, rid, sizeof(rid));
+    uint32_t a[NBLK], b[NBLK];
+    json_t *pa = pz_hold(p, "pz-before", a, 1, rid);
+    for (int i = 0; i < 200 && TC_GET(p, 0, watch_identities) == 0; i++)
+        tc_sleep_ms(50);
+    assert_true(TC_GET(p, 0, watch_identities) > 0); /* the watch knows the decode's identity */
+    kill(d1.pid, SIGSTOP);
+    json_t *pb = pz_hold(p, "pz-during", b, 2, rid);
+    tc_sleep_ms(2500); /* probes go unanswered */
+    kill(d1.pid, SIGKILL);
+    int status;
+    waitpid(d1.pid, &status, 0);
+    write_line(d2.cmd, me); /* the restart, on the same ports */
+    json_t *me2 = read_line(d2.in);
+    assert_non_null(me2);
+    assert_true(tc_wait_for(none_held, p, 20000));
+    printf("holds of the paused, killed decode freed: %llu as gone\n",
+           (unsigned long long)TC_GET(p, 0, consumer_gone_freed));
+    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 2);
+    assert_int_equal(TC_SUM(p, expired), 0);
+    json_decref(pa);
+    json_decref(pb);
+    json_decref(me);
+    json_decref(me2);
+    fclose(d1.in);
+    close(d1.cmd);
+    pz_end(&d2);
+    pdl_instance_destroy(p);
+}
+
 int main(void)
 {
     tc_log_level_from_env();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(multiproc_tcp_and_dead_peer),
         cmocka_unit_test(decode_killed_mid_pull_then_restarted),
+        cmocka_unit_test(paused_decode_shm),
+        cmocka_unit_test(paused_decode_tcp),
+        cmocka_unit_test(paused_prefill_keeps_live_holds),
+        cmocka_unit_test(paused_decode_killed_restarted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

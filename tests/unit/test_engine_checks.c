@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "engine/grant.h"
 #include "engine/tcp_wire.h"
 #include "tcp_raw_testutil.h"
 #include "test_listen.h"
@@ -591,6 +592,92 @@ static void test_bind_all_tcp(void **state)
     }
 }
 
+/*
+ * shm has no server, so a batch naming a grant checks the owner's published grants itself: refused
+ * before the copy once the grant is revoked (a paused decode whose hold was given up and whose blocks
+ * were reused read another prompt's KV here before), and void when the grant changed during the copy.
+ */
+static void test_guarded_shm(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_SHM);
+    uint8_t *om = pdl_mem_ptr(p.om);
+    memset(om, 0x5A, SZ);
+    pdl_mem_guard(p.om);
+    pdl_error_t err;
+    pdl_range_t rg = {0, SZ};
+    assert_int_equal(pdl_engine_grant(p.owner, p.om, "tx-a", PDL_GRANT_READ, &rg, 1, &err), PDL_OK);
+    pdl_desc_t d = {0, 4096, 8192};
+    pdl_batch_t *b;
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-a", &d, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_OK);
+    pdl_batch_free(b);
+    assert_int_equal(((uint8_t *)pdl_mem_ptr(p.im))[0], 0x5A);
+    /* A read-only grant does not allow writes; an unknown name allows nothing. */
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_WRITE, "tx-a", &d, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+    pdl_batch_free(b);
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-b", &d, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+    assert_non_null(strstr(err.msg, "grant tx-b is not live"));
+    pdl_batch_free(b);
+    /* The owner gives the transfer up and reuses the blocks: the late reader gets an error, not them. */
+    assert_int_equal(pdl_engine_revoke(p.owner, "tx-a", &err), PDL_OK);
+    memset(om, 0xC3, SZ);
+    memset(pdl_mem_ptr(p.im), 0, SZ);
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-a", &d, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+    assert_non_null(strstr(err.msg, "grant tx-a is not live"));
+    pdl_batch_free(b);
+    assert_int_equal(((uint8_t *)pdl_mem_ptr(p.im))[0], 0);
+    pair_close(&p);
+}
+
+/* The published table's seqlock: a slot seen live and then revoked, or revoked and granted again
+ * under the same name (it may land in the same slot), is not "still" the one the reader saw. */
+static void test_grant_pub_seq(void **state)
+{
+    (void)state;
+    pdl_grants_t g;
+    pdl__grants_init(&g);
+    pdl_grant_pub_t *pub = calloc(1, sizeof(*pub));
+    assert_non_null(pub);
+    pdl__grants_publish(&g, pub);
+    pdl_error_t err;
+    pdl_range_t rg = {0, 4096};
+    uint64_t slot, seq, slot2, seq2;
+    assert_false(pdl__grant_pub_find(pub, "t1", 7, PDL_GRANT_READ, &slot, &seq));
+    assert_int_equal(pdl__grants_add(&g, "t1", 7, PDL_GRANT_READ, &rg, 1, &err), PDL_OK);
+    assert_true(pdl__grant_pub_find(pub, "t1", 7, PDL_GRANT_READ, &slot, &seq));
+    assert_false(pdl__grant_pub_find(pub, "t1", 8, PDL_GRANT_READ, &slot2, &seq2));  /* another region */
+    assert_false(pdl__grant_pub_find(pub, "t1", 7, PDL_GRANT_WRITE, &slot2, &seq2)); /* another op */
+    assert_true(pdl__grant_pub_still(pub, slot, seq));
+    assert_true(pdl__grants_revoke(&g, "t1"));
+    assert_false(pdl__grant_pub_still(pub, slot, seq));
+    assert_false(pdl__grant_pub_find(pub, "t1", 7, PDL_GRANT_READ, &slot2, &seq2));
+    assert_int_equal(pdl__grants_add(&g, "t1", 7, PDL_GRANT_READ, &rg, 1, &err), PDL_OK);
+    assert_true(pdl__grant_pub_find(pub, "t1", 7, PDL_GRANT_READ, &slot2, &seq2));
+    assert_false(pdl__grant_pub_still(pub, slot, seq));
+    assert_true(pdl__grant_pub_still(pub, slot2, seq2));
+    /* Many names: each found in its own slot, found again after others around it were revoked. */
+    char name[32];
+    for (int i = 0; i < 2000; i++) {
+        snprintf(name, sizeof(name), "n%d", i);
+        assert_int_equal(pdl__grants_add(&g, name, 7, PDL_GRANT_READ | PDL_GRANT_WRITE, &rg, 1, &err), PDL_OK);
+    }
+    for (int i = 0; i < 2000; i += 2) {
+        snprintf(name, sizeof(name), "n%d", i);
+        assert_true(pdl__grants_revoke(&g, name));
+    }
+    for (int i = 0; i < 2000; i++) {
+        snprintf(name, sizeof(name), "n%d", i);
+        assert_int_equal(pdl__grant_pub_find(pub, name, 7, PDL_GRANT_WRITE, &slot2, &seq2), i % 2 == 1);
+    }
+    pdl__grants_fini(&g);
+    free(pub);
+}
+
 int main(void)
 {
     pdl_log_set_level(PDL_LOG_ERROR);
@@ -600,7 +687,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
-        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp), cmocka_unit_test(test_guarded_shm), cmocka_unit_test(test_grant_pub_seq),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
