@@ -222,6 +222,15 @@ extern const pdl_backend_ops_t pdl__cuda_ops;
 pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err);
 void pdl__shm_remote_free(pdl_engine_t *e, pdl_remote_t *r);
 pdl_status_t pdl__shm_session_check(pdl_session_t *s, pdl_error_t *err);
+/*
+ * A same-host batch that names a grant runs only while the owner keeps it (shm.c; shm and cuda): enter
+ * looks it up in the owner's published grants before the copy (PDL_ERR_DENIED when it is not live for
+ * that region and op), leave checks after the copy that its slot did not change (PDL_ERR_DENIED: the
+ * owner revoked it meanwhile and may have reused the bytes, so the copy is void). The owner revokes
+ * before it frees, so a copy that passes leave touched only the transfer's bytes. No-ops without a grant.
+ */
+pdl_status_t pdl__shm_grant_enter(pdl_session_t *s, const pdl_batch_t *b, uint64_t *slot, uint64_t *seq, pdl_error_t *err);
+pdl_status_t pdl__shm_grant_leave(pdl_session_t *s, const pdl_batch_t *b, uint64_t slot, uint64_t seq, pdl_error_t *err);
 
 /* Shared no-op entries for backends without the optional hook (UCX's "empty function" style). */
 void pdl__backend_nop_mem_kick(pdl_engine_t *e, pdl_mem_t *m);

@@ -188,6 +188,7 @@ typedef struct cuda_api {
     CUresult (*MemFreeHost)(void *);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleUnload)(CUmodule);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
@@ -225,6 +226,7 @@ static const struct {
     SYM(MemFreeHost, "cuMemFreeHost"),
     SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
     SYM(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
+    SYM(MemsetD8Async, "cuMemsetD8Async"),
     SYM(ModuleLoadData, "cuModuleLoadData"),
     SYM(ModuleUnload, "cuModuleUnload"),
     SYM(ModuleGetFunction, "cuModuleGetFunction"),
@@ -659,7 +661,44 @@ static CUresult lane_reserve(cuda_engine_t *ce, cuda_lane_t *ln, size_t n)
     return CUDA_SUCCESS;
 }
 
+static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err);
+
+/* Like shm, the owner serves nothing itself: the grant is checked around the copy (backend.h). */
 static pdl_status_t cuda_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+{
+    uint64_t slot = 0, seq = 0;
+    pdl_status_t st = pdl__shm_grant_enter(s, b, &slot, &seq, err);
+    if (st == PDL_OK)
+        st = cuda_copy(s, b, idx, err);
+    return st == PDL_OK ? pdl__shm_grant_leave(s, b, slot, seq, err) : st;
+}
+
+/* Zero ranges of a registration of this engine on the GPU, one memset each on one lane's stream. */
+static pdl_status_t cuda_mem_zero(pdl_mem_t *m, const pdl_range_t *rg, size_t n, pdl_error_t *err)
+{
+    pdl_engine_t *e = m->engine;
+    cuda_engine_t *ce = e->bk;
+    CUresult r = ce->api.CtxSetCurrent(ce->ctx);
+    const char *what = "cuCtxSetCurrent";
+    if (r == CUDA_SUCCESS) {
+        cuda_lane_t *ln = lane_take(ce);
+        what = "cuMemsetD8Async";
+        for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++)
+            r = ce->api.MemsetD8Async((CUdeviceptr)(uintptr_t)m->ptr + rg[i].off, 0, rg[i].len, ln->stream);
+        CUresult r2 = ce->api.StreamSynchronize(ln->stream);
+        lane_give(ce, ln);
+        if (r == CUDA_SUCCESS && r2 != CUDA_SUCCESS) {
+            r = r2;
+            what = "cuStreamSynchronize";
+        }
+    }
+    if (r != CUDA_SUCCESS)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: zeroing %zu ranges of region %" PRIu64 ": %s: %s",
+                             e->key, n, m->id, what, cu_name(ce, r));
+    return PDL_OK;
+}
+
+static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
 {
     pdl_engine_t *e = s->engine;
     cuda_engine_t *ce = e->bk;
@@ -747,4 +786,5 @@ const pdl_backend_ops_t pdl__cuda_ops = {
     .session_check = cuda_session_check,
     .plan = cuda_plan,
     .run_chunk = cuda_run_chunk,
+    .mem_zero = cuda_mem_zero,
 };

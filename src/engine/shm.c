@@ -354,31 +354,37 @@ static const pdl_grant_pub_t *remote_grants(const pdl_session_t *s)
     return (const pdl_grant_pub_t *)((const uint8_t *)((shm_remote_t *)s->remote->bk)->ctl + PDL_CTL_LIVE_BYTES);
 }
 
-/*
- * A batch naming a grant runs only while the owner keeps that grant (grant.h): looked up before the
- * copy, and its slot checked unchanged after it. The owner revokes a grant before it frees the blocks,
- * so a copy that overlapped a revocation may have read blocks reused for another request (or written
- * into them): it fails, and the caller must not use what it read.
- */
-static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+pdl_status_t pdl__shm_grant_enter(pdl_session_t *s, const pdl_batch_t *b, uint64_t *slot, uint64_t *seq, pdl_error_t *err)
 {
-    const pdl_chunk_t *c = &b->chunks[idx];
-    shm_session_t *ss = s->bk;
     unsigned gop = b->op == PDL_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE;
-    uint64_t slot = 0, seq = 0;
-    if (b->grant[0] && !pdl__grant_pub_find(remote_grants(s), b->grant, s->rmem.id, gop, &slot, &seq))
+    if (b->grant[0] && !pdl__grant_pub_find(remote_grants(s), b->grant, s->rmem.id, gop, slot, seq))
         return pdl_error_set(err, PDL_ERR_DENIED,
                              "engine %s: grant %s is not live on region %" PRIu64 " of engine %s (the owner revoked "
                              "it: it gave up the transfer, e.g. after its release or its timeout)",
                              s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key);
-    pdl_status_t st = ss->map ? pdl__chunk_copy_mapped(s, b, c, ss->map, err) : run_vm(s, b, c, err);
-    if (st == PDL_OK && b->grant[0] && !pdl__grant_pub_still(remote_grants(s), slot, seq))
+    return PDL_OK;
+}
+
+pdl_status_t pdl__shm_grant_leave(pdl_session_t *s, const pdl_batch_t *b, uint64_t slot, uint64_t seq, pdl_error_t *err)
+{
+    if (b->grant[0] && !pdl__grant_pub_still(remote_grants(s), slot, seq))
         return pdl_error_set(err, PDL_ERR_DENIED,
                              "engine %s: grant %s on region %" PRIu64 " of engine %s was revoked during the %s: the "
                              "owner may have reused those blocks, so the %s is void",
-                             s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key, b->op == PDL_OP_READ ? "read" : "write",
-                             b->op == PDL_OP_READ ? "data read" : "write");
-    return st;
+                             s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key,
+                             b->op == PDL_OP_READ ? "read" : "write", b->op == PDL_OP_READ ? "data read" : "write");
+    return PDL_OK;
+}
+
+static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+{
+    const pdl_chunk_t *c = &b->chunks[idx];
+    shm_session_t *ss = s->bk;
+    uint64_t slot = 0, seq = 0;
+    pdl_status_t st = pdl__shm_grant_enter(s, b, &slot, &seq, err);
+    if (st == PDL_OK)
+        st = ss->map ? pdl__chunk_copy_mapped(s, b, c, ss->map, err) : run_vm(s, b, c, err);
+    return st == PDL_OK ? pdl__shm_grant_leave(s, b, slot, seq, err) : st;
 }
 
 pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
