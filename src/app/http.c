@@ -19,11 +19,26 @@
  *
  * Bodies grow by doubling up to max_body; past it, or past the listener's body budget, chunks are dropped
  * (still acknowledged, so MHD keeps reading and the client gets the handler's answer rather than a
- * reset). Idle connections are closed by MHD's own timeout (MHD_OPTION_CONNECTION_TIMEOUT, which
- * suspended connections do not count against: a request waiting for its worker or a stream waiting for
- * its upstream is not idle); connection counts by MHD's global and per-IP limits. When the process runs
- * out of descriptors MHD itself stops polling the listening socket until a connection closes; its
- * messages about that are logged as warnings at most once per PDL_HTTP_WARN_EVERY_MS.
+ * reset). The budget counts bytes received, not declared: a Content-Length costs nothing until its bytes
+ * arrive, so clients that announce 64 MiB and trickle hold what they sent. Each client address (IPv6: its
+ * /64) also has a share of the budget (CLIENT_SHARE_DIV), kept in CLIENT_SLOTS counters indexed by a keyed
+ * hash of the address, so a few addresses cannot take all of it; two addresses that share a slot share a
+ * share. A declared length over max_body is answered at the headers (no "100 Continue", no body read);
+ * so are duplicate Content-Length headers and Content-Length with Transfer-Encoding (400).
+ *
+ * Deadlines: MHD's idle timeout (MHD_OPTION_CONNECTION_TIMEOUT, which suspended connections do not count
+ * against: a request waiting for its worker or a stream waiting for its upstream is not idle) restarts on
+ * every byte. So every connection is also tracked from MHD's connection notification (http_sock_t): its
+ * phase (HEADERS from the open or the previous response, BODY from the headers, BUSY once the request is
+ * complete) and when that phase began. A reaper thread shuts down (shutdown(2), never close: the socket
+ * stays MHD's) the sockets whose HEADERS phase passed header_timeout_s or whose BODY phase passed
+ * body_timeout_s; MHD then reads the end of the stream and closes the connection itself. The closed
+ * notification unlinks a socket under the same lock the reaper holds, and MHD closes the descriptor only
+ * after that notification, so the reaper never shuts down a descriptor number that was reused.
+ *
+ * Connection counts are MHD's global and per-IP limits. When the process runs out of descriptors MHD
+ * itself stops polling the listening socket until a connection closes; its messages about that are
+ * logged as warnings at most once per PDL_HTTP_WARN_EVERY_MS.
  */
 #include "app/http.h"
 
@@ -35,6 +50,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -45,6 +62,7 @@
 #include "app/buf.h"
 #include "app/parse.h"
 #include "common/clock.h"
+#include "common/siphash.h"
 #include "common/workq.h"
 #include "common/log.h"
 
@@ -56,18 +74,48 @@ _Static_assert(PDL_HTTP_SIZE_UNKNOWN == MHD_SIZE_UNKNOWN, "unknown size is MHD's
 #define PUMP_CHUNK 16384
 /* Resource-limit warnings from MHD come once per rejected or failed accept; one line per 10 s is enough. */
 #define PDL_HTTP_WARN_EVERY_MS 10000
+/* Counters of body bytes per client address: 32 KiB of atomics per listener, and a collision (two clients
+ * sharing a share) has odds of one in this many per pair of addresses. */
+#define CLIENT_SLOTS 4096
+/* One client address holds at most this fraction of the body budget (but always at least one max_body),
+ * so it takes nine addresses sending real bytes, not four trickling ones, to fill the budget. */
+#define CLIENT_SHARE_DIV 8
+/* How often the reaper looks at the deadlines; a deadline is met to within this. */
+#define REAPER_TICK_MS 250
 
 typedef struct http_pump http_pump_t;
 
+typedef enum { SOCK_HEADERS, SOCK_BODY, SOCK_BUSY } sock_phase_t;
+
+/* One client connection from accept to close (MHD's socket context), for the deadlines and the shares. */
+typedef struct http_sock {
+    int fd;
+    uint32_t slot;          /* the client address's counter in h->client_held */
+    sock_phase_t phase;
+    uint64_t phase_ms;      /* when the phase began */
+    bool cut;               /* shut down by the reaper */
+    struct http_sock *prev, *next;
+} http_sock_t;
+
 struct pdl_http {
     struct MHD_Daemon *daemon;
-    pdl_http_handler_fn handler;
+    pdl_http_handler_fn handler, refuse;
     void *cls;
     size_t max_body;
     size_t body_budget;
     atomic_size_t body_held;
-    atomic_uint_fast64_t refused_body;
+    atomic_uint_fast64_t refused_body, refused_headers, deadline_closed;
     atomic_uint_fast64_t warn_last_ms, warn_dropped;
+    size_t client_share;         /* bytes of bodies one client slot may hold */
+    atomic_size_t *client_held;  /* CLIENT_SLOTS counters */
+    uint8_t slot_key[PDL_SIPHASH_KEY_LEN];
+
+    unsigned header_timeout_s, body_timeout_s;
+    pthread_mutex_t socks_mu;    /* guards socks and every http_sock_t's phase; taken alone */
+    http_sock_t *socks;
+    pthread_cond_t reaper_cv;
+    pthread_t reaper;
+    bool reaper_started, reaper_stop;
 
     pdl_workq_t workers;         /* complete requests waiting for, or run by, a worker */
     pthread_mutex_t mu;          /* guards the two below; taken before the queue's lock */
@@ -82,7 +130,9 @@ struct pdl_http_conn {
     struct MHD_Connection *mc;
     const char *url, *method;
     char *body;
-    size_t len, cap, charged; /* charged: bytes counted against h->body_budget */
+    size_t len, cap, charged; /* charged: bytes counted against h->body_budget and the client's share */
+    http_sock_t *sock;        /* the connection's tracking (NULL if it could not be allocated) */
+    uint32_t slot;
     bool too_large, over_budget;
     conn_state_t state;
     int ret;                  /* the handler's MHD_Result */
@@ -109,14 +159,27 @@ struct http_pump {
 
 /* ---- the body budget ------------------------------------------------------------------------- */
 
-/* Count n more bytes against the budget; false (nothing counted) when it would go past it. */
+/* Add n to *ctr unless that passes limit; false (nothing added) then. */
+static bool counter_take(atomic_size_t *ctr, size_t limit, size_t n)
+{
+    size_t held = atomic_load(ctr);
+    do {
+        if (n > limit || held > limit - n)
+            return false;
+    } while (!atomic_compare_exchange_weak(ctr, &held, held + n));
+    return true;
+}
+
+/* Count n more bytes against the budget and the client's share; false (nothing counted) when either would
+ * go past its limit. */
 static bool budget_take(pdl_http_t *h, pdl_http_conn_t *c, size_t n)
 {
-    size_t held = atomic_load(&h->body_held);
-    do {
-        if (n > h->body_budget || held > h->body_budget - n)
-            return false;
-    } while (!atomic_compare_exchange_weak(&h->body_held, &held, held + n));
+    if (!counter_take(&h->client_held[c->slot], h->client_share, n))
+        return false;
+    if (!counter_take(&h->body_held, h->body_budget, n)) {
+        atomic_fetch_sub(&h->client_held[c->slot], n);
+        return false;
+    }
     c->charged += n;
     return true;
 }
@@ -124,6 +187,7 @@ static bool budget_take(pdl_http_t *h, pdl_http_conn_t *c, size_t n)
 static void body_drop(pdl_http_conn_t *c)
 {
     atomic_fetch_sub(&c->h->body_held, c->charged);
+    atomic_fetch_sub(&c->h->client_held[c->slot], c->charged);
     c->charged = 0;
     free(c->body);
     c->body = NULL;
@@ -142,19 +206,18 @@ static bool body_append(pdl_http_conn_t *c, const char *data, size_t n)
         body_drop(c);
         return true;
     }
-    size_t cap = c->cap;
-    char *p = c->body;
-    if (!pdl_buf_reserve(&p, &cap, c->len + n + 1, 4096))
-        return false;
-    c->body = p;
-    /* A declared length was charged up front; a chunked body is charged as its buffer grows. */
-    if (cap > c->charged && !budget_take(c->h, c, cap - c->charged)) {
-        c->cap = cap;
+    /* Bytes received are what is charged; the buffer holds at most twice that (it grows by doubling). */
+    if (!budget_take(h, c, n)) {
         c->over_budget = true;
         atomic_fetch_add(&h->refused_body, 1);
         body_drop(c);
         return true;
     }
+    size_t cap = c->cap;
+    char *p = c->body;
+    if (!pdl_buf_reserve(&p, &cap, c->len + n + 1, 4096))
+        return false;
+    c->body = p;
     c->cap = cap;
     memcpy(c->body + c->len, data, n);
     c->len += n;
@@ -162,8 +225,8 @@ static bool body_append(pdl_http_conn_t *c, const char *data, size_t n)
     return true;
 }
 
-/* At the headers: refuse a declared length over max_body at once, and charge the rest to the budget so
- * that eight clients announcing 60 MB each cannot all start buffering. */
+/* At the headers: a declared length over max_body is refused before any of it is read. Nothing is
+ * charged for a declared length; its bytes are, as they arrive. */
 static void body_declare(pdl_http_conn_t *c)
 {
     const char *cl = MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -176,20 +239,32 @@ static void body_declare(pdl_http_conn_t *c)
     if (v > c->h->max_body) {
         c->too_large = true;
         atomic_fetch_add(&c->h->refused_body, 1);
-        return;
     }
-    size_t want = (size_t)v + 1;
-    char *p = NULL;
-    size_t cap = 0;
-    if (!budget_take(c->h, c, want)) {
-        c->over_budget = true;
-        atomic_fetch_add(&c->h->refused_body, 1);
-        return;
-    }
-    if (pdl_buf_reserve(&p, &cap, want, want)) {
-        c->body = p;
-        c->cap = cap;
-    }
+}
+
+static enum MHD_Result count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    unsigned *n = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0)
+        n[0]++;
+    else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0)
+        n[1]++;
+    return MHD_YES;
+}
+
+/* Framing another parser on the path could read differently (request smuggling): two Content-Length
+ * headers (MHD uses the first), or Content-Length with Transfer-Encoding. NULL when the framing is plain. */
+static const char *framing_problem(struct MHD_Connection *mc)
+{
+    unsigned n[2] = {0, 0};
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, count_framing, n);
+    if (n[0] > 1)
+        return "more than one Content-Length header";
+    if (n[0] == 1 && n[1] > 0)
+        return "Content-Length together with Transfer-Encoding";
+    return NULL;
 }
 
 /* ---- streamed bodies ---------------------------------------------------------------------------- */
@@ -370,7 +445,158 @@ static bool enqueue(pdl_http_t *h, pdl_http_conn_t *c)
     return queued;
 }
 
+/* ---- connections: deadlines and client slots ---------------------------------------------------- */
+
+static void sock_phase(pdl_http_t *h, http_sock_t *sk, sock_phase_t phase)
+{
+    if (sk == NULL)
+        return;
+    pthread_mutex_lock(&h->socks_mu);
+    sk->phase = phase;
+    sk->phase_ms = pdl__clock_now_ms();
+    pthread_mutex_unlock(&h->socks_mu);
+}
+
+/* The counter of a client address: IPv4 by its address, IPv6 by its /64 (one host holds a whole /64). */
+static uint32_t client_slot(const pdl_http_t *h, const struct sockaddr *sa)
+{
+    uint8_t key[8];
+    size_t n = 0;
+    if (sa != NULL && sa->sa_family == AF_INET) {
+        memcpy(key, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+        n = 4;
+    } else if (sa != NULL && sa->sa_family == AF_INET6) {
+        const uint8_t *a = ((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr.s6_addr;
+        static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        if (memcmp(a, v4mapped, 12) == 0) {
+            memcpy(key, a + 12, 4);
+            n = 4;
+        } else {
+            memcpy(key, a, 8);
+            n = 8;
+        }
+    }
+    return (uint32_t)(pdl__siphash24(h->slot_key, key, n) % CLIENT_SLOTS);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    pdl_http_t *h = cls;
+    http_sock_t *sk = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        sk = calloc(1, sizeof(*sk));
+        *socket_context = sk;
+        if (sk == NULL)
+            return; /* untracked: only MHD's idle timeout applies to it */
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ad = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        sk->fd = fd ? fd->connect_fd : -1;
+        sk->slot = client_slot(h, ad ? ad->client_addr : NULL);
+        sk->phase = SOCK_HEADERS;
+        sk->phase_ms = pdl__clock_now_ms();
+        pthread_mutex_lock(&h->socks_mu);
+        sk->next = h->socks;
+        if (h->socks)
+            h->socks->prev = sk;
+        h->socks = sk;
+        pthread_mutex_unlock(&h->socks_mu);
+        return;
+    }
+    if (sk == NULL)
+        return;
+    /* MHD closes the descriptor after this returns: once unlinked, the reaper cannot reach it. */
+    pthread_mutex_lock(&h->socks_mu);
+    if (sk->prev)
+        sk->prev->next = sk->next;
+    else
+        h->socks = sk->next;
+    if (sk->next)
+        sk->next->prev = sk->prev;
+    pthread_mutex_unlock(&h->socks_mu);
+    free(sk);
+    *socket_context = NULL;
+}
+
+static void *reaper_main(void *arg)
+{
+    pdl_http_t *h = arg;
+    uint64_t header_ms = (uint64_t)h->header_timeout_s * 1000, body_ms = (uint64_t)h->body_timeout_s * 1000;
+    pthread_mutex_lock(&h->socks_mu);
+    while (!h->reaper_stop) {
+        uint64_t now = pdl__clock_now_ms(), cut = 0;
+        for (http_sock_t *sk = h->socks; sk != NULL; sk = sk->next) {
+            uint64_t limit = sk->phase == SOCK_HEADERS ? header_ms : sk->phase == SOCK_BODY ? body_ms : 0;
+            if (sk->cut || limit == 0 || sk->fd < 0 || pdl__clock_since(now, sk->phase_ms) < limit)
+                continue;
+            shutdown(sk->fd, SHUT_RDWR);
+            sk->cut = true;
+            cut++;
+        }
+        if (cut > 0) {
+            atomic_fetch_add(&h->deadline_closed, cut);
+            pdl_debug("http: shut down %llu connection(s) past the header (%u s) or body (%u s) deadline",
+                      (unsigned long long)cut, h->header_timeout_s, h->body_timeout_s);
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)REAPER_TICK_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->reaper_cv, &h->socks_mu, &ts);
+    }
+    pthread_mutex_unlock(&h->socks_mu);
+    return NULL;
+}
+
+static http_sock_t *sock_of(struct MHD_Connection *mc)
+{
+    const union MHD_ConnectionInfo *i = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return i ? i->socket_context : NULL;
+}
+
 /* ---- MHD callbacks ------------------------------------------------------------------------------ */
+
+/* Queue a response from the first call (the headers): MHD then sends no "100 Continue", reads no body and
+ * closes the connection after the answer. */
+static enum MHD_Result answer_at_headers(pdl_http_conn_t *c, unsigned status, const char *msg)
+{
+    if (c->resp == NULL) {
+        if (pdl_http_replyf(c, status, "%s", msg) != MHD_YES || c->resp == NULL)
+            return MHD_NO;
+    }
+    sock_phase(c->h, c->sock, SOCK_BUSY);
+    enum MHD_Result r = MHD_queue_response(c->mc, c->status, c->resp);
+    MHD_destroy_response(c->resp);
+    c->resp = NULL;
+    c->state = CONN_DONE;
+    return r;
+}
+
+/* The headers are in (first call of a request): refuse what must not be read, else start the body's
+ * deadline. */
+static enum MHD_Result on_headers(pdl_http_t *h, pdl_http_conn_t *c)
+{
+    const char *bad = framing_problem(c->mc);
+    if (bad != NULL) {
+        atomic_fetch_add(&h->refused_headers, 1);
+        char msg[160];
+        snprintf(msg, sizeof(msg), "bad request framing: %s", bad);
+        return answer_at_headers(c, 400, msg);
+    }
+    body_declare(c);
+    if (c->too_large) {
+        if (h->refuse != NULL) {
+            pdl_http_request_t req = {.conn = c, .url = c->url, .method = c->method, .body = "", .too_large = true};
+            h->refuse(h->cls, &req);
+        }
+        return answer_at_headers(c, 413, "request body too large");
+    }
+    sock_phase(h, c->sock, SOCK_BODY);
+    return MHD_YES;
+}
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
                                  const char *version, const char *upload, size_t *upload_size, void **req_cls)
@@ -386,9 +612,10 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         c->mc = mc;
         c->url = url;
         c->method = method;
+        c->sock = sock_of(mc);
+        c->slot = c->sock ? c->sock->slot : 0;
         *req_cls = c;
-        body_declare(c);
-        return MHD_YES;
+        return on_headers(h, c);
     }
     if (c->state == CONN_DONE) {
         if (c->resp == NULL)
@@ -403,6 +630,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
         *upload_size = 0;
         return body_append(c, upload, n) ? MHD_YES : MHD_NO;
     }
+    sock_phase(h, c->sock, SOCK_BUSY);
     if (c->state == CONN_READING && enqueue(h, c))
         return MHD_YES;
     struct MHD_Response *r = MHD_create_response_from_buffer(13, (void *)"shutting down", MHD_RESPMEM_PERSISTENT);
@@ -415,9 +643,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *mc, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *mc, void **req_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
-    (void)mc;
     (void)toe;
+    /* The next request's headers are due header_timeout_s from now (a keep-alive connection). */
+    sock_phase(cls, sock_of(mc), SOCK_HEADERS);
     pdl_http_conn_t *c = *req_cls;
     if (c != NULL) {
         body_drop(c);
@@ -467,31 +695,31 @@ bool pdl_http_is_opt(int opt)
     return opt >= PDL_HTTP_OPT_BASE && opt < PDL_HTTP_OPT_END;
 }
 
+/* Each shared flag: the unsigned field of pdl_http_limits_t it sets and its range. */
+static const struct {
+    int opt;
+    size_t offset;
+    int min, max;
+} k_http_flags[] = {
+    {PDL_HTTP_OPT_IDLE_TIMEOUT, offsetof(pdl_http_limits_t, idle_timeout_s), 0, 86400},
+    {PDL_HTTP_OPT_MAX_CONNECTIONS, offsetof(pdl_http_limits_t, max_connections), 1, 1 << 20},
+    {PDL_HTTP_OPT_MAX_PER_CLIENT, offsetof(pdl_http_limits_t, max_per_client), 0, 1 << 20},
+    {PDL_HTTP_OPT_THREADS, offsetof(pdl_http_limits_t, threads), 1, 256},
+    {PDL_HTTP_OPT_WORKERS, offsetof(pdl_http_limits_t, workers), 1, 1 << 16},
+    {PDL_HTTP_OPT_HEADER_TIMEOUT, offsetof(pdl_http_limits_t, header_timeout_s), 0, 86400},
+    {PDL_HTTP_OPT_BODY_TIMEOUT, offsetof(pdl_http_limits_t, body_timeout_s), 0, 86400},
+};
+
 pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *flag, const char *value,
                                   pdl_error_t *err)
 {
-    int v = 0;
-    pdl_status_t st;
-    switch (opt) {
-    case PDL_HTTP_OPT_IDLE_TIMEOUT:
-        if ((st = pdl_parse_int(flag, value, 0, 86400, &v, err)) == PDL_OK)
-            l->idle_timeout_s = (unsigned)v;
-        return st;
-    case PDL_HTTP_OPT_MAX_CONNECTIONS:
-        if ((st = pdl_parse_int(flag, value, 1, 1 << 20, &v, err)) == PDL_OK)
-            l->max_connections = (unsigned)v;
-        return st;
-    case PDL_HTTP_OPT_MAX_PER_CLIENT:
-        if ((st = pdl_parse_int(flag, value, 0, 1 << 20, &v, err)) == PDL_OK)
-            l->max_per_client = (unsigned)v;
-        return st;
-    case PDL_HTTP_OPT_THREADS:
-        if ((st = pdl_parse_int(flag, value, 1, 256, &v, err)) == PDL_OK)
-            l->threads = (unsigned)v;
-        return st;
-    case PDL_HTTP_OPT_WORKERS:
-        if ((st = pdl_parse_int(flag, value, 1, 1 << 16, &v, err)) == PDL_OK)
-            l->workers = (unsigned)v;
+    for (size_t i = 0; i < sizeof(k_http_flags) / sizeof(k_http_flags[0]); i++) {
+        if (k_http_flags[i].opt != opt)
+            continue;
+        int v = 0;
+        pdl_status_t st = pdl_parse_int(flag, value, k_http_flags[i].min, k_http_flags[i].max, &v, err);
+        if (st == PDL_OK)
+            *(unsigned *)(void *)((char *)l + k_http_flags[i].offset) = (unsigned)v;
         return st;
     }
     return pdl_error_set(err, PDL_ERR_INVALID, "%s: not an HTTP flag", flag);
@@ -534,6 +762,26 @@ static unsigned fd_bounded(unsigned want, const char *what)
     return (unsigned)room;
 }
 
+/* Free a listener whose daemon is stopped or was never started (the worker pool is running unless
+ * pdl_http_stop stopped it). */
+static void http_free(pdl_http_t *h)
+{
+    if (h->reaper_started) {
+        pthread_mutex_lock(&h->socks_mu);
+        h->reaper_stop = true;
+        pthread_cond_signal(&h->reaper_cv);
+        pthread_mutex_unlock(&h->socks_mu);
+        pthread_join(h->reaper, NULL);
+    }
+    if (!h->stopping) /* pdl_http_stop has stopped the pool already */
+        pdl__workq_stop(&h->workers);
+    pthread_cond_destroy(&h->reaper_cv);
+    pthread_mutex_destroy(&h->socks_mu);
+    pthread_mutex_destroy(&h->mu);
+    free(h->client_held);
+    free(h);
+}
+
 pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int *bound_port_p, pdl_error_t *err)
 {
     const pdl_http_limits_t *l = &p->limits;
@@ -565,14 +813,37 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         return st;
     }
     h->handler = p->handler;
+    h->refuse = p->refuse;
     h->cls = p->cls;
     h->max_body = p->max_body;
     h->body_budget = l->body_budget;
+    h->client_share = l->body_budget / CLIENT_SHARE_DIV > p->max_body ? l->body_budget / CLIENT_SHARE_DIV : p->max_body;
+    if (h->client_share > l->body_budget)
+        h->client_share = l->body_budget;
+    h->header_timeout_s = l->header_timeout_s;
+    h->body_timeout_s = l->body_timeout_s;
     atomic_init(&h->body_held, 0);
     atomic_init(&h->refused_body, 0);
+    atomic_init(&h->refused_headers, 0);
+    atomic_init(&h->deadline_closed, 0);
     atomic_init(&h->warn_last_ms, 0);
     atomic_init(&h->warn_dropped, 0);
     pthread_mutex_init(&h->mu, NULL);
+    pthread_mutex_init(&h->socks_mu, NULL);
+    pthread_cond_init(&h->reaper_cv, NULL);
+    randombytes_buf(h->slot_key, sizeof(h->slot_key));
+    h->client_held = calloc(CLIENT_SLOTS, sizeof(*h->client_held));
+    if (h->client_held == NULL) {
+        http_free(h);
+        freeaddrinfo(ai);
+        return pdl_error_set(err, PDL_ERR_NOMEM, "http: out of memory");
+    }
+    if ((l->header_timeout_s > 0 || l->body_timeout_s > 0) && pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+        http_free(h);
+        freeaddrinfo(ai);
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "%s: cannot start the HTTP deadline thread", p->what);
+    }
+    h->reaper_started = l->header_timeout_s > 0 || l->body_timeout_s > 0;
 
     unsigned max_conn = fd_bounded(l->max_connections, p->what);
     unsigned per_client = l->max_per_client != 0 ? l->max_per_client : max_conn - max_conn / 4;
@@ -583,24 +854,23 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         flags |= MHD_USE_IPv6;
     h->daemon = MHD_start_daemon(
         flags, (uint16_t)p->port, NULL, NULL, &on_access, h, MHD_OPTION_EXTERNAL_LOGGER, &on_mhd_log, h,
-        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, NULL,
+        MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, &on_connection, h,
         MHD_OPTION_THREAD_POOL_SIZE, l->threads, MHD_OPTION_CONNECTION_LIMIT, max_conn,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT, l->idle_timeout_s,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (h->daemon == NULL) {
-        pdl__workq_stop(&h->workers);
-        pthread_mutex_destroy(&h->mu);
-        free(h);
+        http_free(h);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "cannot listen for HTTP on %s:%d (address in use or not local?)",
                              p->host, p->port);
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     *bound_port_p = info ? (int)info->port : p->port;
     pdl_debug("http %s:%d: %u polling threads, up to %u workers, %u connections (%u per client), idle timeout "
-              "%u s, body budget %zu bytes",
+              "%u s, header deadline %u s, body deadline %u s, body budget %zu bytes (%zu per client)",
               p->host, *bound_port_p, l->threads, l->workers, max_conn, per_client, l->idle_timeout_s,
-              l->body_budget);
+              l->header_timeout_s, l->body_timeout_s, l->body_budget, h->client_share);
     *http_p = h;
     return PDL_OK;
 }
@@ -624,8 +894,8 @@ void pdl_http_stop(pdl_http_t *http)
      * nothing more (h->stopping), so the queue is not touched once stopped. */
     pdl__workq_stop(&h->workers);
     MHD_stop_daemon(h->daemon);
-    pthread_mutex_destroy(&h->mu);
-    free(h);
+    h->daemon = NULL;
+    http_free(h);
 }
 
 void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out)
@@ -642,6 +912,8 @@ void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out)
     out->queued = (unsigned)queued;
     out->body_bytes = atomic_load(&http->body_held);
     out->refused_body = atomic_load(&http->refused_body);
+    out->refused_headers = atomic_load(&http->refused_headers);
+    out->deadline_closed = atomic_load(&http->deadline_closed);
 }
 
 /* ---- replies ------------------------------------------------------------------------------------- */

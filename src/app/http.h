@@ -10,8 +10,15 @@
  * decode's body). When every worker is busy, requests wait (suspended, not timed out) for one to free.
  *
  * A handler is called once per request, after the whole body has arrived; a body larger than max_body or
- * one that would take the bodies held at once past body_budget is not kept, and the handler sees
- * too_large or over_budget instead (413 or 503 is its choice, so each program keeps its error shape).
+ * one that would take the bodies held at once past body_budget (or its client's share of it) is not kept,
+ * and the handler sees too_large or over_budget instead (413 or 503 is its choice, so each program keeps
+ * its error shape). A Content-Length over max_body is refused at the headers, before any body byte is
+ * read or a "100 Continue" is sent: the params' `refuse` answers it on the polling thread.
+ *
+ * Deadlines a trickle cannot extend: a connection must deliver a request's headers within header_timeout_s
+ * of opening (or of its previous response), and the body within body_timeout_s of the headers; past
+ * either, the listener shuts the socket down (counted in deadline_closed). MHD's own idle timeout restarts
+ * on every byte, so a client sending one byte per idle period would otherwise hold a connection forever.
  *
  * Every reply function records one response, which is queued when the handler returns, and returns an
  * MHD_Result (MHD_NO closes the connection); bodies are copied, so the caller keeps what it passes.
@@ -58,6 +65,9 @@ typedef int (*pdl_http_handler_fn)(void *cls, const pdl_http_request_t *req);
  */
 typedef struct pdl_http_limits {
     unsigned idle_timeout_s;  /* --http-idle-timeout: close a connection silent this long (0 = never) */
+    unsigned header_timeout_s; /* --http-header-timeout: a request's headers, from the connection's open or
+                                  its previous response (0 = never) */
+    unsigned body_timeout_s;  /* --http-body-timeout: a request's whole body, from its headers (0 = never) */
     unsigned max_connections; /* --http-max-connections: all clients together */
     unsigned max_per_client;  /* --http-max-connections-per-client: one IP address (0 = 3/4 of the above) */
     unsigned threads;         /* --http-threads: MHD polling threads */
@@ -73,6 +83,8 @@ enum {
     PDL_HTTP_OPT_MAX_PER_CLIENT,
     PDL_HTTP_OPT_THREADS,
     PDL_HTTP_OPT_WORKERS,
+    PDL_HTTP_OPT_HEADER_TIMEOUT,
+    PDL_HTTP_OPT_BODY_TIMEOUT,
     PDL_HTTP_OPT_END
 };
 /* getopt entries of the shared flags, for a program's longopts table. */
@@ -81,7 +93,9 @@ enum {
         {"http-max-connections", required_argument, NULL, PDL_HTTP_OPT_MAX_CONNECTIONS},                         \
         {"http-max-connections-per-client", required_argument, NULL, PDL_HTTP_OPT_MAX_PER_CLIENT},               \
         {"http-threads", required_argument, NULL, PDL_HTTP_OPT_THREADS},                                         \
-        {"http-workers", required_argument, NULL, PDL_HTTP_OPT_WORKERS}
+        {"http-workers", required_argument, NULL, PDL_HTTP_OPT_WORKERS},                                         \
+        {"http-header-timeout", required_argument, NULL, PDL_HTTP_OPT_HEADER_TIMEOUT},                           \
+        {"http-body-timeout", required_argument, NULL, PDL_HTTP_OPT_BODY_TIMEOUT}
 
 /* True when opt is one of PDL_HTTP_LONGOPTS. */
 bool pdl_http_is_opt(int opt);
@@ -98,7 +112,10 @@ typedef struct pdl_http_params {
     pdl_http_limits_t limits;
     size_t thread_stack_size;   /* of the workers; 0 = the system default */
     pdl_http_handler_fn handler;
-    void *cls;                  /* passed to handler; must outlive pdl_http_stop */
+    /* Answers a request whose Content-Length is over max_body (req->too_large, no body), at its headers and
+     * on the polling thread: it must not block or stream. NULL: a plain-text 413. */
+    pdl_http_handler_fn refuse;
+    void *cls;                  /* passed to handler and refuse; must outlive pdl_http_stop */
 } pdl_http_params_t;
 
 /*
@@ -121,6 +138,9 @@ typedef struct pdl_http_stats {
     unsigned queued;       /* complete requests waiting for a worker */
     size_t body_bytes;     /* request body bytes held (counted against body_budget) */
     uint64_t refused_body; /* bodies refused: over max_body or over body_budget */
+    uint64_t refused_headers; /* 400 at the headers: duplicate Content-Length, or Content-Length with
+                                 Transfer-Encoding (a request another parser could split differently) */
+    uint64_t deadline_closed; /* connections shut down past header_timeout_s or body_timeout_s */
 } pdl_http_stats_t;
 void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out);
 

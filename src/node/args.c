@@ -37,9 +37,11 @@ void pdl_node_args_defaults(pdl_node_args_t *a)
         .max_tokens_default = 16,
         /* A node's clients are routers and proxies holding pooled keep-alive connections. 60 s idle is
          * longer than any pool keeps one; 1024 workers cover the concurrency a router sends (each waiting
-         * KV pull is a worker); 256 MiB of bodies is 16 bodies at the 16 MiB a request may have. */
-        .http = {.idle_timeout_s = 60, .max_connections = 4096, .threads = 2, .workers = 1024,
-                 .body_budget = 256u << 20},
+         * KV pull is a worker); 256 MiB of bodies is 16 bodies at the 16 MiB a request may have. Headers
+         * are due within the idle timeout, a body within 120 s of its headers (140 kB/s for 16 MiB), so a
+         * client trickling bytes holds its connection no longer. */
+        .http = {.idle_timeout_s = 60, .header_timeout_s = 60, .body_timeout_s = 120, .max_connections = 4096,
+                 .threads = 2, .workers = 1024, .body_budget = 256u << 20},
     };
 }
 
@@ -82,6 +84,10 @@ const char *pdl_node_args_usage(void)
            "  --http-max-connections-per-client N  from one IP address (pdlink; default 3/4 of the above)\n"
            "  --http-threads N               HTTP polling threads (pdlink; default 2)\n"
            "  --http-workers N               requests handled at once; more wait (pdlink; default 1024)\n"
+           "  --http-header-timeout SECONDS  a request's headers are due this long after the connection opened or\n"
+           "                                 its previous response, however slowly they trickle (pdlink; default 60)\n"
+           "  --http-body-timeout SECONDS    a request's body is due this long after its headers (pdlink; default\n"
+           "                                 120; 0 = never for either)\n"
            "  --log-level error|warn|info|debug|trace\n"
            "  --help, --version\n"
            "Accepted and ignored: --trust-remote-code --language-model-only --no-enable-prefix-caching\n"

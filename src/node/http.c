@@ -417,16 +417,23 @@ static void sse_free(void *cls)
 
 /* ---- handlers --------------------------------------------------------------------------------- */
 
+/* Also called at the headers, on the polling thread, for a Content-Length over the limit: no blocking. */
+static int refuse_too_large(pdl_node_t *node, const pdl_http_request_t *hr)
+{
+    pdl_node_metrics_request(node->metrics, false);
+    return send_error(hr->conn, 413, "RequestEntityTooLarge", "request body: larger than 16 MiB", NULL);
+}
+
+static int on_refuse(void *cls, const pdl_http_request_t *hr) { return refuse_too_large(cls, hr); }
+
 static int handle_completion(pdl_node_t *node, const pdl_http_request_t *hr, bool chat)
 {
     pdl_http_conn_t *c = hr->conn;
     const char *rid_hdr = pdl_http_header(hr, "X-Request-Id");
     pdl_node_result_t res;
     memset(&res, 0, sizeof(res));
-    if (hr->too_large) {
-        pdl_node_metrics_request(node->metrics, false);
-        return send_error(c, 413, "RequestEntityTooLarge", "request body: larger than 16 MiB", NULL);
-    }
+    if (hr->too_large)
+        return refuse_too_large(node, hr);
     if (hr->over_budget) {
         pdl_node_metrics_request(node->metrics, false);
         return send_error(c, 503, "ServiceUnavailableError",
@@ -578,6 +585,7 @@ pdl_status_t pdl_node_http_start(pdl_node_t *node, pdl_http_t **http_p, int *por
                                  .max_body = BODY_MAX,
                                  .limits = node->args.http,
                                  .handler = on_request,
+                                 .refuse = on_refuse,
                                  .cls = node};
     return pdl_http_start(&p, http_p, port_p, err);
 }
