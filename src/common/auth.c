@@ -82,12 +82,14 @@ pdl_status_t pdl_auth_load(const char *path, pdl_auth_t **out, pdl_error_t *err)
         close(fd);
         return pdl_error_set(err, PDL_ERR_INVALID, "auth_key_file %s: not a regular file", path);
     }
-    /* Anyone on the host who can read the secret can join the cluster: refuse, as ssh does for keys. */
-    if ((sb.st_mode & (S_IROTH | S_IWOTH)) != 0) {
+    /* Anyone on the host who can read the secret can join the cluster, and a group is a set of users the
+     * owner does not control: refuse any group or other bit, as ssh does for private keys. */
+    if ((sb.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
         close(fd);
         return pdl_error_set(err, PDL_ERR_INVALID,
-                             "auth_key_file %s: mode %04o lets every user read or write it (chmod 600 %s)", path,
-                             (unsigned)(sb.st_mode & 07777), path);
+                             "auth_key_file %s: mode %04o lets %s access it; only its owner may (chmod 600 %s)", path,
+                             (unsigned)(sb.st_mode & 07777), (sb.st_mode & S_IRWXO) != 0 ? "every user" : "its group",
+                             path);
     }
     uint8_t buf[PDL_AUTH_SECRET_MAX + 1];
     size_t n = 0;

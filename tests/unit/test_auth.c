@@ -71,7 +71,21 @@ static void key_file_rules(void **state)
     assert_int_equal(pdl_auth_load(path, &a, &e), PDL_ERR_INVALID);
     remove_key(path);
 
-    write_key(path, sizeof(path), k_secret, 0640); /* group-readable is the operator's choice */
+    /* Group access is refused too (the group's other members could join the cluster), with the mode. */
+    static const mode_t group_modes[] = {0640, 0660, 0620, 0610};
+    for (size_t i = 0; i < sizeof(group_modes) / sizeof(group_modes[0]); i++) {
+        char mode[8];
+        snprintf(mode, sizeof(mode), "%04o", (unsigned)group_modes[i]);
+        write_key(path, sizeof(path), k_secret, group_modes[i]);
+        assert_int_equal(pdl_auth_load(path, &a, &e), PDL_ERR_INVALID);
+        assert_null(a);
+        assert_non_null(strstr(e.msg, path));
+        assert_non_null(strstr(e.msg, mode));
+        assert_non_null(strstr(e.msg, "its group"));
+        remove_key(path);
+    }
+
+    write_key(path, sizeof(path), k_secret, 0400); /* read-only for the owner is fine */
     assert_int_equal(pdl_auth_load(path, &a, &e), PDL_OK);
     assert_non_null(a);
     remove_key(path);
