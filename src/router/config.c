@@ -9,6 +9,7 @@
  */
 #include "router/config.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +36,17 @@ void pdl_router_config_init(pdl_router_config_t *c)
      * its legs are built (parsed, prefill and decode JSON, their texts), so 256 MiB of bodies is about
      * 1.3 GiB at the peak. Clients of a router are many and long-lived (streams), hence 8192
      * connections and 1024 workers (each running request or stream is one). */
-    c->max_payload_size = 64u << 20;
-    c->http = (pdl_http_limits_t){.idle_timeout_s = 60, .max_connections = 8192, .threads = 2, .workers = 1024,
-                                  .body_budget = 256u << 20};
+    c->max_payload_size = 16u << 20; /* pdlink-node refuses larger bodies: the router need not hold them */
+    /* Header and body deadlines bound what a trickling client holds: 60 s for the headers is the idle
+     * timeout a keep-alive connection already had; 120 s for a 16 MiB body is 140 kB/s. */
+    c->http = (pdl_http_limits_t){.idle_timeout_s = 60, .header_timeout_s = 60, .body_timeout_s = 120,
+                                  .max_connections = 8192, .threads = 2, .workers = 1024, .body_budget = 256u << 20};
+    /* A prefill leg (max_tokens 1, not streamed) answers at once when its prefill is done, so its first
+     * byte is its whole answer: 300 s is a long prompt queued behind others, and a paused or hung prefill
+     * fails its clients after that rather than never. A decode's first byte is its headers (a stream) or
+     * its whole answer; 1800 s overall is vllm-router's --request-timeout-secs. */
+    c->prefill_timeouts = (pdl_leg_timeouts_t){.connect_s = 10, .first_byte_s = 300, .total_s = 600};
+    c->decode_timeouts = (pdl_leg_timeouts_t){.connect_s = 10, .first_byte_s = 600, .total_s = 1800};
 }
 
 const char *pdl_policy_kind_name(pdl_policy_kind_t k)
@@ -72,16 +81,28 @@ const char *pdl_router_usage(void)
            "  --log-level L                   error | warn | info | debug | trace (default info)\n"
            "  --prometheus-host HOST          metrics listener address (default 127.0.0.1)\n"
            "  --prometheus-port PORT          separate metrics listener; /metrics is also on --port\n"
-           "  --max-payload-size BYTES        one request body at most (default 67108864 = 64 MiB; 413 above)\n"
+           "  --max-payload-size BYTES        one request body at most (default 16777216 = 16 MiB, pdlink-node's\n"
+           "                                  limit; 413 above, refused from Content-Length before the body)\n"
            "  --max-payload-in-flight BYTES   request bodies held at once (default 268435456 = 256 MiB; 503 above)\n"
            "  --auth-key-file PATH            authenticated mode: the cluster key file of the nodes' auth_key_file;\n"
            "                                  the discovery socket then admits only key holders (CURVE)\n"
-           "  --api-key KEY                   sent to the nodes as Authorization: Bearer KEY (their --api-key)\n"
+           "  --api-key KEY                   /v1 routes require Authorization: Bearer KEY (401 without), and it\n"
+           "                                  is sent to the nodes the same way (their --api-key)\n"
            "  --http-idle-timeout SECONDS     close a connection silent this long (default 60, 0 = never)\n"
            "  --http-max-connections N        open connections at most (default 8192, lowered to 3/8 of ulimit -n)\n"
            "  --http-max-connections-per-client N  from one IP address (default 3/4 of the above)\n"
            "  --http-threads N                HTTP polling threads (default 2)\n"
            "  --http-workers N                requests and streams handled at once; more wait (default 1024)\n"
+           "  --http-header-timeout SECONDS   a request's headers must arrive within this of the connection's\n"
+           "                                  open or its previous response, however slowly (default 60, 0 = never)\n"
+           "  --http-body-timeout SECONDS     a request's body must arrive within this of its headers\n"
+           "                                  (default 120, 0 = never)\n"
+           "  --prefill-connect-timeout S     deadlines of a prefill leg (0 = none): connect (default 10),\n"
+           "  --prefill-first-byte-timeout S  first response byte (default 300; the prefill's whole answer),\n"
+           "  --prefill-timeout S             whole exchange (default 600). Past one: 504, the prefill released\n"
+           "  --decode-connect-timeout S      deadlines of a decode leg: connect (default 10), first response\n"
+           "  --decode-first-byte-timeout S   byte (default 600), whole exchange including the stream\n"
+           "  --decode-timeout S              (default 1800, vllm-router's --request-timeout-secs)\n"
            "  -h, --help                      show this text\n"
            "\n"
            "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
@@ -138,7 +159,17 @@ enum {
     OPT_HELP = 256, OPT_PD, OPT_HOST, OPT_PORT, OPT_KV_CONNECTOR, OPT_DISCOVERY, OPT_POLICY, OPT_PREFILL_POLICY,
     OPT_DECODE_POLICY, OPT_LOG_LEVEL, OPT_PROM_PORT, OPT_PROM_HOST, OPT_WORKER_TTL, OPT_PORT_FILE, OPT_DP_SIZE,
     OPT_MAX_PAYLOAD, OPT_MAX_PAYLOAD_IN_FLIGHT, OPT_AUTH_KEY_FILE, OPT_API_KEY,
+    OPT_LEG_TIMEOUT, /* the first of k_leg_timeouts' entries; one value each */
 };
+
+/* The leg deadline flags, in the order of their OPT_LEG_TIMEOUT + i in router_options: the field of the
+ * config each sets (seconds, 0 = none). */
+static const size_t k_leg_timeouts[] = {
+    offsetof(pdl_router_config_t, prefill_timeouts.connect_s),  offsetof(pdl_router_config_t, prefill_timeouts.first_byte_s),
+    offsetof(pdl_router_config_t, prefill_timeouts.total_s),    offsetof(pdl_router_config_t, decode_timeouts.connect_s),
+    offsetof(pdl_router_config_t, decode_timeouts.first_byte_s), offsetof(pdl_router_config_t, decode_timeouts.total_s),
+};
+#define N_LEG_TIMEOUTS (sizeof(k_leg_timeouts) / sizeof(k_leg_timeouts[0]))
 
 static const struct option router_options[] = {
     {"help", no_argument, NULL, OPT_HELP},
@@ -161,6 +192,12 @@ static const struct option router_options[] = {
     {"max-payload-in-flight", required_argument, NULL, OPT_MAX_PAYLOAD_IN_FLIGHT},
     {"auth-key-file", required_argument, NULL, OPT_AUTH_KEY_FILE},
     {"api-key", required_argument, NULL, OPT_API_KEY},
+    {"prefill-connect-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 0},
+    {"prefill-first-byte-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 1},
+    {"prefill-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 2},
+    {"decode-connect-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 3},
+    {"decode-first-byte-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 4},
+    {"decode-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 5},
     PDL_HTTP_LONGOPTS,
     {NULL, 0, NULL, 0},
 };
@@ -180,6 +217,11 @@ static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int op
     long l = 0;
     if (pdl_http_is_opt(opt))
         return pdl_http_limits_take(&c->http, opt, flag, v, err);
+    if (opt >= OPT_LEG_TIMEOUT && opt < OPT_LEG_TIMEOUT + (int)N_LEG_TIMEOUTS) {
+        if ((st = pdl_parse_int(flag, v, 0, 86400, &x, err)) == PDL_OK)
+            *(unsigned *)(void *)((char *)c + k_leg_timeouts[opt - OPT_LEG_TIMEOUT]) = (unsigned)x;
+        return st;
+    }
     switch (opt) {
     case OPT_HELP: c->help = true; return PDL_OK;
     case OPT_PD: c->pd_disaggregation = true; return PDL_OK;

@@ -12,6 +12,7 @@
 
 #include "app/http.h"
 #include "pdlink/status.h"
+#include "router/upstream.h"
 
 typedef enum pdl_policy_kind {
     PDL_POLICY_CONSISTENT_HASH = 0,
@@ -35,14 +36,16 @@ typedef struct pdl_router_config {
     uint32_t worker_ttl_ms;        /* hidden: registration TTL, default 5000 (vllm-router's 5 s) */
     char port_file[1024];          /* hidden: write "http=P discovery=P prometheus=P" here once bound */
     int intra_node_dp_size;        /* --intra-node-data-parallel-size, default 1 */
-    size_t max_payload_size;       /* --max-payload-size: one request body, default 64 MiB */
+    size_t max_payload_size;       /* --max-payload-size: one request body, default 16 MiB (the nodes' limit) */
+    pdl_leg_timeouts_t prefill_timeouts, decode_timeouts; /* --prefill-*-timeout, --decode-*-timeout */
     pdl_http_limits_t http;        /* --http-* and --max-payload-in-flight (http.body_budget) */
     char auth_key_file[1024];      /* --auth-key-file: authenticated mode's cluster key ("" = compatible mode) */
     char api_key[512];             /* --api-key: sent to every node as "Authorization: Bearer <key>" */
     bool help;
 } pdl_router_config_t;
 
-/* Defaults: host 127.0.0.1, port 30000, consistent_hash policies, TTL 5000 ms, no prometheus port. */
+/* Defaults: host 127.0.0.1, port 30000, consistent_hash policies, TTL 5000 ms, no prometheus port, leg
+ * deadlines (seconds; connect, first byte, total) prefill 10/300/600 and decode 10/600/1800. */
 void pdl_router_config_init(pdl_router_config_t *c);
 
 /* Parse argv (argv[0] skipped). On PDL_ERR_INVALID err->msg names the offending flag/value. */

@@ -102,7 +102,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         return PDL_HTTP_STREAM_ERROR; /* router stopping */
     if (s->dleg->result != CURLE_OK) {
         pdl_warn("decode %s broke off mid-response: %s", s->dleg->url, pdl_leg_error(s->dleg));
-        pdl_rt_metrics_error(s->rt->metrics, PDL_RTERR_DECODE);
+        pdl_rt_metrics_error(s->rt->metrics, s->dleg->timed_out ? PDL_RTERR_DECODE_TIMEOUT : PDL_RTERR_DECODE);
         s->ended = true; /* counted; do not count it again as a client disconnect */
         return PDL_HTTP_STREAM_ERROR;
     }
@@ -479,8 +479,9 @@ static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
     d->dtext = dump(d->dbody, &dlen);
     if (d->dtext == NULL ||
         pdl_leg_start(d->pleg, d->dleg->own_multi, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true,
-                      &d->err) != PDL_OK ||
-        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &d->err) != PDL_OK) {
+                      &rt->cfg.prefill_timeouts, &d->err) != PDL_OK ||
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &rt->cfg.decode_timeouts,
+                      &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
                        d->err.msg[0] ? d->err.msg : "out of memory");
         return false;
@@ -501,7 +502,8 @@ static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
 static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
 {
     pdl_router_t *rt = d->rt;
-    if (pdl_leg_start(d->pleg, NULL, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true, &d->err) != PDL_OK) {
+    if (pdl_leg_start(d->pleg, NULL, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true,
+                      &rt->cfg.prefill_timeouts, &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
                        d->err.msg);
         return false;
@@ -535,7 +537,8 @@ static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
     size_t dlen = 0;
     d->dtext = dump(d->dbody, &dlen);
     if (d->dtext == NULL ||
-        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &d->err) != PDL_OK) {
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &rt->cfg.decode_timeouts,
+                      &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: %s",
                        d->err.msg[0] ? d->err.msg : "out of memory");
         return false;
@@ -571,6 +574,10 @@ static int dispatch_decode_answer(dispatch_t *d)
     }
     if (dgone) {
         pdl_rt_metrics_leg(rt->metrics, 'D', d->dbase, 1);
+        if (dleg->timed_out)
+            return failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE_TIMEOUT, 504, d->dleg_name, d->served,
+                             "Request processing failed: Decode server timeout: %s: %s (--decode-*-timeout)",
+                             d->D->http_address, pdl_leg_error(dleg));
         return failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, d->dleg_name, d->served,
                          "Request processing failed: Decode server error: %s: %s", d->D->http_address,
                          pdl_leg_error(dleg));
@@ -605,6 +612,19 @@ static int dispatch_prefill_failed(dispatch_t *d)
         const char *h[3] = {line, d->served[0], d->served[1]};
         ret = pdl_http_reply_headers(d->c, (unsigned)pleg->status, "application/json", pleg->buf + pleg->rpos, blen,
                                      h, 3);
+    } else if (pleg->timed_out) {
+        /* The prefill may be slow or hung, not dead: it may still finish and hold the KV for this transfer.
+         * Failed releases free that hold, as for a failed decode, if its notify port answers within their
+         * linger (a stopped process does not: its lease frees the blocks). The request is not retried on
+         * another prefill: the policy picked this one, the first may still be computing it, and a client
+         * retries a 504 as it would any 5xx. */
+        json_t *kv = json_pack("{s:s, s:I, s:I}", "transfer_id", d->transfer_id, "tp_size", (json_int_t)d->P->tp_size,
+                               "remote_dp_rank", (json_int_t)0);
+        pdl_rt_release_send(rt->rel, kv, d->P->zmq_address, d->request_id);
+        json_decref(kv);
+        ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL_TIMEOUT, 504, d->pleg_name, d->served,
+                        "Request processing failed: Prefill server timeout: %s: %s (--prefill-*-timeout)",
+                        d->P->http_address, pdl_leg_error(pleg));
     } else if (pleg->done && pleg->result != CURLE_OK && pleg->status == 0) {
         ret = failf_leg(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, d->pleg_name, d->served,
                         "Request processing failed: Prefill server error: %s: %s", d->P->http_address,
@@ -704,7 +724,7 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *pat
     pdl_error_clear(&err);
     const char *auth[] = {rt->auth_header};
     size_t nauth = rt->auth_header[0] != '\0' ? 1 : 0;
-    if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, auth, nauth, true, &err) != PDL_OK ||
+    if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, auth, nauth, true, &rt->cfg.prefill_timeouts, &err) != PDL_OK ||
         pdl_leg_wait(rt->up, leg->own_multi, &leg, NULL, 1) != PDL_OK) {
         pdl_leg_release(rt->up, leg);
         return pdl_http_reply(c, 503, NULL, "router is shutting down or out of memory", 40, NULL);

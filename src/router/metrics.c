@@ -46,9 +46,11 @@ struct pdl_rt_metrics {
 };
 
 static const char *const k_error_names[PDL_RTERR_COUNT_] = {
-    "no_workers", "bad_request", "prefill_error", "decode_error", "no_transfer_mode", "client_disconnected"};
+    "no_workers",          "bad_request",     "prefill_error",  "decode_error", "no_transfer_mode",
+    "client_disconnected", "prefill_timeout", "decode_timeout", "unauthorized"};
 static const char *const k_disc_names[PDL_DISC_COUNT_] = {
-    "messages", "registrations", "malformed", "mode_mismatch", "rejected", "expired", "refused"};
+    "messages", "registrations", "malformed", "mode_mismatch", "rejected", "expired", "refused", "hijack_refused",
+    "listener_pauses"};
 
 const char *pdl_rt_route_path(pdl_rt_route_t r)
 {

@@ -27,6 +27,9 @@ typedef enum pdl_rt_error {
     PDL_RTERR_DECODE,           /* decode transport error (500) or non-2xx (passed through) */
     PDL_RTERR_NO_MODE,          /* 500: no transfer mode known */
     PDL_RTERR_CLIENT_GONE,      /* client disconnected before the response ended */
+    PDL_RTERR_PREFILL_TIMEOUT,  /* 504: the prefill leg passed a deadline (--prefill-*-timeout) */
+    PDL_RTERR_DECODE_TIMEOUT,   /* 504, or a stream cut: the decode leg passed a deadline */
+    PDL_RTERR_UNAUTHORIZED,     /* 401: a /v1 request without the --api-key bearer token */
     PDL_RTERR_COUNT_,
 } pdl_rt_error_t;
 
@@ -38,6 +41,8 @@ typedef enum pdl_rt_disc {
     PDL_DISC_REJECTED,          /* dropped for another reason (table full, bad address) */
     PDL_DISC_EXPIRED,           /* entries removed by the TTL */
     PDL_DISC_REFUSED,           /* authenticated mode: connections without the cluster key (CURVE, ZAP) */
+    PDL_DISC_HIJACK_REFUSED,    /* a registration that would change a worker registered from another address */
+    PDL_DISC_LISTENER_PAUSES,   /* the discovery port closed for a while: its connection share or EMFILE */
     PDL_DISC_COUNT_,
 } pdl_rt_disc_t;
 

@@ -8,6 +8,7 @@
 #include "router/registry.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,9 +58,11 @@ static pdl_worker_table_t *table_of(pdl_registry_t *r, char role)
     return role == 'P' ? &r->prefill : role == 'D' ? &r->decode : NULL;
 }
 
-pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *reg, uint64_t now_ms, bool *added_p,
-                                 pdl_error_t *err)
+pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *reg, const char *source, bool trusted,
+                                 uint64_t now_ms, bool *added_p, pdl_error_t *err)
 {
+    if (source == NULL)
+        source = "";
     if (added_p)
         *added_p = false;
     size_t hl = strnlen(reg->http_address, sizeof(reg->http_address));
@@ -87,6 +90,18 @@ pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *re
             w = &t->items[i];
             break;
         }
+    if (w != NULL && !trusted && strcmp(w->source, source) != 0) {
+        char was[sizeof(w->source)], zmq[sizeof(w->zmq_address)];
+        memcpy(was, w->source, sizeof(was));
+        memcpy(zmq, w->zmq_address, sizeof(zmq));
+        pthread_mutex_unlock(&r->mu);
+        return pdl_error_set(err, PDL_ERR_DENIED,
+                             "instance %s (zmq %s) was registered from %s; a registration from %s (zmq %s) is "
+                             "ignored until the entry expires (authenticated mode, --auth-key-file, lets key "
+                             "holders re-register from anywhere)",
+                             reg->http_address, zmq, was[0] ? was : "an unknown address", source[0] ? source : "an unknown address",
+                             reg->zmq_address);
+    }
     if (w == NULL) {
         if (t->n == PDL_REGISTRY_MAX_PER_ROLE) {
             pthread_mutex_unlock(&r->mu);
@@ -112,6 +127,7 @@ pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *re
         if (added_p)
             *added_p = true;
     }
+    snprintf(w->source, sizeof(w->source), "%s", source); /* the same, or a key holder's new one */
     memcpy(w->zmq_address, reg->zmq_address, zl + 1);
     w->dp_size = reg->dp_size > 0 ? reg->dp_size : 1;
     w->tp_size = reg->tp_size > 0 ? reg->tp_size : 1;

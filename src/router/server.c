@@ -15,18 +15,53 @@
 #include <jansson.h>
 
 #include "app/http.h"
+#include "app/prom.h"
 #include "common/log.h"
 #include "router/router.h"
 #include "common/clock.h"
 
+/* What the API listener refused or cut (app/http.c), after the router's own counters. */
+static char *http_metrics(pdl_router_t *rt, size_t *len)
+{
+    pdl_http_stats_t st;
+    pdl_http_stats(rt->http, &st);
+    pdl_prom_t w = {0};
+    pdl_prom_family(&w, "pdlink_router_http_connections", PDL_PROM_GAUGE, "Open client connections (--port).");
+    pdl_prom_u64(&w, "pdlink_router_http_connections", NULL, 0, st.connections);
+    pdl_prom_family(&w, "pdlink_router_http_body_bytes", PDL_PROM_GAUGE,
+                    "Request body bytes received and held, counted against --max-payload-in-flight.");
+    pdl_prom_u64(&w, "pdlink_router_http_body_bytes", NULL, 0, st.body_bytes);
+    pdl_prom_family(&w, "pdlink_router_http_refused_bodies_total", PDL_PROM_COUNTER,
+                    "Bodies refused: over --max-payload-size, or over --max-payload-in-flight or the client's share.");
+    pdl_prom_u64(&w, "pdlink_router_http_refused_bodies_total", NULL, 0, st.refused_body);
+    pdl_prom_family(&w, "pdlink_router_http_refused_headers_total", PDL_PROM_COUNTER,
+                    "Requests refused with 400 at their headers: duplicate Content-Length, or with Transfer-Encoding.");
+    pdl_prom_u64(&w, "pdlink_router_http_refused_headers_total", NULL, 0, st.refused_headers);
+    pdl_prom_family(&w, "pdlink_router_http_deadline_closed_total", PDL_PROM_COUNTER,
+                    "Connections shut down past --http-header-timeout or --http-body-timeout.");
+    pdl_prom_u64(&w, "pdlink_router_http_deadline_closed_total", NULL, 0, st.deadline_closed);
+    return pdl_prom_finish(&w, len);
+}
+
 static int serve_metrics(pdl_router_t *rt, pdl_http_conn_t *c)
 {
-    char *text = NULL;
-    size_t len = 0;
-    if (pdl_rt_metrics_render(rt->metrics, rt->reg, pdl__clock_now_ms(), &text, &len) != PDL_OK)
+    char *text = NULL, *more = NULL;
+    size_t len = 0, mlen = 0;
+    if (pdl_rt_metrics_render(rt->metrics, rt->reg, pdl__clock_now_ms(), &text, &len) != PDL_OK ||
+        (more = http_metrics(rt, &mlen)) == NULL) {
+        free(text);
         return pdl_http_replyf(c, 500, "out of memory rendering metrics");
-    int r = pdl_http_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", text, len, NULL);
-    free(text);
+    }
+    char *all = realloc(text, len + mlen + 1);
+    if (all == NULL) {
+        free(text);
+        free(more);
+        return pdl_http_replyf(c, 500, "out of memory rendering metrics");
+    }
+    memcpy(all + len, more, mlen + 1);
+    free(more);
+    int r = pdl_http_reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", all, len + mlen, NULL);
+    free(all);
     return r;
 }
 
@@ -144,6 +179,16 @@ static int handle(pdl_router_t *rt, bool metrics_only, const pdl_http_request_t 
     bool is_get = strcmp(method, "GET") == 0;
     bool is_completion = strcmp(url, "/v1/completions") == 0 || strcmp(url, "/v1/chat/completions") == 0;
 
+    /* --api-key guards the /v1 routes, as vLLM's --api-key does; /health, /metrics and friends stay open. */
+    if (!metrics_only && rt->cfg.api_key[0] != '\0' && strncmp(url, "/v1/", 4) == 0 &&
+        !pdl_http_bearer_ok(req, rt->cfg.api_key)) {
+        pdl_rt_metrics_error(rt->metrics, PDL_RTERR_UNAUTHORIZED);
+        return pdl_http_reply_json(c, 401,
+                                   json_pack("{s:{s:s, s:s, s:i}}", "error", "message",
+                                             "missing or wrong Authorization: Bearer token (--api-key)", "type",
+                                             "Unauthorized", "code", 401),
+                                   NULL);
+    }
     if (is_post && !metrics_only) {
         if (req->too_large || req->over_budget)
             return body_refused(rt, c, req->too_large);
@@ -200,6 +245,12 @@ static int on_metrics_port(void *cls, const pdl_http_request_t *req)
     return handle(cls, true, req);
 }
 
+/* A Content-Length over --max-payload-size, at the headers (polling thread: no blocking). */
+static int on_refuse(void *cls, const pdl_http_request_t *req)
+{
+    return body_refused(cls, req->conn, true);
+}
+
 pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool metrics_only, pdl_http_t **http_p,
                               int *bound_port_p, pdl_error_t *err)
 {
@@ -208,7 +259,7 @@ pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool
      * and a few scrapers: small limits. */
     pdl_http_limits_t limits = rt->cfg.http;
     if (metrics_only) {
-        limits.max_connections = 64;
+        limits.max_connections = 32;
         limits.max_per_client = 0;
         limits.workers = 4;
         limits.threads = 1;
@@ -220,6 +271,7 @@ pdl_status_t pdl_server_start(pdl_router_t *rt, const char *host, int port, bool
                                  .limits = limits,
                                  .thread_stack_size = 512 * 1024,
                                  .handler = metrics_only ? on_metrics_port : on_api,
+                                 .refuse = metrics_only ? NULL : on_refuse,
                                  .cls = rt};
     return pdl_http_start(&p, http_p, bound_port_p, err);
 }

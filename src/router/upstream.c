@@ -8,11 +8,13 @@
 #include "router/upstream.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "app/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 struct pdl_upstream {
@@ -53,6 +55,9 @@ static void leg_clear_exchange(pdl_leg_t *leg)
     leg->headers_done = false;
     leg->len = leg->rpos = 0;
     leg->done = false;
+    leg->got_byte = false;
+    leg->timed_out = false;
+    leg->start_ms = leg->first_byte_ms = 0;
     leg->overflow = false;
     leg->result = CURLE_OK;
     leg->errbuf[0] = '\0';
@@ -135,6 +140,7 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
     pdl_leg_t *leg = userdata;
     size_t n = size * nmemb;
+    leg->got_byte = true;
     if (leg->rpos == leg->len)
         leg->rpos = leg->len = 0;
     if (leg->collect && leg->len + n > PDL_LEG_MAX_COLLECT) {
@@ -162,6 +168,7 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata)
     pdl_leg_t *leg = userdata;
     size_t n = size * nmemb;
     size_t l = n;
+    leg->got_byte = true;
     while (l > 0 && (ptr[l - 1] == '\r' || ptr[l - 1] == '\n'))
         l--;
     if (l >= 5 && strncmp(ptr, "HTTP/", 5) == 0) {
@@ -189,7 +196,7 @@ static size_t on_header(char *ptr, size_t size, size_t nmemb, void *userdata)
 
 pdl_status_t pdl_leg_start(pdl_leg_t *leg, CURLM *multi, const char *method, const char *url, const char *body,
                            size_t body_len, const char *const *headers, size_t nheaders, bool collect,
-                           pdl_error_t *err)
+                           const pdl_leg_timeouts_t *t, pdl_error_t *err)
 {
     leg_clear_exchange(leg);
     size_t ul = strlen(url);
@@ -202,7 +209,12 @@ pdl_status_t pdl_leg_start(pdl_leg_t *leg, CURLM *multi, const char *method, con
     curl_easy_setopt(e, CURLOPT_URL, leg->url);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    /* curl's 0 means its own 300 s default for the connect timeout, and "none" for the total. */
+    long connect_ms = t == NULL ? 10000L : t->connect_s > 0 ? (long)t->connect_s * 1000L : 24L * 3600 * 1000;
+    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, t != NULL ? (long)t->total_s * 1000L : 0L);
+    leg->start_ms = pdl__clock_now_ms();
+    leg->first_byte_ms = t != NULL ? (uint64_t)t->first_byte_s * 1000 : 0;
     curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
     curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, leg);
@@ -284,6 +296,30 @@ void pdl_leg_step(CURLM *multi, int timeout_ms)
 
 static bool stopping(const pdl_upstream_t *up) { return up->stop != NULL && atomic_load(up->stop); }
 
+/* Fail a leg still without a response byte at its first-byte deadline; curl has no such timeout. Closing
+ * its connection tells the instance the request is gone (vLLM aborts it). */
+static void first_byte_check(pdl_leg_t *leg)
+{
+    if (leg->done || leg->got_byte || leg->first_byte_ms == 0 || leg->cur_multi == NULL ||
+        pdl__clock_since(pdl__clock_now_ms(), leg->start_ms) < leg->first_byte_ms)
+        return;
+    curl_multi_remove_handle(leg->cur_multi, leg->easy);
+    leg->cur_multi = NULL;
+    leg->done = true;
+    leg->headers_done = true;
+    leg->timed_out = true;
+    leg->status = 0;
+    leg->result = CURLE_OPERATION_TIMEDOUT;
+    snprintf(leg->errbuf, sizeof(leg->errbuf), "no response within %llu s (first-byte timeout)",
+             (unsigned long long)(leg->first_byte_ms / 1000));
+}
+
+static void mark_timeout(pdl_leg_t *leg)
+{
+    if (leg->done && leg->result == CURLE_OPERATION_TIMEDOUT)
+        leg->timed_out = true;
+}
+
 pdl_status_t pdl_leg_wait(pdl_upstream_t *up, CURLM *multi, pdl_leg_t **legs, const bool *headers_only, size_t n)
 {
     for (;;) {
@@ -292,11 +328,16 @@ pdl_status_t pdl_leg_wait(pdl_upstream_t *up, CURLM *multi, pdl_leg_t **legs, co
             bool ready = legs[i]->done || (headers_only && headers_only[i] && legs[i]->headers_done);
             all = all && ready;
         }
-        if (all)
+        if (all) {
+            for (size_t i = 0; i < n; i++)
+                mark_timeout(legs[i]);
             return PDL_OK;
+        }
         if (stopping(up))
             return PDL_ERR_BAD_STATE;
         pdl_leg_step(multi, 200);
+        for (size_t i = 0; i < n; i++)
+            first_byte_check(legs[i]);
     }
 }
 
@@ -307,7 +348,9 @@ long pdl_leg_read(pdl_upstream_t *up, pdl_leg_t *leg, char *dst, size_t max, boo
         if (stopping(up))
             return -1;
         pdl_leg_step(leg->cur_multi, 200);
+        first_byte_check(leg);
     }
+    mark_timeout(leg);
     size_t avail = leg->len - leg->rpos;
     if (avail == 0) {
         *eof = true;

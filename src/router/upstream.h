@@ -17,6 +17,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <curl/curl.h>
 
@@ -29,6 +30,12 @@
 
 typedef struct pdl_upstream pdl_upstream_t;
 
+/* Deadlines of one leg in seconds, 0 = none. first_byte runs from the start of the request to the first
+ * byte of the response (its status line): a prefill's whole answer, a stream's headers. */
+typedef struct pdl_leg_timeouts {
+    unsigned connect_s, first_byte_s, total_s;
+} pdl_leg_timeouts_t;
+
 typedef struct pdl_leg {
     CURL *easy;
     CURLM *own_multi;   /* the multi this leg's connections live in */
@@ -38,6 +45,9 @@ typedef struct pdl_leg {
     size_t req_len;
     char url[1024];
     bool collect;       /* whole body wanted: no high-water pause, PDL_LEG_MAX_COLLECT cap */
+    uint64_t start_ms, first_byte_ms; /* when it started; its first-byte deadline (0 = none) */
+    bool got_byte;      /* a response byte (status line or body) arrived */
+    bool timed_out;     /* failed by a deadline (connect, first byte or total): result CURLE_OPERATION_TIMEDOUT */
     /* response */
     long status;
     bool headers_done;
@@ -62,11 +72,13 @@ void pdl_leg_release(pdl_upstream_t *up, pdl_leg_t *leg);
 
 /*
  * Start a request: method "GET" or "POST" (body copied), headers appended to the leg's list
- * ("Name: value"; headers may be NULL). The leg is added to `multi` (NULL = its own).
+ * ("Name: value"; headers may be NULL), under the deadlines `t` (NULL: a 10 s connect timeout only).
+ * The leg is added to `multi` (NULL = its own). A leg past a deadline ends done with result
+ * CURLE_OPERATION_TIMEDOUT and timed_out set; its connection is closed.
  */
 pdl_status_t pdl_leg_start(pdl_leg_t *leg, CURLM *multi, const char *method, const char *url, const char *body,
                            size_t body_len, const char *const *headers, size_t nheaders, bool collect,
-                           pdl_error_t *err);
+                           const pdl_leg_timeouts_t *t, pdl_error_t *err);
 
 /* One round of I/O on a multi: perform, mark finished legs, wait up to timeout_ms if nothing moved. */
 void pdl_leg_step(CURLM *multi, int timeout_ms);

@@ -84,7 +84,7 @@ PROMPTS=("The quick brown fox jumps over the lazy dog" "Hello" "$(printf 'a long
 same=0
 for i in 0 1 2 0 1 2; do
     want=$(completion_text "$S_PORT" "${PROMPTS[$i]}" 8)
-    got=$(completion_text "$RPORT" "${PROMPTS[$i]}" 8)
+    got=$(completion_text "$RPORT" "${PROMPTS[$i]}" 8 -H "Authorization: Bearer $API")
     [[ -n $got && $got == "$want" ]] && same=$((same + 1))
 done
 check_eq "6 requests through the router answer the reference's text" "$same" 6
@@ -104,6 +104,18 @@ check_contains "P GET /v1/models with the token: 200" \
     "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $API" "http://127.0.0.1:$P_PORT/v1/models")" "200"
 check_contains "P /health needs no token" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$P_PORT/health")" "200"
 check_eq "P counted 3 unauthorized requests" "$(metric "$P_PORT" pdlink_http_unauthorized_total)" 3
+
+# --- router HTTP: --api-key checks the router's own clients too, as vLLM's --api-key does ------------
+check_contains "router /v1/completions without a token: 401" "$(post "$RPORT" /v1/completions "$BODY")" "401 "
+check_contains "router /v1/completions with a wrong token: 401" \
+    "$(post "$RPORT" /v1/completions "$BODY" -H "Authorization: Bearer wrong-$API")" "401 "
+check_contains "router GET /v1/models without a token: 401" \
+    "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RPORT/v1/models")" "401"
+check_contains "router /v1/completions with the token: 200" \
+    "$(post "$RPORT" /v1/completions "$BODY" -H "Authorization: Bearer $API")" "200 "
+check_contains "router /health needs no token" "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$RPORT/health")" "200"
+check_eq "router counted 3 unauthorized requests" \
+    "$(metric "$RPORT" 'vllm_router_pd_errors_total{error_type="unauthorized"}')" 3
 
 # --- rogue registrations ---------------------------------------------------------------------------
 rogue_register "$DISC" plain

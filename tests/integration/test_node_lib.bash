@@ -104,10 +104,12 @@ post() {
     echo "$(cat "$TMP/code") $(tr -d '\n' <"$TMP/body")"
 }
 
-completion_text() { # completion_text PORT PROMPT MAX_TOKENS
-    curl -s -H 'Content-Type: application/json' \
-        --data-binary "$(jq -cn --arg p "$2" --argjson m "$3" '{prompt:$p, max_tokens:$m}')" \
-        "http://127.0.0.1:$1/v1/completions" | jq -r '.choices[0].text'
+completion_text() { # completion_text PORT PROMPT MAX_TOKENS [CURL_ARGS...]
+    local port=$1 prompt=$2 max=$3
+    shift 3
+    curl -s -H 'Content-Type: application/json' "$@" \
+        --data-binary "$(jq -cn --arg p "$prompt" --argjson m "$max" '{prompt:$p, max_tokens:$m}')" \
+        "http://127.0.0.1:$port/v1/completions" | jq -r '.choices[0].text'
 }
 
 metric() { # metric PORT NAME_WITH_LABELS_PREFIX : sum of matching series
