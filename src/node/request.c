@@ -623,6 +623,28 @@ static void pull_verify_rank(void *arg, int tp_rank)
 }
 
 /*
+ * A failed transfer's answer to the HTTP client. Whether the producer address refused the connection,
+ * never answered or answered with something that is not a pdlink/MoRIIO peer is the difference a port
+ * scan through this decode looks for (kv_transfer_params name any host and port), so those failures
+ * read the same to the client; the node's log keeps the cause under the request id. Other failures
+ * (a refused grant, a mismatched peer) come from a peer that completed its handshake, and keep their text.
+ */
+static void transfer_failed(pdl_node_result_t *res, const pdl_node_request_t *req, const char *what,
+                            pdl_status_t st, const pdl_error_t *err)
+{
+    const char *cause = err->msg[0] ? err->msg : pdl_status_string(st);
+    if (st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT || st == PDL_ERR_PARSE) {
+        pdl_warn("request %s: KV transfer of %s%s failed: %s", req->request_id, req->params.transfer_id, what, cause);
+        pdl_node_result_error(res, 500,
+                              "KV transfer of %s%s failed: the producer could not be reached or did not answer as "
+                              "a KV peer (the node's log has the cause, under request %s)",
+                              req->params.transfer_id, what, req->request_id);
+        return;
+    }
+    pdl_node_result_error(res, 500, "KV transfer of %s%s failed: %s", req->params.transfer_id, what, cause);
+}
+
+/*
  * Pull the prompt's KV from the producer and verify every received byte into `check`; on failure the
  * blocks are freed by the caller. The transfer's time (metrics) ends when the last rank's reads were
  * done, not when its verification was: verification is the node's work, not the transfer's.
@@ -676,8 +698,9 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     }
     pdl_pull_free(pull); /* frees v once no rank works on it */
     if (st != PDL_OK) {
-        pdl_node_result_error(res, 500, "KV transfer of %s from %s failed: %s", req->params.transfer_id,
-                              req->params.remote_engine_id, err.msg[0] ? err.msg : pdl_status_string(st));
+        char from[sizeof(req->params.remote_engine_id) + 8];
+        snprintf(from, sizeof(from), " from %s", req->params.remote_engine_id);
+        transfer_failed(res, req, from, st, &err);
         return false;
     }
     pdl_debug("request %s: pulled %llu bytes in %.3f ms", req->request_id, (unsigned long long)bytes, secs * 1e3);
@@ -723,8 +746,7 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         pdl_node_metrics_pull(node->metrics, (double)(t1 - t0) / 1e9, bytes);
     pdl_recv_free(rv);
     if (st != PDL_OK) {
-        pdl_node_result_error(res, 500, "KV transfer of %s (WRITE mode) failed: %s", req->params.transfer_id,
-                              err.msg[0] ? err.msg : pdl_status_string(st));
+        transfer_failed(res, req, " (WRITE mode)", st, &err);
         return false;
     }
     pdl_synth_verify(node->kv, node->args.seed, prompt, blocks, check);
