@@ -110,6 +110,7 @@ typedef struct bc_setup {
     int P, D;
     int layers;
     pdl_instance_t *prod, *cons;
+    int tokens; /* the row's prompt length: the hold zeroes its last block's rows past it, as a node does */
     /* The producer's events of the transfer in flight (one at a time). */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -285,10 +286,12 @@ static uint64_t bc_word(uint64_t seed, int layer, int ghead, size_t bidx, int ha
 }
 
 /* Fill (bad == NULL) or check one rank's blocks; `layer0` is layer 0 of the rank's region (HND order). */
+/* Checking, the rows of the last block from token `used_last` on must be zero (the hold zeroed them). */
 static void bc_walk(uint8_t *layer0, const pdl_kv_geometry_t *g, int layers, int ghead0, const uint32_t *blocks,
-                    size_t n, uint64_t seed, uint64_t *bad, uint64_t *checked)
+                    size_t n, uint64_t seed, uint64_t used_last, uint64_t *bad, uint64_t *checked)
 {
     const uint64_t hb = (uint64_t)g->block_size * g->head_dim * g->elem_size; /* one head of one block */
+    const uint64_t row = (uint64_t)g->head_dim * g->elem_size;
     for (int l = 0; l < layers; l++)
         for (size_t i = 0; i < n; i++)
             for (int half = 0; half < pdl_layout_num_halves(g); half++)
@@ -297,6 +300,8 @@ static void bc_walk(uint8_t *layer0, const pdl_kv_geometry_t *g, int layers, int
                                  lh * hb;
                     for (uint64_t w = 0; w < hb / 8; w++) {
                         uint64_t want = bc_word(seed, l, ghead0 + (int)lh, i, half, w), got;
+                        if (bad != NULL && i == n - 1 && 8 * w / row >= used_last)
+                            want = 0;
                         if (bad == NULL) {
                             memcpy(p + 8 * w, &want, 8);
                             continue;
@@ -326,7 +331,9 @@ static uint64_t bc_kv(bc_setup_t *s, const bc_opts_t *o, bool mirror, bool check
     for (int r = 0; r < tp; r++) {
         const pdl_kv_geometry_t *g = pdl_instance_geometry(inst, r);
         uint8_t *base = mirror ? pdl_mem_ptr(check ? s->cm[r] : s->pm[r]) : pdl_instance_kv_layer(inst, r, 0);
-        bc_walk(base, g, s->layers, bc_first_head(o, tp, r), blocks, n, seed, check ? &bad : NULL, checked);
+        /* The connector's hold zeroes the last block's rows past the prompt; the engine path moves them. */
+        uint64_t bs = g->block_size, used = mirror || s->tokens <= 0 ? bs : (uint64_t)s->tokens - (n - 1) * bs;
+        bc_walk(base, g, s->layers, bc_first_head(o, tp, r), blocks, n, seed, used, check ? &bad : NULL, checked);
     }
     return bad;
 }
@@ -392,7 +399,9 @@ static uint64_t bc_conn_one(bc_setup_t *s, const bc_opts_t *o, size_t nblk, bc_s
     uint64_t t0 = pdl__clock_now_ns();
     pdl_pull_t *pull = NULL;
     pdl_kv_params_t kp;
-    pdl_status_t rc = pdl_instance_hold(s->prod, s->tid, pblk, nblk, &e);
+    pdl_status_t rc = s->tokens > 0 ? pdl_instance_zero_tail(s->prod, pblk, nblk, (uint64_t)s->tokens, &e) : PDL_OK;
+    if (rc == PDL_OK)
+        rc = pdl_instance_hold(s->prod, s->tid, pblk, nblk, &e);
     bool held = rc == PDL_OK;
     if (rc == PDL_OK && (rc = pdl_instance_params(s->prod, s->tid, pblk, nblk, &kp, &e)) == PDL_OK) {
         rc = pdl_instance_pull(s->cons, &kp, NULL, cblk, nblk, &pull, &e);
@@ -698,6 +707,7 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
     int npulls = 0, nrels = 0;
     size_t nblk = bc_nblk(o, tokens);
     uint32_t pblk[256], cblk[256];
+    s->tokens = tokens;
     bc_batches_t *b = bc_prepare(s, o, nblk, st, pblk, cblk);
     if (b == NULL) {
         free(w);
@@ -929,7 +939,8 @@ static void bc_usage(FILE *f)
             "per-pair ratios with min-max; a spread (q3 - q1) / median over %.2f prints \"spread\" instead.\n"
             "Every KV byte is written before and checked after each transfer, outside the clock.\n\n"
             "  --model NAME        geometry preset (default llama-3.1-8b; `pdlink plan --help` lists them)\n"
-            "  --tokens LIST       prompt lengths (default 16,64,256)\n"
+            "  --tokens LIST       prompt lengths (default 16,64,256); a length that leaves its last block part\n"
+            "                      empty has that block's other rows zeroed before the hold, as pdlink-node does\n"
             "  --topologies LIST   of 1P1D (TP8->TP8), P4/D8, P8/D4, P4/D4 (default all)\n"
             "  --pairs N           alternating pairs per row (5..%d, default 7)\n"
             "  --reps N            transfers per sample (1..%d, default 4)\n"

@@ -7,28 +7,38 @@
  * Called from the two places blocks go back to the allocator: pdl_instance_free_blocks and the last rank
  * resolving a held transfer (held.c), before the free, so a block is never handed out and then zeroed.
  */
-#include <string.h>
+#include <stdlib.h>
 
 #include "connector/internal.h"
 
 void pdl__scrub_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t n)
 {
-    if (!inst->cfg.conn.scrub_freed_blocks)
+    if (!inst->cfg.conn.scrub_freed_blocks || n == 0)
         return;
     PDL_FOR_LOCAL(inst, r) {
         const pdl_rank_mem_t *m = &inst->ranks[r].mem;
-        if (m->kv_ptr == NULL)
+        if (m->kv == NULL)
             continue;
         uint64_t half_len = pdl_layout_block_len(&m->geo);
         int halves = pdl_layout_num_halves(&m->geo);
-        for (int l = 0; l < inst->cfg.model.num_layers; l++) {
-            uint8_t *layer = m->kv_ptr + (uint64_t)l * m->layer_len;
+        size_t cap = (size_t)inst->cfg.model.num_layers * n * (size_t)halves, k = 0;
+        pdl_range_t *rg = malloc(cap * sizeof(*rg));
+        if (rg == NULL) {
+            pdl_warn("rank %d: scrub_freed_blocks: out of memory for %zu ranges; %zu blocks not zeroed", r, cap, n);
+            continue;
+        }
+        for (int l = 0; l < inst->cfg.model.num_layers; l++)
             for (size_t i = 0; i < n; i++) {
                 if (ids[i] >= m->geo.num_blocks)
                     continue; /* the allocator refuses it too */
                 for (int h = 0; h < halves; h++)
-                    memset(layer + pdl_layout_half_offset(&m->geo, ids[i], h), 0, half_len);
+                    rg[k++] = (pdl_range_t){(uint64_t)l * m->layer_len + pdl_layout_half_offset(&m->geo, ids[i], h),
+                                            half_len};
             }
-        }
+        /* Through the engine: device memory is zeroed on the device, never by the CPU. */
+        pdl_error_t err;
+        if (pdl_mem_zero(m->kv, rg, k, &err) != PDL_OK)
+            pdl_warn("rank %d: scrub_freed_blocks: %s", r, err.msg);
+        free(rg);
     }
 }
