@@ -439,7 +439,21 @@ typedef enum pdl_counter_kind {
     X(transfer_handshakes, "pdlink_transfer_handshakes_total", PDL_COUNTER_COUNT,                                   \
       "Handshakes (with the session open and mapping) a transfer had to wait for: 0 when prewarm was in time.")  \
     X(auth_refused, "pdlink_auth_refused_total", PDL_COUNTER_COUNT,                                                 \
-      "Authenticated mode: connections refused for want of the cluster key (ZeroMQ ZAP, tcp data challenge).")
+      "Authenticated mode: connections refused for want of the cluster key (ZeroMQ ZAP, tcp data challenge).")  \
+    X(keepalives_refused, "pdlink_keepalives_refused_total", PDL_COUNTER_COUNT,                                     \
+      "Keepalives dropped: sent from another host than the transfer's consumer (docs/security.md).")             \
+    X(write_done_refused, "pdlink_write_done_refused_total", PDL_COUNTER_COUNT,                                     \
+      "WRITE mode: write_done dropped: sent from another host than the producer the receive names (decode).")    \
+    X(remote_blocks_refused, "pdlink_remote_blocks_refused_total", PDL_COUNTER_COUNT,                               \
+      "WRITE mode: remote_blocks refused: another host than the push's consumer, or more ids than num_blocks.")  \
+    X(remote_blocks_evicted, "pdlink_remote_blocks_evicted_total", PDL_COUNTER_COUNT,                               \
+      "WRITE mode: parked remote_blocks evicted from the full park table (the host holding most of it loses).")  \
+    X(releases_unverified, "pdlink_releases_unverified_total", PDL_COUNTER_COUNT,                                   \
+      "Failed releases not sent: no handshake with that producer ever succeeded here (docs/security.md).")        \
+    X(dealers_refused, "pdlink_dealers_refused_total", PDL_COUNTER_COUNT,                                           \
+      "Notify messages not sent: the outbound socket cap was reached and nothing could be evicted (sender.c).")   \
+    X(dealers_evicted, "pdlink_dealers_evicted_total", PDL_COUNTER_COUNT,                                           \
+      "Outbound notify sockets closed early to stay under the socket cap (sender.c).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

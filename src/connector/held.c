@@ -58,15 +58,18 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
     expected[0] = '\0';
     if (sender == NULL || sender[0] == '\0')
         return true;
-    if (inst->cfg.conn.read_mode)
+    /* The consumer the transfer was made for binds it: the decode its request id names (the router
+     * chose it: pdl_instance_hold_for), or the host a push writes to. Only a hold that names none falls
+     * back to the host its grant was first served to -- whoever read first, an attacker as well: taken
+     * first, that made the reader "the consumer", refused the real decode's release and let the reader's
+     * keepalives pin the blocks (issue 26). */
+    pthread_mutex_lock(&inst->held_mu);
+    const pdl_held_t *h = pdl__fanin_data(inst->held, transfer_id);
+    if (h)
+        snprintf(expected, cap, "%s", h->consumer_ip);
+    pthread_mutex_unlock(&inst->held_mu);
+    if (expected[0] == '\0' && inst->cfg.conn.read_mode)
         pdl_engine_grant_peer(r->mem.engine, transfer_id, expected, cap, NULL);
-    if (expected[0] == '\0') {
-        pthread_mutex_lock(&inst->held_mu);
-        const pdl_held_t *h = pdl__fanin_data(inst->held, transfer_id);
-        if (h)
-            snprintf(expected, cap, "%s", h->consumer_ip);
-        pthread_mutex_unlock(&inst->held_mu);
-    }
     return pdl__held_sender_is_consumer(inst, sender, expected);
 }
 

@@ -100,6 +100,17 @@ bool pdl__trust_addr(const pdl_cidrs_t *trusted, const char *numeric);
 /* ---- sender.c: DEALER caches, endpoints, the outbound queue ---------------------------------- */
 
 enum { PDL_OUT_OTHER = 0, PDL_OUT_RELEASE = 1, PDL_OUT_KEEPALIVE = 2 };
+/* Or'ed into a kind: the endpoint belongs to a peer this instance verified (a handshake with it
+ * succeeded, or it is the producer of a transfer just pulled from it). Without it a new DEALER counts
+ * in the small unverified share of the socket cap (sender.c). */
+#define PDL_OUT_VERIFIED 0x100
+#define PDL_OUT_KIND(k) ((k) & 0xff)
+/* The outbound DEALER cap (sender.c): at most PDL_DEALERS_MAX per instance (libzmq's whole context
+ * defaults to 1,023 sockets), at most PDL_DEALERS_UNVERIFIED_MAX of them to unverified endpoints, and
+ * at most PDL_DEALERS_PER_CACHE in one owner thread's cache. */
+#define PDL_DEALERS_MAX 512
+#define PDL_DEALERS_UNVERIFIED_MAX 64
+#define PDL_DEALERS_PER_CACHE 128
 
 /* A message queued for the service thread to send on its DEALER cache. */
 typedef struct pdl_outmsg {
@@ -119,7 +130,9 @@ typedef struct pdl_outq {
 /* "tcp://host:port", brackets for IPv6; -1 if it does not fit. */
 int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
 /* Send one frame on a DEALER from `cache` (created and connected on first use, evicted on error),
- * counting it by `kind`; only the thread that owns `cache` may call this. False when not sent. */
+ * counting it by `kind` (PDL_OUT_*, | PDL_OUT_VERIFIED); only the thread that owns `cache` may call
+ * this. A new DEALER beyond the cap evicts this cache's least recently used one of the same share, or,
+ * with none, the message is not sent (dealers_refused). False when not sent. */
 bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
 void pdl__dealers_close(pdl_strmap_t *cache);
 /* Close the DEALERs of `cache` unused for idle_ns (all of them when idle_ns is 0): a DEALER to a peer
@@ -262,6 +275,10 @@ struct pdl_xfer_side {
     atomic_bool sweep_queued;
     pdl_read_plan_t *plans[8]; /* pull.c: cached read plans, one per producer TP seen */
     int nplans;
+    /* A handshake with the lane's own remote instance (key) succeeded once: its endpoints are verified
+     * (sender.c's cap; failed releases go only to verified producers). Set by the lane's thread, read by
+     * pdl_instance_abandon's. */
+    atomic_bool verified;
 };
 
 /* A rank's lanes in one direction, created on first use and stopped with the rank. */
@@ -298,13 +315,18 @@ typedef struct pdl_xfer_times {
     uint64_t peers, build, post, wait;
 } pdl_xfer_times_t;
 
-/* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached), post
+/* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached; with every
+ * one of them handshaked -- or one answering but incompatible, PDL_ERR_MISMATCH -- *verified is set (may
+ * be NULL) and, with all handshaked, for the lane's own instance side->verified), post
  * batched ops per remote rank (whole layers, several per batch when they are small), wait for all of them within transfer_timeout (even after
  * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
  * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
  * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
-                           uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err);
+                           uint64_t *descs, pdl_xfer_times_t *times, bool *verified, pdl_error_t *err);
+/* Has a handshake with the instance of `addr` succeeded on rank r's lanes `l` (its own lane, not one
+ * shared by hash)? Any thread. */
+bool pdl__xfer_verified(pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr);
 /* Lanes: init (no thread yet) / the lane for remote instance `addr`, started on first use (beyond
  * PDL_XFER_MAX_LANES remote instances, lanes are shared by hash) -- NULL with err set when its thread
  * cannot start or the rank is stopping / queue the service thread's idle-DEALER sweep on every lane /
@@ -410,9 +432,10 @@ void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_por
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                            const char *consumer, pdl_error_t *err);
 /*
- * May a release of transfer_id reach rank r from host `sender` (numeric, as libzmq reports the
- * connection's peer; NULL = unknown)? The consumer is the host the rank's engine first served the
- * transfer's grant to, else the host its request id names (pdl_instance_hold_for); a release from
+ * May a release (or a keepalive) of transfer_id reach rank r from host `sender` (numeric, as libzmq
+ * reports the connection's peer; NULL = unknown)? The consumer is the host the transfer was made for
+ * (the request id's decode address given to pdl_instance_hold_for; a push's consumer), else -- a hold
+ * that names none -- the host the rank's engine first served the transfer's grant to; a release from
  * another host, other than the router's (proxy_ip), is refused, with the expected host in `expected`.
  * Without a known consumer (an upstream peer reads over its own transport, no request id, a name
  * instead of an address, a transfer not held yet) every release is accepted, as upstream does.
@@ -493,10 +516,13 @@ void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
 void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
-/* Service thread of rank r: a remote_blocks (producer; `sender` its Peer-Address, NULL = unknown, kept
- * with it while parked) or write_done (consumer) message. */
+/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message; `sender` is its
+ * Peer-Address (NULL = unknown: accepted). A remote_blocks counts only from the push's consumer host (one
+ * parked before its push is checked when the push is made), a write_done only from the host of the
+ * producer the receive names (a failed one parked before its receive, when the receive starts);
+ * refusals are counted in remote_blocks_refused / write_done_refused. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
-void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg);
+void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
 /* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push; `sender`
  * (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an abandon
  * parked before its push so that pdl_instance_push checks it again against the push's consumer. An
@@ -547,6 +573,8 @@ struct pdl_instance {
     int tp;
     pdl_rank_t *ranks; /* tp of them */
     atomic_bool stopping;
+    /* sender.c: DEALERs open in every cache of the instance, and those to unverified endpoints */
+    atomic_int dealers_open, dealers_unverified;
 
     /* held.c */
     pthread_mutex_t held_mu;
@@ -622,6 +650,10 @@ struct pdl_pull {
     pdl_peer_addr_t producer;
     uint32_t *local_blocks, *remote_blocks;
     size_t n;
+
+    /* pdl_instance_abandon: no reads; each rank job only verifies the producer (handshakes, cached) and
+     * then sends its failed releases */
+    bool abandon;
 
     /* pull_hook.h: per-rank work after a rank's reads; rank_arg is freed with the pull */
     void (*rank_fn)(void *arg, int tp_rank);

@@ -22,6 +22,12 @@
  * caller's function on each rank after its reads and releases, and frees the caller's argument with
  * the pull.
  *
+ * Failed releases go only to a verified producer: one whose handshake (get_meta_msg, answered as the
+ * instance the params name) succeeded from this lane. Before, a decode sent them wherever a request's
+ * params pointed: ~1,100 invalid requests naming new notify endpoints made ~1,100 DEALERs and exhausted
+ * the ZeroMQ context (issue 26). pdl_instance_abandon therefore runs on the lanes too: it handshakes
+ * first (cached after the first time) and releases only a producer that answered.
+ *
  * Timing: with debug logging each rank job logs where its time went (queued behind other pulls on this
  * rank, handshakes, descriptor building, posting -- which for shm includes the copy itself --, waiting,
  * releases, the hook).
@@ -101,7 +107,7 @@ typedef struct pull_job {
 
 /* Reads of one rank through the executor: the plan's pieces, all from the pull's producer. */
 static pdl_status_t rank_read(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, const pdl_read_plan_t *plan, uint64_t *bytes_out,
-                              uint64_t *descs_out, pdl_xfer_times_t *xt, pdl_error_t *err)
+                              uint64_t *descs_out, pdl_xfer_times_t *xt, bool *verified, pdl_error_t *err)
 {
     pdl_xfer_piece_t pieces[PDL_TOPO_MAX_TP];
     for (int i = 0; i < plan->num_pieces; i++)
@@ -114,12 +120,22 @@ static pdl_status_t rank_read(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *
                     .remote_blocks = pull->remote_blocks,
                     .n = pull->n,
                     .grant = pull->transfer_id};
-    return pdl__xfer_run(r, side, &x, bytes_out, descs_out, xt, err);
+    return pdl__xfer_run(r, side, &x, bytes_out, descs_out, xt, verified, err);
 }
 
-/* Releases of one rank for a pull, on `dealers` (the lane's cache, or the service thread's). */
-static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok)
+/* Releases of one rank for a pull, on `dealers` (the lane's cache, or the service thread's). A failed
+ * one only to a `verified` producer (see the top of the file); an ok one follows a read the producer
+ * served under the transfer's grant, so its endpoint counts as verified for the socket cap. */
+static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull, const pdl_read_plan_t *plan, bool ok,
+                          bool verified)
 {
+    if (!ok && !verified) {
+        PDL_CTR_REFUSED(r, releases_unverified,
+                        "no failed release of %.100s sent to producer %.200s: no handshake with it succeeded here, so "
+                        "its notify port is not known to be a MoRIIO peer's (a hold it has ends by its defer_timeout)",
+                        pull->transfer_id, pull->producer.engine_id);
+        return;
+    }
     int first = 0, count = 0;
     if (plan) {
         first = plan->group_first;
@@ -143,7 +159,7 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
         else if (pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) < 0)
             pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->producer.host);
         else
-            pdl__dealer_send(r, dealers, ep, PDL_OUT_RELEASE, &b); /* failures counted and logged */
+            pdl__dealer_send(r, dealers, ep, PDL_OUT_RELEASE | (ok ? PDL_OUT_VERIFIED : 0), &b); /* failures counted */
         pdl_bytes_free(&b);
     }
 }
@@ -171,10 +187,44 @@ static void send_keepalives(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pu
         int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
         if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK &&
             pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) >= 0)
-            pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_KEEPALIVE, &b);
+            pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_KEEPALIVE | PDL_OUT_VERIFIED, &b);
         pdl_bytes_free(&b);
         pdl_msg_clear(&m);
     }
+}
+
+/* Is the lane's own instance the pull's producer, verified by an earlier handshake? */
+static bool lane_verified(const pdl_xfer_side_t *side, const pdl_pull_t *pull)
+{
+    char key[sizeof(side->key)];
+    snprintf(key, sizeof(key), "%s|%d", pull->producer.engine_id, pull->producer.dp);
+    return strcmp(key, side->key) == 0 && atomic_load(&side->verified);
+}
+
+/* An abandon's share on rank r: verify every producer rank of the group (a handshake, or the cached
+ * peer), then the failed releases -- to a producer that answered only. */
+static void run_abandon(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    const pdl_read_plan_t *plan = plan_get(r, side, pull->producer.tp, &err);
+    bool verified = plan != NULL;
+    for (int g = plan ? plan->group_first : 0; verified && g < plan->group_first + plan->group_count; g++) {
+        pdl_peer_t *peer = NULL;
+        pdl_status_t st = pdl__peer_get(r, side, &pull->producer, g, &peer, NULL, &err);
+        verified = st == PDL_OK || st == PDL_ERR_MISMATCH; /* an incompatible peer answered all the same */
+    }
+    if (verified && lane_verified(side, pull) == false) {
+        char key[sizeof(side->key)];
+        snprintf(key, sizeof(key), "%s|%d", pull->producer.engine_id, pull->producer.dp);
+        if (strcmp(key, side->key) == 0)
+            atomic_store(&side->verified, true);
+    }
+    if (!verified)
+        pdl_debug("rank %d: abandon of %s: producer %s not verified: %s", r->rank, pull->transfer_id,
+                  pull->producer.engine_id, err.msg);
+    send_releases(r, &side->dealers, pull, plan, false, verified);
+    pull_rank_done(pull, r->rank, PDL_OK, "", 0, 0);
 }
 
 static void run_job(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, uint64_t queued_ns)
@@ -186,16 +236,17 @@ static void run_job(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, uint
     uint64_t t0 = pdl__clock_now_ns();
     uint64_t queued = t0 - queued_ns;
     pdl_status_t st;
+    bool verified = false;
     const pdl_read_plan_t *plan = plan_get(r, side, pull->producer.tp, &err);
     if (plan == NULL) {
         st = err.status != PDL_OK ? err.status : PDL_ERR_INVALID;
     } else {
         if (pdl__clock_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, side, pull, plan);
-        st = rank_read(r, side, pull, plan, &bytes, &descs, &xt, &err);
+        st = rank_read(r, side, pull, plan, &bytes, &descs, &xt, &verified, &err);
     }
     uint64_t trel = pdl__clock_now_ns();
-    send_releases(r, &side->dealers, pull, plan, st == PDL_OK);
+    send_releases(r, &side->dealers, pull, plan, st == PDL_OK, verified || lane_verified(side, pull));
     /* The producer looks gone: let the releases just sent leave (linger) and stop reconnecting to it
      * (sender.c: dead peers and self-connects). */
     if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
@@ -232,8 +283,10 @@ static void reader_run(pdl_xfer_side_t *side, pdl_workq_item_t *item, bool stopp
     pdl_rank_t *r = side->rank;
     pull_job_t *j = (pull_job_t *)item;
     if (stopping) {
-        send_releases(r, &side->dealers, j->pull, NULL, false);
+        send_releases(r, &side->dealers, j->pull, NULL, false, lane_verified(side, j->pull));
         pull_rank_done(j->pull, r->rank, PDL_ERR_BAD_STATE, "instance shutting down", 0, 0);
+    } else if (j->pull->abandon) {
+        run_abandon(r, side, j->pull);
     } else {
         run_job(r, side, j->pull, j->queued_ns);
     }
@@ -449,32 +502,49 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
                              "abandon %s: a READ-mode producer has nothing to abandon (it holds only what it "
                              "prefilled, until the consumer releases it)",
                              params->transfer_id);
-    pdl_peer_addr_t pr;
-    pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &pr, err);
-    if (st != PDL_OK)
+    pdl_pull_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "abandon: out of memory");
+    pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &p->producer, err);
+    if (st == PDL_OK && (p->release_sent_ns = calloc((size_t)inst->tp, sizeof(uint64_t))) == NULL)
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "abandon: out of memory");
+    if (st != PDL_OK) {
+        free(p);
         return st;
+    }
     /* Exactly the releases a failed pull sends: every consumer rank to every producer rank of its group,
      * status failed, so each producer rank's fan-in completes and the blocks are freed now instead of
-     * after defer_timeout. Queued on each rank's service thread: the caller (an HTTP thread) never
-     * blocks, and a lane busy with a slow producer does not delay them. */
+     * after defer_timeout -- once the producer answered a handshake (see the top of the file). On the
+     * ranks' READ lanes for that producer: the caller (an HTTP thread) never blocks, and only the
+     * transfers with that producer wait behind a handshake that hangs. */
+    p->inst = inst;
+    p->abandon = true;
+    snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", params->transfer_id);
+    pthread_mutex_init(&p->mu, NULL);
+    pdl__clock_cond_init(&p->cv);
+    p->status = PDL_OK;
+    p->pending = inst->hi - inst->lo;
+    p->refs = 1 + p->pending;
+    p->start_ns = pdl__clock_now_ns();
     PDL_FOR_LOCAL(inst, d) {
         pdl_rank_t *r = &inst->ranks[d];
-        int first = 0, count = 0;
-        st = pdl_topo_group(pr.tp, inst->tp, d, &first, &count, err);
-        if (st != PDL_OK)
-            return pdl_error_prefix(err, st, "abandon %s", params->transfer_id);
-        for (int g = first; g < first + count; g++) {
-            pdl_bytes_t b = {0};
-            st = pdl__release_encode(params->transfer_id, inst->tp, d, pr.tp, g, false, &b, err);
-            if (st == PDL_OK)
-                st = pdl__outq_send(r, pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g), PDL_OUT_RELEASE,
-                                    &b, err);
-            pdl_bytes_free(&b);
-            if (st != PDL_OK)
-                return pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
+        pdl_error_t le;
+        pdl_xfer_side_t *lane = pdl__xfer_lane(r, &r->readers, &p->producer, &le);
+        pull_job_t *j = lane ? calloc(1, sizeof(*j)) : NULL;
+        if (j == NULL) {
+            pdl_warn("rank %d: abandon of %s not sent: %s", d, p->transfer_id, lane ? "out of memory" : le.msg);
+            pull_rank_done(p, d, PDL_ERR_NOMEM, "", 0, 0);
+            pull_unref(p);
+            continue;
         }
+        j->pull = p;
+        j->queued_ns = p->start_ns;
+        pdl__workq_push(&lane->q, &j->item);
     }
+    char engine_id[sizeof(p->producer.engine_id)];
+    snprintf(engine_id, sizeof(engine_id), "%s", p->producer.engine_id);
+    pull_unref(p);
     PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
-    pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, pr.engine_id);
+    pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, engine_id);
     return PDL_OK;
 }

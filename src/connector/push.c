@@ -46,13 +46,33 @@ typedef struct push_job {
 
 enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
 
-/* Bound on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory. */
+/* Bounds on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory.
+ * Entries, and bytes of block ids: each list holds at most num_blocks ids (a push never holds more), and
+ * all of them together at most PUSH_PARK_MAX_BYTES. Before, 1,024 lists of up to 1,048,576 ids each could
+ * be parked (~4 GiB; 150 made-up ones grew a prefill from 12 MB to 631 MB, issue 26). */
 #define PUSH_MAX_PARKED 1024
+#define PUSH_PARK_MAX_BYTES (4u << 20)
+
+/* The numeric form of `host` ("" for a name: what a name resolves to can change), as libzmq reports a
+ * sender's Peer-Address. */
+static void numeric_of(const char *host, char out[64])
+{
+    if (pdl__host_numeric(host, false, out, 64) != 0)
+        out[0] = '\0';
+}
+
+/* Did a message come from `expected` (numeric)? Unknown on either side ("" / NULL) is accepted: a host
+ * name cannot be compared without resolving it, and libzmq may not report the peer. */
+static bool sent_by(const char *sender, const char *expected)
+{
+    return sender == NULL || sender[0] == '\0' || expected[0] == '\0' || strcmp(sender, expected) == 0;
+}
 
 typedef struct pdl_push {
     char transfer_id[PDL_WIRE_ID_MAX + 1];
     char engine_id[PDL_WIRE_ID_MAX + 1]; /* the consumer's, as peers are cached */
     char host[PDL_WIRE_HOST_MAX + 1];
+    char host_ip[64]; /* host when numeric: where its remote_blocks must come from ("" = not checked) */
     int hs_base, notify_base;
     int consumer_tp;
     uint32_t *ids;
@@ -81,6 +101,7 @@ struct pdl_recv {
     int producer_tp, expected, pending;
     /* The producer instance, for the watch (watch.c): host, handshake base, DP rank */
     char phost[PDL_WIRE_HOST_MAX + 1];
+    char phost_ip[64]; /* phost when numeric: where its write_done must come from ("" = not checked) */
     int phs_base, pdp;
     bool producer_gone; /* the watch failed it (counted once in producer_gone_failed) */
     bool in_map;
@@ -195,7 +216,7 @@ static void enqueue_job(pdl_rank_t *r, push_job_t *j)
 
 /* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank. */
 static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
-                               uint64_t *descs_out, pdl_error_t *err)
+                               uint64_t *descs_out, bool *verified, pdl_error_t *err)
 {
     pdl_instance_t *inst = r->inst;
     const pdl_model_geometry_t *g = &inst->cfg.model;
@@ -223,7 +244,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
                         .n = j->n,
                         .grant = p->transfer_id};
         pdl_xfer_times_t xt = {0};
-        st = pdl__xfer_run(r, side, &x, bytes_out, descs_out, &xt, err);
+        st = pdl__xfer_run(r, side, &x, bytes_out, descs_out, &xt, verified, err);
     }
     free(pieces);
     free(plan);
@@ -244,7 +265,10 @@ static pdl_status_t encode_write_done(const pdl_rank_t *r, const char *transfer_
     return st;
 }
 
-static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, bool ok)
+/* To every consumer rank of the rank's notify set; `verified`: the consumer answered our handshakes
+ * (its DEALERs are in the verified share of the socket cap, sender.c). */
+static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, bool ok,
+                            bool verified)
 {
     pdl_instance_t *inst = r->inst;
     int first = 0, count = 0, decode_dp = j->decode_dp;
@@ -259,7 +283,7 @@ static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push
             pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
         else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
             pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
-        else if (pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_OTHER, &b))
+        else if (pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_OTHER | (verified ? PDL_OUT_VERIFIED : 0), &b))
             PDL_CTR_ADD(r, write_done_sent, 1);
         pdl_bytes_free(&b);
     }
@@ -272,6 +296,7 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pdl_error_t err;
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
+    bool verified = false;
     /* A share queued behind others on the lane of a consumer found gone: no handshake, no write. Read
      * under push_mu: the watch sets it from the service thread (p lives while this rank is STARTED). */
     pthread_mutex_lock(&inst->push_mu);
@@ -279,10 +304,10 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pthread_mutex_unlock(&inst->push_mu);
     pdl_status_t st = gone_before ? pdl_error_set(&err, PDL_ERR_PEER_GONE, "consumer %s is gone (its handshake "
                                                   "port is watched); nothing written", p->engine_id)
-                                  : rank_write(r, side, p, j, &bytes, &descs, &err);
+                                  : rank_write(r, side, p, j, &bytes, &descs, &verified, &err);
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
-    send_write_done(r, side, p, j, st == PDL_OK);
+    send_write_done(r, side, p, j, st == PDL_OK, verified);
     /* The consumer looks gone: stop reconnecting to it once write_done left (sender.c). */
     if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
         pdl__dealers_sweep(&side->dealers, 0, 0);
@@ -386,6 +411,76 @@ static void answer_given_up(pdl_rank_t *r, const pdl_msg_t *msg, const given_up_
                  r->rank, msg->transfer_id, sup ? " (more suppressed)" : "");
 }
 
+/*
+ * Room in the park table, under push_mu. Parked lists are from senders nobody verified yet (the push
+ * that names the consumer does not exist), so a full table does not simply refuse the newcomer -- a
+ * flood from one host would then keep every real decode's remote_blocks out -- nor evict the oldest --
+ * the flood would evict them one by one: it evicts the oldest entries of the host that holds most of the
+ * table (bytes, then entries), unless that is the sender itself, whose list is then refused. So a real
+ * decode's parked remote_blocks are lost only while its own host holds more of the table than any other.
+ * Returns the number of entries evicted (>= 0), or -1 when there is no room for `bytes` from `sender`.
+ */
+typedef struct park_tally {
+    char host[64];
+    size_t bytes, n;
+    uint64_t oldest_ns;
+    char oldest_key[PDL_WIRE_ID_MAX + 16];
+} park_tally_t;
+
+typedef struct park_scan {
+    park_tally_t *t;
+    size_t nt, count, bytes;
+    pdl_strmap_t index; /* host -> 1 + its index in t */
+} park_scan_t;
+
+static void park_tally_one(void *arg, const char *key, void *value)
+{
+    park_scan_t *c = arg;
+    const parked_rb_t *k = value;
+    size_t b = k->n * sizeof(uint32_t);
+    c->count++;
+    c->bytes += b;
+    uintptr_t at = (uintptr_t)pdl__strmap_get(&c->index, k->sender);
+    if (at == 0) {
+        if (c->t == NULL || pdl__strmap_put(&c->index, k->sender, (void *)(uintptr_t)(c->nt + 1)) != 0)
+            return;
+        at = ++c->nt;
+        snprintf(c->t[at - 1].host, sizeof(c->t[at - 1].host), "%s", k->sender);
+    }
+    park_tally_t *t = &c->t[at - 1];
+    t->bytes += b;
+    if (t->n++ == 0 || k->at_ns < t->oldest_ns) {
+        t->oldest_ns = k->at_ns;
+        snprintf(t->oldest_key, sizeof(t->oldest_key), "%s", key);
+    }
+}
+
+static int park_make_room(pdl_instance_t *inst, const char *sender, size_t bytes)
+{
+    int evicted = 0;
+    for (int round = 0; round < 64; round++) {
+        park_scan_t c = {.t = calloc(inst->parked.count + 1, sizeof(park_tally_t))};
+        pdl__strmap_foreach(&inst->parked, park_tally_one, &c);
+        pdl__strmap_free(&c.index);
+        if (c.count < PUSH_MAX_PARKED && c.bytes + bytes <= PUSH_PARK_MAX_BYTES) {
+            free(c.t);
+            return evicted;
+        }
+        park_tally_t *top = NULL;
+        for (size_t i = 0; i < c.nt; i++)
+            if (top == NULL || c.t[i].bytes > top->bytes || (c.t[i].bytes == top->bytes && c.t[i].n > top->n))
+                top = &c.t[i];
+        if (top == NULL || strcmp(top->host, sender) == 0) {
+            free(c.t);
+            return -1;
+        }
+        parked_free(pdl__strmap_remove(&inst->parked, top->oldest_key));
+        free(c.t);
+        evicted++;
+    }
+    return -1;
+}
+
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
@@ -396,6 +491,15 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
                              inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer"
                              : msg->transfer_id[0] == '\0'            ? "no transfer_id"
                                                                       : "decode_rank out of range");
+        return;
+    }
+    if (msg->num_blocks > inst->cfg.num_blocks) {
+        /* No push holds more blocks than the instance has; the ids themselves are the consumer's, checked
+         * against its num_blocks (from its handshake) before anything is written (layout.c). */
+        PDL_CTR_REFUSED(r, remote_blocks_refused,
+                        "refused remote_blocks for transfer %.100s from %s: %zu block ids, more than num_blocks %u",
+                        msg->transfer_id, sender ? sender : "an unknown address", msg->num_blocks,
+                        inst->cfg.num_blocks);
         return;
     }
     PDL_CTR_ADD(r, remote_blocks_received, 1);
@@ -419,10 +523,16 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
     given_up_t gu = {.consumer_tp = 0};
+    char expected[64] = "";
+    int evicted = 0;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
     pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
-    if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
+    if (given != NULL && !sent_by(sender, given->host_ip)) {
+        /* The push names its consumer: a list from another host would make us write the KV into blocks
+         * the consumer never offered, and send it write_done for them (issue 26). */
+        snprintf(expected, sizeof(expected), "%s", given->host_ip);
+    } else if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
         snprintf(gu.host, sizeof(gu.host), "%s", given->host);
         gu.notify_base = given->notify_base;
         gu.consumer_tp = said_tp > 0 ? said_tp : given->consumer_tp;
@@ -435,7 +545,8 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
         dropped = job == NULL;
     } else if (given != NULL) {
         dropped = true; /* a duplicate for a rank that wrote */
-    } else if (inst->parked.count < PUSH_MAX_PARKED && pdl__strmap_get(&inst->parked, key) == NULL) {
+    } else if (pdl__strmap_get(&inst->parked, key) == NULL &&
+               (evicted = park_make_room(inst, sender ? sender : "", msg->num_blocks * sizeof(uint32_t))) >= 0) {
         parked_rb_t *k = calloc(1, sizeof(*k));
         if (k != NULL) {
             k->blocks = blocks;
@@ -455,6 +566,18 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
         dropped = true;
     }
     pthread_mutex_unlock(&inst->push_mu);
+    if (evicted > 0) {
+        PDL_CTR_ADD(r, remote_blocks_evicted, (uint64_t)evicted);
+        pdl_debug("rank %d: park table full: %d parked entries of the host holding most of it evicted", r->rank,
+                  evicted);
+    }
+    if (expected[0] != '\0') {
+        free(blocks);
+        PDL_CTR_REFUSED(r, remote_blocks_refused,
+                        "refused remote_blocks for push %.100s from %s: its consumer is %s", msg->transfer_id,
+                        sender, expected);
+        return;
+    }
     if (job != NULL) {
         enqueue_job(r, job);
         return;
@@ -670,6 +793,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     if (st != PDL_OK)
         goto fail;
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
+    numeric_of(p->host, p->host_ip);
     if (!pdl__trust_host(&inst->trusted, p->host)) {
         PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
         st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
@@ -710,8 +834,13 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     bool *abandoned = calloc((size_t)inst->tp, sizeof(*abandoned));
     sender_t *forged = parked_abandons_forged(inst, tid);
     pdl_push_t *all_abandoned = NULL;
+    bool *foreign = calloc((size_t)inst->tp, sizeof(*foreign)); /* a rank's parked list came from elsewhere */
+    char consumer_ip[64]; /* p may be freed by another thread once push_mu is released */
+    memcpy(consumer_ip, p->host_ip, sizeof(consumer_ip));
     pthread_mutex_lock(&inst->push_mu);
-    int rc = jobs == NULL || abandoned == NULL || forged == NULL ? -1 : pdl__strmap_put(&inst->pushes, tid, p);
+    int rc = jobs == NULL || abandoned == NULL || forged == NULL || foreign == NULL
+                 ? -1
+                 : pdl__strmap_put(&inst->pushes, tid, p);
     if (rc == 0) {
         for (int i = 0; i < inst->tp; i++) {
             char key[PDL_WIRE_ID_MAX + 16];
@@ -732,6 +861,13 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
                     all_abandoned = gone;
                 continue;
             }
+            if (!sent_by(k->sender, p->host_ip)) {
+                /* Parked before anything named the consumer: now that the push does, a list from
+                 * another host is refused (counted below) and the rank waits for the consumer's own. */
+                parked_free(pdl__strmap_remove(&inst->parked, key));
+                foreign[i] = true;
+                continue;
+            }
             jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp, k->said_tp);
             if (jobs[i] == NULL)
                 continue; /* stays parked; the rank is reaped after defer_timeout */
@@ -743,6 +879,12 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     }
     pthread_mutex_unlock(&inst->push_mu);
     free(forged);
+    for (int i = 0; foreign != NULL && i < inst->tp; i++)
+        if (foreign[i])
+            PDL_CTR_REFUSED(&inst->ranks[i], remote_blocks_refused,
+                            "refused remote_blocks for push %.100s parked before it: not sent by its consumer %s", tid,
+                            consumer_ip);
+    free(foreign);
     if (rc != 0) {
         free(jobs);
         free(abandoned);
@@ -805,7 +947,7 @@ static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const ch
  * "0|transfer id" (rank 0's reaper drops it after defer_timeout; at most half the park), it fails the
  * receive at once when pdl_instance_expect_push comes.
  */
-static void park_early_failure(pdl_instance_t *inst, const char *transfer_id)
+static void park_early_failure(pdl_instance_t *inst, const char *transfer_id, const char *sender)
 {
     char key[PDL_WIRE_ID_MAX + 16];
     snprintf(key, sizeof(key), "0|%s", transfer_id);
@@ -816,20 +958,31 @@ static void park_early_failure(pdl_instance_t *inst, const char *transfer_id)
         return;
     k->rank = inst->lo; /* reaped by the first local rank (rank 0 may run in another process) */
     k->abandoned = true;
+    snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : ""); /* checked when the receive starts */
     k->at_ns = pdl__clock_now_ns();
     if (pdl__strmap_put(&inst->parked, key, k) != 0)
         free(k);
 }
 
-void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg)
+void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
 {
     pdl_instance_t *inst = r->inst;
     int counted = 0; /* 1 counted, 0 late */
     bool failed = msg->status == PDL_RELEASE_FAILED;
     pthread_mutex_lock(&inst->push_mu);
     pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
+    if (rv != NULL && !sent_by(sender, rv->phost_ip)) {
+        /* The receive names its producer: a write_done from anyone else would end the wait before the
+         * producer wrote -- the decode would then go on from whatever its blocks hold (issue 26). */
+        char expected[64];
+        snprintf(expected, sizeof(expected), "%s", rv->phost_ip);
+        pthread_mutex_unlock(&inst->push_mu);
+        PDL_CTR_REFUSED(r, write_done_refused, "refused a write_done of transfer %.100s from %s: its producer is %s",
+                        msg->transfer_id, sender, expected);
+        return;
+    }
     if (rv == NULL && failed && msg->transfer_id[0] != '\0')
-        park_early_failure(inst, msg->transfer_id);
+        park_early_failure(inst, msg->transfer_id, sender);
     if (rv != NULL && !rv->done[r->rank]) {
         int first = 0, count = 0;
         bool ok_rank = true;
@@ -972,6 +1125,7 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
     rv->producer_tp = P;
     snprintf(rv->phost, sizeof(rv->phost), "%s", pr.host);
+    numeric_of(pr.host, rv->phost_ip);
     rv->phs_base = pr.hs_base;
     rv->pdp = remote_dp;
     rv->expected = expected;
@@ -984,11 +1138,22 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     int rc = pdl__strmap_put(&inst->recvs, tid, rv);
     rv->in_map = rc == 0;
     parked_rb_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
+    bool early_forged = early != NULL && !sent_by(early->sender, rv->phost_ip);
+    char early_from[64] = "";
+    if (early_forged) { /* not from the producer this receive names: ignored, the receive goes ahead */
+        snprintf(early_from, sizeof(early_from), "%s", early->sender);
+        parked_free(early);
+        early = NULL;
+    }
     if (early != NULL)
         PDL_FOR_LOCAL(inst, d)
             recv_rank_finish(rv, d, PDL_ERR_TRANSPORT,
                              "the producer abandoned the transfer (a failed write_done came before this receive)");
     pthread_mutex_unlock(&inst->push_mu);
+    if (early_forged)
+        PDL_CTR_REFUSED(pdl__rank_first(inst), write_done_refused,
+                        "refused a failed write_done of transfer %.100s from %s (parked before the receive): its "
+                        "producer is %s", tid, early_from, rv->phost_ip);
     if (rc != 0) {
         recv_free_parts(rv);
         return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)

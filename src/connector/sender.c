@@ -15,6 +15,17 @@
  * retries back off (100 ms doubling to 5 s, ZMQ_RECONNECT_IVL_MAX) and DEALERs unused for
  * PDL_DEALER_IDLE_MS (internal.h) are closed (pdl__dealers_sweep, run by each owner thread), as are a lane's DEALERs
  * once its peer failed (xfer.c): a dead peer gets a handful of connect attempts, not an endless walk.
+ *
+ * The cap. Every DEALER is a libzmq socket, and a context has 1,023 by default: ~1,100 decode requests
+ * naming new notify endpoints (0.5 s of an HTTP client) filled it, and every later pull from a new
+ * prefill failed with "Too many open files" for ~75 s (issue 26). So an instance keeps at most
+ * PDL_DEALERS_MAX DEALERs, at most PDL_DEALERS_UNVERIFIED_MAX of them to endpoints of peers it never
+ * verified (the caller says which: PDL_OUT_VERIFIED), and at most PDL_DEALERS_PER_CACHE in one cache. A
+ * new DEALER past a bound closes the least recently used one of the same share in its own cache (other
+ * threads' caches are not this thread's to touch), with linger 0: a closed socket still lingering would
+ * hold its slot, and a flood would then outrun the bound. With nothing to close the message is not sent
+ * (dealers_refused). The reserve: unverified endpoints can never take more than their share, so the
+ * DEALERs of verified peers always have PDL_DEALERS_MAX - PDL_DEALERS_UNVERIFIED_MAX.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -31,10 +42,12 @@
 #define DEALER_RECONNECT_MS 100      /* libzmq's default first retry */
 #define DEALER_RECONNECT_MAX_MS 5000 /* then doubling up to this */
 
-/* A cached DEALER and when it last sent (its owner thread's clock). */
+/* A cached DEALER, when it last sent (its owner thread's clock), and its share of the cap. */
 typedef struct dealer {
     void *sock;
     uint64_t used_ns;
+    pdl_instance_t *inst;
+    bool verified;
 } dealer_t;
 
 static void set_int_opt(void *s, int opt, int v) { zmq_setsockopt(s, opt, &v, sizeof(v)); }
@@ -46,21 +59,93 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port)
     return (n < 0 || (size_t)n >= cap) ? -1 : n;
 }
 
+static void dealer_free(dealer_t *d)
+{
+    zmq_close(d->sock);
+    atomic_fetch_sub(&d->inst->dealers_open, 1);
+    if (!d->verified)
+        atomic_fetch_sub(&d->inst->dealers_unverified, 1);
+    free(d);
+}
+
 static void dealer_close(void *arg, const char *key, void *value)
 {
     (void)arg;
     (void)key;
-    dealer_t *d = value;
-    zmq_close(d->sock);
-    free(d);
+    dealer_free(value);
 }
 
-static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint)
+typedef struct lru_ctx {
+    bool unverified_only;
+    const char *key;
+    uint64_t used_ns;
+} lru_ctx_t;
+
+static void find_lru(void *arg, const char *key, void *value)
+{
+    lru_ctx_t *c = arg;
+    const dealer_t *d = value;
+    if ((c->unverified_only && d->verified) || (c->key != NULL && d->used_ns >= c->used_ns))
+        return;
+    c->key = key;
+    c->used_ns = d->used_ns;
+}
+
+/* Close this cache's least recently used DEALER (an unverified one when unverified_only, else an
+ * unverified one first); false when there is none. */
+static bool evict_lru(pdl_rank_t *r, pdl_strmap_t *cache, bool unverified_only)
+{
+    lru_ctx_t c = {.unverified_only = true};
+    pdl__strmap_foreach(cache, find_lru, &c);
+    if (c.key == NULL && !unverified_only) {
+        c.unverified_only = false;
+        pdl__strmap_foreach(cache, find_lru, &c);
+    }
+    if (c.key == NULL)
+        return false;
+    char key[PDL_WIRE_HOST_MAX + 32];
+    snprintf(key, sizeof(key), "%s", c.key);
+    dealer_t *d = pdl__strmap_remove(cache, key);
+    set_int_opt(d->sock, ZMQ_LINGER, 0);
+    dealer_free(d);
+    PDL_CTR_ADD(r, dealers_evicted, 1);
+    pdl_debug("rank %d: closed the DEALER to %s to stay under the socket cap", r->rank, key);
+    return true;
+}
+
+/* Room for one more DEALER of this share, evicting from `cache` as the cap says (top of the file). */
+static bool dealer_room(pdl_rank_t *r, pdl_strmap_t *cache, bool verified)
+{
+    pdl_instance_t *inst = r->inst;
+    if (!verified && atomic_load(&inst->dealers_unverified) >= PDL_DEALERS_UNVERIFIED_MAX &&
+        !evict_lru(r, cache, true))
+        return false;
+    if (cache->count >= PDL_DEALERS_PER_CACHE && !evict_lru(r, cache, !verified))
+        return false;
+    if (atomic_load(&inst->dealers_open) >= PDL_DEALERS_MAX && !evict_lru(r, cache, !verified))
+        return false;
+    return true;
+}
+
+static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, bool verified, bool *capped)
 {
     dealer_t *d = pdl__strmap_get(cache, endpoint);
     if (d) {
         d->used_ns = pdl__clock_now_ns();
+        if (verified && !d->verified) {
+            d->verified = true;
+            atomic_fetch_sub(&r->inst->dealers_unverified, 1);
+        }
         return d->sock;
+    }
+    if (!dealer_room(r, cache, verified)) {
+        *capped = true;
+        PDL_CTR_REFUSED(r, dealers_refused,
+                        "notify to %s not sent: %d outbound sockets open (%d to unverified peers), the cap is %d (%d) "
+                        "and none of this thread's could be closed",
+                        endpoint, atomic_load(&r->inst->dealers_open), atomic_load(&r->inst->dealers_unverified),
+                        PDL_DEALERS_MAX, PDL_DEALERS_UNVERIFIED_MAX);
+        return NULL;
     }
     d = calloc(1, sizeof(*d));
     void *s = d ? zmq_socket(r->inst->zctx, ZMQ_DEALER) : NULL;
@@ -69,6 +154,11 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
         return NULL;
     }
     d->sock = s;
+    d->inst = r->inst;
+    d->verified = verified;
+    atomic_fetch_add(&r->inst->dealers_open, 1);
+    if (!verified)
+        atomic_fetch_add(&r->inst->dealers_unverified, 1);
     d->used_ns = pdl__clock_now_ns();
     set_int_opt(s, ZMQ_LINGER, DEALER_LINGER_MS);
     set_int_opt(s, ZMQ_RECONNECT_IVL, DEALER_RECONNECT_MS);
@@ -83,14 +173,12 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
     pdl_error_t e;
     if (pdl_curve_client(s, r->inst->auth, &e) != PDL_OK) {
         pdl_warn("rank %d: %s: %s", r->rank, endpoint, e.msg);
-        zmq_close(s);
-        free(d);
+        dealer_free(d);
         return NULL;
     }
     if (zmq_connect(s, endpoint) != 0 || pdl__strmap_put(cache, endpoint, d) != 0) {
         pdl_warn("rank %d: cannot connect to %s: %s", r->rank, endpoint, zmq_strerror(zmq_errno()));
-        zmq_close(s);
-        free(d);
+        dealer_free(d);
         return NULL;
     }
     return s;
@@ -98,6 +186,7 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
 
 static void count_kind(pdl_rank_t *r, int kind, int64_t d)
 {
+    kind = PDL_OUT_KIND(kind);
     if (kind == PDL_OUT_RELEASE)
         r->ctr.v.releases_sent += (uint64_t)d;
     else if (kind == PDL_OUT_KEEPALIVE)
@@ -106,7 +195,10 @@ static void count_kind(pdl_rank_t *r, int kind, int64_t d)
 
 bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload)
 {
-    void *s = dealer_get(r, cache, endpoint);
+    bool capped = false;
+    void *s = dealer_get(r, cache, endpoint, (kind & PDL_OUT_VERIFIED) != 0, &capped);
+    if (capped)
+        return false; /* counted and logged by dealer_get */
     /* Counted before the send: once zmq_send returns the peer may already have counted the
      * release, and sent must never lag behind received in a consistent reading. */
     pthread_mutex_lock(&r->ctr.mu);

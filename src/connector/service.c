@@ -224,7 +224,13 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         notify_release(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
         break;
     case PDL_MSG_KEEPALIVE: {
-        if (!pdl__held_keepalive(r, msg.transfer_id))
+        /* Bound like a release: a keepalive from anyone else would pin the blocks past defer_timeout. */
+        const char *sender = zmq_msg_gets(pl, "Peer-Address");
+        char expected[64];
+        if (!pdl__held_release_allowed(r, msg.transfer_id, sender, expected, sizeof(expected)))
+            PDL_CTR_REFUSED(r, keepalives_refused, "refused a keepalive of transfer %.100s from %s: its consumer is %s",
+                            msg.transfer_id, sender, expected);
+        else if (!pdl__held_keepalive(r, msg.transfer_id))
             pdl_debug("rank %d: keepalive for transfer %s that is not held", r->rank, msg.transfer_id);
         break;
     }
@@ -238,7 +244,7 @@ static void notify_handle(pdl_rank_t *r, mp_t *m)
         break;
     case PDL_MSG_WRITE_DONE:
         if (!r->inst->cfg.conn.read_mode && r->inst->cfg.conn.role == PDL_ROLE_CONSUMER) {
-            pdl__push_on_write_done(r, &msg);
+            pdl__push_on_write_done(r, &msg, zmq_msg_gets(pl, "Peer-Address"));
             break;
         }
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "%s for transfer %s: WRITE mode is not enabled",

@@ -99,7 +99,7 @@ static void evict_gone(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x
 }
 
 static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
-                              uint64_t *descs, pdl_xfer_times_t *times, bool *stale, pdl_error_t *err)
+                              uint64_t *descs, pdl_xfer_times_t *times, bool *stale, bool *verified, pdl_error_t *err)
 {
     const char *remote_role = x->dir == PDL_DIR_READ ? "producer" : "consumer";
     uint64_t tp0 = pdl__clock_now_ns();
@@ -119,9 +119,21 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
     bool fresh[PDL_TOPO_MAX_TP];
     for (int k = 0; k < nr; k++) {
         pdl_status_t st = pdl__peer_get(r, side, x->peer, rranks[k], &peers[k], &fresh[k], err);
-        if (st != PDL_OK)
+        if (st != PDL_OK) {
+            /* An incompatible peer answered its handshake all the same: it is a MoRIIO peer at that
+             * address, and its hold is freed by the failed release. */
+            if (st == PDL_ERR_MISMATCH)
+                *verified = true;
             return st;
+        }
     }
+    /* Every remote rank answered its handshake as the instance the transfer names: its endpoints are
+     * verified from now on (the lane's key is that instance unless the lane is shared by hash). */
+    *verified = true;
+    char key[sizeof(side->key)];
+    snprintf(key, sizeof(key), "%s|%d", x->peer->engine_id, x->peer->dp);
+    if (strcmp(key, side->key) == 0)
+        atomic_store(&side->verified, true);
     times->peers += pdl__clock_now_ns() - tp0;
     posted_t *posted = calloc((size_t)L * (size_t)(nr > 0 ? nr : 1), sizeof(*posted));
     if (posted == NULL)
@@ -213,23 +225,36 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
 }
 
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
-                           uint64_t *descs, pdl_xfer_times_t *times, pdl_error_t *err)
+                           uint64_t *descs, pdl_xfer_times_t *times, bool *verified, pdl_error_t *err)
 {
     /* Bytes and descriptors of the attempt that counts (a retried one posted them again). */
     uint64_t b = 0, d = 0;
-    bool stale = false;
-    pdl_status_t st = xfer_once(r, side, x, &b, &d, times, &stale, err);
+    bool stale = false, ok_peers = false;
+    pdl_status_t st = xfer_once(r, side, x, &b, &d, times, &stale, &ok_peers, err);
     if (st != PDL_OK && stale && is_gone(st)) {
         pdl_info("rank %d: %s with %s failed on a cached session (%s); retrying once after a fresh handshake",
                  r->rank, x->dir == PDL_DIR_READ ? "read" : "write", x->peer->engine_id, err ? err->msg : "gone");
         PDL_CTR_ADD(r, stale_retries, 1);
         b = d = 0;
         stale = false;
-        st = xfer_once(r, side, x, &b, &d, times, &stale, err);
+        st = xfer_once(r, side, x, &b, &d, times, &stale, &ok_peers, err);
     }
     *bytes += b;
     *descs += d;
+    if (verified != NULL)
+        *verified = ok_peers;
     return st;
+}
+
+bool pdl__xfer_verified(pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr)
+{
+    char key[sizeof(((pdl_xfer_side_t *)0)->key)];
+    snprintf(key, sizeof(key), "%s|%d", addr->engine_id, addr->dp);
+    pthread_mutex_lock(&l->mu);
+    const pdl_xfer_side_t *side = l->stopped ? NULL : pdl__strmap_get(&l->map, key);
+    bool v = side != NULL && atomic_load(&side->verified);
+    pthread_mutex_unlock(&l->mu);
+    return v;
 }
 
 /* ---- lanes ------------------------------------------------------------------------------------ */
