@@ -164,6 +164,16 @@ typedef struct pdl_instance_config {
      * cache tensors instead of copying them in and out of the instance's memory. */
     void *const *kv_regions;
     const size_t *kv_region_lens;
+    /* Where kv_regions live: PDL_MEM_TYPE_HOST (0, what a zeroed config says) or PDL_MEM_TYPE_CUDA (a
+     * torch CUDA tensor, cuMemAlloc'd memory). Device regions are registered with
+     * pdl_engine_register_mem_type, so conn.backend must register that type: "cuda" (GPUs of one host)
+     * or a "ucx" built with CUDA; a host backend (tcp, shm) is refused with PDL_ERR_UNSUPPORTED, as is
+     * backend "cuda" with host regions or with no kv_regions (the instance allocates host memory only).
+     * The CPU never reads or writes a device region: zeroing (pdl_instance_zero_tail,
+     * scrub_freed_blocks) runs on the device through the engine, and pdl_instance_kv_layer then returns
+     * a device pointer. One region per rank, all layers one after the other, as for host memory
+     * (per-layer allocations, as vLLM makes them on a GPU, are not supported yet: docs/gpu.md). */
+    pdl_mem_type_t kv_mem_type;
     /* -1 (the default, and what a zeroed config must be set to: pdl_instance_config_defaults): every
      * rank runs in this instance. r in [0, tp_size): this instance runs rank r only -- its engine, KV
      * region (kv_regions[r]; other entries are ignored and may be NULL), ports (base + dp_rank*tp_size
@@ -224,7 +234,8 @@ int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 
 /* KV memory of one rank, owned by the instance: the geometry of each layer and a pointer to the
- * layer's region. NULL for a bad or non-local rank, or a bad layer. */
+ * layer's region. NULL for a bad or non-local rank, or a bad layer. With kv_mem_type
+ * PDL_MEM_TYPE_CUDA the pointer is a device address: the CPU must not dereference it. */
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);
 uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer);
 

@@ -19,6 +19,9 @@ READ mode (the seed's flow)::
 KV memory is either the instance's own (``kv_layer`` gives writable views) or the caller's: pass
 ``kv_buffers``, one writable C-contiguous buffer per rank (numpy arrays, ``bytearray``, torch CPU
 tensors) of at least :func:`kv_region_len` bytes; pdlink then moves KV straight into and out of them.
+Contiguous torch CUDA tensors (one GPU per instance) are registered as device memory with the
+``cuda`` backend (GPUs of one host, CUDA IPC; chosen unless the config names a backend: ``ucx`` is
+kept, ``tcp``/``shm`` are refused); the CPU never touches them.
 
 Inside vLLM (one worker process per TP rank, block ids owned by vLLM's scheduler, the CPU cache's
 K and V concatenated per token): ``Instance(..., local_rank=rank, external_blocks=True,
@@ -188,23 +191,95 @@ def kv_region_len(geometry: Geometry, tp_size: int, num_blocks: int, rank: int) 
     return int(out[0])
 
 
-def _buffer_of(obj: Any, rank: int) -> Any:
-    """A cffi char[] over a writable, C-contiguous buffer: the buffer protocol (numpy, bytearray,
-    memoryview, mmap) or a torch CPU tensor (through data_ptr; torch tensors lack the buffer protocol)."""
-    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and hasattr(obj, "device"):
-        if str(obj.device) != "cpu":
+def _device_of(obj: Any) -> Optional[Tuple[str, Optional[int]]]:
+    """``(type, index)`` of a torch tensor's (or a look-alike's) device, e.g. ``("cuda", 0)``; None for
+    objects without one (numpy arrays, bytearray, memoryview, mmap: host memory)."""
+    if not (hasattr(obj, "data_ptr") and hasattr(obj, "device")):
+        return None
+    dev = obj.device
+    kind = getattr(dev, "type", None)
+    if kind is None:                           # a device given as text: "cpu", "cuda:1"
+        kind, _, idx = str(dev).partition(":")
+        return kind, int(idx) if idx.isdigit() else None
+    index = getattr(dev, "index", None)
+    return str(kind), None if index is None else int(index)
+
+
+def _nbytes(obj: Any) -> int:
+    n = getattr(obj, "nbytes", None)
+    return int(n) if n is not None else int(obj.numel()) * int(obj.element_size())
+
+
+@dataclass
+class _Region:
+    """One rank's KV buffer as pdlink registers it."""
+    ptr: Any                   # char * (cffi)
+    nbytes: int
+    mem_type: str              # "host" or "cuda"
+    device: Optional[int]      # the CUDA device index (cuda only)
+
+
+def _buffer_of(obj: Any, rank: int) -> _Region:
+    """A rank's KV buffer: the buffer protocol (numpy, bytearray, memoryview, mmap), a torch CPU tensor
+    (through data_ptr; torch tensors lack the buffer protocol) or a torch CUDA tensor (``data_ptr()``,
+    ``nbytes``, ``device.index``: registered as device memory, never touched by the CPU)."""
+    dev = _device_of(obj)
+    if dev is not None:
+        kind, index = dev
+        if kind not in ("cpu", "cuda"):
             raise InvalidError(lib.PDL_ERR_INVALID,
-                               f"kv_buffers[{rank}]: a {obj.device} tensor; this engine moves host memory only")
+                               f"kv_buffers[{rank}]: a tensor on {obj.device}; pdlink moves host (cpu) and CUDA "
+                               "memory only")
         if not obj.is_contiguous():
             raise InvalidError(lib.PDL_ERR_INVALID, f"kv_buffers[{rank}]: tensor is not contiguous")
-        nbytes = obj.numel() * obj.element_size()
-        return ffi.cast("char *", obj.data_ptr()), nbytes
+        if kind == "cuda":
+            return _Region(ffi.cast("char *", obj.data_ptr()), _nbytes(obj), "cuda", 0 if index is None else index)
+        return _Region(ffi.cast("char *", obj.data_ptr()), _nbytes(obj), "host", None)
     try:
         buf = ffi.from_buffer("char[]", obj, require_writable=True)
     except (TypeError, BufferError, ValueError) as e:
         raise InvalidError(lib.PDL_ERR_INVALID,
                            f"kv_buffers[{rank}]: needs a writable C-contiguous buffer ({e})") from None
-    return buf, len(buf)
+    return _Region(buf, len(buf), "host", None)
+
+
+def _use_device_memory(c: Any, regions: Mapping[int, _Region]) -> Optional[int]:
+    """Set the config's memory type from the buffers; for CUDA buffers pick the cuda backend unless the
+    config chose one itself (``ucx``, which may move CUDA memory, is kept; an explicit ``tcp`` or ``shm``
+    is left for the C library to refuse with its message). Returns the CUDA device index, or None for
+    host memory. Raises :class:`InvalidError` for a mix of host and device buffers or several GPUs."""
+    kinds = {r.mem_type for r in regions.values()}
+    if kinds == {"host"} or not kinds:
+        return None
+    if len(kinds) > 1:
+        which = ", ".join(f"{rank}: {r.mem_type}" for rank, r in sorted(regions.items()))
+        raise InvalidError(lib.PDL_ERR_INVALID, f"kv_buffers: host and CUDA buffers mixed ({which}); one instance "
+                                                "moves one kind of memory")
+    devices = sorted({r.device for r in regions.values()})
+    if len(devices) > 1:
+        raise InvalidError(lib.PDL_ERR_INVALID,
+                           f"kv_buffers: on CUDA devices {devices}; one instance drives one GPU (run one instance "
+                           "per rank with local_rank, as vLLM's workers do)")
+    c.kv_mem_type = lib.PDL_MEM_TYPE_CUDA
+    # backend_mapped_from_rdma: no backend key, "rdma" or "xgmi" (upstream's intra-node GPU path).
+    if c.conn.backend_mapped_from_rdma:
+        c.conn.backend = lib.pdl_backend_parse(b"cuda")
+    return devices[0]
+
+
+def _cuda_device(index: Optional[int]) -> Any:
+    """A context manager making CUDA device ``index`` current while the instance is created (the cuda
+    engine uses the calling thread's current context, which is torch's device): torch's own when torch
+    is loaded, else nothing."""
+    import contextlib
+    import sys
+    torch = sys.modules.get("torch")
+    if index is None or torch is None or not hasattr(torch, "cuda"):
+        return contextlib.nullcontext()
+    try:
+        return torch.cuda.device(index)
+    except Exception:        # no usable torch.cuda: the engine picks device 0's context and says so
+        return contextlib.nullcontext()
 
 
 # ---- the instance ----------------------------------------------------------------------------------
@@ -313,7 +388,10 @@ class Instance:
     ``kv_connector_extra_config`` keys: host_ip, proxy_ip, proxy_ping_port, http_port, handshake_port,
     notify_port, read_mode, backend, ...). ``kv_buffers``: None (pdlink allocates), or one writable
     C-contiguous buffer per rank of at least :func:`kv_region_len` bytes that pdlink reads and writes
-    in place; they must stay alive until :meth:`close` (the instance keeps a reference).
+    in place; they must stay alive until :meth:`close` (the instance keeps a reference). Contiguous
+    torch CUDA tensors, all on one GPU, are registered as CUDA memory (``mem_type`` "cuda", ``device``
+    the index) with the ``cuda`` backend unless the config names one; where the CUDA driver is missing
+    the instance is refused with :class:`PdlinkError` (PDL_ERR_UNSUPPORTED) saying so.
 
     ``local_rank``: None runs every rank in this object; an int ``r`` runs rank ``r`` only (vLLM's
     worker process of rank ``r``: its engine, region, ports and counters), the other ranks being other
@@ -349,17 +427,30 @@ class Instance:
                                    f"kv_buffers: {len(kv_buffers)} buffers for tp_size {tp_size}; expected {want}")
             regions = ffi.new("void *[]", tp_size)
             lens = ffi.new("size_t[]", tp_size)
-            for r, obj in given.items():
-                ptr, n = _buffer_of(obj, r)
-                regions[r] = ptr
-                lens[r] = n
-                self._keep += [ptr, obj]
+            taken = {r: _buffer_of(obj, r) for r, obj in given.items()}
+            for r, reg in taken.items():
+                regions[r] = reg.ptr
+                lens[r] = reg.nbytes
+                self._keep += [reg.ptr, given[r]]
             self._keep += [regions, lens]
             c.kv_regions = regions
             c.kv_region_lens = lens
+            device = _use_device_memory(c, taken)
+        else:
+            device = None
+        #: "host" or "cuda": where the KV buffers live (kv_layer views exist for host memory only).
+        self.mem_type = "host" if device is None else "cuda"
+        self.device = device
         out = ffi.new("pdl_instance_t **")
         err = _err()
-        _check(lib.pdl_instance_create(c, out, err), err)
+        with _cuda_device(device):
+            st = lib.pdl_instance_create(c, out, err)
+        if st != lib.PDL_OK and device is not None:
+            msg = ffi.string(err.msg).decode(errors="replace")
+            cls = InvalidError if st in (lib.PDL_ERR_INVALID, lib.PDL_ERR_PARSE) else PdlinkError
+            backend = ffi.string(lib.pdl_backend_name(c.conn.backend)).decode()
+            raise cls(st, f"kv_buffers on cuda:{device} (backend {backend}): {msg}")
+        _check(st, err)
         self._h = out[0]
         # Held-transfer events (producer) queue up in C, never waiting for the GIL on pdlink's threads;
         # events() takes them. After close, what was still queued waits in _late.
@@ -454,6 +545,10 @@ class Instance:
     def kv_layer(self, rank: int, layer: int) -> memoryview:
         """A writable view of rank ``rank``'s layer ``layer`` (``layer_len`` bytes; the caller's buffer
         when kv_buffers were given). ``numpy.frombuffer(view, dtype)`` makes an array of it."""
+        if self.mem_type != "host":
+            raise PdlinkError(lib.PDL_ERR_UNSUPPORTED,
+                              f"kv_layer({rank}, {layer}): the KV buffers are on cuda:{self.device}; a CPU view of "
+                              "device memory would fault: use the tensors themselves")
         p = lib.pdl_instance_kv_layer(self._handle(), rank, layer)
         if p == ffi.NULL:
             why = self._rank_error(rank) if lib.pdl_instance_geometry(self._handle(), rank) == ffi.NULL else \
@@ -481,11 +576,25 @@ class Instance:
         return int(lib.pdl_instance_free_block_count(self._handle()))
 
     # -- producer (READ mode)
-    def hold(self, transfer_id: str, block_ids: Sequence[int], request_id: Optional[str] = None) -> None:
+    def zero_tail(self, block_ids: Sequence[int], num_tokens: int) -> None:
+        """Zero the rows of the last of ``block_ids`` past a prompt of ``num_tokens`` tokens, on every
+        rank this object runs, every layer and K/V (``pdl_instance_zero_tail``; on the GPU for CUDA
+        buffers): the consumer reads whole blocks, and those rows still hold an earlier request's KV.
+        ``num_tokens`` must need exactly ``len(block_ids)`` blocks."""
+        ids, n = _ids(block_ids)
+        err = _err()
+        _check(lib.pdl_instance_zero_tail(self._handle(), ids, n, num_tokens, err), err)
+
+    def hold(self, transfer_id: str, block_ids: Sequence[int], request_id: Optional[str] = None,
+             num_tokens: Optional[int] = None) -> None:
         """Hold ``block_ids`` under ``transfer_id`` until every rank counted its releases (then they are
         freed) or defer_timeout passes. The KV must be final before the call. With ``request_id``
         (MoRIIO's ``___prefill_addr_..___decode_addr_..`` id) the holds of a consumer that is gone are
-        freed early. The blocks then belong to the instance."""
+        freed early. With ``num_tokens`` (the prompt's length) the last block's rows past the prompt
+        are zeroed first (:meth:`zero_tail`), so the consumer never reads what an earlier request left
+        there; nothing is held when that fails. The blocks then belong to the instance."""
+        if num_tokens is not None:
+            self.zero_tail(block_ids, num_tokens)
         ids, n = _ids(block_ids)
         err = _err()
         _check(lib.pdl_instance_hold_for(self._handle(), transfer_id.encode(), _opt(request_id), ids, n, err), err)

@@ -92,10 +92,13 @@ typedef enum { PDL_ROLE_PRODUCER = 1, PDL_ROLE_CONSUMER = 2 } pdl_role_t;
 typedef enum { PDL_KV_HND = 0, PDL_KV_NHD = 1 } pdl_kv_order_t;
 typedef int... pdl_backend_kind_t;
 const char *pdl_backend_name(pdl_backend_kind_t kind);
+int pdl_backend_parse(const char *s);
+typedef enum { PDL_MEM_TYPE_HOST = 0, PDL_MEM_TYPE_CUDA = 1, PDL_MEM_TYPE_ROCM = 2 } pdl_mem_type_t;
 
 typedef struct pdl_connector_config {
     pdl_role_t role; char host_ip[...]; char proxy_ip[...]; int proxy_ping_port; int http_port;
-    bool read_mode; pdl_backend_kind_t backend; int handshake_port; int notify_port; ...;
+    bool read_mode; pdl_backend_kind_t backend; bool backend_mapped_from_rdma; int handshake_port; int notify_port;
+    ...;
 } pdl_connector_config_t;
 pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
 
@@ -106,7 +109,8 @@ typedef struct pdl_model_geometry {
 typedef struct pdl_instance_config {
     pdl_connector_config_t conn; pdl_model_geometry_t model; int tp_size; int dp_rank; int dp_size;
     uint32_t num_blocks; const char *attn_backend_name; bool allow_write_mode;
-    void *const *kv_regions; const size_t *kv_region_lens; int local_rank; bool external_blocks; ...;
+    void *const *kv_regions; const size_t *kv_region_lens; pdl_mem_type_t kv_mem_type; int local_rank;
+    bool external_blocks; ...;
 } pdl_instance_config_t;
 void pdl_instance_config_defaults(pdl_instance_config_t *cfg);
 typedef struct pdl_kv_geometry {
@@ -136,6 +140,8 @@ void pdl_instance_free_blocks(pdl_instance_t *inst, const uint32_t *ids, size_t 
 size_t pdl_instance_free_block_count(pdl_instance_t *inst);
 pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id, const char *request_id,
                                    const uint32_t *ids, size_t n, pdl_error_t *err);
+pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
+                                    pdl_error_t *err);
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
 pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);

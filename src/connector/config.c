@@ -6,7 +6,8 @@
  * int(...)), read_mode accepts true / "true" / "1" / 1 (upstream: str(v).lower().strip() in
  * ("true", "1")), timeouts are seconds as numbers or numeric strings. A falsy handshake_port or
  * notify_port (0, "") means the default, as upstream's _set_port_defaults does.
- * backend: "tcp", "shm" and "ucx" are pdlink's engines; "rdma" (upstream's default) maps to "ucx" when
+ * backend: "tcp", "shm", "ucx" and "cuda" (KV in GPU memory, GPUs of one host: the instance's
+ * kv_mem_type must then be CUDA) are pdlink's engines; "rdma" (upstream's default) maps to "ucx" when
  * UCX offers an RDMA transport (rc/dc/ud verbs) and to "tcp" otherwise (pdl_backend_pick_rdma), and
  * "xgmi" (upstream's intra-node GPU path) maps to "shm"; both are logged with the reason.
  */
@@ -127,7 +128,8 @@ static const key_row_t k_rows[] = {
     {"handshake_port", K_BASE_PORT, OFF(handshake_port), "base handshake port (6301); rank offset added"},
     {"notify_port", K_BASE_PORT, OFF(notify_port), "base notify port (61005); rank offset added"},
     {"read_mode", K_BOOL, OFF(read_mode), "true: READ (decode pulls); false: WRITE (default)"},
-    {"backend", K_BACKEND, OFF(backend), "tcp | shm | rdma (mapped to tcp) | xgmi (mapped to shm)"},
+    {"backend", K_BACKEND, OFF(backend),
+     "tcp | shm | ucx | cuda (GPU KV of one host, CUDA IPC) | rdma (ucx with RDMA, else tcp) | xgmi (mapped to shm)"},
     {"qp_per_transfer", K_POSINT, OFF(qp_per_transfer), "connections per session (1)"},
     {"num_workers", K_POSINT, OFF(num_workers), "engine worker threads (1)"},
     {"post_batch_size", K_BATCH, OFF(post_batch_size), "descriptors per posted batch; -1 = engine's choice"},
@@ -241,7 +243,8 @@ static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connect
         int b = pdl_backend_parse(s);
         if (b < 0)
             return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "kv_connector_extra_config.%s: unknown backend %s (expected \"tcp\", \"shm\", \"ucx\" or \"rdma\")",
+                                 "kv_connector_extra_config.%s: unknown backend %s (expected \"tcp\", \"shm\", \"ucx\", \"cuda\", "
+                                 "\"rdma\" or \"xgmi\")",
                                  row->name, vb);
         cfg->backend = (pdl_backend_kind_t)b;
         cfg->backend_mapped_from_rdma = false;

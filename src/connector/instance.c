@@ -14,9 +14,43 @@
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
 
+static const char *mem_type_name(pdl_mem_type_t t)
+{
+    return t == PDL_MEM_TYPE_CUDA ? "CUDA" : t == PDL_MEM_TYPE_ROCM ? "ROCm" : "host";
+}
+
+/* The KV memory type against the backend, before any engine exists: a device region handed to a host
+ * backend would be registered as host memory and then read by the CPU (tcp's server, shm's
+ * process_vm_readv), and a cuda engine cannot register the host memory the instance would allocate. A
+ * backend that may register device memory (cuda, ucx) still has the engine's own check at registration
+ * (no driver, a UCX without CUDA). */
+static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_error_t *err)
+{
+    pdl_mem_type_t t = cfg->kv_mem_type;
+    const char *backend = pdl_backend_name(cfg->conn.backend);
+    if (t != PDL_MEM_TYPE_HOST && t != PDL_MEM_TYPE_CUDA && t != PDL_MEM_TYPE_ROCM)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: kv_mem_type %d is not a memory type", (int)t);
+    if (t != PDL_MEM_TYPE_HOST && cfg->kv_regions == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "instance: kv_mem_type %s needs kv_regions (the instance allocates host memory only)",
+                             mem_type_name(t));
+    if (t == PDL_MEM_TYPE_HOST && cfg->conn.backend == PDL_BACKEND_CUDA)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "kv_connector_extra_config.backend \"cuda\" moves GPU memory only, but the KV cache is "
+                             "host memory%s; use \"tcp\" or \"shm\" for host memory",
+                             cfg->kv_regions == NULL ? " (the instance's own: no kv_regions given)" : "");
+    if (t != PDL_MEM_TYPE_HOST && (cfg->conn.backend == PDL_BACKEND_TCP || cfg->conn.backend == PDL_BACKEND_SHM))
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "instance: the KV cache is %s memory, but backend %s moves host memory only; use backend "
+                             "\"cuda\" (GPUs of one host) or \"ucx\" built with %s support",
+                             mem_type_name(t), backend, mem_type_name(t));
+    return PDL_OK;
+}
+
 static pdl_status_t validate_config(const pdl_instance_config_t *cfg, pdl_error_t *err)
 {
     const pdl_model_geometry_t *m = &cfg->model;
+    pdl_status_t st;
     if (cfg->tp_size < 1 || cfg->tp_size > PDL_TOPO_MAX_TP)
         return pdl_error_set(err, PDL_ERR_INVALID, "instance: tp_size %d outside [1, %d]", cfg->tp_size, PDL_TOPO_MAX_TP);
     if (cfg->dp_size < 1 || cfg->dp_rank < 0 || cfg->dp_rank >= cfg->dp_size)
@@ -35,6 +69,9 @@ static pdl_status_t validate_config(const pdl_instance_config_t *cfg, pdl_error_
                              m->num_layers, m->total_kv_heads, m->head_dim, m->elem_size, m->block_size);
     if (m->kv_fused && m->is_mla)
         return pdl_error_set(err, PDL_ERR_INVALID, "instance: kv_fused (K and V per token) with is_mla (no V)");
+    st = validate_mem_type(cfg, err);
+    if (st != PDL_OK)
+        return st;
     if (!cfg->conn.read_mode && !cfg->allow_write_mode)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "kv_connector_extra_config.read_mode is false (WRITE mode): this program does not serve "

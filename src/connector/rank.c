@@ -5,7 +5,9 @@
  * Memory: each rank allocates ONE engine region holding all its layers (layer l at l * layer_len,
  * layer_len = pdl_layout_region_len of the rank's geometry) and pre-faults it, so the first transfer
  * does not pay for page faults -- or registers the caller's region of the same layout
- * (pdl_instance_config_t.kv_regions), which it neither clears nor frees. The handshake advertises that single registration for every layer;
+ * (pdl_instance_config_t.kv_regions, host or device memory: kv_mem_type), which it neither clears nor
+ * frees and, for device memory, never touches with the CPU (zeroing goes through pdl_mem_zero). The
+ * handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
  *
  * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue), so
@@ -221,7 +223,8 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);
     if (cfg->kv_regions != NULL) {
-        /* The caller's memory (a numpy array, a torch tensor): registered as is, never cleared. */
+        /* The caller's memory (a numpy array, a torch tensor on the CPU or a GPU): registered as is, with
+         * its memory type, never cleared, never touched by the CPU when it is device memory. */
         void *ptr = cfg->kv_regions[rank];
         size_t len = cfg->kv_region_lens ? cfg->kv_region_lens[rank] : 0;
         if (ptr == NULL || len < total)
@@ -229,10 +232,14 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
                                  "instance rank %d: caller KV region %p of %zu bytes, but the geometry needs %llu "
                                  "(pdl_instance_kv_region_len)",
                                  rank, ptr, len, (unsigned long long)total);
-        st = pdl_engine_register_mem(m->engine, ptr, (size_t)total, &m->kv, err);
+        pdl_mem_type_t type = cfg->kv_mem_type;
+        st = pdl_engine_register_mem_type(m->engine, ptr, (size_t)total, type, &m->kv, err);
         if (st != PDL_OK)
-            return pdl_error_prefix(err, st, "instance rank %d caller KV memory (%llu bytes)", rank,
-                                    (unsigned long long)total);
+            return pdl_error_prefix(err, st, "instance rank %d caller KV memory (%llu bytes%s)", rank,
+                                    (unsigned long long)total,
+                                    type == PDL_MEM_TYPE_CUDA   ? ", CUDA"
+                                    : type == PDL_MEM_TYPE_ROCM ? ", ROCm"
+                                                                : "");
         m->kv_ptr = pdl_mem_ptr(m->kv);
     } else {
         st = pdl_engine_alloc_mem(m->engine, (size_t)total, &m->kv, err);

@@ -92,7 +92,8 @@ def test_producer_holds_in_the_step_that_completes_the_prompt() -> None:
     assert not s.build_connector_meta({})               # not scheduled this step
     plan = s.build_connector_meta({"r1": 8})
     # 40 tokens of block size 16 fill 3 blocks; the 4th (allocated for the output) is not the prompt's.
-    assert plan.holds == [HoldOrder("r1", "tx-abc", [4, 9, 2])]
+    # num_tokens: the workers zero the last block's rows past the prompt's 40 tokens before the hold.
+    assert plan.holds == [HoldOrder("r1", "tx-abc", [4, 9, 2], 40)]
     assert not s.build_connector_meta({"r1": 1})         # held once only
     delay, params = s.request_finished(r, [4, 9, 2, 11], length_capped=True)
     assert delay is True
@@ -227,7 +228,8 @@ def test_kv_region_accepts_adjacent_layers_and_names_the_one_that_is_not() -> No
     buf, geo = kv_region(dict(reversed(list(caches.items()))))
     assert ctypes.sizeof(buf) == whole.nbytes and ctypes.addressof(buf) == whole.ctypes.data
     assert geo == {"num_layers": 3, "num_blocks": 4, "heads": 2, "block_size": BS, "head_dim": 8,
-                   "elem_size": 4, "layer_len": whole[0].nbytes}
+                   "elem_size": 4, "layer_len": whole[0].nbytes, "kv_separate": True, "order": "hnd",
+                   "fused": True}
     other = np.zeros_like(whole[1])
     caches["model.layers.1.self_attn.attn"] = FakeTensor(other)
     with pytest.raises(ValueError, match=r"layer model\.layers\.1\.self_attn\.attn starts at .* not right after"):
@@ -237,8 +239,11 @@ def test_kv_region_accepts_adjacent_layers_and_names_the_one_that_is_not() -> No
     with pytest.raises(ValueError, match="every layer alike and contiguous"):
         kv_region(caches)
     _, caches = vllm_cpu_caches(1, 4, 2, 8)
-    caches["model.layers.0.self_attn.attn"].device = "cuda:0"
-    with pytest.raises(ValueError, match="host memory only"):
+    caches["model.layers.0.self_attn.attn"].device = "cuda:0"       # CPU's fused shape on a GPU
+    with pytest.raises(ValueError, match="expected vLLM's GPU layout, 5 dims"):
+        kv_region(caches)
+    caches["model.layers.0.self_attn.attn"].device = "xpu:0"
+    with pytest.raises(ValueError, match="is on xpu:0; pdlink moves CPU and CUDA memory"):
         kv_region(caches)
 
 
@@ -264,10 +269,10 @@ class FakeInstance:
         self.pending_events: List[Any] = []
         self.refuse_hold = False
 
-    def hold(self, tid: str, ids: List[int], rid: Optional[str]) -> None:
+    def hold(self, tid: str, ids: List[int], rid: Optional[str], num_tokens: Optional[int] = None) -> None:
         if self.refuse_hold:
             raise pdlink.PdlinkError(-1, "no room")
-        self.calls.append(("hold", tid, list(ids)))
+        self.calls.append(("hold", tid, list(ids)) if num_tokens is None else ("hold", tid, list(ids), num_tokens))
 
     def pull(self, params: Dict[str, Any], ids: List[int], rid: Optional[str]) -> FakePull:
         self.calls.append(("pull", params["transfer_id"], list(ids)))
@@ -317,8 +322,9 @@ def test_worker_reports_pulls_done_and_failed() -> None:
 
 def test_worker_reports_sent_only_after_freed_and_finished() -> None:
     w = fake_worker("kv_producer")
-    w.wait_for_save(StepPlan(holds=[HoldOrder("r1", "t1", [1, 2]), HoldOrder("r2", "t2", [3])]))
-    assert w.inst.calls == [("hold", "t1", [1, 2]), ("hold", "t2", [3])]
+    w.wait_for_save(StepPlan(holds=[HoldOrder("r1", "t1", [1, 2], 20), HoldOrder("r2", "t2", [3])]))
+    # The prompt's token count goes with the hold (pdlink zeroes the last block's tail first).
+    assert w.inst.calls == [("hold", "t1", [1, 2], 20), ("hold", "t2", [3])]
     # r1 freed by pdlink before vLLM told this worker r1 finished: held back (vLLM's contract).
     w.inst.pending_events = [("reported", "t1", 0), ("freed", "t1", 0)]
     assert w.get_transfer_results(set()) == (set(), set(), set())
@@ -351,6 +357,9 @@ def test_worker_writes_counters_file(tmp_path: Any, monkeypatch: Any) -> None:
 # ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
 
 LAYERS, HEADS, HD, NBLK = 2, 4, 8, 12
+
+
+PROMPT = 2 * BS + 3      # the e2e's prompt: its last block has 3 rows of KV, the rest is zeroed
 
 
 def kv_value(layer: np.ndarray, block_pos: int, head: int, tok: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -403,6 +412,9 @@ def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
     ids = plan.pulls[0].block_ids
     want = np.full_like(whole, -1.0)
     rank_fill(want, ids, tp, rank)
+    # The prefill zeroed its last block's rows past the prompt before the hold (zero_tail): an earlier
+    # request's KV there must never reach the decode.
+    want[:, ids[-1], :, PROMPT % BS:, :] = 0.0
     q_out.put(("pulled", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), rid,
                w.counters()))
     w.shutdown()
@@ -417,7 +429,7 @@ def test_workers_move_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
     ctx = mp.get_context("spawn")
     pbase = free_range(120)                      # config(): handshake base.., notify base+50..
     dbase = pbase + 60
-    prompt = 2 * BS + 3                          # 3 prefill blocks; the decode loads 2*BS+2 tokens: 3 blocks
+    prompt = PROMPT                              # 3 prefill blocks; the decode loads 2*BS+2 tokens: 3 blocks
     p_ids, d_ids = [5, 2, 9], [7, 3, 10]
     qs = [ctx.Queue() for _ in range(p_tp)]
     out = ctx.Queue()

@@ -46,10 +46,12 @@ class PullOrder:
 
 @dataclass
 class HoldOrder:
-    """Hold ``block_ids`` under ``transfer_id`` (after this step's forward wrote their KV)."""
+    """Hold ``block_ids`` under ``transfer_id`` (after this step's forward wrote their KV). ``num_tokens``:
+    the prompt's length, so the workers zero the last block's rows past it before the hold."""
     request_id: str
     transfer_id: str
     block_ids: List[int]
+    num_tokens: Optional[int] = None
 
 
 @dataclass
@@ -217,7 +219,8 @@ class PdlinkScheduler:
                     ids = list(self._block_ids_of(rid)) if self._block_ids_of else []
                     ids = ids[:-(-req.num_prompt_tokens // self.block_size)]
                     pr.held_ids = [int(b) for b in ids]
-                    self._plan.holds.append(HoldOrder(rid, pr.transfer_id, pr.held_ids))
+                    self._plan.holds.append(HoldOrder(rid, pr.transfer_id, pr.held_ids,
+                                                      int(req.num_prompt_tokens)))
         plan, self._plan = self._plan, StepPlan()
         return plan
 
