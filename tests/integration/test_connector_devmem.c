@@ -28,10 +28,10 @@
 #include "test_connector_util.h"
 
 #define NBLK 8
-/* scrub_freed_blocks in the no-CPU-access child: off until scrub.c zeroes through pdl_mem_zero (it
- * memsets kv_ptr at this commit, which a device region does not survive). */
+/* scrub_freed_blocks in the no-CPU-access child (-DSCRUB=false leaves it out: scrub.c memset kv_ptr
+ * before fad766e, and this child died there). */
 #ifndef SCRUB
-#define SCRUB false
+#define SCRUB true
 #endif
 
 static void base(pdl_instance_config_t *c, pdl_backend_kind_t backend, int tp)
