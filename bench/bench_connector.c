@@ -645,6 +645,7 @@ typedef struct bc_row {
     double conn, engine, memcpy_gbps; /* medians over the pairs */
     bc_ratio_t vs_engine, vs_memcpy;
     double pull_p50, pull_p99;
+    double zero_us; /* pdl_instance_zero_tail of the row's prompt, every rank (inside "conn" too) */
     double rel_p50, rel_p99, zmq_rt, zmq_cold;
     bc_ratio_t rel_vs_zmq, rel_vs_cold;
 } bc_row_t;
@@ -726,6 +727,13 @@ static bool bc_row_run(bc_setup_t *s, const bc_opts_t *o, int tokens, pdl_ceilin
         eng[i] = bc_engine_sample(s, o, b, pblk, cblk, nblk, st);
         mem[i] = pdl_ceiling_memcpy_run(mc, dst, src, (size_t)b->bytes, o->reps);
     }
+    /* The hold's zeroing alone, after the samples (it writes the producer's blocks, which no sample reads). */
+    pdl_error_t ze;
+    uint64_t z0 = pdl__clock_now_ns();
+    for (int i = 0; i < 100; i++)
+        if (pdl_instance_zero_tail(s->prod, pblk, nblk, (uint64_t)tokens, &ze) != PDL_OK)
+            break;
+    row->zero_us = (double)(pdl__clock_now_ns() - z0) / 100 / 1e3;
     row->topo = s->name;
     row->tokens = tokens;
     row->bytes = b->bytes;
@@ -821,16 +829,16 @@ static void bc_print(const bc_opts_t *o, const bc_row_t *rows, int nrows, const 
     char a[64], b[64];
     printf("pdlink bench --connector: %s, block_size %d, backend %s, %d pairs of %d transfers per sample\n",
            o->model->name, o->block_size, pdl_backend_name(o->backend), o->pairs, o->reps);
-    printf("\n%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s\n", "topo", "tokens", "bytes", "conn", "engine", "memcpy",
-           "conn/engine", "conn/memcpy", "pull p50", "pull p99");
-    printf("%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s\n", "", "", "", "GB/s", "GB/s", "GB/s", "median (min-max)",
-           "median (min-max)", "us", "us");
+    printf("\n%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s %9s\n", "topo", "tokens", "bytes", "conn", "engine",
+           "memcpy", "conn/engine", "conn/memcpy", "pull p50", "pull p99", "zero");
+    printf("%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s %9s\n", "", "", "", "GB/s", "GB/s", "GB/s", "median (min-max)",
+           "median (min-max)", "us", "us", "us");
     for (int i = 0; i < nrows; i++) {
         const bc_row_t *r = &rows[i];
         bc_ratio_text(a, sizeof(a), r->vs_engine);
         bc_ratio_text(b, sizeof(b), r->vs_memcpy);
-        printf("%-6s %6d %10" PRIu64 " %8.2f %8.2f %8.2f  %-22s %-22s %9.0f %9.0f\n", r->topo, r->tokens, r->bytes,
-               r->conn, r->engine, r->memcpy_gbps, a, b, r->pull_p50, r->pull_p99);
+        printf("%-6s %6d %10" PRIu64 " %8.2f %8.2f %8.2f  %-22s %-22s %9.0f %9.0f %9.1f\n", r->topo, r->tokens, r->bytes,
+               r->conn, r->engine, r->memcpy_gbps, a, b, r->pull_p50, r->pull_p99, r->zero_us);
     }
     printf("\nrelease: consumer send -> producer report, next to a DEALER->ROUTER->DEALER round trip, hot (back to\n"
            "back) and cold (one after each transfer)\n");
@@ -883,6 +891,7 @@ static int bc_write_json(const bc_opts_t *o, const bc_row_t *rows, int nrows, co
         json_object_set_new(j, "memcpy_gbps", json_real(r->memcpy_gbps));
         json_object_set_new(j, "connector_vs_engine", bc_ratio_json(r->vs_engine));
         json_object_set_new(j, "connector_vs_memcpy", bc_ratio_json(r->vs_memcpy));
+        json_object_set_new(j, "zero_tail_us", json_real(r->zero_us));
         json_object_set_new(j, "pull_p50_us", json_real(r->pull_p50));
         json_object_set_new(j, "pull_p99_us", json_real(r->pull_p99));
         json_array_append_new(arr, j);
