@@ -359,10 +359,12 @@ static bool check_remote_leg(const pdl_node_t *node, const pdl_node_request_t *r
 
 static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
                           pdl_node_request_t *req, pdl_node_result_t *res);
-static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id);
+static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id,
+                             bool started);
 
-/* A rejected decode request still releases the transfer its kv_transfer_params name (abandon_transfer),
- * whatever made it invalid (e.g. "max_tokens": -1 is refused before the params are even read). */
+/* A rejected WRITE prefill request still tells the decode its push will not come (abandon_transfer),
+ * whatever made it invalid (e.g. "max_tokens": -1 is refused before the params are even read). A rejected
+ * decode request releases nothing: see abandon_transfer. */
 bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
                             pdl_node_request_t *req, pdl_node_result_t *res)
 {
@@ -372,7 +374,7 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
     pdl_kv_params_t params;
     pdl_kv_params_init(&params);
     if (json_is_object(kp) && pdl_kv_params_from_json(kp, &params, NULL) == PDL_OK)
-        abandon_transfer(node, &params, req->request_id[0] ? req->request_id : NULL);
+        abandon_transfer(node, &params, req->request_id[0] ? req->request_id : NULL, false);
     pdl_kv_params_clear(&params);
     return false;
 }
@@ -714,7 +716,7 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
  */
 static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_prompt_t *prompt,
                     const uint32_t *blocks, size_t nblocks, pdl_synth_check_t *check, pdl_node_result_t *res,
-                    bool *released)
+                    bool *released, bool *started)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -731,6 +733,7 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     /* Every write_done came (ok or failed): the producer is done with the push. A receive that never
      * started or timed out is abandoned by the caller, in case the push still waits. */
     *released = rv != NULL && st != PDL_ERR_TIMEOUT;
+    *started = rv != NULL;
     uint64_t t1 = pdl__clock_now_ns();
     pdl_node_metrics_pull_end(node->metrics, t1);
     uint64_t bytes = 0;
@@ -845,17 +848,24 @@ static void keep_prompt(const pdl_synth_prompt_t *p, pdl_node_result_t *res)
 }
 
 /*
- * A decode that will not pull or receive a transfer it was given (the request was rejected or failed
- * before its pull, or its receive failed) tells the producer at once (pdl_instance_abandon: failed
- * releases), so the prefill's blocks are not pinned until its defer_timeout. Before, two rejected
- * requests with long prompts pinned 1,002 of a prefill's 1,024 blocks for 60 s. In WRITE mode a prefill
+ * A WRITE decode whose receive started and then failed tells the producer at once (pdl_instance_abandon:
+ * failed releases), so the prefill's push is not pinned until its defer_timeout. In WRITE mode a prefill
  * that will not push (rejected, or failed before its push) does the same the other way (failed
  * write_done), so the decode that waits for the push frees its blocks now instead of at
  * transfer_timeout: the router sends both legs at once there.
  */
-static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id)
+static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, const char *request_id,
+                             bool started)
 {
-    bool decode = node->role == PDL_NODE_CONSUMER && params->do_remote_prefill;
+    /* A decode releases only a transfer it engaged with: one it pulled (the pull releases the producer
+     * itself, ok or failed) or whose receive it started (its remote_blocks went to that producer). A
+     * request rejected or failed before that is only a client's word that the transfer is its own: any
+     * client could name another request's transfer id ("max_tokens": -1 plus the id) and have this
+     * decode -- the consumer's own host, which the prefill trusts -- free the victim's blocks before the
+     * victim's decode leg read them (issue 26: held blocks 2 -> 0, the victim's leg 500). Such a hold is
+     * freed by the router's failed release (pdlink-router sends one for every decode leg that fails),
+     * the consumer-gone watch, or the prefill's defer_timeout. */
+    bool decode = node->role == PDL_NODE_CONSUMER && params->do_remote_prefill && started;
     bool write_prefill = node->role == PDL_NODE_PRODUCER && !node->conn.read_mode && params->do_remote_decode;
     if (!(decode || write_prefill) || params->transfer_id[0] == '\0')
         return;
@@ -868,19 +878,23 @@ static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, co
                  write_prefill ? "push" : "pull or receive", params->transfer_id);
 }
 
-static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released);
+static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released,
+                        bool *started);
 
 void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
 {
-    bool released = false;
-    request_run(node, req, res, &released);
+    bool released = false, started = false;
+    request_run(node, req, res, &released, &started);
     if ((req->mode == PDL_NODE_MODE_PULL || req->mode == PDL_NODE_MODE_RECV ||
          req->mode == PDL_NODE_MODE_PREFILL_PUSH) &&
         !released)
-        abandon_transfer(node, &req->params, req->request_id);
+        abandon_transfer(node, &req->params, req->request_id, started);
 }
 
-static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released)
+/* *released: the connector told the peer itself (a pull's releases, a push's write_done, every
+ * write_done counted); *started: a WRITE receive sent its remote_blocks (the decode engaged with it). */
+static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released,
+                        bool *started)
 {
     pdl_error_t err;
     pdl_error_clear(&err);
@@ -939,7 +953,7 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
     bool ok = true;
     bool receives = req->mode == PDL_NODE_MODE_PULL || req->mode == PDL_NODE_MODE_RECV;
     if (req->mode == PDL_NODE_MODE_RECV)
-        ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res, released);
+        ok = recv_kv(node, req, &prompt, blocks, nblocks, &check, res, released, started);
     else if (req->mode == PDL_NODE_MODE_PULL)
         ok = pull_kv(node, req, &prompt, blocks, nblocks, &check, res, released);
     else
@@ -963,6 +977,13 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
         res->digest = check.digest;
         apply_stop(req, res);
         keep_prompt(&prompt, res);
+    }
+    if (ok && (req->mode == PDL_NODE_MODE_PREFILL_HOLD || req->mode == PDL_NODE_MODE_PREFILL_PUSH) &&
+        pdl_instance_zero_tail(pdl_node_kv_instance(node->kv), blocks, nblocks, prompt.n, &err) != PDL_OK) {
+        /* The consumer gets whole blocks: their rows past the prompt must not be an earlier request's. */
+        pdl_node_result_error(res, 500, "zeroing the unused rows of transfer %s failed: %s", req->params.transfer_id,
+                              err.msg);
+        ok = false;
     }
     if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD && strcmp(res->finish_reason, "length") != 0) {
         /* vLLM's producer returns kv_transfer_params only for a request capped by length: a stop
