@@ -23,7 +23,7 @@
  * same bytes between a DEALER and a ROUTER (the release path's socket types) over loopback tcp, each
  * in its own ZeroMQ context as the instances' sockets are (one shared context would serve both ends
  * from one I/O thread, which a release never has), two ways: "hot", --zmq-rts round trips back to back after each connector sample (threads that never
- * sleep long: the figure issue 16 quotes), and "cold", one round trip right after each connector
+ * sleep long: the release path at its best), and "cold", one round trip right after each connector
  * transfer, untimed, when that path's threads have slept as long as the release path's did. On a
  * loaded machine a thread woken from a long sleep waits for a CPU; the cold probe pays that wait too,
  * the hot one does not, so the difference between the two ratios is the machine's, not pdlink's.

@@ -8,7 +8,7 @@
  * descriptors of `block` bytes, local blocks in order and remote blocks in reverse order, so no two
  * descriptors merge (--contiguous lets them). A point is a series of alternating pairs (bench/pairs.h):
  * an engine loop A (warm-up batches right before it, since memory idle for a few seconds is several
- * times slower here, machine.md §4a; then a whole-loop timer over post + wait per batch, stop-and-wait
+ * times slower here, docs/benchmarks.md#this-machine; then a whole-loop timer over post + wait per batch, stop-and-wait
  * like nixlbench), then at once a ceiling loop B with the same resources: memcpy of the same bytes with
  * the same number of threads into the same destination (shm), or a plain TCP stream of the same bytes
  * into the same local buffer over warm connections, one per engine connection (tcp). The figure is the

@@ -1,6 +1,6 @@
 /*
  * bench_engine.h -- `pdlink bench`: the transfer engine measured against this machine's own ceilings
- * (SPEC §8). The CLI entry (src/cli/bench.c) forwards its arguments here.
+ * (docs/benchmarks.md#how-it-is-measured). The CLI entry (src/cli/bench.c) forwards its arguments here.
  */
 #ifndef PDL_BENCH_ENGINE_H
 #define PDL_BENCH_ENGINE_H

@@ -30,7 +30,8 @@ void *pdl_ceiling_alloc(size_t bytes)
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
-    /* First touch here is ~0.3 GB/s (machine.md §4a): fault everything in now, outside any timing. */
+    /* First touch here is several times slower than later passes (docs/benchmarks.md#this-machine): fault
+     * everything in now, outside any timing. */
     for (size_t o = 0; o < bytes; o += 4096)
         ((volatile char *)p)[o] = 1;
     return p;
@@ -326,7 +327,7 @@ double pdl_ceiling_tcp_run(pdl_ceiling_tcp_t *t, void *dst, const void *src, siz
     if (slice < write_size)
         return -1;
     /* One untimed pass over each stream's slice (at most 16 MiB) right before the timed bytes: it
-     * warms the buffers as the engine's warm-up batches warm its own (machine.md §4a), and keeps the
+     * warms the buffers as the engine's warm-up batches warm its own (docs/benchmarks.md#this-machine), and keeps the
      * connection's window and congestion state as grown as a busy engine connection's. */
     size_t warm = slice < WARM_PER_STREAM ? slice : WARM_PER_STREAM;
     stream_t *tx = calloc((size_t)n, sizeof(*tx)), *rx = calloc((size_t)n, sizeof(*rx));

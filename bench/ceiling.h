@@ -1,5 +1,6 @@
 /*
- * ceiling.h -- this machine's own ceilings, measured in the same run as the figure they bound (SPEC §8).
+ * ceiling.h -- this machine's own ceilings, measured in the same run as the figure they bound
+ * (docs/benchmarks.md#how-it-is-measured).
  *
  * memcpy: the bandwidth of copying between two warm buffers with T threads (each thread copies 1/T
  * of the bytes between two barriers), whole-loop timer, one untimed warm-up pass first. When each

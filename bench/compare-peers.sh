@@ -95,7 +95,8 @@ ucx_gbps_once() {
     port=$(free_port)
     iters=$(( 2000000000 / size )); [ $iters -gt 20000 ] && iters=20000; [ $iters -lt 40 ] && iters=40
     if [ "$tls" = tcp ]; then
-        # ucp_get over tcp costs ~1.1 ms per get (machine.md 4d) and its bandwidth is ~0.1-1 GB/s: cap the
+        # ucp_get over tcp costs ~1.1 ms per get (docs/benchmarks.md#this-machine) and its bandwidth is
+        # ~0.1-1 GB/s: cap the
         # iterations to 300 single gets and 256 MiB so that a row takes seconds.
         [ "$out" = 1 ] && [ $iters -gt 300 ] && iters=300
         [ $((iters * size)) -gt 268435456 ] && iters=$((268435456 / size))

@@ -1,5 +1,5 @@
 /*
- * connector.h -- the MoRIIO-compatible connector runtime (SPEC §4, §5, §7).
+ * connector.h -- the MoRIIO-compatible connector runtime (docs/protocol.md, docs/connector.md).
  *
  * An *instance* is one serving instance (one `vllm serve`): `tp_size` TP ranks, each with its own
  * transfer engine, KV region (all layers of that rank), handshake ROUTER and notify ROUTER on
@@ -63,7 +63,7 @@ typedef enum pdl_role {
     PDL_ROLE_CONSUMER = 2, /* kv_consumer: decode */
 } pdl_role_t;
 
-/* kv_connector_extra_config, with MoRIIO's key names and defaults (SPEC §7). */
+/* kv_connector_extra_config, with MoRIIO's key names and defaults (docs/protocol.md#configuration). */
 typedef struct pdl_connector_config {
     pdl_role_t role;
     char host_ip[PDL_CONNECTOR_HOST_MAX + 1];  /* default 127.0.0.1 when absent */
@@ -350,7 +350,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
                                   pdl_error_t *err);
 
 /*
- * Counters per rank (SPEC §5), one table for the struct, the Prometheus names, types and help text:
+ * Counters per rank, one table for the struct, the Prometheus names, types and help text:
  * X(field, metric name, kind, help). PDL_COUNTER_NS fields hold nanoseconds and are exported in
  * seconds. Releases and keepalives received come from the producer's fan-in.
  */
@@ -508,7 +508,7 @@ typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const 
 void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
 
 /*
- * WRITE mode (SPEC §5; heterogeneous TP, which upstream MoRIIO lacks).
+ * WRITE mode (docs/protocol.md#write-flow; heterogeneous TP, which upstream MoRIIO lacks).
  *
  * Producer: pdl_instance_push(params, request_id, ids) after the prefill (the KV must be final: push
  * publishes it). `params` are the prefill leg's kv_transfer_params: transfer_id, and the consumer's

@@ -1,6 +1,6 @@
 /*
  * engine.h -- the transfer engine: registered memory, remote engines, sessions, batched one-sided
- * READ and WRITE (SPEC §6). MoRI-IO's shape, with backends behind one table of operations.
+ * READ and WRITE (docs/engine.md). MoRI-IO's shape, with backends behind one table of operations.
  *
  * Layer: engine, above wire; it owns threads (a worker pool, and for tcp a server) and sockets, and
  * logs rarely (warnings on misuse, rate-limited notes on refused or malformed peer requests). Error

@@ -1,5 +1,6 @@
 /*
- * layout.h -- KV-cache geometry of one layer → byte ranges, and descriptor lists for a plan (SPEC §3).
+ * layout.h -- KV-cache geometry of one layer → byte ranges, and descriptor lists for a plan
+ * (docs/topology.md#kv-layout).
  *
  * A layer's KV cache on one rank is one contiguous region. With `kv_separate` it is [2][blocks][block]
  * (all K blocks, then all V blocks -- vLLM's [2, num_blocks, ...]); otherwise [blocks][2][block]

@@ -4,7 +4,8 @@
  * Layer: wire (src/wire/params.c). Pure functions over jansson values: no I/O, no logging, no global
  * state; thread-safe on distinct structs.
  *
- * Field names and meanings follow vLLM's MoRIIO connector (SPEC §4). The JSON values are jansson
+ * Field names and meanings follow vLLM's MoRIIO connector (docs/protocol.md#kv_transfer_params). The
+ * JSON values are jansson
  * objects; a wrong type gets PDL_ERR_PARSE naming the key ("kv_transfer_params.remote_block_ids[3]:
  * expected a non-negative integer, got string"). Values are never coerced: a port sent as "6301" or
  * 6301.0 is an error, not a guess. JSON null counts as absent for every key (routers send
@@ -70,7 +71,7 @@ void pdl_kv_params_clear(pdl_kv_params_t *p);
 pdl_status_t pdl_kv_params_from_json(const json_t *obj, pdl_kv_params_t *out, pdl_error_t *err);
 
 /*
- * The params a prefill returns for READ mode (SPEC §4), built from `p`: do_remote_prefill true,
+ * The params a prefill returns for READ mode, built from `p`: do_remote_prefill true,
  * do_remote_decode false (whatever p says), remote_block_ids (always an array), remote_engine_id,
  * remote_host, the two ports and tp_size (null when absent), remote_dp_size (1 when <= 0), and
  * transfer_id and remote_dp_rank only when set. remote_tp_size is never written: the router forwards

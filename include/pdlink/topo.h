@@ -1,6 +1,6 @@
 /*
  * topo.h -- heterogeneous tensor-parallel topology: which ranks pair up and which KV heads move where
- * (SPEC §2).
+ * (docs/topology.md).
  *
  * Layer: topo, the lowest above common (includes only status.h). Pure functions: no I/O, no
  * allocation, no logging, no global state, so every function is thread-safe.
@@ -83,7 +83,8 @@ typedef struct pdl_plan_piece {
 } pdl_plan_piece_t;
 
 /*
- * The read plan of one consumer rank (SPEC §2): for every head it holds, the lowest producer rank of
+ * The read plan of one consumer rank (docs/topology.md#read-plans): for every head it holds, the lowest
+ * producer rank of
  * its group that holds that head; adjacent heads from the same producer are one piece.
  * `prefill_tp` .. `consumer_rank` echo the inputs. `group_first/group_count` is its group (as
  * pdl_topo_group): in READ mode it releases every rank of it, including ranks it read nothing from.

@@ -1,5 +1,5 @@
 /*
- * wire.h -- codecs of everything pdlink says on the control plane (SPEC §4). No sockets.
+ * wire.h -- codecs of everything pdlink says on the control plane (docs/protocol.md, docs/wire.md). No sockets.
  *
  * Layer: wire, above layout (includes status.h and types.h). Pure functions: no I/O, no logging, no
  * global state, so every function is thread-safe on distinct structs.

@@ -1,6 +1,6 @@
 /*
  * plan.c -- `pdlink plan`: explains how the KV cache moves between prefill and decode ranks for a
- * topology before anyone deploys it (SPEC §9).
+ * topology before anyone deploys it (docs/plan.md).
  *
  * How it works: the command line gives one or more prefill instances and one or more decode instances
  * (xPyD: `--prefill-tp 4,4 --decode-tp 8`) plus the KV geometry, from a model preset and/or flags. A
@@ -589,7 +589,7 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
     json_object_set_new(pair, "descs_per_block_all_ranks", json_integer(total_block));
     json_object_set_new(pair, "descs_sample_all_ranks", json_integer(total_sample));
 
-    /* How upstream MoRIIO would treat this pair (moriio-spec §4.6, §4.7, §4.2). */
+    /* How upstream MoRIIO would treat this pair (docs/protocol.md#where-upstream-moriio-differs). */
     char summary[512];
     bool supported;
     if (P == D) {

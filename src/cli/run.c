@@ -51,7 +51,8 @@
 #include "pdlink/ports.h"
 #include "pdlink/topo.h"
 
-/* The same-run ceilings of `pdlink bench` (SPEC §8), shared so both commands measure alike. */
+/* The same-run ceilings of `pdlink bench` (docs/benchmarks.md#how-it-is-measured), shared so both commands
+ * measure alike. */
 #include "bench/ceiling.h"
 #include "common/clock.h"
 
@@ -69,7 +70,7 @@ enum {
     RUN_CHAOS_TRANSFER_TIMEOUT_S = 10,
 };
 
-/* The seed's deployments (issue 6/7). */
+/* The seed topologies: the deployments pdlink run exercises by default (README.md). */
 static const pdl_run_topo_t seed_topos[] = {
     {"1p1d", 1, 1, {8}, {8}},
     {"2p1d", 2, 1, {4, 4}, {8}},
@@ -427,7 +428,8 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             return -1;
         }
         snprintf(t.name, sizeof(t.name), "custom");
-        /* Refuse a pairing the topology rules reject (SPEC §2) now, not as failed requests later. */
+        /* Refuse a pairing the topology rules reject (docs/topology.md#compatible-sizes) now, not as failed
+         * requests later. */
         for (int i = 0; i < t.np; i++)
             for (int k = 0; k < t.nd; k++) {
                 pdl_error_t e;
@@ -721,7 +723,7 @@ static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *prox
         json_object_set_new(extra, "transfer_timeout", json_integer(RUN_CHAOS_TRANSFER_TIMEOUT_S));
     /* The cluster is known: the side that moves the KV (a READ decode, a WRITE prefill) connects to every
      * instance of the other side before the first request (prewarm_peers), so that no transfer pays a
-     * handshake or a region mapping (issue 16). */
+     * handshake or a region mapping. */
     if (nd->role == prewarming_role(c) && !c->o.no_prewarm) {
         json_t *pw = json_array();
         for (int i = 0; i < c->nnodes; i++) {
@@ -1705,7 +1707,8 @@ static void measure_ceiling(run_ctx_t *c)
      * Each rank pulls with its own worker thread and one engine worker (num_workers = 1 in kv_config):
      * one rank's engine rate is compared with a 1-thread memcpy or a single TCP stream, and a decode
      * instance of TP T pulls with T threads (one per rank, all copying at once when pulls overlap), so
-     * its transfer rate is compared with a T-thread memcpy or T streams (SPEC §8: the same threads).
+     * its transfer rate is compared with a T-thread memcpy or T streams (the same threads:
+     * docs/benchmarks.md#how-it-is-measured).
      * More threads than cores share the cores, as the ranks do. 32 MiB is about two llama-3.1-8b pulls
      * of this workload, large enough to leave the caches.
      */

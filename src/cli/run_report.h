@@ -16,7 +16,7 @@
 enum { PDL_RUN_MAX_INST = 8, PDL_RUN_MAX_NOTES = 12, PDL_RUN_MAX_PAIRS = 16, PDL_RUN_MIN_PAIRS = PDL_PAIRS_MIN };
 
 /*
- * A ratio to a ceiling from alternating pairs (issue 16): the ceiling and the measurement taken one
+ * A ratio to a ceiling from alternating pairs: the ceiling and the measurement taken one
  * after the other, A B A B ..., the ratio of each pair, then their median with the min-max. Robust to
  * another job taking the machine for a while: it moves a pair or two, not both figures of the ratio.
  * Summed up by bench/pairs.h, the same rule as `pdlink bench`.
@@ -47,7 +47,7 @@ typedef struct pdl_run_topo {
 void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len);
 
 /*
- * `pdlink run --chaos` (issue 11), per topology: requests sent while a decode and then a prefill node were
+ * `pdlink run --chaos` (docs/run.md), per topology: requests sent while a decode and then a prefill node were
  * killed with kill -9 and restarted, split by whether they overlapped an outage window (from the kill to
  * the first success through the restarted node). Times are measured and shown, never judged.
  */
@@ -136,9 +136,9 @@ typedef struct pdl_run_result {
 /* Append a note (printf-style); silently drops notes past PDL_RUN_MAX_NOTES. */
 void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Apply the verdict rules (issue 7): any failed request, differing response, mismatched byte, expired
+/* Apply the verdict rules: any failed request, differing response, mismatched byte, expired
  * transfer or held block, a missing metric, KV that did not move or was not verified, or a failure
- * flagged by the caller (a dead process, a start-up error) fails the topology. With chaos.on (issue 11)
+ * flagged by the caller (a dead process, a start-up error) fails the topology. With chaos.on
  * the figures above are the final batch's, and also fatal are: a request that failed outside the
  * outage windows, a success that differs from the reference, a victim that never served again, a byte a
  * victim had mismatched before its kill. */

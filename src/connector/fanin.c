@@ -16,7 +16,7 @@
  * keyed by id (strmap.h: ids come from the network, so the hash is keyed). A record is one allocation:
  * the per-rank array (cfg.ranks entries) with the id behind it; when it becomes terminal it is kept as
  * it is, also in a FIFO ring so the oldest is forgotten first (upstream keeps the same kind of LRU of
- * 4096 terminal ids, reference §3.3). Parked releases are a FIFO list per rank in arrival order: expiry
+ * 4096 terminal ids). Parked releases are a FIFO list per rank in arrival order: expiry
  * and eviction take from the head, a hold scans its rank's list for its id (bounded, default 1024), and
  * a flood aimed at one rank cannot push out another rank's.
  */
@@ -261,7 +261,7 @@ static pdl_fanin_result_t apply_to_held(pdl_fanin_t *f, fanin_record_t *rec, int
 }
 
 /* Early release: park it on rank s. When the park is full the oldest goes, so a flood of releases for
- * ids that never get held costs bounded memory (upstream's buffer was unbounded, reference §8.5 #50674). */
+ * ids that never get held costs bounded memory (upstream's buffer is unbounded). */
 static pdl_fanin_result_t park(pdl_fanin_t *f, int s, const pdl_fanin_release_t *rel, uint64_t now_ns)
 {
     fanin_park_t *pk = &f->park[s];

@@ -1,6 +1,6 @@
 /*
  * fanin.h -- the held transfers of one producer instance: ONE record per transfer id, holding the release
- * fan-in and lease state machine of each of the instance's ranks (SPEC §5 steps 4-6).
+ * fan-in and lease state machine of each of the instance's ranks (docs/protocol.md#leases).
  *
  * Pure: no sockets, no threads, no clock of its own (every call takes `now_ns`), no logging. The owner
  * (held.c) guards the whole table with one mutex and turns the results into events, grants revoked and

@@ -1,6 +1,6 @@
 /*
  * handshake.c -- the handshake client: fetch a remote rank's metadata, check that its KV layout is
- * compatible, register its engine and open the session transfers go through (SPEC §4, §5 step 2).
+ * compatible, register its engine and open the session transfers go through (docs/protocol.md#handshake).
  * The remote is a producer (READ mode: we read from it) or a consumer (WRITE mode: we write to it);
  * messages name it by its role. No cache and no state: a lane's peer cache (peer.c) and the prewarm
  * (prewarm.c) call it, from their own threads.
@@ -65,7 +65,7 @@ static pdl_status_t hs_recv_payload(void *s, int timeout_ms, uint64_t deadline_n
             break;
     }
     pdl_status_t st = PDL_OK;
-    /* Upstream's client checks exactly this shape: 2 frames, the first empty (reference §3.2 step 3). */
+    /* Upstream's client checks exactly this shape: 2 frames, the first empty (docs/protocol.md#handshake). */
     if (n != 2 || zmq_msg_size(&f[0]) != 0) {
         st = pdl_error_set(err, PDL_ERR_PARSE, "handshake with %s: reply of %d frames, expected [\"\", payload]", who, n);
     } else {

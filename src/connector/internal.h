@@ -159,9 +159,9 @@ void pdl__outq_fini(pdl_outq_t *q);
 
 /* Where a remote instance listens and what it is: the far end of a transfer. */
 typedef struct pdl_peer_addr {
-    /* Cache key: always "host:handshake base", what is dialled and verified. Before it was the params'
+    /* Cache key: always "host:handshake base", what is dialled and verified. Never the params'
      * remote_engine_id, which a client chooses: one request naming the real prefill's id with another
-     * host planted that host under the real id for every later request (issue 12). */
+     * host would plant that host under the real id for every later request. */
     char engine_id[PDL_WIRE_ID_MAX + 1];
     char claimed_id[PDL_WIRE_ID_MAX + 1]; /* the params' remote_engine_id ("" = none): checked, never trusted */
     char host[PDL_WIRE_HOST_MAX + 1];

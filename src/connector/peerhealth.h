@@ -23,8 +23,8 @@
  *                                             pdl__health_recheck_due / pdl__health_readmit: a peer that
  *                                             refused (nothing listened) and listens again was restarted
  *                                             (or its listener resumed): it is tried at once instead of
- *                                             after the backoff (issue 11: the first request after a
- *                                             prefill restart was refused for peer_backoff).
+ *                                             after the backoff (otherwise the first request after a
+ *                                             prefill restart is refused for peer_backoff).
  *
  * A peer that never fails costs one hash lookup per admit. At most `max_entries` keys are remembered;
  * a failure beyond that is not recorded (the peer is then simply tried again), so a flood of bogus peer

@@ -1,5 +1,5 @@
 /*
- * prewarm.c -- sessions before the first request (issue 16): a background thread per instance that
+ * prewarm.c -- sessions before the first request: a background thread per instance that
  * handshakes with remote ranks, opens their engine sessions and faults in their mappings ahead of
  * need, then hands each peer to the lane (xfer.c) whose first transfer asks for it (peer.c). A
  * READ-mode decode connects the producers it reads from; a WRITE-mode prefill the decodes it writes to.

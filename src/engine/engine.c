@@ -1,5 +1,5 @@
 /*
- * engine.c -- the generic part of the transfer engine (SPEC §6): engines, the registration table,
+ * engine.c -- the generic part of the transfer engine (docs/engine.md): engines, the registration table,
  * remote engines, sessions, batches and the worker pool. Backends (shm.c, tcp.c) plug in through
  * pdl_backend_ops_t (backend.h).
  *
@@ -601,8 +601,8 @@ pdl_status_t pdl_engine_alloc_mem(pdl_engine_t *e, size_t size, pdl_mem_t **mem_
         close(fd);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: mmap of %zu bytes: %s", e->key, size, strerror(en));
     }
-    /* First touch of fresh memory is several times slower on these VMs (machine.md §4a); write every page
-     * now so the first transfer does not pay for it. */
+    /* First touch of fresh memory is several times slower on these VMs (docs/benchmarks.md#this-machine);
+     * write every page now so the first transfer does not pay for it. */
     for (size_t o = 0; o < size; o += (size_t)pg)
         ((volatile char *)p)[o] = 0;
     pdl_status_t st = mem_add(e, p, size, PDL_MEM_MEMFD, PDL_MEM_TYPE_HOST, fd, mem_out, err);

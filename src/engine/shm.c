@@ -6,12 +6,12 @@
  * ptrace) and maps it MAP_SHARED once; a batch is then plain memcpy, split over the
  * engine's workers when it is large (one memcpy thread does not fill memory bandwidth here, two do).
  * Memory the caller registered itself is copied with process_vm_readv/process_vm_writev, up to IOV_MAX
- * iovecs per call: at 4 KiB per iovec one iovec per call runs at 1.5 GB/s, 256 per call at 6.9 GB/s
- * (machine.md §4c), so the batch is handed to the kernel in as few calls as possible.
+ * iovecs per call: with small iovecs one call per iovec is bound by the cost of the system call, so the
+ * batch is handed to the kernel in as few calls as possible.
  *
  * The mapping is not populated at open: MAP_POPULATE of a whole region (124 MiB per rank for
  * llama-3.1-8b in `pdlink run`) took 20-180 ms inside the first pull from each producer, holding the
- * process' mmap lock while the other ranks' first pulls queued behind it (issue 16). A pull that opens
+ * process' mmap lock while the other ranks' first pulls queued behind it. A pull that opens
  * its own session faults in only the pages of its blocks; a session opened ahead of need (the
  * connector's prewarm) is populated by pdl_session_prefault on that background thread
  * (MADV_POPULATE_WRITE, which takes the mmap lock for reading only).

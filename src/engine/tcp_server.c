@@ -615,7 +615,7 @@ static int conn_progress(srv_conn_t *c)
 /*
  * Out of file descriptors (EMFILE/ENFILE), the pending connection stays queued and level-triggered epoll
  * reports the listener again at once: the accept loop spun at 100 % CPU and logged every failure (43.9 M
- * lines in 5 minutes at `ulimit -n 1024`, issue 11). libuv's answer (uv__emfile_trick): keep one spare
+ * lines in 5 minutes at `ulimit -n 1024`). libuv's answer (uv__emfile_trick): keep one spare
  * descriptor, give it up to accept the pending connection and close it at once, then take it back. The
  * peer sees its connection closed and fails fast instead of hanging in the queue. Returns true if a
  * connection was shed (the caller keeps accepting); false if there was no spare or nothing left to shed

@@ -82,7 +82,7 @@
 
 /* The waiting thread progresses the worker itself this long before handing over to the progress
  * thread: shared-memory gets of up to a few MiB complete within it, so they cost no wake-up, while a
- * get over UCX tcp (~1 ms here, machine.md §4d) does not burn a whole core of the two. */
+ * get over UCX tcp (~1 ms here, docs/benchmarks.md#this-machine) does not burn a whole core of the two. */
 #define UCX_SPIN_NS 200000ull
 
 /* Posting contexts per engine: one for the posting thread, one for a pool thread (this VM has two

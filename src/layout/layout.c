@@ -1,5 +1,5 @@
 /*
- * layout.c -- byte geometry of one layer's KV cache and the descriptor lists of a plan (SPEC §3).
+ * layout.c -- byte geometry of one layer's KV cache and the descriptor lists of a plan (docs/topology.md#kv-layout).
  *
  * How it works: a layer region is either [2][blocks][half-block] (kv_separate) or [blocks][2][half-block];
  * MLA and the fused layout (kv_fused: vLLM's CPU cache, K and V concatenated per token) have a single

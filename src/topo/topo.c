@@ -1,5 +1,5 @@
 /*
- * topo.c -- heterogeneous tensor-parallel topology (SPEC §2): rank mapping, groups, head ownership,
+ * topo.c -- heterogeneous tensor-parallel topology (docs/topology.md): rank mapping, groups, head ownership,
  * read and write plans, fan-in counts and port offsets.
  *
  * How it works: everything is a function of (P, D, H, rank). Two TP sizes are compatible only when one

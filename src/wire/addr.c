@@ -1,6 +1,6 @@
 /*
  * addr.c -- peer addressing: MoRIIO's zmq_address string and the request ids that embed two of them
- * (SPEC §4, reference/moriio-spec.md §3.6, reference/router-spec.md §3).
+ * (docs/protocol.md#peer-addresses).
  *
  * zmq_address is "host:IP,handshake:PORT,notify:PORT". Like upstream's parse_moriio_zmq_address it is
  * split on ',' and each segment on its FIRST ':', so "host:::1" gives the IPv6 host "::1". host,

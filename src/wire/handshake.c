@@ -1,11 +1,11 @@
 /*
- * handshake.c -- the two payloads a handshake server sends back for `get_meta_msg` (SPEC §4):
- * the agent metadata map and the layer map.
+ * handshake.c -- the two payloads a handshake server sends back for `get_meta_msg`: the agent metadata
+ * map and the layer map (docs/protocol.md#handshake).
  *
  * Agent metadata: upstream encodes MoRIIOAgentMetadata with msgspec as a map in field order engine_id,
- * agent_metadata, kv_caches_base_addr, num_blocks, block_len, attn_backend_name (reference/moriio-spec.md
- * §3.2); all six are required since msgspec has no defaults for them. msgspec ignores unknown fields, so
- * pdlink appends its compatibility keys after them: pdlink_version, tp_size, tp_rank, dp_rank,
+ * agent_metadata, kv_caches_base_addr, num_blocks, block_len, attn_backend_name; all six are required
+ * since msgspec has no defaults for them. msgspec ignores unknown fields, so pdlink appends its
+ * compatibility keys after them: pdlink_version, tp_size, tp_rank, dp_rank,
  * num_layers, total_num_kv_heads, head_dim, kv_elem_size, block_size, layout, is_mla. The pdlink keys
  * are read only when `pdlink_version` is present (they mean nothing without it) and each is optional;
  * an absent integer reads as -1, an absent layout as "" and an absent is_mla as false.

@@ -1,8 +1,8 @@
 /*
- * msg.c -- the notify-channel messages (SPEC §4): release, remote_blocks, write_done, keepalive and
- * the legacy plain-text completion id.
+ * msg.c -- the notify-channel messages (docs/protocol.md#notify-messages): release, remote_blocks,
+ * write_done, keepalive and the legacy plain-text completion id.
  *
- * Decoding a frame follows upstream MoRIIO's `_handle_message` (reference/moriio-spec.md §3.3):
+ * Decoding a frame follows upstream MoRIIO's `_handle_message`:
  *   1. If the frame is exactly one msgpack object spanning every byte and that object is a map, it is a
  *      typed message: `type` picks release / remote_blocks / write_done / keepalive; a map without
  *      `type` but with `req_id` is an untyped remote_blocks (older senders); anything else is an error.

@@ -1,6 +1,6 @@
 /*
- * params.c -- vLLM's kv_transfer_params JSON object ↔ pdl_kv_params_t (SPEC §4,
- * reference/moriio-spec.md §6.1).
+ * params.c -- vLLM's kv_transfer_params JSON object ↔ pdl_kv_params_t
+ * (docs/protocol.md#kv_transfer_params).
  *
  * Parsing reads the keys pdlink uses and ignores the rest (routers add their own). JSON null counts as
  * absent for every key, since routers send `remote_engine_id: null` and `remote_block_ids: null` on the

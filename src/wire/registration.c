@@ -1,6 +1,6 @@
 /*
  * registration.c -- the discovery registration every instance's rank 0 sends to the router every 3 s
- * (SPEC §4, reference/router-spec.md §2).
+ * (docs/protocol.md#discovery-pings).
  *
  * Current vLLM (G2) sends {type "P"|"D", http_address "ip:port", zmq_address "host:..,handshake:..,
  * notify:..", dp_size, tp_size, transfer_mode "READ"|"WRITE"}; the encoder writes exactly that, in that
