@@ -628,14 +628,15 @@ static void pull_verify_rank(void *arg, int tp_rank)
  * A failed transfer's answer to the HTTP client. Whether the producer address refused the connection,
  * never answered or answered with something that is not a pdlink/MoRIIO peer is the difference a port
  * scan through this decode looks for (kv_transfer_params name any host and port), so those failures
- * read the same to the client; the node's log keeps the cause under the request id. Other failures
- * (a refused grant, a mismatched peer) come from a peer that completed its handshake, and keep their text.
+ * read the same to the client when `dialled` (the failure came from reaching the producer); the node's
+ * log keeps the cause under the request id. Other failures (a refused grant, a mismatched peer, a wait for
+ * write_done) do not depend on what listens on the port, and keep their text.
  */
 static void transfer_failed(pdl_node_result_t *res, const pdl_node_request_t *req, const char *what,
-                            pdl_status_t st, const pdl_error_t *err)
+                            pdl_status_t st, const pdl_error_t *err, bool dialled)
 {
     const char *cause = err->msg[0] ? err->msg : pdl_status_string(st);
-    if (st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT || st == PDL_ERR_PARSE) {
+    if (dialled && (st == PDL_ERR_TIMEOUT || st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT || st == PDL_ERR_PARSE)) {
         pdl_warn("request %s: KV transfer of %s%s failed: %s", req->request_id, req->params.transfer_id, what, cause);
         pdl_node_result_error(res, 500,
                               "KV transfer of %s%s failed: the producer could not be reached or did not answer as "
@@ -702,7 +703,7 @@ static bool pull_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     if (st != PDL_OK) {
         char from[sizeof(req->params.remote_engine_id) + 8];
         snprintf(from, sizeof(from), " from %s", req->params.remote_engine_id);
-        transfer_failed(res, req, from, st, &err);
+        transfer_failed(res, req, from, st, &err, true);
         return false;
     }
     pdl_debug("request %s: pulled %llu bytes in %.3f ms", req->request_id, (unsigned long long)bytes, secs * 1e3);
@@ -747,9 +748,12 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
         }
     if (rv != NULL)
         pdl_node_metrics_pull(node->metrics, (double)(t1 - t0) / 1e9, bytes);
+    bool receiving = rv != NULL;
     pdl_recv_free(rv);
     if (st != PDL_OK) {
-        transfer_failed(res, req, " (WRITE mode)", st, &err);
+        /* A receive that started waits for write_done, whatever the producer's port does: its timeout
+         * tells nothing about that port and keeps its text. */
+        transfer_failed(res, req, " (WRITE mode)", st, &err, !receiving);
         return false;
     }
     pdl_synth_verify(node->kv, node->args.seed, prompt, blocks, check);
