@@ -1,5 +1,5 @@
 /*
- * main.c -- pdlink-node: an emulated `vllm serve` instance (SPEC §9, docs/node.md).
+ * main.c -- pdlink-node: an emulated `vllm serve` instance (docs/node.md).
  *
  * Start-up: parse the command line, find the model preset, read --kv-transfer-config (the seed's JSON
  * verbatim) into the connector config, size the KV cache, create the KV store (a connector instance for

@@ -150,8 +150,9 @@ static void render_rank_counters(pdl_prom_t *w, pdl_instance_t *inst, int tp, co
     free(rc);
 }
 
-/* Issue 12: who read or wrote this node's KV -- the remote accesses each rank's engine served, per
- * peer host. One family after the other: the text format wants a family's samples together. */
+/* Who read or wrote this node's KV, so that an access from a host that should not have one shows
+ * (docs/security.md) -- the remote accesses each rank's engine served, per peer host. One family after
+ * the other: the text format wants a family's samples together. */
 static void render_peer_stats(pdl_prom_t *w, pdl_instance_t *inst, int tp, const char *role)
 {
     static const struct {

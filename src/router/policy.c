@@ -1,10 +1,10 @@
 /*
- * policy.c -- consistent_hash, round_robin and random selection (router-spec §4).
+ * policy.c -- consistent_hash, round_robin and random selection (docs/vllm-router.md#selection-policies).
  *
- * The hash functions follow the description in router-spec §4.1 of vllm-router's port of mcrouter's
- * hash.c: murmur64a with seed 4193360111, furc_hash over a bit stream of chained murmur words, and
- * fbi_hash = murmur64a(le32(furc_hash(key, 2^23-1))). The same worker as the Rust router picks is
- * reached by hashing the same text, serde's re-serialised JSON (serde_text.h), with the same ring.
+ * The hash functions are vllm-router's port of mcrouter's hash.c: murmur64a with seed 4193360111,
+ * furc_hash over a bit stream of chained murmur words, and fbi_hash = murmur64a(le32(furc_hash(key,
+ * 2^23-1))). The same worker as the Rust router picks is reached by hashing the same text, serde's
+ * re-serialised JSON (serde_text.h), with the same ring.
  * The ring is a sorted array of (hash, worker index) rebuilt only when the url list changes.
  */
 #include "router/policy.h"

@@ -1,5 +1,5 @@
 /*
- * policy.h -- choosing a prefill or a decode instance (router-spec §4).
+ * policy.h -- choosing a prefill or a decode instance (docs/vllm-router.md#selection-policies).
  *
  * consistent_hash reproduces vllm-router's ring: 160 virtual nodes per worker url hashed with mcrouter's
  * furc/murmur64a family, the key taken from the body (session/user fields, else the request text), so
@@ -33,7 +33,7 @@ void pdl_policy_destroy(pdl_policy_t *p);
 size_t pdl_policy_pick(pdl_policy_t *p, const char *const *urls, size_t n, const char *hash_key);
 
 /*
- * vllm-router's hash key of a request (router-spec §4.1): "session:<v>" / "user:<v>" from the body's
+ * vllm-router's hash key of a request: "session:<v>" / "user:<v>" from the body's
  * session_params.session_id, user, session_id, user_id (first present wins), else "request:<text>"
  * for a text of at most 100 bytes, else "request_hash:<016x>". Returns a malloc'ed string or NULL.
  */

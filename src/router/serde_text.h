@@ -2,7 +2,7 @@
  * serde_text.h -- the request text vllm-router hashes for consistent_hash, reproduced.
  *
  * vllm-router parses a completion or chat body into its typed request struct and hashes
- * serde_json::to_string of that struct (router-spec §3.2 step 3, §4.1), not the client's bytes. That
+ * serde_json::to_string of that struct (docs/vllm-router.md#dispatch), not the client's bytes. That
  * text has the struct's field order, its defaulted booleans always present (echo, no_stop_trim,
  * ignore_eos, skip_special_tokens, …), f32 fields widened to f64 and printed shortest (0.7 →
  * 0.699999988079071), chat messages re-serialised per role (unknown message keys dropped), and every

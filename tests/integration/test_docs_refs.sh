@@ -25,10 +25,9 @@ PENDING=(
     src/cli/run_chaos.c src/cli/run_chaos.h
     src/connector/config.c src/connector/held.c src/connector/instance.c src/connector/pull.c
     src/connector/push.c src/connector/rank.c src/connector/sender.c src/connector/service.c
-    src/node/main.c src/node/metrics.c src/node/request.c
+    src/node/request.c
     src/router/config.c src/router/config.h src/router/discovery.c src/router/dispatch.c
-    src/router/metrics.h src/router/policy.c src/router/policy.h src/router/registry.h
-    src/router/serde_text.h src/router/server.c
+    src/router/metrics.h src/router/registry.h src/router/server.c
 )
 is_pending() {
     local f
