@@ -68,6 +68,15 @@ enum {
     RUN_STOP_GRACE_MS = 5000,
     RUN_TAIL_LINES = 12,
     RUN_CHAOS_TRANSFER_TIMEOUT_S = 10,
+    /* --chaos behind vllm-router: it sends no failed release when a decode leg fails, so the hold of a
+     * request that failed in an outage waits for defer_timeout; 20 s instead of 60 s lets the chaos phase
+     * wait for those and still keeps the holds of a paused decode (paused for at most --chaos-pause's
+     * maximum, 6-8 s by default, below it). */
+    RUN_CHAOS_DEFER_TIMEOUT_S = 20,
+    RUN_CHAOS_PAUSE_MIN_S = 6,
+    RUN_CHAOS_PAUSE_MAX_S = 8,
+    /* After the last SIGCONT: the routers' registration TTL (5 s, both) and a second of sweep lag. */
+    RUN_CHAOS_SETTLE_MS = 6000,
 };
 
 /* The seed topologies: the deployments pdlink run exercises by default (README.md). */
@@ -96,7 +105,11 @@ typedef struct run_opts {
     const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
     const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
     bool no_prewarm;                    /* --no-prewarm: peers are learnt from requests only */
-    bool chaos;                         /* --chaos: kill -9 and restart a decode and a prefill (run_chaos.h) */
+    bool chaos;                         /* --chaos: the chaos schedule's kills and pauses (run_chaos.h) */
+    const char *chaos_schedule;         /* --chaos-schedule, parsed into chaos_ev */
+    int chaos_pause_min_s, chaos_pause_max_s;
+    pdl_run_chaos_event_t chaos_ev[PDL_RUN_CHAOS_VICTIMS];
+    int chaos_nev;
 } run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
@@ -156,6 +169,7 @@ typedef struct run_ctx {
     pdl_run_netns_t *keep_ns;           /* namespaces of a cluster left up by --keep */
     pdl_run_chaos_t *chaos;             /* the chaos phase in progress, advanced by load_tick */
     pull_figs_t chaos_base;             /* --chaos: the decodes' pull figures when the chaos phase ended */
+    uint64_t chaos_expired_base;        /* --chaos: pdlink_expired_total of the nodes then */
 } run_ctx_t;
 
 /* ---------------------------------------------------------------- progress and messages */
@@ -237,13 +251,19 @@ static void usage(FILE *f)
             "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
             "                          one from the project venv or $PATH, with the seed's flags and\n"
             "                          consistent_hash), or the path of a router executable\n"
-            "  --chaos                 per topology, while the workload runs: kill -9 a decode node, restart\n"
-            "                          it on its ports, wait for a success through it; then a prefill node;\n"
-            "                          then the workload once more, which must all pass. Reports requests\n"
-            "                          failed during and outside the outages and the time to recover;\n"
-            "                          pdlink-router only, not with --keep or --netns\n"
+            "  --chaos                 per topology, while the workload runs, the chaos schedule: kill -9 a\n"
+            "                          node and restart it on its ports, or stop it (SIGSTOP) and continue\n"
+            "                          it (SIGCONT), each time waiting for a success through it; then the\n"
+            "                          workload once more, which must all pass. Reports requests failed\n"
+            "                          during and outside the outages and the time to recover; not with\n"
+            "                          --keep or --netns\n"
+            "  --chaos-schedule LIST   the events of --chaos, in order, from kill-decode, kill-prefill,\n"
+            "                          pause-decode, pause-prefill (decode-0 / prefill-0; default\n"
+            "                          %s)\n"
+            "  --chaos-pause MIN-MAX   seconds a pause lasts, spread over the schedule's pauses (default\n"
+            "                          %d-%d: longer than the nodes' consumer_gone_timeout, 5 s)\n"
             "  --help\n",
-            RUN_DEFAULT_MODEL);
+            RUN_DEFAULT_MODEL, PDL_RUN_CHAOS_SCHEDULE_DEFAULT, RUN_CHAOS_PAUSE_MIN_S, RUN_CHAOS_PAUSE_MAX_S);
 }
 
 /* "4,4" → {4,4}. */
@@ -259,6 +279,26 @@ static int parse_tp_list(const char *s, int *v, int *n)
         (*n)++;
     }
     return *n > 0 ? 0 : -1;
+}
+
+/* "MIN-MAX" (or "N": both N) with lo <= MIN <= MAX <= hi; a usage error names the flag and the value. */
+static int parse_range(const char *flag, const char *arg, int lo, int hi, int *min_p, int *max_p)
+{
+    char a[32] = "", b[32] = "";
+    const char *dash = strchr(arg, '-');
+    if (dash != NULL && (size_t)(dash - arg) < sizeof(a)) {
+        memcpy(a, arg, (size_t)(dash - arg));
+        snprintf(b, sizeof(b), "%s", dash + 1);
+    } else {
+        snprintf(a, sizeof(a), "%s", arg);
+        snprintf(b, sizeof(b), "%s", arg);
+    }
+    if (pdl_parse_int(flag, a, lo, hi, min_p, NULL) != PDL_OK || pdl_parse_int(flag, b, lo, hi, max_p, NULL) != PDL_OK ||
+        *min_p > *max_p) {
+        fprintf(stderr, "pdlink run: %s wants MIN-MAX with %d <= MIN <= MAX <= %d, not '%s'\n", flag, lo, hi, arg);
+        return -1;
+    }
+    return 0;
 }
 
 /* A usage error found by a shared parser: its message already names the flag and the value. */
@@ -284,10 +324,14 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         .reference_tp = 2,
         .fault_kill_decode_after = -1,
         .child_log_level = "info",
+        .chaos_schedule = PDL_RUN_CHAOS_SCHEDULE_DEFAULT,
+        .chaos_pause_min_s = RUN_CHAOS_PAUSE_MIN_S,
+        .chaos_pause_max_s = RUN_CHAOS_PAUSE_MAX_S,
     };
     bool backend_given = false;
     enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM, O_CHAOS };
+           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM, O_CHAOS,
+           O_CHAOS_SCHED, O_CHAOS_PAUSE };
     static const struct option longopts[] = {
         {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
         {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
@@ -301,6 +345,8 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         {"router", required_argument, NULL, O_ROUTER},
         {"no-prewarm", no_argument, NULL, O_NOPREWARM},
         {"chaos", no_argument, NULL, O_CHAOS},
+        {"chaos-schedule", required_argument, NULL, O_CHAOS_SCHED},
+        {"chaos-pause", required_argument, NULL, O_CHAOS_PAUSE},
         /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
         {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
         {NULL, 0, NULL, 0},
@@ -337,24 +383,10 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
             if (pdl_parse_int("--concurrency", optarg, 1, 1024, &o->concurrency, &err) != PDL_OK)
                 return usage_error(&err);
             break;
-        case O_PROMPT: {
-            char a[32] = "", b[32] = "";
-            const char *dash = strchr(optarg, '-');
-            if (dash != NULL && (size_t)(dash - optarg) < sizeof(a)) {
-                memcpy(a, optarg, (size_t)(dash - optarg));
-                snprintf(b, sizeof(b), "%s", dash + 1);
-            } else {
-                snprintf(a, sizeof(a), "%s", optarg);
-                snprintf(b, sizeof(b), "%s", optarg);
-            }
-            if (pdl_parse_int("--prompt-tokens", a, 1, 1000000, &o->prompt_min, NULL) != PDL_OK ||
-                pdl_parse_int("--prompt-tokens", b, 1, 1000000, &o->prompt_max, NULL) != PDL_OK ||
-                o->prompt_min > o->prompt_max) {
-                fprintf(stderr, "pdlink run: --prompt-tokens wants MIN-MAX with 1 <= MIN <= MAX, not '%s'\n", optarg);
+        case O_PROMPT:
+            if (parse_range("--prompt-tokens", optarg, 1, 1000000, &o->prompt_min, &o->prompt_max) != 0)
                 return -1;
-            }
             break;
-        }
         case O_MAXTOK:
             if (pdl_parse_int("--max-tokens", optarg, 1, 100000, &o->max_tokens, &err) != PDL_OK)
                 return usage_error(&err);
@@ -390,6 +422,11 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         case O_ROUTER: o->router = optarg; break;
         case O_NOPREWARM: o->no_prewarm = true; break;
         case O_CHAOS: o->chaos = true; break;
+        case O_CHAOS_SCHED: o->chaos_schedule = optarg; break;
+        case O_CHAOS_PAUSE:
+            if (parse_range("--chaos-pause", optarg, 1, 300, &o->chaos_pause_min_s, &o->chaos_pause_max_s) != 0)
+                return -1;
+            break;
         case O_HELP:
         case 'h': usage(stdout); return 1;
         case O_FAULT:
@@ -449,15 +486,19 @@ static int parse_opts(run_ctx_t *c, int argc, char **argv)
         memcpy(o->topos, seed_topos, sizeof(seed_topos));
         o->ntopos = N_SEED_TOPOS;
     }
-    /* The chaos phase restarts a node in the root namespace and asks pdlink-router's /workers whether it is
-     * back; vllm-router lists its instances only in its log, and sends no failed releases for a decode leg
-     * that failed, so a prefill keeps those holds until defer_timeout (docs/run.md, "--chaos"). */
-    if (o->chaos && (o->keep || o->netns || (o->router != NULL && strcmp(o->router, "pdlink") != 0))) {
-        fprintf(stderr, "pdlink run: --chaos works with pdlink-router (--router pdlink), without --keep and --netns: "
-                        "behind vllm-router the prefill's KV of requests whose decode was down stays held until "
-                        "defer_timeout (vllm-router releases nothing for a failed decode leg), which the chaos "
-                        "checks count as held blocks\n");
+    /* The chaos phase restarts a node in the root namespace, and --keep would leave a cluster whose
+     * victims' state the report no longer describes. */
+    if (o->chaos && (o->keep || o->netns)) {
+        fprintf(stderr, "pdlink run: --chaos works without --keep and --netns\n");
         return -1;
+    }
+    if (o->chaos) {
+        pdl_error_clear(&err);
+        o->chaos_nev = pdl_run_chaos_schedule_parse(o->chaos_schedule, o->chaos_pause_min_s * 1000,
+                                                    o->chaos_pause_max_s * 1000, o->chaos_ev, PDL_RUN_CHAOS_VICTIMS,
+                                                    &err);
+        if (o->chaos_nev < 0)
+            return usage_error(&err);
     }
     if (o->netns) {
         if (backend_given && strcmp(o->backend, "tcp") != 0) {
@@ -721,6 +762,8 @@ static void kv_config(const run_ctx_t *c, const run_node_t *nd, const char *prox
      * it the producer died); 10 s instead of the default 30 s bounds that stall, and the report shows it. */
     if (c->o.chaos)
         json_object_set_new(extra, "transfer_timeout", json_integer(RUN_CHAOS_TRANSFER_TIMEOUT_S));
+    if (c->o.chaos && c->rt.real)
+        json_object_set_new(extra, "defer_timeout", json_integer(RUN_CHAOS_DEFER_TIMEOUT_S));
     /* The cluster is known: the side that moves the KV (a READ decode, a WRITE prefill) connects to every
      * instance of the other side before the first request (prewarm_peers), so that no transfer pays a
      * handshake or a region mapping. */
@@ -1165,6 +1208,8 @@ static void collect(run_ctx_t *c, pdl_run_result_t *r)
             r->transfer_handshakes += msum(nd, "pdlink_transfer_handshakes_total");
         }
     }
+    /* Under --chaos what the chaos phase reaped is its own row (chaos.expired); this one is the final batch's. */
+    r->expired = r->expired > c->chaos_expired_base ? r->expired - c->chaos_expired_base : 0;
     release_totals(c, &r->releases_sent, &r->releases_received);
     /* Under --chaos the transfers of the chaos passes are left out: these rows describe the final batch
      * (mismatched bytes stay whole-run: a chaos pass's mismatch must not vanish). */
@@ -1392,6 +1437,10 @@ static pdl_status_t chaos_restart(void *ctx, pdl_run_child_t *victim, pdl_error_
 static bool chaos_registered(void *ctx)
 {
     run_ctx_t *c = ctx;
+    /* vllm-router lists instances only in its log, each address once, and drops none after 0.5 s down. */
+    if (c->rt.real)
+        return pdl_run_router_log_count(c->router.log_path, true) == c->cur->topo.np &&
+               pdl_run_router_log_count(c->router.log_path, false) == c->cur->topo.nd;
     char url[128];
     snprintf(url, sizeof(url), "http://%s:%d/workers", c->router_host, c->router_port);
     long code = 0;
@@ -1403,37 +1452,133 @@ static bool chaos_registered(void *ctx)
     return all;
 }
 
-/* --chaos: decode-0 then prefill-0 killed and restarted under load (run_chaos.h), before the final batch. */
+static bool chaos_listed(void *ctx, const pdl_run_child_t *victim, int *removals_p);
+
+/* Every node listed by the router now (vllm-router: by its log's last line for each). */
+static bool all_listed(run_ctx_t *c)
+{
+    for (int i = 0; i < c->nnodes; i++) {
+        int rm;
+        if (!chaos_listed(c, &c->nodes[i].child, &rm))
+            return false;
+    }
+    return true;
+}
+
+/* Is the victim listed by the router now; *removals_p: vllm-router's count of its removals (its log),
+ * -1 for pdlink-router (its /workers shows who is listed, not who was dropped). */
+static bool chaos_listed(void *ctx, const pdl_run_child_t *victim, int *removals_p)
+{
+    run_ctx_t *c = ctx;
+    const run_node_t *nd = NULL;
+    for (int i = 0; i < c->nnodes && nd == NULL; i++)
+        nd = &c->nodes[i].child == victim ? &c->nodes[i] : NULL;
+    *removals_p = -1;
+    if (nd == NULL)
+        return false;
+    char addr[64];
+    snprintf(addr, sizeof(addr), "%s:%d", nd->host, nd->http_port);
+    bool prefill = nd->role == ROLE_PREFILL;
+    if (c->rt.real) {
+        bool listed = false;
+        *removals_p = pdl_run_router_log_state(c->router.log_path, prefill, addr, &listed);
+        return listed;
+    }
+    char url[128];
+    snprintf(url, sizeof(url), "http://%s:%d/workers", c->router_host, c->router_port);
+    long code = 0;
+    char *body = NULL;
+    bool listed = false;
+    pdl_run_http_get(url, 1000, &code, &body, NULL);
+    json_t *root = code == 200 && body != NULL ? json_loads(body, 0, NULL) : NULL;
+    json_t *a = json_object_get(root, prefill ? "prefill" : "decode");
+    size_t i;
+    json_t *w;
+    json_array_foreach(a, i, w)
+    {
+        const char *h = json_string_value(json_object_get(w, "http_address"));
+        /* pdlink-router keeps the address as registered, with or without the scheme. */
+        if (h != NULL && strncmp(h, "http://", 7) == 0)
+            h += 7;
+        listed = listed || (h != NULL && strcmp(h, addr) == 0);
+    }
+    json_decref(root);
+    free(body);
+    return listed;
+}
+
+/* --chaos: the schedule's kills and pauses of decode-0 and prefill-0 under load (run_chaos.h), before the
+ * final batch. */
 static pdl_status_t chaos_phase(run_ctx_t *c, pdl_run_result_t *r, pdl_error_t *err)
 {
-    run_node_t *pre = &c->nodes[0], *dec = &c->nodes[r->topo.np];
-    pdl_run_child_t *victims[2] = {&dec->child, &pre->child};
-    char health[2][160], metrics[2][160];
-    node_url(dec, "/health", health[0], sizeof(health[0]));
-    node_url(pre, "/health", health[1], sizeof(health[1]));
-    node_url(dec, "/metrics", metrics[0], sizeof(metrics[0]));
-    node_url(pre, "/metrics", metrics[1], sizeof(metrics[1]));
-    const char *const hu[2] = {health[0], health[1]}, *const mu[2] = {metrics[0], metrics[1]};
-    pdl_run_chaos_ops_t ops = {.ctx = c, .run_pass = chaos_drive, .restart = chaos_restart, .registered = chaos_registered};
+    const pdl_run_chaos_event_t *ev = c->o.chaos_ev;
+    int nev = c->o.chaos_nev;
+    pdl_run_child_t *victims[PDL_RUN_CHAOS_VICTIMS];
+    char health[PDL_RUN_CHAOS_VICTIMS][160], metrics[PDL_RUN_CHAOS_VICTIMS][160];
+    const char *hu[PDL_RUN_CHAOS_VICTIMS], *mu[PDL_RUN_CHAOS_VICTIMS], *served[PDL_RUN_CHAOS_VICTIMS];
+    for (int k = 0; k < nev; k++) {
+        run_node_t *nd = ev[k].prefill ? &c->nodes[0] : &c->nodes[r->topo.np];
+        victims[k] = &nd->child;
+        node_url(nd, "/health", health[k], sizeof(health[k]));
+        node_url(nd, "/metrics", metrics[k], sizeof(metrics[k]));
+        hu[k] = health[k];
+        mu[k] = metrics[k];
+        /* Served again: a decode completed a request; a prefill's KV reached a decode (its releases in READ
+         * mode, its write_done in WRITE mode), which its own pdlink_requests_total does not say. */
+        served[k] = !ev[k].prefill                     ? "pdlink_requests_total"
+                    : strcmp(c->o.mode, "write") == 0 ? "pdlink_write_done_sent_total"
+                                                      : "pdlink_releases_received_total";
+    }
+    pdl_run_chaos_ops_t ops = {.ctx = c, .run_pass = chaos_drive, .restart = chaos_restart, .registered = chaos_registered,
+                               .listed = chaos_listed};
     pdl_run_chaos_t ch;
-    /* Served again: a decode completed a request; a prefill's KV reached a decode (its releases in READ
-     * mode, its write_done in WRITE mode), which its own pdlink_requests_total does not say. */
-    const char *const served[2] = {"pdlink_requests_total",
-                                   strcmp(c->o.mode, "write") == 0 ? "pdlink_write_done_sent_total"
-                                                                   : "pdlink_releases_received_total"};
-    if (pdl_run_chaos_init(&ch, &ops, r->topo.name, c->o.quiet, victims, hu, mu, served, 2, c->reqs, c->ref_text,
+    if (pdl_run_chaos_init(&ch, &ops, r->topo.name, c->o.quiet, ev, victims, hu, mu, served, nev, c->reqs, c->ref_text,
                            c->o.requests, r) != PDL_OK)
         return pdl_error_set(err, PDL_ERR_NOMEM, "chaos phase: out of memory");
-    progress(c, "chaos: sending the workload while %s and then %s are killed and restarted", dec->child.name,
-             pre->child.name);
+    /* Behind a router that sends no failed release for a failed decode leg, the holds of requests that
+     * failed in an outage are reaped after defer_timeout: counted, and excused up to what the failures
+     * explain (pdl_run_chaos_expired_bound). */
+    r->chaos.excused_expired = c->rt.real;
+    progress(c, "chaos: sending the workload while the schedule runs: %s", c->o.chaos_schedule);
     c->chaos = &ch;
     pdl_status_t st = pdl_run_chaos_run(&ch, err);
     c->chaos = NULL;
-    pdl_run_chaos_fini(&ch);
-    progress(c, "chaos: %d/%d ok during the outages, %d/%d outside; now the final batch",
-             r->chaos.ok_outage, r->chaos.ok_outage + r->chaos.failed_outage, r->chaos.ok_outside,
+    pdl_run_chaos_fini(&ch); /* keeps last_pause_up_ms */
+    progress(c, "chaos: %d/%d ok during the outages, %d/%d outside", r->chaos.ok_outage,
+             r->chaos.ok_outage + r->chaos.failed_outage, r->chaos.ok_outside,
              r->chaos.ok_outside + r->chaos.failed_outside);
-    return st;
+    if (st != PDL_OK)
+        return st;
+    /* The final batch is judged alone: let the chaos phase's holds go first (released, given up by the
+     * watch, or -- behind vllm-router -- reaped after the shortened defer_timeout), so that none of them
+     * is reaped or counted as held in the final batch's figures. */
+    uint64_t deadline = pdl__clock_now_ms() + RUN_DRAIN_TIMEOUT_MS + (c->rt.real ? RUN_CHAOS_DEFER_TIMEOUT_S * 1000 : 0);
+    uint64_t last_pause_up = ch.last_pause_up_ms;
+    for (;;) {
+        int got = scrape_all(c);
+        /* A router may drop a node whose pings stopped while it was paused only once it runs again (its
+         * TTL sweep lags): the final batch starts once no such drop can still come and every node is
+         * listed, so that its requests meet the cluster whole. */
+        bool settled = last_pause_up == 0 ||
+                       (pdl__clock_now_ms() - last_pause_up >= RUN_CHAOS_SETTLE_MS && chaos_registered(c) &&
+                        all_listed(c));
+        if (got == c->nnodes && total_held(c) == 0 && settled)
+            break;
+        if (!children_alive(c) || pdl__clock_now_ms() >= deadline || !wait_ms(c, 200))
+            break;
+    }
+    c->chaos_expired_base = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        c->chaos_expired_base += msum(&c->nodes[i], "pdlink_expired_total");
+    r->chaos.expired += c->chaos_expired_base;
+    if (r->chaos.expired > 0)
+        pdl_run_result_note(r, "chaos: %llu transfers reaped after defer_timeout during the chaos phase (%llu "
+                               "excused by %d requests failed in the outages)",
+                            (unsigned long long)r->chaos.expired,
+                            (unsigned long long)pdl_run_chaos_expired_bound(r), r->chaos.failed_outage);
+    progress(c, "chaos: %llu transfers reaped during the phase; now the final batch",
+             (unsigned long long)r->chaos.expired);
+    return PDL_OK;
 }
 
 /* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. */
@@ -1446,6 +1591,7 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     c->nnodes = 0;
     memset(&c->router, 0, sizeof(c->router));
     memset(&c->chaos_base, 0, sizeof(c->chaos_base)); /* per topology: set again when its chaos phase ends */
+    c->chaos_expired_base = 0;
     pdl_error_t err;
     pdl_error_clear(&err);
     int rc = 0;

@@ -89,6 +89,17 @@ void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...)
     r->nnotes++;
 }
 
+uint64_t pdl_run_chaos_expired_bound(const pdl_run_result_t *r)
+{
+    if (!r->chaos.excused_expired)
+        return 0;
+    /* A failed request leaves at most one hold per rank of the prefill that served it, each reaped once. */
+    int tp = 1;
+    for (int i = 0; i < r->topo.np; i++)
+        tp = r->topo.ptp[i] > tp ? r->topo.ptp[i] : tp;
+    return (uint64_t)r->chaos.failed_outage * (uint64_t)tp;
+}
+
 void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note)
 {
     r->pass = r->ran && !had_failure_note && r->requests > 0 && r->failed == 0 && r->ok == r->requests &&
@@ -96,11 +107,11 @@ void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note)
               r->metrics_ok && r->kv_bytes > 0 && r->verified > 0;
     const pdl_run_chaos_result_t *ch = &r->chaos;
     if (ch->on) {
-        bool all_back = ch->nvictims == PDL_RUN_CHAOS_VICTIMS;
+        bool all_back = ch->nvictims > 0;
         for (int k = 0; k < ch->nvictims; k++)
             all_back = all_back && ch->recovered[k];
         r->pass = r->pass && all_back && ch->failed_outside == 0 && ch->parity_bad == 0 &&
-                  ch->mismatched_killed == 0;
+                  ch->mismatched_killed == 0 && ch->expired <= pdl_run_chaos_expired_bound(r);
     }
 }
 
@@ -217,14 +228,27 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
         ROW("outage ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outage, r->chaos.failed_outage));
         ROW("outside ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outside,
                                             r->chaos.failed_outside));
-        for (int k = 0; k < PDL_RUN_CHAOS_VICTIMS; k++) {
-            ROW(k == 0 ? "decode killed" : "prefill killed",
-                snprintf(cell, sizeof(cell), "%s", k < r->chaos.nvictims ? r->chaos.victim[k] : "-"));
-            ROW("  healthy / served (s)", r->chaos.restart_s[k] < 0 && r->chaos.recover_s[k] < 0
-                                              ? snprintf(cell, sizeof(cell), "-")
-                                              : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->chaos.restart_s[k],
-                                                         r->chaos.recover_s[k]));
+        /* One pair of rows per event of the schedule (the same for every topology of a run). */
+        const pdl_run_chaos_result_t *c0 = NULL;
+        for (int i = 0; i < n && c0 == NULL; i++)
+            c0 = rs[i].chaos.on ? &rs[i].chaos : NULL;
+        for (int k = 0; k < c0->nvictims; k++) {
+            char label[48];
+            if (c0->action[k] == PDL_RUN_CHAOS_PAUSE)
+                snprintf(label, sizeof(label), "paused %.1f s", c0->pause_s[k]);
+            else
+                snprintf(label, sizeof(label), "killed");
+            ROW(label, snprintf(cell, sizeof(cell), "%s", k < r->chaos.nvictims ? r->chaos.victim[k] : "-"));
+            ROW("  ok / failed", k >= r->chaos.nvictims ? snprintf(cell, sizeof(cell), "-")
+                                                       : snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_event[k],
+                                                                  r->chaos.failed_event[k]));
+            ROW("  healthy / served (s)",
+                k >= r->chaos.nvictims || (r->chaos.restart_s[k] < 0 && r->chaos.recover_s[k] < 0)
+                    ? snprintf(cell, sizeof(cell), "-")
+                    : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->chaos.restart_s[k], r->chaos.recover_s[k]));
         }
+        ROW("chaos: reaped (allowed)", snprintf(cell, sizeof(cell), "%llu (%llu)", (unsigned long long)r->chaos.expired,
+                                                (unsigned long long)pdl_run_chaos_expired_bound(r)));
         ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
                                       r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
         ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
@@ -241,9 +265,10 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     }
     ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
     if (chaos)
-        fprintf(out, "\n  --chaos: the rows above \"chaos\" are the final batch's, sent after both restarts; an outage"
-                     " runs from\n  a kill to the first success through the restarted node (\"served\", seconds after"
-                     " the kill)\n  \"prefill not killed\": the requests pdlink-router's X-Pdlink-Prefill header"
+        fprintf(out, "\n  --chaos: the rows above \"chaos\" are the final batch's, sent after the chaos schedule; an"
+                     " outage runs from\n  a kill (or SIGSTOP) to the first success through the node again (\"served\","
+                     " seconds after the kill\n  or stop); \"reaped\": transfers expired during the chaos phase, and"
+                     " how many the outages' failures excuse\n  \"prefill not killed\": the requests pdlink-router's X-Pdlink-Prefill header"
                      " says it served,\n  before the other's kill (outside the decode's outage), during its outage"
                      " and after; p50 / p99\n  of the successes (start to last byte), \"n=k<%d\": too few for a p99,"
                      " no ratio; \"!\": ratio above 2\n", PDL_RUN_CHAOS_MIN_SAMPLES);
@@ -280,12 +305,17 @@ static json_t *ratio_json(const pdl_run_ratio_t *q)
     return o;
 }
 
-/* --chaos: {"passes", "ok_outage", ..., "victims": [{"node", "recovered", "restart_seconds", ...}]}. */
-static json_t *chaos_json(const pdl_run_chaos_result_t *ch)
+/* --chaos: {"passes", "ok_outage", ..., "victims": [{"node", "action", "recovered", "restart_seconds", ...}],
+ * "expired", "expired_allowed"}. */
+static json_t *chaos_json(const pdl_run_result_t *r)
 {
+    const pdl_run_chaos_result_t *ch = &r->chaos;
     json_t *vs = json_array();
     for (int k = 0; k < ch->nvictims; k++)
-        json_array_append_new(vs, json_pack("{s:s, s:b, s:o, s:o}", "node", ch->victim[k], "recovered",
+        json_array_append_new(vs, json_pack("{s:s, s:s, s:f, s:i, s:i, s:b, s:o, s:o}", "node", ch->victim[k],
+                                            "action", ch->action[k] == PDL_RUN_CHAOS_PAUSE ? "pause" : "kill",
+                                            "pause_seconds", ch->pause_s[k], "ok", ch->ok_event[k], "failed",
+                                            ch->failed_event[k], "recovered",
                                             ch->recovered[k], "restart_seconds",
                                             ch->restart_s[k] < 0 ? json_null() : json_real(ch->restart_s[k]),
                                             "recover_seconds",
@@ -305,10 +335,11 @@ static json_t *chaos_json(const pdl_run_chaos_result_t *ch)
         double ratio = pdl_run_chaos_p99_ratio(ch);
         json_object_set_new(healthy, "p99_ratio", ratio < 0 ? json_null() : json_real(ratio));
     }
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I, s:o}", "passes", ch->passes, "ok_outage", ch->ok_outage,
-                     "failed_outage", ch->failed_outage, "ok_outside", ch->ok_outside, "failed_outside",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:I, s:o, s:I, s:I}", "passes", ch->passes, "ok_outage",
+                     ch->ok_outage, "failed_outage", ch->failed_outage, "ok_outside", ch->ok_outside, "failed_outside",
                      ch->failed_outside, "parity_bad", ch->parity_bad, "victims", vs, "mismatched_killed",
-                     (json_int_t)ch->mismatched_killed, "healthy_prefill", healthy);
+                     (json_int_t)ch->mismatched_killed, "healthy_prefill", healthy, "expired", (json_int_t)ch->expired,
+                     "expired_allowed", (json_int_t)pdl_run_chaos_expired_bound(r));
 }
 
 json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
@@ -372,7 +403,7 @@ json_t *pdl_run_report_json(const pdl_run_report_info_t *info, const pdl_run_res
         json_object_set_new(t, "engine_read_ceiling_ratio", ratio_json(&r->rank_ratio));
         json_object_set_new(t, "metrics_complete", json_boolean(r->metrics_ok));
         if (r->chaos.on)
-            json_object_set_new(t, "chaos", chaos_json(&r->chaos));
+            json_object_set_new(t, "chaos", chaos_json(r));
         json_object_set_new(t, "notes", notes);
         json_object_set_new(t, "pass", json_boolean(r->pass));
         json_array_append_new(tops, t);

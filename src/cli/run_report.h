@@ -47,11 +47,13 @@ typedef struct pdl_run_topo {
 void pdl_run_topo_describe(const pdl_run_topo_t *t, char *buf, size_t len);
 
 /*
- * `pdlink run --chaos` (docs/run.md), per topology: requests sent while a decode and then a prefill node were
- * killed with kill -9 and restarted, split by whether they overlapped an outage window (from the kill to
- * the first success through the restarted node). Times are measured and shown, never judged.
+ * `pdlink run --chaos` (docs/run.md), per topology: requests sent while the chaos schedule's events ran
+ * -- a decode or a prefill node killed with kill -9 and restarted, or stopped (SIGSTOP) for a while and
+ * continued (SIGCONT) -- split by whether they overlapped an outage window (from the kill or stop to the
+ * first success through the node again). Times are measured and shown, never judged.
  */
-enum { PDL_RUN_CHAOS_VICTIMS = 2 };
+enum { PDL_RUN_CHAOS_VICTIMS = 8 }; /* events of a schedule, at most */
+typedef enum { PDL_RUN_CHAOS_KILL, PDL_RUN_CHAOS_PAUSE } pdl_run_chaos_action_t;
 
 /*
  * Requests served by the prefill that was NOT killed (a topology with two prefills), by when they ran
@@ -74,12 +76,21 @@ typedef struct pdl_run_chaos_result {
     int ok_outage, failed_outage;    /* requests that overlapped an outage window */
     int ok_outside, failed_outside;  /* the others: every one must succeed */
     int parity_bad;                  /* successes whose text differs from the reference's (must be 0) */
-    int nvictims;
+    int nvictims;                    /* events of the schedule, in the order they ran */
     char victim[PDL_RUN_CHAOS_VICTIMS][48];    /* "decode-0", "prefill-0" */
-    bool recovered[PDL_RUN_CHAOS_VICTIMS];     /* a request succeeded through the restarted node */
-    double restart_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> /health 200 again; -1 if never */
-    double recover_s[PDL_RUN_CHAOS_VICTIMS];   /* kill -> first success through it; -1 if never */
+    pdl_run_chaos_action_t action[PDL_RUN_CHAOS_VICTIMS];
+    double pause_s[PDL_RUN_CHAOS_VICTIMS];     /* PAUSE: SIGSTOP -> SIGCONT as scheduled; KILL: 0 */
+    int ok_event[PDL_RUN_CHAOS_VICTIMS];       /* requests whose outage overlap is this event's (the first */
+    int failed_event[PDL_RUN_CHAOS_VICTIMS];   /* event's when two overlap), ok and failed */
+    bool recovered[PDL_RUN_CHAOS_VICTIMS];     /* a request succeeded through the node again */
+    double restart_s[PDL_RUN_CHAOS_VICTIMS];   /* kill or stop -> /health 200 again; -1 if never */
+    double recover_s[PDL_RUN_CHAOS_VICTIMS];   /* kill or stop -> first success through it; -1 if never */
     uint64_t mismatched_killed;      /* mismatched bytes the victims had counted before their kill */
+    /* Transfers reaped (pdlink_expired_total) during the chaos phase, the killed victims' included: behind
+     * a router that sends no failed releases for a failed decode leg (vllm-router), the hold of a request
+     * that failed in an outage waits for defer_timeout. excused_expired says whether they are (run.c). */
+    uint64_t expired;
+    bool excused_expired;
     char healthy[128];               /* "host:port" of the prefill not killed; "" with one prefill */
     pdl_run_chaos_lat_t healthy_lat[PDL_RUN_CHAOS_PHASES];
 } pdl_run_chaos_result_t;
@@ -136,12 +147,17 @@ typedef struct pdl_run_result {
 /* Append a note (printf-style); silently drops notes past PDL_RUN_MAX_NOTES. */
 void pdl_run_result_note(pdl_run_result_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* --chaos: how many transfers reaped during the chaos phase the outages excuse: 0 unless
+ * chaos.excused_expired, else one per rank of the largest prefill for each request failed in an outage. */
+uint64_t pdl_run_chaos_expired_bound(const pdl_run_result_t *r);
+
 /* Apply the verdict rules: any failed request, differing response, mismatched byte, expired
  * transfer or held block, a missing metric, KV that did not move or was not verified, or a failure
  * flagged by the caller (a dead process, a start-up error) fails the topology. With chaos.on
  * the figures above are the final batch's, and also fatal are: a request that failed outside the
  * outage windows, a success that differs from the reference, a victim that never served again, a byte a
- * victim had mismatched before its kill. */
+ * victim had mismatched before its kill, a transfer reaped during the chaos phase unless excused_expired
+ * (then more of them than requests failed in the outages, times the largest prefill TP, still fails). */
 void pdl_run_result_judge(pdl_run_result_t *r, bool had_failure_note);
 
 /* Settings shown in the report header and the JSON. */

@@ -174,3 +174,30 @@ int pdl_run_router_log_count(const char *log_path, bool prefill)
     fclose(f);
     return nseen;
 }
+
+int pdl_run_router_log_state(const char *log_path, bool prefill, const char *http_addr, bool *listed_p)
+{
+    *listed_p = false;
+    FILE *f = fopen(log_path, "r");
+    if (f == NULL)
+        return -1;
+    char add[160], rm[160];
+    snprintf(add, sizeof(add), "Add %s [HTTP:%s", prefill ? "Prefill" : "Decode", http_addr);
+    snprintf(rm, sizeof(rm), "Remove %s [HTTP:%s", prefill ? "Prefill" : "Decode", http_addr);
+    size_t alen = strlen(add), rlen = strlen(rm);
+    int removals = 0;
+    char line[4096];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        /* The address must end there: 127.0.0.1:1000 is not 127.0.0.1:10001. */
+        const char *p = strstr(line, add);
+        if (p != NULL && strchr(",] \n", p[alen]) != NULL)
+            *listed_p = true;
+        p = strstr(line, rm);
+        if (p != NULL && strchr(",] \n", p[rlen]) != NULL) {
+            *listed_p = false;
+            removals++;
+        }
+    }
+    fclose(f);
+    return removals;
+}

@@ -47,4 +47,12 @@ int pdl_run_router_argv(const pdl_run_router_t *r, char **argv, int cap, const c
  */
 int pdl_run_router_log_count(const char *log_path, bool prefill);
 
+/*
+ * One instance's registration as vllm-router logged it: the number of "Remove Prefill/Decode
+ * [HTTP:<http_addr>" lines (it drops an instance whose pings stopped for 5 s, e.g. a stopped process, and
+ * adds it again at its next ping), and in *listed_p whether its last Add/Remove line is an Add. -1 if
+ * the log cannot be read.
+ */
+int pdl_run_router_log_state(const char *log_path, bool prefill, const char *http_addr, bool *listed_p);
+
 #endif /* PDL_CLI_RUN_ROUTER_H */

@@ -9,7 +9,11 @@
 source "$(dirname "$0")/test_run_lib.bash" test_run_chaos pdlink pdlink-node pdlink-router
 MODE=${CHAOS_MODE:-read}
 
-run_must_pass --chaos --mode "$MODE" --model tiny --requests 12 --concurrency 4 --prompt-tokens 8-80 --max-tokens 8
-/usr/bin/python3 "$SRC/tests/tools/check_run_report.py" "$WORK/report.json" --mode "$MODE" --chaos || exit 1
+# The kills only: the pauses (6-8 s each, per topology) are test_run_chaos_pause.sh's, on fewer topologies.
+SCHEDULE=kill-decode,kill-prefill
+run_must_pass --chaos --chaos-schedule "$SCHEDULE" --mode "$MODE" --model tiny --requests 12 --concurrency 4 \
+    --prompt-tokens 8-80 --max-tokens 8
+/usr/bin/python3 "$SRC/tests/tools/check_run_report.py" "$WORK/report.json" --mode "$MODE" --chaos \
+    --schedule "$SCHEDULE" || exit 1
 no_child_left "$WORK/logs"
 echo "PASS"

@@ -7,12 +7,15 @@ messages (WRITE) sent, received and expected all equal. No transfer handshaked: 
 ahead of need (issue 16; READ decodes are told their producers, WRITE prefills their decodes, through
 prewarm_peers). --vllm-router LOGDIR also checks that the real
 vllm-router served each topology (its own log lines: MoRIIO READ mode, consistent_hash per leg).
---chaos checks a `pdlink run --chaos` report: the figures above are then the final batch's, sent after a
-decode and a prefill were killed and restarted, while the nodes' counters (releases, pulls, handshakes,
-bytes) also hold the chaos passes; so those are checked as lower bounds, and the "chaos" object must show
-both victims serving again, no failure outside the outage windows, every success equal to the reference
-and no byte mismatched by a victim before its kill; with two prefills, the rows of the one not killed
-(its latencies before, during and after the other's outage) are well formed and it served during it.
+--chaos checks a `pdlink run --chaos` report: the figures above are then the final batch's, sent after the
+chaos schedule's kills and pauses (--schedule, the run's --chaos-schedule), while the nodes' counters
+(releases, pulls, handshakes, bytes) also hold the chaos passes; so those are checked as lower bounds, and
+the "chaos" object must show every event's victim serving again, no failure outside the outage windows,
+every success equal to the reference, no byte mismatched by a victim before its kill, and no transfer
+reaped during the phase beyond what its outage failures excuse (none behind pdlink-router); with two
+prefills behind pdlink-router, the rows of the one not killed (its latencies before, during and after the
+other's outage) are well formed and it served during it. --topologies checks a run of some of the seed
+topologies only.
 Exits 1 with the failed assertion on stderr.
 """
 import argparse
@@ -23,12 +26,13 @@ import sys
 SEED = ["1p1d", "2p1d", "1p2d", "p4d8", "p8d4"]
 
 
-def check_healthy_prefill(t) -> None:
+def check_healthy_prefill(t, vllm_router: bool) -> None:
     """With two prefills, the one not killed (named by pdlink-router's X-Pdlink-Prefill) has well-formed
     latency rows before, during and after the other's outage, and served requests during it; with one
     prefill there is none. Figures are checked for form and consistency only, never against a time."""
     n, h = t["name"], t["chaos"].get("healthy_prefill", "absent")
-    if len(t["prefill_tp"]) < 2:
+    if len(t["prefill_tp"]) < 2 or (vllm_router and h is None):
+        # vllm-router names no instance in its answers: which prefill served a request is unknown.
         assert h is None, (n, "a healthy prefill with one prefill", h)
         return
     assert isinstance(h, dict), (n, "no healthy_prefill rows", h)
@@ -52,12 +56,18 @@ def check_healthy_prefill(t) -> None:
         assert abs(h["p99_ratio"] - d["p99_ms"] / b["p99_ms"]) < 1e-6 * max(1.0, h["p99_ratio"]), (n, h)
 
 
-def check_chaos(t) -> None:
+EVENTS = {"kill-decode": ("kill", "decode-0"), "kill-prefill": ("kill", "prefill-0"),
+          "pause-decode": ("pause", "decode-0"), "pause-prefill": ("pause", "prefill-0")}
+
+
+def check_chaos(t, schedule, vllm_router: bool) -> None:
     """The chaos object of one topology, and the counters that include the chaos passes (lower bounds)."""
     n, c = t["name"], t.get("chaos")
     assert c is not None, (n, "no chaos object")
-    assert [v["node"] for v in c["victims"]] == ["decode-0", "prefill-0"], (n, c["victims"])
+    assert [(v["action"], v["node"]) for v in c["victims"]] == [EVENTS[e] for e in schedule], (n, c["victims"])
     for v in c["victims"]:
+        assert (v["pause_seconds"] > 0) == (v["action"] == "pause"), (n, v)
+        assert v["ok"] >= 0 and v["failed"] >= 0, (n, v)
         # Measured and shown, never judged: only present and ordered (healthy before or when serving).
         assert v["recovered"] is True, (n, v)
         assert v["restart_seconds"] is not None and v["recover_seconds"] is not None, (n, v)
@@ -66,9 +76,16 @@ def check_chaos(t) -> None:
     assert c["failed_outside"] == 0, (n, "failures outside the outage windows", c)
     assert c["parity_bad"] == 0, (n, "successes that differ from the reference", c)
     assert c["mismatched_killed"] == 0, (n, c)
+    # A request failed in an outage may leave its hold to the reaper only where the router sends no failed
+    # release for it (vllm-router): then at most one per rank of the prefill.
+    assert c["expired"] <= c["expired_allowed"], (n, "transfers reaped during the chaos phase", c)
+    if not vllm_router:
+        assert c["expired_allowed"] == 0 and c["expired"] == 0, (n, c)
+    else:
+        assert c["expired_allowed"] == c["failed_outage"] * max(t["prefill_tp"]), (n, c)
     # The workload kept going around the kills: successes on both sides of each outage.
     assert c["ok_outside"] > 0 and c["ok_outage"] + c["failed_outage"] > 0, (n, c)
-    check_healthy_prefill(t)
+    check_healthy_prefill(t, vllm_router)
     assert t["pulls"] >= t["requests"] and t["releases_sent"] >= t["releases_expected"], (n, t["pulls"])
     assert t["releases_received"] >= t["releases_expected"], (n, t["releases_received"])
 
@@ -82,12 +99,16 @@ def main() -> int:
     ap.add_argument("--streaming", type=int, default=3, help="streamed requests per topology")
     ap.add_argument("--vllm-router", metavar="LOGDIR", help="the router was vllm-router; its logs are here")
     ap.add_argument("--chaos", action="store_true", help="the report of pdlink run --chaos")
+    ap.add_argument("--schedule", default="kill-decode,kill-prefill,pause-decode,pause-prefill",
+                    help="--chaos: the run's --chaos-schedule")
+    ap.add_argument("--topologies", default=",".join(SEED), help="the seed topologies the run was given, in order")
     a = ap.parse_args()
     r = json.load(open(a.report))
     n_req = a.requests
     names = [t["name"] for t in r["topologies"]]
-    assert names == SEED, names
-    assert r["pass"] is True and r["passed"] == 5, r["passed"]
+    want = a.topologies.split(",")
+    assert names == want, (names, want)
+    assert r["pass"] is True and r["passed"] == len(want), r["passed"]
     assert r["model"] == "tiny" and r["backend"] == a.backend and r["mode"] == a.mode, (r["model"], r["backend"], r["mode"])
     assert r["ceiling"]["gbps"] is None or r["ceiling"]["gbps"] > 0, r["ceiling"]
     for t in r["topologies"]:
@@ -104,7 +125,7 @@ def main() -> int:
             (n, t["releases_expected"])
         assert t["metrics_complete"] is True and t["pass"] is True, n
         if a.chaos:
-            check_chaos(t)
+            check_chaos(t, a.schedule.split(","), a.vllm_router is not None)
         else:
             assert t["pulls"] == n_req, (n, t["pulls"])
             # READ: every consumer rank releases every producer rank of its group; WRITE: every producer
@@ -144,7 +165,7 @@ def main() -> int:
         else:
             log = open(os.path.join(a.vllm_router, n + "-router.log"), errors="replace").read()
             assert "kv_connector=MoriIO" in log, n
-            assert "MoRI-IO transfer mode set to Read" in log, n
+            assert "MoRI-IO transfer mode set to %s" % ("Read" if a.mode == "read" else "Write") in log, n
             assert log.count("Consistent hash routing") >= 2 * n_req, (n, log.count("Consistent hash routing"))
     by = {t["name"]: t for t in r["topologies"]}
     if a.chaos:
@@ -153,8 +174,9 @@ def main() -> int:
             t["chaos"]["ok_outside"] + t["chaos"]["failed_outside"]) for t in r["topologies"]))
         return 0
     # The split-head topologies move the same KV as the homogeneous one, in more descriptors.
-    assert by["p4d8"]["kv_bytes"] == by["1p1d"]["kv_bytes"], (by["p4d8"]["kv_bytes"], by["1p1d"]["kv_bytes"])
-    assert by["p4d8"]["descriptors"] > by["1p1d"]["descriptors"], (by["p4d8"]["descriptors"], by["1p1d"]["descriptors"])
+    if "p4d8" in by and "1p1d" in by:
+        assert by["p4d8"]["kv_bytes"] == by["1p1d"]["kv_bytes"], (by["p4d8"]["kv_bytes"], by["1p1d"]["kv_bytes"])
+        assert by["p4d8"]["descriptors"] > by["1p1d"]["descriptors"], (by["p4d8"]["descriptors"], by["1p1d"]["descriptors"])
     print("report OK:", ", ".join("%s %d/%d" % (t["name"], t["parity_ok"], t["parity_total"]) for t in r["topologies"]))
     return 0
 
