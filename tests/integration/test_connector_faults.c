@@ -498,26 +498,30 @@ static void faults_keepalive_from_queued_pull(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
     assert_non_null(p);
     assert_non_null(c);
-    uint32_t w[1], q[1], lw[1], lq[1], ls[1];
+    uint32_t w[1], q[1], sl[1], lw[1], lq[1], ls[1];
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, w, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, q, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(p, 1, sl, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lw, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lq, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, ls, NULL), PDL_OK);
     tc_fill(p, 8, false, q, 1, 31);
     assert_int_equal(pdl_instance_hold(p, "warm", w, 1, NULL), PDL_OK);
     assert_int_equal(pdl_instance_hold(p, "queued", q, 1, NULL), PDL_OK);
-    pdl_kv_params_t kw, kq;
+    assert_int_equal(pdl_instance_hold(p, "slow", sl, 1, NULL), PDL_OK);
+    pdl_kv_params_t kw, kq, ks;
     tc_params(p, "warm", w, 1, &kw);
     tc_params(p, "queued", q, 1, &kq);
+    tc_params(p, "slow", sl, 1, &ks);
     pdl_pull_t *pw, *ps, *pq;
     pdl_error_t e;
     assert_int_equal(pdl_instance_pull(c, &kw, NULL, lw, 1, &pw, &e), PDL_OK); /* caches the pdlink peer */
     assert_int_equal(pdl_pull_wait(pw, 30000, &e), PDL_OK);
     assert_int_equal(TC_GET(c, 0, keepalives_sent), 0);
-    /* "warm" again (its late releases are harmless), with a hook that holds the lane. */
+    /* A third transfer with a hook that holds the lane ("warm" again would be refused: its grant went
+     * with its release). */
     slow_hook_t h = {0};
-    assert_int_equal(pdl_instance_pull_hooked(c, &kw, NULL, ls, 1, slow_rank, &h, NULL, &ps, &e), PDL_OK);
+    assert_int_equal(pdl_instance_pull_hooked(c, &ks, NULL, ls, 1, slow_rank, &h, NULL, &ps, &e), PDL_OK);
     assert_int_equal(pdl_instance_pull(c, &kq, NULL, lq, 1, &pq, &e), PDL_OK);
     atomic_store(&h.go, 1);
     assert_int_equal(pdl_pull_wait(ps, 30000, &e), PDL_OK);
@@ -532,6 +536,7 @@ static void faults_keepalive_from_queued_pull(void **state)
     pdl_pull_free(pq);
     pdl_kv_params_clear(&kw);
     pdl_kv_params_clear(&kq);
+    pdl_kv_params_clear(&ks);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }
