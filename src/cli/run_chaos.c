@@ -1,5 +1,5 @@
 /*
- * run_chaos.c -- the chaos phase of `pdlink run --chaos` (issues 11, 25): the schedule's kills (kill -9,
+ * run_chaos.c -- the chaos phase of `pdlink run --chaos` (docs/run.md#chaos---chaos): the schedule's kills (kill -9,
  * restart) and pauses (SIGSTOP, SIGCONT) of a decode and a prefill under load; the state machine, the
  * outage windows and the classification of every request are described in run_chaos.h.
  *

@@ -1,5 +1,5 @@
 /*
- * run_chaos.h -- `pdlink run --chaos` (issues 11, 25): while a topology's workload runs, the chaos
+ * run_chaos.h -- `pdlink run --chaos` (docs/run.md#chaos---chaos): while a topology's workload runs, the chaos
  * schedule's events happen one after the other: kill -9 a decode (or prefill) node, restart it on the
  * same ports and wait until a request succeeds through it again; or stop it with SIGSTOP for longer than
  * the nodes' consumer_gone_timeout (a long GC, a stalled host), continue it with SIGCONT and wait the

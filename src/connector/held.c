@@ -1,10 +1,10 @@
 /*
- * held.c -- held transfers of a producer instance and the events they raise (SPEC §5).
+ * held.c -- held transfers of a producer instance and the events they raise (docs/protocol.md#leases).
  *
  * A held transfer (a READ hold, or a WRITE push) is recorded once per instance, in the instance's
  * held-transfer table (fanin.c): one record per transfer id carrying its blocks and consumer
  * (pdl_held_t) and each rank's release fan-in and lease. vLLM frees a producer request only when every
- * TP worker reported it finished (KVOutputAggregator, reference §4.5): each rank resolves a transfer
+ * TP worker reported it finished (its KVOutputAggregator; docs/protocol.md#release): each rank resolves a transfer
  * once -- its fan-in reported (READ), its push finished (WRITE), or it expired after defer_timeout --
  * and the last one frees the blocks. A rank that resolves twice (cannot happen by construction) is
  * ignored.
@@ -60,9 +60,9 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
         return true;
     /* The consumer the transfer was made for binds it: the decode its request id names (the router
      * chose it: pdl_instance_hold_for), or the host a push writes to. Only a hold that names none falls
-     * back to the host its grant was first served to -- whoever read first, an attacker as well: taken
-     * first, that made the reader "the consumer", refused the real decode's release and let the reader's
-     * keepalives pin the blocks (issue 26). */
+     * back to the host its grant was first served to -- whoever read first, an attacker as well: were the first
+     * reader always "the consumer", it would have the real decode's release refused and could pin the
+     * blocks with its keepalives. */
     pthread_mutex_lock(&inst->held_mu);
     const pdl_held_t *h = pdl__fanin_data(inst->held, transfer_id);
     if (h)

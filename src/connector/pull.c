@@ -1,5 +1,5 @@
 /*
- * pull.c -- READ mode on the consumer (SPEC §5 steps 2-3): pdl_instance_pull and the per-rank reader.
+ * pull.c -- READ mode on the consumer (docs/protocol.md#read-flow, steps 2-3): pdl_instance_pull and the per-rank reader.
  *
  * A pull is one job per consumer rank, queued on that rank's READ lane for the producer instance
  * (xfer.c: one thread per remote instance, so a dead producer delays only the pulls from it). The lane
@@ -8,12 +8,13 @@
  * executor (xfer.c: handshakes, one batched READ per layer per producer rank, the wait within
  * transfer_timeout), and then sends a
  * `release` to EVERY producer rank of its group -- read from or not, so P>D topologies free all
- * producer ranks (SPEC §2 release rule) -- with consumer_tp_size = D, consumer_tp_rank and status
+ * producer ranks (docs/topology.md#release-rule) -- with consumer_tp_size = D, consumer_tp_rank and status
  * "ok" or "failed". A failed or timed-out read makes the pull fail (a load error), never succeed.
  *
  * Peer addresses: remote_host / remote_handshake_port / remote_notify_port from the params when all
  * three are present, else the prefill address embedded in the request id (MoRIIO's two sources,
- * reference §3.6). Dialed ports are base + remote_dp * P + producer rank (SPEC §2).
+ * docs/protocol.md#peer-addresses). Dialed ports are base + remote_dp * P + producer rank
+ * (docs/topology.md#ports).
  * Prefix caching: when the consumer passes fewer local blocks than the producer held, the LAST n
  * remote blocks are read (upstream's fix in #48471: trim the remote list, not the local one).
  *
@@ -23,9 +24,9 @@
  * the pull.
  *
  * Failed releases go only to a verified producer: one whose handshake (get_meta_msg, answered as the
- * instance the params name) succeeded from this lane. Before, a decode sent them wherever a request's
- * params pointed: ~1,100 invalid requests naming new notify endpoints made ~1,100 DEALERs and exhausted
- * the ZeroMQ context (issue 26). pdl_instance_abandon therefore runs on the lanes too: it handshakes
+ * instance the params name) succeeded from this lane. Sent wherever a request's params pointed, ~1,100
+ * invalid requests naming new notify endpoints would make ~1,100 DEALERs and exhaust the ZeroMQ
+ * context. pdl_instance_abandon therefore runs on the lanes too: it handshakes
  * first (cached after the first time) and releases only a producer that answered.
  *
  * Timing: with debug logging each rank job logs where its time went (queued behind other pulls on this
@@ -164,7 +165,7 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
     }
 }
 
-/* A job that waited this long in the queue first extends the producer's lease (SPEC §5 step 6). */
+/* A job that waited this long in the queue first extends the producer's lease (docs/protocol.md#leases). */
 #define PULL_KEEPALIVE_AFTER_NS 1000000000ull
 
 /* Keepalive to every producer rank of the group that is a cached pdlink peer. Upstream producers

@@ -1,5 +1,5 @@
 /*
- * push.c -- WRITE mode with heterogeneous TP (SPEC §5 "WRITE mode"): producer pushes, consumer waits.
+ * push.c -- WRITE mode with heterogeneous TP (docs/protocol.md#write-flow): producer pushes, consumer waits.
  *
  * Producer. pdl_instance_push registers the transfer's blocks as held (freed when every rank
  * resolved it, like a READ hold) and a pdl_push_t with one state per rank: WAITING for the consumer's
@@ -48,8 +48,8 @@ enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
 
 /* Bounds on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory.
  * Entries, and bytes of block ids: each list holds at most num_blocks ids (a push never holds more), and
- * all of them together at most PUSH_PARK_MAX_BYTES. Before, 1,024 lists of up to 1,048,576 ids each could
- * be parked (~4 GiB; 150 made-up ones grew a prefill from 12 MB to 631 MB, issue 26). */
+ * all of them together at most PUSH_PARK_MAX_BYTES. Without the byte bound, 1,024 lists of up to 1,048,576 ids
+ * each could be parked (~4 GiB; 150 made-up ones would grow a prefill from 12 MB to 631 MB). */
 #define PUSH_MAX_PARKED 1024
 #define PUSH_PARK_MAX_BYTES (4u << 20)
 
@@ -530,7 +530,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
     if (given != NULL && !sent_by(sender, given->host_ip)) {
         /* The push names its consumer: a list from another host would make us write the KV into blocks
-         * the consumer never offered, and send it write_done for them (issue 26). */
+         * the consumer never offered, and send it write_done for them. */
         snprintf(expected, sizeof(expected), "%s", given->host_ip);
     } else if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
         snprintf(gu.host, sizeof(gu.host), "%s", given->host);
@@ -973,7 +973,7 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *se
     pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
     if (rv != NULL && !sent_by(sender, rv->phost_ip)) {
         /* The receive names its producer: a write_done from anyone else would end the wait before the
-         * producer wrote -- the decode would then go on from whatever its blocks hold (issue 26). */
+         * producer wrote -- the decode would then go on from whatever its blocks hold. */
         char expected[64];
         snprintf(expected, sizeof(expected), "%s", rv->phost_ip);
         pthread_mutex_unlock(&inst->push_mu);

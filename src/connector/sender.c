@@ -16,9 +16,9 @@
  * PDL_DEALER_IDLE_MS (internal.h) are closed (pdl__dealers_sweep, run by each owner thread), as are a lane's DEALERs
  * once its peer failed (xfer.c): a dead peer gets a handful of connect attempts, not an endless walk.
  *
- * The cap. Every DEALER is a libzmq socket, and a context has 1,023 by default: ~1,100 decode requests
- * naming new notify endpoints (0.5 s of an HTTP client) filled it, and every later pull from a new
- * prefill failed with "Too many open files" for ~75 s (issue 26). So an instance keeps at most
+ * The cap. Every DEALER is a libzmq socket, and a context has 1,023 by default: without a cap,
+ * ~1,100 decode requests naming new notify endpoints (0.5 s of an HTTP client) fill it, after which every pull from a new
+ * prefill fails with "Too many open files" for ~75 s. So an instance keeps at most
  * PDL_DEALERS_MAX DEALERs, at most PDL_DEALERS_UNVERIFIED_MAX of them to endpoints of peers it never
  * verified (the caller says which: PDL_OUT_VERIFIED), and at most PDL_DEALERS_PER_CACHE in one cache. A
  * new DEALER past a bound closes the least recently used one of the same share in its own cache (other

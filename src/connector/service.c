@@ -1,6 +1,6 @@
 /*
  * service.c -- the per-rank service thread: handshake and notify ROUTERs, outbound DEALERs, the
- * discovery ping, and the ticks of the lease reaper (held.c) and the WRITE reaper (push.c) (SPEC §4, §5).
+ * discovery ping, and the ticks of the lease reaper (held.c) and the WRITE reaper (push.c) (docs/protocol.md).
  *
  * One thread owns the rank's ROUTERs, its ping DEALER and its outbound DEALER cache (ZeroMQ sockets
  * are not thread-safe). It sleeps in zmq_poll on the two ROUTERs and an eventfd; other threads queue
@@ -8,7 +8,7 @@
  * resolved transfers to held.c; nothing calls back into it but start and stop. Each wake-up drains at most a budget of frames per socket, so one flooding
  * sender cannot starve the other socket or the reaper.
  *
- * Hostile input (reference §3.3 / §8.5: upstream's listener threads die on it): every frame is
+ * Hostile input (docs/protocol.md#bad-frames: upstream's listener threads die on it): every frame is
  * decoded by the wire codecs, which refuse anything malformed; the frame is then dropped, counted in
  * dropped_malformed and logged through a rate limiter per kind. Frames above 16 MB never reach us:
  * ZMQ_MAXMSGSIZE makes libzmq drop the connection that sent them.
@@ -164,7 +164,7 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
 {
     char expected[64];
     if (!pdl__held_release_allowed(r, msg->transfer_id, sender, expected, sizeof(expected))) {
-        /* Issue 12: a forged release freed another transfer's blocks while its consumer still read. */
+        /* A forged release would free another transfer's blocks while its consumer still reads them. */
         PDL_CTR_REFUSED(r, releases_refused, "refused a release of transfer %.100s from %s: its consumer is %s",
                         msg->transfer_id, sender, expected);
         return;
@@ -387,8 +387,8 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
     zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
     /* Default RCVHWM (1000 messages per connection): a flooding sender is slowed by TCP backpressure
      * instead of queueing unbounded memory here. */
-    /* host_ip only, unless bind_all: upstream binds every address (the "*" endpoint), which put the
-     * handshake and notify ports on interfaces host_ip never named (issue 12). libzmq binds only
+    /* host_ip only, unless bind_all: upstream binds every address (the "*" endpoint), which puts the
+     * handshake and notify ports on interfaces host_ip never named. libzmq binds only
      * interface names and numeric addresses, so a host name is resolved here first. */
     const pdl_connector_config_t *cc = &r->inst->cfg.conn;
     char host[PDL_WIRE_HOST_MAX + 1] = "*";

@@ -4,8 +4,8 @@
  * Parsing follows vLLM's OpenAI server where a client would notice: `prompt` is a string, a list of
  * token ids or a batch of either, chat `messages` are rendered with a fixed template, `n` copies the
  * greedy answer, `stop`/`min_tokens`/`echo`/`logprobs`/`seed` behave as vLLM's, `max_tokens`
- * defaults to 16, and `kv_transfer_params` is a top-level object whose semantics are MoRIIO's (SPEC §4,
- * moriio-spec §6.1). Input is hostile: every field is type-checked and a wrong one is a 400 naming it.
+ * defaults to 16, and `kv_transfer_params` is a top-level object whose semantics are MoRIIO's
+ * (docs/protocol.md#kv_transfer_params). Input is hostile: every field is type-checked and a wrong one is a 400 naming it.
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -549,7 +549,7 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
             return false;
         }
         if (p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) {
-            /* Upstream falls back to the addresses embedded in the request id (moriio-spec §3.6). */
+            /* Upstream falls back to the addresses embedded in the request id (docs/protocol.md#peer-addresses). */
             pdl_zmq_addr_t pa, da;
             if (pdl_wire_parse_request_id(req->request_id, &pa, &da, NULL) != PDL_OK) {
                 pdl_node_result_error(res, 400,
@@ -569,7 +569,7 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
  * transfer's time; the request's thread verifies every rank's share after the pull. Verifying in the
  * hook ran it on the rank's READ lane, so every later pull on that lane queued behind it: measured with
  * `pdlink run` (1p1d, p8d4, 2p1d, two alternating pairs on this 2-vCPU machine), pull p99 was 92-652 ms
- * with the hook verifying and 65-142 ms without, at the same TTFT (issue 16). The context belongs to
+ * with the hook verifying and 65-142 ms without, at the same TTFT. The context belongs to
  * the pull (freed with it): a request that gave up waiting may be gone while a rank's hook still runs.
  */
 typedef struct pull_verify {
@@ -862,7 +862,7 @@ static void abandon_transfer(pdl_node_t *node, const pdl_kv_params_t *params, co
      * request rejected or failed before that is only a client's word that the transfer is its own: any
      * client could name another request's transfer id ("max_tokens": -1 plus the id) and have this
      * decode -- the consumer's own host, which the prefill trusts -- free the victim's blocks before the
-     * victim's decode leg read them (issue 26: held blocks 2 -> 0, the victim's leg 500). Such a hold is
+     * victim's decode leg read them, which then fails with a 500. Such a hold is
      * freed by the router's failed release (pdlink-router sends one for every decode leg that fails),
      * the consumer-gone watch, or the prefill's defer_timeout. */
     bool decode = node->role == PDL_NODE_CONSUMER && params->do_remote_prefill && started;

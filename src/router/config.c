@@ -1,11 +1,11 @@
 /*
- * config.c -- parse pdlink-router's command line (vllm-router's flag names, router-spec §6).
+ * config.c -- parse pdlink-router's command line (vllm-router's flag names, docs/vllm-router.md#flags).
  *
  * Flags are read by getopt_long_only (app/opts.h): "--flag value" and "--flag=value" are accepted, as
  * clap (vllm-router's parser) accepts both.
  * --policy sets the default of --prefill-policy and --decode-policy whatever the order of the flags,
  * as in vllm-router. MoRIIO without a discovery address is refused, as vllm-router's config validation
- * refuses it (router-spec §3.5).
+ * refuses it (docs/vllm-router.md#discovery).
  */
 #include "router/config.h"
 

@@ -1,5 +1,6 @@
 /*
- * config.h -- pdlink-router's command line, modelled on vllm-router's flags (router-spec §6, §7.1).
+ * config.h -- pdlink-router's command line, modelled on vllm-router's flags (docs/vllm-router.md#flags,
+ * docs/router.md#flags).
  *
  * The parser fills a pdl_router_config_t and never exits: a usage error comes back as PDL_ERR_INVALID
  * with a message naming the flag and the value, and main() turns it into exit status 2.

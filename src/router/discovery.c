@@ -1,5 +1,5 @@
 /*
- * discovery.c -- the discovery socket: a ZeroMQ ROUTER that instances' DEALERs ping (router-spec §2).
+ * discovery.c -- the discovery socket: a ZeroMQ ROUTER that instances' DEALERs ping (docs/vllm-router.md#discovery).
  *
  * Receive only; it never replies. Each message arrives as [identity, payload]; like vllm-router we
  * take the part after the identity and ignore any further parts. The payload is decoded by the wire
@@ -80,7 +80,7 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len, cons
     uint64_t suppressed = 0;
     pdl_status_t dst = pdl_wire_decode_registration(buf, len, &reg, &err);
     if (dst == PDL_ERR_UNSUPPORTED) {
-        /* G1's {type: "HELLO"} keep-alive: well-formed, carries nothing (router-spec §2.4). */
+        /* G1's {type: "HELLO"} keep-alive: well-formed, carries nothing (docs/vllm-router.md#discovery). */
         pdl_debug("discovery: ignored a message: %s", err.msg);
         return;
     }

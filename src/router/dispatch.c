@@ -1,5 +1,6 @@
 /*
- * dispatch.c -- one P/D completion through the router (router-spec §3.2-§3.4).
+ * dispatch.c -- one P/D completion through the router (docs/vllm-router.md#dispatch and the
+ * READ/WRITE dispatch sections after it).
  *
  *   parse + validate body ──400──▶ client
  *   snapshot P and D ──503 when either is empty──▶ client
@@ -287,7 +288,8 @@ static const char *validate(const json_t *body, pdl_rt_route_t route, char *buf,
     return NULL;
 }
 
-/* Prefill leg body: the client's body with router-spec §3.2 step 6 edits and the given params. */
+/* Prefill leg body: the client's body with the edits of docs/vllm-router.md#dispatch (step 4) and
+ * the given params. */
 static json_t *prefill_body(const json_t *body, json_t *params)
 {
     json_t *p = json_deep_copy(body);
@@ -357,7 +359,7 @@ typedef struct dispatch {
     pdl_error_t err;
 } dispatch_t;
 
-/* The workers (router-spec §3.2 step 3), the request and transfer ids, the headers and URLs of both legs. */
+/* The workers (docs/vllm-router.md#dispatch, steps 1-3), the request and transfer ids, the headers and URLs of both legs. */
 static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, size_t ntrace)
 {
     pdl_router_t *rt = d->rt;
@@ -450,7 +452,7 @@ static bool dispatch_prepare(dispatch_t *d)
     return true;
 }
 
-/* WRITE (router-spec §3.4): both legs at once, on the decode leg's multi so one thread drives them;
+/* WRITE (docs/vllm-router.md#write-dispatch): both legs at once, on the decode leg's multi so one thread drives them;
  * returns once the prefill finished and the decode's headers came. *prefill_ok: the prefill's answer. */
 static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
 {
@@ -497,8 +499,8 @@ static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
     return true;
 }
 
-/* READ: the prefill leg, then the decode leg with the prefill's kv_transfer_params verbatim (router-spec
- * §3.3); returns once the decode's headers came. *prefill_ok: the prefill's answer (no decode if false). */
+/* READ: the prefill leg, then the decode leg with the prefill's kv_transfer_params verbatim
+ * (docs/vllm-router.md#read-dispatch); returns once the decode's headers came. *prefill_ok: the prefill's answer (no decode if false). */
 static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
 {
     pdl_router_t *rt = d->rt;
@@ -594,7 +596,7 @@ static int dispatch_decode_answer(dispatch_t *d)
     return relay_decode(rt, d->c, dleg, d->route, d->start_ns, dfail ? d->dleg_name : NULL, d->served);
 }
 
-/* router-spec §3.2 step 9: 500 with the prefill's status and body; the decode is not used. But a 4xx
+/* docs/vllm-router.md#errors: 500 with the prefill's status and body; the decode is not used. But a 4xx
  * from the prefill (the request itself is bad: an unknown model, a prompt too long) reaches the client
  * unchanged, status and body, as vllm-router 0.1.17 does: a client then sees a 400 it does not retry
  * rather than a 500 that the openai client and lm-eval retry. */

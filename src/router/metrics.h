@@ -1,5 +1,5 @@
 /*
- * metrics.h -- the router's counters and their Prometheus text rendering (router-spec §5).
+ * metrics.h -- the router's counters and their Prometheus text rendering (docs/vllm-router.md#health-and-metrics).
  *
  * Names follow vllm-router's PD metrics (vllm_router_pd_*), plus gauges for registered workers and
  * counters for the discovery socket (pdlink additions, named vllm_router_discovery_*). One mutex

@@ -1,5 +1,5 @@
 /*
- * registry.h -- the router's table of live prefill and decode instances (router-spec §2.3).
+ * registry.h -- the router's table of live prefill and decode instances (docs/vllm-router.md#discovery).
  *
  * Two tables, prefill and decode, keyed by http_address. A registration inserts or refreshes an entry
  * and sets its expiry to now + TTL (5 s in vllm-router); an entry is dropped once now >= its expiry.

@@ -126,7 +126,7 @@ static int serve_health(pdl_router_t *rt, pdl_http_conn_t *c, bool readiness)
     return pdl_http_replyf(c, 503, "No workers available via service discovery: %zu prefill, %zu decode", np, nd);
 }
 
-/* Client trace headers forwarded on both legs (router-spec §3.2 step 6). */
+/* Client trace headers forwarded on both legs (docs/vllm-router.md#dispatch, step 4). */
 static void collect_trace(const pdl_http_request_t *req, char out[3][1024], const char **ptrs, size_t *n)
 {
     static const char *const names[3] = {"traceparent", "tracestate", "baggage"};

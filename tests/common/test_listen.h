@@ -1,6 +1,6 @@
 /*
  * test_listen.h -- where a port listens, asked the way a peer would ask: by connecting to it from
- * another loopback address (issue 12's bind_all). A bind probe would answer a different question: it
+ * another loopback address (bind_all). A bind probe would answer a different question: it
  * also fails for any socket another test happens to hold on that address and port, and CI's TSan run
  * failed on exactly that. Needs cmocka included first.
  */

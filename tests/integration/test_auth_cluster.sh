@@ -10,7 +10,7 @@
 #   3. A rogue decode registration from a plain ZeroMQ DEALER (no key), then from a CURVE client with a
 #      key pair of its own: the router never lists it and counts the refusals
 #      (vllm_router_discovery_total{kind="refused"}). Without --auth-key-file the same plain ping
-#      registers (the issue 12 attack), which is checked first on a router of its own.
+#      registers (the rogue-registration attack of docs/security.md), which is checked first on a router of its own.
 #   4. Startup errors: a world-readable key file stops the router and a node with the path named.
 source "$(dirname "$0")/test_node_lib.bash"
 /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || { echo "SKIP: python3-zmq/python3-msgpack missing"; exit 77; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_chaos.sh -- one failure stays one failure (issue 11), end to end through pdlink-router: a decode
+# test_chaos.sh -- one failure stays one failure, end to end through pdlink-router: a decode
 # node is killed with kill -9 while requests run, bad requests are sent meanwhile, the decode is
 # restarted on the same ports, and the run reports what clients saw.
 #

@@ -1,5 +1,5 @@
 /*
- * test_connector_faults.c -- races and faults of the READ flow (SPEC §5 steps 3-6): a release before
+ * test_connector_faults.c -- races and faults of the READ flow (docs/protocol.md#read-flow, #leases): a release before
  * the hold (parked, then counted), duplicate and late releases, a consumer that never reads (reaped,
  * counted as expired), keepalives, a read that fails (release with status "failed", load error), a
  * peer that does not answer, a handshake mismatch (error naming the field and both values, other
@@ -386,7 +386,7 @@ static void dp1_of_2(pdl_instance_config_t *c)
     c->dp_size = 2;
 }
 
-/* DP rank 1 of 2 listens on base + 1*tp + rank (injective, SPEC §2), and a consumer given
+/* DP rank 1 of 2 listens on base + 1*tp + rank (injective, docs/topology.md#ports), and a consumer given
  * remote_dp_rank 1 dials exactly those ports. */
 static void faults_dp_rank_ports(void **state)
 {

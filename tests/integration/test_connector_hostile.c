@@ -1,5 +1,6 @@
 /*
- * test_connector_hostile.c -- hostile input on live services while real transfers run (SPEC §4).
+ * test_connector_hostile.c -- hostile input on live services while real transfers run
+ * (docs/protocol.md#bad-frames).
  *
  * A thread sends, to producer rank 0, N frames of each malformed kind: random bytes, truncated
  * msgpack, wrong-typed fields, an unknown type, consumer_tp_size <= 0, an empty block list, multi-frame

@@ -1,5 +1,5 @@
 /*
- * test_connector_isolation.c -- one failure stays one failure (issue 11), over loopback:
+ * test_connector_isolation.c -- one failure stays one failure, over loopback:
  *   - a blackholed producer does not hold up pulls from a healthy one (lanes), its handshake is paid
  *     once, and the pulls queued behind it fail at once with its reason (peer health);
  *   - a consumer that will not pull releases the producer at once (pdl_instance_abandon);

@@ -1,5 +1,5 @@
 /*
- * test_connector_local_rank.c -- what a vLLM KV connector needs from the C connector (issue 15):
+ * test_connector_local_rank.c -- what a vLLM KV connector needs from the C connector:
  *
  * - one rank per process (pdl_instance_config_t.local_rank): every TP rank of a producer and of a
  *   consumer is its own instance (vLLM runs one worker process per rank; here they share one test

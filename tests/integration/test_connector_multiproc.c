@@ -1,6 +1,6 @@
 /*
  * test_connector_multiproc.c -- producer and consumer instances in separate processes over the tcp
- * engine (SPEC §5), and a producer that dies after the handshake: the next pull fails cleanly (load
+ * engine (docs/protocol.md#read-flow), and a producer that dies after the handshake: the next pull fails cleanly (load
  * error, peer evicted), nothing hangs, and a later pull fails at the handshake.
  *
  * The producer child sends its kv_transfer_params (JSON lines) and, once the first transfer's fan-in
@@ -170,7 +170,7 @@ static void multiproc_tcp_and_dead_peer(void **state)
     pdl_instance_destroy(c);
 }
 
-/* ---- a decode killed mid-pull, then restarted (issue 11) ------------------------------------------ */
+/* ---- a decode killed mid-pull, then restarted ------------------------------------------------------ */
 
 /*
  * Decode TP2 reading from a prefill TP1 (each decode rank reads its head and releases producer rank 0,

@@ -1,5 +1,5 @@
 /*
- * test_connector_prewarm.c -- sessions before the first request (issue 16), over loopback:
+ * test_connector_prewarm.c -- sessions before the first request, over loopback:
  *   - a decode told its producer (prewarm_peers) connects every rank pair in the background: the first
  *     pull handshakes nothing (transfer_handshakes 0), over shm (pre-faulted mapping) and tcp;
  *   - a producer that is not up yet is retried until it is, and start-up does not wait for it;

@@ -1,6 +1,6 @@
 /*
  * test_connector_pyinterop.c -- interoperability with an independent Python MoRIIO peer
- * (tests/python/moriio_peer.py: pyzmq + msgpack, written from SPEC §4 and the reference notes).
+ * (tests/python/moriio_peer.py: pyzmq + msgpack, written from docs/protocol.md).
  *
  * 1. The peer handshakes with every rank of a live pdlink producer, decodes both payloads, sends
  *    pop_done_recv (+ its follow-up frame), then a typed release and a legacy plain-string release to

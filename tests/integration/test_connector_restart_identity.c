@@ -1,6 +1,6 @@
 /*
  * test_connector_restart_identity.c -- a prefill restarted on the same ports within milliseconds
- * (issue 11), seen from the decode:
+ * seen from the decode:
  *
  * - WRITE: a decode waiting for the dead prefill's write_done. Its producer watch asks the prefill's
  *   handshake port who answers (pdlink's identity request, watch.c); the new process answers with

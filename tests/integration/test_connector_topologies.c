@@ -1,7 +1,7 @@
 /*
  * test_connector_topologies.c -- READ mode end to end over real sockets, in one process: producer and
  * consumer instances with their TP ranks, handshakes, batched reads through the engine, releases and
- * producer fan-in, for every topology of the seed and more (SPEC §2, §5).
+ * producer fan-in, for every topology of the seed and more (docs/topology.md, docs/protocol.md).
  *
  * For each case: producers fill held blocks with a function of (layer, head, token, dim, K/V,
  * transfer); consumers pull them; every byte on every consumer rank is verified; every producer rank

@@ -456,7 +456,7 @@ static inline void tc_write_slow(pdl_instance_config_t *c)
 /* A producer whose consumer-gone watch gives up only on refusals or identities, never on its timeout. */
 static inline void tc_watch_slow(pdl_instance_config_t *c) { c->conn.consumer_gone_timeout_s = 600; }
 
-/* The params each leg carries in WRITE mode (router-spec §3.4): the transfer id and the peer's TP. */
+/* The params each leg carries in WRITE mode (docs/vllm-router.md#write-dispatch): the transfer id and the peer's TP. */
 static inline void tc_leg_params(const char *tid, int peer_tp, pdl_kv_params_t *kp)
 {
     pdl_kv_params_init(kp);

@@ -1,6 +1,6 @@
 /*
  * test_connector_watch_identity.c -- a decode restarted on the same ports faster than the consumer-gone
- * watch's two refused probes (issue 11): the prefill tells the new process from the dead one by its
+ * watch's two refused probes: the prefill tells the new process from the dead one by its
  * handshake metadata (watch.c), frees the holds granted to the dead one within seconds, and keeps the
  * holds of the new one.
  *

@@ -1,6 +1,6 @@
 /*
  * test_connector_write.c -- WRITE mode with heterogeneous TP end to end over real sockets, in one
- * process (SPEC §5 "WRITE mode"): consumers send remote_blocks, producer ranks handshake with the
+ * process (docs/protocol.md#write-flow): consumers send remote_blocks, producer ranks handshake with the
  * consumer ranks of their write plans, push their pieces with batched WRITEs, send write_done, and
  * free their blocks; consumers count write_done per rank.
  *
@@ -426,7 +426,7 @@ static void write_receive_times_out(void **state)
     pdl_instance_destroy(c);
 }
 
-/* ---- abandon (issue 11): nothing pinned until a timeout by a request that will not complete ---- */
+/* ---- abandon: nothing pinned until a timeout by a request that will not complete ---- */
 
 /* defer_timeout and transfer_timeout 600 s: anything freed within the test was freed by the abandon. */
 static void write_mode_slow(pdl_instance_config_t *c)

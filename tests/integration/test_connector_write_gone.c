@@ -1,6 +1,6 @@
 /*
  * test_connector_write_gone.c -- WRITE mode: a decode waiting for write_done is told at once when it
- * will not come (issue 11), instead of waiting out transfer_timeout (600 s in these tests):
+ * will not come, instead of waiting out transfer_timeout (600 s in these tests):
  *
  * - its producer is gone (killed, or was never there: a "transfer from nowhere"): the consumer's watch
  *   (watch.c) fails the receive with PDL_ERR_PEER_GONE naming the producer's host:port and rank;

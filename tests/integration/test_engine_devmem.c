@@ -5,7 +5,7 @@
  * PROT_NONE mapping, registered as PDL_MEM_TYPE_CUDA with a ucx engine that the test hook
  * PDLINK_TEST_UCX_CLAIM_CUDA=1 makes claim CUDA support. A READ into it and a WRITE from it from a
  * region UCX maps into this process (pdl_engine_alloc_mem: its shared-memory transports give a
- * ucp_rkey_ptr mapping) are exactly what crashed on the GPU (issue 27): pdlink copied through that
+ * ucp_rkey_ptr mapping) are exactly what crashed on the GPU when pdlink copied through that
  * mapping with the CPU. Each case runs in a child; the test fails if the child dies of a signal. What
  * the transport then does with a type it does not support (UCX without CUDA) is its business: the batch
  * may fail, but no byte of the PROT_NONE region may be touched by pdlink.

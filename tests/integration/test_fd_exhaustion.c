@@ -1,5 +1,5 @@
 /*
- * test_fd_exhaustion.c -- services of a process out of file descriptors (issue 11) stay idle instead of
+ * test_fd_exhaustion.c -- services of a process out of file descriptors stay idle instead of
  * spinning, shed what they cannot take, log a bounded number of lines, and serve again once
  * descriptors are free.
  *

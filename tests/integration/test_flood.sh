@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_flood.sh -- issue 11's "services that do not fall over", at the issue's own scale: a 1P1D cluster
+# test_flood.sh -- services that do not fall over under a flood of idle connections: a 1P1D cluster
 # (tcp backend) whose every listening port gets 1,100 idle connections while the services run at
 # ulimit -n 1024 (tools/flood-check). /health of each service, a handshake on each handshake port and a
 # completion through the router whose first pull connects under the flood must all be answered, every

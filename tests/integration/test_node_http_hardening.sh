@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_node_http_hardening.sh -- pdlink-node's HTTP front against issue 26 item 4:
+# test_node_http_hardening.sh -- pdlink-node's HTTP front against hostile clients (docs/security.md):
 #   - a decode leg naming a closed port and one naming an open port that is no KV peer get the same
 #     error text (no port-scan oracle through the decode); the node's log keeps the cause;
 #   - Expect: 100-continue with a Content-Length over the 16 MiB limit gets 413, never "100 Continue";

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# test_node_release_bound.sh -- the decode's HTTP API releases only what it pulled (issue 26 item 2).
+# test_node_release_bound.sh -- the decode's HTTP API releases only what it pulled (docs/security.md).
 #
 # A prefill leg sent straight to a TP-1 prefill holds a victim's KV for the decode its request id names.
 # Then a client sends that decode requests naming the victim's transfer id which the decode rejects
-# before any pull: "max_tokens": -1, remote_block_ids of the wrong count, and (issue 25 item 5) of
-# strings. Before, the first two made the decode send failed releases from the consumer's own host,
+# before any pull: "max_tokens": -1, remote_block_ids of the wrong count, and of
+# strings. Without that rule, the first two made the decode send failed releases from the consumer's own host,
 # which the prefill accepted: its held blocks 2 -> 0, and the victim's decode leg failed (500). Now the
 # decode sends nothing (pdlink_transfers_abandoned_total stays 0, counted synchronously when an abandon
 # is queued), the blocks stay held, and the victim's own decode leg pulls them, verifies every byte and

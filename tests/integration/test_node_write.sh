@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_node_write.sh -- pdlink-node in WRITE mode (read_mode false), driven with curl the way
-# vllm-router's MoRIIO WRITE mode drives it (router-spec §3.4): the prefill and decode legs are sent at
+# vllm-router's MoRIIO WRITE mode drives it (docs/vllm-router.md#write-dispatch): the prefill and decode legs are sent at
 # the same time, the request id carries both addresses, the prefill leg carries the decode's TP in
 # remote_tp_size and the decode leg the prefill's. Heterogeneous TP with split KV heads (tiny: 8 KV heads;
 # P4 -> D8 and P8 -> D4) and MLA (P8 -> D2): the decode's output equals a single node's, every pushed

@@ -80,7 +80,7 @@ static void read_mode_legs_are_exact(void **state)
     json_t *pb = json_object_get(p, "body"), *db = json_object_get(d, "body");
     json_t *ph = json_object_get(p, "headers"), *dh = json_object_get(d, "headers");
 
-    /* Prefill leg: router-spec §3.2 step 6 and §3.3. */
+    /* Prefill leg: docs/vllm-router.md#dispatch (step 4) and #read-dispatch. */
     assert_string_equal(sget(p, "path"), "/v1/completions");
     assert_int_equal(json_integer_value(json_object_get(pb, "max_tokens")), 1);
     assert_int_equal(json_integer_value(json_object_get(pb, "max_completion_tokens")), 1);

@@ -1,6 +1,6 @@
 /*
- * test_router_hardening.c -- pdlink-router against the clients and peers of issues 25 (item 4, item 2's
- * router part) and 26 (items 2, 3 and 4's router parts), black-box over loopback:
+ * test_router_hardening.c -- pdlink-router against hostile clients and peers
+ * (docs/router.md#deadlines-and-listener-limits), black-box over loopback:
  *
  * - trickle_cut_by_deadlines: 56 connections from 2 addresses trickling their headers or their body,
  *   one byte per 200 ms (the idle timeout never fires), are all shut down once the header or body

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_router_release.sh -- a bad request through pdlink-router pins no prefill block (issue 11).
+# test_router_release.sh -- a bad request through pdlink-router pins no prefill block.
 #
 # A TP-2 prefill and a decode behind the router, READ mode. Four cases, each ending with the prefill's
 # pdlink_held_blocks back at 0 well before its 60 s defer_timeout reaper could have freed anything:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_router_release_write.sh -- WRITE mode (read_mode false): a request that fails on one leg pins no
-# block on the other leg (issue 11). A TP-2 prefill and a TP-1 decode behind pdlink-router; the router
+# block on the other leg. A TP-2 prefill and a TP-1 decode behind pdlink-router; the router
 # sends both legs at once. defer_timeout and transfer_timeout are 60 s, so anything freed within the
 # 20 s failure bounds was freed by an abandon, not by a timeout.
 #   1. a normal request succeeds and leaves nothing held.

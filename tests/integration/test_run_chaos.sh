@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_run_chaos.sh -- `pdlink run --chaos` (issue 11), the short version, on every seed topology with the
+# test_run_chaos.sh -- `pdlink run --chaos`, the short version, on every seed topology with the
 # "tiny" preset, READ mode (WRITE mode with CHAOS_MODE=write: test_run_chaos_write.sh): per topology,
 # decode-0 and then prefill-0 are killed with kill -9 under load and restarted on their ports, then the
 # workload runs once more. The JSON report is checked with check_run_report.py --chaos: every topology

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_run_chaos_pause.sh -- `pdlink run --chaos` with its whole default schedule (issue 25) behind the
+# test_run_chaos_pause.sh -- `pdlink run --chaos` with its whole default schedule behind the
 # real vllm-router: per topology, decode-0 and then prefill-0 are killed with kill -9 and restarted on
 # their ports, then decode-0 is stopped with SIGSTOP for 6 s and prefill-0 for 8 s (longer than the
 # nodes' consumer_gone_timeout, 5 s) and continued with SIGCONT, under load; then the workload runs once

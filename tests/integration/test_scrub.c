@@ -1,5 +1,5 @@
 /*
- * test_scrub.c -- scrub_freed_blocks (issue 12: "freed decode blocks keep earlier prompts' KV"). A TP2
+ * test_scrub.c -- scrub_freed_blocks (without it, freed decode blocks keep earlier prompts' KV). A TP2
  * producer holds filled blocks and a TP2 consumer pulls them; once the producer's hold is released and
  * the consumer frees its blocks, with the key on every byte of those blocks is zero on every rank (all
  * layers, K and V) and other blocks are untouched; with it off (the default, as before) the KV stays.

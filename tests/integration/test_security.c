@@ -1,5 +1,5 @@
 /*
- * test_security.c -- the attacks of issue 12, each run against live instances (docs/security.md).
+ * test_security.c -- the attacks of docs/security.md's compatible mode, each run against live instances (docs/security.md).
  *
  * - outsider_data_plane: an outsider fetches a tcp producer's handshake (get_meta_msg answers anyone),
  *   builds its own engine from the descriptors in it and reads the whole KV region, writes 16 bytes into

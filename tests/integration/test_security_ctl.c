@@ -1,5 +1,5 @@
 /*
- * test_security_ctl.c -- issue 26 items 2 and 3 against live instances: every control message bound to
+ * test_security_ctl.c -- control-message attacks against live instances: every control message bound to
  * the party the transfer names, and nothing an unverified peer can grow without bound (docs/security.md).
  * 127.0.0.2 plays another host (loopback routes all of 127/8); every wait is on a counter or a state,
  * with a bound that only a failure reaches.

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""moriio_peer.py -- an independent MoRIIO control-plane peer, written from pdlink's SPEC §4 and the
-reference notes on vLLM's MoRIIO connector (moriio-spec.md §3), with pyzmq and msgpack only.
+"""moriio_peer.py -- an independent MoRIIO control-plane peer, written from pdlink's docs/protocol.md
+and docs/wire.md, with pyzmq and msgpack only.
 
 It behaves the way the upstream Python connector does on the wire:
   * handshake client: a DEALER sends the one frame b"get_meta_msg" and expects two replies, each
@@ -99,7 +99,7 @@ def typed_release(transfer_id, consumer_tp_size, extra=None):
 
 
 def handle_message(msg):
-    """Upstream's decoding order (reference §3.3): msgpack map first, else a UTF-8 completion id."""
+    """Upstream's decoding order (docs/protocol.md#legacy-completions): msgpack map first, else a UTF-8 completion id."""
     try:
         data = msgpack.loads(msg, raw=False)
         if isinstance(data, dict):

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """test_interop_connector.py -- interop between pdlink's connector and an independent Python MoRIIO peer.
 
-1. moriio_peer.py's own codec checks against the reference bytes (reference §3.3 example) and
+1. moriio_peer.py's own codec checks against known example bytes and
    upstream's decoding order (msgpack map first, then a UTF-8 completion id).
 2. The live part: tests/integration/test_connector_pyinterop.c starts a pdlink producer (and consumer)
    and runs moriio_peer.py against them (handshake + both payloads, typed and legacy releases counted

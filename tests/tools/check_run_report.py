@@ -4,7 +4,7 @@
 All five seed topologies pass with every request answered, parity n/n with a single node, 0 mismatched
 bytes, 0 expired transfers, 0 blocks held, KV moved and verified, and the releases (READ) or write_done
 messages (WRITE) sent, received and expected all equal. No transfer handshaked: every peer was connected
-ahead of need (issue 16; READ decodes are told their producers, WRITE prefills their decodes, through
+ahead of need (READ decodes are told their producers, WRITE prefills their decodes, through
 prewarm_peers). --vllm-router LOGDIR also checks that the real
 vllm-router served each topology (its own log lines: MoRIIO READ mode, consistent_hash per leg).
 --chaos checks a `pdlink run --chaos` report: the figures above are then the final batch's, sent after the

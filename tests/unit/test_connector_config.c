@@ -1,5 +1,5 @@
 /*
- * test_connector_config.c -- kv_connector_extra_config parsing (SPEC §7) and the instance block
+ * test_connector_config.c -- kv_connector_extra_config parsing (docs/connector.md#configuration) and the instance block
  * allocator (src/connector/blockalloc.c).
  */
 #include <setjmp.h>
@@ -198,8 +198,8 @@ static void blockalloc_alloc_free_exhaust(void **state)
     assert_int_equal(pdl__blockalloc_create(0, &a, NULL), PDL_ERR_INVALID);
 }
 
-/* Issue 12's keys. bind_all is the second boolean key: the bool parser wrote read_mode whatever the key,
- * so "bind_all": true turned READ mode on and left bind_all false. */
+/* The security keys. bind_all is the second boolean key: a bool parser that wrote read_mode whatever the
+ * key would turn READ mode on for "bind_all": true and leave bind_all false. */
 static void config_security_keys(void **state)
 {
     (void)state;
@@ -226,7 +226,7 @@ static void config_security_keys(void **state)
     assert_non_null(strstr(e.msg, "kv_connector_extra_config.trusted_hosts: expected a list"));
 }
 
-/* prewarm_peers (issue 16): the forms it takes, and what it refuses (the key reaches the decode from
+/* prewarm_peers: the forms it takes, and what it refuses (the key reaches the decode from
  * whoever writes its config; it decides what the decode dials). */
 static void config_prewarm_peers(void **state)
 {

@@ -424,8 +424,8 @@ static void test_dereg_while_serving_tcp(void **state)
     pdl_engine_destroy(e);
 }
 
-/* Issue 12: registration ids must not be guessable. Before, they were 1, 2, 3... and the handshake
- * metadata anyone can fetch named them anyway; a raw READ of registration 1 returned the region. */
+/* Registration ids must not be guessable: sequential ids (1, 2, 3...) would let anyone who reached the
+ * data port read a region with a raw READ, and the handshake metadata must not name them either. */
 static void test_ids_random(void **state)
 {
     (void)state;
@@ -448,7 +448,7 @@ static void test_ids_random(void **state)
 }
 
 /*
- * Issue 12: a guarded region is served only inside a grant. An outsider who reached the data port
+ * A guarded region is served only inside a grant. An outsider who reached the data port
  * and knows the registration id (here: told it) reads 0 bytes and writes 0 bytes without the grant's
  * name, and even with it gets nothing outside the granted ranges or ops; every refusal is counted.
  */
@@ -550,7 +550,7 @@ static void test_untrusted_tcp(void **state)
     assert_non_null(strstr(err.msg, "engine producer:tp1: trusted_hosts: 'owner.example' is not a numeric"));
 }
 
-/* Issue 12: successful remote accesses are counted per peer host; past PDL_ENGINE_MAX_PEERS hosts
+/* Successful remote accesses are counted per peer host; past PDL_ENGINE_MAX_PEERS hosts
  * (127.0.0.2 .. 127.0.0.80 here: loopback routes all of 127/8) the rest share the row "other". */
 static void test_peer_stats_tcp(void **state)
 {
@@ -577,7 +577,7 @@ static void test_peer_stats_tcp(void **state)
     pair_close(&p);
 }
 
-/* The data port listens on `host` only, unless bind_all (issue 12). */
+/* The data port listens on `host` only, unless bind_all. */
 static void test_bind_all_tcp(void **state)
 {
     (void)state;

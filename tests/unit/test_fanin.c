@@ -100,7 +100,7 @@ static void fanin_exhaustive_tp_pairs(void **state)
             for (int p = 0; p < P; p++) {
                 int first, count;
                 assert_int_equal(pdl_topo_consumers_of(P, D, p, &first, &count, NULL), PDL_OK);
-                assert_int_equal(count, expected); /* SPEC §2: every producer rank is in max(1,D/P) groups */
+                assert_int_equal(count, expected); /* docs/topology.md#groups: every producer rank is in max(1,D/P) groups */
                 int reports = 0;
                 for (int d = first; d < first + count; d++) {
                     pdl_fanin_result_t r = relr(f, p, "tx", D, d, false, 1);
@@ -135,7 +135,7 @@ static void fanin_exhaustive_tp_pairs(void **state)
 }
 
 /* Releases without consumer_tp_rank (upstream peers) all count, even from the same sender: upstream
- * keeps duplicate ACKs (reference §4.5). */
+ * keeps duplicate ACKs (docs/protocol.md#release). */
 static void fanin_rankless_releases_each_count(void **state)
 {
     (void)state;

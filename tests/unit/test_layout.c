@@ -1,5 +1,5 @@
 /*
- * test_layout.c -- KV layout geometry, descriptor building and merging (SPEC §3), and an exhaustive
+ * test_layout.c -- KV layout geometry, descriptor building and merging (docs/topology.md#kv-layout), and an exhaustive
  * byte-level simulation of heterogeneous-TP transfers.
  *
  * The simulation, for every compatible P, D in {1,2,3,4,6,8,12,16}, every valid H in {1..32}, MLA on and
@@ -301,7 +301,7 @@ static uint8_t kv_byte(int layer, int head, int pos, int b, int half)
     return (uint8_t)(x ^ (x >> 8));
 }
 
-/* Position of one byte in a layer region, from the layout's definition (SPEC §3, layout.h). */
+/* Position of one byte in a layer region, from the layout's definition (docs/topology.md#kv-layout, layout.h). */
 static uint64_t pos_of(const pdl_kv_geometry_t *g, uint64_t block, int half, int head, int tok, int b)
 {
     uint64_t hb = (uint64_t)g->head_dim * g->elem_size;

@@ -1,5 +1,5 @@
 /*
- * test_topo.c -- heterogeneous TP topology (SPEC §2): the spec's test vectors, error messages, worked
+ * test_topo.c -- heterogeneous TP topology (docs/topology.md): test vectors, error messages, worked
  * examples of split and replicated heads, and exhaustive properties of groups, read plans, write plans,
  * the release rule and port offsets over every compatible (P, D) up to 16 and every valid head count.
  */

@@ -5,7 +5,7 @@
 #include "wire_testutil.h"
 
 /* {"type":"P","http_address":"10.0.0.1:8100","zmq_address":"host:10.0.0.1,handshake:6301,notify:61005",
- *  "dp_size":1,"tp_size":4,"transfer_mode":"READ"} (router-spec.md §2.2 example) */
+ *  "dp_size":1,"tp_size":4,"transfer_mode":"READ"} (the current registration format, docs/protocol.md#discovery-pings) */
 #define GOLD_REG                                                                                       \
     "86a474797065a150ac687474705f61646472657373ad31302e302e302e313a38313030ab7a6d715f61646472657373d929" \
     "686f73743a31302e302e302e312c68616e647368616b653a363330312c6e6f746966793a3631303035a764705f73697a65" \

@@ -1,6 +1,6 @@
 """test_wire_msgspec.py -- pdlink's handshake metadata against msgspec, the library upstream MoRIIO encodes
 and decodes it with (MoRIIOAgentMetadata is a msgspec Struct, omit_defaults=True, dict=True, decoded with
-msgspec.msgpack.Decoder(MoRIIOAgentMetadata); reference/moriio-spec.md §3.2).
+msgspec.msgpack.Decoder(MoRIIOAgentMetadata); docs/protocol.md#handshake).
 
 Both directions, through pdlink's C codec (the filter unit_test_wire_interop --reencode meta):
   * what an upstream peer sends (msgspec's encoding of the Struct) is accepted and written back
