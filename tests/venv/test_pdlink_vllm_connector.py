@@ -103,15 +103,17 @@ def test_producer_holds_in_the_step_that_completes_the_prompt() -> None:
     assert s.tracked_requests == 0
 
 
-def test_producer_held_but_stopped_keeps_blocks_without_params() -> None:
+def test_producer_held_but_stopped_frees_blocks_without_params() -> None:
     s = PdlinkScheduler(config("kv_producer"), tp_size=1, block_size=BS, block_ids_of=Blocks({"r": [1]}))
     r = Req("r", 5, {"do_remote_decode": True})
     s.update_state_after_alloc(r, [1], 0)
     plan = s.build_connector_meta({"r": 5})
     assert plan.holds[0].transfer_id == "pdl-r"           # no transfer_id from the router: one is made
-    # Stopped on its own first token: no decode will come, but the workers hold the blocks until pdlink
-    # frees the transfer, so vLLM must not free them now.
-    assert s.request_finished(r, [1], length_capped=False) == (True, None)
+    # Stopped on its own first token: no params leave the engine, so no decode can come; vLLM frees the
+    # blocks now and the workers drop the hold (test_pdlink_vllm_aborts.py has the rest).
+    assert s.request_finished(r, [1], length_capped=False) == (False, None)
+    assert [(d.request_id, d.transfer_id, d.reason) for d in s.build_connector_meta({}).drops] == \
+        [("r", "pdl-r", "stopped")]
 
 
 def test_producer_aborted_before_hold_frees_at_once() -> None:

@@ -1,4 +1,5 @@
-"""PdlinkConnector: the class vLLM loads (``kv_connector_module_path: pdlink.vllm``), an adapter from
+"""PdlinkConnector: the class vLLM loads (by name once pdlink's plugin registered it -- pdlink.vllm.plugin
+-- or with ``kv_connector_module_path: pdlink.vllm``), an adapter from
 vLLM's KVConnectorBase_V1 calls to the scheduler half (:mod:`pdlink.vllm.scheduler`) and the worker half
 (:mod:`pdlink.vllm.worker`). vLLM makes one instance with role SCHEDULER in its scheduler process and
 one with role WORKER in each worker process (one per TP rank). READ mode only: WRITE mode is refused at
@@ -86,13 +87,17 @@ class PdlinkConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._sched is not None
-        return PdlinkConnectorMetadata(self._sched.build_connector_meta(scheduler_output.num_scheduled_tokens))
+        # preempted_req_ids: the requests whose blocks this schedule freed (vLLM 0.32 sets it every step).
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+        return PdlinkConnectorMetadata(self._sched.build_connector_meta(scheduler_output.num_scheduled_tokens,
+                                                                        preempted))
 
     def request_finished(self, request: Any, block_ids: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
         assert self._sched is not None
         from vllm.v1.request import RequestStatus
         return self._sched.request_finished(request, block_ids,
-                                            request.status == RequestStatus.FINISHED_LENGTH_CAPPED)
+                                            request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
+                                            aborted=request.status == RequestStatus.FINISHED_ABORTED)
 
     # ---- worker side ------------------------------------------------------------------------------------
 

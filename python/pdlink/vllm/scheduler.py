@@ -12,7 +12,11 @@ Producer (``kv_role: kv_producer``), for a request whose kv_transfer_params carr
     params -- leaves the engine: a decode's pull can never reach a block that is not held yet;
   * ``request_finished`` returns ``(True, params)``: the blocks stay allocated until every worker
     reports the transfer freed (pdlink's release fan-in, or defer_timeout), and the params are the ones
-    pdlink's own ``Instance.params`` returns, so vllm-router's MoRIIO mode forwards them unchanged.
+    pdlink's own ``Instance.params`` returns, so vllm-router's MoRIIO mode forwards them unchanged;
+  * a held request that ends any other way (aborted by its client, stopped on its own first token) or
+    is preempted gives its params to nobody, so no decode can ever pull it: ``request_finished``
+    returns ``(False, None)`` (vLLM frees the blocks at once, as NixlConnector's producer does) and the
+    next plan orders the workers to DROP the hold from their books (see :class:`DropOrder`).
 
 Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill``:
   * ``get_num_new_matched_tokens`` offers the prompt minus its last token (vLLM recomputes the last
@@ -22,15 +26,22 @@ Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill``:
     prefix the decode already had cached is not pulled) and queues a PULL;
   * a request that ends up pulling nothing (a one-token prompt, a full local prefix hit, an abort
     before allocation) queues a RELEASE instead, so the prefill frees its blocks at once rather than
-    after defer_timeout.
+    after defer_timeout. A request aborted while its pull runs needs nothing here: vLLM keeps its blocks
+    until the worker reports the pull finished (``finish_requests`` delays the free of a request in
+    WAITING_FOR_REMOTE_KVS), and the pull's own releases free the prefill's blocks. A decode request
+    preempted after its load recomputes locally (its ``do_remote_prefill`` is off by then).
+
+``stats`` counts what the scheduler decided (aborts and preemptions among it); the workers count what
+they did (pdlink.vllm.worker).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 log = logging.getLogger("pdlink.vllm")
 
@@ -56,9 +67,25 @@ class HoldOrder:
 
 @dataclass
 class ReleaseOrder:
-    """The transfer named by ``params`` will not be pulled: tell the producer to free it now."""
+    """The transfer named by ``params`` will not be pulled: tell the producer to free it now (a failed
+    release). ``reason``: "unpulled" (nothing left to pull), "aborted" (the request finished before its
+    pull was ordered) or "failed" (params that do not cover the blocks)."""
     request_id: str
     params: Dict[str, Any]
+    reason: str = "unpulled"
+
+
+@dataclass
+class DropOrder:
+    """Producer: the request held ``transfer_id`` but finished without params (``reason``: "aborted",
+    "stopped") or was preempted ("preempted"), and vLLM has freed or is freeing its blocks now. The
+    workers forget the hold: they must never report the request in ``finished_sending`` (vLLM has
+    forgotten it) nor count its end as a defer_timeout expiry. pdlink's own record of the hold names
+    vLLM's blocks (``external_blocks``) and lapses at defer_timeout; no decode can reach it before, since
+    only the params -- never given out for it -- name its blocks."""
+    request_id: str
+    transfer_id: str
+    reason: str
 
 
 @dataclass
@@ -67,12 +94,13 @@ class StepPlan:
     pulls: List[PullOrder] = field(default_factory=list)
     holds: List[HoldOrder] = field(default_factory=list)
     releases: List[ReleaseOrder] = field(default_factory=list)
+    drops: List[DropOrder] = field(default_factory=list)
     # Requests told to wait for a load that cannot be made (params that do not cover the blocks): every
     # worker reports them as failed receives, and vLLM recomputes them (or fails them, per its policy).
     failed: List[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.pulls or self.holds or self.releases or self.failed)
+        return bool(self.pulls or self.holds or self.releases or self.failed or self.drops)
 
 
 @dataclass(frozen=True)
@@ -122,6 +150,7 @@ class _Produced:
     transfer_id: str
     request: Any
     held_ids: Optional[List[int]] = None      # set once the hold was ordered
+    dropped: bool = False                     # preempted after its hold: it will never give params
 
 
 class PdlinkScheduler:
@@ -155,6 +184,33 @@ class PdlinkScheduler:
         self._produced: Dict[str, _Produced] = {}
         self._local_hit: Dict[str, int] = {}        # consumer: tokens the decode had cached itself
         self._plan = StepPlan()
+        # What this half decided, by cause (the e2e script reads them from the counters directory):
+        # producer holds dropped at once ("dropped_aborted", "dropped_stopped", "dropped_preempted"),
+        # producer requests preempted before their hold ("preempted_before_hold": they re-run and hold
+        # at completion); consumer releases ordered by reason ("released_unpulled", "released_aborted",
+        # "released_failed").
+        self.stats: Dict[str, int] = {}
+        d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
+        self.stats_path = (os.path.join(d, f"{config.get('kv_role', 'kv')}-dp{dp_rank}-scheduler.json")
+                           if d else None)
+
+    def _count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+        if self.stats_path:
+            # Rare events (aborts, preemptions, unpulled transfers): the whole file each time.
+            tmp = self.stats_path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"role": self.ep.role, "dp_rank": self.dp_rank, "scheduler": self.stats}, f,
+                          sort_keys=True)
+            os.replace(tmp, self.stats_path)
+
+    def _release(self, rid: str, params: Dict[str, Any], reason: str) -> None:
+        self._plan.releases.append(ReleaseOrder(rid, params, reason))
+        self._count("released_" + reason)
+
+    def _drop(self, rid: str, pr: _Produced, reason: str) -> None:
+        self._plan.drops.append(DropOrder(rid, pr.transfer_id, reason))
+        self._count("dropped_" + reason)
 
     # ---- both roles -------------------------------------------------------------------------------
 
@@ -185,7 +241,7 @@ class PdlinkScheduler:
         local_hit = self._local_hit.pop(rid, 0)
         snapshot = dict(params, do_remote_prefill=True)
         if num_external_tokens <= 0:
-            self._plan.releases.append(ReleaseOrder(rid, snapshot))
+            self._release(rid, snapshot, "unpulled")
             return
         bs = self.block_size
         first = local_hit // bs      # vLLM's local prefix hits are whole blocks
@@ -197,16 +253,32 @@ class PdlinkScheduler:
         if len(local) != end - first or len(remote) < end:
             log.error("request %s: blocks %d..%d to pull, but %d local and %d remote blocks; reporting "
                       "its load as failed", rid, first, end - 1, len(block_ids), len(remote))
-            self._plan.releases.append(ReleaseOrder(rid, snapshot))
+            self._release(rid, snapshot, "failed")
             self._plan.failed.append(rid)
             return
         snapshot["remote_block_ids"] = remote[first:end]
         self._plan.pulls.append(PullOrder(rid, snapshot, local))
 
-    def build_connector_meta(self, num_scheduled_tokens: Mapping[str, int]) -> StepPlan:
+    def build_connector_meta(self, num_scheduled_tokens: Mapping[str, int],
+                             preempted: Iterable[str] = ()) -> StepPlan:
         """The plan of the step vLLM is about to run; ``num_scheduled_tokens`` is the step's
-        ``SchedulerOutput.num_scheduled_tokens``. Resets the pending orders. An empty step with nothing
+        ``SchedulerOutput.num_scheduled_tokens``, ``preempted`` its ``preempted_req_ids`` (requests
+        whose blocks vLLM freed in this schedule). Resets the pending orders. An empty step with nothing
         to order pauses ``idle_step_s`` first (see __init__)."""
+        if self.is_producer:
+            for rid in preempted:
+                pr = self._produced.get(rid)
+                if pr is None or pr.dropped:
+                    continue
+                if pr.held_ids is None:
+                    # Nothing held yet (a chunked prefill cut short): it re-runs from its first token,
+                    # update_state_after_alloc sees it again, and it holds when it completes.
+                    self._count("preempted_before_hold")
+                else:
+                    # Its blocks are free in vLLM already and may be reused: the hold must go now, and
+                    # the request must never give params (its recomputed blocks are not the held ones).
+                    pr.dropped = True
+                    self._drop(rid, pr, "preempted")
         if not num_scheduled_tokens and not self._plan and self.idle_step_s > 0:
             time.sleep(self.idle_step_s)
         if self.is_producer:
@@ -215,7 +287,8 @@ class PdlinkScheduler:
                 req = pr.request
                 # Called before vLLM advances num_computed_tokens: this step computes the last prompt
                 # token iff computed + scheduled reaches the prompt length.
-                if pr.held_ids is None and n > 0 and req.num_computed_tokens + n >= req.num_prompt_tokens:
+                if (pr.held_ids is None and not pr.dropped and n > 0
+                        and req.num_computed_tokens + n >= req.num_prompt_tokens):
                     ids = list(self._block_ids_of(rid)) if self._block_ids_of else []
                     ids = ids[:-(-req.num_prompt_tokens // self.block_size)]
                     pr.held_ids = [int(b) for b in ids]
@@ -224,11 +297,12 @@ class PdlinkScheduler:
         plan, self._plan = self._plan, StepPlan()
         return plan
 
-    def request_finished(self, request: Any, block_ids: Sequence[int],
-                         length_capped: bool) -> Tuple[bool, Optional[Dict[str, Any]]]:
+    def request_finished(self, request: Any, block_ids: Sequence[int], length_capped: bool,
+                         aborted: bool = False) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """``length_capped``: vLLM's status is FINISHED_LENGTH_CAPPED (the prefill leg's max_tokens
         reached), the only case where MoRIIO's producer returns params; a request that stopped on its
-        own first token needs no decode."""
+        own first token needs no decode. ``aborted``: FINISHED_ABORTED (the client went away; only
+        counted apart)."""
         rid = request.request_id
         params = request.kv_transfer_params
         if not self.is_producer:
@@ -236,14 +310,19 @@ class PdlinkScheduler:
             if params and params.get("do_remote_prefill"):
                 # Finished (aborted) before any block was allocated: the prefill still holds its blocks.
                 params["do_remote_prefill"] = False
-                self._plan.releases.append(ReleaseOrder(rid, dict(params, do_remote_prefill=True)))
+                self._release(rid, dict(params, do_remote_prefill=True), "aborted")
             return False, None
         pr = self._produced.pop(rid, None)
-        if pr is None or pr.held_ids is None:
+        if pr is None or pr.held_ids is None or pr.dropped:
             return False, None
-        # Held: the workers own the blocks until they report the transfer freed (a decode's releases,
-        # or defer_timeout when no decode comes), whether or not params go back to the router.
-        if not length_capped or not pr.held_ids:
+        if not length_capped:
+            # Held, but no params leave the engine, so no decode will ever pull or release it: free the
+            # blocks now rather than at defer_timeout.
+            self._drop(rid, pr, "aborted" if aborted else "stopped")
+            return False, None
+        # Held and advertised: the workers own the blocks until they report the transfer freed (the
+        # decode's releases, or defer_timeout when no decode comes).
+        if not pr.held_ids:
             return True, None
         return True, transfer_params(self.ep, transfer_id=pr.transfer_id, block_ids=pr.held_ids,
                                      tp_size=self.tp_size, dp_rank=self.dp_rank, dp_size=self.dp_size)

@@ -238,6 +238,7 @@ class PdlinkWorker:
         self._held: Dict[str, str] = {}                      # transfer id -> request id
         self._freed: Set[str] = set()                        # request ids this rank freed
         self._finished: Set[str] = set()                     # request ids vLLM said finished
+        self._dropped: Set[str] = set()                      # transfer ids dropped (DropOrder), not yet lapsed
         self._dirty = False
         # Wall-clock times per transfer id (hold/freed on a prefill rank, pull issued/done on a decode
         # rank): the e2e script lines them up with its own request times to show where a request's time
@@ -291,6 +292,8 @@ class PdlinkWorker:
                 log.warning("pdlink rank %d: release of request %s failed: %s", self.tp_rank, rel.request_id, e)
         for rid in plan.failed:
             self._failed.add(rid)
+        for d in plan.drops:
+            self._drop(d.request_id, d.transfer_id, d.reason)
         for order in plan.pulls:
             try:
                 self._pulls[order.request_id] = self.inst.pull(order.params, order.block_ids, None)
@@ -302,6 +305,21 @@ class PdlinkWorker:
                 log.error("pdlink rank %d: pull of request %s (transfer %s) refused: %s", self.tp_rank,
                           order.request_id, order.params.get("transfer_id"), e)
                 self._failed.add(order.request_id)
+
+    def _drop(self, rid: str, tid: str, reason: str) -> None:
+        """The scheduler let vLLM free a held request's blocks (pdlink.vllm.scheduler.DropOrder): forget
+        the hold. The request must not reach finished_sending (vLLM no longer knows it), and pdlink's
+        own record, which lapses at defer_timeout, is then counted as dropped_expired, not expired."""
+        held = self._held.pop(tid, None) is not None
+        self._freed.discard(rid)            # a hold that failed had put it there
+        self._finished.discard(rid)
+        if held:
+            self._dropped.add(tid)
+            self._mark(tid, "dropped")
+        self.stats["dropped"] = self.stats.get("dropped", 0) + 1
+        key = "dropped_" + reason
+        self.stats[key] = self.stats.get(key, 0) + 1
+        self._dirty = True
 
     def wait_for_save(self, plan: Optional[StepPlan]) -> None:
         if not plan:
@@ -345,7 +363,11 @@ class PdlinkWorker:
                 self._dirty = True
         if self.inst is not None:
             for kind, tid, _rank in self.inst.events():
-                if kind == "expired":
+                if kind == "expired" and tid in self._dropped:
+                    self.stats["dropped_expired"] = self.stats.get("dropped_expired", 0) + 1
+                elif kind == "freed" and tid in self._dropped:
+                    self._dropped.discard(tid)
+                elif kind == "expired":
                     self.stats["expired"] += 1
                     log.warning("pdlink rank %d: transfer %s expired (no decode released it before "
                                 "defer_timeout)", self.tp_rank, tid)
