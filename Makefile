@@ -82,7 +82,7 @@ compare-peers: setup
 
 # CI's version: the same-TP pair and the head split (each decode rank reads half of every head group).
 # P2/D1 is left to `make vllm-e2e`: a third topology adds 2-6 minutes of vLLM startups here.
-VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3
+VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases none
 vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
