@@ -171,8 +171,7 @@ typedef struct pdl_instance_config {
      * backend "cuda" with host regions or with no kv_regions (the instance allocates host memory only).
      * The CPU never reads or writes a device region: zeroing (pdl_instance_zero_tail,
      * scrub_freed_blocks) runs on the device through the engine, and pdl_instance_kv_layer then returns
-     * a device pointer. One region per rank, all layers one after the other, as for host memory
-     * (per-layer allocations, as vLLM makes them on a GPU, are not supported yet: docs/gpu.md). */
+     * a device pointer. Applies to kv_layer_regions the same way. */
     pdl_mem_type_t kv_mem_type;
     /* -1 (the default, and what a zeroed config must be set to: pdl_instance_config_defaults): every
      * rank runs in this instance. r in [0, tp_size): this instance runs rank r only -- its engine, KV
@@ -192,6 +191,19 @@ typedef struct pdl_instance_config {
      * nothing: PDL_EVENT_FREED (once per transfer, after the local rank(s) resolved it) tells the
      * caller it may reuse the blocks. */
     bool external_blocks;
+    /* KV memory the caller owns, one region per layer (NULL: kv_regions or the instance's own), as
+     * vLLM's GPU model runner allocates it: one tensor per layer at unrelated addresses (and a CUDA IPC
+     * handle covers one allocation). kv_layer_regions[r][l] (r < tp_size, l < num_layers) is layer l of
+     * rank r, at least one layer's length (pdl_instance_kv_region_len / num_layers) bytes, given in
+     * kv_layer_region_lens[r][l]; entries of ranks other than local_rank are ignored and may be NULL.
+     * Each layer is registered separately (kv_mem_type, never cleared nor freed: keep it valid until
+     * pdl_instance_destroy returned) and advertised with its own memory descriptor; a peer opens a
+     * session per layer. Exclusive with kv_regions (both set: PDL_ERR_INVALID). Read during
+     * pdl_instance_create only. Peers of any pdlink version that speaks per-layer maps read and write
+     * such an instance; an older pdlink peer, which assumes one registration, is refused by the engine
+     * (its offsets past the first layer fall outside layer 0's registration). */
+    void *const *const *kv_layer_regions;
+    const size_t *const *kv_layer_region_lens;
 } pdl_instance_config_t;
 
 /* Zero cfg and set the defaults of every field that is not 0: conn (pdl_connector_config_defaults),
@@ -234,7 +246,8 @@ int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank);
 int pdl_instance_notify_port(const pdl_instance_t *inst, int tp_rank);
 
 /* KV memory of one rank, owned by the instance: the geometry of each layer and a pointer to the
- * layer's region. NULL for a bad or non-local rank, or a bad layer. With kv_mem_type
+ * layer's region (kv_layer_regions: that layer's own region). NULL for a bad or non-local rank, or a
+ * bad layer. With kv_mem_type
  * PDL_MEM_TYPE_CUDA the pointer is a device address: the CPU must not dereference it. */
 const pdl_kv_geometry_t *pdl_instance_geometry(const pdl_instance_t *inst, int tp_rank);
 uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer);

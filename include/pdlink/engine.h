@@ -343,7 +343,7 @@ void pdl_session_close(pdl_session_t *session);
  * unused) into host (cap bytes) -- the peer that took part in the transfer, e.g. to check who may
  * release it. PDL_ERR_NOT_FOUND when no grant has that name, PDL_ERR_INVALID for a NULL argument.
  */
-#define PDL_GRANT_NAME_MAX 512 /* = PDL_WIRE_ID_MAX: a transfer id fits */
+#define PDL_GRANT_NAME_MAX 528 /* a transfer id (PDL_WIRE_ID_MAX) and a per-layer "#<layer>" suffix fit */
 enum { PDL_GRANT_READ = 1u, PDL_GRANT_WRITE = 2u };
 typedef struct pdl_range {
     uint64_t off, len;

@@ -219,19 +219,21 @@ class _Region:
     device: Optional[int]      # the CUDA device index (cuda only)
 
 
-def _buffer_of(obj: Any, rank: int) -> _Region:
-    """A rank's KV buffer: the buffer protocol (numpy, bytearray, memoryview, mmap), a torch CPU tensor
-    (through data_ptr; torch tensors lack the buffer protocol) or a torch CUDA tensor (``data_ptr()``,
-    ``nbytes``, ``device.index``: registered as device memory, never touched by the CPU)."""
+def _buffer_of(obj: Any, rank: int, layer: Optional[int] = None) -> _Region:
+    """A rank's KV buffer (or, with ``layer``, one layer's): the buffer protocol (numpy, bytearray,
+    memoryview, mmap), a torch CPU tensor (through data_ptr; torch tensors lack the buffer protocol) or a
+    torch CUDA tensor (``data_ptr()``, ``nbytes``, ``device.index``: registered as device memory, never
+    touched by the CPU)."""
+    where = f"kv_buffers[{rank}]" if layer is None else f"kv_buffers[{rank}][{layer}]"
     dev = _device_of(obj)
     if dev is not None:
         kind, index = dev
         if kind not in ("cpu", "cuda"):
             raise InvalidError(lib.PDL_ERR_INVALID,
-                               f"kv_buffers[{rank}]: a tensor on {obj.device}; pdlink moves host (cpu) and CUDA "
+                               f"{where}: a tensor on {obj.device}; pdlink moves host (cpu) and CUDA "
                                "memory only")
         if not obj.is_contiguous():
-            raise InvalidError(lib.PDL_ERR_INVALID, f"kv_buffers[{rank}]: tensor is not contiguous")
+            raise InvalidError(lib.PDL_ERR_INVALID, f"{where}: tensor is not contiguous")
         if kind == "cuda":
             return _Region(ffi.cast("char *", obj.data_ptr()), _nbytes(obj), "cuda", 0 if index is None else index)
         return _Region(ffi.cast("char *", obj.data_ptr()), _nbytes(obj), "host", None)
@@ -239,7 +241,7 @@ def _buffer_of(obj: Any, rank: int) -> _Region:
         buf = ffi.from_buffer("char[]", obj, require_writable=True)
     except (TypeError, BufferError, ValueError) as e:
         raise InvalidError(lib.PDL_ERR_INVALID,
-                           f"kv_buffers[{rank}]: needs a writable C-contiguous buffer ({e})") from None
+                           f"{where}: needs a writable C-contiguous buffer ({e})") from None
     return _Region(buf, len(buf), "host", None)
 
 
@@ -249,10 +251,12 @@ def _use_device_memory(c: Any, regions: Mapping[int, _Region]) -> Optional[int]:
     is left for the C library to refuse with its message). Returns the CUDA device index, or None for
     host memory. Raises :class:`InvalidError` for a mix of host and device buffers or several GPUs."""
     kinds = {r.mem_type for r in regions.values()}
+    # per-layer buffers are keyed (rank, layer): name them as kv_buffers[rank][layer]
+    label = {k: (f"{k[0]}/{k[1]}" if isinstance(k, tuple) else str(k)) for k in regions}
     if kinds == {"host"} or not kinds:
         return None
     if len(kinds) > 1:
-        which = ", ".join(f"{rank}: {r.mem_type}" for rank, r in sorted(regions.items()))
+        which = ", ".join(f"{label[k]}: {r.mem_type}" for k, r in sorted(regions.items()))
         raise InvalidError(lib.PDL_ERR_INVALID, f"kv_buffers: host and CUDA buffers mixed ({which}); one instance "
                                                 "moves one kind of memory")
     devices = sorted({r.device for r in regions.values()})
@@ -388,7 +392,10 @@ class Instance:
     ``kv_connector_extra_config`` keys: host_ip, proxy_ip, proxy_ping_port, http_port, handshake_port,
     notify_port, read_mode, backend, ...). ``kv_buffers``: None (pdlink allocates), or one writable
     C-contiguous buffer per rank of at least :func:`kv_region_len` bytes that pdlink reads and writes
-    in place; they must stay alive until :meth:`close` (the instance keeps a reference). Contiguous
+    in place; they must stay alive until :meth:`close` (the instance keeps a reference). An entry may
+    instead be a list of ``num_layers`` buffers, one per layer of ``layer_len`` bytes
+    (:meth:`rank_geometry`) at any addresses, as vLLM's GPU runner allocates them: each layer is then
+    registered on its own (every rank given must use the same form). Contiguous
     torch CUDA tensors, all on one GPU, are registered as CUDA memory (``mem_type`` "cuda", ``device``
     the index) with the ``cuda`` backend unless the config names one; where the CUDA driver is missing
     the instance is refused with :class:`PdlinkError` (PDL_ERR_UNSUPPORTED) saying so.
@@ -425,17 +432,21 @@ class Instance:
                 want = f"{tp_size}" if local_rank is None else f"1 (rank {local_rank}'s) or {tp_size}"
                 raise InvalidError(lib.PDL_ERR_INVALID,
                                    f"kv_buffers: {len(kv_buffers)} buffers for tp_size {tp_size}; expected {want}")
-            regions = ffi.new("void *[]", tp_size)
-            lens = ffi.new("size_t[]", tp_size)
-            taken = {r: _buffer_of(obj, r) for r, obj in given.items()}
-            for r, reg in taken.items():
-                regions[r] = reg.ptr
-                lens[r] = reg.nbytes
-                self._keep += [reg.ptr, given[r]]
-            self._keep += [regions, lens]
-            c.kv_regions = regions
-            c.kv_region_lens = lens
-            device = _use_device_memory(c, taken)
+            layered = {r: isinstance(b, (list, tuple)) for r, b in given.items()}
+            if any(layered.values()):
+                device = self._layer_buffers(c, given, layered, geometry, tp_size)
+            else:
+                regions = ffi.new("void *[]", tp_size)
+                lens = ffi.new("size_t[]", tp_size)
+                taken = {r: _buffer_of(obj, r) for r, obj in given.items()}
+                for r, reg in taken.items():
+                    regions[r] = reg.ptr
+                    lens[r] = reg.nbytes
+                    self._keep += [reg.ptr, given[r]]
+                self._keep += [regions, lens]
+                c.kv_regions = regions
+                c.kv_region_lens = lens
+                device = _use_device_memory(c, taken)
         else:
             device = None
         #: "host" or "cuda": where the KV buffers live (kv_layer views exist for host memory only).
@@ -556,6 +567,39 @@ class Instance:
             raise InvalidError(lib.PDL_ERR_INVALID, f"kv_layer({rank}, {layer}): {why}")
         n = self.rank_geometry(rank)["layer_len"]
         return memoryview(ffi.buffer(p, n))
+
+    def _layer_buffers(self, c: Any, given: Mapping[int, Any], layered: Mapping[int, bool], geometry: Geometry,
+                       tp_size: int) -> Optional[int]:
+        """kv_buffers given per layer (a list of ``num_layers`` buffers per rank, as vLLM's GPU runner
+        allocates one tensor per layer): set the config's kv_layer_regions; returns the CUDA device or
+        None, as :func:`_use_device_memory`."""
+        if not all(layered.values()):
+            which = ", ".join(f"{r}: {'per layer' if v else 'one buffer'}" for r, v in sorted(layered.items()))
+            raise InvalidError(lib.PDL_ERR_INVALID, f"kv_buffers: per-layer lists and single buffers mixed ({which}); "
+                                                    "give every rank the same form")
+        L = geometry.num_layers
+        rows = ffi.new("void **[]", tp_size)
+        lrows = ffi.new("size_t *[]", tp_size)
+        taken = {}
+        for r, layers in given.items():
+            if len(layers) != L:
+                raise InvalidError(lib.PDL_ERR_INVALID,
+                                   f"kv_buffers[{r}]: {len(layers)} layer buffers for {L} layers (one per layer)")
+            ptrs = ffi.new("void *[]", L)
+            lens = ffi.new("size_t[]", L)
+            for l, obj in enumerate(layers):
+                reg = _buffer_of(obj, r, l)
+                taken[(r, l)] = reg
+                ptrs[l] = reg.ptr
+                lens[l] = reg.nbytes
+                self._keep += [reg.ptr, obj]
+            rows[r] = ptrs
+            lrows[r] = lens
+            self._keep += [ptrs, lens]
+        self._keep += [rows, lrows]
+        c.kv_layer_regions = rows
+        c.kv_layer_region_lens = lrows
+        return _use_device_memory(c, taken)
 
     # -- blocks
     def alloc_blocks(self, n: int) -> List[int]:

@@ -110,7 +110,7 @@ typedef struct pdl_instance_config {
     pdl_connector_config_t conn; pdl_model_geometry_t model; int tp_size; int dp_rank; int dp_size;
     uint32_t num_blocks; const char *attn_backend_name; bool allow_write_mode;
     void *const *kv_regions; const size_t *kv_region_lens; pdl_mem_type_t kv_mem_type; int local_rank;
-    bool external_blocks; ...;
+    bool external_blocks; void *const *const *kv_layer_regions; const size_t *const *kv_layer_region_lens; ...;
 } pdl_instance_config_t;
 void pdl_instance_config_defaults(pdl_instance_config_t *cfg);
 typedef struct pdl_kv_geometry {

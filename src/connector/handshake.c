@@ -226,6 +226,10 @@ static pdl_status_t check_compat(const pdl_rank_t *r, const pdl_peer_addr_t *add
     if (m->has_pdlink && (int64_t)lm->num_layers != m->num_layers)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: layer map has %zu layers, handshake says %lld", who,
                              lm->num_layers, (long long)m->num_layers);
+    for (size_t l = 1; l < lm->num_layers; l++)
+        if (lm->layers[l].num_descs < 1)
+            return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: layer %zu of the layer map has no memory descriptor",
+                                 who, l);
     return PDL_OK;
 }
 
@@ -244,6 +248,59 @@ void pdl__peer_who(const pdl_peer_addr_t *addr, int prank, char *who, size_t cap
     int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
     snprintf(who, cap, "%s:%d (%s tp rank %d)", addr->host, port,
              addr->role == PDL_ROLE_PRODUCER ? "producer" : "consumer", prank);
+}
+
+/* Is the remote's layer l its own registration? Every layer then has a descriptor of its own, where a
+ * single registration repeats the same one for every layer (rank.c's build_payloads, upstream's
+ * layer maps alike). */
+static bool remote_layered(const pdl_layer_map_t *lm)
+{
+    const pdl_bytes_t *d0 = &lm->layers[0].descs[0];
+    for (size_t l = 1; l < lm->num_layers; l++) {
+        const pdl_bytes_t *d = &lm->layers[l].descs[0];
+        if (d->len != d0->len || memcmp(d->data, d0->data, d0->len) != 0)
+            return true;
+    }
+    return false;
+}
+
+static void close_sessions(pdl_peer_t *p)
+{
+    for (int i = 0; i < p->nsessions; i++)
+        pdl_session_close(p->sessions[i]);
+    free(p->sessions);
+    p->sessions = NULL;
+    p->nsessions = 0;
+}
+
+/* The peer's sessions: one when both sides register every layer in one region, else one per layer,
+ * from our layer's registration to the remote layer's descriptor. */
+static pdl_status_t open_sessions(pdl_rank_t *r, pdl_peer_t *p, const pdl_layer_map_t *lm, const char *who,
+                                  pdl_error_t *err)
+{
+    int L = r->inst->cfg.model.num_layers;
+    p->remote_layered = remote_layered(lm);
+    if (p->remote_layered && (int64_t)lm->num_layers != L)
+        return pdl_error_set(err, PDL_ERR_MISMATCH, "peer %s: %zu per-layer memory descriptors, %d layers here", who,
+                             lm->num_layers, L);
+    int n = p->remote_layered || r->mem.layer_kv != NULL ? L : 1;
+    p->sessions = calloc((size_t)n, sizeof(*p->sessions));
+    if (p->sessions == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "peer %s: out of memory for %d sessions", who, n);
+    for (int l = 0; l < n; l++) {
+        const pdl_bytes_t *d = &lm->layers[p->remote_layered ? l : 0].descs[0];
+        pdl_status_t st = pdl_session_open(r->mem.engine, pdl__layer_mem(&r->mem, l), d->data, d->len, &p->sessions[l], err);
+        if (st != PDL_OK) {
+            if (n > 1)
+                pdl_error_prefix(err, st, "peer %s: session of layer %d", who, l);
+            else
+                pdl_error_prefix(err, st, "peer %s: session", who);
+            close_sessions(p);
+            return st;
+        }
+        p->nsessions = l + 1;
+    }
+    return PDL_OK;
 }
 
 pdl_status_t pdl__peer_connect(pdl_rank_t *r, const pdl_peer_addr_t *addr, int prank, pdl_peer_t **peer_out,
@@ -298,10 +355,8 @@ pdl_status_t pdl__peer_connect(pdl_rank_t *r, const pdl_peer_addr_t *addr, int p
         goto fail_peer;
     }
     t_added = pdl__clock_now_ns();
-    /* One registration covers every layer (see instance.c), so one session serves all layers. */
-    st = pdl_session_open(r->mem.engine, r->mem.kv, lm.layers[0].descs[0].data, lm.layers[0].descs[0].len, &p->session, err);
+    st = open_sessions(r, p, &lm, who, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, st, "peer %s: session", who);
         pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
         goto fail_peer;
     }
@@ -330,7 +385,7 @@ fail_count:
 
 void pdl__peer_free(pdl_rank_t *r, pdl_peer_t *p)
 {
-    pdl_session_close(p->session);
+    close_sessions(p);
     pdl_engine_remove_remote(r->mem.engine, p->remote_engine_key, NULL);
     pdl_agent_meta_clear(&p->meta);
     free(p);

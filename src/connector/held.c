@@ -68,8 +68,13 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
     if (h)
         snprintf(expected, cap, "%s", h->consumer_ip);
     pthread_mutex_unlock(&inst->held_mu);
-    if (expected[0] == '\0' && inst->cfg.conn.read_mode)
-        pdl_engine_grant_peer(r->mem.engine, transfer_id, expected, cap, NULL);
+    /* Per-layer registrations have a grant per layer: the first served names the host. */
+    for (int l = 0; expected[0] == '\0' && inst->cfg.conn.read_mode && l < (r->mem.layer_kv ? inst->cfg.model.num_layers : 1);
+         l++) {
+        char g[PDL_GRANT_NAME_MAX + 1];
+        pdl__grant_name(g, sizeof(g), transfer_id, r->mem.layer_kv != NULL, l);
+        pdl_engine_grant_peer(r->mem.engine, g, expected, cap, NULL);
+    }
     return pdl__held_sender_is_consumer(inst, sender, expected);
 }
 

@@ -30,7 +30,11 @@ static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_erro
     const char *backend = pdl_backend_name(cfg->conn.backend);
     if (t != PDL_MEM_TYPE_HOST && t != PDL_MEM_TYPE_CUDA && t != PDL_MEM_TYPE_ROCM)
         return pdl_error_set(err, PDL_ERR_INVALID, "instance: kv_mem_type %d is not a memory type", (int)t);
-    if (t != PDL_MEM_TYPE_HOST && cfg->kv_regions == NULL)
+    if (cfg->kv_regions != NULL && cfg->kv_layer_regions != NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "instance: kv_regions and kv_layer_regions are both set (one region per rank, or one per "
+                             "layer)");
+    if (t != PDL_MEM_TYPE_HOST && cfg->kv_regions == NULL && cfg->kv_layer_regions == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID,
                              "instance: kv_mem_type %s needs kv_regions (the instance allocates host memory only)",
                              mem_type_name(t));
@@ -38,7 +42,9 @@ static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_erro
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "kv_connector_extra_config.backend \"cuda\" moves GPU memory only, but the KV cache is "
                              "host memory%s; use \"tcp\" or \"shm\" for host memory",
-                             cfg->kv_regions == NULL ? " (the instance's own: no kv_regions given)" : "");
+                             cfg->kv_regions == NULL && cfg->kv_layer_regions == NULL
+                                 ? " (the instance's own: no kv_regions given)"
+                                 : "");
     if (t != PDL_MEM_TYPE_HOST && (cfg->conn.backend == PDL_BACKEND_TCP || cfg->conn.backend == PDL_BACKEND_SHM))
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "instance: the KV cache is %s memory, but backend %s moves host memory only; use backend "
@@ -261,7 +267,7 @@ uint8_t *pdl_instance_kv_layer(pdl_instance_t *inst, int tp_rank, int layer)
     if (!pdl__is_local(inst, tp_rank) || layer < 0 || layer >= inst->cfg.model.num_layers)
         return NULL;
     pdl_rank_t *r = &inst->ranks[tp_rank];
-    return r->mem.kv_ptr + (uint64_t)layer * r->mem.layer_len;
+    return (uint8_t *)pdl_mem_ptr(pdl__layer_mem(&r->mem, layer)) + pdl__layer_off(&r->mem, layer);
 }
 
 int pdl_instance_handshake_port(const pdl_instance_t *inst, int tp_rank)

@@ -38,6 +38,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #include "common/cidr.h"
 #include "common/workq.h"
@@ -175,10 +176,20 @@ struct pdl_peer {
     char key[PDL_WIRE_ID_MAX + 64]; /* "engine_id|dp|rank" */
     char remote_engine_key[PDL_WIRE_HOST_MAX + 64];
     pdl_agent_meta_t meta;
-    pdl_session_t *session;
+    /* One session per local/remote registration pair: a single one when both sides register every
+     * layer in one region, else one per layer (sessions[l] moves layer l). */
+    pdl_session_t **sessions;
+    int nsessions;
+    /* The remote registered each layer separately (its layer map has a descriptor per layer): its
+     * layer l starts at offset 0 of its own region, and its grants are per layer (pdl__grant_name). */
+    bool remote_layered;
     pdl_kv_geometry_t geo;
     uint64_t layer_len;
 };
+static inline pdl_session_t *pdl__peer_session(const pdl_peer_t *p, int layer)
+{
+    return p->sessions[p->nsessions > 1 ? layer : 0];
+}
 
 typedef struct pdl_xfer_side pdl_xfer_side_t;
 
@@ -344,12 +355,30 @@ void pdl__xfer_lanes_fini(pdl_xfer_lanes_t *l);
 typedef struct pdl_rank_mem {
     char engine_key[PDL_WIRE_HOST_MAX + 64];
     pdl_engine_t *engine;
-    pdl_mem_t *kv;
+    pdl_mem_t *kv;      /* every layer in one registration; NULL with layer_kv */
+    pdl_mem_t **layer_kv; /* kv_layer_regions: one registration per layer (num_layers); else NULL */
     uint8_t *kv_ptr;
     pdl_kv_geometry_t geo;
-    uint64_t layer_len; /* bytes of one layer's region; layer l starts at l * layer_len */
+    uint64_t layer_len; /* bytes of one layer's region; in kv, layer l starts at l * layer_len */
     pdl_bytes_t meta_payload, layermap_payload;
 } pdl_rank_mem_t;
+
+/* The registration holding layer l, and where the layer starts in it. */
+static inline pdl_mem_t *pdl__layer_mem(const pdl_rank_mem_t *m, int l) { return m->layer_kv ? m->layer_kv[l] : m->kv; }
+static inline uint64_t pdl__layer_off(const pdl_rank_mem_t *m, int l)
+{
+    return m->layer_kv ? 0 : (uint64_t)l * m->layer_len;
+}
+/* The engine grant a transfer `name` has on layer l of a rank registered per layer ("<name>#<l>",
+ * layered) or on a single registration (`name` itself): the owner grants it (pdl__rank_grant) and its
+ * peer names it in every request (xfer.c), each deriving it from how the owner registered. */
+static inline void pdl__grant_name(char *buf, size_t cap, const char *name, bool layered, int l)
+{
+    if (layered)
+        snprintf(buf, cap, "%s#%d", name, l);
+    else
+        snprintf(buf, cap, "%s", name);
+}
 
 /* service.c: the service thread and the sockets only it touches. */
 /* listen.c: one ROUTER's accept monitor and pause state (service thread only). */

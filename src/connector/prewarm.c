@@ -305,9 +305,14 @@ static void connect_one(pdl_prewarm_t *pw, size_t i)
     pdl_status_t st = pdl__peer_connect(r, &snap.addr, snap.rrank, &p, &err);
     uint64_t t1 = pdl__clock_now_ns();
     if (st == PDL_OK) {
-        pdl_error_t e2;
-        if (pdl_session_prefault(p->session, &e2) != PDL_OK)
-            pdl_warn("rank %d: prewarm of %s: %s (pages fault in on first use instead)", snap.rank, snap.key, e2.msg);
+        for (int s = 0; s < p->nsessions; s++) {
+            pdl_error_t e2;
+            if (pdl_session_prefault(p->sessions[s], &e2) != PDL_OK) {
+                pdl_warn("rank %d: prewarm of %s: session %d of %d: %s (pages fault in on first use instead)",
+                         snap.rank, snap.key, s, p->nsessions, e2.msg);
+                break;
+            }
+        }
         PDL_CTR_ADD(r, prewarm_handshakes, 1);
         pdl_debug("rank %d: prewarmed %s: handshake + session %.3f ms, prefault %.3f ms", snap.rank, snap.key,
                   (t1 - t0) / 1e6, (pdl__clock_now_ns() - t1) / 1e6);

@@ -9,6 +9,10 @@
  * frees and, for device memory, never touches with the CPU (zeroing goes through pdl_mem_zero). The
  * handshake advertises that single registration for every layer;
  * a peer finds layer l at l * layer_len computed from the geometry the handshake carries.
+ * With kv_layer_regions (one caller allocation per layer, as vLLM makes them on a GPU) each layer is its
+ * own registration and the layer map carries each layer's descriptor: a peer opens a session per layer
+ * and finds the layer at offset 0 of it; grants are then per layer too (pdl__grant_name), because an
+ * engine grant covers one registration.
  *
  * pdl__rank_init (no I/O) also initialises the parts other files own (counters, outbound queue), so
  * instance destroy can tear every rank down the same way; pdl__rank_open then makes the
@@ -43,7 +47,8 @@ static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_erro
         return pdl_error_set(err, PDL_ERR_NOMEM, "handshake payload: out of memory");
     }
     for (int l = 0; l < L; l++)
-        m.kv_caches_base_addr[l] = (uint64_t)(uintptr_t)(r->mem.kv_ptr + (uint64_t)l * r->mem.layer_len);
+        m.kv_caches_base_addr[l] =
+            (uint64_t)(uintptr_t)((uint8_t *)pdl_mem_ptr(pdl__layer_mem(&r->mem, l)) + pdl__layer_off(&r->mem, l));
     m.num_base_addr = (size_t)L;
     m.num_blocks = (int64_t)r->mem.geo.num_blocks;
     m.block_len = (int64_t)pdl_layout_block_len(&r->mem.geo);
@@ -66,13 +71,18 @@ static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_erro
     if (st != PDL_OK)
         return st;
 
-    pdl_bytes_t mem;
-    st = pdl_mem_pack(r->mem.kv, &mem, err);
-    if (st != PDL_OK)
-        return st;
+    pdl_bytes_t mem = {0};
     pdl_layer_map_t lm;
     memset(&lm, 0, sizeof(lm));
     for (int l = 0; l < L && st == PDL_OK; l++) {
+        if (l == 0 || r->mem.layer_kv != NULL) {
+            pdl_bytes_free(&mem);
+            st = pdl_mem_pack(pdl__layer_mem(&r->mem, l), &mem, err);
+            if (st != PDL_OK) {
+                pdl_error_prefix(err, st, "instance rank %d layer %d: memory descriptor", r->rank, l);
+                break;
+            }
+        }
         char name[64];
         snprintf(name, sizeof(name), "model.layers.%d.self_attn.attn", l);
         st = pdl_layer_map_add(&lm, name, mem.data, mem.len, err);
@@ -199,6 +209,42 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     return PDL_OK;
 }
 
+static const char *type_suffix(pdl_mem_type_t type)
+{
+    return type == PDL_MEM_TYPE_CUDA ? ", CUDA" : type == PDL_MEM_TYPE_ROCM ? ", ROCm" : "";
+}
+
+/* kv_layer_regions: register each of rank r's layers on its own (the caller's allocations, any memory
+ * type), never touched by the CPU. On failure the layers registered so far stay in layer_kv for
+ * pdl__rank_fini. */
+static pdl_status_t register_layers(const pdl_instance_config_t *cfg, pdl_rank_t *r, pdl_error_t *err)
+{
+    pdl_rank_mem_t *m = &r->mem;
+    int L = cfg->model.num_layers;
+    void *const *ptrs = cfg->kv_layer_regions[r->rank];
+    const size_t *lens = cfg->kv_layer_region_lens ? cfg->kv_layer_region_lens[r->rank] : NULL;
+    if (ptrs == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance rank %d: kv_layer_regions[%d] is NULL (one region per layer "
+                             "needed)", r->rank, r->rank);
+    m->layer_kv = calloc((size_t)L, sizeof(*m->layer_kv));
+    if (m->layer_kv == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "instance rank %d: out of memory for %d layer registrations", r->rank, L);
+    for (int l = 0; l < L; l++) {
+        size_t len = lens ? lens[l] : 0;
+        if (ptrs[l] == NULL || len < m->layer_len)
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "instance rank %d layer %d: caller KV region %p of %zu bytes, but a layer needs %llu "
+                                 "(pdl_instance_kv_region_len / num_layers)",
+                                 r->rank, l, ptrs[l], len, (unsigned long long)m->layer_len);
+        pdl_status_t st =
+            pdl_engine_register_mem_type(m->engine, ptrs[l], (size_t)m->layer_len, cfg->kv_mem_type, &m->layer_kv[l], err);
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "instance rank %d layer %d: caller KV region %p (%llu bytes%s)", r->rank, l,
+                                    ptrs[l], (unsigned long long)m->layer_len, type_suffix(cfg->kv_mem_type));
+    }
+    return PDL_OK;
+}
+
 pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err)
 {
     const pdl_instance_config_t *cfg = &inst->cfg;
@@ -222,7 +268,11 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);
-    if (cfg->kv_regions != NULL) {
+    if (cfg->kv_layer_regions != NULL) {
+        st = register_layers(cfg, r, err);
+        if (st != PDL_OK)
+            return st;
+    } else if (cfg->kv_regions != NULL) {
         /* The caller's memory (a numpy array, a torch tensor on the CPU or a GPU): registered as is, with
          * its memory type, never cleared, never touched by the CPU when it is device memory. */
         void *ptr = cfg->kv_regions[rank];
@@ -251,7 +301,8 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
     /* Least privilege (docs/security.md): the engine serves this region only inside grants -- the
      * blocks a READ producer holds for a transfer, the blocks a WRITE consumer expects a push into,
      * each to requests naming that transfer. */
-    pdl_mem_guard(m->kv);
+    for (int l = 0; l < (m->layer_kv ? cfg->model.num_layers : 1); l++)
+        pdl_mem_guard(pdl__layer_mem(m, l));
 
     return build_payloads(inst, r, err);
 }
@@ -263,16 +314,34 @@ void pdl__rank_fini(pdl_rank_t *r)
     pdl_bytes_free(&m->layermap_payload);
     if (m->kv)
         pdl_engine_deregister_mem(m->engine, m->kv);
+    if (m->layer_kv) {
+        for (int l = 0; l < r->inst->cfg.model.num_layers; l++)
+            if (m->layer_kv[l])
+                pdl_engine_deregister_mem(m->engine, m->layer_kv[l]);
+        free(m->layer_kv);
+        m->layer_kv = NULL;
+    }
     if (m->engine)
         pdl_engine_destroy(m->engine);
     pdl__outq_fini(&r->out);
     pdl__ctr_fini(&r->ctr);
 }
 
+/* Revoke the grants of `name` on rank i's layers [0, nl) (every layer: num_layers). */
+static void revoke_layers(pdl_instance_t *inst, const char *name, int i, int nl)
+{
+    pdl_rank_mem_t *m = &inst->ranks[i].mem;
+    char g[PDL_GRANT_NAME_MAX + 1];
+    for (int l = 0; l < (m->layer_kv ? nl : 1); l++) {
+        pdl__grant_name(g, sizeof(g), name, m->layer_kv != NULL, l);
+        pdl_engine_revoke(m->engine, g, NULL); /* NOT_FOUND: nothing to forget */
+    }
+}
+
 void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank)
 {
     for (int i = rank < 0 ? inst->lo : rank; i < (rank < 0 ? inst->hi : rank + 1); i++)
-        pdl_engine_revoke(inst->ranks[i].mem.engine, name, NULL); /* NOT_FOUND: nothing to forget */
+        revoke_layers(inst, name, i, inst->cfg.model.num_layers);
 }
 
 pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
@@ -306,7 +375,7 @@ pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, s
         size_t k = 0;
         for (int l = 0; l < L; l++)
             for (int h = 0; h < halves; h++) {
-                uint64_t base = (uint64_t)l * m->layer_len + pdl_layout_half_offset(g, last, h);
+                uint64_t base = pdl__layer_off(m, l) + pdl_layout_half_offset(g, last, h);
                 if (g->order == PDL_KV_HND) {
                     for (uint64_t hd = 0; hd < heads; hd++)
                         rg[k++] = (pdl_range_t){base + hd * bs * row + used * row, (bs - used) * row};
@@ -314,7 +383,15 @@ pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, s
                     rg[k++] = (pdl_range_t){base + used * heads * row, (bs - used) * heads * row};
                 }
             }
-        pdl_status_t st = pdl_mem_zero(m->kv, rg, k, err);
+        /* One zero per registration: all ranges at once, or each layer's in its own region. */
+        size_t per_layer = k / (size_t)L;
+        pdl_status_t st = PDL_OK;
+        for (int l = 0; l < (m->layer_kv ? L : 1) && st == PDL_OK; l++) {
+            st = pdl_mem_zero(pdl__layer_mem(m, l), rg + (m->layer_kv ? (size_t)l * per_layer : 0),
+                              m->layer_kv ? per_layer : k, err);
+            if (st != PDL_OK && m->layer_kv)
+                pdl_error_prefix(err, st, "layer %d", l);
+        }
         free(rg);
         if (st != PDL_OK)
             return pdl_error_prefix(err, st, "zero_tail: rank %d", i);
@@ -330,24 +407,33 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
         pdl_rank_mem_t *m = &inst->ranks[i].mem;
         int halves = pdl_layout_num_halves(&m->geo);
         uint64_t blen = pdl_layout_block_len(&m->geo);
-        size_t nr = (size_t)L * n * (size_t)halves;
+        /* A grant covers one registration: one for every layer, or one per layer (pdl__grant_name). */
+        int nreg = m->layer_kv ? L : 1, per_reg = m->layer_kv ? 1 : L;
+        size_t nr = (size_t)per_reg * n * (size_t)halves;
         pdl_range_t *rg = malloc(nr * sizeof(*rg));
-        pdl_status_t st;
-        if (rg == NULL) {
+        pdl_status_t st = PDL_OK;
+        int done = 0;
+        if (rg == NULL)
             st = pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %zu grant ranges", name, nr);
-        } else {
+        for (int reg = 0; reg < nreg && st == PDL_OK; reg++) {
             size_t k = 0;
-            for (int l = 0; l < L; l++)
+            for (int l = reg; l < reg + per_reg; l++)
                 for (size_t b = 0; b < n; b++)
                     for (int h = 0; h < halves; h++)
-                        rg[k++] = (pdl_range_t){(uint64_t)l * m->layer_len + pdl_layout_half_offset(&m->geo, ids[b], h),
-                                                blen};
-            st = pdl_engine_grant(m->engine, m->kv, name, ops, rg, nr, err);
-            free(rg);
-            if (st != PDL_OK)
+                        rg[k++] = (pdl_range_t){pdl__layer_off(m, l) + pdl_layout_half_offset(&m->geo, ids[b], h), blen};
+            char g[PDL_GRANT_NAME_MAX + 1];
+            pdl__grant_name(g, sizeof(g), name, m->layer_kv != NULL, reg);
+            st = pdl_engine_grant(m->engine, pdl__layer_mem(m, reg), g, ops, rg, nr, err);
+            if (st != PDL_OK && m->layer_kv)
+                pdl_error_prefix(err, st, "%s: rank %d layer %d", name, i, reg);
+            else if (st != PDL_OK)
                 pdl_error_prefix(err, st, "%s: rank %d", name, i);
+            else
+                done++;
         }
+        free(rg);
         if (st != PDL_OK) {
+            revoke_layers(inst, name, i, done);
             for (int q = inst->lo; q < i; q++)
                 pdl__rank_revoke(inst, name, q);
             return st;

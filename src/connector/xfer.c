@@ -158,21 +158,29 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
             size_t n0 = dv.n;
             uint64_t tb = pdl__clock_now_ns();
             st = pdl_layout_build_descs(&r->mem.geo, &peers[k]->geo, x->dir, pieces, np, x->local_blocks,
-                                        x->remote_blocks, x->n, (uint64_t)l * r->mem.layer_len,
-                                        (uint64_t)l * peers[k]->layer_len, &dv, err);
+                                        x->remote_blocks, x->n, pdl__layer_off(&r->mem, l),
+                                        peers[k]->remote_layered ? 0 : (uint64_t)l * peers[k]->layer_len, &dv, err);
             times->build += pdl__clock_now_ns() - tb;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, st, "layer %d, %s rank %d", l, remote_role, rranks[k]);
                 break;
             }
-            /* Whole layers share a batch until it holds XFER_BATCH_BYTES (see the top of the file). */
+            /* Whole layers share a batch until it holds XFER_BATCH_BYTES (see the top of the file); a
+             * layer with a session of its own (per-layer registrations) is a batch of its own, under
+             * its own grant name when the remote registered it alone (pdl__grant_name). */
             for (size_t i = n0; i < dv.n; i++)
                 nbytes += dv.v[i].len;
-            if (l + 1 < L && nbytes < XFER_BATCH_BYTES)
+            if (l + 1 < L && nbytes < XFER_BATCH_BYTES && peers[k]->nsessions == 1)
                 continue;
             pdl_batch_t *b = NULL;
+            char grant[PDL_GRANT_NAME_MAX + 1];
+            const char *gname = x->grant;
+            if (x->grant != NULL && x->grant[0] != '\0' && peers[k]->remote_layered) {
+                pdl__grant_name(grant, sizeof(grant), x->grant, true, l);
+                gname = grant;
+            }
             uint64_t tpost = pdl__clock_now_ns();
-            st = pdl_session_post_granted(peers[k]->session, op, x->grant, dv.v, dv.n, &b, err);
+            st = pdl_session_post_granted(pdl__peer_session(peers[k], l), op, gname, dv.v, dv.n, &b, err);
             times->post += pdl__clock_now_ns() - tpost;
             if (st != PDL_OK) {
                 pdl_error_prefix(err, st, "layers %d-%d, %s rank %d: post", first_layer, l, remote_role, rranks[k]);

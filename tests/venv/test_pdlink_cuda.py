@@ -227,8 +227,9 @@ def test_kv_region_of_cuda_layers() -> None:
         (base, 3 * layer_len, "cuda:0", True)
     assert g == {"num_blocks": NB, "block_size": BSZ, "heads": H, "head_dim": D, "kv_separate": True,
                  "order": "nhd", "fused": False, "num_layers": 3, "elem_size": 2, "layer_len": layer_len}
-    # One allocation per layer (vLLM's GPU runner): refused until the connector registers per layer.
+    # One allocation per layer (vLLM's GPU runner): one device region per layer, in layer order.
     caches["model.layers.1.self_attn.attn"] = FakeCudaTensor(base + 16 * layer_len, shape)
-    with pytest.raises(ValueError, match=r"one allocation per layer, as vLLM makes them on a GPU, is not "
-                                         r"supported yet"):
-        kv_region(caches, kv_heads=H)
+    regions, g2 = kv_region(caches, kv_heads=H)
+    assert g2 == g
+    assert [(r.data_ptr(), r.nbytes, str(r.device)) for r in regions] == \
+        [(base, layer_len, "cuda:0"), (base + 16 * layer_len, layer_len, "cuda:0"), (base + 2 * layer_len, layer_len, "cuda:0")]

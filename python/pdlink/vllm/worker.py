@@ -3,11 +3,11 @@
 vLLM runs one worker process per TP rank, each with its own KV tensors. ``register_kv_caches`` makes
 this rank's pdlink instance over those tensors in place (``local_rank`` = the TP rank, so it listens on
 ``base + dp_rank*tp_size + tp_rank`` like a MoRIIO rank; ``external_blocks``: vLLM's block ids are used
-as they are). pdlink needs a rank's layers as one region, layer ``l`` at ``l * layer_len``; vLLM's CPU
-backend allocates them that way (seen with tools/vllm/probe_connector.py), and anything else is refused
-with the layer that breaks it. CUDA caches (flash-attention's or FlashInfer's layout, NHD or HND) are
-registered as device memory with the cuda backend under the same one-region rule, which vLLM's GPU
-runner, allocating one tensor per layer, does not meet yet (docs/gpu.md).
+as they are). A rank's layers that lie one after the other (vLLM's CPU backend allocates them that
+way, seen with tools/vllm/probe_connector.py) are registered as one region; layers at unrelated
+addresses (vLLM's GPU runner allocates one tensor per layer) are registered one region per layer. CUDA
+caches (flash-attention's or FlashInfer's layout, NHD or HND) are registered as device memory with the
+cuda backend either way (docs/gpu.md).
 
 Per step (the scheduler half's :class:`~pdlink.vllm.scheduler.StepPlan`):
   * ``start_load_kv``: releases first (they free a prefill's blocks), then the pulls, which run in
@@ -140,10 +140,10 @@ def gpu_layout(shape: Tuple[int, ...], stride: Tuple[int, ...], kv_heads: int,
 
 
 def kv_region(kv_caches: Mapping[str, Any], kv_heads: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]:
-    """Check that vLLM's per-layer KV tensors form one region, layers in order and adjacent, all alike;
-    return what to register (a writable buffer over the whole region for CPU tensors -- it borrows the
-    tensors' memory: keep them alive --, for CUDA tensors the first layer's tensor as a device pointer
-    holder) and the geometry. CPU: vLLM CPU's fused shape ``(num_blocks, kv_heads, block_size,
+    """Check that vLLM's per-layer KV tensors are all alike; return what to register and the geometry.
+    Layers in order and adjacent give one region (a writable buffer over it for CPU tensors -- it borrows
+    the tensors' memory: keep them alive --, for CUDA tensors a device pointer holder); otherwise a list
+    of such regions, one per layer in layer order (``Instance(kv_buffers=[[...]])``). CPU: vLLM CPU's fused shape ``(num_blocks, kv_heads, block_size,
     2*head_dim)``. CUDA: flash-attention's or FlashInfer's layout, NHD or HND (:func:`gpu_layout`;
     ``kv_heads``, this rank's heads, is needed). Raises ValueError naming the first layer that breaks
     the model."""
@@ -171,6 +171,7 @@ def kv_region(kv_caches: Mapping[str, Any], kv_heads: Optional[int] = None) -> T
                          "memory")
     base = first.data_ptr()
     layer_len = first.numel() * first.element_size()
+    adjacent = True
     for i, (name, t) in enumerate(layers):
         if str(t.device) != str(first.device):
             raise ValueError(f"PdlinkConnector: layer {name} is on {t.device}, layer {first_name} on "
@@ -180,20 +181,20 @@ def kv_region(kv_caches: Mapping[str, Any], kv_heads: Optional[int] = None) -> T
             raise ValueError(f"PdlinkConnector: layer {name} is {tuple(t.shape)} {t.dtype} contiguous="
                              f"{t.is_contiguous()}, layer {first_name} {shape} {first.dtype}: pdlink needs "
                              "every layer alike and contiguous")
-        if t.data_ptr() != base + i * layer_len:
-            raise ValueError(f"PdlinkConnector: layer {name} starts at {t.data_ptr():#x}, not right after "
-                             f"the previous layer ({base + i * layer_len:#x}): pdlink registers a rank's "
-                             "layers as one region, layer l at l*layer_len (one allocation per layer, as "
-                             "vLLM makes them on a GPU, is not supported yet: docs/gpu.md)")
-    total = layer_len * len(layers)
+        adjacent = adjacent and t.data_ptr() == base + i * layer_len
     g.update(num_layers=len(layers), elem_size=first.element_size(), layer_len=layer_len)
+    if not adjacent:
+        if device == "cuda":
+            return [_DeviceRegion(t.data_ptr(), layer_len, t.device) for _, t in layers], g
+        return [(ctypes.c_char * layer_len).from_address(t.data_ptr()) for _, t in layers], g
+    total = layer_len * len(layers)
     if device == "cuda":
         return _DeviceRegion(base, total, first.device), g
     return (ctypes.c_char * total).from_address(base), g
 
 
 class _DeviceRegion:
-    """The whole region of a rank's CUDA layers, shaped like what pdlink.Instance takes from a torch
+    """The whole region of a rank's CUDA layers (or one layer's), shaped like what pdlink.Instance takes from a torch
     CUDA tensor (``data_ptr``, ``nbytes``, ``device``, ``is_contiguous``); it borrows the tensors'
     memory, which the worker keeps alive."""
 
@@ -272,8 +273,10 @@ class PdlinkWorker:
                                             num_blocks=g["num_blocks"], dp_rank=self.dp_rank, dp_size=self.dp_size,
                                             kv_buffers=[buf], local_rank=self.tp_rank, external_blocks=True)
         log.info("pdlink rank %d/%d: %d layers x %d blocks of %d heads x %d tokens x 2x%d (%d bytes/elem), "
-                 "one region of %d bytes", self.tp_rank, self.tp_size, g["num_layers"], g["num_blocks"],
-                 g["heads"], g["block_size"], g["head_dim"], g["elem_size"], g["layer_len"] * g["num_layers"])
+                 "%s of %d bytes", self.tp_rank, self.tp_size, g["num_layers"], g["num_blocks"],
+                 g["heads"], g["block_size"], g["head_dim"], g["elem_size"],
+                 "one region per layer" if isinstance(buf, list) else "one region",
+                 g["layer_len"] if isinstance(buf, list) else g["layer_len"] * g["num_layers"])
 
     # ---- per step -----------------------------------------------------------------------------------
 
