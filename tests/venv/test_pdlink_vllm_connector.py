@@ -364,7 +364,7 @@ def test_worker_writes_counters_file(tmp_path: Any, monkeypatch: Any) -> None:
 LAYERS, HEADS, HD, NBLK = 2, 4, 8, 12
 
 
-PROMPT = 2 * BS + 3      # the e2e's prompt: its last block has 3 rows of KV, the rest is zeroed
+PROMPT = 2 * BS + 3      # the e2e's prompt: its last block has 3 tokens of KV
 
 
 def kv_value(layer: np.ndarray, block_pos: int, head: int, tok: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -417,9 +417,9 @@ def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
     ids = plan.pulls[0].block_ids
     want = np.full_like(whole, -1.0)
     rank_fill(want, ids, tp, rank)
-    # The prefill zeroed its last block's rows past the prompt before the hold (zero_tail): an earlier
-    # request's KV there must never reach the decode.
-    want[:, ids[-1], :, PROMPT % BS:, :] = 0.0
+    # vLLM CPU's cache has no per-token rows pdlink may address (K of every token, then V, in the
+    # kernels' own order), so the worker does not zero the last block's tail there: the whole blocks
+    # arrive exactly as the prefill had them.
     q_out.put(("pulled", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), rid,
                w.counters()))
     w.shutdown()

@@ -240,6 +240,7 @@ class PdlinkWorker:
         self._freed: Set[str] = set()                        # request ids this rank freed
         self._finished: Set[str] = set()                     # request ids vLLM said finished
         self._dropped: Set[str] = set()                      # transfer ids dropped (DropOrder), not yet lapsed
+        self._zero_tail = True                               # register_kv_caches: False for vLLM CPU's cache
         self._dirty = False
         # Wall-clock times per transfer id (hold/freed on a prefill rank, pull issued/done on a decode
         # rank): the e2e script lines them up with its own request times to show where a request's time
@@ -261,6 +262,12 @@ class PdlinkWorker:
 
         want = max(self.total_kv_heads // self.tp_size, 1)
         buf, g = kv_region(kv_caches, kv_heads=want)
+        # A block's unused rows can be zeroed only where a token's row is addressable: the GPU layouts
+        # keep one row per token. vLLM CPU's cache keeps, per block and head, the K of every token and
+        # then the V of every token, in whatever order its ISA-specific kernels write them, so a row
+        # past the prompt is not a byte range pdlink may name there; zeroing by rows destroyed valid
+        # KV (vllm-e2e parity 0/3). There, scrub_freed_blocks is the way to keep earlier KV out.
+        self._zero_tail = not g["fused"]
         if g["heads"] != want:
             raise ValueError(f"PdlinkConnector: rank {self.tp_rank} has {g['heads']} KV heads per layer, "
                              f"expected {want} ({self.total_kv_heads} heads over TP {self.tp_size})")
@@ -331,7 +338,8 @@ class PdlinkWorker:
             try:
                 # The last block's rows past the prompt still hold an earlier request's KV: zeroed
                 # first (on the GPU for CUDA caches), and nothing is held if that fails.
-                self.inst.hold(h.transfer_id, h.block_ids, None, num_tokens=h.num_tokens)
+                self.inst.hold(h.transfer_id, h.block_ids, None,
+                               num_tokens=h.num_tokens if self._zero_tail else None)
                 self._held[h.transfer_id] = h.request_id
                 self._mark(h.transfer_id, "held")
                 self.stats["holds"] += 1
