@@ -1,5 +1,5 @@
 /*
- * config.c -- kv_connector_extra_config / --kv-transfer-config parsing (SPEC §7).
+ * config.c -- kv_connector_extra_config / --kv-transfer-config parsing (docs/protocol.md#configuration).
  *
  * The table below is the documentation: one row per MoRIIO key with its default and parser. Values are
  * taken the way upstream takes them: ports may be JSON integers or numeric strings (upstream calls
@@ -411,7 +411,7 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
             st = pdl_error_set(err, PDL_ERR_INVALID, "kv-transfer-config.kv_connector: expected a string");
             goto out;
         }
-        /* PdlinkConnector is pdlink's own vLLM connector (python/pdlink, issue 15): the same protocol. */
+        /* PdlinkConnector is pdlink's own vLLM connector (python/pdlink): the same protocol. */
         if (strcmp(json_string_value(conn), "MoRIIOConnector") != 0 &&
             strcmp(json_string_value(conn), "PdlinkConnector") != 0)
             pdl_warn("kv-transfer-config.kv_connector is \"%s\"; pdlink speaks MoRIIOConnector's protocol",

@@ -163,7 +163,7 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     memset(&za, 0, sizeof(za));
     snprintf(za.host, sizeof(za.host), "%s", cfg->conn.host_ip);
     za.handshake_port = cfg->conn.handshake_port;
-    za.notify_port = cfg->conn.notify_port; /* the base: peers add the rank offset (reference §2.3) */
+    za.notify_port = cfg->conn.notify_port; /* the base: peers add the rank offset (docs/topology.md#ports) */
     if (pdl_wire_format_zmq_address(&za, inst->zmq_address, sizeof(inst->zmq_address)) < 0)
         snprintf(inst->zmq_address, sizeof(inst->zmq_address), "host:%s,handshake:%d,notify:%d", cfg->conn.host_ip,
                  cfg->conn.handshake_port, cfg->conn.notify_port);

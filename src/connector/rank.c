@@ -1,6 +1,6 @@
 /*
  * rank.c -- one TP rank's memory: its transfer engine, its KV region and geometry, and the handshake
- * payloads that advertise them (SPEC §4). Fixed once pdl__rank_init returned; read by every thread.
+ * payloads that advertise them (docs/protocol.md#handshake). Fixed once pdl__rank_init returned; read by every thread.
  *
  * Memory: each rank allocates ONE engine region holding all its layers (layer l at l * layer_len,
  * layer_len = pdl_layout_region_len of the rank's geometry) and pre-faults it, so the first transfer

