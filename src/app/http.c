@@ -852,7 +852,10 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    h->daemon = MHD_start_daemon(
+    /* Published before the daemon's threads start: a request may arrive at once, and its handler reads
+     * the caller's copy of this pointer (e.g. the router's /metrics reads rt->http). */
+    *http_p = h;
+    struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)p->port, NULL, NULL, &on_access, h, MHD_OPTION_EXTERNAL_LOGGER, &on_mhd_log, h,
         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, &on_completed, h,
         MHD_OPTION_NOTIFY_CONNECTION, &on_connection, h,
@@ -860,7 +863,11 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client, MHD_OPTION_CONNECTION_TIMEOUT, l->idle_timeout_s,
         MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_END);
     freeaddrinfo(ai);
+    pthread_mutex_lock(&h->mu); /* handlers already running read it (pdl_http_stats) */
+    h->daemon = d;
+    pthread_mutex_unlock(&h->mu);
     if (h->daemon == NULL) {
+        *http_p = NULL;
         http_free(h);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "cannot listen for HTTP on %s:%d (address in use or not local?)",
                              p->host, p->port);
@@ -871,7 +878,6 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
               "%u s, header deadline %u s, body deadline %u s, body budget %zu bytes (%zu per client)",
               p->host, *bound_port_p, l->threads, l->workers, max_conn, per_client, l->idle_timeout_s,
               l->header_timeout_s, l->body_timeout_s, l->body_budget, h->client_share);
-    *http_p = h;
     return PDL_OK;
 }
 
@@ -903,7 +909,10 @@ void pdl_http_stats(pdl_http_t *http, pdl_http_stats_t *out)
     memset(out, 0, sizeof(*out));
     if (http == NULL)
         return;
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(http->daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    pthread_mutex_lock(&http->mu);
+    struct MHD_Daemon *d = http->daemon;
+    pthread_mutex_unlock(&http->mu);
+    const union MHD_DaemonInfo *info = d ? MHD_get_daemon_info(d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS) : NULL;
     out->connections = info ? info->num_connections : 0;
     int workers, busy, queued;
     pdl__workq_stats(&http->workers, &workers, &busy, &queued);

@@ -119,7 +119,8 @@ typedef struct pdl_http_params {
 } pdl_http_params_t;
 
 /*
- * Listen and serve. Returns PDL_OK with *http_p and *bound_port_p set, PDL_ERR_INVALID when the host does
+ * Listen and serve. *http_p is set before the first request can be served (handlers may read the
+ * caller's copy) and reset to NULL on failure. Returns PDL_OK with *http_p and *bound_port_p set, PDL_ERR_INVALID when the host does
  * not resolve or a limit is 0 where it may not be, PDL_ERR_NOMEM, or PDL_ERR_SYSTEM when MHD cannot
  * listen (port in use, address not local); err names the address. max_connections is lowered (with a
  * warning) to leave a quarter of RLIMIT_NOFILE to the rest of the process, so MHD stops accepting at
