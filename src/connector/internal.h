@@ -369,6 +369,14 @@ static inline uint64_t pdl__layer_off(const pdl_rank_mem_t *m, int l)
 {
     return m->layer_kv ? 0 : (uint64_t)l * m->layer_len;
 }
+/* The whole-block ranges (every half) of blocks ids[0..n) in layers [l0, l1) of m, in layer order, into
+ * out (room for (l1 - l0) * n * halves); ids past num_blocks are skipped. Returns how many it wrote. */
+size_t pdl__rank_block_ranges(const pdl_rank_mem_t *m, int l0, int l1, const uint32_t *ids, size_t n,
+                              pdl_range_t *out);
+/* Zero k ranges of m given in layer order, the same number for each of its `layers` layers, through the
+ * engine (device memory on the device): one call for a rank-wide registration, one per layer's
+ * otherwise; a layer that fails does not stop the others, and the first error names its layer. */
+pdl_status_t pdl__rank_zero(const pdl_rank_mem_t *m, int layers, const pdl_range_t *rg, size_t k, pdl_error_t *err);
 /* The engine grant a transfer `name` has on layer l of a rank registered per layer ("<name>#<l>",
  * layered) or on a single registration (`name` itself): the owner grants it (pdl__rank_grant) and its
  * peer names it in every request (xfer.c), each deriving it from how the owner registered. */

@@ -344,6 +344,35 @@ void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank)
         revoke_layers(inst, name, i, inst->cfg.model.num_layers);
 }
 
+size_t pdl__rank_block_ranges(const pdl_rank_mem_t *m, int l0, int l1, const uint32_t *ids, size_t n,
+                              pdl_range_t *out)
+{
+    int halves = pdl_layout_num_halves(&m->geo);
+    uint64_t blen = pdl_layout_block_len(&m->geo);
+    size_t k = 0;
+    for (int l = l0; l < l1; l++)
+        for (size_t b = 0; b < n; b++) {
+            if (ids[b] >= m->geo.num_blocks)
+                continue;
+            for (int h = 0; h < halves; h++)
+                out[k++] = (pdl_range_t){pdl__layer_off(m, l) + pdl_layout_half_offset(&m->geo, ids[b], h), blen};
+        }
+    return k;
+}
+
+pdl_status_t pdl__rank_zero(const pdl_rank_mem_t *m, int layers, const pdl_range_t *rg, size_t k, pdl_error_t *err)
+{
+    size_t per = m->layer_kv ? k / (size_t)layers : k;
+    pdl_status_t first = PDL_OK;
+    for (int l = 0; l < (m->layer_kv ? layers : 1); l++) {
+        pdl_error_t e;
+        pdl_status_t st = pdl_mem_zero(pdl__layer_mem(m, l), rg + (size_t)l * per, per, &e);
+        if (st != PDL_OK && first == PDL_OK) /* the other layers are still zeroed */
+            first = m->layer_kv ? pdl_error_set(err, st, "layer %d: %s", l, e.msg) : pdl_error_set(err, st, "%s", e.msg);
+    }
+    return first;
+}
+
 pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
                                     pdl_error_t *err)
 {
@@ -383,15 +412,7 @@ pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, s
                     rg[k++] = (pdl_range_t){base + used * heads * row, (bs - used) * heads * row};
                 }
             }
-        /* One zero per registration: all ranges at once, or each layer's in its own region. */
-        size_t per_layer = k / (size_t)L;
-        pdl_status_t st = PDL_OK;
-        for (int l = 0; l < (m->layer_kv ? L : 1) && st == PDL_OK; l++) {
-            st = pdl_mem_zero(pdl__layer_mem(m, l), rg + (m->layer_kv ? (size_t)l * per_layer : 0),
-                              m->layer_kv ? per_layer : k, err);
-            if (st != PDL_OK && m->layer_kv)
-                pdl_error_prefix(err, st, "layer %d", l);
-        }
+        pdl_status_t st = pdl__rank_zero(m, L, rg, k, err);
         free(rg);
         if (st != PDL_OK)
             return pdl_error_prefix(err, st, "zero_tail: rank %d", i);
@@ -406,7 +427,6 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
     PDL_FOR_LOCAL(inst, i) {
         pdl_rank_mem_t *m = &inst->ranks[i].mem;
         int halves = pdl_layout_num_halves(&m->geo);
-        uint64_t blen = pdl_layout_block_len(&m->geo);
         /* A grant covers one registration: one for every layer, or one per layer (pdl__grant_name). */
         int nreg = m->layer_kv ? L : 1, per_reg = m->layer_kv ? 1 : L;
         size_t nr = (size_t)per_reg * n * (size_t)halves;
@@ -416,14 +436,10 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
         if (rg == NULL)
             st = pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory for %zu grant ranges", name, nr);
         for (int reg = 0; reg < nreg && st == PDL_OK; reg++) {
-            size_t k = 0;
-            for (int l = reg; l < reg + per_reg; l++)
-                for (size_t b = 0; b < n; b++)
-                    for (int h = 0; h < halves; h++)
-                        rg[k++] = (pdl_range_t){pdl__layer_off(m, l) + pdl_layout_half_offset(&m->geo, ids[b], h), blen};
+            size_t k = pdl__rank_block_ranges(m, reg, reg + per_reg, ids, n, rg);
             char g[PDL_GRANT_NAME_MAX + 1];
             pdl__grant_name(g, sizeof(g), name, m->layer_kv != NULL, reg);
-            st = pdl_engine_grant(m->engine, pdl__layer_mem(m, reg), g, ops, rg, nr, err);
+            st = pdl_engine_grant(m->engine, pdl__layer_mem(m, reg), g, ops, rg, k, err);
             if (st != PDL_OK && m->layer_kv)
                 pdl_error_prefix(err, st, "%s: rank %d layer %d", name, i, reg);
             else if (st != PDL_OK)

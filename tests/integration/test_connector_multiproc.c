@@ -328,7 +328,8 @@ static kid_t kd_fork(void (*body)(int, FILE *))
     return k;
 }
 
-static void send_params(pdl_instance_t *p, int fd, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
+/* Hold NBLK filled blocks under tid for the decode named in rid; returns the params as JSON. */
+static json_t *pz_hold(pdl_instance_t *p, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
 {
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
     tc_fill(p, KHEADS, false, ids, NBLK, seed);
@@ -339,6 +340,12 @@ static void send_params(pdl_instance_t *p, int fd, const char *tid, uint32_t *id
     assert_int_equal(pdl_instance_params(p, tid, ids, NBLK, &kp, NULL), PDL_OK);
     json_t *j = pdl_kv_params_to_json(&kp);
     pdl_kv_params_clear(&kp);
+    return j;
+}
+
+static void send_params(pdl_instance_t *p, int fd, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
+{
+    json_t *j = pz_hold(p, tid, ids, seed, rid);
     write_line(fd, j);
     json_decref(j);
 }
@@ -483,21 +490,6 @@ static void pz_decode(int wfd, FILE *in)
     }
     pdl_instance_destroy(c);
     _exit(0);
-}
-
-/* Hold NBLK filled blocks under tid for the decode named in rid; returns the params as JSON. */
-static json_t *pz_hold(pdl_instance_t *p, const char *tid, uint32_t *ids, uint32_t seed, const char *rid)
-{
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, ids, NULL), PDL_OK);
-    tc_fill(p, KHEADS, false, ids, NBLK, seed);
-    pdl_error_t e;
-    if (pdl_instance_hold_for(p, tid, rid, ids, NBLK, &e) != PDL_OK)
-        fail_msg("hold_for %s: %s", tid, e.msg);
-    pdl_kv_params_t kp;
-    assert_int_equal(pdl_instance_params(p, tid, ids, NBLK, &kp, NULL), PDL_OK);
-    json_t *j = pdl_kv_params_to_json(&kp);
-    pdl_kv_params_clear(&kp);
-    return j;
 }
 
 static void pz_send_pull(int fd, json_t *params, const char *rid, uint32_t seed)
