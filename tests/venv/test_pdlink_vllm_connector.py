@@ -63,9 +63,9 @@ def test_endpoint_parsed_by_libpdlink() -> None:
         parse_endpoint(config("kv_producer", read_mode="yes please"))
 
 
-def test_write_mode_refused_with_reason() -> None:
-    with pytest.raises(ValueError, match="only READ mode"):
-        PdlinkScheduler(config("kv_producer", read_mode=False), tp_size=1, block_size=BS)
+def test_write_mode_follows_the_config() -> None:
+    assert PdlinkScheduler(config("kv_producer", read_mode=False), tp_size=1, block_size=BS).write
+    assert not PdlinkScheduler(config("kv_producer"), tp_size=1, block_size=BS).write
 
 
 def test_params_equal_instance_params() -> None:

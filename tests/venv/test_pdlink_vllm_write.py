@@ -1,0 +1,235 @@
+"""PdlinkConnector's WRITE mode without vLLM: the scheduler halves plan, the worker halves (one process
+per TP rank, vLLM's CPU layout in numpy, real pdlink instances) push and receive.
+
+What vllm-router's MoRIIO WRITE dispatch gives each leg, concurrently: the same request id
+``___prefill_addr_{P}___decode_addr_{D}_{32 hex}`` (vLLM wraps it as ``cmpl-<id>-<8 chars>``), the
+transfer id, and the peer's TP size; the prefill's params say ``do_remote_decode``, the decode's
+``do_remote_prefill``."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, NBLK, PROMPT, Blocks, FakeInstance, Req, config,
+                                        fake_worker, rank_fill, vllm_cpu_caches)
+import sys, os
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from free_ports import free_range  # noqa: E402
+
+from pdlink.vllm.scheduler import ExpectOrder, PdlinkScheduler, PushOrder, StepPlan
+from pdlink.vllm.worker import PdlinkWorker
+
+HEX = "0123456789abcdef" * 2
+
+
+def wconfig(role: str, base: int) -> Dict[str, Any]:
+    return config(role, base, read_mode=False)
+
+
+def zmq(base: int) -> str:
+    return f"host:127.0.0.1,handshake:{base},notify:{base + 50}"
+
+
+def request_id(pbase: int, dbase: int) -> str:
+    return f"cmpl-___prefill_addr_{zmq(pbase)}___decode_addr_{zmq(dbase)}_{HEX}-1a2b3c4d"
+
+
+# ---- the scheduler half ---------------------------------------------------------------------------------
+
+def test_producer_pushes_the_prompt_minus_its_last_token_and_keeps_the_blocks() -> None:
+    s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS,
+                        block_ids_of=Blocks({"p": [5, 2, 9, 11]}))
+    s.idle_step_s = 0
+    r = Req("p", PROMPT, {"do_remote_decode": True, "transfer_id": "tx-w", "remote_tp_size": 2})
+    s.update_state_after_alloc(r, [5, 2, 9], 0)
+    plan = s.build_connector_meta({"p": PROMPT})
+    assert not plan.holds
+    # 2*BS+3 tokens: the decode loads 2*BS+2 (it recomputes the last), 3 blocks; the third is the
+    # prompt's partial last block, so its rows past the prompt are zeroed first.
+    assert [(x.request_id, x.transfer_id, x.block_ids, x.num_tokens) for x in plan.pushes] == \
+        [("p", "tx-w", [5, 2, 9], PROMPT)]
+    assert plan.pushes[0].params["remote_tp_size"] == 2
+    # Whatever the finish status, the decode waits for this push: the blocks stay until it is freed.
+    r.num_computed_tokens = PROMPT
+    assert s.request_finished(r, [5, 2, 9], length_capped=False) == (True, None)
+
+
+def test_producer_full_last_block_is_not_pushed_nor_zeroed() -> None:
+    # 2*BS+1 tokens: the last block holds only the last token, which the decode recomputes.
+    s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS,
+                        block_ids_of=Blocks({"p": [5, 2, 9]}))
+    s.idle_step_s = 0
+    r = Req("p", 2 * BS + 1, {"do_remote_decode": True, "transfer_id": "tx-w"})
+    s.update_state_after_alloc(r, [5, 2, 9], 0)
+    (push,) = s.build_connector_meta({"p": 2 * BS + 1}).pushes
+    assert (push.block_ids, push.num_tokens) == ([5, 2], None)
+
+
+def test_producer_finished_before_its_push_fails_the_decode_at_once() -> None:
+    s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS, block_ids_of=Blocks({"p": [1]}))
+    s.idle_step_s = 0
+    r = Req("cmpl-x", 40, {"do_remote_decode": True, "transfer_id": "tx-a"})
+    s.update_state_after_alloc(r, [1, 2, 3], 0)
+    assert not s.build_connector_meta({"cmpl-x": 16})            # a first chunk: nothing pushed yet
+    assert s.request_finished(r, [1, 2, 3], length_capped=False, aborted=True) == (False, None)
+    (rel,) = s.build_connector_meta({}).releases
+    assert (rel.request_id, rel.params["transfer_id"], rel.reason, rel.write) == ("cmpl-x", "tx-a", "aborted", True)
+
+
+def test_consumer_expects_the_blocks_it_allocated() -> None:
+    s = PdlinkScheduler(wconfig("kv_consumer", 23200), tp_size=1, block_size=BS)
+    s.idle_step_s = 0
+    # No remote_block_ids in WRITE mode: the prefill writes into the blocks the decode announces.
+    r = Req("d", PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": 1})
+    assert s.get_num_new_matched_tokens(r, 0) == (PROMPT - 1, True)
+    s.update_state_after_alloc(r, [7, 3, 10], PROMPT - 1)
+    plan = s.build_connector_meta({})
+    assert [(x.request_id, x.block_ids, x.params["transfer_id"]) for x in plan.expects] == [("d", [7, 3, 10], "tx-w")]
+    assert not plan.pulls and not plan.releases
+
+
+def test_consumer_with_a_local_prefix_gives_the_push_up() -> None:
+    s = PdlinkScheduler(wconfig("kv_consumer", 23200), tp_size=1, block_size=BS)
+    s.idle_step_s = 0
+    r = Req("d", PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w"})
+    assert s.get_num_new_matched_tokens(r, BS) == (PROMPT - 1 - BS, True)
+    s.update_state_after_alloc(r, [7, 3, 10], PROMPT - 1 - BS)
+    plan = s.build_connector_meta({})
+    assert not plan.expects and [(x.reason, x.write) for x in plan.releases] == [("unpulled", True)]
+
+
+def test_worker_pushes_zeroes_first_and_reports_sent_when_freed() -> None:
+    w = fake_worker("kv_producer")
+    calls: List[Any] = w.inst.calls
+    w.inst.zero_tail = lambda ids, n: calls.append(("zero_tail", list(ids), n))
+    w.inst.push = lambda params, ids, rid: calls.append(("push", params["transfer_id"], list(ids), rid))
+    w.wait_for_save(StepPlan(pushes=[PushOrder("r1", "t1", {"transfer_id": "t1"}, [1, 2], 20),
+                                     PushOrder("r2", "t2", {"transfer_id": "t2"}, [3], None)]))
+    assert calls == [("zero_tail", [1, 2], 20), ("push", "t1", [1, 2], "r1"), ("push", "t2", [3], "r2")]
+    w.inst.pending_events = [("freed", "t1", 0)]
+    assert w.get_transfer_results({"r1"}) == ({"r1"}, set(), set())
+    assert w.stats["pushes"] == 2
+
+
+def test_worker_failed_push_does_not_pin_blocks() -> None:
+    w = fake_worker("kv_producer")
+
+    def refuse(*_: Any) -> None:
+        raise RuntimeError("no consumer address")
+    w.inst.push = refuse
+    w.wait_for_save(StepPlan(pushes=[PushOrder("r", "t", {"transfer_id": "t"}, [1], None)]))
+    assert w.stats["pushes_failed"] == 1
+    assert w.get_transfer_results({"r"}) == ({"r"}, set(), set())
+
+
+def test_worker_write_release_names_the_request() -> None:
+    from pdlink.vllm.scheduler import ReleaseOrder
+    w = fake_worker("kv_consumer")
+    seen: List[Any] = []
+    w.inst.release = lambda params, rid: seen.append(rid)
+    w.start_load_kv(StepPlan(releases=[ReleaseOrder("cmpl-r", {"transfer_id": "t"}, "unpulled", True),
+                                       ReleaseOrder("cmpl-s", {"transfer_id": "u"}, "unpulled", False)]))
+    assert seen == ["cmpl-r", None]        # WRITE: the id carries the peer's address; READ: params do
+    assert isinstance(w.inst, FakeInstance)
+
+
+# ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
+
+def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any) -> None:
+    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
+    w = PdlinkWorker(wconfig("kv_producer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
+    w.register_kv_caches(caches)
+    rank_fill(whole, ids, tp, rank)
+    plan: StepPlan = q_in.get()
+    w.wait_for_save(plan)
+    rid = plan.pushes[0].request_id
+    sent: set = set()
+    for _ in range(3000):
+        s, _r, _f = w.get_transfer_results({rid})
+        sent |= s
+        if sent:
+            break
+        time.sleep(0.01)
+    q_out.put(("sent", rank, sorted(sent), w.counters()))
+    w.shutdown()
+
+
+def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
+    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
+    whole[:] = -1.0
+    w = PdlinkWorker(wconfig("kv_consumer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
+    w.register_kv_caches(caches)
+    q_out.put(("up", rank))
+    plan: StepPlan = q_in.get()
+    w.start_load_kv(plan)
+    ex: ExpectOrder = plan.expects[0]
+    got = (set(), set())
+    for _ in range(3000):
+        _s, r, f = w.get_transfer_results(set())
+        if r:
+            got = (r, f)
+            break
+        time.sleep(0.01)
+    want = np.full_like(whole, -1.0)
+    rank_fill(want, ex.block_ids, tp, rank)
+    q_out.put(("received", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), w.counters()))
+    w.shutdown()
+
+
+@pytest.mark.parametrize("p_tp,d_tp", [(1, 1), (2, 1), (1, 2)])
+def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> None:
+    """Both legs at once, as vllm-router's WRITE dispatch sends them: every decode rank ends with exactly
+    its heads of the pushed blocks (other blocks keep the sentinel) and reports the request loaded;
+    every prefill rank reports it sent once its push was written."""
+    ctx = mp.get_context("spawn")
+    pbase = free_range(120)
+    dbase = pbase + 60
+    p_ids, d_ids = [5, 2, 9], [7, 3, 10]
+    rid = request_id(pbase, dbase)
+    out = ctx.Queue()
+    pq = [ctx.Queue() for _ in range(p_tp)]
+    cq = [ctx.Queue() for _ in range(d_tp)]
+    procs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out)) for r in range(d_tp)]
+    procs += [ctx.Process(target=producer_rank, args=(p_tp, r, pbase, p_ids, pq[r], out)) for r in range(p_tp)]
+    for p in procs:
+        p.start()
+    try:
+        assert sorted(out.get(timeout=60) for _ in range(d_tp)) == [("up", r) for r in range(d_tp)]
+        cs = PdlinkScheduler(wconfig("kv_consumer", dbase), tp_size=d_tp, block_size=BS)
+        dreq = Req(rid, PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": p_tp,
+                                 "remote_dp_size": 1})
+        n, is_async = cs.get_num_new_matched_tokens(dreq, 0)
+        assert (n, is_async) == (PROMPT - 1, True)
+        cs.update_state_after_alloc(dreq, d_ids, n)
+        dplan = cs.build_connector_meta({})
+        for q in cq:
+            q.put(dplan)
+
+        ps = PdlinkScheduler(wconfig("kv_producer", pbase), tp_size=p_tp, block_size=BS,
+                             block_ids_of=Blocks({rid: p_ids + [11]}))
+        preq = Req(rid, PROMPT, {"do_remote_decode": True, "transfer_id": "tx-w", "remote_tp_size": d_tp,
+                                 "remote_dp_size": 1})
+        ps.update_state_after_alloc(preq, p_ids, 0)
+        pplan = ps.build_connector_meta({rid: PROMPT})
+        for q in pq:
+            q.put(pplan)
+        assert ps.request_finished(preq, p_ids + [11], length_capped=True) == (True, None)
+        msgs = [out.get(timeout=120) for _ in range(d_tp + p_tp)]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    received = [m for m in msgs if m[0] == "received"]
+    sent = [m for m in msgs if m[0] == "sent"]
+    assert len(received) == d_tp and len(sent) == p_tp
+    for _, rank, recv, failed, exact, _counters in received:
+        assert (recv, failed, exact) == ([rid], [], True), f"decode rank {rank}"
+    for _, rank, s, counters in sent:
+        assert s == [rid], f"prefill rank {rank} never reported the push freed"
+        assert counters["connector"]["pushes"] == 1 and counters["held_now"] == 0
+    assert sum(c["pdlink"]["kv_bytes"] for *_, c in sent) == LAYERS * 3 * HEADS * BS * 2 * HD * 4
