@@ -102,8 +102,25 @@ typedef struct pdl_connector_config {
     bool scrub_freed_blocks;
 } pdl_connector_config_t;
 
-/* Fill cfg with MoRIIO's defaults (role producer). Cannot fail. */
+/* Fill cfg with MoRIIO's defaults (role consumer, as upstream takes any kv_role but kv_producer); the
+ * defaults of the extra config keys are those pdl_connector_config_key lists. Cannot fail. */
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg);
+
+/*
+ * One key of kv_connector_extra_config, as the parser reads it (pdlink-node --help-config prints them;
+ * docs/connector.md lists the same). The strings are static; range is a copy.
+ */
+typedef struct pdl_connector_config_key {
+    const char *name; /* the JSON key, e.g. "read_mode" */
+    const char *type; /* string, port, integer, seconds, bool, backend, hosts or peers */
+    const char *def;  /* the default as text; "" = empty */
+    char range[192];  /* the values accepted, worded as a wrong value's error message words them */
+    const char *doc;  /* what it means; pdlink's own keys (upstream has none of them) start "pdlink: " */
+} pdl_connector_config_key_t;
+
+/* Fill *key with row i of the key table (0, 1, ... in a fixed order). Returns false, leaving *key
+ * untouched, when i is past the last row or key is NULL. Cannot fail otherwise. */
+bool pdl_connector_config_key(size_t i, pdl_connector_config_key_t *key);
 
 /*
  * Parse a whole --kv-transfer-config JSON text, after resetting cfg to the defaults

@@ -1,9 +1,11 @@
 /*
- * config.c -- kv_connector_extra_config / --kv-transfer-config parsing (docs/protocol.md#configuration).
+ * config.c -- kv_connector_extra_config / --kv-transfer-config parsing (docs/connector.md#configuration).
  *
- * The table below is the documentation: one row per MoRIIO key with its default and parser. Values are
- * taken the way upstream takes them: ports may be JSON integers or numeric strings (upstream calls
- * int(...)), read_mode accepts true / "true" / "1" / 1 (upstream: str(v).lower().strip() in
+ * One table (k_rows) has a row per kv_connector_extra_config key: name, value type, field, default,
+ * range and meaning. The defaults, the parser, its error messages (naming the key, what it accepts and
+ * the value) and pdl_connector_config_key (what pdlink-node --help-config prints) all read it.
+ * Values are taken the way upstream takes them: ports may be JSON integers or numeric strings (upstream
+ * calls int(...)), booleans accept true / "true" / "1" / 1 (upstream: str(v).lower().strip() in
  * ("true", "1")), timeouts are seconds as numbers or numeric strings. A falsy handshake_port or
  * notify_port (0, "") means the default, as upstream's _set_port_defaults does.
  * backend: "tcp", "shm", "ucx" and "cuda" (KV in GPU memory, GPUs of one host: the instance's
@@ -26,27 +28,6 @@
 
 _Static_assert(PDL_CONNECTOR_HOST_MAX == PDL_WIRE_HOST_MAX, "connector and wire must agree on host names");
 #include "common/log.h"
-
-void pdl_connector_config_defaults(pdl_connector_config_t *cfg)
-{
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->role = PDL_ROLE_CONSUMER;
-    strcpy(cfg->host_ip, "127.0.0.1");
-    cfg->handshake_port = 6301;
-    cfg->notify_port = 61005;
-    cfg->read_mode = false;
-    cfg->backend = PDL_BACKEND_TCP;
-    cfg->backend_mapped_from_rdma = true; /* upstream's default backend is "rdma" */
-    cfg->qp_per_transfer = 1;
-    cfg->num_workers = 1;
-    cfg->post_batch_size = -1;
-    cfg->transfer_timeout_s = 30.0;
-    cfg->defer_timeout_s = 60.0;
-    cfg->handshake_timeout_s = 10.0;
-    cfg->peer_backoff_s = 2.0;
-    cfg->peer_backoff_max_s = 30.0;
-    cfg->consumer_gone_timeout_s = 5.0;
-}
 
 /* Integer from a JSON integer, an integral real, or a string of decimal digits. */
 static bool json_to_ll(const json_t *v, long long *out)
@@ -110,222 +91,404 @@ static void json_brief(const json_t *v, char *buf, size_t cap)
     free(s);
 }
 
-typedef enum { K_STR, K_PORT, K_BASE_PORT, K_BOOL, K_BACKEND, K_POSINT, K_BATCH, K_SECONDS, K_HOSTS, K_PREWARM } key_kind_t;
+/*
+ * The keys. A row names its key, its value type, the field it fills, its default as text, its range and
+ * what it means; the type (k_types) turns a JSON value into the field, stores the row's default and says
+ * what it accepts. pdl_connector_config_defaults, the parser, the error messages and pdlink-node
+ * --help-config all read these rows, so a key's default and range are written once.
+ */
+typedef struct key_row key_row_t;
 
-typedef struct key_row {
-    const char *name;
-    key_kind_t kind;
-    size_t offset;
-    const char *doc;
-} key_row_t;
+typedef struct key_type {
+    const char *name; /* printed by --help-config */
+    pdl_status_t (*parse)(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err);
+    void (*set_default)(const key_row_t *row, pdl_connector_config_t *cfg);
+    /* What the row accepts, as error messages and --help-config say it. */
+    void (*range)(const key_row_t *row, char *buf, size_t cap);
+} key_type_t;
 
-#define OFF(f) offsetof(pdl_connector_config_t, f)
-static const key_row_t k_rows[] = {
-    {"host_ip", K_STR, OFF(host_ip), "address advertised to peers (default 127.0.0.1)"},
-    {"proxy_ip", K_STR, OFF(proxy_ip), "router discovery address; empty = no discovery ping"},
-    {"proxy_ping_port", K_PORT, OFF(proxy_ping_port), "router discovery port"},
-    {"http_port", K_PORT, OFF(http_port), "this instance's HTTP port, advertised in the ping"},
-    {"handshake_port", K_BASE_PORT, OFF(handshake_port), "base handshake port (6301); rank offset added"},
-    {"notify_port", K_BASE_PORT, OFF(notify_port), "base notify port (61005); rank offset added"},
-    {"read_mode", K_BOOL, OFF(read_mode), "true: READ (decode pulls); false: WRITE (default)"},
-    {"backend", K_BACKEND, OFF(backend),
-     "tcp | shm | ucx | cuda (GPU KV of one host, CUDA IPC) | rdma (ucx with RDMA, else tcp) | xgmi (mapped to shm)"},
-    {"qp_per_transfer", K_POSINT, OFF(qp_per_transfer), "connections per session (1)"},
-    {"num_workers", K_POSINT, OFF(num_workers), "engine worker threads (1)"},
-    {"post_batch_size", K_BATCH, OFF(post_batch_size), "descriptors per posted batch; -1 = engine's choice"},
-    {"transfer_timeout", K_SECONDS, OFF(transfer_timeout_s), "read deadline in seconds (30)"},
-    {"defer_timeout", K_SECONDS, OFF(defer_timeout_s), "lease of held blocks in seconds (60)"},
-    {"handshake_timeout", K_SECONDS, OFF(handshake_timeout_s), "handshake deadline in seconds (10)"},
-    {"peer_backoff", K_SECONDS, OFF(peer_backoff_s),
-     "pdlink: after a peer failed, requests fail fast for this long before one retries; doubles per failure (2)"},
-    {"peer_backoff_max", K_SECONDS, OFF(peer_backoff_max_s), "pdlink: cap of peer_backoff's doubling (30)"},
-    {"consumer_gone_timeout", K_SECONDS, OFF(consumer_gone_timeout_s),
-     "pdlink: a producer frees the holds of a consumer unreachable for this long (5)"},
-    {"trusted_hosts", K_HOSTS, OFF(trusted_hosts),
-     "pdlink: addresses/CIDRs (list or comma-separated string) a decode may dial and a producer serves; "
-     "empty = everyone"},
-    {"prewarm_peers", K_PREWARM, OFF(prewarm_peers),
-     "pdlink: producers a READ decode (consumers a WRITE prefill) handshakes with and maps at start-up, in "
-     "the background: a list of "
-     "\"host:handshake_port[:tp[:dp]]\" (or one comma-separated string)"},
-    {"bind_all", K_BOOL, OFF(bind_all),
-     "pdlink: listen on every address instead of host_ip only (false; upstream binds every address)"},
-    {"scrub_freed_blocks", K_BOOL, OFF(scrub_freed_blocks),
-     "pdlink: zero freed KV blocks on every rank before they are reused (false)"},
-    {"auth_key_file", K_STR, OFF(auth_key_file),
-     "pdlink: the cluster key file of authenticated mode (CURVE on control sockets, a challenge on data "
-     "connections; pdlink peers only); empty = compatible mode"},
+enum {
+    /* null, "" and 0 mean the default, as upstream's _set_port_defaults and resolve_host_ip take them. */
+    ROW_FALSY_IS_DEFAULT = 1u << 0,
+    /* 0 is outside the range even when lo < 0 < hi (post_batch_size: -1 or a positive count). */
+    ROW_NOT_ZERO = 1u << 1,
 };
-#undef OFF
 
-static pdl_status_t parse_row(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+struct key_row {
+    const char *name;
+    const key_type_t *type;
+    size_t offset, size; /* the field; the setter types (backend, prewarm_peers) fill their fields by name */
+    const char *def;     /* the default as text: what set_default stores and --help-config prints */
+    double lo, hi;       /* numbers: the accepted range (seconds: lo exclusive) */
+    unsigned flags;
+    const char *doc;
+};
+
+static void *row_field(const key_row_t *row, pdl_connector_config_t *cfg)
 {
-    char vb[96];
-    long long ll;
-    double d;
-    char *base = (char *)cfg;
-    json_brief(v, vb, sizeof(vb));
-    switch (row->kind) {
-    case K_STR: {
-        if (json_is_null(v))
-            return PDL_OK;
-        if (!json_is_string(v))
-            return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: expected a string, got %s",
-                                 row->name, vb);
-        const char *s = json_string_value(v);
-        if (strlen(s) > PDL_WIRE_HOST_MAX)
-            return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: longer than %d bytes",
-                                 row->name, PDL_WIRE_HOST_MAX);
-        /* An empty host_ip falls back to the default, as upstream's resolve_host_ip does. */
-        if (s[0] == '\0' && strcmp(row->name, "host_ip") == 0)
-            return PDL_OK;
-        strcpy(base + row->offset, s);
-        return PDL_OK;
-    }
-    case K_PORT:
-    case K_BASE_PORT:
-        if (row->kind == K_BASE_PORT && (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0)))
-            return PDL_OK;
-        if (!json_to_ll(v, &ll) || ll < 0 || ll > 65535)
-            return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: expected a port 0-65535, got %s",
-                                 row->name, vb);
-        if (row->kind == K_BASE_PORT && ll == 0)
-            return PDL_OK;
-        *(int *)(base + row->offset) = (int)ll;
-        return PDL_OK;
-    case K_BOOL:
-        if (json_is_boolean(v)) {
-            *(bool *)(base + row->offset) = json_is_true(v);
-            return PDL_OK;
-        }
-        if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
-            *(bool *)(base + row->offset) = json_integer_value(v) == 1;
-            return PDL_OK;
-        }
-        if (json_is_string(v)) {
-            char t[16];
-            const char *s = json_string_value(v);
-            while (isspace((unsigned char)*s))
-                s++;
-            snprintf(t, sizeof(t), "%s", s);
-            for (size_t n = strlen(t); n > 0 && isspace((unsigned char)t[n - 1]); n--)
-                t[n - 1] = '\0';
-            if (strcasecmp(t, "true") == 0 || strcmp(t, "1") == 0) {
-                *(bool *)(base + row->offset) = true;
-                return PDL_OK;
-            }
-            if (strcasecmp(t, "false") == 0 || strcmp(t, "0") == 0) {
-                *(bool *)(base + row->offset) = false;
-                return PDL_OK;
-            }
-        }
-        return pdl_error_set(err, PDL_ERR_INVALID,
-                             "kv_connector_extra_config.%s: expected true/false, \"true\"/\"false\", \"1\"/\"0\" or 1/0, got %s",
-                             row->name, vb);
-    case K_BACKEND: {
-        if (!json_is_string(v))
-            return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: expected a string, got %s",
-                                 row->name, vb);
-        const char *s = json_string_value(v);
-        if (strcasecmp(s, "rdma") == 0) {
-            char why[256];
-            cfg->backend = pdl_backend_pick_rdma(why, sizeof(why));
-            cfg->backend_mapped_from_rdma = true;
-            pdl_info("kv_connector_extra_config.backend \"rdma\": %s", why);
-            return PDL_OK;
-        }
-        if (strcasecmp(s, "xgmi") == 0) {
-            cfg->backend = PDL_BACKEND_SHM;
-            cfg->backend_mapped_from_rdma = true;
-            pdl_info("kv_connector_extra_config.backend \"xgmi\": using pdlink's shm engine (same host)");
-            return PDL_OK;
-        }
-        int b = pdl_backend_parse(s);
-        if (b < 0)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "kv_connector_extra_config.%s: unknown backend %s (expected \"tcp\", \"shm\", \"ucx\", \"cuda\", "
-                                 "\"rdma\" or \"xgmi\")",
-                                 row->name, vb);
-        cfg->backend = (pdl_backend_kind_t)b;
-        cfg->backend_mapped_from_rdma = false;
-        return PDL_OK;
-    }
-    case K_POSINT:
-        if (!json_to_ll(v, &ll) || ll < 1 || ll > 1024)
-            return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: expected an integer 1-1024, got %s",
-                                 row->name, vb);
-        *(int *)(base + row->offset) = (int)ll;
-        return PDL_OK;
-    case K_BATCH:
-        if (!json_to_ll(v, &ll) || ll == 0 || ll < -1 || ll > 1000000)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "kv_connector_extra_config.%s: expected -1 or a positive integer, got %s", row->name, vb);
-        *(int *)(base + row->offset) = (int)ll;
-        return PDL_OK;
-    case K_PREWARM: {
-        size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        for (size_t i = 0; i < n; i++) {
-            const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-            if (!json_is_string(e))
-                return pdl_error_set(err, PDL_ERR_INVALID,
-                                     "kv_connector_extra_config.%s: expected a list of \"host:port[:tp[:dp]]\" "
-                                     "strings or one comma-separated string, got %s", row->name, vb);
-            /* One string may hold several entries, comma-separated (as trusted_hosts). */
-            const char *p = json_string_value(e);
-            char one[PDL_CONNECTOR_HOST_MAX + 48];
-            while (*p) {
-                size_t len = strcspn(p, ",");
-                if (len >= sizeof(one))
-                    return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: entry %.40s... is "
-                                         "longer than %zu bytes", row->name, p, sizeof(one) - 1);
-                memcpy(one, p, len);
-                one[len] = '\0';
-                pdl_status_t st = pdl_connector_config_add_prewarm(cfg, one, err);
-                if (st != PDL_OK)
-                    return pdl_error_prefix(err, st, "kv_connector_extra_config.%s", row->name);
-                p += len + (p[len] == ',');
-            }
-        }
-        return PDL_OK;
-    }
-    case K_HOSTS: {
-        /* A JSON list of strings or one comma-separated string; kept as text, checked here. */
-        char *out = base + row->offset;
-        size_t cap = PDL_CONNECTOR_TRUSTED_MAX + 1, len = 0;
-        out[0] = '\0';
-        size_t n = json_is_array(v) ? json_array_size(v) : 1;
-        for (size_t i = 0; i < n; i++) {
-            const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-            if (!json_is_string(e))
-                return pdl_error_set(err, PDL_ERR_INVALID,
-                                     "kv_connector_extra_config.%s: expected a list of addresses/CIDRs or a "
-                                     "comma-separated string, got %s", row->name, vb);
-            int w = snprintf(out + len, cap - len, "%s%s", len ? "," : "", json_string_value(e));
-            if (w < 0 || (size_t)w >= cap - len)
-                return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: longer than %d bytes",
-                                     row->name, PDL_CONNECTOR_TRUSTED_MAX);
-            len += (size_t)w;
-        }
-        pdl_cidrs_t l;
-        pdl_status_t st = pdl__cidrs_parse(out, &l, err);
-        if (st != PDL_OK) {
-            pdl_error_prefix(err, st, "kv_connector_extra_config");
-            return st;
-        }
-        pdl__cidrs_free(&l);
-        return PDL_OK;
-    }
-    case K_SECONDS:
-        if (!json_to_double(v, &d) || d <= 0 || d > 86400.0 * 365)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "kv_connector_extra_config.%s: expected a positive number of seconds, got %s", row->name,
-                                 vb);
-        *(double *)(base + row->offset) = d;
-        return PDL_OK;
-    }
-    return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: internal error", row->name);
+    return (char *)cfg + row->offset;
 }
 
+/* The one error of a wrong value: the key, what it accepts and what it got. */
+static pdl_status_t bad_value(const key_row_t *row, const json_t *v, pdl_error_t *err)
+{
+    char range[sizeof(((pdl_connector_config_key_t *)0)->range)], got[96];
+    row->type->range(row, range, sizeof(range));
+    json_brief(v, got, sizeof(got));
+    return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: expected %s, got %s", row->name, range,
+                         got);
+}
+
+/* -- strings: at most the field's size - 1 bytes; null leaves the field as it is -- */
+
+static void string_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    snprintf(row_field(row, cfg), row->size, "%s", row->def);
+}
+
+static pdl_status_t string_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    if (json_is_null(v))
+        return PDL_OK;
+    if (!json_is_string(v) || json_string_length(v) > row->size - 1)
+        return bad_value(row, v, err);
+    if (json_string_length(v) == 0 && (row->flags & ROW_FALSY_IS_DEFAULT)) {
+        string_default(row, cfg);
+        return PDL_OK;
+    }
+    memcpy(row_field(row, cfg), json_string_value(v), json_string_length(v) + 1);
+    return PDL_OK;
+}
+
+static void string_range(const key_row_t *row, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "a string of at most %zu bytes%s", row->size - 1,
+             (row->flags & ROW_FALSY_IS_DEFAULT) ? "; \"\" = the default" : "");
+}
+
+/* -- integers and ports: a JSON integer, an integral real or a numeric string, in [lo, hi] -- */
+
+static void int_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    *(int *)row_field(row, cfg) = (int)strtol(row->def, NULL, 10);
+}
+
+static pdl_status_t int_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    bool falsy_is_default = (row->flags & ROW_FALSY_IS_DEFAULT) != 0;
+    long long ll = 0;
+    if (!(falsy_is_default && (json_is_null(v) || (json_is_string(v) && json_string_length(v) == 0))) &&
+        (!json_to_ll(v, &ll) || ll < (long long)row->lo || ll > (long long)row->hi ||
+         (ll == 0 && (row->flags & ROW_NOT_ZERO))))
+        return bad_value(row, v, err);
+    if (ll == 0 && falsy_is_default) {
+        int_default(row, cfg);
+        return PDL_OK;
+    }
+    *(int *)row_field(row, cfg) = (int)ll;
+    return PDL_OK;
+}
+
+static void int_range(const key_row_t *row, char *buf, size_t cap)
+{
+    if (row->flags & ROW_NOT_ZERO)
+        snprintf(buf, cap, "%.0f or an integer 1-%.0f", row->lo, row->hi);
+    else
+        snprintf(buf, cap, "an integer %.0f-%.0f (a number or a numeric string)%s", row->lo, row->hi,
+                 (row->flags & ROW_FALSY_IS_DEFAULT) ? "; 0 or \"\" = the default" : "");
+}
+
+/* -- seconds: a number or a numeric string, more than lo and at most hi -- */
+
+static void seconds_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    *(double *)row_field(row, cfg) = strtod(row->def, NULL);
+}
+
+static pdl_status_t seconds_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg,
+                                  pdl_error_t *err)
+{
+    double d;
+    if (!json_to_double(v, &d) || d <= row->lo || d > row->hi)
+        return bad_value(row, v, err);
+    *(double *)row_field(row, cfg) = d;
+    return PDL_OK;
+}
+
+static void seconds_range(const key_row_t *row, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "seconds above %.0f and at most %.0f (a number or a numeric string)", row->lo, row->hi);
+}
+
+/* -- booleans, in every form upstream's str(v).lower().strip() in ("true", "1") takes, and their opposites -- */
+
+static void bool_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    *(bool *)row_field(row, cfg) = strcmp(row->def, "true") == 0;
+}
+
+static pdl_status_t bool_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    bool *out = row_field(row, cfg);
+    if (json_is_boolean(v)) {
+        *out = json_is_true(v);
+        return PDL_OK;
+    }
+    if (json_is_integer(v) && (json_integer_value(v) == 0 || json_integer_value(v) == 1)) {
+        *out = json_integer_value(v) == 1;
+        return PDL_OK;
+    }
+    if (json_is_string(v)) {
+        char t[16];
+        const char *s = json_string_value(v);
+        while (isspace((unsigned char)*s))
+            s++;
+        snprintf(t, sizeof(t), "%s", s);
+        for (size_t n = strlen(t); n > 0 && isspace((unsigned char)t[n - 1]); n--)
+            t[n - 1] = '\0';
+        if (strcasecmp(t, "true") == 0 || strcmp(t, "1") == 0 || strcasecmp(t, "false") == 0 || strcmp(t, "0") == 0) {
+            *out = strcasecmp(t, "true") == 0 || strcmp(t, "1") == 0;
+            return PDL_OK;
+        }
+    }
+    return bad_value(row, v, err);
+}
+
+static void bool_range(const key_row_t *row, char *buf, size_t cap)
+{
+    (void)row;
+    snprintf(buf, cap, "true/false, \"true\"/\"false\" (any case), \"1\"/\"0\" or 1/0");
+}
+
+/* -- backend: sets backend and backend_mapped_from_rdma -- */
+
+static void backend_range(const key_row_t *row, char *buf, size_t cap)
+{
+    (void)row;
+    snprintf(buf, cap, "\"tcp\", \"shm\", \"ucx\", \"cuda\", \"rdma\" or \"xgmi\"");
+}
+
+/* No key is upstream's default "rdma", taken as tcp without asking UCX: a config that names no backend
+ * starts the same engine on every host. */
+static void backend_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    cfg->backend = (pdl_backend_kind_t)pdl_backend_parse(row->def);
+    cfg->backend_mapped_from_rdma = true;
+}
+
+static pdl_status_t backend_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg,
+                                  pdl_error_t *err)
+{
+    if (!json_is_string(v))
+        return bad_value(row, v, err);
+    const char *s = json_string_value(v);
+    if (strcasecmp(s, "rdma") == 0) {
+        char why[256];
+        cfg->backend = pdl_backend_pick_rdma(why, sizeof(why));
+        cfg->backend_mapped_from_rdma = true;
+        pdl_info("kv_connector_extra_config.backend \"rdma\": %s", why);
+        return PDL_OK;
+    }
+    if (strcasecmp(s, "xgmi") == 0) {
+        cfg->backend = PDL_BACKEND_SHM;
+        cfg->backend_mapped_from_rdma = true;
+        pdl_info("kv_connector_extra_config.backend \"xgmi\": using pdlink's shm engine (same host)");
+        return PDL_OK;
+    }
+    int b = pdl_backend_parse(s);
+    if (b < 0) {
+        char range[sizeof(((pdl_connector_config_key_t *)0)->range)];
+        backend_range(row, range, sizeof(range));
+        return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: unknown backend \"%.60s\" (expected %s)",
+                             row->name, s, range);
+    }
+    cfg->backend = (pdl_backend_kind_t)b;
+    cfg->backend_mapped_from_rdma = false;
+    return PDL_OK;
+}
+
+/* -- lists: a JSON list of strings or one string of comma-separated entries -- */
+
+static size_t list_len(const json_t *v)
+{
+    return json_is_array(v) ? json_array_size(v) : 1;
+}
+
+static const json_t *list_get(const json_t *v, size_t i)
+{
+    return json_is_array(v) ? json_array_get(v, i) : v;
+}
+
+/* trusted_hosts is kept as text (the engine and the instance parse it again) and checked here. */
+static void hosts_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    string_default(row, cfg);
+}
+
+static pdl_status_t hosts_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    char *out = row_field(row, cfg);
+    size_t len = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < list_len(v); i++) {
+        const json_t *e = list_get(v, i);
+        if (!json_is_string(e))
+            return bad_value(row, v, err);
+        int w = snprintf(out + len, row->size - len, "%s%s", len ? "," : "", json_string_value(e));
+        if (w < 0 || (size_t)w >= row->size - len)
+            return bad_value(row, v, err);
+        len += (size_t)w;
+    }
+    pdl_cidrs_t l;
+    pdl_status_t st = pdl__cidrs_parse(out, &l, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, st, "kv_connector_extra_config");
+    pdl__cidrs_free(&l);
+    return PDL_OK;
+}
+
+static void hosts_range(const key_row_t *row, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "a list of numeric addresses or CIDRs, or one comma- or space-separated string of them, at "
+                       "most %zu bytes", row->size - 1);
+}
+
+/* prewarm_peers appends to prewarm_peers[] through pdl_connector_config_add_prewarm. */
+static void peers_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    (void)row;
+    memset(cfg->prewarm_peers, 0, sizeof(cfg->prewarm_peers));
+    cfg->num_prewarm_peers = 0;
+}
+
+static pdl_status_t peers_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    for (size_t i = 0; i < list_len(v); i++) {
+        const json_t *e = list_get(v, i);
+        if (!json_is_string(e))
+            return bad_value(row, v, err);
+        const char *p = json_string_value(e);
+        char one[PDL_CONNECTOR_HOST_MAX + 48];
+        while (*p) {
+            size_t len = strcspn(p, ",");
+            if (len >= sizeof(one))
+                return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: entry %.40s... is longer "
+                                     "than %zu bytes", row->name, p, sizeof(one) - 1);
+            memcpy(one, p, len);
+            one[len] = '\0';
+            pdl_status_t st = pdl_connector_config_add_prewarm(cfg, one, err);
+            if (st != PDL_OK)
+                return pdl_error_prefix(err, st, "kv_connector_extra_config.%s", row->name);
+            p += len + (p[len] == ',');
+        }
+    }
+    return PDL_OK;
+}
+
+static void peers_range(const key_row_t *row, char *buf, size_t cap)
+{
+    (void)row;
+    snprintf(buf, cap, "a list of \"host:handshake_port[:tp[:dp]]\" strings (IPv6: [addr]:port) or one "
+                       "comma-separated string of them, at most %d", PDL_CONNECTOR_PREWARM_MAX);
+}
+
+static const key_type_t t_string = {"string", string_parse, string_default, string_range};
+static const key_type_t t_port = {"port", int_parse, int_default, int_range};
+static const key_type_t t_int = {"integer", int_parse, int_default, int_range};
+static const key_type_t t_seconds = {"seconds", seconds_parse, seconds_default, seconds_range};
+static const key_type_t t_bool = {"bool", bool_parse, bool_default, bool_range};
+static const key_type_t t_backend = {"backend", backend_parse, backend_default, backend_range};
+static const key_type_t t_hosts = {"hosts", hosts_parse, hosts_default, hosts_range};
+static const key_type_t t_peers = {"peers", peers_parse, peers_default, peers_range};
+
+#define FIELD(f) offsetof(pdl_connector_config_t, f), sizeof(((pdl_connector_config_t *)0)->f)
+#define NO_FIELD 0, 0
+#define YEAR_S (86400.0 * 365)
+static const key_row_t k_rows[] = {
+    {"host_ip", &t_string, FIELD(host_ip), "127.0.0.1", 0, 0, ROW_FALSY_IS_DEFAULT,
+     "the address advertised to peers, and the one the ports listen on (see bind_all)"},
+    {"proxy_ip", &t_string, FIELD(proxy_ip), "", 0, 0, 0,
+     "the router's discovery address; \"\" = no discovery ping"},
+    {"proxy_ping_port", &t_port, FIELD(proxy_ping_port), "0", 0, 65535, 0, "the router's discovery port"},
+    {"http_port", &t_port, FIELD(http_port), "0", 0, 65535, 0,
+     "this instance's HTTP port, advertised in the discovery ping (pdlink-node: 0 = the port it bound)"},
+    {"handshake_port", &t_port, FIELD(handshake_port), "6301", 0, 65535, ROW_FALSY_IS_DEFAULT,
+     "the base handshake port; rank r of DP rank d listens on base + d*tp_size + r"},
+    {"notify_port", &t_port, FIELD(notify_port), "61005", 0, 65535, ROW_FALSY_IS_DEFAULT,
+     "the base notify port, offset like handshake_port"},
+    {"read_mode", &t_bool, FIELD(read_mode), "false", 0, 0, 0,
+     "true: READ (the decode pulls from the prefill); false: WRITE (the prefill pushes to the decode)"},
+    {"backend", &t_backend, NO_FIELD, "tcp", 0, 0, 0,
+     "the transfer engine: tcp, shm (one host), ucx, cuda (GPU KV of one host, CUDA IPC); \"rdma\" (upstream's "
+     "default) selects ucx when UCX offers an rc, dc or ud verbs transport, else tcp (always tcp without UCX in "
+     "the build); \"xgmi\" selects shm; both are logged with the reason. No key: tcp, UCX not consulted"},
+    {"qp_per_transfer", &t_int, FIELD(qp_per_transfer), "1", 1, 1024, 0, "connections per session"},
+    {"num_workers", &t_int, FIELD(num_workers), "1", 1, 1024, 0, "engine worker threads"},
+    {"post_batch_size", &t_int, FIELD(post_batch_size), "-1", -1, 1000000, ROW_NOT_ZERO,
+     "descriptors per posted batch; -1 = the engine's choice"},
+    {"transfer_timeout", &t_seconds, FIELD(transfer_timeout_s), "30", 0, YEAR_S, 0,
+     "a transfer's deadline: a pull or push waits this long for what it posted, a WRITE receive for its "
+     "write_done messages"},
+    {"defer_timeout", &t_seconds, FIELD(defer_timeout_s), "60", 0, YEAR_S, 0,
+     "the lease of held blocks: a producer rank frees a hold this long after it took it unless released (a "
+     "keepalive extends it); parked early releases and remote_blocks are dropped this old"},
+    {"handshake_timeout", &t_seconds, FIELD(handshake_timeout_s), "10", 0, YEAR_S, 0, "a handshake's deadline"},
+    {"peer_backoff", &t_seconds, FIELD(peer_backoff_s), "2", 0, YEAR_S, 0,
+     "pdlink: after a peer failed, requests to it fail at once for this long before one retries; doubles per "
+     "consecutive failure"},
+    {"peer_backoff_max", &t_seconds, FIELD(peer_backoff_max_s), "30", 0, YEAR_S, 0,
+     "pdlink: the cap of peer_backoff's doubling"},
+    {"consumer_gone_timeout", &t_seconds, FIELD(consumer_gone_timeout_s), "5", 0, YEAR_S, 0,
+     "pdlink: a producer frees the holds of a consumer unreachable this long (refused twice: sooner)"},
+    {"trusted_hosts", &t_hosts, FIELD(trusted_hosts), "", 0, 0, 0,
+     "pdlink: the hosts a decode may dial and a producer serves; \"\" = everyone"},
+    {"prewarm_peers", &t_peers, NO_FIELD, "", 0, 0, 0,
+     "pdlink: the producer instances a READ decode (the consumer instances a WRITE prefill) handshakes with and "
+     "maps at start-up, in the background; port is the remote's base handshake port, tp its TP size (omitted or "
+     "0: ours), dp its DP rank (0)"},
+    {"bind_all", &t_bool, FIELD(bind_all), "false", 0, 0, 0,
+     "pdlink: true: the handshake, notify and data ports listen on every address instead of host_ip only "
+     "(upstream binds every address)"},
+    {"scrub_freed_blocks", &t_bool, FIELD(scrub_freed_blocks), "false", 0, 0, 0,
+     "pdlink: true: zero a block's bytes on every rank before it goes back to the allocator, so freed blocks do "
+     "not keep earlier prompts' KV"},
+    {"auth_key_file", &t_string, FIELD(auth_key_file), "", 0, 0, 0,
+     "pdlink: the cluster key file of authenticated mode (CURVE on control sockets, a challenge on data "
+     "connections; pdlink peers only); \"\" = compatible mode"},
+};
+#undef YEAR_S
+#undef NO_FIELD
+#undef FIELD
+#define NROWS (sizeof(k_rows) / sizeof(k_rows[0]))
+
+void pdl_connector_config_defaults(pdl_connector_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->role = PDL_ROLE_CONSUMER;
+    for (size_t i = 0; i < NROWS; i++)
+        k_rows[i].type->set_default(&k_rows[i], cfg);
+}
+
+bool pdl_connector_config_key(size_t i, pdl_connector_config_key_t *key)
+{
+    if (i >= NROWS || key == NULL)
+        return false;
+    const key_row_t *row = &k_rows[i];
+    key->name = row->name;
+    key->type = row->type->name;
+    key->def = row->def;
+    row->type->range(row, key->range, sizeof(key->range));
+    key->doc = row->doc;
+    return true;
+}
+
+static const key_row_t *row_find(const char *name)
+{
+    for (size_t i = 0; i < NROWS; i++)
+        if (strcmp(k_rows[i].name, name) == 0)
+            return &k_rows[i];
+    return NULL;
+}
 /* Keys upstream or its deployments use that pdlink accepts and ignores without a warning. */
 static const char *const k_known_ignored[] = {"recv_abort_timeout", "allow_full_cudagraph", "trusted_remote_hosts", NULL};
 
@@ -340,10 +503,7 @@ static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_
     const char *key;
     json_t *v;
     json_object_foreach((json_t *)extra, key, v) {
-        const key_row_t *row = NULL;
-        for (size_t i = 0; i < sizeof(k_rows) / sizeof(k_rows[0]); i++)
-            if (strcmp(k_rows[i].name, key) == 0)
-                row = &k_rows[i];
+        const key_row_t *row = row_find(key);
         if (row == NULL) {
             bool ignored = false;
             for (int i = 0; k_known_ignored[i]; i++)
@@ -354,7 +514,7 @@ static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_
                 pdl_warn("kv_connector_extra_config: unknown key \"%s\" ignored", key);
             continue;
         }
-        pdl_status_t st = parse_row(row, v, cfg, err);
+        pdl_status_t st = row->type->parse(row, v, cfg, err);
         if (st != PDL_OK)
             return st;
     }

@@ -89,6 +89,8 @@ const char *pdl_node_args_usage(void)
            "  --http-body-timeout SECONDS    a request's body is due this long after its headers (pdlink; default\n"
            "                                 120; 0 = never for either)\n"
            "  --log-level error|warn|info|debug|trace\n"
+           "  --help-config                  the keys of kv_connector_extra_config: type, default, accepted\n"
+           "                                 values, meaning\n"
            "  --help, --version\n"
            "Accepted and ignored: --trust-remote-code --language-model-only --no-enable-prefix-caching\n"
            "  --enable-prefix-caching --enable-auto-tool-choice --enforce-eager --disable-log-requests\n"
@@ -128,7 +130,7 @@ static pdl_status_t parse_bytes(const char *flag, const char *s, uint64_t *out, 
 }
 
 enum {
-    OPT_HELP = 256, OPT_VERSION, OPT_IGNORED_SWITCH, OPT_IGNORED_VALUE, OPT_KV_INTERLEAVED, OPT_MODEL,
+    OPT_HELP = 256, OPT_HELP_CONFIG, OPT_VERSION, OPT_IGNORED_SWITCH, OPT_IGNORED_VALUE, OPT_KV_INTERLEAVED, OPT_MODEL,
     OPT_SERVED_NAME, OPT_HOST, OPT_PORT, OPT_PORT_FILE, OPT_TP, OPT_DP, OPT_DP_RANK, OPT_BLOCK_SIZE,
     OPT_KV_DTYPE, OPT_NUM_BLOCKS, OPT_KV_MEMORY, OPT_SEED, OPT_MAX_MODEL_LEN, OPT_KV_TRANSFER_CONFIG,
     OPT_LOG_LEVEL, OPT_KV_LAYOUT, OPT_KV_WAIT, OPT_DEFAULT_MAX_TOKENS, OPT_PREWARM_PEER, OPT_API_KEY,
@@ -137,6 +139,7 @@ enum {
 static const struct option node_options[] = {
     {"help", no_argument, NULL, OPT_HELP},
     {"h", no_argument, NULL, OPT_HELP},
+    {"help-config", no_argument, NULL, OPT_HELP_CONFIG},
     {"version", no_argument, NULL, OPT_VERSION},
     {"kv-interleaved", no_argument, NULL, OPT_KV_INTERLEAVED},
     {"model", required_argument, NULL, OPT_MODEL},
@@ -215,6 +218,7 @@ static pdl_status_t take_flag(pdl_node_args_t *a, int opt, const char *flag, con
         return pdl_http_limits_take(&a->http, opt, flag, value, err);
     switch (opt) {
     case OPT_HELP: a->help = true; return PDL_OK;
+    case OPT_HELP_CONFIG: a->help_config = true; return PDL_OK;
     case OPT_VERSION: a->version = true; return PDL_OK;
     case OPT_KV_INTERLEAVED: a->kv_interleaved = true; return PDL_OK;
     case OPT_IGNORED_SWITCH:
@@ -320,7 +324,7 @@ pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_
         else if (a->served_model_name == NULL && strcmp(a->model, a->positional_model) != 0)
             a->served_model_name = a->positional_model;
     }
-    if (!a->help && !a->version && a->model == NULL)
+    if (!a->help && !a->help_config && !a->version && a->model == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "no model: give --model PRESET or a MODEL argument");
     return PDL_OK;
 }

@@ -43,6 +43,7 @@ typedef struct pdl_node_args {
     pdl_http_limits_t http;         /* pdlink extension --http-*: the HTTP listener's limits */
     const char *api_key;            /* vLLM's --api-key: /v1 routes require Authorization: Bearer <it>; NULL = open */
     bool help;
+    bool help_config; /* --help-config: print the kv_connector_extra_config keys */
     bool version;
 } pdl_node_args_t;
 

@@ -32,6 +32,46 @@ static void human_bytes(uint64_t b, char *out, size_t cap)
     snprintf(out, cap, "%.1f %s", v, unit[u]);
 }
 
+/* Print text from column 4, wrapped before column 100 at spaces. */
+static void print_wrapped(FILE *out, const char *text)
+{
+    const int indent = 4, width = 100;
+    while (*text) {
+        int len = (int)strlen(text);
+        int take = len;
+        if (indent + len > width) {
+            take = width - indent;
+            while (take > 0 && text[take] != ' ')
+                take--;
+            if (take == 0)
+                take = (int)strcspn(text, " ");
+        }
+        fprintf(out, "%*s%.*s\n", indent, "", take, text);
+        text += take;
+        while (*text == ' ')
+            text++;
+    }
+}
+
+/*
+ * --help-config: the connector's key table, one paragraph per key. The first line of each is
+ * "NAME  TYPE  default DEFAULT" ("" for an empty default), which tests/integration/test_docs_config.sh
+ * reads; then what the key accepts and what it means.
+ */
+static void print_config_keys(FILE *out)
+{
+    fputs("The keys of \"kv_connector_extra_config\" in --kv-transfer-config (others are logged and ignored):\n",
+          out);
+    pdl_connector_config_key_t k;
+    for (size_t i = 0; pdl_connector_config_key(i, &k); i++) {
+        fprintf(out, "\n%-22s %-8s default %s\n", k.name, k.type, k.def[0] ? k.def : "\"\"");
+        char accepts[sizeof(k.range) + 16];
+        snprintf(accepts, sizeof(accepts), "accepts %s", k.range);
+        print_wrapped(out, accepts);
+        print_wrapped(out, k.doc);
+    }
+}
+
 /*
  * Read --kv-transfer-config. kv_both (or no config) means "serve alone": pdlink's connector has only the
  * producer and consumer roles, and a kv_both vLLM instance serving a whole request does no transfer.
@@ -250,6 +290,10 @@ int main(int argc, char **argv)
     }
     if (node.args.help) {
         fputs(pdl_node_args_usage(), stdout);
+        return 0;
+    }
+    if (node.args.help_config) {
+        print_config_keys(stdout);
         return 0;
     }
     if (node.args.version) {

@@ -283,10 +283,38 @@ static void config_prewarm_peers(void **state)
     assert_int_equal(c.num_prewarm_peers, PDL_CONNECTOR_PREWARM_MAX);
 }
 
+/* The key table as programs read it: every row complete, names unique, nothing past the end. */
+static void config_key_table(void **state)
+{
+    (void)state;
+    pdl_connector_config_key_t k, first;
+    size_t n = 0;
+    assert_true(pdl_connector_config_key(0, &first));
+    while (pdl_connector_config_key(n, &k)) {
+        assert_true(k.name[0] && k.type[0] && k.range[0] && k.doc[0]);
+        for (size_t i = 0; i < n; i++) {
+            pdl_connector_config_key_t o;
+            assert_true(pdl_connector_config_key(i, &o));
+            assert_string_not_equal(o.name, k.name);
+        }
+        n++;
+    }
+    assert_true(n >= 20);
+    assert_false(pdl_connector_config_key(0, NULL));
+    /* A wrong value's message says what the row accepts. */
+    pdl_connector_config_t c;
+    pdl_error_t e;
+    assert_int_equal(pdl_connector_config_parse("{\"kv_connector_extra_config\":{\"host_ip\":5}}", &c, &e),
+                     PDL_ERR_INVALID);
+    assert_string_equal(first.name, "host_ip");
+    assert_non_null(strstr(e.msg, first.range));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_defaults_match_moriio),
+        cmocka_unit_test(config_key_table),
         cmocka_unit_test(config_prewarm_peers),
         cmocka_unit_test(config_security_keys),
         cmocka_unit_test(config_seed_json),
