@@ -299,8 +299,9 @@ static pdl_status_t backend_parse(const key_row_t *row, const json_t *v, pdl_con
     if (b < 0) {
         char range[sizeof(((pdl_connector_config_key_t *)0)->range)];
         backend_range(row, range, sizeof(range));
-        return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config.%s: unknown backend \"%.60s\" (expected %s)",
-                             row->name, s, range);
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "kv_connector_extra_config.%s: unknown backend \"%.60s\" (expected %s)", row->name, s,
+                             range);
     }
     cfg->backend = (pdl_backend_kind_t)b;
     cfg->backend_mapped_from_rdma = false;

@@ -8,10 +8,15 @@
  *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t);
  *     │               binds the rank's ROUTERs (service.c) before the engine picks its data port
  *     ├─> service.c   the service thread: handshake/notify ROUTERs, ping, reapers (pdl_rank_svc_t)
- *     │     ├─> push.c    WRITE-mode messages (remote_blocks, write_done) and the push reaper
+ *     │     ├─> push.c       WRITE producer: remote_blocks and abandons
+ *     │     ├─> push_recv.c  WRITE consumer: write_done
+ *     │     ├─> push_park.c  the WRITE reaper (both roles, and the park they share)
  *     │     └─> held.c
  *     ├─> pull.c      READ mode, consumer: pdl_instance_pull and the reader (pdl_xfer_side_t)
- *     └─> push.c      WRITE mode: producer pushes (the writer, pdl_xfer_side_t) and the consumer's wait
+ *     ├─> push.c      WRITE mode, producer: pdl_instance_push and the writer (pdl_xfer_side_t)
+ *     └─> push_recv.c WRITE mode, consumer: pdl_instance_expect_push and its wait (pdl_recv_t)
+ *   push.c, push_recv.c ─> push_park.c  what both WRITE roles share (push.h): the park of messages that came
+ *                       before their push or receive, the sender check, abandon and destroy
  *   pull.c, push.c ─> xfer.c      ONE transfer executor for both directions
  *                         └─> peer.c  the per-side peer cache ─> prewarm.c ─> handshake.c; and
  *                                      peer.c ─> handshake.c (the handshake client)
@@ -553,19 +558,19 @@ void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
 void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
-/* Service thread of rank r: a remote_blocks (producer) or write_done (consumer) message; `sender` is its
- * Peer-Address (NULL = unknown: accepted). A remote_blocks counts only from the push's consumer host (one
- * parked before its push is checked when the push is made), a write_done only from the host of the
- * producer the receive names (a failed one parked before its receive, when the receive starts);
- * refusals are counted in remote_blocks_refused / write_done_refused. */
+/* Service thread of rank r: a remote_blocks (producer, push.c) or write_done (consumer, push_recv.c)
+ * message; `sender` is its Peer-Address (NULL = unknown: accepted). A remote_blocks counts only from
+ * the push's consumer host (one parked before its push is checked when the push is made), a write_done
+ * only from the host of the producer the receive names (a failed one parked before its receive, when
+ * the receive starts); refusals are counted in remote_blocks_refused / write_done_refused. */
 void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
 void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
-/* Service thread, WRITE producer: a failed release, i.e. the consumer will not take the push; `sender`
- * (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an abandon
- * parked before its push so that pdl_instance_push checks it again against the push's consumer. An
- * abandon replaces a parked remote_blocks only from that message's host (or the router's). */
+/* Service thread, WRITE producer (push.c): a failed release, i.e. the consumer will not take the push;
+ * `sender` (Peer-Address, NULL = unknown) already passed pdl__held_release_allowed, and is kept with an
+ * abandon parked before its push so that pdl_instance_push checks it again against the push's consumer.
+ * An abandon replaces a parked remote_blocks only from that message's host (or the router's). */
 void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender);
-/* The watch (watch.c, on rank r0), WRITE producer: the consumer of push transfer_id is gone. Its ranks
+/* The watch (watch.c, on rank r0), WRITE producer (push.c): the consumer of push transfer_id is gone. Its ranks
  * still waiting for remote_blocks are resolved as expired at once (RANK_EXPIRED; FREED with the last
  * rank); shares queued on a writer lane fail without writing; a share being written fails by itself
  * (its peer is dead) and resolves its rank. True the first time for a push (counted in r0's
@@ -573,21 +578,21 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
  * share still being written keeps it held, and the watch finds it again). Takes push_mu and held_mu,
  * never both at once. */
 bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id);
-/* The watch (watch.c), WRITE consumer: call fn(arg, peer, item) for each producer rank an unfinished
+/* The watch (watch.c), WRITE consumer (push_recv.c): call fn(arg, peer, item) for each producer rank an unfinished
  * receive waits on: peer "host:port" of that rank's handshake port, item "producer rank|transfer id".
- * Takes push_mu: fn must not call back into push.c. */
+ * Takes push_mu: fn must not call back into push_recv.c. */
 typedef void (*pdl_watch_item_fn)(void *arg, const char *peer, const char *item);
 void pdl__push_watch_producers(pdl_instance_t *inst, pdl_watch_item_fn fn, void *arg);
-/* The watch, WRITE consumer: producer rank `prank` (at `peer`) of receive transfer_id is gone (`why`):
+/* The watch, WRITE consumer (push_recv.c): producer rank `prank` (at `peer`) of receive transfer_id is gone (`why`):
  * the consumer ranks still waiting on it finish at once with PDL_ERR_PEER_GONE naming peer and rank
  * (their grants revoked: nothing more is written into their blocks). Counted once per receive in r0's
  * producer_gone_failed, before the waiter can see the receive end. True when a rank was failed now. */
 bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank, const char *peer, const char *why);
-/* pdl_instance_abandon in WRITE mode (either role). */
+/* pdl_instance_abandon in WRITE mode (either role; push_park.c). */
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err);
-/* Service thread of rank r, every tick: reap pushes whose remote_blocks never came, stale parked
- * remote_blocks and consumer waits past transfer_timeout. */
+/* Service thread of rank r, every tick (push_park.c): reap pushes whose remote_blocks never came, stale
+ * parked remote_blocks and consumer waits past transfer_timeout. */
 void pdl__push_reap(pdl_rank_t *r);
 /* instance destroy: free what the WRITE-mode maps still hold (after every thread stopped). */
 void pdl__push_free_all(pdl_instance_t *inst);
@@ -625,8 +630,8 @@ struct pdl_instance {
     pdl_instance_event_fn event_fn;
     void *event_arg;
 
-    /* push.c: producer pushes by transfer id, parked remote_blocks by "rank|transfer id", consumer
-     * receives by transfer id */
+    /* push.c: producer pushes by transfer id; push_park.c: the park, by "rank|transfer id"; push_recv.c:
+     * consumer receives by transfer id */
     pthread_mutex_t push_mu;
     pdl_strmap_t pushes, parked, recvs;
     /* push.c: the last pushes a rank of which was given up without writing (a ring), so a late

@@ -1,40 +1,31 @@
 /*
- * push.c -- WRITE mode with heterogeneous TP (docs/protocol.md#write-flow): producer pushes, consumer waits.
+ * push.c -- WRITE mode, producer (docs/protocol.md#write-flow): pdl_instance_push and the rank's writer
+ * lanes. The consumer that expects the push is push_recv.c; what both use (the park, the reaper's and
+ * abandon's entry points) is push_park.c and push.h.
  *
- * Producer. pdl_instance_push registers the transfer's blocks as held (freed when every rank
- * resolved it, like a READ hold) and a pdl_push_t with one state per rank: WAITING for the consumer's
- * remote_blocks, STARTED, DONE, or EXPIRED. A rank's service thread hands a remote_blocks message to
- * the push; when the push does not exist yet the message is parked under "rank|transfer id" (bounded
- * in count, dropped after defer_timeout) and picked up by pdl_instance_push. A started rank queues a
- * job for its writer thread (pdl_xfer_side_t), which hands the pieces of its pdl_topo_write_plan to
- * the transfer executor (xfer.c: handshakes with the consumer ranks -- cached peers, the consumer's
- * engine id being "host:handshake base" --, one batched WRITE per layer per target, the wait within
- * transfer_timeout), sends
+ * pdl_instance_push registers the transfer's blocks as held (freed when every rank resolved it, like a
+ * READ hold) and a pdl_push_t with one state per rank: WAITING for the consumer's remote_blocks,
+ * STARTED, DONE, or EXPIRED. A rank's service thread hands a remote_blocks message to the push; when the
+ * push does not exist yet the message is parked under "rank|transfer id" (bounded in count, dropped
+ * after defer_timeout) and picked up by pdl_instance_push. A started rank queues a job for its writer
+ * thread (pdl_xfer_side_t), which hands the pieces of its pdl_topo_write_plan to the transfer executor
+ * (xfer.c: handshakes with the consumer ranks -- cached peers, the consumer's engine id being "host:
+ * handshake base" --, one batched WRITE per layer per target, the wait within transfer_timeout), sends
  * write_done (status, producer_tp_size/rank) to every consumer rank of its notify set -- written to or
- * not, so each consumer rank counts exactly expected_write_done(P, D) -- and resolves its rank. A
- * rank still WAITING after defer_timeout is reaped by its service thread (counted expired).
+ * not, so each consumer rank counts exactly expected_write_done(P, D) -- and resolves its rank. A rank
+ * still WAITING after defer_timeout is reaped by its service thread (counted expired).
  *
- * Consumer. pdl_instance_expect_push registers a pdl_recv_t under the transfer id, then each consumer
- * rank d sends remote_blocks to each producer rank p of its group whose first consumer is d: every
- * producer rank learns the block list once (block ids are the same on every consumer rank). A rank's
- * service thread counts write_done for it (one per producer rank of its group; duplicates and ranks
- * outside the group are not counted); a rank finishes when it counted them all, or at
- * transfer_timeout (checked by its service thread). The receive completes when every rank finished,
- * so a failure never lets the caller free blocks another producer rank may still be writing.
- *
- * All the WRITE-mode maps and the receive states are guarded by inst->push_mu, which is never held
- * while calling into the held-transfer aggregation (held_mu) or sending.
+ * The pushes and the tombstones are guarded by inst->push_mu (push.h).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-#include "connector/internal.h"
+#include "connector/push.h"
 #include "common/clock.h"
 
-/* WRITE mode, producer: one rank's share of a push, started when the consumer's block list is known. */
+/* One rank's share of a push, started when the consumer's block list is known. */
 typedef struct push_job {
     pdl_workq_item_t item; /* first: the queue hands the item back as the job */
     struct pdl_push *push;
@@ -45,28 +36,6 @@ typedef struct push_job {
 } push_job_t;
 
 enum { RS_WAITING = 0, RS_STARTED = 1, RS_DONE = 2, RS_EXPIRED = 3 };
-
-/* Bounds on parked remote_blocks per instance: a flood of unknown transfer ids cannot grow memory.
- * Entries, and bytes of block ids: each list holds at most num_blocks ids (a push never holds more), and
- * all of them together at most PUSH_PARK_MAX_BYTES. Without the byte bound, 1,024 lists of up to 1,048,576 ids
- * each could be parked (~4 GiB; 150 made-up ones would grow a prefill from 12 MB to 631 MB). */
-#define PUSH_MAX_PARKED 1024
-#define PUSH_PARK_MAX_BYTES (4u << 20)
-
-/* The numeric form of `host` ("" for a name: what a name resolves to can change), as libzmq reports a
- * sender's Peer-Address. */
-static void numeric_of(const char *host, char out[64])
-{
-    if (pdl__host_numeric(host, false, out, 64) != 0)
-        out[0] = '\0';
-}
-
-/* Did a message come from `expected` (numeric)? Unknown on either side ("" / NULL) is accepted: a host
- * name cannot be compared without resolving it, and libzmq may not report the peer. */
-static bool sent_by(const char *sender, const char *expected)
-{
-    return sender == NULL || sender[0] == '\0' || expected[0] == '\0' || strcmp(sender, expected) == 0;
-}
 
 typedef struct pdl_push {
     char transfer_id[PDL_WIRE_ID_MAX + 1];
@@ -82,39 +51,6 @@ typedef struct pdl_push {
     bool consumer_gone; /* the watch (watch.c) found the consumer gone: a share not begun fails at once */
 } pdl_push_t;
 
-typedef struct parked_rb {
-    uint32_t *blocks; /* NULL when abandoned */
-    bool abandoned;   /* the consumer said it will not take the push (a failed release came first) */
-    char sender[64];  /* the host it came from (Peer-Address; "" = unknown): an abandon's is checked when the
-                       * push is made, a remote_blocks' binds an abandon that would replace it */
-    size_t n;
-    int decode_dp;
-    int said_tp; /* consumer_tp_size from the message, 0 when absent */
-    int rank;
-    uint64_t at_ns;
-} parked_rb_t;
-
-struct pdl_recv {
-    pdl_instance_t *inst;
-    pthread_cond_t cv;
-    char transfer_id[PDL_WIRE_ID_MAX + 1];
-    int producer_tp, expected, pending;
-    /* The producer instance, for the watch (watch.c): host, handshake base, DP rank */
-    char phost[PDL_WIRE_HOST_MAX + 1];
-    char phost_ip[64]; /* phost when numeric: where its write_done must come from ("" = not checked) */
-    int phs_base, pdp;
-    bool producer_gone; /* the watch failed it (counted once in producer_gone_failed) */
-    bool in_map;
-    uint64_t deadline_ns;
-    int *count;        /* per consumer rank */
-    bool *done;        /* per consumer rank */
-    bool *failed;      /* per consumer rank: a write_done said failed */
-    int rank_failed_by;
-    uint64_t (*seen)[PDL_TOPO_MAX_TP / 64]; /* per consumer rank: producer ranks counted */
-    pdl_status_t status;
-    char msg[PDL_ERR_MSG_LEN];
-};
-
 static void push_free(pdl_push_t *p)
 {
     if (p == NULL)
@@ -122,14 +58,6 @@ static void push_free(pdl_push_t *p)
     free(p->ids);
     free(p->state);
     free(p);
-}
-
-static void parked_free(parked_rb_t *k)
-{
-    if (k) {
-        free(k->blocks);
-        free(k);
-    }
 }
 
 static bool push_all_final(const pdl_push_t *p, int tp)
@@ -436,7 +364,7 @@ typedef struct park_scan {
 static void park_tally_one(void *arg, const char *key, void *value)
 {
     park_scan_t *c = arg;
-    const parked_rb_t *k = value;
+    const pdl_parked_t *k = value;
     size_t b = k->n * sizeof(uint32_t);
     c->count++;
     c->bytes += b;
@@ -462,7 +390,7 @@ static int park_make_room(pdl_instance_t *inst, const char *sender, size_t bytes
         park_scan_t c = {.t = calloc(inst->parked.count + 1, sizeof(park_tally_t))};
         pdl__strmap_foreach(&inst->parked, park_tally_one, &c);
         pdl__strmap_free(&c.index);
-        if (c.count < PUSH_MAX_PARKED && c.bytes + bytes <= PUSH_PARK_MAX_BYTES) {
+        if (c.count < PDL_PARK_MAX && c.bytes + bytes <= PDL_PARK_MAX_BYTES) {
             free(c.t);
             return evicted;
         }
@@ -474,7 +402,7 @@ static int park_make_room(pdl_instance_t *inst, const char *sender, size_t bytes
             free(c.t);
             return -1;
         }
-        parked_free(pdl__strmap_remove(&inst->parked, top->oldest_key));
+        pdl__parked_free(pdl__strmap_remove(&inst->parked, top->oldest_key));
         free(c.t);
         evicted++;
     }
@@ -520,15 +448,15 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     memcpy(blocks, msg->block_ids, msg->num_blocks * sizeof(uint32_t));
     push_job_t *job = NULL;
     bool dropped = false, parked = false;
-    char key[PDL_WIRE_ID_MAX + 16];
-    snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
+    char key[PDL_PARK_KEY_MAX];
+    pdl__park_key(key, r->rank, msg->transfer_id);
     given_up_t gu = {.consumer_tp = 0};
     char expected[64] = "";
     int evicted = 0;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
     pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
-    if (given != NULL && !sent_by(sender, given->host_ip)) {
+    if (given != NULL && !pdl__push_sent_by(sender, given->host_ip)) {
         /* The push names its consumer: a list from another host would make us write the KV into blocks
          * the consumer never offered, and send it write_done for them. */
         snprintf(expected, sizeof(expected), "%s", given->host_ip);
@@ -547,7 +475,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
         dropped = true; /* a duplicate for a rank that wrote */
     } else if (pdl__strmap_get(&inst->parked, key) == NULL &&
                (evicted = park_make_room(inst, sender ? sender : "", msg->num_blocks * sizeof(uint32_t))) >= 0) {
-        parked_rb_t *k = calloc(1, sizeof(*k));
+        pdl_parked_t *k = calloc(1, sizeof(*k));
         if (k != NULL) {
             k->blocks = blocks;
             k->n = msg->num_blocks;
@@ -639,14 +567,14 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
                       inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer" : "no transfer_id");
         return;
     }
-    char key[PDL_WIRE_ID_MAX + 16];
-    snprintf(key, sizeof(key), "%d|%s", r->rank, msg->transfer_id);
+    char key[PDL_PARK_KEY_MAX];
+    pdl__park_key(key, r->rank, msg->transfer_id);
     bool resolved = false, parked = false, refused = false;
     char expected[64] = "";
     pdl_push_t *gone = NULL;
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
-    parked_rb_t *rb = p == NULL ? pdl__strmap_get(&inst->parked, key) : NULL;
+    pdl_parked_t *rb = p == NULL ? pdl__strmap_get(&inst->parked, key) : NULL;
     if (rb != NULL && !rb->abandoned && !pdl__held_sender_is_consumer(inst, sender, rb->sender)) {
         /* The consumer's block list is parked: an abandon from another host must not discard it. */
         refused = true;
@@ -657,10 +585,10 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
             resolved = true;
         }
     } else {
-        parked_rb_t *k = rb;
+        pdl_parked_t *k = rb;
         /* Abandons may name pushes that already finished (the router's and the decode's both come after a
          * failed decode leg): they take at most half the park, so early remote_blocks keep room. */
-        if (k == NULL && inst->parked.count < PUSH_MAX_PARKED / 2 && (k = calloc(1, sizeof(*k))) != NULL) {
+        if (k == NULL && inst->parked.count < PDL_PARK_MAX / 2 && (k = calloc(1, sizeof(*k))) != NULL) {
             k->rank = r->rank;
             if (pdl__strmap_put(&inst->parked, key, k) != 0) {
                 free(k);
@@ -741,9 +669,9 @@ static sender_t *parked_abandons_forged(pdl_instance_t *inst, const char *tid)
         return NULL;
     pthread_mutex_lock(&inst->push_mu);
     for (int i = 0; i < inst->tp; i++) {
-        char key[PDL_WIRE_ID_MAX + 16];
-        snprintf(key, sizeof(key), "%d|%s", i, tid);
-        const parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
+        char key[PDL_PARK_KEY_MAX];
+        pdl__park_key(key, i, tid);
+        const pdl_parked_t *k = pdl__strmap_get(&inst->parked, key);
         if (k != NULL && k->abandoned)
             memcpy(from[i], k->sender, sizeof(from[i]));
     }
@@ -762,23 +690,12 @@ static sender_t *parked_abandons_forged(pdl_instance_t *inst, const char *tid)
     return from;
 }
 
-pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                               const uint32_t *ids, size_t n, pdl_error_t *err)
+/* Make pdl_instance_push's push of ids[n]: its consumer (params, else the request id), trusted, with a
+ * consumer TP that fits ours. Ranks other processes run are DONE from the start. */
+static pdl_status_t push_new(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                             const uint32_t *ids, size_t n, pdl_push_t **out, pdl_error_t *err)
 {
-    if (inst == NULL || params == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "push: missing argument");
-    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_PRODUCER)
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: needs a producer instance in WRITE mode (read_mode false)");
-    if (atomic_load(&inst->stopping))
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: instance is shutting down");
     const char *tid = params->transfer_id;
-    if (tid[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_INVALID, "push: kv_transfer_params.transfer_id is missing");
-    if (n == 0 || ids == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "push %s: no blocks", tid);
-    pdl_status_t st = pdl__blocks_check(inst, ids, n, err);
-    if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "push %s", tid);
     pdl_push_t *p = calloc(1, sizeof(*p));
     if (p == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
         (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
@@ -789,11 +706,11 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     for (int i = 0; i < inst->tp; i++) /* other processes push the ranks this one does not run */
         if (!pdl__is_local(inst, i))
             p->state[i] = RS_DONE;
-    st = consumer_of(params, request_id, "push", p->host, &p->hs_base, &p->notify_base, err);
+    pdl_status_t st = consumer_of(params, request_id, "push", p->host, &p->hs_base, &p->notify_base, err);
     if (st != PDL_OK)
         goto fail;
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
-    numeric_of(p->host, p->host_ip);
+    pdl__push_numeric_of(p->host, p->host_ip);
     if (!pdl__trust_host(&inst->trusted, p->host)) {
         PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
         st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
@@ -816,6 +733,90 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
     p->created_ns = pdl__clock_now_ns();
+    *out = p;
+    return PDL_OK;
+fail:
+    push_free(p);
+    return st;
+}
+
+/* What a new push found parked for it, per rank (each array inst->tp long). */
+typedef struct push_claim {
+    push_job_t **jobs; /* shares whose remote_blocks came first: queued once push_mu is released */
+    bool *abandoned;   /* ranks whose consumer gave up before the push: resolved at once */
+    bool *foreign;     /* ranks whose parked list came from another host than the consumer: refused */
+    sender_t *forged;  /* per rank, the sender of a parked abandon refused (parked_abandons_forged) */
+    pdl_push_t *all_abandoned; /* every rank abandoned: the push left the map and is freed by the caller */
+} push_claim_t;
+
+static void push_claim_free(push_claim_t *c)
+{
+    free(c->jobs);
+    free(c->abandoned);
+    free(c->foreign);
+    free(c->forged);
+}
+
+/* Under push_mu, p just put in the map: each rank of p takes what was parked for it. */
+static void push_claim_parked(pdl_instance_t *inst, pdl_push_t *p, push_claim_t *c)
+{
+    for (int i = 0; i < inst->tp; i++) {
+        char key[PDL_PARK_KEY_MAX];
+        pdl__park_key(key, i, p->transfer_id);
+        pdl_parked_t *k = pdl__strmap_get(&inst->parked, key);
+        if (k == NULL)
+            continue;
+        if (k->abandoned && c->forged[i][0] != '\0' && strcmp(k->sender, c->forged[i]) == 0) {
+            pdl__parked_free(pdl__strmap_remove(&inst->parked, key)); /* refused and counted: the rank waits */
+            continue;
+        }
+        if (k->abandoned) {
+            /* The consumer gave up before the prefill finished: this rank is done at once. */
+            pdl__parked_free(pdl__strmap_remove(&inst->parked, key));
+            c->abandoned[i] = true;
+            pdl_push_t *gone = push_rank_final(inst, p, i, RS_EXPIRED);
+            if (gone != NULL)
+                c->all_abandoned = gone;
+            continue;
+        }
+        if (!pdl__push_sent_by(k->sender, p->host_ip)) {
+            /* Parked before anything named the consumer: now that the push does, a list from
+             * another host is refused (counted by the caller) and the rank waits for the consumer's own. */
+            pdl__parked_free(pdl__strmap_remove(&inst->parked, key));
+            c->foreign[i] = true;
+            continue;
+        }
+        c->jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp, k->said_tp);
+        if (c->jobs[i] == NULL)
+            continue; /* stays parked; the rank is reaped after defer_timeout */
+        pdl__strmap_remove(&inst->parked, key);
+        k->blocks = NULL;
+        pdl__parked_free(k);
+        p->state[i] = RS_STARTED;
+    }
+}
+
+pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    if (inst == NULL || params == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push: missing argument");
+    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_PRODUCER)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: needs a producer instance in WRITE mode (read_mode false)");
+    if (atomic_load(&inst->stopping))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push: instance is shutting down");
+    const char *tid = params->transfer_id;
+    if (tid[0] == '\0')
+        return pdl_error_set(err, PDL_ERR_INVALID, "push: kv_transfer_params.transfer_id is missing");
+    if (n == 0 || ids == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push %s: no blocks", tid);
+    pdl_status_t st = pdl__blocks_check(inst, ids, n, err);
+    if (st != PDL_OK)
+        return pdl_error_prefix(err, st, "push %s", tid);
+    pdl_push_t *p = NULL;
+    st = push_new(inst, params, request_id, ids, n, &p, err);
+    if (st != PDL_OK)
+        return st;
 
     /* The consumer reads nothing; our own writer threads read the blocks after a queue hand-off, and
      * the tcp backend's threads through the engine: publish to both. */
@@ -827,538 +828,51 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     pdl__held_consumer_name(consumer, sizeof(consumer), p->host, p->hs_base);
     st = pdl__held_add(inst, tid, ids, n, consumer, err);
     if (st != PDL_OK) {
-        pdl_error_prefix(err, st, "push");
-        goto fail;
+        push_free(p);
+        return pdl_error_prefix(err, st, "push");
     }
-    push_job_t **jobs = calloc((size_t)inst->tp, sizeof(*jobs));
-    bool *abandoned = calloc((size_t)inst->tp, sizeof(*abandoned));
-    sender_t *forged = parked_abandons_forged(inst, tid);
-    pdl_push_t *all_abandoned = NULL;
-    bool *foreign = calloc((size_t)inst->tp, sizeof(*foreign)); /* a rank's parked list came from elsewhere */
+    push_claim_t c = {.jobs = calloc((size_t)inst->tp, sizeof(*c.jobs)),
+                      .abandoned = calloc((size_t)inst->tp, sizeof(*c.abandoned)),
+                      .foreign = calloc((size_t)inst->tp, sizeof(*c.foreign)),
+                      .forged = parked_abandons_forged(inst, tid)};
     char consumer_ip[64]; /* p may be freed by another thread once push_mu is released */
     memcpy(consumer_ip, p->host_ip, sizeof(consumer_ip));
     pthread_mutex_lock(&inst->push_mu);
-    int rc = jobs == NULL || abandoned == NULL || forged == NULL || foreign == NULL
+    int rc = c.jobs == NULL || c.abandoned == NULL || c.forged == NULL || c.foreign == NULL
                  ? -1
                  : pdl__strmap_put(&inst->pushes, tid, p);
-    if (rc == 0) {
-        for (int i = 0; i < inst->tp; i++) {
-            char key[PDL_WIRE_ID_MAX + 16];
-            snprintf(key, sizeof(key), "%d|%s", i, tid);
-            parked_rb_t *k = pdl__strmap_get(&inst->parked, key);
-            if (k == NULL)
-                continue;
-            if (k->abandoned && forged[i][0] != '\0' && strcmp(k->sender, forged[i]) == 0) {
-                parked_free(pdl__strmap_remove(&inst->parked, key)); /* refused and counted: the rank waits */
-                continue;
-            }
-            if (k->abandoned) {
-                /* The consumer gave up before the prefill finished: this rank is done at once. */
-                parked_free(pdl__strmap_remove(&inst->parked, key));
-                abandoned[i] = true;
-                pdl_push_t *gone = push_rank_final(inst, p, i, RS_EXPIRED);
-                if (gone != NULL)
-                    all_abandoned = gone;
-                continue;
-            }
-            if (!sent_by(k->sender, p->host_ip)) {
-                /* Parked before anything named the consumer: now that the push does, a list from
-                 * another host is refused (counted below) and the rank waits for the consumer's own. */
-                parked_free(pdl__strmap_remove(&inst->parked, key));
-                foreign[i] = true;
-                continue;
-            }
-            jobs[i] = job_new(p, k->blocks, k->n, k->decode_dp, k->said_tp);
-            if (jobs[i] == NULL)
-                continue; /* stays parked; the rank is reaped after defer_timeout */
-            pdl__strmap_remove(&inst->parked, key);
-            k->blocks = NULL;
-            parked_free(k);
-            p->state[i] = RS_STARTED;
-        }
-    }
+    if (rc == 0)
+        push_claim_parked(inst, p, &c);
     pthread_mutex_unlock(&inst->push_mu);
-    free(forged);
-    for (int i = 0; foreign != NULL && i < inst->tp; i++)
-        if (foreign[i])
+    for (int i = 0; c.foreign != NULL && i < inst->tp; i++)
+        if (c.foreign[i])
             PDL_CTR_REFUSED(&inst->ranks[i], remote_blocks_refused,
                             "refused remote_blocks for push %.100s parked before it: not sent by its consumer %s", tid,
                             consumer_ip);
-    free(foreign);
     if (rc != 0) {
-        free(jobs);
-        free(abandoned);
+        push_claim_free(&c);
         pdl__held_cancel(inst, tid);
-        st = rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already being pushed", tid)
-                    : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
-        goto fail;
+        push_free(p);
+        return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "push: transfer %s is already being pushed", tid)
+                      : pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
     }
     for (int i = 0; i < inst->tp; i++)
-        if (jobs[i] != NULL)
-            enqueue_job(&inst->ranks[i], jobs[i]);
-    free(jobs);
+        if (c.jobs[i] != NULL)
+            enqueue_job(&inst->ranks[i], c.jobs[i]);
     for (int i = 0; i < inst->tp; i++)
-        if (abandoned[i])
+        if (c.abandoned[i])
             pdl__held_rank_resolved(inst, tid, i, true);
-    free(abandoned);
-    push_free(all_abandoned); /* every rank abandoned: the push left the map; p is not used after this */
-    return PDL_OK;
-fail:
-    push_free(p);
-    return st;
-}
-
-/* ---- consumer --------------------------------------------------------------------------------- */
-
-static void recv_free_parts(pdl_recv_t *rv)
-{
-    free(rv->count);
-    free(rv->done);
-    free(rv->failed);
-    free(rv->seen);
-    pthread_cond_destroy(&rv->cv);
-    free(rv);
-}
-
-/* Under push_mu: consumer rank `rank` finished; wakes the waiter when every rank did. */
-static void recv_rank_finish(pdl_recv_t *rv, int rank, pdl_status_t st, const char *msg)
-{
-    if (rv->done[rank])
-        return;
-    rv->done[rank] = true;
-    if (st != PDL_OK && rv->status == PDL_OK) {
-        rv->status = st;
-        /* msg may fill a whole error buffer: keep what fits after the prefix (at most 27 bytes). */
-        snprintf(rv->msg, sizeof(rv->msg), "consumer rank %d: %.*s", rank, (int)sizeof(rv->msg) - 28, msg);
-    }
-    /* No producer rank of its group writes into this rank's blocks any more. */
-    pdl__rank_revoke(rv->inst, rv->transfer_id, rank);
-    if (--rv->pending == 0) {
-        pdl__strmap_remove(&rv->inst->recvs, rv->transfer_id);
-        rv->in_map = false;
-        pthread_cond_broadcast(&rv->cv);
-    }
-}
-
-/*
- * Under push_mu, consumer: a failed write_done for a transfer not expected (yet). Before its receive
- * starts, no producer rank has the block list, so it can only be a producer's abandon (the prefill
- * refused the request; the router sends both WRITE legs at once, so this can come first). Parked under
- * "0|transfer id" (rank 0's reaper drops it after defer_timeout; at most half the park), it fails the
- * receive at once when pdl_instance_expect_push comes.
- */
-static void park_early_failure(pdl_instance_t *inst, const char *transfer_id, const char *sender)
-{
-    char key[PDL_WIRE_ID_MAX + 16];
-    snprintf(key, sizeof(key), "0|%s", transfer_id);
-    if (inst->parked.count >= PUSH_MAX_PARKED / 2 || pdl__strmap_get(&inst->parked, key) != NULL)
-        return;
-    parked_rb_t *k = calloc(1, sizeof(*k));
-    if (k == NULL)
-        return;
-    k->rank = inst->lo; /* reaped by the first local rank (rank 0 may run in another process) */
-    k->abandoned = true;
-    snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : ""); /* checked when the receive starts */
-    k->at_ns = pdl__clock_now_ns();
-    if (pdl__strmap_put(&inst->parked, key, k) != 0)
-        free(k);
-}
-
-void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
-{
-    pdl_instance_t *inst = r->inst;
-    int counted = 0; /* 1 counted, 0 late */
-    bool failed = msg->status == PDL_RELEASE_FAILED;
-    pthread_mutex_lock(&inst->push_mu);
-    pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
-    if (rv != NULL && !sent_by(sender, rv->phost_ip)) {
-        /* The receive names its producer: a write_done from anyone else would end the wait before the
-         * producer wrote -- the decode would then go on from whatever its blocks hold. */
-        char expected[64];
-        snprintf(expected, sizeof(expected), "%s", rv->phost_ip);
-        pthread_mutex_unlock(&inst->push_mu);
-        PDL_CTR_REFUSED(r, write_done_refused, "refused a write_done of transfer %.100s from %s: its producer is %s",
-                        msg->transfer_id, sender, expected);
-        return;
-    }
-    if (rv == NULL && failed && msg->transfer_id[0] != '\0')
-        park_early_failure(inst, msg->transfer_id, sender);
-    if (rv != NULL && !rv->done[r->rank]) {
-        int first = 0, count = 0;
-        bool ok_rank = true;
-        if (msg->producer_tp_rank >= 0) {
-            ok_rank = pdl_topo_group(rv->producer_tp, inst->tp, r->rank, &first, &count, NULL) == PDL_OK &&
-                      msg->producer_tp_rank >= first && msg->producer_tp_rank < first + count &&
-                      (msg->producer_tp_size < 0 || msg->producer_tp_size == rv->producer_tp);
-            if (ok_rank) {
-                int pr = (int)msg->producer_tp_rank;
-                uint64_t bit = 1ull << (pr % 64);
-                if (rv->seen[r->rank][pr / 64] & bit)
-                    ok_rank = false; /* duplicate */
-                else
-                    rv->seen[r->rank][pr / 64] |= bit;
-            }
-        }
-        if (ok_rank) {
-            counted = 1;
-            rv->count[r->rank]++;
-            /* A failed one still counts: the rank finishes only when no producer rank of its group
-             * can be writing into its blocks any more. */
-            if (failed && rv->rank_failed_by < 0)
-                rv->rank_failed_by = (int)msg->producer_tp_rank;
-            if (failed)
-                rv->failed[r->rank] = true;
-            if (rv->count[r->rank] >= rv->expected)
-                recv_rank_finish(rv, r->rank, rv->failed[r->rank] ? PDL_ERR_TRANSPORT : PDL_OK,
-                                 "a producer rank reported its write failed (write_done status failed)");
-        }
-    }
-    /* Counted before the receive can be seen finished (ctr_mu is a leaf), so a waiter reads them. */
-    pthread_mutex_lock(&r->ctr.mu);
-    if (counted)
-        r->ctr.v.write_done_received++;
-    else
-        r->ctr.v.write_done_late++;
-    if (failed)
-        r->ctr.v.write_done_failed_status++;
-    pthread_mutex_unlock(&r->ctr.mu);
-    pthread_mutex_unlock(&inst->push_mu);
-    if (!counted)
-        pdl_debug("rank %d: write_done for %s from producer rank %" PRId64 " not counted (late, duplicate or outside "
-                  "the group)",
-                  r->rank, msg->transfer_id, msg->producer_tp_rank);
-}
-
-/* The producer a WRITE consumer receives from: host and notify base (params, else the request id's
- * prefill address), its TP, and its DP rank. */
-typedef struct producer_ref {
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int hs_base, notify_base, tp, dp;
-} producer_ref_t;
-
-static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                const char *what, producer_ref_t *pr, pdl_error_t *err)
-{
-    const char *tid = params->transfer_id;
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
-        pr->hs_base = params->remote_handshake_port;
-        pr->notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t pa;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "%s %s: no producer address: kv_transfer_params lacks remote_host/"
-                                 "remote_handshake_port/remote_notify_port and the request id %s",
-                                 what, tid, request_id ? e.msg : "is absent");
-        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
-        pr->hs_base = pa.handshake_port;
-        pr->notify_base = pa.notify_port;
-    }
-    bool disagree = false;
-    int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    int D = inst->tp, dummy;
-    pdl_error_t e;
-    if (P < 1 || P > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, D, P, &dummy, &e) != PDL_OK)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer TP %d with consumer TP %d: %s", what, tid, P, D,
-                             P < 1 || P > PDL_TOPO_MAX_TP ? "invalid size" : e.msg);
-    pr->tp = P;
-    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    if (pr->notify_base + pr->dp * P + P > 65536)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer notify port %d + %d ranks exceed 65535", what, tid,
-                             pr->notify_base, pr->dp * P + P);
+    push_free(c.all_abandoned); /* every rank abandoned: the push left the map; p is not used after this */
+    push_claim_free(&c);
     return PDL_OK;
 }
 
-/* Consumer rank d tells producer rank g (each g once: by the first consumer rank of its group), as
- * remote_blocks and abandons are sent. */
-static bool consumer_speaks_for(int P, int D, int d, int g)
-{
-    int cfirst = 0, ccount = 0;
-    return pdl_topo_consumers_of(P, D, g, &cfirst, &ccount, NULL) == PDL_OK && cfirst == d;
-}
-
-pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                      const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
-{
-    if (inst == NULL || params == NULL || recv_out == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push: missing argument");
-    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_CONSUMER)
-        return pdl_error_set(err, PDL_ERR_BAD_STATE,
-                             "expect_push: needs a consumer instance in WRITE mode (read_mode false)");
-    if (atomic_load(&inst->stopping))
-        return pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: instance is shutting down");
-    const char *tid = params->transfer_id;
-    if (tid[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push: kv_transfer_params.transfer_id is missing");
-    if (n == 0 || local_blocks == NULL || n > PDL_WIRE_MAX_BLOCKS)
-        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: %zu local blocks", tid, n);
-    pdl_status_t st = pdl__blocks_check(inst, local_blocks, n, err);
-    if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "expect_push %s: local blocks", tid);
-    producer_ref_t pr;
-    st = producer_of(inst, params, request_id, "expect_push", &pr, err);
-    if (st != PDL_OK)
-        return st;
-    const char *host = pr.host;
-    int notify_base = pr.notify_base, P = pr.tp, D = inst->tp, remote_dp = pr.dp;
-    int expected = 0;
-    pdl_error_t e;
-    if (pdl_topo_expected_write_done(P, D, &expected, &e) != PDL_OK)
-        return pdl_error_set(err, PDL_ERR_INVALID, "expect_push %s: producer TP %d with consumer TP %d: %s", tid, P, D,
-                             e.msg);
-    pdl_recv_t *rv = calloc(1, sizeof(*rv));
-    if (rv == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
-    rv->count = calloc((size_t)D, sizeof(int));
-    rv->done = calloc((size_t)D, sizeof(bool));
-    rv->seen = calloc((size_t)D, sizeof(*rv->seen));
-    rv->failed = calloc((size_t)D, sizeof(bool));
-    rv->rank_failed_by = -1;
-    pdl__clock_cond_init(&rv->cv);
-    if (rv->count == NULL || rv->done == NULL || rv->seen == NULL || rv->failed == NULL) {
-        recv_free_parts(rv);
-        return pdl_error_set(err, PDL_ERR_NOMEM, "expect_push: out of memory");
-    }
-    rv->inst = inst;
-    snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
-    rv->producer_tp = P;
-    snprintf(rv->phost, sizeof(rv->phost), "%s", pr.host);
-    numeric_of(pr.host, rv->phost_ip);
-    rv->phs_base = pr.hs_base;
-    rv->pdp = remote_dp;
-    rv->expected = expected;
-    rv->pending = inst->hi - inst->lo;
-    rv->status = PDL_OK;
-    rv->deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9);
-    char early_key[PDL_WIRE_ID_MAX + 16];
-    snprintf(early_key, sizeof(early_key), "0|%s", tid);
-    pthread_mutex_lock(&inst->push_mu);
-    int rc = pdl__strmap_put(&inst->recvs, tid, rv);
-    rv->in_map = rc == 0;
-    parked_rb_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
-    bool early_forged = early != NULL && !sent_by(early->sender, rv->phost_ip);
-    char early_from[64] = "";
-    if (early_forged) { /* not from the producer this receive names: ignored, the receive goes ahead */
-        snprintf(early_from, sizeof(early_from), "%s", early->sender);
-        parked_free(early);
-        early = NULL;
-    }
-    if (early != NULL)
-        PDL_FOR_LOCAL(inst, d)
-            recv_rank_finish(rv, d, PDL_ERR_TRANSPORT,
-                             "the producer abandoned the transfer (a failed write_done came before this receive)");
-    pthread_mutex_unlock(&inst->push_mu);
-    if (early_forged)
-        PDL_CTR_REFUSED(pdl__rank_first(inst), write_done_refused,
-                        "refused a failed write_done of transfer %.100s from %s (parked before the receive): its "
-                        "producer is %s", tid, early_from, rv->phost_ip);
-    if (rc != 0) {
-        recv_free_parts(rv);
-        return rc > 0 ? pdl_error_set(err, PDL_ERR_BAD_STATE, "expect_push: transfer %s is already expected", tid)
-                      : pdl_error_set(err, PDL_ERR_NOMEM, "expect_push %s: out of memory", tid);
-    }
-    if (early != NULL) {
-        /* No remote_blocks: nobody will push. pdl_recv_wait reports the failure at once. */
-        parked_free(early);
-        *recv_out = rv;
-        return PDL_OK;
-    }
-    /* Before remote_blocks goes out: the producers' writes into these blocks name the transfer. */
-    st = pdl__rank_grant(inst, tid, PDL_GRANT_WRITE, local_blocks, n, err);
-    if (st != PDL_OK) {
-        pdl_recv_free(rv);
-        pdl_error_prefix(err, st, "expect_push");
-        return st;
-    }
-    /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. */
-    PDL_FOR_LOCAL(inst, d) {
-        pdl_rank_t *r = &inst->ranks[d];
-        int gfirst = 0, gcount = 0;
-        pdl_topo_group(P, D, d, &gfirst, &gcount, NULL);
-        for (int g = gfirst; g < gfirst + gcount; g++) {
-            if (!consumer_speaks_for(P, D, d, g))
-                continue;
-            pdl_msg_t m;
-            pdl_msg_init(&m, PDL_MSG_REMOTE_BLOCKS);
-            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
-            snprintf(m.req_id, sizeof(m.req_id), "%.*s", PDL_WIRE_ID_MAX,
-                     request_id && request_id[0] ? request_id : tid);
-            m.decode_rank = inst->cfg.dp_rank;
-            m.consumer_tp_size = D;
-            m.consumer_tp_rank = d;
-            m.block_ids = (uint32_t *)local_blocks; /* borrowed for the encode */
-            m.num_blocks = n;
-            pdl_bytes_t b = {0};
-            pdl_error_t se;
-            st = pdl_wire_encode_msg(&m, &b, &se);
-            if (st == PDL_OK)
-                st = pdl__outq_send(r, host, notify_base + pdl_topo_port_offset(remote_dp, P, g), PDL_OUT_OTHER, &b,
-                                       &se);
-            pdl_bytes_free(&b);
-            if (st == PDL_OK)
-                PDL_CTR_ADD(r, remote_blocks_sent, 1);
-            else
-                pdl_warn("rank %d: remote_blocks of %s to producer rank %d not sent: %s", d, tid, g, se.msg);
-        }
-    }
-    *recv_out = rv;
-    return PDL_OK;
-}
-
-pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
-{
-    if (rv == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "recv_wait: no receive");
-    pdl_instance_t *inst = rv->inst;
-    uint64_t deadline = pdl__clock_deadline_ms(timeout_ms);
-    pthread_mutex_lock(&inst->push_mu);
-    while (rv->pending > 0 && pdl__clock_cond_wait(&rv->cv, &inst->push_mu, deadline))
-        ;
-    pdl_status_t st;
-    if (rv->pending > 0)
-        st = pdl_error_set(err, PDL_ERR_TIMEOUT, "receive %s: %d ranks still waiting for write_done after %d ms",
-                           rv->transfer_id, rv->pending, timeout_ms);
-    else if (rv->status != PDL_OK)
-        st = pdl_error_set(err, rv->status, "receive %s: %s", rv->transfer_id, rv->msg);
-    else
-        st = PDL_OK;
-    pthread_mutex_unlock(&inst->push_mu);
-    /* The producer's writes reached our memory through its threads or our engine's; the write_done
-     * that finished the wait came after them. Take the engine locks so this thread's reads are
-     * ordered after what those threads did under them. */
-    if (st == PDL_OK)
-        PDL_FOR_LOCAL(inst, i)
-            pdl_engine_publish(inst->ranks[i].mem.engine);
-    return st;
-}
-
-int pdl_recv_write_done(pdl_recv_t *rv, int tp_rank)
-{
-    if (rv == NULL || !pdl__is_local(rv->inst, tp_rank))
-        return -1;
-    pthread_mutex_lock(&rv->inst->push_mu);
-    int v = rv->count[tp_rank];
-    pthread_mutex_unlock(&rv->inst->push_mu);
-    return v;
-}
-
-void pdl_recv_free(pdl_recv_t *rv)
-{
-    if (rv == NULL)
-        return;
-    pdl_instance_t *inst = rv->inst;
-    pthread_mutex_lock(&inst->push_mu);
-    if (rv->in_map) {
-        pdl__strmap_remove(&inst->recvs, rv->transfer_id);
-        pdl__rank_revoke(inst, rv->transfer_id, -1); /* abandoned before every rank finished */
-    }
-    pthread_mutex_unlock(&inst->push_mu);
-    recv_free_parts(rv);
-}
-
-/* ---- consumer: producers that are gone (the watch, watch.c) ------------------------------------ */
-
-typedef struct watch_walk {
-    pdl_instance_t *inst;
-    pdl_watch_item_fn fn;
-    void *arg;
-} watch_walk_t;
-
-static void watch_recv(void *arg, const char *key, void *value)
-{
-    (void)key;
-    watch_walk_t *w = arg;
-    pdl_recv_t *rv = value;
-    int P = rv->producer_tp, D = w->inst->tp;
-    uint64_t named[PDL_TOPO_MAX_TP / 64] = {0};
-    PDL_FOR_LOCAL(w->inst, d) {
-        int gfirst = 0, gcount = 0;
-        if (rv->done[d] || pdl_topo_group(P, D, d, &gfirst, &gcount, NULL) != PDL_OK)
-            continue;
-        for (int g = gfirst; g < gfirst + gcount; g++) {
-            if (named[g / 64] & (1ull << (g % 64)))
-                continue;
-            named[g / 64] |= 1ull << (g % 64);
-            int off = pdl_topo_port_offset(rv->pdp, P, g);
-            if (off < 0 || rv->phs_base + off > 65535)
-                continue;
-            char peer[PDL_WIRE_HOST_MAX + 16], item[PDL_WIRE_ID_MAX + 16];
-            pdl__held_consumer_name(peer, sizeof(peer), rv->phost, rv->phs_base + off);
-            snprintf(item, sizeof(item), "%d|%s", g, rv->transfer_id);
-            w->fn(w->arg, peer, item);
-        }
-    }
-}
-
-void pdl__push_watch_producers(pdl_instance_t *inst, pdl_watch_item_fn fn, void *arg)
-{
-    watch_walk_t w = {.inst = inst, .fn = fn, .arg = arg};
-    pthread_mutex_lock(&inst->push_mu);
-    pdl__strmap_foreach(&inst->recvs, watch_recv, &w);
-    pthread_mutex_unlock(&inst->push_mu);
-}
-
-bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank, const char *peer, const char *why)
-{
-    pdl_instance_t *inst = r0->inst;
-    bool failed = false;
-    pthread_mutex_lock(&inst->push_mu);
-    pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, transfer_id);
-    if (rv != NULL && prank >= 0 && prank < rv->producer_tp) {
-        char msg[PDL_ERR_MSG_LEN];
-        int len = snprintf(msg, sizeof(msg), "producer %.200s (producer tp rank %d) is gone (", peer, prank);
-        snprintf(msg + len, sizeof(msg) - (size_t)len,
-                 "%.100s): its write_done will not come; failed at once instead of after transfer_timeout", why);
-        bool first = !rv->producer_gone;
-        rv->producer_gone = true;
-        if (first) /* before the waiter can wake (push_mu is held): it sees the count */
-            PDL_CTR_ADD(r0, producer_gone_failed, 1);
-        PDL_FOR_LOCAL(inst, d) {
-            int gfirst = 0, gcount = 0;
-            if (rv->done[d] || pdl_topo_group(rv->producer_tp, inst->tp, d, &gfirst, &gcount, NULL) != PDL_OK ||
-                prank < gfirst || prank >= gfirst + gcount)
-                continue;
-            recv_rank_finish(rv, d, PDL_ERR_PEER_GONE, msg);
-            failed = true;
-        }
-    }
-    pthread_mutex_unlock(&inst->push_mu);
-    return failed;
-}
-
-/* ---- abandon (pdl_instance_abandon in WRITE mode) ---------------------------------------------- */
-
-/* Consumer: a failed release to every producer rank, each once (pdl__push_on_abandon frees it there). */
-static pdl_status_t abandon_as_consumer(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                        pdl_error_t *err)
-{
-    producer_ref_t pr;
-    pdl_status_t st = producer_of(inst, params, request_id, "abandon", &pr, err);
-    for (int d = inst->lo; st == PDL_OK && d < inst->hi; d++) {
-        int gfirst = 0, gcount = 0;
-        pdl_topo_group(pr.tp, inst->tp, d, &gfirst, &gcount, NULL);
-        for (int g = gfirst; st == PDL_OK && g < gfirst + gcount; g++) {
-            if (!consumer_speaks_for(pr.tp, inst->tp, d, g))
-                continue;
-            pdl_bytes_t b = {0};
-            st = pdl__release_encode(params->transfer_id, inst->tp, d, pr.tp, g, false, &b, err);
-            if (st == PDL_OK)
-                st = pdl__outq_send(&inst->ranks[d], pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g),
-                                    PDL_OUT_RELEASE, &b, err);
-            pdl_bytes_free(&b);
-            if (st != PDL_OK)
-                pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
-        }
-    }
-    return st;
-}
+/* ---- abandon and reaping ---------------------------------------------------------------------- */
 
 /* Producer: the failed write_done a failed push sends, from every rank to every consumer rank of its
  * notify set, so the decode's receive fails now instead of at transfer_timeout and frees its blocks;
  * remote_blocks parked for the transfer are dropped. */
-static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+pdl_status_t pdl__push_abandon_producer(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                         pdl_error_t *err)
 {
     const char *tid = params->transfer_id;
@@ -1371,16 +885,16 @@ static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_param
     int D = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     int dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
     PDL_FOR_LOCAL(inst, r) {
-        char key[PDL_WIRE_ID_MAX + 16];
-        snprintf(key, sizeof(key), "%d|%s", r, tid);
+        char key[PDL_PARK_KEY_MAX];
+        pdl__park_key(key, r, tid);
         pthread_mutex_lock(&inst->push_mu);
-        parked_rb_t *k = pdl__strmap_remove(&inst->parked, key);
+        pdl_parked_t *k = pdl__strmap_remove(&inst->parked, key);
         pthread_mutex_unlock(&inst->push_mu);
         if (k != NULL) {
             /* The consumer's own word on its TP and DP rank beats the params'. */
             D = k->said_tp > 0 ? k->said_tp : D;
             dp = k->decode_dp;
-            parked_free(k);
+            pdl__parked_free(k);
         }
     }
     for (int r = inst->lo; st == PDL_OK && r < inst->hi; r++) {
@@ -1391,101 +905,43 @@ static pdl_status_t abandon_as_producer(pdl_instance_t *inst, const pdl_kv_param
     return st;
 }
 
-pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                               pdl_error_t *err)
-{
-    pdl_status_t st = inst->cfg.conn.role == PDL_ROLE_CONSUMER ? abandon_as_consumer(inst, params, request_id, err)
-                                                               : abandon_as_producer(inst, params, request_id, err);
-    if (st == PDL_OK) {
-        PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
-        pdl_debug("abandon %s (WRITE mode): failed %s queued", params->transfer_id,
-                  inst->cfg.conn.role == PDL_ROLE_CONSUMER ? "releases" : "write_done");
-    }
-    return st;
-}
-
-/* ---- reaping ---------------------------------------------------------------------------------- */
-
-typedef struct reap_ctx {
-    pdl_instance_t *inst;
+/* The pushes whose share on rank `rank` waited for remote_blocks longer than defer_timeout. */
+typedef struct push_reap {
     int rank;
     uint64_t now, defer_ns;
-    char **ids; /* pushes this rank expired */
+    char **ids;
     size_t n, cap;
-    char **parked_keys;
-    size_t np, pcap;
-    pdl_recv_t **late; /* receives this rank timed out */
-    size_t nl, lcap;
-} reap_ctx_t;
-
-static bool grow(void **v, size_t *cap, size_t n, size_t elem)
-{
-    if (n < *cap)
-        return true;
-    size_t nc = *cap ? 2 * *cap : 8;
-    void *nv = realloc(*v, nc * elem);
-    if (nv == NULL)
-        return false;
-    *v = nv;
-    *cap = nc;
-    return true;
-}
+} push_reap_t;
 
 static void reap_push(void *arg, const char *key, void *value)
 {
-    reap_ctx_t *c = arg;
+    push_reap_t *c = arg;
     pdl_push_t *p = value;
     if (p->state[c->rank] != RS_WAITING || pdl__clock_since(c->now, p->created_ns) < c->defer_ns)
         return;
-    if (!grow((void **)&c->ids, &c->cap, c->n, sizeof(char *)))
-        return;
+    if (c->n == c->cap) {
+        size_t nc = c->cap ? 2 * c->cap : 8;
+        char **nv = realloc(c->ids, nc * sizeof(*nv));
+        if (nv == NULL)
+            return;
+        c->ids = nv;
+        c->cap = nc;
+    }
     char *d = strdup(key);
     if (d)
         c->ids[c->n++] = d;
 }
 
-static void reap_parked(void *arg, const char *key, void *value)
-{
-    reap_ctx_t *c = arg;
-    parked_rb_t *k = value;
-    if (k->rank != c->rank || pdl__clock_since(c->now, k->at_ns) < c->defer_ns)
-        return;
-    if (!grow((void **)&c->parked_keys, &c->pcap, c->np, sizeof(char *)))
-        return;
-    char *d = strdup(key);
-    if (d)
-        c->parked_keys[c->np++] = d;
-}
-
-static void reap_recv(void *arg, const char *key, void *value)
-{
-    (void)key;
-    reap_ctx_t *c = arg;
-    pdl_recv_t *rv = value;
-    if (rv->done[c->rank] || c->now < rv->deadline_ns)
-        return;
-    if (grow((void **)&c->late, &c->lcap, c->nl, sizeof(pdl_recv_t *)))
-        c->late[c->nl++] = rv;
-}
-
-void pdl__push_reap(pdl_rank_t *r)
+void pdl__push_reap_shares(pdl_rank_t *r)
 {
     pdl_instance_t *inst = r->inst;
-    if (inst->cfg.conn.read_mode)
-        return;
-    reap_ctx_t c = {.inst = inst, .rank = r->rank};
-    c.defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9);
+    push_reap_t c = {.rank = r->rank, .defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9)};
     pdl_push_t **freed = NULL;
     size_t nfreed = 0;
     pthread_mutex_lock(&inst->push_mu);
-    c.now = pdl__clock_now_ns(); /* read under the lock: every push and park in the maps is older */
-    if (inst->pushes.count == 0 && inst->parked.count == 0 && inst->recvs.count == 0) {
-        pthread_mutex_unlock(&inst->push_mu);
-        return;
-    }
-    pdl__strmap_foreach(&inst->pushes, reap_push, &c);
-    pdl__strmap_foreach(&inst->parked, reap_parked, &c);
-    pdl__strmap_foreach(&inst->recvs, reap_recv, &c);
+    c.now = pdl__clock_now_ns(); /* read under the lock: every push in the map is older */
+    if (inst->pushes.count > 0)
+        pdl__strmap_foreach(&inst->pushes, reap_push, &c);
     if (c.n > 0)
         freed = calloc(c.n, sizeof(*freed));
     for (size_t i = 0; i < c.n; i++) {
@@ -1496,28 +952,10 @@ void pdl__push_reap(pdl_rank_t *r)
         else if (gone != NULL)
             push_free(gone);
     }
-    size_t dropped_rb = 0; /* parked abandons expire uncounted: they were acted on when they came */
-    for (size_t i = 0; i < c.np; i++) {
-        parked_rb_t *k = pdl__strmap_remove(&inst->parked, c.parked_keys[i]);
-        dropped_rb += k != NULL && !k->abandoned;
-        parked_free(k);
-        free(c.parked_keys[i]);
-    }
-    char tmsg[128];
-    snprintf(tmsg, sizeof(tmsg), "write_done not all received within transfer_timeout %.1f s",
-             inst->cfg.conn.transfer_timeout_s);
-    for (size_t i = 0; i < c.nl; i++)
-        recv_rank_finish(c.late[i], r->rank, PDL_ERR_TIMEOUT, tmsg);
     pthread_mutex_unlock(&inst->push_mu);
     for (size_t i = 0; i < nfreed; i++)
         push_free(freed[i]);
     free(freed);
-    if (dropped_rb > 0) {
-        PDL_CTR_ADD(r, remote_blocks_dropped, dropped_rb);
-        pdl_debug("rank %d: %zu parked remote_blocks dropped after defer_timeout", r->rank, dropped_rb);
-    }
-    free(c.parked_keys);
-    free(c.late);
     for (size_t i = 0; i < c.n; i++) {
         uint64_t sup = 0;
         if (pdl_ratelimit_allow(&r->ctr.expired_rl, &sup))
@@ -1537,29 +975,10 @@ static void free_push_v(void *arg, const char *key, void *value)
     push_free(value);
 }
 
-static void free_parked_v(void *arg, const char *key, void *value)
-{
-    (void)arg;
-    (void)key;
-    parked_free(value);
-}
-
-static void orphan_recv(void *arg, const char *key, void *value)
-{
-    (void)arg;
-    (void)key;
-    ((pdl_recv_t *)value)->in_map = false; /* the caller still frees it */
-}
-
-void pdl__push_free_all(pdl_instance_t *inst)
+void pdl__push_free_pushes(pdl_instance_t *inst)
 {
     for (unsigned i = 0; i < PDL_PUSH_TOMBS; i++)
         push_free(inst->tombs[i]);
     pdl__strmap_foreach(&inst->pushes, free_push_v, NULL);
     pdl__strmap_free(&inst->pushes);
-    pdl__strmap_foreach(&inst->parked, free_parked_v, NULL);
-    pdl__strmap_free(&inst->parked);
-    pdl__strmap_foreach(&inst->recvs, orphan_recv, NULL);
-    pdl__strmap_free(&inst->recvs);
-    pthread_mutex_destroy(&inst->push_mu);
 }

@@ -1,12 +1,14 @@
 /*
  * service.c -- the per-rank service thread: handshake and notify ROUTERs, outbound DEALERs, the
- * discovery ping, and the ticks of the lease reaper (held.c) and the WRITE reaper (push.c) (docs/protocol.md).
+ * discovery ping, and the ticks of the lease reaper (held.c) and the WRITE reaper (push_park.c)
+ * (docs/protocol.md).
  *
  * One thread owns the rank's ROUTERs, its ping DEALER and its outbound DEALER cache (ZeroMQ sockets
  * are not thread-safe). It sleeps in zmq_poll on the two ROUTERs and an eventfd; other threads queue
- * outbound messages (sender.c) and write the eventfd. It dispatches WRITE-mode messages to push.c and
- * resolved transfers to held.c; nothing calls back into it but start and stop. Each wake-up drains at most a budget of frames per socket, so one flooding
- * sender cannot starve the other socket or the reaper.
+ * outbound messages (sender.c) and write the eventfd. It dispatches WRITE-mode messages to push.c
+ * (producer) and push_recv.c (consumer) and resolved transfers to held.c; nothing calls back into it
+ * but start and stop. Each wake-up drains at most a budget of frames per socket, so one flooding sender
+ * cannot starve the other socket or the reaper.
  *
  * Hostile input (docs/protocol.md#bad-frames: upstream's listener threads die on it): every frame is
  * decoded by the wire codecs, which refuse anything malformed; the frame is then dropped, counted in

@@ -12,7 +12,7 @@
  *
  * How: holds made with pdl_instance_hold_for name their consumer (the request id's decode address),
  * pushes too (pdl_instance_push: "host:handshake base"); a receive names its producer and so each
- * producer rank it waits on ("host:handshake port of that rank", push.c). Rank 0's service thread
+ * producer rank it waits on ("host:handshake port of that rank", push_recv.c). Rank 0's service thread
  * probes each named peer at most once per probe interval (consumer_gone_timeout / 4, at most 1 s),
  * without blocking: a TCP connect to its handshake port, then, once that is accepted, pdlink's identity
  * request (PDL_WIRE_GET_IDENTITY) on a DEALER, answered by the peer's service thread with its pid and a
