@@ -98,27 +98,40 @@ static void evict_gone(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x
         pdl__peer_evict(r, &side->peers, c.found[i]);
 }
 
-static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
-                              uint64_t *descs, pdl_xfer_times_t *times, bool *stale, bool *verified, pdl_error_t *err)
+/* One attempt at a transfer: its remote ranks with their peers, what it posted and which peers failed. */
+typedef struct xfer_try {
+    pdl_rank_t *r;
+    pdl_xfer_side_t *side;
+    const pdl_xfer_t *x;
+    const char *remote_role; /* "producer" or "consumer", for messages */
+    int rranks[PDL_TOPO_MAX_TP], nr;
+    pdl_peer_t *peers[PDL_TOPO_MAX_TP];
+    bool fresh[PDL_TOPO_MAX_TP]; /* handshaked by this attempt (not from the cache) */
+    posted_t *posted;
+    size_t nposted;
+    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
+    int ngone;
+    uint64_t *bytes, *descs;
+    pdl_xfer_times_t *times;
+} xfer_try_t;
+
+/* The remote ranks of the pieces in first-seen order, and a peer for each (cached, or a handshake).
+ * Every remote rank answering its handshake as the instance named (or one answering but incompatible,
+ * PDL_ERR_MISMATCH) sets *verified. */
+static pdl_status_t try_peers(xfer_try_t *t, bool *verified, pdl_error_t *err)
 {
-    const char *remote_role = x->dir == PDL_DIR_READ ? "producer" : "consumer";
+    const pdl_xfer_t *x = t->x;
     uint64_t tp0 = pdl__clock_now_ns();
-    int L = r->inst->cfg.model.num_layers;
-    /* Remote ranks in first-seen order, each with its pieces (pieces of one remote rank are adjacent in
-     * head order, but nothing here relies on it). */
-    int rranks[PDL_TOPO_MAX_TP];
-    int nr = 0;
+    /* Pieces of one remote rank are adjacent in head order, but nothing here relies on it. */
     for (int i = 0; i < x->npieces; i++) {
         bool seen = false;
-        for (int k = 0; k < nr; k++)
-            seen |= rranks[k] == x->pieces[i].remote_rank;
+        for (int k = 0; k < t->nr; k++)
+            seen |= t->rranks[k] == x->pieces[i].remote_rank;
         if (!seen)
-            rranks[nr++] = x->pieces[i].remote_rank;
+            t->rranks[t->nr++] = x->pieces[i].remote_rank;
     }
-    pdl_peer_t *peers[PDL_TOPO_MAX_TP];
-    bool fresh[PDL_TOPO_MAX_TP];
-    for (int k = 0; k < nr; k++) {
-        pdl_status_t st = pdl__peer_get(r, side, x->peer, rranks[k], &peers[k], &fresh[k], err);
+    for (int k = 0; k < t->nr; k++) {
+        pdl_status_t st = pdl__peer_get(t->r, t->side, x->peer, t->rranks[k], &t->peers[k], &t->fresh[k], err);
         if (st != PDL_OK) {
             /* An incompatible peer answered its handshake all the same: it is a MoRIIO peer at that
              * address, and its hold is freed by the failed release. */
@@ -130,101 +143,125 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
     /* Every remote rank answered its handshake as the instance the transfer names: its endpoints are
      * verified from now on (the lane's key is that instance unless the lane is shared by hash). */
     *verified = true;
-    char key[sizeof(side->key)];
+    char key[sizeof(t->side->key)];
     snprintf(key, sizeof(key), "%s|%d", x->peer->engine_id, x->peer->dp);
-    if (strcmp(key, side->key) == 0)
-        atomic_store(&side->verified, true);
-    times->peers += pdl__clock_now_ns() - tp0;
-    posted_t *posted = calloc((size_t)L * (size_t)(nr > 0 ? nr : 1), sizeof(*posted));
-    if (posted == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", x->dir == PDL_DIR_READ ? "read" : "write");
-    size_t nposted = 0;
-    pdl_descv_t dv = {0};
-    pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
-    pdl_status_t st = PDL_OK;
-    pdl_peer_t *gone[PDL_TOPO_MAX_TP];
-    int ngone = 0;
+    if (strcmp(key, t->side->key) == 0)
+        atomic_store(&t->side->verified, true);
+    t->times->peers += pdl__clock_now_ns() - tp0;
+    return PDL_OK;
+}
+
+/* Post every layer of remote rank k's pieces, whole layers per batch up to XFER_BATCH_BYTES (see the top
+ * of the file). dv is the caller's scratch list. A post failing as gone marks the peer gone. */
+static pdl_status_t try_post_rank(xfer_try_t *t, int k, pdl_descv_t *dv, pdl_error_t *err)
+{
+    const pdl_xfer_t *x = t->x;
+    pdl_rank_t *r = t->r;
+    pdl_peer_t *peer = t->peers[k];
+    int L = r->inst->cfg.model.num_layers;
     pdl_op_t op = x->dir == PDL_DIR_READ ? PDL_OP_READ : PDL_OP_WRITE;
-    uint64_t t0 = pdl__clock_now_ns();
-    for (int k = 0; k < nr && st == PDL_OK; k++) {
-        int np = 0;
-        for (int i = 0; i < x->npieces; i++)
-            if (x->pieces[i].remote_rank == rranks[k])
-                pieces[np++] = x->pieces[i].piece;
-        pdl_descv_reset(&dv);
-        int first_layer = 0;
-        uint64_t nbytes = 0;
-        for (int l = 0; l < L && st == PDL_OK; l++) {
-            size_t n0 = dv.n;
-            uint64_t tb = pdl__clock_now_ns();
-            st = pdl_layout_build_descs(&r->mem.geo, &peers[k]->geo, x->dir, pieces, np, x->local_blocks,
-                                        x->remote_blocks, x->n, pdl__layer_off(&r->mem, l),
-                                        peers[k]->remote_layered ? 0 : (uint64_t)l * peers[k]->layer_len, &dv, err);
-            times->build += pdl__clock_now_ns() - tb;
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, st, "layer %d, %s rank %d", l, remote_role, rranks[k]);
-                break;
-            }
-            /* Whole layers share a batch until it holds XFER_BATCH_BYTES (see the top of the file); a
-             * layer with a session of its own (per-layer registrations) is a batch of its own, under
-             * its own grant name when the remote registered it alone (pdl__grant_name). */
-            for (size_t i = n0; i < dv.n; i++)
-                nbytes += dv.v[i].len;
-            if (l + 1 < L && nbytes < XFER_BATCH_BYTES && peers[k]->nsessions == 1)
-                continue;
-            pdl_batch_t *b = NULL;
-            char grant[PDL_GRANT_NAME_MAX + 1];
-            const char *gname = x->grant;
-            if (x->grant != NULL && x->grant[0] != '\0' && peers[k]->remote_layered) {
-                pdl__grant_name(grant, sizeof(grant), x->grant, true, l);
-                gname = grant;
-            }
-            uint64_t tpost = pdl__clock_now_ns();
-            st = pdl_session_post_granted(pdl__peer_session(peers[k], l), op, gname, dv.v, dv.n, &b, err);
-            times->post += pdl__clock_now_ns() - tpost;
-            if (st != PDL_OK) {
-                pdl_error_prefix(err, st, "layers %d-%d, %s rank %d: post", first_layer, l, remote_role, rranks[k]);
-                if (is_gone(st))
-                    add_gone(gone, &ngone, peers[k]);
-                break;
-            }
-            posted[nposted++] = (posted_t){.batch = b, .peer = peers[k], .remote_rank = rranks[k]};
-            *descs += dv.n;
-            *bytes += nbytes;
-            pdl_descv_reset(&dv);
-            nbytes = 0;
-            first_layer = l + 1;
+    pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
+    int np = 0;
+    for (int i = 0; i < x->npieces; i++)
+        if (x->pieces[i].remote_rank == t->rranks[k])
+            pieces[np++] = x->pieces[i].piece;
+    pdl_descv_reset(dv);
+    int first_layer = 0;
+    uint64_t nbytes = 0;
+    for (int l = 0; l < L; l++) {
+        size_t n0 = dv->n;
+        uint64_t tb = pdl__clock_now_ns();
+        pdl_status_t st = pdl_layout_build_descs(&r->mem.geo, &peer->geo, x->dir, pieces, np, x->local_blocks,
+                                                 x->remote_blocks, x->n, pdl__layer_off(&r->mem, l),
+                                                 peer->remote_layered ? 0 : (uint64_t)l * peer->layer_len, dv, err);
+        t->times->build += pdl__clock_now_ns() - tb;
+        if (st != PDL_OK)
+            return pdl_error_prefix(err, st, "layer %d, %s rank %d", l, t->remote_role, t->rranks[k]);
+        /* A layer with a session of its own (per-layer registrations) is a batch of its own, under its
+         * own grant name when the remote registered it alone (pdl__grant_name). */
+        for (size_t i = n0; i < dv->n; i++)
+            nbytes += dv->v[i].len;
+        if (l + 1 < L && nbytes < XFER_BATCH_BYTES && peer->nsessions == 1)
+            continue;
+        pdl_batch_t *b = NULL;
+        char grant[PDL_GRANT_NAME_MAX + 1];
+        const char *gname = x->grant;
+        if (x->grant != NULL && x->grant[0] != '\0' && peer->remote_layered) {
+            pdl__grant_name(grant, sizeof(grant), x->grant, true, l);
+            gname = grant;
         }
+        uint64_t tpost = pdl__clock_now_ns();
+        st = pdl_session_post_granted(pdl__peer_session(peer, l), op, gname, dv->v, dv->n, &b, err);
+        t->times->post += pdl__clock_now_ns() - tpost;
+        if (st != PDL_OK) {
+            if (is_gone(st))
+                add_gone(t->gone, &t->ngone, peer);
+            return pdl_error_prefix(err, st, "layers %d-%d, %s rank %d: post", first_layer, l, t->remote_role,
+                                    t->rranks[k]);
+        }
+        t->posted[t->nposted++] = (posted_t){.batch = b, .peer = peer, .remote_rank = t->rranks[k]};
+        *t->descs += dv->n;
+        *t->bytes += nbytes;
+        pdl_descv_reset(dv);
+        nbytes = 0;
+        first_layer = l + 1;
     }
-    pdl_descv_free(&dv);
+    return PDL_OK;
+}
+
+/* Wait for every posted batch within transfer_timeout from t0 -- also after a failure (st), because a
+ * posted batch still uses our blocks -- and free it. Returns st, or the first wait's failure. */
+static pdl_status_t try_wait(xfer_try_t *t, uint64_t t0, pdl_status_t st, pdl_error_t *err)
+{
     uint64_t tw = pdl__clock_now_ns();
-    double timeout_s = r->inst->cfg.conn.transfer_timeout_s;
+    double timeout_s = t->r->inst->cfg.conn.transfer_timeout_s;
     uint64_t deadline = t0 + (uint64_t)(timeout_s * 1e9);
-    for (size_t i = 0; i < nposted; i++) {
+    for (size_t i = 0; i < t->nposted; i++) {
         uint64_t now = pdl__clock_now_ns();
         int left_ms = now >= deadline ? 0 : (int)((deadline - now) / 1000000);
         pdl_error_t e;
-        pdl_status_t bst = pdl_batch_wait(posted[i].batch, left_ms, &e);
+        pdl_status_t bst = pdl_batch_wait(t->posted[i].batch, left_ms, &e);
         if (bst != PDL_OK && st == PDL_OK) {
             st = bst;
             if (bst == PDL_ERR_TIMEOUT)
                 pdl_error_set(err, PDL_ERR_TIMEOUT, "%s rank %d: %s not finished within transfer_timeout %.1f s (%s)",
-                              remote_role, posted[i].remote_rank, x->dir == PDL_DIR_READ ? "read" : "write",
+                              t->remote_role, t->posted[i].remote_rank, t->x->dir == PDL_DIR_READ ? "read" : "write",
                               timeout_s, e.msg);
             else if (err)
                 *err = e;
         }
         if (is_gone(bst))
-            add_gone(gone, &ngone, posted[i].peer);
-        pdl_batch_free(posted[i].batch);
+            add_gone(t->gone, &t->ngone, t->posted[i].peer);
+        pdl_batch_free(t->posted[i].batch);
     }
-    free(posted);
-    times->wait += pdl__clock_now_ns() - tw;
-    for (int g = 0; g < ngone; g++)
-        for (int k = 0; k < nr; k++)
-            if (gone[g] == peers[k] && !fresh[k])
+    t->times->wait += pdl__clock_now_ns() - tw;
+    return st;
+}
+
+static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
+                              uint64_t *descs, pdl_xfer_times_t *times, bool *stale, bool *verified, pdl_error_t *err)
+{
+    xfer_try_t t = {.r = r, .side = side, .x = x, .bytes = bytes, .descs = descs, .times = times,
+                    .remote_role = x->dir == PDL_DIR_READ ? "producer" : "consumer"};
+    pdl_status_t st = try_peers(&t, verified, err);
+    if (st != PDL_OK)
+        return st;
+    int L = r->inst->cfg.model.num_layers;
+    t.posted = calloc((size_t)L * (size_t)(t.nr > 0 ? t.nr : 1), sizeof(*t.posted));
+    if (t.posted == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", x->dir == PDL_DIR_READ ? "read" : "write");
+    pdl_descv_t dv = {0};
+    uint64_t t0 = pdl__clock_now_ns();
+    for (int k = 0; k < t.nr && st == PDL_OK; k++)
+        st = try_post_rank(&t, k, &dv, err);
+    pdl_descv_free(&dv);
+    st = try_wait(&t, t0, st, err);
+    free(t.posted);
+    for (int g = 0; g < t.ngone; g++)
+        for (int k = 0; k < t.nr; k++)
+            if (t.gone[g] == t.peers[k] && !t.fresh[k])
                 *stale = true;
-    evict_gone(r, side, x, gone, ngone);
+    evict_gone(r, side, x, t.gone, t.ngone);
     if (x->dir == PDL_DIR_READ)
         PDL_CTR_ADD(r, read_ns, pdl__clock_now_ns() - t0);
     else

@@ -369,26 +369,15 @@ static void engine_release(pdl_engine_t *e)
     e->bk = NULL;
 }
 
-static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
+/* The UCP context (UCX_* environment variables pass through) and the memory types it can move. */
+static pdl_status_t ucx_context_init(pdl_engine_t *e, ucx_engine_t *ux, pdl_error_t *err)
 {
-    ucx_engine_t *ux = calloc(1, sizeof(*ux));
-    if (ux == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-    ux->stop_fd = ux->epfd = -1;
-    for (int l = 0; l < UCX_LANES; l++)
-        pthread_mutex_init(&ux->lanes[l].mu, NULL);
-    pthread_mutex_init(&ux->watch_mu, NULL);
-    e->bk = ux;
-
-    pdl_status_t st;
     pthread_once(&env_once, env_defaults);
     ucp_config_t *cfg = NULL;
-    ucs_status_t us = ucp_config_read(NULL, NULL, &cfg); /* UCX_* environment variables pass through */
-    if (us != UCS_OK) {
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_config_read: %s (check the UCX_* variables)",
-                           e->key, ucs_status_string(us));
-        goto fail;
-    }
+    ucs_status_t us = ucp_config_read(NULL, NULL, &cfg);
+    if (us != UCS_OK)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_config_read: %s (check the UCX_* variables)",
+                             e->key, ucs_status_string(us));
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
         .features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
@@ -398,9 +387,8 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     ucp_config_release(cfg);
     if (us != UCS_OK) {
         ux->ctx = NULL;
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_init: %s (UCX_TLS=%s)", e->key,
-                           ucs_status_string(us), getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
-        goto fail;
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_init: %s (UCX_TLS=%s)", e->key,
+                             ucs_status_string(us), getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)");
     }
     ucp_context_attr_t ca = {.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES};
     if (ucp_context_query(ux->ctx, &ca) == UCS_OK) {
@@ -416,38 +404,44 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     const char *claim = getenv("PDLINK_TEST_UCX_CLAIM_CUDA");
     if (claim != NULL && strcmp(claim, "1") == 0)
         e->mem_types |= 1u << PDL_MEM_TYPE_CUDA;
+    return PDL_OK;
+}
+
+/* One worker per lane, and lane 0's address: what a descriptor carries. */
+static pdl_status_t ucx_workers_init(pdl_engine_t *e, ucx_engine_t *ux, pdl_error_t *err)
+{
     ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                               .thread_mode = UCS_THREAD_MODE_SERIALIZED};
+    ucs_status_t us;
     for (; ux->nlanes < UCX_LANES; ux->nlanes++) {
         us = ucp_worker_create(ux->ctx, &wp, &ux->lanes[ux->nlanes].worker);
-        if (us != UCS_OK) {
-            st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_create (lane %d): %s", e->key, ux->nlanes,
-                               ucs_status_string(us));
-            goto fail;
-        }
+        if (us != UCS_OK)
+            return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_create (lane %d): %s", e->key,
+                                 ux->nlanes, ucs_status_string(us));
     }
     ucp_address_t *addr = NULL;
     us = ucp_worker_get_address(ux->lanes[0].worker, &addr, &ux->addr_len);
-    if (us != UCS_OK) {
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_address: %s", e->key,
-                           ucs_status_string(us));
-        goto fail;
-    }
+    if (us != UCS_OK)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_address: %s", e->key,
+                             ucs_status_string(us));
     ux->addr = addr;
-    if (ux->addr_len > PDL_UCX_ADDR_MAX) {
-        st = pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                           "engine %s: the UCX worker address is %zu bytes, more than the %d a descriptor carries; "
-                           "narrow UCX_TLS or UCX_NET_DEVICES",
-                           e->key, ux->addr_len, PDL_UCX_ADDR_MAX);
-        goto fail;
-    }
-    /* The live table peers check before every batch. UCX allocates it (PDL_BACKEND_CAP_ALLOC: see
-     * ucx_mem_init) so that a peer on this host reads a slot with a plain load from the mapped segment
-     * instead of a message round trip through this engine's progress thread (~20 us per batch). */
+    if (ux->addr_len > PDL_UCX_ADDR_MAX)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "engine %s: the UCX worker address is %zu bytes, more than the %d a descriptor carries; "
+                             "narrow UCX_TLS or UCX_NET_DEVICES",
+                             e->key, ux->addr_len, PDL_UCX_ADDR_MAX);
+    return PDL_OK;
+}
+
+/* The live table peers check before every batch. UCX allocates it (PDL_BACKEND_CAP_ALLOC: see
+ * ucx_mem_init) so that a peer on this host reads a slot with a plain load from the mapped segment
+ * instead of a message round trip through this engine's progress thread (~20 us per batch). */
+static pdl_status_t ucx_ctl_map(pdl_engine_t *e, ucx_engine_t *ux, pdl_error_t *err)
+{
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS,
                                .length = PDL_SHM_SLOTS * sizeof(uint64_t),
                                .flags = UCP_MEM_MAP_ALLOCATE};
-    us = ucp_mem_map(ux->ctx, &mp, &ux->ctl_memh);
+    ucs_status_t us = ucp_mem_map(ux->ctx, &mp, &ux->ctl_memh);
     if (us == UCS_OK) {
         ucp_mem_attr_t ma = {.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS};
         us = ucp_mem_query(ux->ctl_memh, &ma);
@@ -458,18 +452,20 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     }
     if (us == UCS_OK)
         us = ucp_rkey_pack(ux->ctx, ux->ctl_memh, &ux->ctl_rkey, &ux->ctl_rkey_len);
-    if (us != UCS_OK || ux->ctl_rkey_len > PDL_UCX_RKEY_MAX) {
-        st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: registering the live table with UCX: %s", e->key,
-                           us != UCS_OK ? ucs_status_string(us) : "packed rkey too large");
-        goto fail;
-    }
+    if (us != UCS_OK || ux->ctl_rkey_len > PDL_UCX_RKEY_MAX)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: registering the live table with UCX: %s", e->key,
+                             us != UCS_OK ? ucs_status_string(us) : "packed rkey too large");
+    return PDL_OK;
+}
+
+/* The progress thread, woken by any lane's worker event fd or by stop_fd. */
+static pdl_status_t ucx_progress_start(pdl_engine_t *e, ucx_engine_t *ux, pdl_error_t *err)
+{
     for (int l = 0; l < UCX_LANES; l++) {
-        us = ucp_worker_get_efd(ux->lanes[l].worker, &ux->lanes[l].efd);
-        if (us != UCS_OK) {
-            st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_efd: %s", e->key,
-                               ucs_status_string(us));
-            goto fail;
-        }
+        ucs_status_t us = ucp_worker_get_efd(ux->lanes[l].worker, &ux->lanes[l].efd);
+        if (us != UCS_OK)
+            return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: ucp_worker_get_efd: %s", e->key,
+                                 ucs_status_string(us));
     }
     ux->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     ux->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -477,22 +473,41 @@ static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
     bool polled = ux->stop_fd >= 0 && ux->epfd >= 0 && epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->stop_fd, &ev) == 0;
     for (int l = 0; l < UCX_LANES && polled; l++)
         polled = epoll_ctl(ux->epfd, EPOLL_CTL_ADD, ux->lanes[l].efd, &ev) == 0;
-    if (!polled) {
-        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: eventfd/epoll for the ucx progress thread: %s", e->key,
-                           strerror(errno));
-        goto fail;
-    }
+    if (!polled)
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: eventfd/epoll for the ucx progress thread: %s", e->key,
+                             strerror(errno));
     int rc = pthread_create(&ux->thread, NULL, progress_main, e);
-    if (rc != 0) {
-        st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create (ucx progress): %s", e->key, strerror(rc));
-        goto fail;
-    }
+    if (rc != 0)
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: pthread_create (ucx progress): %s", e->key,
+                             strerror(rc));
     ux->thread_started = true;
+    return PDL_OK;
+}
+
+/* Each step leaves what it made in ux; on a failure engine_release undoes whatever exists. */
+static pdl_status_t ucx_engine_init(pdl_engine_t *e, pdl_error_t *err)
+{
+    ucx_engine_t *ux = calloc(1, sizeof(*ux));
+    if (ux == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    ux->stop_fd = ux->epfd = -1;
+    for (int l = 0; l < UCX_LANES; l++)
+        pthread_mutex_init(&ux->lanes[l].mu, NULL);
+    pthread_mutex_init(&ux->watch_mu, NULL);
+    e->bk = ux;
+    pdl_status_t st = ucx_context_init(e, ux, err);
+    if (st == PDL_OK)
+        st = ucx_workers_init(e, ux, err);
+    if (st == PDL_OK)
+        st = ucx_ctl_map(e, ux, err);
+    if (st == PDL_OK)
+        st = ucx_progress_start(e, ux, err);
+    if (st != PDL_OK) {
+        engine_release(e);
+        return st;
+    }
     e->port = 0;
     return PDL_OK;
-fail:
-    engine_release(e);
-    return st;
 }
 
 static void ucx_engine_fini(pdl_engine_t *e)
