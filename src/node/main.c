@@ -123,6 +123,88 @@ static pdl_status_t load_transfer_config(pdl_node_t *node, int http_port, pdl_er
     return PDL_OK;
 }
 
+/* The KV cache's geometry and size from the command line and the preset; 0, or the exit code (2). */
+static int kv_config(pdl_node_t *node, pdl_node_kv_config_t *kc)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    const pdl_node_args_t *a = &node->args;
+    memset(kc, 0, sizeof(*kc));
+    kc->model.num_layers = node->preset->num_layers;
+    kc->model.total_kv_heads = node->preset->total_kv_heads;
+    kc->model.head_dim = node->preset->head_dim;
+    kc->model.is_mla = node->preset->is_mla;
+    kc->model.elem_size = a->elem_size;
+    kc->model.block_size = a->block_size;
+    kc->model.order = a->kv_layout;
+    kc->model.kv_separate = !a->kv_interleaved;
+    kc->tp_size = a->tp_size;
+    kc->dp_rank = a->dp_rank;
+    kc->dp_size = a->dp_size;
+    if (a->dp_rank >= a->dp_size) {
+        pdl_error("--data-parallel-rank %d: must be below --data-parallel-size %d", a->dp_rank, a->dp_size);
+        return 2;
+    }
+    uint64_t block_bytes = pdl_node_kv_block_bytes(&kc->model, a->tp_size, &err);
+    if (block_bytes == 0) {
+        pdl_error("model %s with --tensor-parallel-size %d: %s", node->preset->name, a->tp_size, err.msg);
+        return 2;
+    }
+    if (a->num_gpu_blocks > 0) {
+        kc->num_blocks = a->num_gpu_blocks;
+        return 0;
+    }
+    uint64_t nb = a->kv_cache_memory / block_bytes;
+    if (nb == 0) {
+        pdl_error("--kv-cache-memory %llu bytes holds no block of %llu bytes (model %s, TP %d, block size %d)",
+                  (unsigned long long)a->kv_cache_memory, (unsigned long long)block_bytes, node->preset->name,
+                  a->tp_size, a->block_size);
+        return 2;
+    }
+    kc->num_blocks = nb > (1u << 24) ? (1u << 24) : (uint32_t)nb;
+    return 0;
+}
+
+/* --port-file: the bound port, written to PATH.tmp and renamed, so a reader never sees half of it. */
+static void write_port_file(const char *path, int port)
+{
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    bool written = f != NULL && fprintf(f, "%d\n", port) > 0;
+    if (f != NULL && fclose(f) != 0)
+        written = false;
+    if (!written || rename(tmp, path) != 0)
+        pdl_warn("--port-file %s: cannot write: %m", path);
+}
+
+/* The one line that says the node is up: model, TP, KV per rank, ports and, with a connector, its role. */
+static void log_ready(const pdl_node_t *node, const pdl_node_kv_config_t *kc, int port)
+{
+    const pdl_node_args_t *a = &node->args;
+    char kvb[32];
+    human_bytes(pdl_node_kv_rank_bytes(node->kv), kvb, sizeof(kvb));
+    int first = 0, heads = 0;
+    pdl_node_kv_heads(node->kv, 0, &first, &heads);
+    if (node->role == PDL_NODE_ALONE)
+        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
+                 "block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, serving alone",
+                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
+                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
+                 a->tp_size, heads, a->block_size, kc->num_blocks, kvb, (unsigned long long)a->seed, a->host, port);
+    else
+        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
+                 "DP %d/%d, block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, role %s (%s mode), "
+                 "engine %s, handshake %d+, notify %d+, backend %s%s%s",
+                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
+                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
+                 a->tp_size, heads, a->dp_rank, a->dp_size, a->block_size, kc->num_blocks, kvb,
+                 (unsigned long long)a->seed, a->host, port, node->role_label, node->conn.read_mode ? "READ" : "WRITE",
+                 pdl_instance_engine_id(pdl_node_kv_instance(node->kv)), node->conn.handshake_port,
+                 node->conn.notify_port, pdl_backend_name(node->conn.backend),
+                 node->conn.proxy_ip[0] ? ", discovery " : "", node->conn.proxy_ip);
+}
+
 static int run(pdl_node_t *node)
 {
     pdl_error_t err;
@@ -139,41 +221,10 @@ static int run(pdl_node_t *node)
     node->served_name = a->served_model_name ? a->served_model_name : a->model;
     node->max_model_len = a->max_model_len > 0 ? a->max_model_len : pdl_node_preset_max_len(node->preset);
     node->started = time(NULL);
-
     pdl_node_kv_config_t kc;
-    memset(&kc, 0, sizeof(kc));
-    kc.model.num_layers = node->preset->num_layers;
-    kc.model.total_kv_heads = node->preset->total_kv_heads;
-    kc.model.head_dim = node->preset->head_dim;
-    kc.model.is_mla = node->preset->is_mla;
-    kc.model.elem_size = a->elem_size;
-    kc.model.block_size = a->block_size;
-    kc.model.order = a->kv_layout;
-    kc.model.kv_separate = !a->kv_interleaved;
-    kc.tp_size = a->tp_size;
-    kc.dp_rank = a->dp_rank;
-    kc.dp_size = a->dp_size;
-    if (a->dp_rank >= a->dp_size) {
-        pdl_error("--data-parallel-rank %d: must be below --data-parallel-size %d", a->dp_rank, a->dp_size);
-        return 2;
-    }
-    uint64_t block_bytes = pdl_node_kv_block_bytes(&kc.model, a->tp_size, &err);
-    if (block_bytes == 0) {
-        pdl_error("model %s with --tensor-parallel-size %d: %s", node->preset->name, a->tp_size, err.msg);
-        return 2;
-    }
-    if (a->num_gpu_blocks > 0) {
-        kc.num_blocks = a->num_gpu_blocks;
-    } else {
-        uint64_t nb = a->kv_cache_memory / block_bytes;
-        if (nb == 0) {
-            pdl_error("--kv-cache-memory %llu bytes holds no block of %llu bytes (model %s, TP %d, block size %d)",
-                      (unsigned long long)a->kv_cache_memory, (unsigned long long)block_bytes, node->preset->name,
-                      a->tp_size, a->block_size);
-            return 2;
-        }
-        kc.num_blocks = nb > (1u << 24) ? (1u << 24) : (uint32_t)nb;
-    }
+    int rc = kv_config(node, &kc);
+    if (rc != 0)
+        return rc;
 
     /*
      * HTTP first: the port is known (also with --port 0) before the connector starts pinging the router
@@ -208,39 +259,9 @@ static int run(pdl_node_t *node)
         return 1;
     }
     atomic_store(&node->ready, true);
-
-    if (a->port_file != NULL) {
-        char tmp[4096];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", a->port_file);
-        FILE *f = fopen(tmp, "w");
-        bool written = f != NULL && fprintf(f, "%d\n", port) > 0;
-        if (f != NULL && fclose(f) != 0)
-            written = false;
-        if (!written || rename(tmp, a->port_file) != 0)
-            pdl_warn("--port-file %s: cannot write: %m", a->port_file);
-    }
-
-    char kvb[32];
-    human_bytes(pdl_node_kv_rank_bytes(node->kv), kvb, sizeof(kvb));
-    int first = 0, heads = 0;
-    pdl_node_kv_heads(node->kv, 0, &first, &heads);
-    if (node->role == PDL_NODE_ALONE)
-        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
-                 "block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, serving alone",
-                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
-                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
-                 a->tp_size, heads, a->block_size, kc.num_blocks, kvb, (unsigned long long)a->seed, a->host, port);
-    else
-        pdl_info("pdlink-node ready: model %s (%s; %d layers, %d KV heads x %d%s, %s), TP %d (%d heads/rank), "
-                 "DP %d/%d, block size %d, %u blocks/rank, KV %s/rank, seed %llu, http %s:%d, role %s (%s mode), "
-                 "engine %s, handshake %d+, notify %d+, backend %s%s%s",
-                 node->served_name, node->preset->name, node->preset->num_layers, node->preset->total_kv_heads,
-                 node->preset->head_dim, node->preset->is_mla ? " MLA" : "", a->elem_size == 1 ? "fp8" : "bf16",
-                 a->tp_size, heads, a->dp_rank, a->dp_size, a->block_size, kc.num_blocks, kvb,
-                 (unsigned long long)a->seed, a->host, port, node->role_label, node->conn.read_mode ? "READ" : "WRITE",
-                 pdl_instance_engine_id(pdl_node_kv_instance(node->kv)), node->conn.handshake_port,
-                 node->conn.notify_port, pdl_backend_name(node->conn.backend),
-                 node->conn.proxy_ip[0] ? ", discovery " : "", node->conn.proxy_ip);
+    if (a->port_file != NULL)
+        write_port_file(a->port_file, port);
+    log_ready(node, &kc, port);
 
     sigset_t set;
     sigemptyset(&set);

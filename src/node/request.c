@@ -379,50 +379,49 @@ bool pdl_node_request_parse(pdl_node_t *node, bool chat, const json_t *body, con
     return false;
 }
 
-static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
-                          pdl_node_request_t *req, pdl_node_result_t *res)
+/* X-Request-Id: printable ASCII of at most PDL_NODE_RID_MAX bytes; absent, a random one. */
+static bool parse_request_id(const char *request_id, pdl_node_request_t *req, pdl_node_result_t *res)
 {
-    memset(req, 0, sizeof(*req));
-    pdl_kv_params_init(&req->params);
-    req->chat = chat;
-    req->max_tokens = node->args.max_tokens_default;
-
-    if (request_id != NULL && request_id[0] != '\0') {
-        size_t n = strlen(request_id);
-        if (n > PDL_NODE_RID_MAX) {
-            pdl_node_result_error(res, 400, "X-Request-Id: longer than %d bytes", PDL_NODE_RID_MAX);
-            return false;
-        }
-        for (size_t i = 0; i < n; i++)
-            if ((unsigned char)request_id[i] < 0x21 || (unsigned char)request_id[i] > 0x7e) {
-                pdl_node_result_error(res, 400, "X-Request-Id: byte %zu is not printable ASCII", i);
-                return false;
-            }
-        memcpy(req->request_id, request_id, n + 1);
-    } else {
+    if (request_id == NULL || request_id[0] == '\0') {
         make_request_id(req->request_id, sizeof(req->request_id));
+        return true;
     }
+    size_t n = strlen(request_id);
+    if (n > PDL_NODE_RID_MAX) {
+        pdl_node_result_error(res, 400, "X-Request-Id: longer than %d bytes", PDL_NODE_RID_MAX);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)request_id[i] < 0x21 || (unsigned char)request_id[i] > 0x7e) {
+            pdl_node_result_error(res, 400, "X-Request-Id: byte %zu is not printable ASCII", i);
+            return false;
+        }
+    memcpy(req->request_id, request_id, n + 1);
+    return true;
+}
 
-    if (!json_is_object(body)) {
-        pdl_node_result_error(res, 400, "request body: expected a JSON object");
-        return false;
-    }
+/* `model`, when given, names this node: its served name, its preset or --model as given. */
+static bool check_model(const pdl_node_t *node, const json_t *body, pdl_node_result_t *res)
+{
     const json_t *model = json_object_get(body, "model");
-    if (model != NULL && !json_is_null(model)) {
-        if (!json_is_string(model)) {
-            pdl_node_result_error(res, 400, "model: expected a string");
-            return false;
-        }
-        const char *m = json_string_value(model);
-        if (strcmp(m, node->served_name) != 0 && strcmp(m, node->preset->name) != 0 &&
-            strcmp(m, node->args.model) != 0) {
-            pdl_node_result_error(res, 400, "model: the model `%.200s` does not exist; this node serves `%s`", m,
-                                  node->served_name);
-            return false;
-        }
-    }
-    if (!(chat ? parse_messages(body, req, res) : parse_prompt(body, req, res)))
+    if (model == NULL || json_is_null(model))
+        return true;
+    if (!json_is_string(model)) {
+        pdl_node_result_error(res, 400, "model: expected a string");
         return false;
+    }
+    const char *m = json_string_value(model);
+    if (strcmp(m, node->served_name) != 0 && strcmp(m, node->preset->name) != 0 && strcmp(m, node->args.model) != 0) {
+        pdl_node_result_error(res, 400, "model: the model `%.200s` does not exist; this node serves `%s`", m,
+                              node->served_name);
+        return false;
+    }
+    return true;
+}
+
+/* The sampling and output fields: max_tokens, n, stop, min_tokens, seed, echo, logprobs. */
+static bool parse_sampling(bool chat, const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
     if (!opt_positive_int(body, "max_tokens", &req->max_tokens, res))
         return false;
     if (chat && !opt_positive_int(body, "max_completion_tokens", &req->max_tokens, res))
@@ -466,6 +465,12 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
         }
         req->logprobs = (int)json_integer_value(lp);
     }
+    return true;
+}
+
+/* stream and stream_options, and the type of the fields read elsewhere or ignored. */
+static bool parse_stream(const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
     if (!opt_type(body, "stream", is_bool, "a boolean", res) ||
         !opt_type(body, "temperature", is_number, "a number", res) ||
         !opt_type(body, "top_p", is_number, "a number", res) ||
@@ -486,7 +491,12 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
         }
         req->include_usage = json_is_true(iu);
     }
+    return true;
+}
 
+/* kv_transfer_params into req->params, with tp_size and remote_tp_size made to agree. */
+static bool parse_kv_params(pdl_node_t *node, const json_t *body, pdl_node_request_t *req, pdl_node_result_t *res)
+{
     const json_t *kp = json_object_get(body, "kv_transfer_params");
     if (json_is_object(kp)) {
         pdl_error_t perr;
@@ -508,6 +518,40 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
                      req->params.remote_tp_size, req->params.tp_size);
         req->params.remote_tp_size = req->params.tp_size;
     }
+    return true;
+}
+
+/* A READ decode leg: the producer's blocks, engine id and address (params, else the request id). */
+static bool check_pull_leg(const pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    const pdl_kv_params_t *p = &req->params;
+    if (!p->has_remote_block_ids || p->num_remote_blocks == 0) {
+        pdl_node_result_error(res, 400, "kv_transfer_params.remote_block_ids: required (a non-empty array) "
+                                        "with do_remote_prefill in READ mode");
+        return false;
+    }
+    if (p->remote_engine_id[0] == '\0') {
+        pdl_node_result_error(res, 400,
+                              "kv_transfer_params.remote_engine_id: required with do_remote_prefill in READ mode");
+        return false;
+    }
+    if (p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) {
+        /* Upstream falls back to the addresses embedded in the request id (docs/protocol.md#peer-addresses). */
+        pdl_zmq_addr_t pa, da;
+        if (pdl_wire_parse_request_id(req->request_id, &pa, &da, NULL) != PDL_OK) {
+            pdl_node_result_error(res, 400,
+                                  "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
+                                  "remote_notify_port are required unless X-Request-Id carries the prefill "
+                                  "address");
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The flow of the request (node.h) from kv_transfer_params, the node's role and READ or WRITE mode. */
+static bool choose_mode(const pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res)
+{
     const pdl_kv_params_t *p = &req->params;
     req->mode = PDL_NODE_MODE_LOCAL;
     if (p->do_remote_prefill && p->do_remote_decode) {
@@ -534,34 +578,32 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
     } else if (p->do_remote_prefill) {
         if (!check_remote_leg(node, req, false, res))
             return false;
-        if (!node->conn.read_mode) {
+        if (!node->conn.read_mode)
             req->mode = PDL_NODE_MODE_RECV;
-            return true;
-        }
-        if (!p->has_remote_block_ids || p->num_remote_blocks == 0) {
-            pdl_node_result_error(res, 400, "kv_transfer_params.remote_block_ids: required (a non-empty array) "
-                                            "with do_remote_prefill in READ mode");
+        else if (check_pull_leg(req, res))
+            req->mode = PDL_NODE_MODE_PULL;
+        else
             return false;
-        }
-        if (p->remote_engine_id[0] == '\0') {
-            pdl_node_result_error(res, 400,
-                                  "kv_transfer_params.remote_engine_id: required with do_remote_prefill in READ mode");
-            return false;
-        }
-        if (p->remote_host[0] == '\0' || p->remote_handshake_port <= 0 || p->remote_notify_port <= 0) {
-            /* Upstream falls back to the addresses embedded in the request id (docs/protocol.md#peer-addresses). */
-            pdl_zmq_addr_t pa, da;
-            if (pdl_wire_parse_request_id(req->request_id, &pa, &da, NULL) != PDL_OK) {
-                pdl_node_result_error(res, 400,
-                                      "kv_transfer_params.remote_host: remote_host, remote_handshake_port and "
-                                      "remote_notify_port are required unless X-Request-Id carries the prefill "
-                                      "address");
-                return false;
-            }
-        }
-        req->mode = PDL_NODE_MODE_PULL;
     }
     return true;
+}
+
+static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const char *request_id,
+                          pdl_node_request_t *req, pdl_node_result_t *res)
+{
+    memset(req, 0, sizeof(*req));
+    pdl_kv_params_init(&req->params);
+    req->chat = chat;
+    req->max_tokens = node->args.max_tokens_default;
+    if (!parse_request_id(request_id, req, res))
+        return false;
+    if (!json_is_object(body)) {
+        pdl_node_result_error(res, 400, "request body: expected a JSON object");
+        return false;
+    }
+    return check_model(node, body, res) && (chat ? parse_messages(body, req, res) : parse_prompt(body, req, res)) &&
+           parse_sampling(chat, body, req, res) && parse_stream(body, req, res) &&
+           parse_kv_params(node, body, req, res) && choose_mode(node, req, res);
 }
 
 /*
@@ -891,6 +933,97 @@ void pdl_node_request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_re
         abandon_transfer(node, &req->params, req->request_id, started);
 }
 
+/* The prompt's tokens, within max_model_len with max_tokens, and (a READ decode) as many blocks as the
+ * prefill sent. False with res filled otherwise. */
+static bool prompt_tokens(pdl_node_t *node, const pdl_node_request_t *req, pdl_synth_prompt_t *prompt,
+                          pdl_node_result_t *res)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t tst = req->prompt_ids != NULL
+                           ? pdl_synth_from_ids(node->args.seed, req->prompt_ids, req->n_prompt_ids, prompt, &err)
+                           : pdl_synth_tokenize(node->args.seed, req->prompt, req->prompt_len, prompt, &err);
+    if (tst != PDL_OK) {
+        pdl_node_result_error(res, 500, "%s", err.msg);
+        return false;
+    }
+    res->prompt_tokens = prompt->n;
+    if ((long long)prompt->n + req->max_tokens > node->max_model_len) {
+        pdl_node_result_error(res, 400,
+                              "max_tokens: this model's maximum context length is %d tokens; you requested %lld "
+                              "tokens (%zu in the prompt, %d in the completion)",
+                              node->max_model_len, (long long)prompt->n + req->max_tokens, prompt->n, req->max_tokens);
+        pdl_synth_prompt_free(prompt);
+        return false;
+    }
+    size_t nblocks = pdl_synth_blocks_needed(prompt->n, node->args.block_size);
+    if (req->mode == PDL_NODE_MODE_PULL && req->params.num_remote_blocks != nblocks) {
+        pdl_node_result_error(res, 400,
+                              "kv_transfer_params.remote_block_ids: %zu blocks, but this prompt of %zu tokens needs "
+                              "%zu with block size %d (same prompt, model and --block-size as the prefill?)",
+                              req->params.num_remote_blocks, prompt->n, nblocks, node->args.block_size);
+        pdl_synth_prompt_free(prompt);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * A prefill leg hands its blocks to the connector: the rows past the prompt zeroed, then held for the
+ * decode's pull (READ: res gets the kv_transfer_params) or pushed (WRITE). *nblocks becomes 0 when the
+ * instance owns the blocks; *released when the push tells the consumer itself. False with res filled.
+ */
+static bool prefill_hand_over(pdl_node_t *node, const pdl_node_request_t *req, pdl_node_result_t *res,
+                              const uint32_t *blocks, size_t *nblocks, size_t prompt_n, bool *released)
+{
+    pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (pdl_instance_zero_tail(inst, blocks, *nblocks, prompt_n, &err) != PDL_OK) {
+        /* The consumer gets whole blocks: their rows past the prompt must not be an earlier request's. */
+        pdl_node_result_error(res, 500, "zeroing the unused rows of transfer %s failed: %s", req->params.transfer_id,
+                              err.msg);
+        return false;
+    }
+    if (req->mode == PDL_NODE_MODE_PREFILL_PUSH) {
+        /* Upstream's prefill answers at once in WRITE mode; the push runs on the connector's threads. */
+        if (pdl_instance_push(inst, &req->params, req->request_id, blocks, *nblocks, &err) != PDL_OK) {
+            pdl_node_result_error(res, 500, "pushing the KV of transfer %s failed: %s", req->params.transfer_id,
+                                  err.msg);
+            return false;
+        }
+        pdl_debug("request %s: pushing %zu blocks under %s", req->request_id, *nblocks, req->params.transfer_id);
+        *released = true; /* the push tells the consumer itself, whatever its outcome */
+        *nblocks = 0;     /* the instance owns them now */
+        return true;
+    }
+    if (strcmp(res->finish_reason, "length") != 0) {
+        /* vLLM's producer returns kv_transfer_params only for a request capped by length: a stop
+         * string in the first token ends it without a transfer, and the router then sends the decode
+         * null params, so it prefills locally. Our blocks are simply freed by the caller. */
+        pdl_debug("request %s: stopped (%s) on the prefill: no transfer", req->request_id, res->finish_reason);
+        return true;
+    }
+    pdl_kv_params_t held;
+    res->kv_transfer_params = NULL;
+    if (pdl_instance_params(inst, req->params.transfer_id, blocks, *nblocks, &held, NULL) == PDL_OK) {
+        res->kv_transfer_params = pdl_kv_params_to_json(&held);
+        pdl_kv_params_clear(&held);
+    }
+    if (res->kv_transfer_params == NULL) {
+        pdl_node_result_error(res, 500, "kv_transfer_params: could not build the params of %s",
+                              req->params.transfer_id);
+        return false;
+    }
+    if (pdl_instance_hold_for(inst, req->params.transfer_id, req->request_id, blocks, *nblocks, &err) != PDL_OK) {
+        pdl_node_result_error(res, 500, "holding the KV of transfer %s failed: %s", req->params.transfer_id, err.msg);
+        return false;
+    }
+    pdl_debug("request %s: holding %zu blocks under %s", req->request_id, *nblocks, req->params.transfer_id);
+    *nblocks = 0; /* the instance owns them now */
+    return true;
+}
+
 /* *released: the connector told the peer itself (a pull's releases, a push's write_done, every
  * write_done counted); *started: a WRITE receive sent its remote_blocks (the decode engaged with it). */
 static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_result_t *res, bool *released,
@@ -901,31 +1034,9 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
     pdl_synth_prompt_t prompt;
     res->stop_index = -1;
     res->text_limit = SIZE_MAX;
-    pdl_status_t tst = req->prompt_ids != NULL
-                           ? pdl_synth_from_ids(node->args.seed, req->prompt_ids, req->n_prompt_ids, &prompt, &err)
-                           : pdl_synth_tokenize(node->args.seed, req->prompt, req->prompt_len, &prompt, &err);
-    if (tst != PDL_OK) {
-        pdl_node_result_error(res, 500, "%s", err.msg);
+    if (!prompt_tokens(node, req, &prompt, res))
         return;
-    }
-    res->prompt_tokens = prompt.n;
-    if ((long long)prompt.n + req->max_tokens > node->max_model_len) {
-        pdl_node_result_error(res, 400,
-                              "max_tokens: this model's maximum context length is %d tokens; you requested %lld "
-                              "tokens (%zu in the prompt, %d in the completion)",
-                              node->max_model_len, (long long)prompt.n + req->max_tokens, prompt.n, req->max_tokens);
-        pdl_synth_prompt_free(&prompt);
-        return;
-    }
     size_t nblocks = pdl_synth_blocks_needed(prompt.n, node->args.block_size);
-    if (req->mode == PDL_NODE_MODE_PULL && req->params.num_remote_blocks != nblocks) {
-        pdl_node_result_error(res, 400,
-                              "kv_transfer_params.remote_block_ids: %zu blocks, but this prompt of %zu tokens needs "
-                              "%zu with block size %d (same prompt, model and --block-size as the prefill?)",
-                              req->params.num_remote_blocks, prompt.n, nblocks, node->args.block_size);
-        pdl_synth_prompt_free(&prompt);
-        return;
-    }
     uint32_t *blocks = malloc(nblocks * sizeof(uint32_t));
     res->tokens = malloc((size_t)req->max_tokens * sizeof(uint32_t));
     if (blocks == NULL || res->tokens == NULL) {
@@ -978,53 +1089,8 @@ static void request_run(pdl_node_t *node, pdl_node_request_t *req, pdl_node_resu
         apply_stop(req, res);
         keep_prompt(&prompt, res);
     }
-    if (ok && (req->mode == PDL_NODE_MODE_PREFILL_HOLD || req->mode == PDL_NODE_MODE_PREFILL_PUSH) &&
-        pdl_instance_zero_tail(pdl_node_kv_instance(node->kv), blocks, nblocks, prompt.n, &err) != PDL_OK) {
-        /* The consumer gets whole blocks: their rows past the prompt must not be an earlier request's. */
-        pdl_node_result_error(res, 500, "zeroing the unused rows of transfer %s failed: %s", req->params.transfer_id,
-                              err.msg);
-        ok = false;
-    }
-    if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD && strcmp(res->finish_reason, "length") != 0) {
-        /* vLLM's producer returns kv_transfer_params only for a request capped by length: a stop
-         * string in the first token ends it without a transfer, and the router then sends the decode
-         * null params, so it prefills locally. Our blocks are simply freed below. */
-        pdl_debug("request %s: stopped (%s) on the prefill: no transfer", req->request_id, res->finish_reason);
-    } else if (ok && req->mode == PDL_NODE_MODE_PREFILL_HOLD) {
-        pdl_instance_t *inst = pdl_node_kv_instance(node->kv);
-        pdl_kv_params_t held;
-        res->kv_transfer_params = NULL;
-        if (pdl_instance_params(inst, req->params.transfer_id, blocks, nblocks, &held, NULL) == PDL_OK) {
-            res->kv_transfer_params = pdl_kv_params_to_json(&held);
-            pdl_kv_params_clear(&held);
-        }
-        if (res->kv_transfer_params == NULL) {
-            pdl_node_result_error(res, 500, "kv_transfer_params: could not build the params of %s",
-                                  req->params.transfer_id);
-            ok = false;
-        } else if (pdl_instance_hold_for(inst, req->params.transfer_id, req->request_id, blocks, nblocks, &err) !=
-                   PDL_OK) {
-            pdl_node_result_error(res, 500, "holding the KV of transfer %s failed: %s", req->params.transfer_id,
-                                  err.msg);
-            ok = false;
-        } else {
-            pdl_debug("request %s: holding %zu blocks under %s", req->request_id, nblocks, req->params.transfer_id);
-            nblocks = 0; /* the instance owns them now */
-        }
-    }
-    if (ok && req->mode == PDL_NODE_MODE_PREFILL_PUSH) {
-        /* Upstream's prefill answers at once in WRITE mode; the push runs on the connector's threads. */
-        if (pdl_instance_push(pdl_node_kv_instance(node->kv), &req->params, req->request_id, blocks, nblocks, &err) !=
-            PDL_OK) {
-            pdl_node_result_error(res, 500, "pushing the KV of transfer %s failed: %s", req->params.transfer_id,
-                                  err.msg);
-            ok = false;
-        } else {
-            pdl_debug("request %s: pushing %zu blocks under %s", req->request_id, nblocks, req->params.transfer_id);
-            *released = true; /* the push tells the consumer itself, whatever its outcome */
-            nblocks = 0; /* the instance owns them now */
-        }
-    }
+    if (ok && (req->mode == PDL_NODE_MODE_PREFILL_HOLD || req->mode == PDL_NODE_MODE_PREFILL_PUSH))
+        ok = prefill_hand_over(node, req, res, blocks, &nblocks, prompt.n, released);
     uint64_t t_end = pdl__clock_now_ns();
     pdl_node_kv_free(node->kv, blocks, nblocks);
     free(blocks);
