@@ -1,0 +1,247 @@
+/*
+ * cudadrv_fake.c -- a CUDA driver for tests on hosts without a GPU (PDLINK_TEST_CUDA_FAKE=1, cudadrv.h).
+ *
+ * "Device memory" (cuMemAlloc) is an anonymous PROT_NONE mapping between two read-only guard pages, so
+ * it is one mapping of its own in /proc/self/maps (cuMemGetAddressRange reads it there) and any CPU
+ * access to it by pdlink dies of SIGSEGV, while a system call on it fails with EFAULT. The driver's
+ * own copies (the async memcpys, memset and the gather kernel) move the bytes with pread/pwrite on
+ * /proc/self/mem, which bypasses page protection, the way a GPU's copy engine ignores the CPU's page
+ * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. Copies finish before the call
+ * returns, so streams are only names. One context, one device; IPC handles are not supported.
+ *
+ * No state is kept between calls: each copy opens /proc/self/mem, and an allocation's size comes back
+ * from /proc/self/maps.
+ */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine/cudadrv.h"
+
+/* Non-NULL names for the driver's opaque objects; never dereferenced. */
+#define FAKE_HANDLE(type) ((type)(uintptr_t)0x1000)
+#define FAKE_COPY_BUF (1u << 20)
+
+static CUresult fake_init(unsigned f) { (void)f; return CUDA_SUCCESS; }
+static CUresult fake_count(int *n) { *n = 1; return CUDA_SUCCESS; }
+static CUresult fake_dev_get(CUdevice *d, int i) { *d = i; return i == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+static CUresult fake_retain(CUcontext *c, CUdevice d) { (void)d; *c = FAKE_HANDLE(CUcontext); return CUDA_SUCCESS; }
+static CUresult fake_release(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+static CUresult fake_ctx_get(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
+static CUresult fake_ctx_set(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+static CUresult fake_ctx_pop(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
+static CUresult fake_ctx_dev(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
+static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p) { (void)h; (void)p; return CUDA_ERROR_NOT_SUPPORTED; }
+static CUresult fake_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned f)
+{
+    (void)p; (void)h; (void)f;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+static CUresult fake_ipc_close(CUdeviceptr p) { (void)p; return CUDA_SUCCESS; }
+static CUresult fake_stream_create(CUstream *s, unsigned f) { (void)f; *s = FAKE_HANDLE(CUstream); return CUDA_SUCCESS; }
+static CUresult fake_stream(CUstream s) { (void)s; return CUDA_SUCCESS; }
+static CUresult fake_mod_load(CUmodule *m, const void *img) { (void)img; *m = FAKE_HANDLE(CUmodule); return CUDA_SUCCESS; }
+static CUresult fake_mod_unload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
+static CUresult fake_mod_func(CUfunction *f, CUmodule m, const char *name)
+{
+    (void)m;
+    if (strcmp(name, "pdl_gather") != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *f = FAKE_HANDLE(CUfunction);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_errname(CUresult r, const char **s)
+{
+    switch (r) {
+    case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN (test driver)"; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* The PROT_NONE mapping holding p: [*base, *base + *size). */
+static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    if (f == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    char line[512];
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) != 3 || p < lo || p >= hi)
+            continue;
+        if (strcmp(perms, "---p") == 0) {
+            *base = lo;
+            *size = (size_t)(hi - lo);
+            r = CUDA_SUCCESS;
+        }
+        break;
+    }
+    fclose(f);
+    return r;
+}
+
+static CUresult fake_alloc(CUdeviceptr *p, size_t size)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size = (size + pg - 1) / pg * pg;
+    uint8_t *m = mmap(NULL, size + 2 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (mprotect(m + pg, size, PROT_NONE) != 0) {
+        munmap(m, size + 2 * pg);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *p = (CUdeviceptr)(uintptr_t)(m + pg);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_free(CUdeviceptr p)
+{
+    CUdeviceptr base;
+    size_t size, pg = (size_t)sysconf(_SC_PAGESIZE);
+    if (fake_range(&base, &size, p) != CUDA_SUCCESS || base != p)
+        return CUDA_ERROR_INVALID_VALUE;
+    munmap((uint8_t *)(uintptr_t)base - pg, size + 2 * pg);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_host_alloc(void **p, size_t size, unsigned flags)
+{
+    (void)flags;
+    return posix_memalign(p, 4096, size ? size : 1) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult fake_host_free(void *p)
+{
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+/* Copy len bytes between any two addresses of this process through fd (/proc/self/mem). */
+static CUresult mem_copy(int fd, uint64_t dst, uint64_t src, uint64_t len, uint8_t *buf)
+{
+    for (uint64_t o = 0; o < len;) {
+        size_t k = len - o < FAKE_COPY_BUF ? (size_t)(len - o) : FAKE_COPY_BUF;
+        if (pread(fd, buf, k, (off_t)(src + o)) != (ssize_t)k || pwrite(fd, buf, k, (off_t)(dst + o)) != (ssize_t)k)
+            return CUDA_ERROR_INVALID_VALUE;
+        o += k;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_one(uint64_t dst, uint64_t src, uint64_t len)
+{
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    uint8_t *buf = malloc(FAKE_COPY_BUF);
+    CUresult r = fd >= 0 && buf != NULL ? mem_copy(fd, dst, src, len, buf) : CUDA_ERROR_INVALID_VALUE;
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
+static CUresult fake_htod(CUdeviceptr d, const void *h, size_t n, CUstream s)
+{
+    (void)s;
+    return copy_one(d, (uint64_t)(uintptr_t)h, n);
+}
+static CUresult fake_dtoh(void *h, CUdeviceptr d, size_t n, CUstream s)
+{
+    (void)s;
+    return copy_one((uint64_t)(uintptr_t)h, d, n);
+}
+static CUresult fake_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    (void)s;
+    return copy_one(dst, src, n);
+}
+
+static CUresult fake_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+    (void)s;
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    uint8_t *buf = malloc(FAKE_COPY_BUF);
+    CUresult r = fd >= 0 && buf != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (buf)
+        memset(buf, v, FAKE_COPY_BUF);
+    for (size_t o = 0; r == CUDA_SUCCESS && o < n;) {
+        size_t k = n - o < FAKE_COPY_BUF ? n - o : FAKE_COPY_BUF;
+        if (pwrite(fd, buf, k, (off_t)(d + o)) != (ssize_t)k)
+            r = CUDA_ERROR_INVALID_VALUE;
+        o += k;
+    }
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
+/* The gather kernel: args are the list's device address and its length (cudadrv.c). */
+static CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned shmem, CUstream s, void **args, void **extra)
+{
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)s; (void)extra;
+    if (f != FAKE_HANDLE(CUfunction) || args == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr list = *(CUdeviceptr *)args[0];
+    unsigned n = *(unsigned *)args[1];
+    int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    uint8_t *buf = malloc(FAKE_COPY_BUF);
+    pdl_cuda_piece_t *p = malloc((size_t)n * sizeof(*p) + 1);
+    CUresult r = fd >= 0 && buf != NULL && p != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS && pread(fd, p, (size_t)n * sizeof(*p), (off_t)list) != (ssize_t)((size_t)n * sizeof(*p)))
+        r = CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; r == CUDA_SUCCESS && i < n; i++)
+        r = mem_copy(fd, p[i].dst, p[i].src, p[i].len, buf);
+    free(p);
+    free(buf);
+    if (fd >= 0)
+        close(fd);
+    return r;
+}
+
+void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api)
+{
+    *api = (pdl_cuda_api_t){
+        .Init = fake_init,
+        .DeviceGetCount = fake_count,
+        .DeviceGet = fake_dev_get,
+        .DevicePrimaryCtxRetain = fake_retain,
+        .DevicePrimaryCtxRelease = fake_release,
+        .CtxGetCurrent = fake_ctx_get,
+        .CtxSetCurrent = fake_ctx_set,
+        .CtxPushCurrent = fake_ctx_set,
+        .CtxPopCurrent = fake_ctx_pop,
+        .CtxGetDevice = fake_ctx_dev,
+        .MemGetAddressRange = fake_range,
+        .IpcGetMemHandle = fake_ipc_get,
+        .IpcOpenMemHandle = fake_ipc_open,
+        .IpcCloseMemHandle = fake_ipc_close,
+        .StreamCreate = fake_stream_create,
+        .StreamDestroy = fake_stream,
+        .StreamSynchronize = fake_stream,
+        .MemAlloc = fake_alloc,
+        .MemFree = fake_free,
+        .MemHostAlloc = fake_host_alloc,
+        .MemFreeHost = fake_host_free,
+        .MemcpyHtoDAsync = fake_htod,
+        .MemcpyDtoHAsync = fake_dtoh,
+        .MemcpyDtoDAsync = fake_dtod,
+        .MemsetD8Async = fake_memset,
+        .ModuleLoadData = fake_mod_load,
+        .ModuleUnload = fake_mod_unload,
+        .ModuleGetFunction = fake_mod_func,
+        .LaunchKernel = fake_launch,
+        .GetErrorName = fake_errname,
+    };
+}
