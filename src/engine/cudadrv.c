@@ -158,17 +158,6 @@ const char *pdl__cudadrv_errname(const pdl_cudadrv_t *d, CUresult r)
     return s;
 }
 
-static pdl_status_t unsupported(pdl_cudadrv_t *d, const char *key, const char *backend, const char *what, CUresult r,
-                                pdl_error_t *err)
-{
-    pdl_status_t st = pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                                    "engine %s: backend %s: %s (%s): device memory needs an NVIDIA GPU and its driver "
-                                    "on this host",
-                                    key, backend, what, pdl__cudadrv_errname(d, r));
-    pdl__cudadrv_close(d);
-    return st;
-}
-
 static pdl_status_t load_syms(pdl_cudadrv_t *d, const char *key, const char *backend, pdl_error_t *err)
 {
     const char *fake = getenv("PDLINK_TEST_CUDA_FAKE");
@@ -205,18 +194,12 @@ pdl_status_t pdl__cudadrv_open(const char *key, const char *backend, pdl_cudadrv
     if (d == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", key);
     pthread_mutex_init(&d->mu, NULL);
+    d->backend = backend;
     pdl_status_t st = load_syms(d, key, backend, err);
     if (st != PDL_OK) {
         pdl__cudadrv_close(d);
         return st;
     }
-    CUresult r = d->api.Init(0);
-    if (r != CUDA_SUCCESS)
-        return unsupported(d, key, backend, r == CUDA_ERROR_NO_DEVICE ? "no CUDA device" : "cuInit failed", r, err);
-    int n = 0;
-    r = d->api.DeviceGetCount(&n);
-    if (r != CUDA_SUCCESS || n < 1)
-        return unsupported(d, key, backend, "no CUDA device", r != CUDA_SUCCESS ? r : CUDA_ERROR_NO_DEVICE, err);
     *out = d;
     return PDL_OK;
 }
@@ -229,31 +212,46 @@ void pdl__cudadrv_pop(pdl_cudadrv_t *d)
     d->api.CtxPopCurrent(&c);
 }
 
-/* Called with d->mu held, the first time. */
+static pdl_status_t no_device(pdl_cudadrv_t *d, const char *key, const char *what, CUresult r, pdl_error_t *err)
+{
+    return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                         "engine %s: backend %s: %s (%s): device memory needs an NVIDIA GPU and its driver on this "
+                         "host",
+                         key, d->backend, what, pdl__cudadrv_errname(d, r));
+}
+
+/* Called with d->mu held, until it succeeds. */
 static pdl_status_t ctx_choose(pdl_cudadrv_t *d, const char *key, pdl_error_t *err)
 {
     CUcontext cur = NULL;
-    CUresult r;
-    if (d->api.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
+    CUresult r = d->api.Init(0);
+    if (r != CUDA_SUCCESS)
+        return no_device(d, key, r == CUDA_ERROR_NO_DEVICE ? "no CUDA device" : "cuInit failed", r, err);
+    int n = 0;
+    r = d->api.DeviceGetCount(&n);
+    if (r != CUDA_SUCCESS || n < 1)
+        return no_device(d, key, "no CUDA device", r != CUDA_SUCCESS ? r : CUDA_ERROR_NO_DEVICE, err);
+    if (d->ctx != NULL) {
+        /* chosen by an earlier call whose kernel load failed */
+    } else if (d->api.CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
         d->ctx = cur;
         if (!pdl__cudadrv_push(d) || d->api.CtxGetDevice(&d->dev) != CUDA_SUCCESS) {
             d->ctx = NULL;
-            return pdl_error_set(err, PDL_ERR_UNSUPPORTED, "engine %s: the current CUDA context has no device", key);
+            return no_device(d, key, "the current CUDA context has no device", CUDA_ERROR_NO_DEVICE, err);
         }
         pdl__cudadrv_pop(d);
     } else {
         if ((r = d->api.DeviceGet(&d->dev, 0)) != CUDA_SUCCESS ||
             (r = d->api.DevicePrimaryCtxRetain(&d->ctx, d->dev)) != CUDA_SUCCESS) {
             d->ctx = NULL;
-            return pdl_error_set(err, PDL_ERR_UNSUPPORTED, "engine %s: cannot retain device 0's primary context: %s",
-                                 key, pdl__cudadrv_errname(d, r));
+            return no_device(d, key, "cannot retain device 0's primary context", r, err);
         }
         d->retained = true;
     }
     if (!pdl__cudadrv_push(d))
-        return pdl_error_set(err, PDL_ERR_UNSUPPORTED, "engine %s: cannot make the CUDA context current", key);
+        return no_device(d, key, "cannot make the CUDA context current", CUDA_ERROR_INVALID_VALUE, err);
     pdl_status_t st = PDL_OK;
-    if ((r = d->api.ModuleLoadData(&d->mod, gather_ptx)) != CUDA_SUCCESS ||
+    if ((d->mod == NULL && (r = d->api.ModuleLoadData(&d->mod, gather_ptx)) != CUDA_SUCCESS) ||
         (r = d->api.ModuleGetFunction(&d->gather, d->mod, "pdl_gather")) != CUDA_SUCCESS)
         st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: loading the gather kernel (PTX): %s", key,
                            pdl__cudadrv_errname(d, r));

@@ -91,6 +91,7 @@ typedef struct pdl_cuda_list {
 typedef struct pdl_cudadrv {
     void *lib;              /* dlopen handle; NULL for the test driver */
     bool fake;              /* the test driver (PDLINK_TEST_CUDA_FAKE=1) */
+    const char *backend;    /* "cuda", "tcp": for messages (static) */
     pdl_cuda_api_t api;
     pthread_mutex_t mu;     /* the context's choice */
     CUcontext ctx;          /* NULL until pdl__cudadrv_ctx */
@@ -105,15 +106,17 @@ typedef struct pdl_cudadrv {
 #define PDL_CUDA_MEMCPY_MIN (4ull << 20)
 
 /*
- * Load the driver for engine `key` and check that it sees a device: dlopen, every entry point, cuInit,
- * cuDeviceGetCount. No context is made yet. PDL_ERR_UNSUPPORTED (the message names what is missing and
- * what `backend` needs it for) or PDL_ERR_NOMEM; on success *out is the caller's (pdl__cudadrv_close).
+ * Load the driver for engine `key`: dlopen and every entry point, nothing more (cuInit waits for
+ * pdl__cudadrv_ctx, so an engine that never sees device memory never initialises CUDA, which a process
+ * that forks later would regret). PDL_ERR_UNSUPPORTED (the message names what is missing; `backend`, a
+ * static string, names who needs it) or PDL_ERR_NOMEM; on success *out is the caller's
+ * (pdl__cudadrv_close).
  */
 pdl_status_t pdl__cudadrv_open(const char *key, const char *backend, pdl_cudadrv_t **out, pdl_error_t *err);
 /* Unload the gather kernel, release a retained primary context, dlclose. Accepts NULL. */
 void pdl__cudadrv_close(pdl_cudadrv_t *d);
-/* Choose the context (once; later calls return at once) and load the gather kernel into it.
- * PDL_ERR_UNSUPPORTED without a usable context, PDL_ERR_SYSTEM when the kernel does not load. */
+/* cuInit, then choose the context (once; later calls return at once) and load the gather kernel into it.
+ * PDL_ERR_UNSUPPORTED without a device or a usable context, PDL_ERR_SYSTEM when the kernel does not load. */
 pdl_status_t pdl__cudadrv_ctx(pdl_cudadrv_t *d, const char *key, pdl_error_t *err);
 /* Make the context current on the calling thread with push/pop (the caller's own is restored). */
 bool pdl__cudadrv_push(pdl_cudadrv_t *d);
