@@ -86,10 +86,12 @@ pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap);
 
 /*
  * Where registered memory lives. Host memory works with shm, tcp and ucx; CUDA memory with cuda (GPUs of
- * one host, through CUDA IPC) and with ucx where UCX reports support for that memory type (built with
- * CUDA / ROCm and a device present): pdl_engine_register_mem_type refuses it otherwise. Device memory
- * is never read or written by the CPU inside pdlink: only the GPU's copy engines and kernels, or the
- * UCX transport told the memory type, touch it.
+ * one host, through CUDA IPC), with tcp where the CUDA driver loads (libcuda.so.1, opened at run time:
+ * the bytes move through pinned host staging windows, copied by the GPU, pipelined with the socket;
+ * docs/engine.md) and with ucx where UCX reports support for that memory type (built with CUDA / ROCm
+ * and a device present): pdl_engine_register_mem_type refuses it otherwise. Device memory is never read
+ * or written by the CPU inside pdlink: only the GPU's copy engines and kernels, or the UCX transport
+ * told the memory type, touch it.
  */
 typedef enum pdl_mem_type {
     PDL_MEM_TYPE_HOST = 0,
@@ -231,15 +233,20 @@ pdl_status_t pdl_engine_register_mem(pdl_engine_t *engine, void *ptr, size_t siz
  * pdl_engine_register_mem for memory of a given type (pdl_engine_register_mem is this with
  * PDL_MEM_TYPE_HOST). Same ownership rule: [ptr, ptr+size) stays the caller's and must stay valid
  * until pdl_engine_deregister_mem returns. Device memory is never touched by pdlink itself, only by
- * the backend's transport. PDL_ERR_UNSUPPORTED for a device type the engine cannot register (shm, tcp,
- * or a UCX without support for it: pdl_engine_mem_types says which it can); otherwise as
- * pdl_engine_register_mem, plus (ucx) PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails.
+ * the backend's transport. PDL_ERR_UNSUPPORTED for a device type the engine cannot register (shm, tcp
+ * without the CUDA driver, or a UCX without support for it: pdl_engine_mem_types says which it can, and
+ * tcp also when the driver sees no device); otherwise as pdl_engine_register_mem, plus (ucx)
+ * PDL_ERR_TRANSPORT when ucp_mem_map or ucp_rkey_pack fails, and (cuda, tcp) PDL_ERR_INVALID when the
+ * range is not inside one allocation of the engine's CUDA context (cuMemGetAddressRange). tcp chooses
+ * its CUDA context at the first CUDA registration: the one current on the calling thread, else device
+ * 0's primary context.
  */
 pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *engine, void *ptr, size_t size, pdl_mem_type_t type,
                                           pdl_mem_t **mem_out, pdl_error_t *err);
 /* The memory types this engine registers, as bits (1u << pdl_mem_type_t): the host bit for every backend
  * but cuda, whose engines register CUDA memory only (pdl_engine_alloc_mem and host registrations of a
- * cuda engine fail with PDL_ERR_UNSUPPORTED). */
+ * cuda engine fail with PDL_ERR_UNSUPPORTED); the CUDA bit for cuda, for tcp where libcuda.so.1 loads,
+ * and for ucx where UCX supports it. */
 unsigned pdl_engine_mem_types(const pdl_engine_t *engine);
 /*
  * After this, peers' requests naming this registration are refused (tcp: NOT_FOUND; shm: the next

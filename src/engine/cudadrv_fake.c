@@ -66,7 +66,7 @@ static CUresult fake_errname(CUresult r, const char **s)
     return CUDA_SUCCESS;
 }
 
-/* The PROT_NONE mapping holding p: [*base, *base + *size). */
+/* The inaccessible (PROT_NONE) mapping holding p: [*base, *base + *size). */
 static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
     FILE *f = fopen("/proc/self/maps", "re");
@@ -79,7 +79,7 @@ static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
         char perms[8];
         if (sscanf(line, "%llx-%llx %7s", &lo, &hi, perms) != 3 || p < lo || p >= hi)
             continue;
-        if (strcmp(perms, "---p") == 0) {
+        if (strncmp(perms, "---", 3) == 0) {
             *base = lo;
             *size = (size_t)(hi - lo);
             r = CUDA_SUCCESS;

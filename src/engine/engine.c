@@ -633,8 +633,10 @@ pdl_status_t pdl_engine_register_mem_type(pdl_engine_t *e, void *ptr, size_t siz
                              type == PDL_MEM_TYPE_CUDA ? "CUDA" : type == PDL_MEM_TYPE_ROCM ? "ROCm" : "host",
                              e->backend == PDL_BACKEND_UCX    ? "UCX reports no support for it"
                              : e->backend == PDL_BACKEND_CUDA ? "the cuda backend moves CUDA memory only"
-                                                              : "only the ucx and cuda backends register device "
-                                                                "memory");
+                             : e->backend == PDL_BACKEND_TCP && type == PDL_MEM_TYPE_CUDA
+                                 ? "no CUDA driver here: tcp stages CUDA memory through host memory where libcuda.so.1 "
+                                   "loads"
+                                 : "only the ucx and cuda backends register device memory");
     return mem_add(e, ptr, size, PDL_MEM_USER, type, -1, mem_out, err);
 }
 

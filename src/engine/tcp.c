@@ -49,6 +49,7 @@
 #include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/iov.h"
+#include "engine/stage.h"
 #include "engine/tcp.h"
 #include "engine/tcp_wire.h"
 
@@ -103,6 +104,13 @@ typedef struct tcp_conn {
     cursor_t rx_pay;
     uint64_t rx_pay_left;
     struct iovec rxv[IOV_MAX];
+    /* Local device memory (stage.h; NULL for host memory): a WRITE's payload is sent from, and a READ's
+     * response received into, staging windows; each direction has its own stage and its own list of a
+     * request's device ranges (PDL_TCP_MAX_SEGS entries). */
+    pdl_stage_t *tx_stg, *rx_stg;
+    struct iovec *tx_dev, *rx_dev;
+    uint8_t *tx_win, *rx_win;
+    size_t tx_win_len, tx_win_off, rx_win_len, rx_win_off;
 } tcp_conn_t;
 
 /* One chunk of a batch on one connection (lives in b->priv). */
@@ -331,9 +339,34 @@ static void session_free(tcp_session_t *ts)
         pthread_mutex_destroy(&ts->c[i].mu);
         pthread_cond_destroy(&ts->c[i].cv);
         free(ts->c[i].frame);
+        pdl__stage_destroy(ts->c[i].tx_stg);
+        pdl__stage_destroy(ts->c[i].rx_stg);
+        free(ts->c[i].tx_dev);
+        free(ts->c[i].rx_dev);
     }
     free(ts->c);
     free(ts);
+}
+
+/* The local region is device memory: every connection gets its staging windows now (pinned memory,
+ * allocated once per session rather than on a request's path). */
+static pdl_status_t stages_open(pdl_session_t *s, tcp_session_t *ts, pdl_error_t *err)
+{
+    pdl_engine_t *e = s->engine;
+    pdl_cudadrv_t *d = ((pdl_tcp_engine_t *)e->bk)->drv;
+    for (int i = 0; i < ts->n; i++) {
+        tcp_conn_t *c = &ts->c[i];
+        c->tx_dev = malloc(PDL_TCP_MAX_SEGS * sizeof(struct iovec));
+        c->rx_dev = malloc(PDL_TCP_MAX_SEGS * sizeof(struct iovec));
+        if (c->tx_dev == NULL || c->rx_dev == NULL)
+            return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+        pdl_status_t st = pdl__stage_create(d, e->key, &c->tx_stg, err);
+        if (st == PDL_OK)
+            st = pdl__stage_create(d, e->key, &c->rx_stg, err);
+        if (st != PDL_OK)
+            return st;
+    }
+    return PDL_OK;
 }
 
 static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
@@ -363,11 +396,13 @@ static pdl_status_t tcp_session_open(pdl_session_t *s, pdl_error_t *err)
         }
     }
     s->bk = ts;
+    pdl_status_t st;
+    if (s->local->type != PDL_MEM_TYPE_HOST && (st = stages_open(s, ts, err)) != PDL_OK)
+        goto fail;
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     char port[8];
     snprintf(port, sizeof(port), "%u", r->port);
     int rc = getaddrinfo(r->host, port, &hints, &ai);
-    pdl_status_t st;
     if (rc != 0) {
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: cannot resolve host '%s' of engine %s: %s", e->key,
                            r->host, r->key, gai_strerror(rc));
@@ -566,6 +601,12 @@ static void fail_all_locked(tcp_conn_t *c)
     c->tx_op = NULL;
     c->rx_stage = RX_NONE;
     c->rx_op = NULL;
+    /* Device copies still queued for a failed op end here, before its waiter returns. */
+    if (c->tx_stg != NULL)
+        pdl__stage_abort(c->tx_stg);
+    if (c->rx_stg != NULL)
+        pdl__stage_abort(c->rx_stg);
+    c->tx_win_len = c->tx_win_off = c->rx_win_len = c->rx_win_off = 0;
 }
 
 static void io_release_locked(tcp_conn_t *c, bool *flag)
@@ -609,6 +650,78 @@ static io_fail_t io_failure(int en, bool block, uint64_t deadline)
     if (!block)
         return IO_WOULD_BLOCK;
     return deadline != UINT64_MAX && pdl__clock_now_ns() >= deadline ? IO_TIMED_OUT : IO_RETRY;
+}
+
+/*
+ * Local device memory (c->tx_stg / c->rx_stg set). A staging step that fails leaves bytes promised on
+ * the wire that cannot follow, so the connection and the session fail with its error. The steps wait
+ * for device copies (bounded work no peer can stall), so they run without mu, under tx_busy / rx_busy
+ * like the system calls; false when the connection failed meanwhile.
+ */
+static bool stage_step_locked(pdl_session_t *s, tcp_conn_t *c, pdl_status_t st, const pdl_error_t *err)
+{
+    if (st != PDL_OK && c->dead == PDL_OK) {
+        pdl__session_break(s, st, err->msg);
+        conn_fail_locked(c, st, err->msg);
+    }
+    return c->dead == PDL_OK;
+}
+
+/* The request just started (tx) or whose response header just came (rx) moves `bytes` from the cursor:
+ * stage its local device ranges. */
+static bool stage_begin_locked(pdl_session_t *s, tcp_conn_t *c, bool tx, const pdl_batch_t *b, cursor_t cur,
+                               uint64_t bytes)
+{
+    struct iovec *v = tx ? c->tx_dev : c->rx_dev;
+    size_t n = pay_iov(b, cur, bytes, bytes, v, PDL_TCP_MAX_SEGS);
+    pdl_error_t err;
+    pthread_mutex_unlock(&c->mu);
+    pdl_status_t st = pdl__stage_begin(tx ? c->tx_stg : c->rx_stg, tx, v, n, &err);
+    pthread_mutex_lock(&c->mu);
+    if (tx)
+        c->tx_win_len = c->tx_win_off = 0;
+    else
+        c->rx_win_len = c->rx_win_off = 0;
+    return stage_step_locked(s, c, st, &err);
+}
+
+/* The window to send from (tx) or receive into (rx) next, taken from the stage once the last is done. */
+static bool stage_window_locked(pdl_session_t *s, tcp_conn_t *c, bool tx)
+{
+    if (tx ? c->tx_win_off < c->tx_win_len : c->rx_win_off < c->rx_win_len)
+        return true;
+    uint8_t *p = NULL;
+    size_t len = 0;
+    pdl_error_t err;
+    pthread_mutex_unlock(&c->mu);
+    pdl_status_t st = tx ? pdl__stage_out_next(c->tx_stg, &p, &len, &err) : pdl__stage_in_window(c->rx_stg, &p, &len, &err);
+    pthread_mutex_lock(&c->mu);
+    if (tx) {
+        c->tx_win = p;
+        c->tx_win_len = len;
+        c->tx_win_off = 0;
+    } else {
+        c->rx_win = p;
+        c->rx_win_len = len;
+        c->rx_win_off = 0;
+    }
+    return stage_step_locked(s, c, st, &err);
+}
+
+/* rx: n bytes came into the window; a full window goes to the device, and the last waits for them all. */
+static bool stage_received_locked(pdl_session_t *s, tcp_conn_t *c, size_t n)
+{
+    c->rx_win_off += n;
+    if (c->rx_win_off < c->rx_win_len)
+        return true;
+    pdl_error_t err;
+    bool last = c->rx_pay_left == 0;
+    pthread_mutex_unlock(&c->mu);
+    pdl_status_t st = pdl__stage_in_commit(c->rx_stg, &err);
+    if (st == PDL_OK && last)
+        st = pdl__stage_in_end(c->rx_stg, &err);
+    pthread_mutex_lock(&c->mu);
+    return stage_step_locked(s, c, st, &err);
 }
 
 /*
@@ -657,14 +770,22 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
                 op->tx_done = true;
                 c->txq = op->next;
             }
+            if (c->tx_stg != NULL && c->tx_pay_left > 0 && !stage_begin_locked(s, c, true, op->b, start, bytes))
+                return res;
         }
         /* The frame rides on top of the payload's TCP_SEND_CALL_MAX, so a MiB-multiple WRITE does not
          * leave a frame-sized tail for another call (see tcp_server.c). */
         size_t k = 0;
         if (c->frame_off < c->frame_len)
             c->txv[k++] = (struct iovec){c->frame + c->frame_off, c->frame_len - c->frame_off};
-        if (c->tx_pay_left > 0)
+        if (c->tx_pay_left > 0 && c->tx_stg != NULL) {
+            if (!stage_window_locked(s, c, true))
+                return res;
+            size_t w = c->tx_win_len - c->tx_win_off;
+            c->txv[k++] = (struct iovec){c->tx_win + c->tx_win_off, w < TCP_SEND_CALL_MAX ? w : TCP_SEND_CALL_MAX};
+        } else if (c->tx_pay_left > 0) {
             k += pay_iov(c->tx_op->b, c->tx_pay, c->tx_pay_left, TCP_SEND_CALL_MAX, &c->txv[k], IOV_MAX - k);
+        }
         struct msghdr mh = {0};
         mh.msg_iov = c->txv;
         mh.msg_iovlen = k;
@@ -691,6 +812,7 @@ static int tx_run(pdl_session_t *s, tcp_conn_t *c, uint64_t deadline)
         if (done > 0) {
             cursor_advance(c->tx_op->b, &c->tx_pay, done);
             c->tx_pay_left -= done;
+            c->tx_win_off += c->tx_stg != NULL ? done : 0;
         }
         if (c->frame_off == c->frame_len && c->tx_pay_left == 0) {
             c->tx_op->due++;
@@ -750,8 +872,15 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
         } else if (c->rx_stage == RX_MSG) {
             one = (struct iovec){c->rx_msg + c->rx_got, c->resp.msg_len - c->rx_got};
         } else {
-            mh.msg_iov = c->rxv;
-            mh.msg_iovlen = pay_iov(op->b, c->rx_pay, c->rx_pay_left, TCP_RECV_CALL_MAX, c->rxv, IOV_MAX);
+            if (c->rx_stg == NULL) {
+                mh.msg_iov = c->rxv;
+                mh.msg_iovlen = pay_iov(op->b, c->rx_pay, c->rx_pay_left, TCP_RECV_CALL_MAX, c->rxv, IOV_MAX);
+            } else {
+                if (!stage_window_locked(s, c, false))
+                    return res;
+                size_t w = c->rx_win_len - c->rx_win_off;
+                one = (struct iovec){c->rx_win + c->rx_win_off, w < TCP_RECV_CALL_MAX ? w : TCP_RECV_CALL_MAX};
+            }
         }
         pthread_mutex_unlock(&c->mu);
         ssize_t n = recvmsg(c->fd, &mh, block ? MSG_WAITALL : MSG_DONTWAIT);
@@ -796,6 +925,8 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
                 c->rx_stage = RX_MSG;
             } else if (want_payload > 0) {
                 c->rx_pay_left = want_payload;
+                if (c->rx_stg != NULL && !stage_begin_locked(s, c, false, op->b, c->rx_pay, want_payload))
+                    return res;
                 c->rx_stage = RX_PAY;
             } else {
                 finish_piece_locked(s, c, op, r->status, "(no message)");
@@ -809,6 +940,8 @@ static int rx_run(pdl_session_t *s, tcp_conn_t *c, const tcp_op_t *want, uint64_
         } else {
             cursor_advance(op->b, &c->rx_pay, (uint64_t)n);
             c->rx_pay_left -= (uint64_t)n;
+            if (c->rx_stg != NULL && !stage_received_locked(s, c, (size_t)n))
+                return res;
             if (c->rx_pay_left == 0)
                 finish_piece_locked(s, c, op, 0, NULL);
         }
@@ -939,22 +1072,96 @@ static pdl_status_t tcp_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
 
 static pdl_status_t tcp_engine_init(pdl_engine_t *e, pdl_error_t *err)
 {
-    pdl_tcp_server_t *srv = NULL;
     char want[sizeof(e->tcp_cc)];
     snprintf(want, sizeof(want), "%s", e->tcp_cc);
     pdl_status_t st = pdl__tcp_pick_congestion(e, want, err);
     if (st != PDL_OK)
         return st;
-    st = pdl__tcp_server_start(e, &srv, err);
-    if (st == PDL_OK)
-        e->bk = srv;
+    pdl_tcp_engine_t *te = calloc(1, sizeof(*te));
+    if (te == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
+    /* Device memory where the CUDA driver loads; without it the engine is what it always was. */
+    pdl_error_t derr;
+    if (pdl__cudadrv_open(e->key, "tcp", &te->drv, &derr) == PDL_OK)
+        e->mem_types |= 1u << PDL_MEM_TYPE_CUDA;
+    else
+        pdl_debug("engine %s: tcp registers host memory only: %s", e->key, derr.msg);
+    e->bk = te;
+    st = pdl__tcp_server_start(e, &te->srv, err);
+    if (st != PDL_OK) {
+        pdl__cudadrv_close(te->drv);
+        free(te);
+        e->bk = NULL;
+    }
     return st;
 }
 
 static void tcp_engine_fini(pdl_engine_t *e)
 {
-    pdl__tcp_server_stop(e->bk);
+    pdl_tcp_engine_t *te = e->bk;
+    if (te == NULL)
+        return;
+    pdl__tcp_server_stop(te->srv);
+    pdl__cudadrv_close(te->drv);
+    free(te);
     e->bk = NULL;
+}
+
+/* A CUDA registration: the driver's context is chosen now, and the range must be one allocation of it
+ * (cuMemGetAddressRange), so that a mistake shows here and not as a failed copy in a peer's batch. */
+static pdl_status_t tcp_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err)
+{
+    pdl_tcp_engine_t *te = e->bk;
+    if (m->type == PDL_MEM_TYPE_HOST)
+        return PDL_OK;
+    pdl_status_t st = pdl__cudadrv_ctx(te->drv, e->key, err);
+    if (st != PDL_OK)
+        return st;
+    if (!pdl__cudadrv_push(te->drv))
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: cannot make its CUDA context current", e->key);
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)m->ptr, base = 0;
+    size_t asize = 0;
+    CUresult r = te->drv->api.MemGetAddressRange(&base, &asize, p);
+    pdl__cudadrv_pop(te->drv);
+    if (r != CUDA_SUCCESS)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "engine %s: %p is not device memory of this engine's CUDA context (cuMemGetAddressRange: "
+                             "%s)",
+                             e->key, m->ptr, pdl__cudadrv_errname(te->drv, r));
+    if (p - base > asize || m->size > asize - (p - base))
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "engine %s: [%p, +%zu) runs past the end of its CUDA allocation (%zu bytes at 0x%llx)",
+                             e->key, m->ptr, m->size, asize, base);
+    return PDL_OK;
+}
+
+/* Zero ranges of a device registration on the device: one memset each, then wait. */
+static pdl_status_t tcp_mem_zero(pdl_mem_t *m, const pdl_range_t *rg, size_t n, pdl_error_t *err)
+{
+    pdl_engine_t *e = m->engine;
+    pdl_cudadrv_t *d = ((pdl_tcp_engine_t *)e->bk)->drv;
+    if (!pdl__cudadrv_push(d))
+        return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: cannot make its CUDA context current", e->key);
+    CUstream stream = NULL;
+    const char *what = "cuStreamCreate";
+    CUresult r = d->api.StreamCreate(&stream, CU_STREAM_NON_BLOCKING);
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        what = "cuMemsetD8Async";
+        r = d->api.MemsetD8Async((CUdeviceptr)(uintptr_t)m->ptr + rg[i].off, 0, rg[i].len, stream);
+    }
+    if (stream != NULL) {
+        CUresult r2 = d->api.StreamSynchronize(stream);
+        if (r == CUDA_SUCCESS && r2 != CUDA_SUCCESS) {
+            r = r2;
+            what = "cuStreamSynchronize";
+        }
+        d->api.StreamDestroy(stream);
+    }
+    pdl__cudadrv_pop(d);
+    if (r != CUDA_SUCCESS)
+        return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: zeroing %zu ranges of region %" PRIu64 ": %s: %s",
+                             e->key, n, m->id, what, pdl__cudadrv_errname(d, r));
+    return PDL_OK;
 }
 
 static pdl_status_t tcp_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
@@ -972,8 +1179,9 @@ static void tcp_remote_free(pdl_engine_t *e, pdl_remote_t *r)
 
 static void tcp_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
 {
-    if (e->bk)
-        pdl__tcp_server_kick(e->bk, m);
+    pdl_tcp_engine_t *te = e->bk;
+    if (te != NULL && te->srv != NULL)
+        pdl__tcp_server_kick(te->srv, m);
 }
 
 const pdl_backend_ops_t pdl__tcp_ops = {
@@ -984,7 +1192,7 @@ const pdl_backend_ops_t pdl__tcp_ops = {
     .remote_add = tcp_remote_add,
     .remote_free = tcp_remote_free,
     .mem_kick = tcp_mem_kick,
-    .mem_init = pdl__backend_nop_mem_init,
+    .mem_init = tcp_mem_init,
     .mem_fini = pdl__backend_nop_mem_fini,
     .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
     .mem_desc_fill = pdl__backend_nop_mem_desc_fill,
@@ -998,4 +1206,5 @@ const pdl_backend_ops_t pdl__tcp_ops = {
     .submit = tcp_submit,
     .progress = tcp_progress,
     .drive_chunk = tcp_drive_chunk,
+    .mem_zero = tcp_mem_zero,
 };

@@ -6,8 +6,18 @@
 #define PDL_ENGINE_TCP_H
 
 #include "engine/backend.h"
+#include "engine/cudadrv.h"
 
 typedef struct pdl_tcp_server pdl_tcp_server_t;
+
+/* The tcp backend's engine state (e->bk). */
+typedef struct pdl_tcp_engine {
+    pdl_tcp_server_t *srv;
+    /* The CUDA driver when it loads here (device memory then moves through staging windows, stage.h);
+     * NULL otherwise, and the engine registers host memory only. Its context is chosen by the first
+     * CUDA registration. */
+    pdl_cudadrv_t *drv;
+} pdl_tcp_engine_t;
 
 /* Bind e->host:e->port (0 = ephemeral, e->port is updated) and start num_workers server threads. */
 pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_error_t *err);

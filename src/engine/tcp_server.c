@@ -53,6 +53,7 @@
 #include "engine/backend.h"
 #include "engine/grant.h"
 #include "engine/iov.h"
+#include "engine/stage.h"
 #include "engine/tcp.h"
 #include "engine/tcp_wire.h"
 
@@ -119,6 +120,13 @@ typedef struct srv_conn {
     struct srv_conn *pend_next;   /* th->pending */
     atomic_bool heard;            /* a whole request header came: not an idle connection */
     bool evicted;                 /* shut down to make room (under srv->mu) */
+    /* A request on device memory moves through staging windows (stage.h); the stage is made at the
+     * connection's first such request and kept until it closes. */
+    pdl_stage_t *stage;
+    bool staged;                  /* the current request's payload goes through the stage */
+    uint8_t *win;                 /* the current window (pinned host memory) */
+    size_t win_len, win_off;
+    uint64_t stage_left;          /* WRITE: payload bytes still to receive */
 } srv_conn_t;
 
 struct srv_thread {
@@ -163,6 +171,9 @@ static void conn_close(srv_thread_t *th, srv_conn_t *c)
 {
     pdl_tcp_server_t *srv = th->srv;
     epoll_ctl(th->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    /* The device copies in flight end before the region's reference is dropped: after deregistration
+     * returns, nothing touches it. */
+    pdl__stage_destroy(c->stage);
     conn_set_mem(srv, c, NULL);
     pthread_mutex_lock(&srv->mu);
     if (c->prev)
@@ -328,6 +339,62 @@ static int on_auth_step(srv_conn_t *c)
     return 0;
 }
 
+/*
+ * A request admitted on device memory failed in the device copies (stage.h): answer it with the error
+ * and read a WRITE's unreceived payload away, so the connection stays in step. Logged (rate-limited)
+ * because the owner's device is at fault, not the peer.
+ */
+static void staged_fail(srv_conn_t *c, const pdl_error_t *err)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&e->rl_refused, &suppressed))
+        pdl_warn("engine %s: request from %s failed: %s (%" PRIu64 " similar suppressed)", e->key, c->peer, err->msg,
+                 suppressed);
+    if (c->stage != NULL)
+        pdl__stage_abort(c->stage);
+    conn_set_mem(c->th->srv, c, NULL);
+    c->staged = false;
+    c->iov_n = 1;
+    start_response(c, err->status, err->msg, 0);
+    if (c->req.op == PDL_TCP_OP_WRITE) {
+        c->drain_left = c->stage_left;
+        c->st = c->drain_left ? RX_DRAIN : TX;
+    }
+}
+
+/* Serve the admitted request (c->iov[1..nseg] are its device ranges) through the staging windows: a
+ * READ has its first window copied before the response header goes out, so a device that cannot
+ * copy is answered with an error rather than a cut connection. */
+static int staged_start(srv_conn_t *c)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    bool rd = c->req.op == PDL_TCP_OP_READ;
+    pdl_error_t err;
+    pdl_status_t st = PDL_OK;
+    if (c->stage == NULL)
+        st = pdl__stage_create(((pdl_tcp_engine_t *)e->bk)->drv, e->key, &c->stage, &err);
+    if (st == PDL_OK)
+        st = pdl__stage_begin(c->stage, rd, &c->iov[1], c->req.nseg, &err);
+    c->win = NULL;
+    c->win_len = c->win_off = 0;
+    c->stage_left = c->req.total_len;
+    if (st == PDL_OK && rd)
+        st = pdl__stage_out_next(c->stage, &c->win, &c->win_len, &err);
+    if (st != PDL_OK) {
+        staged_fail(c, &err);
+        return 0;
+    }
+    c->staged = true;
+    if (rd) {
+        start_response(c, 0, NULL, c->req.total_len);
+        c->iov_n = 1; /* the header; the payload comes from the windows */
+    } else {
+        c->st = RX_PAYLOAD;
+    }
+    return 0;
+}
+
 /* The segment table is in: check every range against the named registration, then serve or refuse. */
 static int on_segs(srv_conn_t *c)
 {
@@ -384,6 +451,8 @@ static int on_segs(srv_conn_t *c)
     pdl__engine_peer_served(e, c->peer_host, c->req.total_len);
     conn_set_mem(srv, c, m);
     c->payload = c->req.total_len;
+    if (m->type != PDL_MEM_TYPE_HOST)
+        return staged_start(c);
     if (c->req.op == PDL_TCP_OP_READ) {
         c->iov_n = (size_t)c->req.nseg + 1;
         start_response(c, 0, NULL, c->req.total_len);
@@ -459,6 +528,161 @@ static int on_io_error(srv_conn_t *c, ssize_t n, bool mid_frame)
     return -1;
 }
 
+/*
+ * The payload movers of conn_progress: each makes one system call and returns 1 (go on), 0 (wait for
+ * the next event) or -1 (close the connection); *turn counts the bytes moved this turn.
+ */
+
+/* A WRITE's payload straight into the registered host memory. */
+static int rx_payload(srv_conn_t *c, uint64_t *turn)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    struct msghdr mh = {0};
+    /* At most PDL_TCP_RECV_CALL_MAX bytes per call, for the reason given for sends. */
+    size_t saved;
+    size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, PDL_TCP_RECV_CALL_MAX, &saved);
+    mh.msg_iov = &c->iov[c->iov_i];
+    mh.msg_iovlen = k;
+    ssize_t n = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
+    if (n <= 0)
+        return on_io_error(c, n, true) > 0 ? 0 : -1;
+    *turn += (uint64_t)n;
+    atomic_fetch_add(&srv->e->st_bytes_served, (uint64_t)n);
+    pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
+    if (c->iov_i == c->iov_n) {
+        conn_set_mem(srv, c, NULL);
+        c->iov_n = 1;
+        start_response(c, 0, NULL, 0);
+    }
+    return 1;
+}
+
+/* A WRITE's payload into device memory: received into a staging window, which is copied to the device
+ * once full while the next one is received; answered once every window is on the device. */
+static int rx_staged(srv_conn_t *c, uint64_t *turn)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    pdl_error_t err;
+    if (c->win_off == c->win_len) {
+        if (pdl__stage_in_window(c->stage, &c->win, &c->win_len, &err) != PDL_OK) {
+            staged_fail(c, &err);
+            return 1;
+        }
+        c->win_off = 0;
+    }
+    size_t want = c->win_len - c->win_off < PDL_TCP_RECV_CALL_MAX ? c->win_len - c->win_off : PDL_TCP_RECV_CALL_MAX;
+    ssize_t n = recv(c->fd, c->win + c->win_off, want, MSG_DONTWAIT);
+    if (n <= 0)
+        return on_io_error(c, n, true) > 0 ? 0 : -1;
+    *turn += (uint64_t)n;
+    atomic_fetch_add(&srv->e->st_bytes_served, (uint64_t)n);
+    c->win_off += (size_t)n;
+    c->stage_left -= (uint64_t)n;
+    if (c->win_off < c->win_len)
+        return 1;
+    if (pdl__stage_in_commit(c->stage, &err) != PDL_OK ||
+        (c->stage_left == 0 && pdl__stage_in_end(c->stage, &err) != PDL_OK)) {
+        staged_fail(c, &err);
+        return 1;
+    }
+    if (c->stage_left == 0) {
+        c->staged = false;
+        conn_set_mem(srv, c, NULL);
+        c->iov_n = 1;
+        start_response(c, 0, NULL, 0);
+    }
+    return 1;
+}
+
+/* The response is out: count a served READ, drop the region, and read the next request (or close
+ * after a refusal in authenticated mode). */
+static int tx_done(srv_conn_t *c)
+{
+    if (c->mem != NULL && c->req.op == PDL_TCP_OP_READ)
+        atomic_fetch_add(&c->th->srv->e->st_bytes_served, c->payload);
+    conn_set_mem(c->th->srv, c, NULL);
+    c->staged = false;
+    if (c->close_after)
+        return -1; /* a refusal in authenticated mode, now delivered */
+    c->st = RX_HDR;
+    c->got = 0;
+    return 1;
+}
+
+static int tx_failed(srv_conn_t *c)
+{
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        set_events(c, EPOLLOUT);
+        return 0;
+    }
+    pdl_debug("engine %s: data connection from %s: send: %s", c->th->srv->e->key, c->peer, strerror(errno));
+    return -1;
+}
+
+/* The response header and a READ's payload straight from the registered host memory. */
+static int tx_plain(srv_conn_t *c, uint64_t *turn)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    struct msghdr mh = {0};
+    /* At most send_max payload bytes per call: the iovec list is cut there (and restored). The
+     * response header rides on top of the first call: counting it would leave a 32-byte tail
+     * of every MiB-multiple response for a second call, one epoll round later (with the turn
+     * limit), while the initiator waits for exactly those bytes (+20% on a 1 MiB READ). */
+    size_t cap = srv->send_max + (c->iov_i == 0 ? c->iov[0].iov_len : 0);
+    size_t saved;
+    size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, cap, &saved);
+    mh.msg_iov = &c->iov[c->iov_i];
+    mh.msg_iovlen = k;
+    ssize_t n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
+    if (n < 0)
+        return tx_failed(c);
+    *turn += (uint64_t)n;
+    pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
+    return c->iov_i == c->iov_n ? tx_done(c) : 1;
+}
+
+/* The response header and a READ's payload from device memory, window by window: the window being
+ * sent was copied while the one before it was on the socket, and taking the next one queues the copy
+ * of the one after. A copy failing now, with the header promising the bytes, can only cut the
+ * connection (the initiator's batch fails and its session breaks). */
+static int tx_staged(srv_conn_t *c, uint64_t *turn)
+{
+    pdl_tcp_server_t *srv = c->th->srv;
+    struct iovec v[2];
+    size_t k = 0;
+    if (c->iov_i == 0)
+        v[k++] = c->iov[0];
+    size_t wl = c->win_len - c->win_off < srv->send_max ? c->win_len - c->win_off : srv->send_max;
+    v[k++] = (struct iovec){c->win + c->win_off, wl};
+    struct msghdr mh = {.msg_iov = v, .msg_iovlen = k};
+    ssize_t n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0)
+        return tx_failed(c);
+    *turn += (uint64_t)n;
+    size_t done = (size_t)n;
+    if (c->iov_i == 0) {
+        size_t h = done < c->iov[0].iov_len ? done : c->iov[0].iov_len;
+        c->iov[0].iov_base = (uint8_t *)c->iov[0].iov_base + h;
+        c->iov[0].iov_len -= h;
+        done -= h;
+        if (c->iov[0].iov_len == 0)
+            c->iov_i = 1;
+    }
+    c->win_off += done;
+    if (c->win_off < c->win_len)
+        return 1;
+    pdl_error_t err;
+    if (pdl__stage_out_next(c->stage, &c->win, &c->win_len, &err) != PDL_OK) {
+        pdl_warn("engine %s: closing the data connection from %s in the middle of a read: %s", srv->e->key, c->peer,
+                 err.msg);
+        return -1;
+    }
+    c->win_off = 0;
+    return c->win_len == 0 ? tx_done(c) : 1;
+}
+
 /* Advance the connection as far as the socket allows. 0: wait for the next event; -1: close it. */
 static int conn_progress(srv_conn_t *c)
 {
@@ -523,26 +747,9 @@ static int conn_progress(srv_conn_t *c)
             }
             break;
         case RX_PAYLOAD: {
-            struct msghdr mh = {0};
-            /* At most PDL_TCP_RECV_CALL_MAX bytes per call, for the reason given for sends. */
-            size_t saved;
-            size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, PDL_TCP_RECV_CALL_MAX, &saved);
-            mh.msg_iov = &c->iov[c->iov_i];
-            mh.msg_iovlen = k;
-            n = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
-            pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
-            if (n <= 0) {
-                int r = on_io_error(c, n, true);
-                return r > 0 ? 0 : -1;
-            }
-            turn += (uint64_t)n;
-            atomic_fetch_add(&e->st_bytes_served, (uint64_t)n);
-            pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
-            if (c->iov_i == c->iov_n) {
-                conn_set_mem(srv, c, NULL);
-                c->iov_n = 1;
-                start_response(c, 0, NULL, 0);
-            }
+            int r = c->staged ? rx_staged(c, &turn) : rx_payload(c, &turn);
+            if (r <= 0)
+                return r;
             break;
         }
         case RX_DRAIN: {
@@ -560,37 +767,9 @@ static int conn_progress(srv_conn_t *c)
             break;
         }
         case TX: {
-            struct msghdr mh = {0};
-            /* At most send_max payload bytes per call: the iovec list is cut there (and restored). The
-             * response header rides on top of the first call: counting it would leave a 32-byte tail
-             * of every MiB-multiple response for a second call, one epoll round later (with the turn
-             * limit), while the initiator waits for exactly those bytes (+20% on a 1 MiB READ). */
-            size_t cap = srv->send_max + (c->iov_i == 0 ? c->iov[0].iov_len : 0);
-            size_t saved;
-            size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, cap, &saved);
-            mh.msg_iov = &c->iov[c->iov_i];
-            mh.msg_iovlen = k;
-            n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-            pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-                    set_events(c, EPOLLOUT);
-                    return 0;
-                }
-                pdl_debug("engine %s: data connection from %s: send: %s", e->key, c->peer, strerror(errno));
-                return -1;
-            }
-            turn += (uint64_t)n;
-            pdl__iov_advance(c->iov, &c->iov_i, c->iov_n, (size_t)n);
-            if (c->iov_i == c->iov_n) {
-                if (c->mem != NULL && c->req.op == PDL_TCP_OP_READ)
-                    atomic_fetch_add(&e->st_bytes_served, c->payload);
-                conn_set_mem(srv, c, NULL);
-                if (c->close_after)
-                    return -1; /* a refusal in authenticated mode, now delivered */
-                c->st = RX_HDR;
-                c->got = 0;
-            }
+            int r = c->staged ? tx_staged(c, &turn) : tx_plain(c, &turn);
+            if (r <= 0)
+                return r;
             break;
         }
         }
