@@ -12,6 +12,12 @@
  *   write-blocks the blocks read back into a second prefill region (the owner verifies it).
  * Ceilings, measured in the same run by the decode process through IPC handles of the same
  * allocations: one cuMemcpyDtoDAsync per layer of the same bytes (contiguous).
+ * Then the staged rows: the tcp backend with device memory on both sides (pinned staging windows,
+ * docs/engine.md), two tcp engines in the decode process over loopback, READ of the same whole blocks
+ * and head split from a copy of the prefill layers, every word verified; their ceiling is the lower
+ * of the pinned host<->device copy (the slower direction of cuMemcpyDtoHAsync / cuMemcpyHtoDAsync of
+ * the same bytes through one pinned buffer) and a TCP loopback stream (bench/ceiling.h, two streams
+ * like the session's two connections, the engine's congestion control), both in the same run.
  * Verification copies regions to the host (this program's CPU, not pdlink's) and compares each word
  * with the pattern. Exit 0: every byte right; 1: a mismatch or an error; 77: no CUDA driver or device.
  */
@@ -28,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/ceiling.h"
 #include "pdlink/engine.h"
 
 typedef int CUresult;
@@ -50,6 +57,10 @@ static struct {
     CUresult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
@@ -133,6 +144,10 @@ static int cuda_load(void)
     L_(MemcpyHtoD, "cuMemcpyHtoD_v2");
     L_(MemcpyDtoH, "cuMemcpyDtoH_v2");
     L_(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2");
+    L_(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    L_(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+    L_(MemHostAlloc, "cuMemHostAlloc");
+    L_(MemFreeHost, "cuMemFreeHost");
     L_(StreamCreate, "cuStreamCreate");
     L_(StreamSynchronize, "cuStreamSynchronize");
     L_(IpcGetMemHandle, "cuIpcGetMemHandle");
@@ -188,14 +203,18 @@ static void *recv_msg(int fd, size_t *n)
     return p;
 }
 
-static pdl_engine_t *engine(const char *key)
+static pdl_engine_t *engine_of(const char *key, pdl_backend_kind_t kind)
 {
-    pdl_engine_config_t cfg = {.key = key, .backend = PDL_BACKEND_CUDA, .qp_per_transfer = 1, .num_workers = 4};
+    pdl_engine_config_t cfg = {.key = key, .host = "127.0.0.1", .backend = kind, .qp_per_transfer = 2,
+                               .num_workers = 4};
     pdl_engine_t *e = NULL;
     pdl_error_t err;
-    pk(pdl_engine_create(&cfg, &e, &err), &err, "pdl_engine_create(cuda)");
+    pk(pdl_engine_create(&cfg, &e, &err), &err, kind == PDL_BACKEND_CUDA ? "pdl_engine_create(cuda)"
+                                                                         : "pdl_engine_create(tcp)");
     return e;
 }
+
+static pdl_engine_t *engine(const char *key) { return engine_of(key, PDL_BACKEND_CUDA); }
 
 static CUdeviceptr dalloc(size_t n)
 {
@@ -315,6 +334,117 @@ static double ceiling(CUstream st, CUdeviceptr *dst, CUdeviceptr *src, size_t by
     return best;
 }
 
+/* Every word of the READ destinations E (whole blocks) and H (head split) against the prefill pattern. */
+static void verify_reads(const CUdeviceptr *E, const CUdeviceptr *H, const pdl_desc_t *db, size_t nblk,
+                         const pdl_desc_t *dh, size_t nhead, uint32_t *host, uint64_t *bad_b, uint64_t *bad_h)
+{
+    for (int l = 0; l < L; l++) {
+        ck(cu.MemcpyDtoH(host, E[l], layer_p()), "cuMemcpyDtoH");
+        for (size_t k = 0; k < nblk; k++) {
+            uint64_t src = db[k].remote_off, dst = db[k].local_off;
+            for (uint64_t w = 0; w < blk_p() / 4; w++)
+                *bad_b += host[dst / 4 + w] != pat(l, src + w * 4);
+        }
+        ck(cu.MemcpyDtoH(host, H[l], layer_h()), "cuMemcpyDtoH");
+        for (size_t k = 0; k < nhead; k++)
+            for (uint64_t w = 0; w < row_h() / 4; w++)
+                *bad_h += host[dh[k].local_off / 4 + w] != pat(l, dh[k].remote_off + w * 4);
+    }
+}
+
+typedef struct staged {
+    double c_pinned, c_tcp, g_blocks, g_heads; /* GB/s */
+    uint64_t bad;
+} staged_t;
+
+/* The slower direction of a pinned host <-> device copy of every layer, best of ITERS (GB/s). */
+static double pinned_ceiling(CUstream st, const CUdeviceptr *src, const CUdeviceptr *dst)
+{
+    void *ph = NULL;
+    ck(cu.MemHostAlloc(&ph, layer_p(), 0), "cuMemHostAlloc");
+    double best_d = 1e30, best_h = 1e30;
+    for (int i = 0; i < ITERS; i++) {
+        double t0 = now_s();
+        for (int l = 0; l < L; l++)
+            ck(cu.MemcpyDtoHAsync(ph, src[l], layer_p(), st), "cuMemcpyDtoHAsync (ceiling)");
+        ck(cu.StreamSynchronize(st), "cuStreamSynchronize");
+        double t1 = now_s();
+        for (int l = 0; l < L; l++)
+            ck(cu.MemcpyHtoDAsync(dst[l], ph, layer_p(), st), "cuMemcpyHtoDAsync (ceiling)");
+        ck(cu.StreamSynchronize(st), "cuStreamSynchronize");
+        double t2 = now_s();
+        best_d = t1 - t0 < best_d ? t1 - t0 : best_d;
+        best_h = t2 - t1 < best_h ? t2 - t1 : best_h;
+    }
+    cu.MemFreeHost(ph);
+    double worst = best_d > best_h ? best_d : best_h;
+    return (double)L * layer_p() / worst / 1e9;
+}
+
+/*
+ * The tcp backend's staged path, device memory on both sides: an owner and an initiator tcp engine in
+ * this process over loopback, the owner serving S (a copy of the prefill layers, filled here), the
+ * initiator reading into E and H (zeroed first) with the same descriptors as the cuda rows.
+ */
+static void staged_rows(CUstream st, CUdeviceptr *E, CUdeviceptr *H, pdl_desc_t **dbv, size_t nblk, pdl_desc_t **dhv,
+                        size_t nhead, uint32_t *host, staged_t *out)
+{
+    pdl_engine_t *own = engine_of("staged-owner", PDL_BACKEND_TCP), *ini = engine_of("staged-decode", PDL_BACKEND_TCP);
+    if (!(pdl_engine_mem_types(ini) & (1u << PDL_MEM_TYPE_CUDA)))
+        die("a tcp engine does not register CUDA memory on this host");
+    pdl_error_t err;
+    pdl_bytes_t b;
+    pk(pdl_engine_pack(own, &b, &err), &err, "pdl_engine_pack");
+    pk(pdl_engine_add_remote(ini, b.data, b.len, NULL, 0, &err), &err, "pdl_engine_add_remote");
+    pdl_bytes_free(&b);
+    CUdeviceptr S[16];
+    pdl_mem_t *ms[16], *me[16], *mh[16];
+    pdl_session_t *sb[16], *sh[16];
+    for (int l = 0; l < L; l++) {
+        S[l] = dalloc(layer_p());
+        fill(S[l], l, host);
+        ck(cu.MemsetD8(E[l], 0, layer_p()), "cuMemsetD8");
+        ck(cu.MemsetD8(H[l], 0, layer_h()), "cuMemsetD8");
+        pk(pdl_engine_register_mem_type(own, (void *)(uintptr_t)S[l], layer_p(), PDL_MEM_TYPE_CUDA, &ms[l], &err), &err,
+           "register S (tcp)");
+        pk(pdl_engine_register_mem_type(ini, (void *)(uintptr_t)E[l], layer_p(), PDL_MEM_TYPE_CUDA, &me[l], &err), &err,
+           "register E (tcp)");
+        pk(pdl_engine_register_mem_type(ini, (void *)(uintptr_t)H[l], layer_h(), PDL_MEM_TYPE_CUDA, &mh[l], &err), &err,
+           "register H (tcp)");
+        pk(pdl_mem_pack(ms[l], &b, &err), &err, "pdl_mem_pack");
+        pk(pdl_session_open(ini, me[l], b.data, b.len, &sb[l], &err), &err, "pdl_session_open (tcp blocks)");
+        pk(pdl_session_open(ini, mh[l], b.data, b.len, &sh[l], &err), &err, "pdl_session_open (tcp heads)");
+        pdl_bytes_free(&b);
+    }
+    run_batches(sb, PDL_OP_READ, dbv, nblk);
+    run_batches(sh, PDL_OP_READ, dhv, nhead);
+    uint64_t bad_b = 0, bad_h = 0;
+    verify_reads(E, H, dbv[0], nblk, dhv[0], nhead, host, &bad_b, &bad_h);
+    printf("%s: tcp staged read-blocks verified: %" PRIu64 " words wrong; read-heads: %" PRIu64 " words wrong\n", who,
+           bad_b, bad_h);
+    out->bad = bad_b + bad_h;
+    double bytes_b = (double)L * layer_p(), bytes_h = (double)L * layer_h();
+    out->g_blocks = bytes_b / best_of(sb, PDL_OP_READ, dbv, nblk) / 1e9;
+    out->g_heads = bytes_h / best_of(sh, PDL_OP_READ, dhv, nhead) / 1e9;
+    out->c_pinned = pinned_ceiling(st, S, E);
+    out->c_tcp = 0;
+    for (int i = 0; i < 3; i++) { /* the best of three, like the other ceilings' best of ITERS */
+        double g = pdl_ceiling_tcp_gbps_cc("127.0.0.1", (size_t)bytes_b, 1u << 20, 2, layer_p() / 2,
+                                           pdl_engine_tcp_congestion(own));
+        out->c_tcp = g > out->c_tcp ? g : out->c_tcp;
+    }
+    for (int l = 0; l < L; l++) {
+        pdl_session_close(sb[l]);
+        pdl_session_close(sh[l]);
+        pdl_engine_deregister_mem(ini, me[l]);
+        pdl_engine_deregister_mem(ini, mh[l]);
+        pdl_engine_deregister_mem(own, ms[l]);
+        cu.MemFree(S[l]);
+    }
+    pdl_engine_destroy(ini);
+    pdl_engine_destroy(own);
+}
+
 static int decode(int fd, FILE *json)
 {
     who = "gpu-check decode";
@@ -391,18 +521,7 @@ static int decode(int fd, FILE *json)
     uint64_t bad_b = 0, bad_h = 0;
     run_batches(se, PDL_OP_READ, dbv, nblk);
     run_batches(sh, PDL_OP_READ, dhv, nhead);
-    for (int l = 0; l < L; l++) {
-        ck(cu.MemcpyDtoH(host, E[l], layer_p()), "cuMemcpyDtoH");
-        for (size_t k = 0; k < nblk; k++) {
-            uint64_t src = db[k].remote_off, dst = db[k].local_off;
-            for (uint64_t w = 0; w < blk_p() / 4; w++)
-                bad_b += host[dst / 4 + w] != pat(l, src + w * 4);
-        }
-        ck(cu.MemcpyDtoH(host, H[l], layer_h()), "cuMemcpyDtoH");
-        for (size_t k = 0; k < nhead; k++)
-            for (uint64_t w = 0; w < row_h() / 4; w++)
-                bad_h += host[dh[k].local_off / 4 + w] != pat(l, dh[k].remote_off + w * 4);
-    }
+    verify_reads(E, H, db, nblk, dh, nhead, host, &bad_b, &bad_h);
     printf("%s: read-blocks verified: %" PRIu64 " bytes, %" PRIu64 " words wrong\n", who, (uint64_t)L * layer_p(),
            bad_b);
     printf("%s: read-heads verified: %" PRIu64 " bytes, %" PRIu64 " words wrong\n", who, (uint64_t)L * layer_h(),
@@ -416,6 +535,9 @@ static int decode(int fd, FILE *json)
     double t_b = best_of(se, PDL_OP_READ, dbv, nblk);
     double t_h = best_of(sh, PDL_OP_READ, dhv, nhead);
     double t_w = best_of(sw, PDL_OP_WRITE, dwv, nblk);
+    staged_t sg;
+    staged_rows(st, E, H, dbv, nblk, dhv, nhead, host, &sg);
+    double c_sg = sg.c_pinned < sg.c_tcp ? sg.c_pinned : sg.c_tcp;
     double gb = 1e9;
     double bytes_b = (double)L * layer_p(), bytes_h = (double)L * layer_h();
     double r_b = c_blocks / t_b, r_h = c_heads / t_h;
@@ -429,6 +551,14 @@ static int decode(int fd, FILE *json)
            "1.00");
     printf("%-44s %10.0f %12zu %10.1f %8.2f\n", "pdlink READ head split (P2/D4)", bytes_h, L * nhead, bytes_h / t_h / gb,
            r_h);
+    printf("%-44s %10.0f %12d %10.1f %8s\n", "ceiling: pinned DtoH/HtoD (slower)", bytes_b, L, sg.c_pinned,
+           sg.c_pinned <= sg.c_tcp ? "1.00" : "-");
+    printf("%-44s %10.0f %12d %10.1f %8s\n", "ceiling: TCP loopback, 2 streams", bytes_b, 2, sg.c_tcp,
+           sg.c_tcp < sg.c_pinned ? "1.00" : "-");
+    printf("%-44s %10.0f %12zu %10.1f %8.2f\n", "pdlink tcp staged READ whole blocks", bytes_b, L * nblk, sg.g_blocks,
+           sg.g_blocks / c_sg);
+    printf("%-44s %10.0f %12zu %10.1f %8.2f\n", "pdlink tcp staged READ head split", bytes_h, L * nhead, sg.g_heads,
+           sg.g_heads / c_sg);
     printf("\nblock piece %zu bytes, head piece %zu bytes at a stride of %zu; best of %d\n", blk_p(), row_h(), row_p(),
            ITERS);
     printf("target whole blocks >= 0.90 x IPC copy: %.2f %s\n", r_b, r_b >= 0.9 ? "met" : "MISSED");
@@ -439,9 +569,12 @@ static int decode(int fd, FILE *json)
                 "\"bad_words\":{\"read_blocks\":%" PRIu64 ",\"read_heads\":%" PRIu64 ",\"write_blocks\":%" PRIu64 "},"
                 "\"gbps\":{\"ceiling_blocks\":%.1f,\"read_blocks\":%.1f,\"write_blocks\":%.1f,"
                 "\"ceiling_contiguous\":%.1f,\"read_heads\":%.1f},\"ratio\":{\"read_blocks\":%.3f,"
-                "\"read_heads\":%.3f}}\n",
+                "\"read_heads\":%.3f},\"staged_tcp\":{\"bad_words\":%" PRIu64 ",\"ceiling_pinned_gbps\":%.2f,"
+                "\"ceiling_tcp_gbps\":%.2f,\"read_blocks_gbps\":%.2f,\"read_heads_gbps\":%.2f,"
+                "\"ratio_read_blocks\":%.3f,\"ratio_read_heads\":%.3f}}\n",
                 L, NB, BS, HP, HD, bad_b, bad_h, bad_w, bytes_b / c_blocks / gb, bytes_b / t_b / gb,
-                bytes_b / t_w / gb, bytes_h / c_heads / gb, bytes_h / t_h / gb, r_b, r_h);
+                bytes_b / t_w / gb, bytes_h / c_heads / gb, bytes_h / t_h / gb, r_b, r_h, sg.bad, sg.c_pinned,
+                sg.c_tcp, sg.g_blocks, sg.g_heads, sg.g_blocks / c_sg, sg.g_heads / c_sg);
     for (int l = 0; l < L; l++) {
         pdl_session_close(se[l]);
         pdl_session_close(sh[l]);
@@ -457,7 +590,7 @@ static int decode(int fd, FILE *json)
     free(db);
     free(dh);
     free(dw);
-    return bad_b || bad_h || bad_w ? 1 : 0;
+    return bad_b || bad_h || bad_w || sg.bad ? 1 : 0;
 }
 
 int main(int argc, char **argv)
