@@ -23,12 +23,20 @@
  * noticed) and otherwise poll()s for whichever direction it waits on. Bytes go straight between the
  * socket and the registered memory (IOV_MAX iovecs, at most 1 MiB per sendmsg and 256 KiB per recvmsg).
  *
+ * Device memory (a CUDA registration, where the driver loads: cudadrv.h) is never touched by the CPU:
+ * a session whose local region is on the device gives each connection two stages (stage.h), and a
+ * WRITE's payload is sent from staging windows filled by the GPU a window ahead, a READ's response
+ * received into windows copied to the device while the next one arrives; a response's op completes
+ * only once its last window is on the device. The owner's side is tcp_server.c's business: the wire
+ * format does not change.
+ *
  * Failure model: a refused request (unknown region, range outside it) fails its batch with the owner's
  * message and leaves the connection usable. Any I/O error, EOF or malformed response loses the
  * framing: the connection is shut down, every op still queued on it fails (once no thread is inside a
  * system call on it, so no failed batch's memory is written after its waiter returns) and the session
  * becomes broken (sticky): PDL_ERR_PEER_GONE "peer gone" for EOF/reset/refused connections,
- * PDL_ERR_TRANSPORT otherwise. A stalled owner never hangs the caller: pdl_batch_wait stops at its
+ * PDL_ERR_TRANSPORT otherwise (a local device copy that fails too: the bytes promised on the wire
+ * cannot follow). A stalled owner never hangs the caller: pdl_batch_wait stops at its
  * deadline and leaves the batch queued; freeing a running batch shuts the session's sockets down and
  * drives the batch to its failure.
  */

@@ -1,6 +1,7 @@
 /*
  * tcp_server.c -- the owner side of the tcp backend: serves READs of registered memory and receives
- * WRITEs into it, straight between the socket and the registered bytes (no intermediate copy).
+ * WRITEs into it, straight between the socket and the registered bytes (no intermediate copy) for host
+ * memory, through the connection's staging windows (stage.h) for device memory.
  *
  * num_workers server threads each run an epoll loop over their own connections; thread 0 also owns
  * the listening socket and hands each accepted connection to a thread round-robin (through a small
@@ -28,6 +29,16 @@
  *
  * While a request reads or writes a region it holds a reference on it; deregistration shuts down the
  * connections holding one (tcp_server_kick) and waits for the references to drain.
+ *
+ * Device memory: an admitted request on a CUDA registration runs the same states with its payload in
+ * staging windows. READ: the first window is copied before the response header is queued (a failed
+ * copy is answered with its error, like a refusal), then TX sends window after window, taking the next
+ * (copied while the last was on the socket) when one is out; a copy failing after the header cuts the
+ * connection. WRITE: RX_PAYLOAD receives into a window, copies a full one to the device while the
+ * next arrives, and answers once every window is on the device; a failed copy is answered with its
+ * error after the rest of the payload is read away. The server thread waits for these copies (bounded
+ * device work, not a peer). The stage is made at a connection's first device request and freed, its
+ * copies finished first, when the connection closes.
  */
 #include <errno.h>
 #include <fcntl.h>
