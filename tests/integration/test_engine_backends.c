@@ -10,6 +10,11 @@
  * posix/sysv/cma, one-sided without the owner where UCX maps the owner's region).
  * The variable is set before the target is forked, so both engines see the same one.
  *
+ * tcp again with device memory (the _devmem tests): PDLINK_TEST_CUDA_FAKE=1 gives both processes the
+ * test CUDA driver (src/engine/cudadrv_fake.c), the target's region 1 and the initiator's local region
+ * are its PROT_NONE device memory (the staged path, docs/engine.md), and the test reaches their bytes
+ * only through that driver.
+ *
  * Each test forks the target before creating any thread (fork in a threaded process is unsafe, and
  * TSan refuses it). Parent and child talk over a socketpair: the child sends its engine descriptor and
  * two memory descriptors (a pdlink-allocated memfd region and a caller-registered one), then serves
@@ -37,6 +42,7 @@
 #include "pdlink/engine.h"
 #include "common/log.h"
 #include "engine/backend.h" /* pdl__engine_desc_unpack: the test needs the target's port */
+#include "engine/cudadrv.h" /* the test driver, for the _devmem tests */
 
 #define REGION (4u << 20)
 #define SLOT (64u << 10)
@@ -55,6 +61,47 @@ static void fill(uint8_t *p, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
         p[i] = pat(seed, i);
+}
+
+/* ---------------------------------------------------------------- device memory (_devmem tests) */
+
+static bool devmem(void)
+{
+    const char *v = getenv("PDLINK_TEST_CUDA_FAKE");
+    return v != NULL && strcmp(v, "1") == 0;
+}
+
+/* The test driver of this process, opened at first use. */
+static pdl_cudadrv_t *test_drv(void)
+{
+    static pdl_cudadrv_t *d;
+    pdl_error_t err;
+    if (d == NULL && (pdl__cudadrv_open("test", "test", &d, &err) != PDL_OK || pdl__cudadrv_ctx(d, "test", &err) != PDL_OK)) {
+        fprintf(stderr, "the test CUDA driver: %s\n", err.msg);
+        abort();
+    }
+    return d;
+}
+
+static CUdeviceptr dev_alloc(void)
+{
+    CUdeviceptr p = 0;
+    if (test_drv()->api.MemAlloc(&p, REGION) != CUDA_SUCCESS)
+        abort();
+    return p;
+}
+
+/* Host bytes to / from device memory, through the test driver. */
+static void dev_put(CUdeviceptr d, const void *h)
+{
+    if (test_drv()->api.MemcpyHtoDAsync(d, h, REGION, NULL) != CUDA_SUCCESS)
+        abort();
+}
+
+static void dev_get(void *h, CUdeviceptr d)
+{
+    if (test_drv()->api.MemcpyDtoHAsync(h, d, REGION, NULL) != CUDA_SUCCESS)
+        abort();
 }
 
 /* ---------------------------------------------------------------- control channel */
@@ -120,8 +167,14 @@ static void child_main(int fd, pdl_backend_kind_t backend)
     pdl_mem_t *m[2] = {NULL, NULL};
     uint8_t *user = aligned_alloc(4096, REGION);
     memset(user, 0, REGION);
+    /* _devmem: region 1 is device memory; `user` then mirrors it for fill and verify. */
+    CUdeviceptr dev = devmem() ? dev_alloc() : 0;
+    if (dev != 0)
+        dev_put(dev, user);
     if (pdl_engine_alloc_mem(e, REGION, &m[0], &err) != PDL_OK ||
-        pdl_engine_register_mem(e, user, REGION, &m[1], &err) != PDL_OK)
+        (dev == 0 && pdl_engine_register_mem(e, user, REGION, &m[1], &err) != PDL_OK) ||
+        (dev != 0 && pdl_engine_register_mem_type(e, (void *)(uintptr_t)dev, REGION, PDL_MEM_TYPE_CUDA, &m[1], &err) !=
+                         PDL_OK))
         _exit(4);
     pdl_bytes_t ed = {0}, md0 = {0}, md1 = {0};
     pdl_engine_pack(e, &ed, NULL);
@@ -138,12 +191,17 @@ static void child_main(int fd, pdl_backend_kind_t backend)
         int32_t result = 0;
         if (c.op == 'Q')
             break;
+        bool on_dev = dev != 0 && c.region == 1;
         if (c.op == 'F') {
-            fill(pdl_mem_ptr(m[c.region]), REGION, c.seed);
+            fill(on_dev ? user : pdl_mem_ptr(m[c.region]), REGION, c.seed);
+            if (on_dev)
+                dev_put(dev, user);
         } else if (c.op == 'V') {
             pdl_desc_t *d = malloc(c.ndesc * sizeof(*d));
             xread(fd, d, c.ndesc * sizeof(*d));
-            const uint8_t *p = pdl_mem_ptr(m[c.region]);
+            if (on_dev)
+                dev_get(user, dev);
+            const uint8_t *p = on_dev ? user : pdl_mem_ptr(m[c.region]);
             for (uint32_t i = 0; i < c.ndesc && result == 0; i++)
                 for (uint64_t j = 0; j < d[i].len; j++)
                     if (p[d[i].remote_off + j] != pat(c.seed, d[i].local_off + j)) {
@@ -164,6 +222,8 @@ static void child_main(int fd, pdl_backend_kind_t backend)
     for (int i = 0; i < 2; i++)
         pdl_engine_deregister_mem(e, m[i]);
     pdl_engine_destroy(e);
+    if (dev != 0)
+        test_drv()->api.MemFree(dev);
     free(user);
     _exit(0);
 }
@@ -177,6 +237,8 @@ typedef struct peer {
     uint32_t rlen[2];
     pdl_session_t *s[2];
     uint16_t port; /* target's tcp port */
+    CUdeviceptr ldev; /* _devmem: the local region (device memory), else 0 */
+    uint8_t *mirror;  /* _devmem: the test's host copy of it */
 } peer_t;
 
 static void peer_start(peer_t *p, pdl_backend_kind_t backend)
@@ -194,7 +256,18 @@ static void peer_start(peer_t *p, pdl_backend_kind_t backend)
     pdl_engine_config_t cfg = {"initiator:tp0", "127.0.0.1", 0, backend, 2, 2, NULL, false, NULL, NULL};
     pdl_error_t err;
     assert_int_equal(pdl_engine_create(&cfg, &p->e, &err), PDL_OK);
-    assert_int_equal(pdl_engine_alloc_mem(p->e, REGION, &p->local, &err), PDL_OK);
+    p->ldev = 0;
+    p->mirror = NULL;
+    if (devmem()) {
+        p->ldev = dev_alloc();
+        p->mirror = calloc(1, REGION);
+        dev_put(p->ldev, p->mirror);
+        assert_int_equal(pdl_engine_register_mem_type(p->e, (void *)(uintptr_t)p->ldev, REGION, PDL_MEM_TYPE_CUDA,
+                                                      &p->local, &err),
+                         PDL_OK);
+    } else {
+        assert_int_equal(pdl_engine_alloc_mem(p->e, REGION, &p->local, &err), PDL_OK);
+    }
     uint8_t *ed = NULL;
     uint32_t elen = 0;
     assert_int_equal(recv_blob(p->fd, &ed, &elen), 0);
@@ -246,8 +319,25 @@ static void peer_stop(peer_t *p, bool kill_it)
     close(p->fd);
     pdl_engine_deregister_mem(p->e, p->local);
     pdl_engine_destroy(p->e);
+    if (p->ldev != 0)
+        test_drv()->api.MemFree(p->ldev);
+    free(p->mirror);
     free(p->rdesc[0]);
     free(p->rdesc[1]);
+}
+
+/* The local region's bytes as the test sees them: itself, or (_devmem) its mirror. Before a READ,
+ * local_set writes the mirror to the device; after one, local_get reads the device into it. */
+static uint8_t *local_bytes(peer_t *p) { return p->ldev ? p->mirror : pdl_mem_ptr(p->local); }
+static void local_set(peer_t *p)
+{
+    if (p->ldev)
+        dev_put(p->ldev, p->mirror);
+}
+static void local_get(peer_t *p)
+{
+    if (p->ldev)
+        dev_get(p->mirror, p->ldev);
 }
 
 /* n random descriptors: distinct slots on both sides, random lengths and offsets inside a slot. */
@@ -304,7 +394,7 @@ static void random_batches(pdl_backend_kind_t backend)
     peer_start(&p, backend);
     unsigned rng = 12345;
     pdl_desc_t d[NSLOTS];
-    uint8_t *local = pdl_mem_ptr(p.local);
+    uint8_t *local = local_bytes(&p);
     for (int iter = 0; iter < 24; iter++) {
         int region = iter % 2;
         uint64_t seed = 1000 + (uint64_t)iter;
@@ -314,9 +404,11 @@ static void random_batches(pdl_backend_kind_t backend)
         if (iter % 4 < 2) { /* READ: the target fills, we verify */
             assert_int_equal(peer_cmd(&p, 'F', region, seed, NULL, 0), 0);
             memset(local, 0, REGION);
+            local_set(&p);
             pdl_status_t st = run(p.s[region], PDL_OP_READ, d, n, -1, &err);
             if (st != PDL_OK)
                 fail_msg("read: %s", err.msg);
+            local_get(&p);
             for (uint32_t i = 0; i < n; i++)
                 for (uint64_t j = 0; j < d[i].len; j++)
                     if (local[d[i].local_off + j] != pat(seed, d[i].remote_off + j))
@@ -324,6 +416,7 @@ static void random_batches(pdl_backend_kind_t backend)
                                  (unsigned long long)j);
         } else { /* WRITE: we fill, the target verifies */
             fill(local, REGION, seed);
+            local_set(&p);
             pdl_status_t st = run(p.s[region], PDL_OP_WRITE, d, n, -1, &err);
             if (st != PDL_OK)
                 fail_msg("write: %s", err.msg);
@@ -335,6 +428,7 @@ static void random_batches(pdl_backend_kind_t backend)
     assert_int_equal(peer_cmd(&p, 'F', 0, 77, NULL, 0), 0);
     pdl_error_t err;
     assert_int_equal(run(p.s[0], PDL_OP_READ, &big, 1, -1, &err), PDL_OK);
+    local_get(&p);
     for (size_t j = 0; j < REGION; j += 4093)
         assert_int_equal(local[j], pat(77, j));
     pdl_engine_stats_t st;
@@ -354,6 +448,14 @@ static void test_random_tcp(void **state)
 {
     (void)state;
     random_batches(PDL_BACKEND_TCP);
+}
+/* Device memory on the initiator's side, and on the target's for region 1 (the header says how). */
+static void test_random_tcp_devmem(void **state)
+{
+    (void)state;
+    assert_int_equal(setenv("PDLINK_TEST_CUDA_FAKE", "1", 1), 0);
+    random_batches(PDL_BACKEND_TCP);
+    unsetenv("PDLINK_TEST_CUDA_FAKE");
 }
 static void test_random_ucx_tcp(void **state)
 {
@@ -741,7 +843,7 @@ int main(void)
     if (getenv("PDL_TEST_FILTER") != NULL) /* e.g. PDL_TEST_FILTER='*ucx*' to run one backend's tests */
         cmocka_set_test_filter(getenv("PDL_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_random_shm),  cmocka_unit_test(test_random_tcp),  cmocka_unit_test(test_killed_shm),
+        cmocka_unit_test(test_random_shm),  cmocka_unit_test(test_random_tcp),  cmocka_unit_test(test_random_tcp_devmem),  cmocka_unit_test(test_killed_shm),
         cmocka_unit_test(test_killed_tcp),  cmocka_unit_test(test_stalled_tcp), cmocka_unit_test(test_dereg_shm),
         cmocka_unit_test(test_dereg_tcp),   cmocka_unit_test(test_malformed_tcp), cmocka_unit_test(test_pipelined_tcp),
         cmocka_unit_test(test_shared_session_tcp), cmocka_unit_test(test_random_ucx_tcp),
