@@ -42,6 +42,7 @@ int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err)
     if (o->rest > 0) {
         if (o->rest >= o->argc)
             return 0;
+        o->at = o->rest;
         *value_p = o->argv[o->rest++];
         return 1;
     }
@@ -60,6 +61,7 @@ int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err)
         return pdl_opts_next(o, value_p, err);
     }
     if (ch == 1) {
+        o->at = optind - 1; /* getopt has stepped past it */
         *value_p = optarg;
         return 1;
     }
@@ -80,8 +82,6 @@ int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err)
         pdl_error_set(err, PDL_ERR_INVALID, "unknown flag '%s' (see --help)", o->flag);
         return -1;
     }
-    *value_p = optarg;
-    return ch;
     *value_p = optarg;
     return ch;
 }

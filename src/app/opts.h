@@ -26,6 +26,7 @@ typedef struct pdl_opts {
     const struct option *longopts; /* ends with a zeroed entry; every entry has flag == NULL */
     bool dash_underscores;         /* read '_' in a flag name as '-' (rewrites argv in place) */
     int rest;                      /* > 0 once getopt is done: the next positional after "--" */
+    int at;                        /* argv index of the positional last returned */
     bool done;                     /* set by a pdl_opts_take_fn to end pdl_opts_parse early */
     char flag[64];                 /* the flag last returned, as typed ("-tp", "--port"), for messages */
 } pdl_opts_t;
@@ -37,7 +38,7 @@ void pdl_opts_init(pdl_opts_t *o, int argc, char **argv, const struct option *lo
  * The next argument. Returns the `val` of the flag found (its value, if it takes one, in *value_p), 1 for
  * a positional argument (in *value_p), 0 at the end, or -1 on a usage error with err naming the flag:
  * "unknown flag '--bogus' (see --help)", "--port needs a value", "--vllm-pd-disaggregation takes no value".
- * Flag `val`s must therefore be > 1. *value_p points into argv.
+ * Flag `val`s must therefore be > 1. *value_p points into argv; a positional's index is then in o->at.
  */
 int pdl_opts_next(pdl_opts_t *o, const char **value_p, pdl_error_t *err);
 

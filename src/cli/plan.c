@@ -12,16 +12,15 @@
  * the two can never disagree. `--seed` shows the four seed topologies (P4/D8, P8/D4, P4+P4/D8,
  * P8/D4+D4). Exit status: 0, or 2 with a message naming the values for any usage or topology error.
  */
-#include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/parse.h"
+#include "app/optab.h"
 #include "cli/cli.h"
 #include "pdlink/layout.h"
 #include "pdlink/models.h"
@@ -53,81 +52,99 @@ typedef struct plan_cfg {
     bool json;
 } plan_cfg_t;
 
-static void usage(FILE *f)
+/* ---- options: one table row per flag (app/optab.h) ------------------------------------------------- */
+
+/* What the command line says, before the model preset and the seed topologies are folded in. */
+typedef struct plan_opts {
+    int prefill[PLAN_MAX_INSTANCES], n_prefill;
+    int decode[PLAN_MAX_INSTANCES], n_decode;
+    const char *model;
+    int heads, head_dim, layers, block_size, sample_blocks;
+    long num_blocks;
+    const char *dtype;
+    int layout, mode; /* indexes into plan_layouts, plan_modes */
+    bool mla, kv_interleaved, kv_fused, seed, json;
+} plan_opts_t;
+
+static const char *const plan_layouts[] = {"hnd", "nhd", NULL};
+static const char *const plan_modes[] = {"read", "write", NULL};
+
+static pdl_status_t list_models(void *opts, const pdl_optdef_t *row, const char *flag, const char *value, bool *done_p,
+                                pdl_error_t *err)
 {
-    fprintf(f,
-            "usage: pdlink plan --prefill-tp P[,P...] --decode-tp D[,D...] [--model PRESET]\n"
-            "                   [--kv-heads N] [--head-dim N] [--layers N] [--mla] [--block-size N]\n"
-            "                   [--dtype bf16|fp16|fp8|fp32] [--layout hnd|nhd] [--kv-interleaved] [--kv-fused]\n"
-            "                   [--mode read|write] [--num-blocks N] [--sample-blocks N] [--json]\n"
-            "       pdlink plan --seed [--model PRESET] [options]   the four seed topologies\n"
-            "       pdlink plan --list-models\n"
-            "\n"
-            "Explains a heterogeneous-TP topology: the prefill ranks each decode rank reads (or that write\n"
-            "to it), the byte ranges of every head slice inside a block, descriptors per block after\n"
-            "merging, the releases each decode rank sends and the ACKs each prefill rank expects.\n"
-            "\n"
-            "  --prefill-tp LIST  TP size of each prefill instance, e.g. 4 or 4,4 (xPyD)\n"
-            "  --decode-tp LIST   TP size of each decode instance, e.g. 8 or 4,4\n"
-            "  --model PRESET     take layers, KV heads, head dim and MLA from a preset (flags override)\n"
-            "  --kv-heads N       total KV heads of the model (required without --model)\n"
-            "  --head-dim N       elements per head per token (the latent width for MLA)\n"
-            "  --layers N         attention layers (default: the preset's, else 1)\n"
-            "  --mla              multi-head latent attention: one replicated latent, no V half\n"
-            "  --block-size N     tokens per block (default 16)\n"
-            "  --dtype NAME       KV cache dtype (default bf16)\n"
-            "  --layout hnd|nhd   head-major (default) or token-major half-blocks\n"
-            "  --kv-interleaved   K and V interleaved per block ([blocks][2]...) instead of [2][blocks]...\n"
-            "  --kv-fused         K and V concatenated per token, one half per block (vLLM's CPU cache)\n"
-            "  --mode read|write  decode pulls (default) or prefill pushes\n"
-            "  --num-blocks N     KV blocks per rank used for offsets (default 1024)\n"
-            "  --sample-blocks N  consecutive blocks in the descriptor sample (default 8)\n"
-            "  --seed             show P4/D8, P8/D4, P4+P4/D8 and P8/D4+D4 (default model llama-3.1-8b)\n"
-            "  --json             one JSON document (schema in docs/plan.md)\n"
-            "\nmodel presets:\n");
+    (void)opts, (void)row, (void)flag, (void)value, (void)err;
+    for (size_t i = 0; i < pdl_model_count(); i++) {
+        const pdl_model_preset_t *m = pdl_model_at(i);
+        printf("%-14s %-34s %s\n", m->name, m->hf_id[0] ? m->hf_id : "-", m->description);
+    }
+    *done_p = true;
+    return PDL_OK;
+}
+
+static void help_models(FILE *f)
+{
+    fprintf(f, "\nmodel presets:\n");
     for (size_t i = 0; i < pdl_model_count(); i++)
         fprintf(f, "  %-14s %s\n", pdl_model_at(i)->name, pdl_model_at(i)->description);
 }
 
-/* ---- argument parsing ----------------------------------------------------------------------------- */
+#define PO(field) offsetof(plan_opts_t, field)
+static const pdl_optdef_t plan_rows[] = {
+    {.name = "prefill-tp", .kind = PDL_OPT_INT_LIST, .metavar = "LIST", .off = PO(prefill), .off2 = PO(n_prefill),
+     .lo = 1, .hi = PDL_TOPO_MAX_TP, .max_n = PLAN_MAX_INSTANCES,
+     .help = "TP size of each prefill instance, e.g. 4 or 4,4 (xPyD)"},
+    {.name = "decode-tp", .kind = PDL_OPT_INT_LIST, .metavar = "LIST", .off = PO(decode), .off2 = PO(n_decode),
+     .lo = 1, .hi = PDL_TOPO_MAX_TP, .max_n = PLAN_MAX_INSTANCES, .help = "TP size of each decode instance, e.g. 8 or 4,4"},
+    {.name = "model", .kind = PDL_OPT_STRING, .metavar = "PRESET", .off = PO(model),
+     .help = "take layers, KV heads, head dim and MLA from a preset (flags override)"},
+    {.name = "kv-heads", .kind = PDL_OPT_INT, .metavar = "N", .off = PO(heads), .lo = 1, .hi = 1 << 16,
+     .help = "total KV heads of the model (required without --model)"},
+    {.name = "head-dim", .kind = PDL_OPT_INT, .metavar = "N", .off = PO(head_dim), .lo = 1, .hi = 1 << 20,
+     .help = "elements per head per token (the latent width for MLA)"},
+    {.name = "layers", .kind = PDL_OPT_INT, .metavar = "N", .off = PO(layers), .lo = 1, .hi = 1 << 16,
+     .help = "attention layers (default: the preset's, else 1)"},
+    {.name = "mla", .kind = PDL_OPT_FLAG, .off = PO(mla), .help = "multi-head latent attention: one replicated latent, no V half"},
+    {.name = "block-size", .kind = PDL_OPT_INT, .metavar = "N", .def = "16", .off = PO(block_size), .lo = 1,
+     .hi = 1 << 20, .help = "tokens per block"},
+    {.name = "dtype", .kind = PDL_OPT_STRING, .metavar = "NAME", .off = PO(dtype),
+     .help = "KV cache dtype: bf16, fp16, fp8 or fp32 (default: the preset's, else bf16)"},
+    {.name = "layout", .kind = PDL_OPT_CHOICE, .metavar = "hnd|nhd", .def = "hnd", .off = PO(layout),
+     .choices = plan_layouts, .help = "head-major or token-major half-blocks"},
+    {.name = "kv-interleaved", .kind = PDL_OPT_FLAG, .off = PO(kv_interleaved),
+     .help = "K and V interleaved per block ([blocks][2]...) instead of [2][blocks]..."},
+    {.name = "kv-fused", .kind = PDL_OPT_FLAG, .off = PO(kv_fused),
+     .help = "K and V concatenated per token, one half per block (vLLM's CPU cache)"},
+    {.name = "mode", .kind = PDL_OPT_CHOICE, .metavar = "read|write", .def = "read", .off = PO(mode),
+     .choices = plan_modes, .help = "decode pulls or prefill pushes"},
+    {.name = "num-blocks", .kind = PDL_OPT_LONG, .metavar = "N", .def = "1024", .off = PO(num_blocks), .lo = 1,
+     .hi = 1L << 30, .help = "KV blocks per rank used for offsets"},
+    {.name = "sample-blocks", .kind = PDL_OPT_INT, .metavar = "N", .def = "8", .off = PO(sample_blocks), .lo = 1,
+     .hi = 1 << 16, .help = "consecutive blocks in the descriptor sample"},
+    {.name = "seed", .kind = PDL_OPT_FLAG, .off = PO(seed),
+     .help = "show P4/D8, P8/D4, P4+P4/D8 and P8/D4+D4 (default model llama-3.1-8b)"},
+    {.name = "json", .kind = PDL_OPT_FLAG, .off = PO(json), .help = "one JSON document (schema in docs/plan.md)"},
+    {.name = "list-models", .kind = PDL_OPT_CALL, .set = list_models, .help = "the model presets, with their HF ids"},
+    {.name = "help", .alias = 'h', .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+#undef PO
 
-static bool parse_long(const char *opt, const char *s, long lo, long hi, long *out)
-{
-    pdl_error_t err;
-    if (pdl_parse_long(opt, s, lo, hi, out, &err) != PDL_OK) {
-        fprintf(stderr, "pdlink plan: %s\n", err.msg);
-        return false;
-    }
-    return true;
-}
-
-/* "4" or "4,4,8" -> sizes; each in [1, PDL_TOPO_MAX_TP]. */
-static bool parse_tp_list(const char *opt, const char *s, int *out, int *n)
-{
-    char buf[256];
-    if (strlen(s) >= sizeof(buf)) {
-        fprintf(stderr, "pdlink plan: %s list is too long\n", opt);
-        return false;
-    }
-    strcpy(buf, s);
-    *n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
-        long v;
-        if (*n >= PLAN_MAX_INSTANCES) {
-            fprintf(stderr, "pdlink plan: %s lists more than %d instances\n", opt, PLAN_MAX_INSTANCES);
-            return false;
-        }
-        if (!parse_long(opt, tok, 1, PDL_TOPO_MAX_TP, &v))
-            return false;
-        out[(*n)++] = (int)v;
-    }
-    if (*n == 0) {
-        fprintf(stderr, "pdlink plan: %s '%s' names no TP size\n", opt, s);
-        return false;
-    }
-    return true;
-}
+static const pdl_optab_t plan_table = {
+    .prog = "pdlink plan",
+    .usage = "usage: pdlink plan --prefill-tp P[,P...] --decode-tp D[,D...] [--model PRESET]\n"
+             "                   [--kv-heads N] [--head-dim N] [--layers N] [--mla] [--block-size N]\n"
+             "                   [--dtype bf16|fp16|fp8|fp32] [--layout hnd|nhd] [--kv-interleaved] [--kv-fused]\n"
+             "                   [--mode read|write] [--num-blocks N] [--sample-blocks N] [--json]\n"
+             "       pdlink plan --seed [--model PRESET] [options]   the four seed topologies\n"
+             "       pdlink plan --list-models\n"
+             "\n"
+             "Explains a heterogeneous-TP topology: the prefill ranks each decode rank reads (or that write\n"
+             "to it), the byte ranges of every head slice inside a block, descriptors per block after\n"
+             "merging, the releases each decode rank sends and the ACKs each prefill rank expects.\n"
+             "\n",
+    .rows = plan_rows,
+    .help_tail = help_models,
+};
 
 static void topo_name(plan_topo_t *t)
 {
@@ -138,7 +155,7 @@ static void topo_name(plan_topo_t *t)
         o += (size_t)snprintf(t->name + o, sizeof(t->name) - o, "%sD%d", i ? "+" : "/", t->decode[i]);
 }
 
-static void add_seed(plan_cfg_t *c, const int *p, int np, const int *d, int nd)
+static void add_topo(plan_cfg_t *c, const int *p, int np, const int *d, int nd)
 {
     plan_topo_t *t = &c->topos[c->n_topos++];
     memset(t, 0, sizeof(*t));
@@ -149,245 +166,91 @@ static void add_seed(plan_cfg_t *c, const int *p, int np, const int *d, int nd)
     topo_name(t);
 }
 
-enum {
-    OPT_PREFILL = 1000,
-    OPT_DECODE,
-    OPT_HEADS,
-    OPT_HEAD_DIM,
-    OPT_BLOCK,
-    OPT_DTYPE,
-    OPT_LAYERS,
-    OPT_LAYOUT,
-    OPT_FUSED,
-    OPT_INTERLEAVED,
-    OPT_MLA,
-    OPT_MODE,
-    OPT_MODEL,
-    OPT_JSON,
-    OPT_SEED,
-    OPT_NUM_BLOCKS,
-    OPT_SAMPLE,
-    OPT_LIST,
-    OPT_HELP,
-};
-
-/* Returns 0 to go on, 1 when the command is done with success (help), 2 on a usage error. */
-static int parse_args(int argc, char **argv, plan_cfg_t *c)
+/* The KV geometry: the preset's (--model, or the seed's default model), then each explicit flag over it. */
+static pdl_status_t resolve_geometry(plan_cfg_t *c, const plan_opts_t *o, pdl_error_t *err)
 {
-    static const struct option opts[] = {
-        {"prefill-tp", required_argument, NULL, OPT_PREFILL},
-        {"decode-tp", required_argument, NULL, OPT_DECODE},
-        {"kv-heads", required_argument, NULL, OPT_HEADS},
-        {"head-dim", required_argument, NULL, OPT_HEAD_DIM},
-        {"block-size", required_argument, NULL, OPT_BLOCK},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"layout", required_argument, NULL, OPT_LAYOUT},
-        {"kv-interleaved", no_argument, NULL, OPT_INTERLEAVED},
-        {"kv-fused", no_argument, NULL, OPT_FUSED},
-        {"mla", no_argument, NULL, OPT_MLA},
-        {"mode", required_argument, NULL, OPT_MODE},
-        {"model", required_argument, NULL, OPT_MODEL},
-        {"json", no_argument, NULL, OPT_JSON},
-        {"seed", no_argument, NULL, OPT_SEED},
-        {"num-blocks", required_argument, NULL, OPT_NUM_BLOCKS},
-        {"sample-blocks", required_argument, NULL, OPT_SAMPLE},
-        {"list-models", no_argument, NULL, OPT_LIST},
-        {"help", no_argument, NULL, OPT_HELP},
-        {NULL, 0, NULL, 0},
-    };
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
-    memset(c, 0, sizeof(*c));
-    c->block_size = 16;
-    c->num_blocks = 1024;
-    c->sample_blocks = 8;
-    c->order = PDL_KV_HND;
-    c->kv_separate = true;
-    int prefill[PLAN_MAX_INSTANCES], decode[PLAN_MAX_INSTANCES], np = 0, nd = 0;
-    bool seed = false, mla_flag = false;
-    long v;
-    int layers = 0, heads = 0, head_dim = 0;
-    const char *model = NULL;
-
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (ch) {
-        case OPT_PREFILL:
-            if (!parse_tp_list("--prefill-tp", optarg, prefill, &np))
-                return 2;
-            break;
-        case OPT_DECODE:
-            if (!parse_tp_list("--decode-tp", optarg, decode, &nd))
-                return 2;
-            break;
-        case OPT_HEADS:
-            if (!parse_long("--kv-heads", optarg, 1, 1 << 16, &v))
-                return 2;
-            heads = (int)v;
-            break;
-        case OPT_HEAD_DIM:
-            if (!parse_long("--head-dim", optarg, 1, 1 << 20, &v))
-                return 2;
-            head_dim = (int)v;
-            break;
-        case OPT_BLOCK:
-            if (!parse_long("--block-size", optarg, 1, 1 << 20, &v))
-                return 2;
-            c->block_size = (uint32_t)v;
-            break;
-        case OPT_LAYERS:
-            if (!parse_long("--layers", optarg, 1, 1 << 16, &v))
-                return 2;
-            layers = (int)v;
-            break;
-        case OPT_NUM_BLOCKS:
-            if (!parse_long("--num-blocks", optarg, 1, 1L << 30, &v))
-                return 2;
-            c->num_blocks = (uint64_t)v;
-            break;
-        case OPT_SAMPLE:
-            if (!parse_long("--sample-blocks", optarg, 1, 1 << 16, &v))
-                return 2;
-            c->sample_blocks = (uint32_t)v;
-            break;
-        case OPT_DTYPE:
-            c->dtype = optarg;
-            break;
-        case OPT_LAYOUT: {
-            int o = pdl_layout_order_parse(optarg);
-            if (o < 0) {
-                fprintf(stderr, "pdlink plan: --layout '%s' is neither hnd nor nhd\n", optarg);
-                return 2;
-            }
-            c->order = (pdl_kv_order_t)o;
-            break;
-        }
-        case OPT_INTERLEAVED:
-            c->kv_separate = false;
-            break;
-        case OPT_FUSED:
-            c->kv_fused = true;
-            break;
-        case OPT_MLA:
-            mla_flag = true;
-            break;
-        case OPT_MODE:
-            if (strcmp(optarg, "read") == 0 || strcmp(optarg, "READ") == 0)
-                c->write_mode = false;
-            else if (strcmp(optarg, "write") == 0 || strcmp(optarg, "WRITE") == 0)
-                c->write_mode = true;
-            else {
-                fprintf(stderr, "pdlink plan: --mode '%s' is neither read nor write\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_MODEL:
-            model = optarg;
-            break;
-        case OPT_JSON:
-            c->json = true;
-            break;
-        case OPT_SEED:
-            seed = true;
-            break;
-        case OPT_LIST:
-            for (size_t i = 0; i < pdl_model_count(); i++) {
-                const pdl_model_preset_t *m = pdl_model_at(i);
-                printf("%-14s %-34s %s\n", m->name, m->hf_id[0] ? m->hf_id : "-", m->description);
-            }
-            return 1;
-        case 'h':
-        case OPT_HELP:
-            usage(stdout);
-            return 1;
-        default:
-            fprintf(stderr, "pdlink plan: unknown option or missing value in '%s' (see pdlink plan --help)\n",
-                    argv[optind - 1]);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pdlink plan: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-
-    if (model == NULL && seed)
-        model = "llama-3.1-8b";
+    const char *model = o->model == NULL && o->seed ? "llama-3.1-8b" : o->model;
     if (model != NULL) {
         c->model = pdl_model_find(model);
-        if (c->model == NULL) {
-            fprintf(stderr, "pdlink plan: unknown model preset '%s' (pdlink plan --list-models)\n", model);
-            return 2;
-        }
+        if (c->model == NULL)
+            return pdl_error_set(err, PDL_ERR_INVALID, "unknown model preset '%s' (pdlink plan --list-models)", model);
         c->layers = c->model->num_layers;
         c->heads = c->model->total_kv_heads;
         c->head_dim = c->model->head_dim;
         c->mla = c->model->is_mla;
         c->elem_size = c->model->elem_size;
     }
-    /* Explicit flags override the preset. */
-    if (layers > 0)
-        c->layers = layers;
-    if (heads > 0)
-        c->heads = heads;
-    if (head_dim > 0)
-        c->head_dim = head_dim;
-    if (mla_flag)
-        c->mla = true;
-    if (c->layers == 0)
-        c->layers = 1;
-    if (c->mla && heads == 0)
+    c->layers = o->layers > 0 ? o->layers : c->layers > 0 ? c->layers : 1;
+    c->heads = o->heads > 0 ? o->heads : c->heads;
+    c->head_dim = o->head_dim > 0 ? o->head_dim : c->head_dim;
+    c->mla |= o->mla;
+    if (c->mla && o->heads == 0)
         c->heads = 1; /* the latent is one replicated "head" */
-    if (c->mla && c->kv_fused) {
-        fprintf(stderr, "pdlink plan: --kv-fused needs K and V; an MLA model has no V half\n");
-        return 2;
-    }
+    if (c->mla && c->kv_fused)
+        return pdl_error_set(err, PDL_ERR_INVALID, "--kv-fused needs K and V; an MLA model has no V half");
+    c->dtype = o->dtype;
     if (c->dtype != NULL) {
         c->elem_size = pdl_model_dtype_size(c->dtype);
-        if (c->elem_size < 0) {
-            fprintf(stderr, "pdlink plan: --dtype '%s' is not one of bf16, fp16, fp8, fp32\n", c->dtype);
-            return 2;
-        }
+        if (c->elem_size < 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "--dtype '%s' is not one of bf16, fp16, fp8, fp32", c->dtype);
     } else {
         c->dtype = c->elem_size == 1 ? "fp8" : c->elem_size == 4 ? "fp32" : "bf16";
         if (c->elem_size == 0)
             c->elem_size = 2;
     }
-    if (c->heads == 0) {
-        fprintf(stderr, "pdlink plan: --kv-heads is required without --model (or pass --mla)\n");
-        return 2;
-    }
-    if (c->head_dim == 0) {
-        fprintf(stderr, "pdlink plan: --head-dim is required without --model\n");
-        return 2;
-    }
-
-    if (seed) {
-        if (np > 0 || nd > 0) {
-            fprintf(stderr, "pdlink plan: --seed shows the seed topologies; drop --prefill-tp/--decode-tp\n");
-            return 2;
-        }
-        add_seed(c, (int[]){4}, 1, (int[]){8}, 1);
-        add_seed(c, (int[]){8}, 1, (int[]){4}, 1);
-        add_seed(c, (int[]){4, 4}, 2, (int[]){8}, 1);
-        add_seed(c, (int[]){8}, 1, (int[]){4, 4}, 2);
-    } else {
-        if (np == 0 || nd == 0) {
-            fprintf(stderr, "pdlink plan: --prefill-tp and --decode-tp are both required (or --seed)\n");
-            return 2;
-        }
-        add_seed(c, prefill, np, decode, nd);
-    }
-    if (c->sample_blocks > c->num_blocks)
-        c->sample_blocks = (uint32_t)c->num_blocks;
-    return 0;
+    if (c->heads == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "--kv-heads is required without --model (or pass --mla)");
+    if (c->head_dim == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "--head-dim is required without --model");
+    return PDL_OK;
 }
 
+/* The topologies: the four seed ones (--seed), or the one the TP lists describe. */
+static pdl_status_t resolve_topologies(plan_cfg_t *c, const plan_opts_t *o, pdl_error_t *err)
+{
+    if (o->seed) {
+        if (o->n_prefill > 0 || o->n_decode > 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "--seed shows the seed topologies; drop --prefill-tp/--decode-tp");
+        add_topo(c, (int[]){4}, 1, (int[]){8}, 1);
+        add_topo(c, (int[]){8}, 1, (int[]){4}, 1);
+        add_topo(c, (int[]){4, 4}, 2, (int[]){8}, 1);
+        add_topo(c, (int[]){8}, 1, (int[]){4, 4}, 2);
+        return PDL_OK;
+    }
+    if (o->n_prefill == 0 || o->n_decode == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "--prefill-tp and --decode-tp are both required (or --seed)");
+    add_topo(c, o->prefill, o->n_prefill, o->decode, o->n_decode);
+    return PDL_OK;
+}
+
+/* Returns 0 to go on, 1 when the command is done with success (help), 2 on a usage error. */
+static int parse_args(int argc, char **argv, plan_cfg_t *c)
+{
+    if (argc < 2) {
+        pdl_optab_help(&plan_table, stderr);
+        return 2;
+    }
+    plan_opts_t o = {0};
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_optab_result_t r = pdl_optab_parse(&plan_table, &o, argc, argv, NULL, &err);
+    if (r != PDL_OPTAB_GO)
+        return r == PDL_OPTAB_DONE ? 1 : (fprintf(stderr, "pdlink plan: %s\n", err.msg), 2);
+    memset(c, 0, sizeof(*c));
+    c->block_size = (uint32_t)o.block_size;
+    c->num_blocks = (uint64_t)o.num_blocks;
+    c->sample_blocks = (uint32_t)(o.sample_blocks < o.num_blocks ? o.sample_blocks : o.num_blocks);
+    c->order = (pdl_kv_order_t)pdl_layout_order_parse(plan_layouts[o.layout]);
+    c->kv_separate = !o.kv_interleaved;
+    c->kv_fused = o.kv_fused;
+    c->write_mode = o.mode == 1;
+    c->json = o.json;
+    if (resolve_geometry(c, &o, &err) != PDL_OK || resolve_topologies(c, &o, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink plan: %s\n", err.msg);
+        return 2;
+    }
+    return 0;
+}
 /* ---- the plan as a JSON document ------------------------------------------------------------------- */
 
 static json_t *int_range_array(int first, int count)
