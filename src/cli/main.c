@@ -1,10 +1,13 @@
 /*
- * main.c -- the `pdlink` program: dispatches to a sub-command (plan, bench, run).
+ * main.c -- the `pdlink` program: its own options (one table, app/optab.h), then the sub-command
+ * (plan, bench, run) named by the first positional argument, which gets the rest of argv.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/optab.h"
 #include "cli/cli.h"
 #include "common/log.h"
 
@@ -18,49 +21,78 @@ static const struct {
     {"bench", pdl_cli_bench, "measure the transfer engine against this machine's own ceilings"},
 };
 
-static void usage(FILE *f)
+/* The program's options hold nothing: each row acts at once. */
+typedef struct main_opts {
+    int unused;
+} main_opts_t;
+
+static pdl_status_t set_log_level(void *opts, const pdl_optdef_t *row, const char *flag, const char *value,
+                                  bool *done_p, pdl_error_t *err)
 {
-    fprintf(f, "usage: pdlink [--log-level LEVEL] COMMAND [ARGS...]\n\ncommands:\n");
+    (void)opts, (void)row, (void)done_p;
+    int lvl = pdl_log_level_parse(value);
+    if (lvl < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected error, warn, info, debug or trace", flag, value);
+    pdl_log_set_level((pdl_log_level_t)lvl);
+    return PDL_OK;
+}
+
+static pdl_status_t print_version(void *opts, const pdl_optdef_t *row, const char *flag, const char *value,
+                                  bool *done_p, pdl_error_t *err)
+{
+    (void)opts, (void)row, (void)flag, (void)value, (void)err;
+    printf("pdlink %s\n", PDL_VERSION_STRING);
+    *done_p = true;
+    return PDL_OK;
+}
+
+static void help_commands(FILE *f)
+{
+    fprintf(f, "\ncommands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
         fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\n`pdlink COMMAND --help` describes a command. Logs go to stderr; PDLINK_LOG_LEVEL or\n"
-               "--log-level sets error|warn|info|debug|trace (default info).\n");
+    fprintf(f, "\n`pdlink COMMAND --help` describes a command. Logs go to stderr; PDLINK_LOG_LEVEL sets the\n"
+               "level too, and --log-level wins over it.\n");
 }
+
+static const pdl_optdef_t main_rows[] = {
+    {.name = "log-level", .kind = PDL_OPT_CALL, .metavar = "LEVEL", .set = set_log_level,
+     .help = "error, warn, info, debug or trace (default info)"},
+    {.name = "version", .kind = PDL_OPT_CALL, .set = print_version, .help = "print the version and exit"},
+    {.name = "help", .alias = 'h', .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+
+static const pdl_optab_t main_table = {
+    .prog = "pdlink",
+    .usage = "usage: pdlink [--log-level LEVEL] COMMAND [ARGS...]\n\n",
+    .rows = main_rows,
+    .help_tail = help_commands,
+    .stop_at_positional = true,
+};
 
 int main(int argc, char **argv)
 {
     const char *env = getenv("PDLINK_LOG_LEVEL");
     if (env != NULL && pdl_log_level_parse(env) >= 0)
         pdl_log_set_level((pdl_log_level_t)pdl_log_level_parse(env));
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (strcmp(argv[i], "--version") == 0) {
-            printf("pdlink %s\n", PDL_VERSION_STRING);
-            return 0;
-        } else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc) {
-            int lvl = pdl_log_level_parse(argv[++i]);
-            if (lvl < 0) {
-                fprintf(stderr, "pdlink: unknown log level '%s' (error|warn|info|debug|trace)\n", argv[i]);
-                return 2;
-            }
-            pdl_log_set_level((pdl_log_level_t)lvl);
-        } else {
-            fprintf(stderr, "pdlink: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (i >= argc) {
-        usage(stderr);
+    main_opts_t o = {0};
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    int i = argc;
+    pdl_optab_result_t r = pdl_optab_parse(&main_table, &o, argc, argv, &i, &err);
+    if (r == PDL_OPTAB_DONE)
+        return 0;
+    if (r == PDL_OPTAB_USAGE)
+        fprintf(stderr, "pdlink: %s\n", err.msg);
+    if (r == PDL_OPTAB_USAGE || i >= argc) {
+        pdl_optab_help(&main_table, stderr);
         return 2;
     }
     for (size_t c = 0; c < sizeof(commands) / sizeof(commands[0]); c++)
         if (strcmp(argv[i], commands[c].name) == 0)
             return commands[c].fn(argc - i, argv + i);
     fprintf(stderr, "pdlink: unknown command '%s'\n", argv[i]);
-    usage(stderr);
+    pdl_optab_help(&main_table, stderr);
     return 2;
 }
