@@ -33,18 +33,18 @@
  */
 #include "bench/bench_connector.h"
 
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include "app/parse.h"
+#include "app/optab.h"
 #include "bench/ceiling.h"
 #include "bench/pairs.h"
 #include "common/clock.h"
@@ -77,6 +77,7 @@ typedef struct bc_opts {
     bool topo_on[BC_NTOPO];
     pdl_backend_kind_t backend;
     const char *json;
+    bool connector; /* --connector: how pdl_cli_bench chose this benchmark */
 } bc_opts_t;
 
 /* ---- alternating pairs (bench/pairs.h) and plain medians of samples ---- */
@@ -936,137 +937,107 @@ static int bc_write_json(const bc_opts_t *o, const bc_row_t *rows, int nrows, co
 
 /* ---- options and main ---------------------------------------------------------------------------- */
 
-static void bc_usage(FILE *f)
+static pdl_status_t bc_set_model(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                 pdl_error_t *err)
 {
-    fprintf(f,
-            "usage: pdlink bench --connector [--model NAME] [--tokens LIST] [--topologies LIST] [--pairs N]\n"
-            "                    [--reps N] [--block-size N] [--backend shm|tcp|ucx] [--zmq-rts N] [--json FILE|-]\n\n"
-            "One prefill and one decode instance per topology in this process; per transfer the whole READ path\n"
-            "(hold, plan, descriptors, engine batches, releases, fan-in, free) with no model compute, against the\n"
-            "same descriptors posted straight to the engine and memcpy of the same bytes, alternating (connector,\n"
-            "engine, memcpy) --pairs times (>= 5) with --reps transfers per sample. Ratios are medians of the\n"
-            "per-pair ratios with min-max; a spread (q3 - q1) / median over %.2f prints \"spread\" instead.\n"
-            "Every KV byte is written before and checked after each transfer, outside the clock.\n\n"
-            "  --model NAME        geometry preset (default llama-3.1-8b; `pdlink plan --help` lists them)\n"
-            "  --tokens LIST       prompt lengths (default 16,64,256); a length that leaves its last block part\n"
-            "                      empty has that block's other rows zeroed before the hold, as pdlink-node does\n"
-            "  --topologies LIST   of 1P1D (TP8->TP8), P4/D8, P8/D4, P4/D4 (default all)\n"
-            "  --pairs N           alternating pairs per row (5..%d, default 7)\n"
-            "  --reps N            transfers per sample (1..%d, default 4)\n"
-            "  --block-size N      tokens per KV block (default 16)\n"
-            "  --backend NAME      shm (default), tcp or ucx (UCX_TLS honoured)\n"
-            "  --zmq-rts N         ZeroMQ round trips per pair for the release comparison (default 200)\n"
-            "  --json FILE         also write the rows as JSON (\"-\": stdout, instead of the table)\n"
-            "Exit status 1 if a byte differed or a transfer failed, 2 on a usage or set-up error.\n",
-            PDL_PAIRS_SPREAD_MAX, BC_MAX_PAIRS - 1, BC_MAX_REPS);
+    (void)row, (void)done_p;
+    bc_opts_t *o = opts;
+    if ((o->model = pdl_model_find(v)) == NULL || o->model->is_mla)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': an unknown preset, or an MLA one (its heads are not split)",
+                             flag, v);
+    return PDL_OK;
 }
 
-static int bc_parse_tokens(const char *s, bc_opts_t *o)
+static pdl_status_t bc_set_topos(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                 pdl_error_t *err)
 {
-    o->ntokens = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", s);
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        pdl_error_t e;
-        if (o->ntokens == BC_MAX_TOKENS || pdl_parse_int("--tokens", t, 1, 4096, &o->tokens[o->ntokens++], &e) != PDL_OK)
-            return -1;
-    }
-    return o->ntokens > 0 ? 0 : -1;
-}
-
-static int bc_parse_topos(const char *s, bc_opts_t *o)
-{
+    (void)row, (void)done_p;
+    bc_opts_t *o = opts;
     memset(o->topo_on, 0, sizeof(o->topo_on));
     char buf[256];
-    snprintf(buf, sizeof(buf), "%s", s);
+    snprintf(buf, sizeof(buf), "%s", v);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         int k = 0;
         while (k < BC_NTOPO && strcasecmp(t, bc_topos[k].name) != 0)
             k++;
         if (k == BC_NTOPO)
-            return -1;
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected names of 1P1D, P4/D8, P8/D4, P4/D4", flag, v);
         o->topo_on[k] = true;
     }
-    return 0;
+    return PDL_OK;
 }
 
+static pdl_status_t bc_set_backend(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                   pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    int b = pdl_backend_parse(v);
+    if (b != PDL_BACKEND_SHM && b != PDL_BACKEND_TCP && b != PDL_BACKEND_UCX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected shm, tcp or ucx", flag, v);
+    ((bc_opts_t *)opts)->backend = (pdl_backend_kind_t)b;
+    return PDL_OK;
+}
+
+#define BCO(field) offsetof(bc_opts_t, field)
+static const pdl_optdef_t bc_rows[] = {
+    {.name = "connector", .kind = PDL_OPT_FLAG, .off = BCO(connector), .help = "this benchmark (the engine's without it)"},
+    {.name = "model", .kind = PDL_OPT_CALL, .metavar = "NAME", .def = "llama-3.1-8b", .set = bc_set_model,
+     .help = "geometry preset, not MLA (`pdlink plan --help` lists them)"},
+    {.name = "tokens", .kind = PDL_OPT_INT_LIST, .metavar = "LIST", .def = "16,64,256", .off = BCO(tokens),
+     .off2 = BCO(ntokens), .lo = 1, .hi = 4096, .max_n = BC_MAX_TOKENS,
+     .help = "prompt lengths; a length that leaves its last block part empty has that block's other rows zeroed "
+             "before the hold, as pdlink-node does"},
+    {.name = "topologies", .kind = PDL_OPT_CALL, .metavar = "LIST", .def = "1P1D,P4/D8,P8/D4,P4/D4",
+     .set = bc_set_topos, .help = "of 1P1D (TP8->TP8), P4/D8, P8/D4, P4/D4"},
+    {.name = "pairs", .kind = PDL_OPT_INT, .metavar = "N", .def = "7", .off = BCO(pairs), .lo = 5,
+     .hi = BC_MAX_PAIRS - 1, .help = "alternating pairs per row"},
+    {.name = "reps", .kind = PDL_OPT_INT, .metavar = "N", .def = "4", .off = BCO(reps), .lo = 1, .hi = BC_MAX_REPS,
+     .help = "transfers per sample"},
+    {.name = "block-size", .kind = PDL_OPT_INT, .metavar = "N", .def = "16", .off = BCO(block_size), .lo = 1,
+     .hi = 1000, .help = "tokens per KV block"},
+    {.name = "backend", .kind = PDL_OPT_CALL, .metavar = "NAME", .def = "shm", .set = bc_set_backend,
+     .help = "shm, tcp or ucx (UCX_TLS honoured)"},
+    {.name = "zmq-rts", .kind = PDL_OPT_INT, .metavar = "N", .def = "200", .off = BCO(zmq_rts), .lo = 1, .hi = 1000,
+     .help = "ZeroMQ round trips per pair for the release comparison"},
+    {.name = "json", .kind = PDL_OPT_STRING, .metavar = "FILE", .off = BCO(json),
+     .help = "also write the rows as JSON (\"-\": stdout, instead of the table)"},
+    {.name = "help", .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+#undef BCO
+
+static void bc_help_tail(FILE *f)
+{
+    fprintf(f,
+            "\nOne prefill and one decode instance per topology in this process; per transfer the whole READ path\n"
+            "(hold, plan, descriptors, engine batches, releases, fan-in, free) with no model compute, against the\n"
+            "same descriptors posted straight to the engine and memcpy of the same bytes, alternating (connector,\n"
+            "engine, memcpy) --pairs times (>= 5) with --reps transfers per sample. Ratios are medians of the\n"
+            "per-pair ratios with min-max; a spread (q3 - q1) / median over %.2f prints \"spread\" instead.\n"
+            "Every KV byte is written before and checked after each transfer, outside the clock.\n"
+            "Exit status 1 if a byte differed or a transfer failed, 2 on a usage or set-up error.\n",
+            PDL_PAIRS_SPREAD_MAX);
+}
+
+static const pdl_optab_t bc_table = {
+    .prog = "pdlink bench --connector",
+    .usage = "usage: pdlink bench --connector [--model NAME] [--tokens LIST] [--topologies LIST] [--pairs N]\n"
+             "                    [--reps N] [--block-size N] [--backend shm|tcp|ucx] [--zmq-rts N] [--json FILE|-]\n\n",
+    .rows = bc_rows,
+    .help_tail = bc_help_tail,
+};
+
+/* Returns 0 to run, -1 after --help, 2 on a usage error (printed). */
 static int bc_parse(int argc, char **argv, bc_opts_t *o)
 {
-    static const struct option lo[] = {
-        {"connector", no_argument, 0, 'c'},      {"model", required_argument, 0, 'm'},
-        {"tokens", required_argument, 0, 't'},   {"topologies", required_argument, 0, 'T'},
-        {"pairs", required_argument, 0, 'p'},    {"reps", required_argument, 0, 'r'},
-        {"block-size", required_argument, 0, 'B'}, {"backend", required_argument, 0, 'b'},
-        {"zmq-rts", required_argument, 0, 'z'},  {"json", required_argument, 0, 'j'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0},
-    };
     memset(o, 0, sizeof(*o));
-    o->model = pdl_model_find("llama-3.1-8b");
-    o->block_size = 16;
-    o->pairs = 7;
-    o->reps = 4;
-    o->zmq_rts = 200;
-    o->backend = PDL_BACKEND_SHM;
-    bc_parse_tokens("16,64,256", o);
-    for (int k = 0; k < BC_NTOPO; k++)
-        o->topo_on[k] = true;
-    optind = 1;
-    int c;
     pdl_error_t e;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        const char *bad = NULL;
-        switch (c) {
-        case 'c':
-            break;
-        case 'm':
-            if ((o->model = pdl_model_find(optarg)) == NULL || o->model->is_mla)
-                bad = "--model: an unknown preset, or an MLA one (its heads are not split)";
-            break;
-        case 't':
-            if (bc_parse_tokens(optarg, o) != 0)
-                bad = "--tokens: expected up to 8 counts 1..4096 like 16,64,256";
-            break;
-        case 'T':
-            if (bc_parse_topos(optarg, o) != 0)
-                bad = "--topologies: expected names of 1P1D, P4/D8, P8/D4, P4/D4";
-            break;
-        case 'p':
-        case 'r':
-        case 'B':
-        case 'z': {
-            int *dst = c == 'p' ? &o->pairs : c == 'r' ? &o->reps : c == 'B' ? &o->block_size : &o->zmq_rts;
-            int lo_v = c == 'p' ? 5 : 1, hi_v = c == 'p' ? BC_MAX_PAIRS - 1 : c == 'r' ? BC_MAX_REPS : 1000;
-            if (pdl_parse_int(c == 'p' ? "--pairs" : c == 'r' ? "--reps" : c == 'B' ? "--block-size" : "--zmq-rts",
-                              optarg, lo_v, hi_v, dst, &e) != PDL_OK)
-                bad = e.msg;
-            break;
-        }
-        case 'b': {
-            int b = pdl_backend_parse(optarg);
-            if (b != PDL_BACKEND_SHM && b != PDL_BACKEND_TCP && b != PDL_BACKEND_UCX)
-                bad = "--backend: expected shm, tcp or ucx";
-            else
-                o->backend = (pdl_backend_kind_t)b;
-            break;
-        }
-        case 'j':
-            o->json = optarg;
-            break;
-        case 'h':
-            bc_usage(stdout);
-            return -1;
-        default:
-            bc_usage(stderr);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "pdlink bench: %s\n", bad);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pdlink bench: unexpected argument '%s'\n", argv[optind]);
-        return 2;
+    pdl_error_clear(&e);
+    pdl_optab_result_t r = pdl_optab_parse(&bc_table, o, argc, argv, NULL, &e);
+    if (r != PDL_OPTAB_GO) {
+        if (r == PDL_OPTAB_USAGE)
+            fprintf(stderr, "pdlink bench: %s\n", e.msg);
+        return r == PDL_OPTAB_DONE ? -1 : 2;
     }
     int maxtok = 0;
     for (int i = 0; i < o->ntokens; i++)

@@ -29,13 +29,13 @@
 #include "bench_engine.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <netdb.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,7 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "app/parse.h"
+#include "app/optab.h"
 #include "ceiling.h"
 #include "pairs.h"
 #include "common/clock.h"
@@ -60,6 +60,8 @@
 typedef struct opts {
     pdl_backend_kind_t backend;
     pdl_op_t op;
+    int op_i;          /* --op: index into bench_ops */
+    bool connector;    /* --connector: pdl_cli_bench runs the connector benchmark instead */
     uint64_t blocks[MAX_LIST];
     int nblocks;
     uint64_t batches[MAX_LIST];
@@ -307,47 +309,114 @@ static void fmt_size(uint64_t v, char *buf, size_t cap)
         snprintf(buf, cap, "%" PRIu64, v);
 }
 
-static void usage(FILE *f)
+/* The odd values, set through PDL_OPT_CALL rows: a backend name, sizes with K/M/G suffixes, size lists. */
+static pdl_status_t set_backend(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    int b = pdl_backend_parse(v);
+    if (b < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected shm, tcp or ucx", flag, v);
+    ((opts_t *)opts)->backend = (pdl_backend_kind_t)b;
+    return PDL_OK;
+}
+
+static pdl_status_t set_block_sizes(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                    bool *done_p, pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    opts_t *o = opts;
+    if (parse_list(v, o->blocks, &o->nblocks, true) != 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected sizes like 4K,1M (at most %d)", flag, v, MAX_LIST);
+    for (int i = 0; i < o->nblocks; i++)
+        if (o->blocks[i] % 8 != 0)
+            return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': block size %" PRIu64 " is not a multiple of 8", flag,
+                                 v, o->blocks[i]);
+    return PDL_OK;
+}
+
+static pdl_status_t set_batch_sizes(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                    bool *done_p, pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    opts_t *o = opts;
+    if (parse_list(v, o->batches, &o->nbatches, false) != 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected counts 1..65536 like 1,16,1024", flag, v);
+    return PDL_OK;
+}
+
+static pdl_status_t set_cap(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                            pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    if (parse_size(v, &((opts_t *)opts)->cap) != 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected a size like 256M", flag, v);
+    return PDL_OK;
+}
+
+static const char *const bench_ops[] = {"read", "write", NULL};
+
+#define BO(field) offsetof(opts_t, field)
+static const pdl_optdef_t bench_rows[] = {
+    {.name = "connector", .kind = PDL_OPT_FLAG, .off = BO(connector),
+     .help = "the whole connector path instead (bench/bench_connector.c; `pdlink bench --connector --help`)"},
+    {.name = "backend", .kind = PDL_OPT_CALL, .metavar = "shm|tcp|ucx", .def = "shm", .set = set_backend,
+     .help = "backend (ucx honours UCX_TLS and the other UCX_*)"},
+    {.name = "op", .kind = PDL_OPT_CHOICE, .metavar = "read|write", .def = "read", .off = BO(op_i), .choices = bench_ops,
+     .help = "one-sided READ (remote -> local) or WRITE"},
+    {.name = "block-sizes", .kind = PDL_OPT_CALL, .metavar = "LIST", .def = "4K,16K,64K,256K,1M,4M,16M,64M",
+     .set = set_block_sizes, .help = "block sizes, multiples of 8 with K, M or G"},
+    {.name = "batch-sizes", .kind = PDL_OPT_CALL, .metavar = "LIST", .def = "1,4,16,64,256,1024",
+     .set = set_batch_sizes, .help = "descriptors per batch"},
+    {.name = "threads", .kind = PDL_OPT_INT, .metavar = "N", .def = "2", .off = BO(threads), .lo = 1, .hi = 64,
+     .help = "engine workers on both sides = memcpy ceiling threads"},
+    {.name = "qp", .kind = PDL_OPT_INT, .metavar = "N", .def = "1", .off = BO(qp), .lo = 1, .hi = 64,
+     .help = "tcp connections per session = ceiling streams"},
+    {.name = "iters", .kind = PDL_OPT_INT, .metavar = "N", .off = BO(iters), .lo = 1, .hi = 1000000,
+     .help = "timed batches per point over all engine loops (default: about 2 GB (shm) / 1 GB (tcp) per point, "
+             "9..2001); each engine loop runs N / pairs of them (at least 2) after a tenth as warm-up (at least 1)"},
+    {.name = "pairs", .kind = PDL_OPT_INT, .metavar = "N", .def = "5", .off = BO(pairs), .lo = PDL_PAIRS_MIN,
+     .hi = PDL_PAIRS_MAX / 2,
+     .help = "alternating (engine loop, ceiling loop) pairs per point; up to twice as many while the spread is too wide"},
+    {.name = "max-spread", .kind = PDL_OPT_DOUBLE, .metavar = "X", .def = "0.25", .off = BO(max_spread), .dlo = 0,
+     .dhi = 100, .flags = PDL_OPTF_LO_OPEN,
+     .help = "a point whose spread of per-pair ratios is above X is 'unstable' (spread = (q3 - q1) / median)"},
+    {.name = "strict", .kind = PDL_OPT_FLAG, .off = BO(strict), .help = "exit status 3 if a point is unstable or ABOVE CEILING"},
+    {.name = "max-batch-bytes", .kind = PDL_OPT_CALL, .metavar = "SIZE", .def = "256M", .set = set_cap,
+     .help = "skip points with block*batch above this"},
+    {.name = "contiguous", .kind = PDL_OPT_FLAG, .off = BO(contiguous), .help = "remote blocks in order, so descriptors merge"},
+    {.name = "same-block", .kind = PDL_OPT_FLAG, .off = BO(same_block),
+     .help = "every descriptor of a batch names block 0 on both sides: one block re-read N times, what "
+             "ucx_perftest -O N measures (its footprint is one block, cache-resident); the memcpy ceiling copies "
+             "that block N times too"},
+    {.name = "no-hetero", .kind = PDL_OPT_FLAG_OFF, .off = BO(hetero),
+     .help = "skip the heterogeneous-TP rows (P4/D8, P8/D4 vs P4/D4)"},
+    {.name = "host", .kind = PDL_OPT_STRING, .metavar = "ADDR", .def = "127.0.0.1", .off = BO(host),
+     .help = "address the engines (tcp) and the tcp ceiling use"},
+    {.name = "json", .kind = PDL_OPT_STRING, .metavar = "FILE", .off = BO(json), .help = "write the rows as JSON"},
+    {.name = "plot", .kind = PDL_OPT_STRING, .metavar = "FILE.svg", .off = BO(plot),
+     .help = "draw GB/s vs block size, one line per batch size, ceilings dashed"},
+    {.name = "serve", .kind = PDL_OPT_STRING, .metavar = "ADDR:PORT", .off = BO(serve),
+     .help = "be the target only: listen for one initiator on ADDR:PORT (0 = any)"},
+    {.name = "port-file", .kind = PDL_OPT_STRING, .metavar = "FILE", .off = BO(port_file),
+     .help = "with --serve: write the bound control port to FILE"},
+    {.name = "connect", .kind = PDL_OPT_STRING, .metavar = "ADDR:PORT", .off = BO(connect),
+     .help = "be the initiator of a target started with --serve"},
+    {.name = "tcp-congestion", .kind = PDL_OPT_STRING, .metavar = "NAME", .off = BO(tcp_cc),
+     .help = "congestion control of the engines' data sockets (default: the engine's choice, cubic else reno; "
+             "'system' = the system default); the ceiling is the best of the system default and this one"},
+    {.name = "auth-compare", .kind = PDL_OPT_STRING, .metavar = "KEYFILE", .off = BO(auth_compare),
+     .help = "tcp: authenticated mode's cost -- each point alternates a session of engines holding the key in "
+             "KEYFILE (A) with an open one (B) over the same memory, instead of the ceiling: ratio = auth on / off"},
+    {.name = "help", .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+#undef BO
+
+static void bench_help_tail(FILE *f)
 {
     fprintf(f,
-            "usage: pdlink bench [options]\n"
-            "       pdlink bench --connector [options]   (the whole connector path; --connector --help)\n"
-            "Measure the transfer engine between two processes against this machine's own ceilings.\n\n"
-            "  --backend shm|tcp|ucx    backend (default shm; ucx honours UCX_TLS and the other UCX_*)\n"
-            "  --op read|write          one-sided READ (remote -> local) or WRITE (default read)\n"
-            "  --block-sizes LIST       e.g. 4K,16K,64K,256K,1M,4M,16M,64M (the default)\n"
-            "  --batch-sizes LIST       descriptors per batch, e.g. 1,4,16,64,256,1024 (the default)\n"
-            "  --threads N              engine workers on both sides = memcpy ceiling threads (default 2)\n"
-            "  --qp N                   tcp connections per session = ceiling streams (default 1)\n"
-            "  --iters N                timed batches per point over all engine loops (default: about\n"
-            "                           2 GB (shm) / 1 GB (tcp) per point, 9..2001); each engine loop runs\n"
-            "                           N / pairs of them (at least 2) after a tenth as warm-up (at least 1)\n"
-            "  --pairs N                alternating (engine loop, ceiling loop) pairs per point, at least\n"
-            "                           5 (default 5); up to twice as many while the spread is too wide\n"
-            "  --max-spread X           a point whose spread of per-pair ratios is above X is 'unstable'\n"
-            "                           (default 0.25; spread = (q3 - q1) / median)\n"
-            "  --strict                 exit status 3 if a point is unstable or ABOVE CEILING\n"
-            "  --max-batch-bytes SIZE   skip points with block*batch above this (default 256M)\n"
-            "  --contiguous             remote blocks in order, so descriptors merge\n"
-            "  --same-block             every descriptor of a batch names block 0 on both sides: one\n"
-            "                           block re-read N times, what ucx_perftest -O N measures (its\n"
-            "                           footprint is one block, cache-resident); the memcpy ceiling\n"
-            "                           copies that block N times too\n"
-            "  --no-hetero              skip the heterogeneous-TP rows (P4/D8, P8/D4 vs P4/D4)\n"
-            "  --host ADDR              address the engines (tcp) and the tcp ceiling use (default 127.0.0.1)\n"
-            "  --json FILE              write the rows as JSON\n"
-            "  --plot FILE.svg          draw GB/s vs block size, one line per batch size, ceilings dashed\n"
-            "  --serve ADDR:PORT        be the target only: listen for one initiator on ADDR:PORT (0 = any)\n"
-            "  --port-file FILE         with --serve: write the bound control port to FILE\n"
-            "  --connect ADDR:PORT      be the initiator of a target started with --serve\n"
-            "  --tcp-congestion NAME    congestion control of the engines' data sockets (default: the\n"
-            "                           engine's choice, cubic else reno; 'system' = the system default);\n"
-            "                           the ceiling is the best of the system default and this one\n"
-            "  --auth-compare KEYFILE   tcp: authenticated mode's cost -- each point alternates a session of\n"
-            "                           engines holding the key in KEYFILE (A) with an open one (B) over\n"
-            "                           the same memory, instead of the ceiling: ratio = auth on / off\n"
-            "  --help\n\n"
-            "Method: per point, engine loop and ceiling loop alternate over the same bytes (A B A B ...);\n"
+            "\nMethod: per point, engine loop and ceiling loop alternate over the same bytes (A B A B ...);\n"
             "ratio = median of the per-pair ratios A/B, with their min-max; GB/s and ceiling = medians.\n"
             "A point whose spread is too wide prints 'unstable' and the spread instead of a ratio; a median\n"
             "ratio above 1.05 is flagged 'ABOVE CEILING' (a ceiling is an upper bound: the ceiling or the\n"
@@ -359,160 +428,30 @@ static void usage(FILE *f)
             "point unstable or above its ceiling.\n");
 }
 
+static const pdl_optab_t bench_table = {
+    .prog = "pdlink bench",
+    .usage = "usage: pdlink bench [options]\n"
+             "       pdlink bench --connector [options]   (the whole connector path; --connector --help)\n"
+             "Measure the transfer engine between two processes against this machine's own ceilings.\n\n",
+    .rows = bench_rows,
+    .help_tail = bench_help_tail,
+};
+
+/* Returns 0 to run, -1 after --help, 2 on a usage error (printed). */
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
-    static const struct option lo[] = {
-        {"backend", required_argument, 0, 'b'}, {"op", required_argument, 0, 'o'},
-        {"block-sizes", required_argument, 0, 'B'}, {"batch-sizes", required_argument, 0, 'N'},
-        {"threads", required_argument, 0, 't'}, {"qp", required_argument, 0, 'q'},
-        {"iters", required_argument, 0, 'i'}, {"max-batch-bytes", required_argument, 0, 'm'},
-        {"contiguous", no_argument, 0, 'c'}, {"same-block", no_argument, 0, 'R'},
-        {"no-hetero", no_argument, 0, 'H'},
-        {"host", required_argument, 0, 'h'}, {"json", required_argument, 0, 'j'},
-        {"plot", required_argument, 0, 'p'}, {"serve", required_argument, 0, 's'},
-        {"port-file", required_argument, 0, 'P'}, {"connect", required_argument, 0, 'C'},
-        {"tcp-congestion", required_argument, 0, 'T'}, {"pairs", required_argument, 0, 'A'},
-        {"max-spread", required_argument, 0, 'S'}, {"strict", no_argument, 0, 'X'},
-        {"auth-compare", required_argument, 0, 'K'},
-        {"help", no_argument, 0, '?' + 256}, {0, 0, 0, 0},
-    };
     memset(o, 0, sizeof(*o));
-    o->backend = PDL_BACKEND_SHM;
-    o->op = PDL_OP_READ;
-    parse_list("4K,16K,64K,256K,1M,4M,16M,64M", o->blocks, &o->nblocks, true);
-    parse_list("1,4,16,64,256,1024", o->batches, &o->nbatches, false);
-    o->threads = 2;
-    o->qp = 1;
-    o->pairs = PDL_PAIRS_MIN;
-    o->max_spread = PDL_PAIRS_SPREAD_MAX;
-    o->cap = DEFAULT_CAP;
-    o->hetero = true;
-    o->host = "127.0.0.1";
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (c) {
-        case 'b': {
-            int b = pdl_backend_parse(optarg);
-            if (b < 0) {
-                fprintf(stderr, "pdlink bench: --backend '%s': expected shm, tcp or ucx\n", optarg);
-                return 2;
-            }
-            o->backend = (pdl_backend_kind_t)b;
-            break;
-        }
-        case 'o':
-            if (strcmp(optarg, "read") == 0)
-                o->op = PDL_OP_READ;
-            else if (strcmp(optarg, "write") == 0)
-                o->op = PDL_OP_WRITE;
-            else {
-                fprintf(stderr, "pdlink bench: --op '%s': expected read or write\n", optarg);
-                return 2;
-            }
-            break;
-        case 'B':
-            if (parse_list(optarg, o->blocks, &o->nblocks, true) != 0) {
-                fprintf(stderr, "pdlink bench: --block-sizes '%s': expected sizes like 4K,1M (at most %d)\n", optarg,
-                        MAX_LIST);
-                return 2;
-            }
-            for (int i = 0; i < o->nblocks; i++)
-                if (o->blocks[i] % 8 != 0) {
-                    fprintf(stderr, "pdlink bench: block size %" PRIu64 " is not a multiple of 8\n", o->blocks[i]);
-                    return 2;
-                }
-            break;
-        case 'N':
-            if (parse_list(optarg, o->batches, &o->nbatches, false) != 0) {
-                fprintf(stderr, "pdlink bench: --batch-sizes '%s': expected counts 1..65536 like 1,16,1024\n", optarg);
-                return 2;
-            }
-            break;
-        case 't':
-        case 'q':
-        case 'i': {
-            pdl_error_t err;
-            int *dst = c == 't' ? &o->threads : c == 'q' ? &o->qp : &o->iters;
-            const char *flag = c == 't' ? "--threads" : c == 'q' ? "--qp" : "--iters";
-            if (pdl_parse_int(flag, optarg, 1, c == 'i' ? 1000000 : 64, dst, &err) != PDL_OK) {
-                fprintf(stderr, "pdlink bench: %s\n", err.msg);
-                return 2;
-            }
-            break;
-        }
-        case 'm':
-            if (parse_size(optarg, &o->cap) != 0) {
-                fprintf(stderr, "pdlink bench: --max-batch-bytes '%s': expected a size like 256M\n", optarg);
-                return 2;
-            }
-            break;
-        case 'c':
-            o->contiguous = true;
-            break;
-        case 'R':
-            o->same_block = true;
-            break;
-        case 'H':
-            o->hetero = false;
-            break;
-        case 'h':
-            o->host = optarg;
-            break;
-        case 'j':
-            o->json = optarg;
-            break;
-        case 'p':
-            o->plot = optarg;
-            break;
-        case 's':
-            o->serve = optarg;
-            break;
-        case 'P':
-            o->port_file = optarg;
-            break;
-        case 'T':
-            o->tcp_cc = optarg;
-            break;
-        case 'A': {
-            pdl_error_t err;
-            if (pdl_parse_int("--pairs", optarg, PDL_PAIRS_MIN, PDL_PAIRS_MAX / 2, &o->pairs, &err) != PDL_OK) {
-                fprintf(stderr, "pdlink bench: %s\n", err.msg);
-                return 2;
-            }
-            break;
-        }
-        case 'S': {
-            char *end;
-            errno = 0;
-            o->max_spread = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(o->max_spread > 0) || o->max_spread > 100) {
-                fprintf(stderr, "pdlink bench: --max-spread '%s': expected a number > 0, e.g. 0.25\n", optarg);
-                return 2;
-            }
-            break;
-        }
-        case 'X':
-            o->strict = true;
-            break;
-        case 'K':
-            o->auth_compare = optarg;
-            break;
-        case 'C':
-            o->connect = optarg;
-            break;
-        case '?' + 256:
-            usage(stdout);
-            return -1;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pdlink bench: unexpected argument '%s'\n", argv[optind]);
+    o->hetero = true; /* --no-hetero clears it */
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_optab_result_t r = pdl_optab_parse(&bench_table, o, argc, argv, NULL, &err);
+    if (r == PDL_OPTAB_DONE)
+        return -1;
+    if (r == PDL_OPTAB_USAGE) {
+        fprintf(stderr, "pdlink bench: %s\n", err.msg);
         return 2;
     }
+    o->op = o->op_i == 1 ? PDL_OP_WRITE : PDL_OP_READ;
     if (o->auth_compare && o->backend != PDL_BACKEND_TCP) {
         fprintf(stderr, "pdlink bench: --auth-compare needs --backend tcp (the engine authenticated mode guards)\n");
         return 2;
