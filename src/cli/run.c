@@ -24,7 +24,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <ftw.h>
-#include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
 #include <poll.h>
@@ -44,6 +43,7 @@
 #include "cli/run_http.h"
 #include "cli/run_metrics.h"
 #include "cli/run_netns.h"
+#include "cli/run_opts.h"
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
 #include "cli/run_router.h"
@@ -56,9 +56,7 @@
 #include "bench/ceiling.h"
 #include "common/clock.h"
 
-#define RUN_DEFAULT_MODEL "llama-3.1-8b"
 enum {
-    RUN_MAX_TOPOS = 16,
     RUN_MAX_NODES = 2 * PDL_RUN_MAX_INST,
     RUN_STARTUP_TIMEOUT_MS = 120000,
     RUN_REQUEST_TIMEOUT_MS = 120000,
@@ -73,44 +71,9 @@ enum {
      * wait for those and still keeps the holds of a paused decode (paused for at most --chaos-pause's
      * maximum, 6-8 s by default, below it). */
     RUN_CHAOS_DEFER_TIMEOUT_S = 20,
-    RUN_CHAOS_PAUSE_MIN_S = 6,
-    RUN_CHAOS_PAUSE_MAX_S = 8,
     /* After the last SIGCONT: the routers' registration TTL (5 s, both) and a second of sweep lag. */
     RUN_CHAOS_SETTLE_MS = 6000,
 };
-
-/* The seed topologies: the deployments pdlink run exercises by default (README.md). */
-static const pdl_run_topo_t seed_topos[] = {
-    {"1p1d", 1, 1, {8}, {8}},
-    {"2p1d", 2, 1, {4, 4}, {8}},
-    {"1p2d", 1, 2, {8}, {4, 4}},
-    {"p4d8", 1, 1, {4}, {8}},
-    {"p8d4", 1, 1, {8}, {4}},
-};
-#define N_SEED_TOPOS ((int)(sizeof(seed_topos) / sizeof(seed_topos[0])))
-
-typedef struct run_opts {
-    pdl_run_topo_t topos[RUN_MAX_TOPOS];
-    int ntopos;
-    const char *prefill_tp, *decode_tp; /* custom topology */
-    const char *model;
-    int requests, concurrency, prompt_min, prompt_max, max_tokens;
-    const char *backend;                /* "shm" | "tcp" */
-    const char *mode;                   /* "read" | "write" */
-    bool netns, keep, quiet;
-    const char *json_path;
-    const char *log_dir;
-    int reference_tp;
-    int fault_kill_decode_after;        /* hidden --fault kill-decode-after=N; -1 = none */
-    const char *child_log_level;        /* --child-log-level: the nodes' and the router's --log-level */
-    const char *router;                 /* --router: NULL (pdlink-router), "vllm-router" or a path */
-    bool no_prewarm;                    /* --no-prewarm: peers are learnt from requests only */
-    bool chaos;                         /* --chaos: the chaos schedule's kills and pauses (run_chaos.h) */
-    const char *chaos_schedule;         /* --chaos-schedule, parsed into chaos_ev */
-    int chaos_pause_min_s, chaos_pause_max_s;
-    pdl_run_chaos_event_t chaos_ev[PDL_RUN_CHAOS_VICTIMS];
-    int chaos_nev;
-} run_opts_t;
 
 typedef enum { ROLE_PREFILL, ROLE_DECODE, ROLE_REFERENCE } node_role_t;
 
@@ -132,7 +95,7 @@ typedef struct pull_figs {
 } pull_figs_t;
 
 typedef struct run_ctx {
-    run_opts_t o;
+    pdl_run_opts_t o;
     char exe_dir[PATH_MAX];
     char node_exe[PATH_MAX + 32];
     pdl_run_router_t rt;                /* the router in front of the nodes (run_router.h) */
@@ -206,308 +169,6 @@ static void progress_requests(run_ctx_t *c, int done, int total)
             fprintf(stderr, "[%s] requests %d/%d\n", c->phase_name, done, total);
     }
     c->last_progress = done;
-}
-
-/* ---------------------------------------------------------------- options */
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: pdlink run [OPTIONS]\n"
-            "\n"
-            "Start a pdlink-router and pdlink-node processes on this machine for each topology, send a fixed\n"
-            "workload through the router, compare every response with a single non-disaggregated node's,\n"
-            "account for every KV byte from the nodes' /metrics, and print one report. Exit status: 0 all\n"
-            "passed, 1 a check failed (response differs, byte mismatched, transfer expired, block held,\n"
-            "request failed, process died), 2 usage or set-up error.\n"
-            "\n"
-            "topologies (default: all five seed topologies):\n"
-            "  --topology NAME         1p1d (TP8->TP8), 2p1d (TP4+TP4->TP8), 1p2d (TP8->TP4+TP4),\n"
-            "                          p4d8 (TP4->TP8), p8d4 (TP8->TP4); repeatable\n"
-            "  --prefill-tp LIST       a custom topology, e.g. --prefill-tp 4,4 --decode-tp 8\n"
-            "  --decode-tp LIST\n"
-            "workload:\n"
-            "  --model PRESET          model preset of the nodes (default %s)\n"
-            "  --requests N            requests per topology (default 48); every 4th streams\n"
-            "  --concurrency C         requests in flight (default 8)\n"
-            "  --prompt-tokens MIN-MAX prompt lengths (default 16-256)\n"
-            "  --max-tokens N          tokens generated per request (default 16)\n"
-            "transfer:\n"
-            "  --backend shm|tcp|ucx   transfer backend of the nodes (default shm; ucx honours UCX_TLS)\n"
-            "  --mode read|write       MoRIIO mode (default read)\n"
-            "  --netns                 each instance in its own network namespace over veth (tcp backend;\n"
-            "                          needs root)\n"
-            "output and control:\n"
-            "  --json FILE             write the whole report as JSON\n"
-            "  --log-dir DIR           keep the children's logs in DIR (default: a temporary directory,\n"
-            "                          removed on success, kept and printed on failure)\n"
-            "  --keep                  run the first topology, then leave its cluster up and print the\n"
-            "                          router URL and a curl command; Ctrl-C stops it\n"
-            "  --quiet                 no progress display on stderr\n"
-            "  --child-log-level L     --log-level of the nodes and the router (default info; debug logs\n"
-            "                          where each pull and request spends its time, see --log-dir)\n"
-            "  --no-prewarm            decodes (WRITE: prefills) are not told their peers: each learns them\n"
-            "                          from its first request, which pays the handshake and the mapping\n"
-            "  --router R              the router: pdlink (default, pdlink-router), vllm-router (the real\n"
-            "                          one from the project venv or $PATH, with the seed's flags and\n"
-            "                          consistent_hash), or the path of a router executable\n"
-            "  --chaos                 per topology, while the workload runs, the chaos schedule: kill -9 a\n"
-            "                          node and restart it on its ports, or stop it (SIGSTOP) and continue\n"
-            "                          it (SIGCONT), each time waiting for a success through it; then the\n"
-            "                          workload once more, which must all pass. Reports requests failed\n"
-            "                          during and outside the outages and the time to recover; not with\n"
-            "                          --keep or --netns\n"
-            "  --chaos-schedule LIST   the events of --chaos, in order, from kill-decode, kill-prefill,\n"
-            "                          pause-decode, pause-prefill (decode-0 / prefill-0; default\n"
-            "                          %s)\n"
-            "  --chaos-pause MIN-MAX   seconds a pause lasts, spread over the schedule's pauses (default\n"
-            "                          %d-%d: longer than the nodes' consumer_gone_timeout, 5 s)\n"
-            "  --help\n",
-            RUN_DEFAULT_MODEL, PDL_RUN_CHAOS_SCHEDULE_DEFAULT, RUN_CHAOS_PAUSE_MIN_S, RUN_CHAOS_PAUSE_MAX_S);
-}
-
-/* "4,4" → {4,4}. */
-static int parse_tp_list(const char *s, int *v, int *n)
-{
-    *n = 0;
-    char buf[128];
-    snprintf(buf, sizeof(buf), "%s", s);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= PDL_RUN_MAX_INST || pdl_parse_int("--prefill-tp/--decode-tp", t, 1, 64, &v[*n], NULL) != PDL_OK)
-            return -1;
-        (*n)++;
-    }
-    return *n > 0 ? 0 : -1;
-}
-
-/* "MIN-MAX" (or "N": both N) with lo <= MIN <= MAX <= hi; a usage error names the flag and the value. */
-static int parse_range(const char *flag, const char *arg, int lo, int hi, int *min_p, int *max_p)
-{
-    char a[32] = "", b[32] = "";
-    const char *dash = strchr(arg, '-');
-    if (dash != NULL && (size_t)(dash - arg) < sizeof(a)) {
-        memcpy(a, arg, (size_t)(dash - arg));
-        snprintf(b, sizeof(b), "%s", dash + 1);
-    } else {
-        snprintf(a, sizeof(a), "%s", arg);
-        snprintf(b, sizeof(b), "%s", arg);
-    }
-    if (pdl_parse_int(flag, a, lo, hi, min_p, NULL) != PDL_OK || pdl_parse_int(flag, b, lo, hi, max_p, NULL) != PDL_OK ||
-        *min_p > *max_p) {
-        fprintf(stderr, "pdlink run: %s wants MIN-MAX with %d <= MIN <= MAX <= %d, not '%s'\n", flag, lo, hi, arg);
-        return -1;
-    }
-    return 0;
-}
-
-/* A usage error found by a shared parser: its message already names the flag and the value. */
-static int usage_error(const pdl_error_t *err)
-{
-    fprintf(stderr, "pdlink run: %s\n", err->msg);
-    return -1;
-}
-
-static int parse_opts(run_ctx_t *c, int argc, char **argv)
-{
-    pdl_error_t err;
-    run_opts_t *o = &c->o;
-    *o = (run_opts_t){
-        .model = RUN_DEFAULT_MODEL,
-        .requests = 48,
-        .concurrency = 8,
-        .prompt_min = 16,
-        .prompt_max = 256,
-        .max_tokens = 16,
-        .backend = "shm",
-        .mode = "read",
-        .reference_tp = 2,
-        .fault_kill_decode_after = -1,
-        .child_log_level = "info",
-        .chaos_schedule = PDL_RUN_CHAOS_SCHEDULE_DEFAULT,
-        .chaos_pause_min_s = RUN_CHAOS_PAUSE_MIN_S,
-        .chaos_pause_max_s = RUN_CHAOS_PAUSE_MAX_S,
-    };
-    bool backend_given = false;
-    enum { O_TOPO = 256, O_PTP, O_DTP, O_MODEL, O_REQ, O_CONC, O_PROMPT, O_MAXTOK, O_BACKEND, O_MODE, O_NETNS,
-           O_KEEP, O_JSON, O_LOGDIR, O_QUIET, O_HELP, O_FAULT, O_REFTP, O_CHILDLOG, O_ROUTER, O_NOPREWARM, O_CHAOS,
-           O_CHAOS_SCHED, O_CHAOS_PAUSE };
-    static const struct option longopts[] = {
-        {"topology", required_argument, NULL, O_TOPO},   {"prefill-tp", required_argument, NULL, O_PTP},
-        {"decode-tp", required_argument, NULL, O_DTP},   {"model", required_argument, NULL, O_MODEL},
-        {"requests", required_argument, NULL, O_REQ},    {"concurrency", required_argument, NULL, O_CONC},
-        {"prompt-tokens", required_argument, NULL, O_PROMPT}, {"max-tokens", required_argument, NULL, O_MAXTOK},
-        {"backend", required_argument, NULL, O_BACKEND}, {"mode", required_argument, NULL, O_MODE},
-        {"netns", no_argument, NULL, O_NETNS},           {"keep", no_argument, NULL, O_KEEP},
-        {"json", required_argument, NULL, O_JSON},       {"log-dir", required_argument, NULL, O_LOGDIR},
-        {"quiet", no_argument, NULL, O_QUIET},           {"help", no_argument, NULL, O_HELP},
-        {"child-log-level", required_argument, NULL, O_CHILDLOG},
-        {"router", required_argument, NULL, O_ROUTER},
-        {"no-prewarm", no_argument, NULL, O_NOPREWARM},
-        {"chaos", no_argument, NULL, O_CHAOS},
-        {"chaos-schedule", required_argument, NULL, O_CHAOS_SCHED},
-        {"chaos-pause", required_argument, NULL, O_CHAOS_PAUSE},
-        /* Hidden: fault injection for tests/integration/test_run_fault.sh, and the reference's TP. */
-        {"fault", required_argument, NULL, O_FAULT},     {"reference-tp", required_argument, NULL, O_REFTP},
-        {NULL, 0, NULL, 0},
-    };
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_TOPO: {
-            int k = 0;
-            for (; k < N_SEED_TOPOS; k++)
-                if (strcasecmp(optarg, seed_topos[k].name) == 0)
-                    break;
-            if (k == N_SEED_TOPOS) {
-                fprintf(stderr, "pdlink run: unknown topology '%s' (1p1d, 2p1d, 1p2d, p4d8, p8d4, or --prefill-tp/--decode-tp)\n", optarg);
-                return -1;
-            }
-            if (o->ntopos >= RUN_MAX_TOPOS) {
-                fprintf(stderr, "pdlink run: at most %d topologies\n", RUN_MAX_TOPOS);
-                return -1;
-            }
-            o->topos[o->ntopos++] = seed_topos[k];
-            break;
-        }
-        case O_PTP: o->prefill_tp = optarg; break;
-        case O_DTP: o->decode_tp = optarg; break;
-        case O_MODEL: o->model = optarg; break;
-        case O_REQ:
-            if (pdl_parse_int("--requests", optarg, 1, 100000, &o->requests, &err) != PDL_OK)
-                return usage_error(&err);
-            break;
-        case O_CONC:
-            if (pdl_parse_int("--concurrency", optarg, 1, 1024, &o->concurrency, &err) != PDL_OK)
-                return usage_error(&err);
-            break;
-        case O_PROMPT:
-            if (parse_range("--prompt-tokens", optarg, 1, 1000000, &o->prompt_min, &o->prompt_max) != 0)
-                return -1;
-            break;
-        case O_MAXTOK:
-            if (pdl_parse_int("--max-tokens", optarg, 1, 100000, &o->max_tokens, &err) != PDL_OK)
-                return usage_error(&err);
-            break;
-        case O_BACKEND:
-            if (strcmp(optarg, "shm") != 0 && strcmp(optarg, "tcp") != 0 && strcmp(optarg, "ucx") != 0) {
-                fprintf(stderr, "pdlink run: --backend must be shm, tcp or ucx, not '%s'\n", optarg);
-                return -1;
-            }
-            o->backend = optarg;
-            backend_given = true;
-            break;
-        case O_MODE:
-            if (strcmp(optarg, "read") != 0 && strcmp(optarg, "write") != 0) {
-                fprintf(stderr, "pdlink run: --mode must be read or write, not '%s'\n", optarg);
-                return -1;
-            }
-            o->mode = optarg;
-            break;
-        case O_NETNS: o->netns = true; break;
-        case O_KEEP: o->keep = true; break;
-        case O_JSON: o->json_path = optarg; break;
-        case O_LOGDIR: o->log_dir = optarg; break;
-        case O_QUIET: o->quiet = true; break;
-        case O_CHILDLOG:
-            if (pdl_log_level_parse(optarg) < 0) {
-                fprintf(stderr, "pdlink run: --child-log-level must be error, warn, info, debug or trace, not '%s'\n",
-                        optarg);
-                return -1;
-            }
-            o->child_log_level = optarg;
-            break;
-        case O_ROUTER: o->router = optarg; break;
-        case O_NOPREWARM: o->no_prewarm = true; break;
-        case O_CHAOS: o->chaos = true; break;
-        case O_CHAOS_SCHED: o->chaos_schedule = optarg; break;
-        case O_CHAOS_PAUSE:
-            if (parse_range("--chaos-pause", optarg, 1, 300, &o->chaos_pause_min_s, &o->chaos_pause_max_s) != 0)
-                return -1;
-            break;
-        case O_HELP:
-        case 'h': usage(stdout); return 1;
-        case O_FAULT:
-            if (strncmp(optarg, "kill-decode-after=", 18) != 0 ||
-                pdl_parse_int("--fault", optarg + 18, 0, 1000000, &o->fault_kill_decode_after, NULL) != PDL_OK) {
-                fprintf(stderr, "pdlink run: --fault wants kill-decode-after=N\n");
-                return -1;
-            }
-            break;
-        case O_REFTP:
-            if (pdl_parse_int("--reference-tp", optarg, 1, 64, &o->reference_tp, &err) != PDL_OK)
-                return usage_error(&err);
-            break;
-        case ':':
-            fprintf(stderr, "pdlink run: option '%s' needs a value\n", argv[optind - 1]);
-            return -1;
-        default:
-            fprintf(stderr, "pdlink run: unknown option '%s' (see pdlink run --help)\n", argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "pdlink run: unexpected argument '%s' (see pdlink run --help)\n", argv[optind]);
-        return -1;
-    }
-    if ((o->prefill_tp != NULL) != (o->decode_tp != NULL)) {
-        fprintf(stderr, "pdlink run: --prefill-tp and --decode-tp go together\n");
-        return -1;
-    }
-    if (o->prefill_tp != NULL) {
-        pdl_run_topo_t t;
-        memset(&t, 0, sizeof(t));
-        if (parse_tp_list(o->prefill_tp, t.ptp, &t.np) != 0 || parse_tp_list(o->decode_tp, t.dtp, &t.nd) != 0) {
-            fprintf(stderr, "pdlink run: --prefill-tp/--decode-tp want comma-separated TP sizes (1..64), at most "
-                            "%d instances each\n", PDL_RUN_MAX_INST);
-            return -1;
-        }
-        snprintf(t.name, sizeof(t.name), "custom");
-        /* Refuse a pairing the topology rules reject (docs/topology.md#compatible-sizes) now, not as failed
-         * requests later. */
-        for (int i = 0; i < t.np; i++)
-            for (int k = 0; k < t.nd; k++) {
-                pdl_error_t e;
-                pdl_error_clear(&e);
-                int rr = 0;
-                if (pdl_topo_map_rank(0, t.dtp[k], t.ptp[i], &rr, &e) != PDL_OK ||
-                    pdl_topo_map_rank(0, t.ptp[i], t.dtp[k], &rr, &e) != PDL_OK) {
-                    fprintf(stderr, "pdlink run: prefill TP%d with decode TP%d: %s\n", t.ptp[i], t.dtp[k], e.msg);
-                    return -1;
-                }
-            }
-        if (o->ntopos >= RUN_MAX_TOPOS)
-            return -1;
-        o->topos[o->ntopos++] = t;
-    }
-    if (o->ntopos == 0) {
-        memcpy(o->topos, seed_topos, sizeof(seed_topos));
-        o->ntopos = N_SEED_TOPOS;
-    }
-    /* The chaos phase restarts a node in the root namespace, and --keep would leave a cluster whose
-     * victims' state the report no longer describes. */
-    if (o->chaos && (o->keep || o->netns)) {
-        fprintf(stderr, "pdlink run: --chaos works without --keep and --netns\n");
-        return -1;
-    }
-    if (o->chaos) {
-        pdl_error_clear(&err);
-        o->chaos_nev = pdl_run_chaos_schedule_parse(o->chaos_schedule, o->chaos_pause_min_s * 1000,
-                                                    o->chaos_pause_max_s * 1000, o->chaos_ev, PDL_RUN_CHAOS_VICTIMS,
-                                                    &err);
-        if (o->chaos_nev < 0)
-            return usage_error(&err);
-    }
-    if (o->netns) {
-        if (backend_given && strcmp(o->backend, "tcp") != 0) {
-            fprintf(stderr, "pdlink run: --netns needs --backend tcp (shm cannot cross hosts)\n");
-            return -1;
-        }
-        o->backend = "tcp";
-    }
-    return 0;
 }
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1881,7 +1542,7 @@ int pdl_cli_run(int argc, char **argv)
         return 2;
     }
     c->sigfd = -1;
-    int prc = parse_opts(c, argc, argv);
+    int prc = pdl_run_opts_parse(&c->o, argc, argv);
     if (prc != 0) {
         free(c);
         return prc > 0 ? 0 : 2;
