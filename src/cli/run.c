@@ -139,119 +139,31 @@ static void wait_for_keep(run_ctx_t *c)
             break;
 }
 
-/* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. */
-static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
+/* A topology starts with no cluster, no death seen and none of an earlier topology's chaos figures. */
+static void topology_begin(run_ctx_t *c, pdl_run_result_t *r)
 {
-    const pdl_run_topo_t *t = &r->topo;
-    c->phase_name = t->name;
+    c->phase_name = r->topo.name;
     c->cur = r;
     c->child_died = false;
     c->nnodes = 0;
     memset(&c->router, 0, sizeof(c->router));
     memset(&c->chaos_base, 0, sizeof(c->chaos_base)); /* per topology: set again when its chaos phase ends */
     c->chaos_expired_base = 0;
+    char desc[96];
+    pdl_run_topo_describe(&r->topo, desc, sizeof(desc));
+    pdl_run_progress(c, "%s: starting a router and %d nodes", desc, r->topo.np + r->topo.nd);
+}
+
+/* The workload on a cluster that is up -- under --chaos the chaos phase first -- and its requests judged.
+ * False when it failed (noted in r unless a death or a signal explains it). */
+static bool topology_workload(run_ctx_t *c, pdl_run_result_t *r, bool *failed_note_p)
+{
     pdl_error_t err;
     pdl_error_clear(&err);
-    int rc = 0;
-    bool failed_note = false;
-    pdl_run_netns_t *ns = NULL;
-    char desc[96];
-    pdl_run_topo_describe(t, desc, sizeof(desc));
-    pdl_run_progress(c, "%s: starting a router and %d nodes", desc, t->np + t->nd);
-
-    /* Addresses: loopback, or one namespace per instance (router = 0, nodes 1..). */
-    int ninst = t->np + t->nd;
-    if (c->o.netns) {
-        char nslog[sizeof(c->log_dir) + 48];
-        snprintf(nslog, sizeof(nslog), "%s/%s-netns.log", c->log_dir, t->name);
-        if (pdl_run_netns_create(ninst + 1, nslog, &ns, &err) != PDL_OK) {
-            fprintf(stderr, "pdlink run: %s\n", err.msg);
-            return 2;
-        }
-        snprintf(c->router_host, sizeof(c->router_host), "%s", pdl_run_netns_ip(ns, 0));
-    } else {
-        snprintf(c->router_host, sizeof(c->router_host), "127.0.0.1");
-    }
-
-    /* Ports: one contiguous free run, carved up. */
-    int need = 3;
-    for (int i = 0; i < t->np; i++)
-        need += 1 + 2 * t->ptp[i];
-    for (int i = 0; i < t->nd; i++)
-        need += 1 + 2 * t->dtp[i];
-    int port = 0;
-    if (pdl_port_picker_take(&c->ports, "127.0.0.1", need, &port, &err) != PDL_OK) {
-        fprintf(stderr, "pdlink run: %s\n", err.msg);
-        pdl_run_netns_destroy(ns);
-        return 2;
-    }
-    c->router_port = port++;
-    c->disc_port = port++;
-    c->prom_port = port++;
-    snprintf(c->router.name, sizeof(c->router.name), "router");
-    snprintf(c->router.what, sizeof(c->router.what), "%s, port %d, discovery %d",
-             c->rt.real ? "vllm-router" : "pdlink-router", c->router_port, c->disc_port);
-    snprintf(c->router.log_path, sizeof(c->router.log_path), "%s/%s-router.log", c->log_dir, t->name);
-    for (int i = 0; i < ninst; i++) {
-        run_node_t *nd = &c->nodes[c->nnodes++];
-        memset(nd, 0, sizeof(*nd));
-        bool pre = i < t->np;
-        int k = pre ? i : i - t->np;
-        nd->role = pre ? ROLE_PREFILL : ROLE_DECODE;
-        nd->tp = pre ? t->ptp[k] : t->dtp[k];
-        nd->http_port = port++;
-        nd->hs_base = port;
-        port += nd->tp;
-        nd->notify_base = port;
-        port += nd->tp;
-        snprintf(nd->host, sizeof(nd->host), "%s", ns ? pdl_run_netns_ip(ns, i + 1) : "127.0.0.1");
-        snprintf(nd->child.name, sizeof(nd->child.name), "%s-%d", pre ? "prefill" : "decode", k);
-        snprintf(nd->child.what, sizeof(nd->child.what), "pdlink-node TP%d, port %d", nd->tp, nd->http_port);
-        char cname[sizeof(nd->child.name)];
-        memcpy(cname, nd->child.name, sizeof(cname));
-        snprintf(nd->child.log_path, sizeof(nd->child.log_path), "%s/%s-%s.log", c->log_dir, t->name, cname);
-    }
-
-    uint64_t deadline = pdl__clock_now_ms() + RUN_STARTUP_TIMEOUT_MS;
-    if (pdl_run_start_router(c, ns ? pdl_run_netns_fd(ns, 0) : -1, &err) != PDL_OK) {
-        fprintf(stderr, "pdlink run: %s\n", err.msg);
-        rc = 2;
-        goto out;
-    }
-    for (int i = 0; i < c->nnodes; i++) {
-        if (pdl_run_start_node(c, &c->nodes[i], c->router_host, ns ? pdl_run_netns_fd(ns, i + 1) : -1, &err) != PDL_OK) {
-            fprintf(stderr, "pdlink run: %s\n", err.msg);
-            rc = 2;
-            goto out;
-        }
-    }
-    pdl_run_progress(c, "waiting for %d nodes to be healthy", c->nnodes);
-    for (int i = 0; i < c->nnodes; i++) {
-        char url[160];
-        pdl_run_node_url(&c->nodes[i], "/health", url, sizeof(url));
-        if (pdl_run_wait_http_ok(c, url, deadline, &err) != PDL_OK) {
-            if (!c->interrupted && !c->child_died) {
-                pdl_run_result_note(r, "%s (%s): %s", c->nodes[i].child.name, c->nodes[i].child.what, err.msg);
-                failed_note = true;
-            }
-            goto out;
-        }
-    }
-    if (pdl_run_wait_registered(c, t->np, t->nd, deadline, &err) != PDL_OK) {
-        if (!c->interrupted && !c->child_died) {
-            pdl_run_result_note(r, "%s", err.msg);
-            failed_note = true;
-        }
-        goto out;
-    }
-
-    if (!c->o.no_prewarm && !pdl_run_wait_prewarmed(c, r))
-        goto out;
-
     char base[96];
     snprintf(base, sizeof(base), "http://%s:%d", c->router_host, c->router_port);
     pdl_run_progress(c, "all registered; sending %d requests through the router at concurrency %d", c->o.requests,
-             c->o.concurrency);
+                     c->o.concurrency);
     r->ran = true;
     pdl_status_t st = c->o.chaos ? pdl_run_chaos_phase(c, r, &err) : PDL_OK;
     if (st == PDL_OK && c->o.chaos) {
@@ -261,46 +173,50 @@ static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
     if (st == PDL_OK)
         st = pdl_run_drive_rounds(c, r, base, &err);
     pdl_run_judge_requests(c, r);
-    if (st != PDL_OK) {
-        if (!c->interrupted && !c->child_died) {
-            pdl_run_result_note(r, "workload: %s", err.msg);
-            failed_note = true;
-        }
-        /* Still show what the surviving nodes moved and verified up to the failure. */
-        if (!c->interrupted) {
-            pdl_run_scrape_all(c);
-            pdl_run_collect(c, r);
-        }
-        goto out;
+    if (st == PDL_OK)
+        return true;
+    if (!c->interrupted && !c->child_died) {
+        pdl_run_result_note(r, "workload: %s", err.msg);
+        *failed_note_p = true;
     }
-
-    /* Releases are asynchronous: give the held blocks a moment to drain before the final scrape, and
-     * the releases (write_done) in flight a moment to be counted where they arrive -- nodes are scraped
-     * one after the other, so the sender's count can be ahead of the receiver's in one round. Under
-     * --chaos a killed node's counters restart, so there only the held blocks are waited for. */
-    uint64_t drain_deadline = pdl__clock_now_ms() + RUN_DRAIN_TIMEOUT_MS;
-    for (;;) {
-        int got = pdl_run_scrape_all(c);
-        uint64_t sent, received;
-        pdl_run_release_totals(c, &sent, &received);
-        if (got == c->nnodes && pdl_run_total_held(c) == 0 && (c->o.chaos || sent == received))
-            break;
-        if (!pdl_run_children_alive(c) || pdl__clock_now_ms() >= drain_deadline || !pdl_run_wait_ms(c, 100))
-            break;
-    }
-    if (!c->child_died && !c->interrupted) {
+    /* Still show what the surviving nodes moved and verified up to the failure. */
+    if (!c->interrupted) {
+        pdl_run_scrape_all(c);
         pdl_run_collect(c, r);
-        pdl_run_progress(c, "done: %d/%d ok, parity %d/%d, %llu KV bytes, %llu mismatched", r->ok, r->requests,
-                 r->parity_ok, r->requests, (unsigned long long)r->kv_bytes, (unsigned long long)r->mismatched);
     }
-    if (keep && !c->interrupted && !c->child_died) {
-        /* Leave the cluster up: pdl_cli_run prints the report, waits for Ctrl-C, then stops it. */
-        pdl_run_result_judge(r, failed_note);
-        c->keep_ns = ns;
-        c->cur = NULL;
-        return 0;
+    return false;
+}
+
+/* Run one topology into *r; returns 0, or 2 for a set-up error that should end the run. With `keep` a
+ * cluster that passed is left up (c->keep_ns) for pdl_cli_run to wait on. */
+static int run_topology(run_ctx_t *c, pdl_run_result_t *r, bool keep)
+{
+    topology_begin(c, r);
+    pdl_run_netns_t *ns = NULL;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (pdl_run_cluster_plan(c, &r->topo, &ns, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        return 2;
     }
-out:
+    bool failed_note = false;
+    int rc = pdl_run_cluster_start(c, r, ns, &failed_note);
+    if (rc == 0 && topology_workload(c, r, &failed_note)) {
+        pdl_run_cluster_drain(c);
+        if (!c->child_died && !c->interrupted) {
+            pdl_run_collect(c, r);
+            pdl_run_progress(c, "done: %d/%d ok, parity %d/%d, %llu KV bytes, %llu mismatched", r->ok, r->requests,
+                             r->parity_ok, r->requests, (unsigned long long)r->kv_bytes,
+                             (unsigned long long)r->mismatched);
+        }
+        if (keep && !c->interrupted && !c->child_died) {
+            /* Leave the cluster up: pdl_cli_run prints the report, waits for Ctrl-C, then stops it. */
+            pdl_run_result_judge(r, failed_note);
+            c->keep_ns = ns;
+            c->cur = NULL;
+            return 0;
+        }
+    }
     if (c->interrupted)
         pdl_run_result_note(r, "interrupted by a signal");
     /* A node that crashes on SIGTERM is a failure too: it would lose work in a real deployment. */
@@ -311,7 +227,7 @@ out:
     pdl_run_result_judge(r, failed_note || c->child_died || c->interrupted);
     c->nnodes = 0;
     c->cur = NULL;
-    return rc;
+    return rc == 2 ? 2 : 0;
 }
 
 static int find_executables(run_ctx_t *c)
@@ -378,101 +294,74 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path);
 }
 
-int pdl_cli_run(int argc, char **argv)
+/* Set-up before anything runs: options, the executables, the signal fd, libcurl. Returns 0, 1 after
+ * --help, or 2 (printed). On 0, *old_mask_p is the signal mask to restore and libcurl is initialised. */
+static int run_setup(run_ctx_t *c, int argc, char **argv, sigset_t *old_mask_p)
 {
-    run_ctx_t *c = calloc(1, sizeof(*c));
-    if (c == NULL) {
-        fprintf(stderr, "pdlink run: out of memory\n");
-        return 2;
-    }
-    c->sigfd = -1;
     int prc = pdl_run_opts_parse(&c->o, argc, argv);
-    if (prc != 0) {
-        free(c);
-        return prc > 0 ? 0 : 2;
-    }
-    if (c->o.netns) {
-        pdl_error_t err;
-        pdl_error_clear(&err);
-        if (pdl_run_netns_check(&err) != PDL_OK) {
-            fprintf(stderr, "pdlink run: %s\n", err.msg);
-            free(c);
-            return 2;
-        }
-    }
-    if (find_executables(c) != 0) {
-        free(c);
-        return 2;
-    }
-    c->tty = isatty(STDERR_FILENO) == 1;
-    uint64_t t_start = pdl__clock_now_ms();
-    pdl_port_picker_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl__clock_now_ns());
-
-    /* Signals are blocked before libcurl can start a thread, so every thread inherits the mask. */
+    if (prc != 0)
+        return prc > 0 ? 1 : 2;
     pdl_error_t err;
     pdl_error_clear(&err);
-    sigset_t old_mask;
-    c->sigfd = pdl_run_signals_open(&old_mask, &err);
+    if (c->o.netns && pdl_run_netns_check(&err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        return 2;
+    }
+    if (find_executables(c) != 0)
+        return 2;
+    c->tty = isatty(STDERR_FILENO) == 1;
+    pdl_port_picker_init(&c->ports, ((uint64_t)getpid() << 32) ^ pdl__clock_now_ns());
+    /* Signals are blocked before libcurl can start a thread, so every thread inherits the mask. */
+    c->sigfd = pdl_run_signals_open(old_mask_p, &err);
     if (c->sigfd < 0) {
         fprintf(stderr, "pdlink run: %s\n", err.msg);
-        free(c);
         return 2;
     }
-    c->child_mask = old_mask;
+    c->child_mask = *old_mask_p;
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
         fprintf(stderr, "pdlink run: curl_global_init failed\n");
-        pdl_run_signals_close(c->sigfd, &old_mask);
-        free(c);
+        pdl_run_signals_close(c->sigfd, old_mask_p);
         return 2;
     }
-    int rc = 0;
-    pdl_run_result_t *results = NULL;
-    int nres = 0;
-    if (make_log_dir(c) != 0) {
-        rc = 2;
-        goto done;
-    }
+    return 0;
+}
+
+static const char *ceiling_kind(const run_ctx_t *c)
+{
+    return pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream";
+}
+
+static void run_ceilings(run_ctx_t *c)
+{
     c->phase_name = "ceiling";
     pdl_run_measure_ceiling(c);
     if (c->ceiling_gbps > 0)
-        pdl_run_progress(c, "%s: %.2f GB/s with %d thread", pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
-                 c->ceiling_gbps, c->ceiling_threads);
+        pdl_run_progress(c, "%s: %.2f GB/s with %d thread", ceiling_kind(c), c->ceiling_gbps, c->ceiling_threads);
     for (int i = 0; i < c->ninst_ceil; i++)
         if (c->inst_ceil_gbps[i] > 0)
-            pdl_run_progress(c, "%s: %.2f GB/s with %d threads", pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
-                     c->inst_ceil_gbps[i], c->inst_ceil_threads[i]);
+            pdl_run_progress(c, "%s: %.2f GB/s with %d threads", ceiling_kind(c), c->inst_ceil_gbps[i],
+                             c->inst_ceil_threads[i]);
+}
 
-    rc = run_reference(c);
-    if (rc != 0)
-        goto done;
-
-    int ntopo = c->o.keep ? 1 : c->o.ntopos;
-    results = calloc((size_t)ntopo, sizeof(*results));
-    if (results == NULL) {
-        rc = 2;
-        goto done;
-    }
+/* The topologies in order into results (one with --keep), until one ends the run or a signal comes. Returns
+ * 0 or the exit status of a set-up error; *nres_p counts the results begun. */
+static int run_topologies(run_ctx_t *c, pdl_run_result_t *results, int ntopo, int *nres_p)
+{
     for (int i = 0; i < ntopo && !c->interrupted; i++) {
         results[i].topo = c->o.topos[i];
         results[i].gbps = results[i].read_gbps = -1;
         results[i].ttft_p50_ms = results[i].ttft_p99_ms = -1;
-        nres++;
+        (*nres_p)++;
         int trc = run_topology(c, &results[i], c->o.keep && i == 0);
-        if (trc != 0) {
-            rc = trc;
-            goto done;
-        }
+        if (trc != 0)
+            return trc;
     }
+    return 0;
+}
 
-    int passed = 0;
-    for (int i = 0; i < nres; i++)
-        passed += results[i].pass;
-    bool all_pass = nres == ntopo && passed == nres && !c->interrupted;
-    rc = all_pass ? 0 : (c->interrupted ? 2 : 1);
-    if (c->interrupted)
-        fprintf(stderr, "pdlink run: interrupted; children stopped\n");
-    /* --keep prints the kept nodes' log paths, so their logs stay. */
-    bool remove_logs = all_pass && c->log_dir_is_temp && !c->o.keep;
+/* The report on stdout, and as JSON with --json. Returns 0, or 2 when the JSON could not be written. */
+static int run_report(run_ctx_t *c, const pdl_run_result_t *results, int nres, uint64_t t_start, bool remove_logs)
+{
     pdl_run_report_info_t info = {
         .model = c->o.model,
         .backend = c->o.backend,
@@ -483,7 +372,7 @@ int pdl_cli_run(int argc, char **argv)
         .prompt_max = c->o.prompt_max,
         .max_tokens = c->o.max_tokens,
         .ceiling_threads = c->ceiling_threads,
-        .ceiling_kind = pdl_ceiling_is_memcpy(c->o.backend) ? "memcpy" : "tcp stream",
+        .ceiling_kind = ceiling_kind(c),
         .ceiling_gbps = c->ceiling_gbps,
         .ninst_ceilings = c->ninst_ceil,
         .elapsed_s = (double)(pdl__clock_now_ms() - t_start) / 1000.0,
@@ -495,40 +384,95 @@ int pdl_cli_run(int argc, char **argv)
     }
     pdl_run_report_print(stdout, &info, results, nres);
     fflush(stdout);
-    if (c->o.json_path != NULL) {
-        json_t *j = pdl_run_report_json(&info, results, nres);
-        if (j == NULL || json_dump_file(j, c->o.json_path, JSON_INDENT(2)) != 0) {
-            fprintf(stderr, "pdlink run: cannot write the JSON report to %s\n", c->o.json_path);
-            if (rc == 0)
-                rc = 2;
-        }
-        json_decref(j);
+    if (c->o.json_path == NULL)
+        return 0;
+    json_t *j = pdl_run_report_json(&info, results, nres);
+    int rc = 0;
+    if (j == NULL || json_dump_file(j, c->o.json_path, JSON_INDENT(2)) != 0) {
+        fprintf(stderr, "pdlink run: cannot write the JSON report to %s\n", c->o.json_path);
+        rc = 2;
     }
-    if (c->o.keep && nres == 1 && (c->router.started || c->nnodes > 0)) {
-        c->cur = &results[0];
-        wait_for_keep(c);
-        c->interrupted = false; /* Ctrl-C is the expected way out of --keep */
-        if (pdl_run_stop_cluster(c) > 0 || c->child_died) {
-            fprintf(stderr, "pdlink run: a process of the kept cluster failed; logs in %s\n", c->log_dir);
-            rc = rc == 0 ? 1 : rc;
-            remove_logs = false;
-        }
-        c->nnodes = 0;
-        pdl_run_netns_destroy(c->keep_ns);
-        c->keep_ns = NULL;
+    json_decref(j);
+    return rc;
+}
+
+/* --keep: wait for Ctrl-C with the kept cluster up, then stop it. False if a process of it failed. */
+static bool run_keep(run_ctx_t *c, pdl_run_result_t *result)
+{
+    c->cur = result;
+    wait_for_keep(c);
+    c->interrupted = false; /* Ctrl-C is the expected way out of --keep */
+    bool ok = true;
+    if (pdl_run_stop_cluster(c) > 0 || c->child_died) {
+        fprintf(stderr, "pdlink run: a process of the kept cluster failed; logs in %s\n", c->log_dir);
+        ok = false;
+    }
+    c->nnodes = 0;
+    pdl_run_netns_destroy(c->keep_ns);
+    c->keep_ns = NULL;
+    return ok;
+}
+
+/* The reference, the topologies, the report; returns the exit status. */
+static int run_job(run_ctx_t *c)
+{
+    uint64_t t_start = pdl__clock_now_ms();
+    pdl_run_result_t *results = NULL;
+    int nres = 0, ntopo = c->o.keep ? 1 : c->o.ntopos;
+    int rc = make_log_dir(c) != 0 ? 2 : 0;
+    if (rc == 0) {
+        run_ceilings(c);
+        rc = run_reference(c);
+    }
+    if (rc == 0 && (results = calloc((size_t)ntopo, sizeof(*results))) == NULL)
+        rc = 2;
+    if (rc == 0)
+        rc = run_topologies(c, results, ntopo, &nres);
+    if (rc != 0) {
+        /* Early exits: say where the logs are. */
+        if (c->log_dir[0] != '\0')
+            fprintf(stderr, "pdlink run: logs in %s\n", c->log_dir);
+        free(results);
+        return rc;
+    }
+    int passed = 0;
+    for (int i = 0; i < nres; i++)
+        passed += results[i].pass;
+    bool all_pass = nres == ntopo && passed == nres && !c->interrupted;
+    rc = all_pass ? 0 : (c->interrupted ? 2 : 1);
+    if (c->interrupted)
+        fprintf(stderr, "pdlink run: interrupted; children stopped\n");
+    /* --keep prints the kept nodes' log paths, so their logs stay. */
+    bool remove_logs = all_pass && c->log_dir_is_temp && !c->o.keep;
+    if (run_report(c, results, nres, t_start, remove_logs) != 0 && rc == 0)
+        rc = 2;
+    if (c->o.keep && nres == 1 && (c->router.started || c->nnodes > 0) && !run_keep(c, &results[0])) {
+        rc = rc == 0 ? 1 : rc;
+        remove_logs = false;
     }
     if (remove_logs)
         nftw(c->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    goto cleanup;
+    free(results);
+    return rc;
+}
 
-done:
-    /* Early exits: say where the logs are. */
-    if (c->log_dir[0] != '\0')
-        fprintf(stderr, "pdlink run: logs in %s\n", c->log_dir);
-cleanup:
+int pdl_cli_run(int argc, char **argv)
+{
+    run_ctx_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        fprintf(stderr, "pdlink run: out of memory\n");
+        return 2;
+    }
+    c->sigfd = -1;
+    sigset_t old_mask;
+    int rc = run_setup(c, argc, argv, &old_mask);
+    if (rc != 0) {
+        free(c);
+        return rc == 1 ? 0 : 2;
+    }
+    rc = run_job(c);
     pdl_run_stop_cluster(c);
     pdl_run_netns_destroy(c->keep_ns);
-    free(results);
     pdl_run_free_workload(c);
     curl_global_cleanup();
     pdl_run_signals_close(c->sigfd, &old_mask);

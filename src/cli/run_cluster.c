@@ -362,3 +362,120 @@ bool pdl_run_wait_prewarmed(run_ctx_t *c, pdl_run_result_t *r)
             return false;
     }
 }
+
+/* The ports of a topology's cluster, from one contiguous free run: the router's three, then per node its
+ * HTTP port and a handshake and a notify port per rank. */
+static int cluster_ports(const pdl_run_topo_t *t)
+{
+    int need = 3;
+    for (int i = 0; i < t->np; i++)
+        need += 1 + 2 * t->ptp[i];
+    for (int i = 0; i < t->nd; i++)
+        need += 1 + 2 * t->dtp[i];
+    return need;
+}
+
+/* Node i of the topology (prefills first) on host `host`, from port `port` on; returns the next free one. */
+static int cluster_node(run_ctx_t *c, const pdl_run_topo_t *t, int i, const char *host, int port)
+{
+    run_node_t *nd = &c->nodes[c->nnodes++];
+    memset(nd, 0, sizeof(*nd));
+    bool pre = i < t->np;
+    int k = pre ? i : i - t->np;
+    nd->role = pre ? ROLE_PREFILL : ROLE_DECODE;
+    nd->tp = pre ? t->ptp[k] : t->dtp[k];
+    nd->http_port = port++;
+    nd->hs_base = port;
+    port += nd->tp;
+    nd->notify_base = port;
+    port += nd->tp;
+    snprintf(nd->host, sizeof(nd->host), "%s", host);
+    snprintf(nd->child.name, sizeof(nd->child.name), "%s-%d", pre ? "prefill" : "decode", k);
+    snprintf(nd->child.what, sizeof(nd->child.what), "pdlink-node TP%d, port %d", nd->tp, nd->http_port);
+    char cname[sizeof(nd->child.name)];
+    memcpy(cname, nd->child.name, sizeof(cname));
+    snprintf(nd->child.log_path, sizeof(nd->child.log_path), "%s/%s-%s.log", c->log_dir, t->name, cname);
+    return port;
+}
+
+pdl_status_t pdl_run_cluster_plan(run_ctx_t *c, const pdl_run_topo_t *t, pdl_run_netns_t **ns_p, pdl_error_t *err)
+{
+    pdl_run_netns_t *ns = NULL;
+    int ninst = t->np + t->nd, port = 0;
+    /* Addresses: loopback, or one namespace per instance (router = 0, nodes 1..). */
+    if (c->o.netns) {
+        char nslog[sizeof(c->log_dir) + 48];
+        snprintf(nslog, sizeof(nslog), "%s/%s-netns.log", c->log_dir, t->name);
+        if (pdl_run_netns_create(ninst + 1, nslog, &ns, err) != PDL_OK)
+            return PDL_ERR_INVALID;
+    }
+    snprintf(c->router_host, sizeof(c->router_host), "%s", ns ? pdl_run_netns_ip(ns, 0) : "127.0.0.1");
+    if (pdl_port_picker_take(&c->ports, "127.0.0.1", cluster_ports(t), &port, err) != PDL_OK) {
+        pdl_run_netns_destroy(ns);
+        return PDL_ERR_INVALID;
+    }
+    c->router_port = port++;
+    c->disc_port = port++;
+    c->prom_port = port++;
+    snprintf(c->router.name, sizeof(c->router.name), "router");
+    snprintf(c->router.what, sizeof(c->router.what), "%s, port %d, discovery %d",
+             c->rt.real ? "vllm-router" : "pdlink-router", c->router_port, c->disc_port);
+    snprintf(c->router.log_path, sizeof(c->router.log_path), "%s/%s-router.log", c->log_dir, t->name);
+    for (int i = 0; i < ninst; i++)
+        port = cluster_node(c, t, i, ns ? pdl_run_netns_ip(ns, i + 1) : "127.0.0.1", port);
+    *ns_p = ns;
+    return PDL_OK;
+}
+
+int pdl_run_cluster_start(run_ctx_t *c, pdl_run_result_t *r, pdl_run_netns_t *ns, bool *failed_note_p)
+{
+    const pdl_run_topo_t *t = &r->topo;
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    uint64_t deadline = pdl__clock_now_ms() + RUN_STARTUP_TIMEOUT_MS;
+    if (pdl_run_start_router(c, ns ? pdl_run_netns_fd(ns, 0) : -1, &err) != PDL_OK) {
+        fprintf(stderr, "pdlink run: %s\n", err.msg);
+        return 2;
+    }
+    for (int i = 0; i < c->nnodes; i++)
+        if (pdl_run_start_node(c, &c->nodes[i], c->router_host, ns ? pdl_run_netns_fd(ns, i + 1) : -1, &err) != PDL_OK) {
+            fprintf(stderr, "pdlink run: %s\n", err.msg);
+            return 2;
+        }
+    pdl_run_progress(c, "waiting for %d nodes to be healthy", c->nnodes);
+    for (int i = 0; i < c->nnodes; i++) {
+        char url[160];
+        pdl_run_node_url(&c->nodes[i], "/health", url, sizeof(url));
+        if (pdl_run_wait_http_ok(c, url, deadline, &err) != PDL_OK) {
+            if (!c->interrupted && !c->child_died) {
+                pdl_run_result_note(r, "%s (%s): %s", c->nodes[i].child.name, c->nodes[i].child.what, err.msg);
+                *failed_note_p = true;
+            }
+            return 1;
+        }
+    }
+    if (pdl_run_wait_registered(c, t->np, t->nd, deadline, &err) != PDL_OK) {
+        if (!c->interrupted && !c->child_died) {
+            pdl_run_result_note(r, "%s", err.msg);
+            *failed_note_p = true;
+        }
+        return 1;
+    }
+    if (!c->o.no_prewarm && !pdl_run_wait_prewarmed(c, r))
+        return 1;
+    return 0;
+}
+
+void pdl_run_cluster_drain(run_ctx_t *c)
+{
+    uint64_t deadline = pdl__clock_now_ms() + RUN_DRAIN_TIMEOUT_MS;
+    for (;;) {
+        int got = pdl_run_scrape_all(c);
+        uint64_t sent, received;
+        pdl_run_release_totals(c, &sent, &received);
+        if (got == c->nnodes && pdl_run_total_held(c) == 0 && (c->o.chaos || sent == received))
+            break;
+        if (!pdl_run_children_alive(c) || pdl__clock_now_ms() >= deadline || !pdl_run_wait_ms(c, 100))
+            break;
+    }
+}

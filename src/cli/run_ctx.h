@@ -122,6 +122,17 @@ pdl_status_t pdl_run_wait_http_ok(run_ctx_t *c, const char *url, uint64_t deadli
 int pdl_run_workers_count(const char *body, const char *role);
 pdl_status_t pdl_run_wait_registered(run_ctx_t *c, int np, int nd, uint64_t deadline_ms, pdl_error_t *err);
 bool pdl_run_wait_prewarmed(run_ctx_t *c, pdl_run_result_t *r);
+/* The cluster of topology t: addresses (loopback, or a network namespace per instance with --netns, in
+ * *ns_p), ports, names and log paths of the router and the nodes. Nothing is started. */
+pdl_status_t pdl_run_cluster_plan(run_ctx_t *c, const pdl_run_topo_t *t, pdl_run_netns_t **ns_p, pdl_error_t *err);
+/* Start the planned cluster and wait until every node is healthy, listed by the router and prewarmed.
+ * Returns 0 when it is, 1 when it did not come up (noted in r; *failed_note_p set unless a death or a
+ * signal explains it), 2 for a set-up error (printed) that ends the run. */
+int pdl_run_cluster_start(run_ctx_t *c, pdl_run_result_t *r, pdl_run_netns_t *ns, bool *failed_note_p);
+/* Releases are asynchronous: wait (at most RUN_DRAIN_TIMEOUT_MS) until no block is held and -- except under
+ * --chaos, where a killed node's counters restart -- every release (write_done) sent has been counted where
+ * it arrives: nodes are scraped one after the other, so a sender's count can be ahead of its receiver's. */
+void pdl_run_cluster_drain(run_ctx_t *c);
 
 /* run_workload.c */
 int pdl_run_build_workload(run_ctx_t *c);
