@@ -336,96 +336,88 @@ static json_t *piece_json(const pdl_plan_piece_t *pc)
                      "num_heads", pc->num_heads, "src_head", pc->src_head, "dst_head", pc->dst_head);
 }
 
-/* One (P, D) pair: everything a user needs to see about it. NULL with `err` set on a topology error. */
-static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
+/* One (P, D) pair while its document is built: the sizes, the fan-in counts, both sides' geometry (whole
+ * caches for descriptor counts, one block for offsets) and which producer ranks MoRIIO would release. */
+typedef struct pair_ctx {
+    const plan_cfg_t *c;
+    int P, D, acks, wdone;
+    pdl_kv_geometry_t pg, cg, pg1, cg1;
+    bool moriio_released[PDL_TOPO_MAX_TP];
+} pair_ctx_t;
+
+/* What decode rank rp's pieces read (or receive): their ranges and descriptor counts, into cj. */
+static pdl_status_t consumer_reads_json(const pair_ctx_t *x, const pdl_read_plan_t *rp, json_t *cj, pdl_error_t *err)
 {
-    int acks, wdone, phf, phc, chf, chc;
-    if (pdl_topo_expected_acks(P, D, &acks, err) != PDL_OK ||
-        pdl_topo_expected_write_done(P, D, &wdone, err) != PDL_OK)
-        return NULL;
-    if (pdl_topo_heads(P, c->heads, c->mla, 0, &phf, &phc, err) != PDL_OK) {
-        pdl_error_prefix(err, PDL_ERR_INVALID, "prefill");
-        return NULL;
+    json_t *reads = json_array();
+    json_object_set_new(cj, "reads", reads);
+    size_t per_block = 0, per_sample = 0;
+    uint64_t bytes_block = 0;
+    for (int i = 0; i < rp->num_pieces; i++) {
+        const pdl_plan_piece_t *pc = &rp->pieces[i];
+        json_t *r = piece_json(pc), *ranges = json_array();
+        json_array_append_new(reads, r);
+        json_object_set_new(r, "ranges", ranges);
+        size_t nb = 0, ns = 0;
+        uint64_t bb = 0, bs = 0;
+        if (piece_ranges_json(&x->cg1, &x->pg1, pc, ranges, err) != PDL_OK ||
+            count_descs(&x->cg, &x->pg, pc, 1, &nb, &bb, err) != PDL_OK ||
+            count_descs(&x->cg, &x->pg, pc, x->c->sample_blocks, &ns, &bs, err) != PDL_OK)
+            return PDL_ERR_INVALID;
+        json_object_set_new(r, "descs_per_block", json_integer((json_int_t)nb));
+        json_object_set_new(r, "bytes_per_block", json_integer((json_int_t)bb));
+        json_object_set_new(r, "descs_sample", json_integer((json_int_t)ns));
+        per_block += nb;
+        per_sample += ns;
+        bytes_block += bb;
     }
-    if (pdl_topo_heads(D, c->heads, c->mla, 0, &chf, &chc, err) != PDL_OK) {
-        pdl_error_prefix(err, PDL_ERR_INVALID, "decode");
-        return NULL;
-    }
-    const pdl_kv_geometry_t pg = side_geometry(c, phc, c->num_blocks), cg = side_geometry(c, chc, c->num_blocks);
-    const pdl_kv_geometry_t pg1 = side_geometry(c, phc, 1), cg1 = side_geometry(c, chc, 1);
-    if (pdl_layout_validate(&pg, err) != PDL_OK || pdl_layout_validate(&cg, err) != PDL_OK)
-        return NULL;
+    json_object_set_new(cj, "descs_per_block", json_integer((json_int_t)per_block));
+    json_object_set_new(cj, "bytes_per_block", json_integer((json_int_t)bytes_block));
+    json_object_set_new(cj, "descs_sample", json_integer((json_int_t)per_sample));
+    json_object_set_new(cj, "descs_sample_all_layers", json_integer((json_int_t)per_sample * x->c->layers));
+    return PDL_OK;
+}
 
-    json_t *pair = json_pack("{s:i, s:i, s:i, s:i, s:b}", "prefill_tp", P, "decode_tp", D, "expected_acks", acks,
-                             "expected_write_done", wdone, "heads_split", !c->mla && P != D && (P < c->heads || D < c->heads));
-    json_object_set_new(pair, "prefill_rank_geometry",
-                        json_pack("{s:i, s:I, s:i}", "heads_per_rank", phc, "block_len",
-                                  (json_int_t)pdl_layout_block_len(&pg), "halves", pdl_layout_num_halves(&pg)));
-    json_object_set_new(pair, "decode_rank_geometry",
-                        json_pack("{s:i, s:I, s:i}", "heads_per_rank", chc, "block_len",
-                                  (json_int_t)pdl_layout_block_len(&cg), "halves", pdl_layout_num_halves(&cg)));
-
+/* Every decode rank: its heads, group, reads, and whom it releases to (or expects write_done from); the
+ * descriptor counts summed over the ranks in totals[0] (per block) and totals[1] (the sample). */
+static pdl_status_t consumers_json(pair_ctx_t *x, json_t *pair, json_int_t totals[2], pdl_error_t *err)
+{
     json_t *consumers = json_array();
     json_object_set_new(pair, "consumers", consumers);
-    json_int_t total_block = 0, total_sample = 0;
-    bool moriio_released[PDL_TOPO_MAX_TP] = {false};
-    pdl_read_plan_t rp;
-    for (int d = 0; d < D; d++) {
-        if (pdl_topo_read_plan(P, D, c->heads, c->mla, d, &rp, err) != PDL_OK)
-            goto fail;
-        moriio_released[rp.group_first] = true; /* MoRIIO releases only the mapped (first) rank */
-        json_t *reads = json_array();
-        size_t per_block = 0, per_sample = 0;
-        uint64_t bytes_block = 0;
-        for (int i = 0; i < rp.num_pieces; i++) {
-            const pdl_plan_piece_t *pc = &rp.pieces[i];
-            json_t *r = piece_json(pc), *ranges = json_array();
-            json_array_append_new(reads, r);
-            json_object_set_new(r, "ranges", ranges);
-            size_t nb = 0, ns = 0;
-            uint64_t bb = 0, bs = 0;
-            if (piece_ranges_json(&cg1, &pg1, pc, ranges, err) != PDL_OK ||
-                count_descs(&cg, &pg, pc, 1, &nb, &bb, err) != PDL_OK ||
-                count_descs(&cg, &pg, pc, c->sample_blocks, &ns, &bs, err) != PDL_OK) {
-                json_decref(reads);
-                goto fail;
-            }
-            json_object_set_new(r, "descs_per_block", json_integer((json_int_t)nb));
-            json_object_set_new(r, "bytes_per_block", json_integer((json_int_t)bb));
-            json_object_set_new(r, "descs_sample", json_integer((json_int_t)ns));
-            per_block += nb;
-            per_sample += ns;
-            bytes_block += bb;
-        }
-        total_block += (json_int_t)per_block;
-        total_sample += (json_int_t)per_sample;
-        json_t *cj = json_pack("{s:i, s:o, s:o, s:o, s:I, s:I, s:I, s:I}", "rank", d, "heads",
-                               heads_obj(rp.local_first_head, rp.local_num_heads), "group",
-                               int_range_array(rp.group_first, rp.group_count), "reads", reads, "descs_per_block",
-                               (json_int_t)per_block, "bytes_per_block", (json_int_t)bytes_block, "descs_sample",
-                               (json_int_t)per_sample, "descs_sample_all_layers",
-                               (json_int_t)per_sample * c->layers);
-        if (c->write_mode) {
+    for (int d = 0; d < x->D; d++) {
+        pdl_read_plan_t rp;
+        if (pdl_topo_read_plan(x->P, x->D, x->c->heads, x->c->mla, d, &rp, err) != PDL_OK)
+            return PDL_ERR_INVALID;
+        x->moriio_released[rp.group_first] = true; /* MoRIIO releases only the mapped (first) rank */
+        json_t *cj = json_pack("{s:i, s:o, s:o}", "rank", d, "heads", heads_obj(rp.local_first_head, rp.local_num_heads),
+                               "group", int_range_array(rp.group_first, rp.group_count));
+        json_array_append_new(consumers, cj);
+        if (consumer_reads_json(x, &rp, cj, err) != PDL_OK)
+            return PDL_ERR_INVALID;
+        totals[0] += json_integer_value(json_object_get(cj, "descs_per_block"));
+        totals[1] += json_integer_value(json_object_get(cj, "descs_sample"));
+        if (x->c->write_mode) {
             json_object_set_new(cj, "remote_blocks_to", int_range_array(rp.group_first, rp.group_count));
-            json_object_set_new(cj, "expected_write_done", json_integer(wdone));
+            json_object_set_new(cj, "expected_write_done", json_integer(x->wdone));
             json_object_set_new(cj, "releases_to", json_array());
         } else {
             json_object_set_new(cj, "releases_to", int_range_array(rp.group_first, rp.group_count));
         }
-        json_array_append_new(consumers, cj);
     }
+    return PDL_OK;
+}
 
+/* Every prefill rank: its heads, the groups it is in, who reads it (or what it writes), the releases it
+ * expects. The ranks MoRIIO would never release go into `unreleased`. */
+static pdl_status_t producers_json(const pair_ctx_t *x, json_t *pair, json_t *unreleased, pdl_error_t *err)
+{
     json_t *producers = json_array();
     json_object_set_new(pair, "producers", producers);
-    json_t *unreleased = json_array();
-    pdl_write_plan_t wp;
-    for (int p = 0; p < P; p++) {
+    for (int p = 0; p < x->P; p++) {
         int hf, hc;
-        if (pdl_topo_heads(P, c->heads, c->mla, p, &hf, &hc, err) != PDL_OK ||
-            pdl_topo_write_plan(P, D, c->heads, c->mla, p, &wp, err) != PDL_OK) {
-            json_decref(unreleased);
-            goto fail;
-        }
+        pdl_write_plan_t wp;
+        if (pdl_topo_heads(x->P, x->c->heads, x->c->mla, p, &hf, &hc, err) != PDL_OK ||
+            pdl_topo_write_plan(x->P, x->D, x->c->heads, x->c->mla, p, &wp, err) != PDL_OK)
+            return PDL_ERR_INVALID;
         json_t *read_by = json_array(), *writes = json_array();
         for (int t = 0; t < wp.num_targets; t++) {
             json_array_append_new(read_by, json_integer(wp.targets[t].consumer_rank));
@@ -435,28 +427,31 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
         }
         json_t *pj = json_pack("{s:i, s:o, s:o, s:o, s:b}", "rank", p, "heads", heads_obj(hf, hc), "in_groups_of",
                                int_range_array(wp.notify_first, wp.notify_count), "read_by", read_by,
-                               "moriio_released", moriio_released[p]);
-        if (c->write_mode) {
+                               "moriio_released", x->moriio_released[p]);
+        if (x->c->write_mode) {
             json_object_set_new(pj, "expected_acks", json_integer(0));
             json_object_set_new(pj, "writes", writes);
             json_object_set_new(pj, "write_done_to", int_range_array(wp.notify_first, wp.notify_count));
         } else {
             json_decref(writes);
-            json_object_set_new(pj, "expected_acks", json_integer(acks));
+            json_object_set_new(pj, "expected_acks", json_integer(x->acks));
             json_object_set_new(pj, "release_from", int_range_array(wp.notify_first, wp.notify_count));
         }
         json_array_append_new(producers, pj);
-        if (!moriio_released[p])
+        if (!x->moriio_released[p])
             json_array_append_new(unreleased, json_integer(p));
     }
-    json_object_set_new(pair, "descs_per_block_all_ranks", json_integer(total_block));
-    json_object_set_new(pair, "descs_sample_all_ranks", json_integer(total_sample));
+    return PDL_OK;
+}
 
-    /* How upstream MoRIIO would treat this pair (docs/protocol.md#where-upstream-moriio-differs). */
+/* How upstream MoRIIO would treat this pair (docs/protocol.md#where-upstream-moriio-differs), and what
+ * pdlink guarantees instead. Takes `unreleased` (cleared where MoRIIO does not get that far). */
+static void summaries_json(const pair_ctx_t *x, json_t *pair, json_t *unreleased)
+{
+    const plan_cfg_t *c = x->c;
     char summary[512];
-    bool supported;
-    if (P == D) {
-        supported = true;
+    bool supported = true;
+    if (x->P == x->D) {
         snprintf(summary, sizeof(summary), "MoRIIO: supported (same TP on both sides)");
         json_array_clear(unreleased);
     } else if (c->write_mode) {
@@ -465,14 +460,14 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
                  "MoRIIO: not supported (heterogeneous TP works in READ mode only; WRITE fans out by the local TP "
                  "size)");
         json_array_clear(unreleased);
-    } else if (!c->mla && (P < c->heads || D < c->heads)) {
+    } else if (!c->mla && (x->P < c->heads || x->D < c->heads)) {
         supported = false;
         snprintf(summary, sizeof(summary), "MoRIIO: rejected (heads must be split: min(P, D) = %d < %d KV heads)",
-                 P < D ? P : D, c->heads);
+                 x->P < x->D ? x->P : x->D, c->heads);
         json_array_clear(unreleased);
     } else if (json_array_size(unreleased) > 0) {
-        supported = true;
-        size_t o = (size_t)snprintf(summary, sizeof(summary), "MoRIIO: supported; P%d/D%d leaves producer ranks ", P, D);
+        size_t o = (size_t)snprintf(summary, sizeof(summary), "MoRIIO: supported; P%d/D%d leaves producer ranks ",
+                                    x->P, x->D);
         size_t i;
         json_t *v;
         json_array_foreach(unreleased, i, v)
@@ -484,23 +479,63 @@ static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
         if (o < sizeof(summary))
             snprintf(summary + o, sizeof(summary) - o, " unreleased (freed only by the defer_timeout reaper)");
     } else {
-        supported = true;
         snprintf(summary, sizeof(summary), "MoRIIO: supported (replicated heads)");
     }
-    json_object_set_new(pair, "moriio", json_pack("{s:b, s:o, s:s}", "supported", supported,
+    json_object_set_new(pair, "moriio", json_pack("{s:b, s:O, s:s}", "supported", supported,
                                                   "unreleased_producer_ranks", unreleased, "summary", summary));
     char pd[200];
     if (c->write_mode)
         snprintf(pd, sizeof(pd), "pdlink: every decode rank receives exactly %d write_done(s), from every prefill "
                                  "rank of its group",
-                 wdone);
+                 x->wdone);
     else
-        snprintf(pd, sizeof(pd), "pdlink: every prefill rank receives exactly %d release(s)", acks);
+        snprintf(pd, sizeof(pd), "pdlink: every prefill rank receives exactly %d release(s)", x->acks);
     json_object_set_new(pair, "pdlink_summary", json_string(pd));
+}
+
+/* One (P, D) pair: everything a user needs to see about it. NULL with `err` set on a topology error. */
+static json_t *pair_json(const plan_cfg_t *c, int P, int D, pdl_error_t *err)
+{
+    pair_ctx_t x = {.c = c, .P = P, .D = D};
+    int phf, phc, chf, chc;
+    if (pdl_topo_expected_acks(P, D, &x.acks, err) != PDL_OK ||
+        pdl_topo_expected_write_done(P, D, &x.wdone, err) != PDL_OK)
+        return NULL;
+    if (pdl_topo_heads(P, c->heads, c->mla, 0, &phf, &phc, err) != PDL_OK) {
+        pdl_error_prefix(err, PDL_ERR_INVALID, "prefill");
+        return NULL;
+    }
+    if (pdl_topo_heads(D, c->heads, c->mla, 0, &chf, &chc, err) != PDL_OK) {
+        pdl_error_prefix(err, PDL_ERR_INVALID, "decode");
+        return NULL;
+    }
+    x.pg = side_geometry(c, phc, c->num_blocks);
+    x.cg = side_geometry(c, chc, c->num_blocks);
+    x.pg1 = side_geometry(c, phc, 1);
+    x.cg1 = side_geometry(c, chc, 1);
+    if (pdl_layout_validate(&x.pg, err) != PDL_OK || pdl_layout_validate(&x.cg, err) != PDL_OK)
+        return NULL;
+    json_t *pair = json_pack("{s:i, s:i, s:i, s:i, s:b}", "prefill_tp", P, "decode_tp", D, "expected_acks", x.acks,
+                             "expected_write_done", x.wdone, "heads_split",
+                             !c->mla && P != D && (P < c->heads || D < c->heads));
+    json_object_set_new(pair, "prefill_rank_geometry",
+                        json_pack("{s:i, s:I, s:i}", "heads_per_rank", phc, "block_len",
+                                  (json_int_t)pdl_layout_block_len(&x.pg), "halves", pdl_layout_num_halves(&x.pg)));
+    json_object_set_new(pair, "decode_rank_geometry",
+                        json_pack("{s:i, s:I, s:i}", "heads_per_rank", chc, "block_len",
+                                  (json_int_t)pdl_layout_block_len(&x.cg), "halves", pdl_layout_num_halves(&x.cg)));
+    json_t *unreleased = json_array();
+    json_int_t totals[2] = {0, 0};
+    if (consumers_json(&x, pair, totals, err) != PDL_OK || producers_json(&x, pair, unreleased, err) != PDL_OK) {
+        json_decref(unreleased);
+        json_decref(pair);
+        return NULL;
+    }
+    json_object_set_new(pair, "descs_per_block_all_ranks", json_integer(totals[0]));
+    json_object_set_new(pair, "descs_sample_all_ranks", json_integer(totals[1]));
+    summaries_json(&x, pair, unreleased);
+    json_decref(unreleased);
     return pair;
-fail:
-    json_decref(pair);
-    return NULL;
 }
 
 static json_t *plan_json(const plan_cfg_t *c, pdl_error_t *err)
