@@ -154,7 +154,8 @@ void pdl_run_report_verdict(FILE *out, const pdl_run_result_t *rs, int n)
         fprintf(out, "\n");                                                \
     } while (0)
 
-void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
+/* The run's settings and the ceilings measured. */
+static void print_header(FILE *out, const pdl_run_report_info_t *info)
 {
     fprintf(out, "\npdlink run: model %s, backend %s, %s mode, %d requests per topology at concurrency %d, "
                  "prompts %d-%d tokens, max_tokens %d\n",
@@ -174,6 +175,11 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     } else {
         fprintf(out, "ceiling: not measured\n");
     }
+}
+
+/* The table: one column per topology, one row per figure. */
+static void print_rows(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
+{
     /* In WRITE mode the prefill pushes: the fan-in is write_done, and a decode "pull" is a receive. */
     bool w = strcmp(info->mode, "write") == 0;
     fprintf(out, "\n  %-24s", "topology");
@@ -220,50 +226,55 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
     ROW("ceiling T (threads)", r->inst_ratio.pairs == 0 ? snprintf(cell, sizeof(cell), "-")
                                                         : snprintf(cell, sizeof(cell), "%.2f (%d)",
                                                                    r->inst_ratio.ceiling_median, r->ceiling_threads));
-    bool chaos = false;
-    for (int i = 0; i < n; i++)
-        chaos = chaos || rs[i].chaos.on;
-    if (chaos) {
-        ROW("chaos: passes", snprintf(cell, sizeof(cell), "%d", r->chaos.passes));
-        ROW("outage ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outage, r->chaos.failed_outage));
-        ROW("outside ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outside,
-                                            r->chaos.failed_outside));
-        /* One pair of rows per event of the schedule (the same for every topology of a run). */
-        const pdl_run_chaos_result_t *c0 = NULL;
-        for (int i = 0; i < n && c0 == NULL; i++)
-            c0 = rs[i].chaos.on ? &rs[i].chaos : NULL;
-        for (int k = 0; k < c0->nvictims; k++) {
-            char label[48];
-            if (c0->action[k] == PDL_RUN_CHAOS_PAUSE)
-                snprintf(label, sizeof(label), "paused %.1f s", c0->pause_s[k]);
-            else
-                snprintf(label, sizeof(label), "killed");
-            ROW(label, snprintf(cell, sizeof(cell), "%s", k < r->chaos.nvictims ? r->chaos.victim[k] : "-"));
-            ROW("  ok / failed", k >= r->chaos.nvictims ? snprintf(cell, sizeof(cell), "-")
-                                                       : snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_event[k],
-                                                                  r->chaos.failed_event[k]));
-            ROW("  healthy / served (s)",
-                k >= r->chaos.nvictims || (r->chaos.restart_s[k] < 0 && r->chaos.recover_s[k] < 0)
-                    ? snprintf(cell, sizeof(cell), "-")
-                    : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->chaos.restart_s[k], r->chaos.recover_s[k]));
-        }
-        ROW("chaos: reaped (allowed)", snprintf(cell, sizeof(cell), "%llu (%llu)", (unsigned long long)r->chaos.expired,
-                                                (unsigned long long)pdl_run_chaos_expired_bound(r)));
-        ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
-                                      r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
-        ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
-        ROW("prefill not killed", snprintf(cell, sizeof(cell), "%.60s", r->chaos.healthy[0] ? r->chaos.healthy : "-"));
-        static const char *const phase_row[PDL_RUN_CHAOS_PHASES] = {
-            "  before: p50 / p99 ms", "  outage: p50 / p99 ms", "  after: p50 / p99 ms"};
-        for (int k = 0; k < PDL_RUN_CHAOS_PHASES; k++)
-            ROW(phase_row[k], r->chaos.healthy[0] ? chaos_lat_cell(&r->chaos.healthy_lat[k], cell, sizeof(cell))
-                                                  : snprintf(cell, sizeof(cell), "-"));
-        ROW("  p99 outage / before", pdl_run_chaos_p99_ratio(&r->chaos) < 0
-                                         ? snprintf(cell, sizeof(cell), "-")
-                                         : snprintf(cell, sizeof(cell), "%.2f%s", pdl_run_chaos_p99_ratio(&r->chaos),
-                                                    pdl_run_chaos_p99_ratio(&r->chaos) > 2 ? "!" : ""));
+}
+
+/* --chaos: the chaos phase's rows, then one group per event of the schedule and the healthy prefill's
+ * latency by phase. */
+static void print_chaos_rows(FILE *out, const pdl_run_result_t *rs, int n)
+{
+    ROW("chaos: passes", snprintf(cell, sizeof(cell), "%d", r->chaos.passes));
+    ROW("outage ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outage, r->chaos.failed_outage));
+    ROW("outside ok / failed", snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_outside,
+                                        r->chaos.failed_outside));
+    /* One pair of rows per event of the schedule (the same for every topology of a run). */
+    const pdl_run_chaos_result_t *c0 = NULL;
+    for (int i = 0; i < n && c0 == NULL; i++)
+        c0 = rs[i].chaos.on ? &rs[i].chaos : NULL;
+    for (int k = 0; k < c0->nvictims; k++) {
+        char label[48];
+        if (c0->action[k] == PDL_RUN_CHAOS_PAUSE)
+            snprintf(label, sizeof(label), "paused %.1f s", c0->pause_s[k]);
+        else
+            snprintf(label, sizeof(label), "killed");
+        ROW(label, snprintf(cell, sizeof(cell), "%s", k < r->chaos.nvictims ? r->chaos.victim[k] : "-"));
+        ROW("  ok / failed", k >= r->chaos.nvictims ? snprintf(cell, sizeof(cell), "-")
+                                                   : snprintf(cell, sizeof(cell), "%d / %d", r->chaos.ok_event[k],
+                                                              r->chaos.failed_event[k]));
+        ROW("  healthy / served (s)",
+            k >= r->chaos.nvictims || (r->chaos.restart_s[k] < 0 && r->chaos.recover_s[k] < 0)
+                ? snprintf(cell, sizeof(cell), "-")
+                : snprintf(cell, sizeof(cell), "%.1f / %.1f", r->chaos.restart_s[k], r->chaos.recover_s[k]));
     }
-    ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
+    ROW("chaos: reaped (allowed)", snprintf(cell, sizeof(cell), "%llu (%llu)", (unsigned long long)r->chaos.expired,
+                                            (unsigned long long)pdl_run_chaos_expired_bound(r)));
+    ROW("chaos: parity", snprintf(cell, sizeof(cell), "%d/%d", r->chaos.ok_outage + r->chaos.ok_outside -
+                                  r->chaos.parity_bad, r->chaos.ok_outage + r->chaos.ok_outside));
+    ROW("victims' mismatched", snprintf(cell, sizeof(cell), "%llu", (unsigned long long)r->chaos.mismatched_killed));
+    ROW("prefill not killed", snprintf(cell, sizeof(cell), "%.60s", r->chaos.healthy[0] ? r->chaos.healthy : "-"));
+    static const char *const phase_row[PDL_RUN_CHAOS_PHASES] = {
+        "  before: p50 / p99 ms", "  outage: p50 / p99 ms", "  after: p50 / p99 ms"};
+    for (int k = 0; k < PDL_RUN_CHAOS_PHASES; k++)
+        ROW(phase_row[k], r->chaos.healthy[0] ? chaos_lat_cell(&r->chaos.healthy_lat[k], cell, sizeof(cell))
+                                              : snprintf(cell, sizeof(cell), "-"));
+    ROW("  p99 outage / before", pdl_run_chaos_p99_ratio(&r->chaos) < 0
+                                     ? snprintf(cell, sizeof(cell), "-")
+                                     : snprintf(cell, sizeof(cell), "%.2f%s", pdl_run_chaos_p99_ratio(&r->chaos),
+                                                pdl_run_chaos_p99_ratio(&r->chaos) > 2 ? "!" : ""));
+}
+
+/* What the rows mean where it is not obvious, each topology's notes, the time and the verdict. */
+static void print_footer(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n, bool chaos)
+{
     if (chaos)
         fprintf(out, "\n  --chaos: the rows above \"chaos\" are the final batch's, sent after the chaos schedule; an"
                      " outage runs from\n  a kill (or SIGSTOP) to the first success through the node again (\"served\","
@@ -288,6 +299,19 @@ void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pd
         fprintf(out, "; logs in %s", info->log_dir);
     fprintf(out, ")\n");
     pdl_run_report_verdict(out, rs, n);
+}
+
+void pdl_run_report_print(FILE *out, const pdl_run_report_info_t *info, const pdl_run_result_t *rs, int n)
+{
+    bool chaos = false;
+    for (int i = 0; i < n; i++)
+        chaos = chaos || rs[i].chaos.on;
+    print_header(out, info);
+    print_rows(out, info, rs, n);
+    if (chaos)
+        print_chaos_rows(out, rs, n);
+    ROW("result", snprintf(cell, sizeof(cell), "%s", r->pass ? "pass" : "FAIL"));
+    print_footer(out, info, rs, n, chaos);
 }
 
 /* {"pairs", "median", "min", "max", "wide", "above"}; the numbers null without a pair. */
