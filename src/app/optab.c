@@ -148,7 +148,7 @@ static int build_longopts(const pdl_optab_t *t, struct option *lo, char (*alias)
         if (r->kind == PDL_OPT_SECTION)
             continue;
         int has = takes_value(r) ? required_argument : no_argument;
-        if (n + 2 >= cap)
+        if (n + 2 >= cap || i >= cap)
             return -1;
         lo[n++] = (struct option){r->name, has, NULL, 2 + i};
         if (r->alias != 0) {

@@ -122,7 +122,7 @@ static const pdl_optdef_t run_rows[] = {
      .help = "the events of --chaos, in order, from kill-decode, kill-prefill, pause-decode, pause-prefill "
              "(decode-0 / prefill-0)"},
     /* Longer than the nodes' consumer_gone_timeout (5 s), and below the shortened defer_timeout of --chaos
-     * behind vllm-router (run.c), so a paused decode keeps its holds. */
+     * behind vllm-router (RUN_CHAOS_DEFER_TIMEOUT_S, run_ctx.h), so a paused decode keeps its holds. */
     {.name = "chaos-pause", .kind = PDL_OPT_RANGE, .metavar = "MIN-MAX", .def = "6-8", .off = RO(chaos_pause_min_s),
      .off2 = RO(chaos_pause_max_s), .lo = 1, .hi = 300,
      .help = "seconds a pause lasts, spread over the schedule's pauses (longer than the nodes' "
