@@ -980,7 +980,8 @@ static pdl_status_t bc_set_backend(void *opts, const pdl_optdef_t *row, const ch
 
 #define BCO(field) offsetof(bc_opts_t, field)
 static const pdl_optdef_t bc_rows[] = {
-    {.name = "connector", .kind = PDL_OPT_FLAG, .off = BCO(connector), .help = "this benchmark (the engine's without it)"},
+    {.name = "connector", .kind = PDL_OPT_FLAG, .off = BCO(connector),
+     .help = "this benchmark (the engine's without it)"},
     {.name = "model", .kind = PDL_OPT_CALL, .metavar = "NAME", .def = "llama-3.1-8b", .set = bc_set_model,
      .help = "geometry preset, not MLA (`pdlink plan --help` lists them)"},
     {.name = "tokens", .kind = PDL_OPT_INT_LIST, .metavar = "LIST", .def = "16,64,256", .off = BCO(tokens),

@@ -381,10 +381,12 @@ static const pdl_optdef_t bench_rows[] = {
     {.name = "max-spread", .kind = PDL_OPT_DOUBLE, .metavar = "X", .def = "0.25", .off = BO(max_spread), .dlo = 0,
      .dhi = 100, .flags = PDL_OPTF_LO_OPEN,
      .help = "a point whose spread of per-pair ratios is above X is 'unstable' (spread = (q3 - q1) / median)"},
-    {.name = "strict", .kind = PDL_OPT_FLAG, .off = BO(strict), .help = "exit status 3 if a point is unstable or ABOVE CEILING"},
+    {.name = "strict", .kind = PDL_OPT_FLAG, .off = BO(strict),
+     .help = "exit status 3 if a point is unstable or ABOVE CEILING"},
     {.name = "max-batch-bytes", .kind = PDL_OPT_CALL, .metavar = "SIZE", .def = "256M", .set = set_cap,
      .help = "skip points with block*batch above this"},
-    {.name = "contiguous", .kind = PDL_OPT_FLAG, .off = BO(contiguous), .help = "remote blocks in order, so descriptors merge"},
+    {.name = "contiguous", .kind = PDL_OPT_FLAG, .off = BO(contiguous),
+     .help = "remote blocks in order, so descriptors merge"},
     {.name = "same-block", .kind = PDL_OPT_FLAG, .off = BO(same_block),
      .help = "every descriptor of a batch names block 0 on both sides: one block re-read N times, what "
              "ucx_perftest -O N measures (its footprint is one block, cache-resident); the memcpy ceiling copies "

@@ -94,7 +94,8 @@ static const pdl_optdef_t plan_rows[] = {
      .lo = 1, .hi = PDL_TOPO_MAX_TP, .max_n = PLAN_MAX_INSTANCES,
      .help = "TP size of each prefill instance, e.g. 4 or 4,4 (xPyD)"},
     {.name = "decode-tp", .kind = PDL_OPT_INT_LIST, .metavar = "LIST", .off = PO(decode), .off2 = PO(n_decode),
-     .lo = 1, .hi = PDL_TOPO_MAX_TP, .max_n = PLAN_MAX_INSTANCES, .help = "TP size of each decode instance, e.g. 8 or 4,4"},
+     .lo = 1, .hi = PDL_TOPO_MAX_TP, .max_n = PLAN_MAX_INSTANCES,
+     .help = "TP size of each decode instance, e.g. 8 or 4,4"},
     {.name = "model", .kind = PDL_OPT_STRING, .metavar = "PRESET", .off = PO(model),
      .help = "take layers, KV heads, head dim and MLA from a preset (flags override)"},
     {.name = "kv-heads", .kind = PDL_OPT_INT, .metavar = "N", .off = PO(heads), .lo = 1, .hi = 1 << 16,
@@ -103,7 +104,8 @@ static const pdl_optdef_t plan_rows[] = {
      .help = "elements per head per token (the latent width for MLA)"},
     {.name = "layers", .kind = PDL_OPT_INT, .metavar = "N", .off = PO(layers), .lo = 1, .hi = 1 << 16,
      .help = "attention layers (default: the preset's, else 1)"},
-    {.name = "mla", .kind = PDL_OPT_FLAG, .off = PO(mla), .help = "multi-head latent attention: one replicated latent, no V half"},
+    {.name = "mla", .kind = PDL_OPT_FLAG, .off = PO(mla),
+     .help = "multi-head latent attention: one replicated latent, no V half"},
     {.name = "block-size", .kind = PDL_OPT_INT, .metavar = "N", .def = "16", .off = PO(block_size), .lo = 1,
      .hi = 1 << 20, .help = "tokens per block"},
     {.name = "dtype", .kind = PDL_OPT_STRING, .metavar = "NAME", .off = PO(dtype),
@@ -210,7 +212,8 @@ static pdl_status_t resolve_topologies(plan_cfg_t *c, const plan_opts_t *o, pdl_
 {
     if (o->seed) {
         if (o->n_prefill > 0 || o->n_decode > 0)
-            return pdl_error_set(err, PDL_ERR_INVALID, "--seed shows the seed topologies; drop --prefill-tp/--decode-tp");
+            return pdl_error_set(err, PDL_ERR_INVALID,
+                                 "--seed shows the seed topologies; drop --prefill-tp/--decode-tp");
         add_topo(c, (int[]){4}, 1, (int[]){8}, 1);
         add_topo(c, (int[]){8}, 1, (int[]){4}, 1);
         add_topo(c, (int[]){4, 4}, 2, (int[]){8}, 1);
@@ -388,8 +391,9 @@ static pdl_status_t consumers_json(pair_ctx_t *x, json_t *pair, json_int_t total
         if (pdl_topo_read_plan(x->P, x->D, x->c->heads, x->c->mla, d, &rp, err) != PDL_OK)
             return PDL_ERR_INVALID;
         x->moriio_released[rp.group_first] = true; /* MoRIIO releases only the mapped (first) rank */
-        json_t *cj = json_pack("{s:i, s:o, s:o}", "rank", d, "heads", heads_obj(rp.local_first_head, rp.local_num_heads),
-                               "group", int_range_array(rp.group_first, rp.group_count));
+        json_t *cj = json_pack("{s:i, s:o, s:o}", "rank", d, "heads",
+                               heads_obj(rp.local_first_head, rp.local_num_heads), "group",
+                               int_range_array(rp.group_first, rp.group_count));
         json_array_append_new(consumers, cj);
         if (consumer_reads_json(x, &rp, cj, err) != PDL_OK)
             return PDL_ERR_INVALID;

@@ -159,10 +159,11 @@ static double delta_gbps(double bytes, double seconds)
 /*
  * The workload in RUN_PAIRS rounds (fewer with fewer requests), each right after its own ceiling
  * measurements: A B A B ..., so the ratio of each pair compares figures taken within a second of each
- * other, and the median of the pairs' ratios survives another job taking the machine for a while (issue
- * 16: the best of separate rounds gave ratios from 0.04 to 7.7). Per round: the transfer GB/s of the
- * decode instances against the ceiling with a decode instance's threads, and one rank's engine GB/s
- * against the one-thread ceiling. The ratios go into r; the whole-run figures come from pdl_run_collect().
+ * other, and the median of the pairs' ratios survives another job taking the machine for a while (the
+ * best of separate rounds gave ratios from 0.04 to 7.7 on the shared 2-vCPU machine). Per round: the
+ * transfer GB/s of the decode instances against the ceiling with a decode instance's threads, and one
+ * rank's engine GB/s against the one-thread ceiling. The ratios go into r; the whole-run figures come
+ * from pdl_run_collect().
  * Written so that a shared alternating-pairs helper can replace pdl_run_ratio_pairs later.
  */
 pdl_status_t pdl_run_drive_rounds(run_ctx_t *c, pdl_run_result_t *r, const char *base, pdl_error_t *err)
