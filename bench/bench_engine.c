@@ -1056,33 +1056,32 @@ static int ceiling_setup(ctx_t *c)
     return 0;
 }
 
-static int initiator_run(ctx_t *c)
+/* Receive the target's descriptors and open the session: the plain one, and with --auth-compare also the
+ * authenticated one over the same local buffer (its median open times in open_us[0] on, [1] off).
+ * Returns 0, or 2 with the reason printed; initiator_close undoes what was opened either way. */
+static int initiator_open(ctx_t *c, double open_us[2])
 {
     const opts_t *o = c->o;
     pdl_error_t err;
-    uint8_t *ed = NULL, *md = NULL;
-    uint32_t elen = 0, mlen = 0;
+    uint8_t *ed = NULL, *md = NULL, *ead = NULL, *mad = NULL;
+    uint32_t elen = 0, mlen = 0, ealen = 0, malen = 0;
     if (recv_blob(c->fd, &ed, &elen) != 0 || recv_blob(c->fd, &md, &mlen) != 0) {
         fprintf(stderr, "pdlink bench: the target did not send its descriptors (did it fail to start?)\n");
         free(ed);
         return 2;
     }
     pdl_engine_config_t cfg = {"bench-initiator", o->host, 0, o->backend, o->qp, o->threads, o->tcp_cc, false, NULL, NULL};
-    int rc = 2;
-    double open_on_us = -1, open_off_us = -1; /* --auth-compare: median session open times */
-    if (pdl_engine_create(&cfg, &c->e, &err) != PDL_OK || pdl_engine_alloc_mem(c->e, c->region, &c->local, &err) != PDL_OK ||
-        pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err) != PDL_OK ||
-        pdl_session_open(c->e, c->local, md, mlen, &c->s, &err) != PDL_OK) {
+    pdl_status_t st = PDL_OK;
+    if ((st = pdl_engine_create(&cfg, &c->e, &err)) != PDL_OK ||
+        (st = pdl_engine_alloc_mem(c->e, c->region, &c->local, &err)) != PDL_OK ||
+        (st = pdl_engine_add_remote(c->e, ed, elen, NULL, 0, &err)) != PDL_OK ||
+        (st = pdl_session_open(c->e, c->local, md, mlen, &c->s, &err)) != PDL_OK)
         fprintf(stderr, "pdlink bench: %s\n", err.msg);
-        goto out;
-    }
-    if (o->auth_compare) {
+    if (st == PDL_OK && o->auth_compare) {
         /* The target's authenticated engine and memory, and ours over the same local buffer. */
-        uint8_t *ead = NULL, *mad = NULL;
-        uint32_t ealen = 0, malen = 0;
         pdl_engine_config_t acfg = cfg;
         acfg.key = "bench-initiator-auth";
-        pdl_status_t st = PDL_ERR_PEER_GONE;
+        st = PDL_ERR_PEER_GONE;
         pdl_error_set(&err, st, "the target did not send its authenticated engine (did its key fail to load?)");
         if (recv_blob(c->fd, &ead, &ealen) == 0 && recv_blob(c->fd, &mad, &malen) == 0 &&
             (st = pdl_auth_load(o->auth_compare, &c->auth, &err)) == PDL_OK) {
@@ -1093,30 +1092,46 @@ static int initiator_run(ctx_t *c)
                 st = pdl_session_open(c->ea, c->local_a, mad, malen, &c->sa, &err);
         }
         if (st == PDL_OK)
-            session_open_costs(c, md, mlen, mad, malen, &open_on_us, &open_off_us);
-        free(ead);
-        free(mad);
-        if (st != PDL_OK) {
+            session_open_costs(c, md, mlen, mad, malen, &open_us[0], &open_us[1]);
+        else
             fprintf(stderr, "pdlink bench: --auth-compare: %s\n", err.msg);
-            goto out;
-        }
     }
-    if (!o->auth_compare && ceiling_setup(c) != 0) /* --auth-compare: B is the open session, no ceiling */
-        goto out;
-    print_header(o, pdl_engine_tcp_congestion(c->e));
-    if (o->auth_compare)
-        printf("session open (connect + set-up of %d connection(s)), median of %d alternated: auth on %.0f us, "
-               "off %.0f us\n\n",
-               o->qp, SESSION_SAMPLES, open_on_us, open_off_us);
-    int maxrows = o->nblocks * o->nbatches + 3;
-    row_t *rows = calloc((size_t)maxrows, sizeof(row_t));
-    int nrows = 0, npoints = 0, done = 0;
+    free(ead);
+    free(mad);
+    free(ed);
+    free(md);
+    return st == PDL_OK ? 0 : 2;
+}
+
+/* Tell the target to quit, and close everything the initiator opened (each close accepts NULL). */
+static void initiator_close(ctx_t *c)
+{
+    ctl_cmd(c->fd, 'Q', 0, 0, NULL, 0);
+    pdl_session_close(c->sa);
+    if (c->local_a)
+        pdl_engine_deregister_mem(c->ea, c->local_a);
+    pdl_engine_destroy(c->ea);
+    pdl_auth_free(c->auth);
+    pdl_session_close(c->s);
+    if (c->local)
+        pdl_engine_deregister_mem(c->e, c->local);
+    pdl_engine_destroy(c->e);
+    pdl_ceiling_memcpy_destroy(c->cm);
+    pdl_ceiling_tcp_destroy(c->tcp[0]);
+    pdl_ceiling_tcp_destroy(c->tcp[1]);
+    pdl_ceiling_free(c->src, c->region);
+}
+
+/* The sweep: one row per (block size, batch size) within --max-batch-bytes, appended to rows. Returns 0,
+ * or 2 when a point could not be measured. */
+static int sweep_rows(ctx_t *c, row_t *rows, int *nrows_p, double t_start)
+{
+    const opts_t *o = c->o;
+    int npoints = 0, done = 0, rc = 0;
     for (int i = 0; i < o->nblocks; i++)
         for (int j = 0; j < o->nbatches; j++)
             npoints += o->blocks[i] * o->batches[j] <= o->cap;
     pdl_desc_t *d = malloc(65536 * sizeof(pdl_desc_t));
-    double t_start = now_s();
-    rc = 0;
     for (int i = 0; i < o->nblocks && rc == 0; i++) {
         for (int j = 0; j < o->nbatches && rc == 0; j++) {
             uint64_t block = o->blocks[i], batch = o->batches[j];
@@ -1129,50 +1144,63 @@ static int initiator_run(ctx_t *c)
             for (uint64_t k = 0; k < batch; k++)
                 d[k] = o->same_block ? (pdl_desc_t){0, 0, block}
                                      : (pdl_desc_t){k * block, (o->contiguous ? k : batch - 1 - k) * block, block};
-            if (measure(c, "sweep", d, batch, block, batch, &rows[nrows]) != 0) {
+            if (measure(c, "sweep", d, batch, block, batch, &rows[*nrows_p]) != 0) {
                 rc = 2;
                 break;
             }
             fprintf(stderr, "\r%60s\r", "");
-            print_row(&rows[nrows++]);
+            print_row(&rows[(*nrows_p)++]);
         }
     }
-    if (rc == 0 && o->hetero) {
-        printf("\nheterogeneous TP, consumer rank 0 READs 4 layers x K,V x 1024 blocks (8 KV heads, head_dim 128, "
-               "bf16, block 16 tokens, HND; remote block ids shuffled):\n");
-        struct {
-            int p, d;
-            const char *label;
-        } cases[] = {{4, 4, "P4/D4"}, {4, 8, "P4/D8"}, {8, 4, "P8/D4"}};
-        for (int k = 0; k < 3 && rc == 0; k++) {
-            pdl_descv_t dv = {0};
-            uint64_t rneed, lneed;
-            char why[PDL_ERR_MSG_LEN];
-            if (hetero_descs(cases[k].p, cases[k].d, 1024, 4, &dv, &rneed, &lneed, why, sizeof(why)) != 0) {
-                printf("%-10s skipped: %s\n", cases[k].label, why);
-                pdl_descv_free(&dv);
-                continue;
-            }
-            if (rneed > c->region || lneed > c->region || o->op != PDL_OP_READ) {
-                printf("%-10s skipped: %s\n", cases[k].label,
-                       o->op != PDL_OP_READ ? "heterogeneous rows are READ mode only" : "region too small");
-                pdl_descv_free(&dv);
-                continue;
-            }
-            fprintf(stderr, "\rheterogeneous %s...", cases[k].label);
-            uint64_t total = pdl_layout_total_bytes(&dv);
-            if (measure(c, cases[k].label, dv.v, dv.n, dv.n ? dv.v[0].len : 0, dv.n, &rows[nrows]) != 0)
-                rc = 2;
-            else {
-                fprintf(stderr, "\r%60s\r", "");
-                rows[nrows].bytes = total;
-                print_row(&rows[nrows++]);
-            }
+    free(d);
+    return rc;
+}
+
+/* The heterogeneous-TP rows (READ only), appended to rows. Returns 0, or 2 when one could not be measured. */
+static int hetero_rows(ctx_t *c, row_t *rows, int *nrows_p)
+{
+    const opts_t *o = c->o;
+    printf("\nheterogeneous TP, consumer rank 0 READs 4 layers x K,V x 1024 blocks (8 KV heads, head_dim 128, "
+           "bf16, block 16 tokens, HND; remote block ids shuffled):\n");
+    static const struct {
+        int p, d;
+        const char *label;
+    } cases[] = {{4, 4, "P4/D4"}, {4, 8, "P4/D8"}, {8, 4, "P8/D4"}};
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        pdl_descv_t dv = {0};
+        uint64_t rneed, lneed;
+        char why[PDL_ERR_MSG_LEN];
+        if (hetero_descs(cases[k].p, cases[k].d, 1024, 4, &dv, &rneed, &lneed, why, sizeof(why)) != 0) {
+            printf("%-10s skipped: %s\n", cases[k].label, why);
             pdl_descv_free(&dv);
+            continue;
         }
-        printf("(P8/D4: two producer ranks, each one head; the target's single region stands in for both)\n");
+        if (rneed > c->region || lneed > c->region || o->op != PDL_OP_READ) {
+            printf("%-10s skipped: %s\n", cases[k].label,
+                   o->op != PDL_OP_READ ? "heterogeneous rows are READ mode only" : "region too small");
+            pdl_descv_free(&dv);
+            continue;
+        }
+        fprintf(stderr, "\rheterogeneous %s...", cases[k].label);
+        uint64_t total = pdl_layout_total_bytes(&dv);
+        if (measure(c, cases[k].label, dv.v, dv.n, dv.n ? dv.v[0].len : 0, dv.n, &rows[*nrows_p]) != 0) {
+            rc = 2;
+        } else {
+            fprintf(stderr, "\r%60s\r", "");
+            rows[*nrows_p].bytes = total;
+            print_row(&rows[(*nrows_p)++]);
+        }
+        pdl_descv_free(&dv);
     }
-    fprintf(stderr, "pdlink bench: %d rows in %.1f s\n", nrows, now_s() - t_start);
+    printf("(P8/D4: two producer ranks, each one head; the target's single region stands in for both)\n");
+    return rc;
+}
+
+/* The rows' verdicts: unstable and above-ceiling counts printed; the exit status from rc (the runs'), the
+ * validation failures and --strict. */
+static int rows_verdict(const ctx_t *c, const row_t *rows, int nrows, int rc)
+{
     int unstable = 0, above = 0;
     for (int i = 0; i < nrows; i++) {
         unstable += rows[i].sum.verdict == PDL_PAIRS_UNSTABLE;
@@ -1187,33 +1215,43 @@ static int initiator_run(ctx_t *c)
                above);
     if (rc == 0 && c->failures > 0) {
         printf("\n%d point(s) FAILED data validation\n", c->failures);
-        rc = 1;
-    } else if (rc == 0 && o->strict && (unstable > 0 || above > 0)) {
-        rc = 3;
+        return 1;
     }
+    if (rc == 0 && c->o->strict && (unstable > 0 || above > 0))
+        return 3;
+    return rc;
+}
+
+static int initiator_run(ctx_t *c)
+{
+    const opts_t *o = c->o;
+    double open_us[2] = {-1, -1}; /* --auth-compare: median session open times, auth on and off */
+    int rc = initiator_open(c, open_us);
+    if (rc == 0 && !o->auth_compare && ceiling_setup(c) != 0) /* --auth-compare: B is the open session */
+        rc = 2;
+    if (rc != 0) {
+        initiator_close(c);
+        return rc;
+    }
+    print_header(o, pdl_engine_tcp_congestion(c->e));
+    if (o->auth_compare)
+        printf("session open (connect + set-up of %d connection(s)), median of %d alternated: auth on %.0f us, "
+               "off %.0f us\n\n",
+               o->qp, SESSION_SAMPLES, open_us[0], open_us[1]);
+    row_t *rows = calloc((size_t)(o->nblocks * o->nbatches + 3), sizeof(row_t));
+    int nrows = 0;
+    double t_start = now_s();
+    rc = sweep_rows(c, rows, &nrows, t_start);
+    if (rc == 0 && o->hetero)
+        rc = hetero_rows(c, rows, &nrows);
+    fprintf(stderr, "pdlink bench: %d rows in %.1f s\n", nrows, now_s() - t_start);
+    rc = rows_verdict(c, rows, nrows, rc);
     if (o->json && write_json(o->json, o, rows, nrows) != 0 && rc == 0)
         rc = 2;
     if (o->plot && write_svg(o->plot, o, rows, nrows) != 0 && rc == 0)
         rc = 2;
-    free(d);
     free(rows);
-out:
-    ctl_cmd(c->fd, 'Q', 0, 0, NULL, 0);
-    free(ed);
-    free(md);
-    pdl_session_close(c->sa);
-    if (c->local_a)
-        pdl_engine_deregister_mem(c->ea, c->local_a);
-    pdl_engine_destroy(c->ea);
-    pdl_auth_free(c->auth);
-    pdl_session_close(c->s);
-    if (c->local)
-        pdl_engine_deregister_mem(c->e, c->local);
-    pdl_engine_destroy(c->e);
-    pdl_ceiling_memcpy_destroy(c->cm);
-    pdl_ceiling_tcp_destroy(c->tcp[0]);
-    pdl_ceiling_tcp_destroy(c->tcp[1]);
-    pdl_ceiling_free(c->src, c->region);
+    initiator_close(c);
     return rc;
 }
 
