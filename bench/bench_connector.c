@@ -52,7 +52,7 @@
 #include "common/log.h"
 #include "pdlink/models.h"
 #include "pdlink/params.h"
-#include "pdlink/ports.h"
+#include "app/ports.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"
 

@@ -23,13 +23,13 @@ install(FILES ${pdl_install_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pdl
 # from a DESTDIR staging directory.
 file(RELATIVE_PATH PDL_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" PDL_PC_TO_PREFIX "${PDL_PC_TO_PREFIX}")
-set(PDL_PC_REQUIRES_PRIVATE "libzmq libsodium msgpack")
+set(PDL_PC_REQUIRES_PRIVATE "jansson libzmq libsodium msgpack")
 if(PDL_HAVE_UCX)
   string(APPEND PDL_PC_REQUIRES_PRIVATE " ucx")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/pdlink.pc.in ${PROJECT_BINARY_DIR}/pdlink.pc @ONLY)
 # The same list for python/pdlink/_build.py, which links libpdlink.a of this build tree into the extension.
-file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pdlink-deps.txt CONTENT "jansson ${PDL_PC_REQUIRES_PRIVATE}\n")
+file(CONFIGURE OUTPUT ${PROJECT_BINARY_DIR}/pdlink-deps.txt CONTENT "${PDL_PC_REQUIRES_PRIVATE}\n")
 install(FILES ${PROJECT_BINARY_DIR}/pdlink.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT dev)
 
 set(pdl_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/pdlink)

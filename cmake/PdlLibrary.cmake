@@ -12,8 +12,8 @@ foreach(layer IN LISTS PDL_LAYERS)
   list(APPEND pdl_dep_targets ${PDL_DEPS_${layer}})
 endforeach()
 list(REMOVE_DUPLICATES pdl_dep_targets)
-# params.h includes <jansson.h>: jansson is a public dependency, the others are the library's own.
-list(REMOVE_ITEM pdl_dep_targets PkgConfig::JANSSON)
+# The installed headers name no type of these libraries, so all of them are the library's own (private)
+# dependencies; a static link still needs them, hence the INTERFACE link of pdlink_static.
 
 set(pdl_api_headers ${PROJECT_BINARY_DIR}/include/pdlink/version.h)
 foreach(layer IN LISTS PDL_LAYERS)
@@ -44,7 +44,7 @@ set(pdl_public_includes $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
 add_library(pdlink_static STATIC ${pdl_objects})
 set_target_properties(pdlink_static PROPERTIES OUTPUT_NAME pdlink EXPORT_NAME pdlink_static)
 target_include_directories(pdlink_static INTERFACE ${pdl_public_includes})
-target_link_libraries(pdlink_static INTERFACE PkgConfig::JANSSON ${pdl_dep_targets})
+target_link_libraries(pdlink_static INTERFACE ${pdl_dep_targets})
 add_library(pdlink::pdlink_static ALIAS pdlink_static)
 
 if(PDL_BUILD_SHARED)
@@ -53,7 +53,7 @@ if(PDL_BUILD_SHARED)
   set_target_properties(pdlink_shared PROPERTIES OUTPUT_NAME pdlink EXPORT_NAME pdlink VERSION ${PROJECT_VERSION}
                         SOVERSION ${PDL_SOVERSION} LINK_DEPENDS ${PDL_VERSION_SCRIPT})
   target_include_directories(pdlink_shared INTERFACE ${pdl_public_includes})
-  target_link_libraries(pdlink_shared PUBLIC PkgConfig::JANSSON PRIVATE ${pdl_dep_targets})
+  target_link_libraries(pdlink_shared PRIVATE ${pdl_dep_targets})
   target_link_options(pdlink_shared PRIVATE -Wl,--version-script=${PDL_VERSION_SCRIPT})
   # Every symbol it needs comes from its dependencies (not from the program loading it) -- except under
   # the sanitizers, whose runtimes only the executable links.

@@ -3,7 +3,8 @@
  * one process, an "owner" that registers 1 MiB filled with a pattern and a "reader" that pulls it into
  * its own registered buffer with one-sided READs, then checks every byte.
  *
- * It walks the engine's whole lifecycle (include/pdlink/engine.h): create, register, pack the
+ * It walks the engine's whole lifecycle (include/pdlink/engine.h, reached through pdlink/pdlink.h):
+ * create, register, pack the
  * descriptors a peer would receive over the network, add the remote, open a session, post a batch,
  * wait, and tear down in order. Two engines in one process exchange the descriptors directly; in a
  * real deployment they travel in the connector's handshake.
@@ -18,9 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <pdlink/engine.h>
-#include <pdlink/status.h>
-#include <pdlink/version.h>
+#include <pdlink/pdlink.h>
 
 #define REGION (1u << 20)
 #define PIECES 16
@@ -34,7 +33,7 @@ static int fail(const char *what, const pdl_error_t *err)
 static pdl_status_t engine(const char *key, pdl_backend_kind_t backend, pdl_engine_t **e, pdl_error_t *err)
 {
     pdl_engine_config_t cfg;
-    memset(&cfg, 0, sizeof(cfg));
+    pdl_engine_config_defaults(&cfg); /* then set fields by name: the struct may grow (pdlink/pdlink.h) */
     cfg.key = key;
     cfg.host = "127.0.0.1";
     cfg.port = 0; /* any free port */
@@ -52,10 +51,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: engine_pair [tcp|shm] (not '%s')\n", name);
         return 2;
     }
-    printf("pdlink headers %s, library %s, backend %s\n", PDLINK_VERSION_STRING, pdl_version_string(),
+    printf("pdlink headers %s, library %s, backend %s\n", PDL_VERSION_STRING, pdl_version_string(),
            pdl_backend_name((pdl_backend_kind_t)backend));
-    if (pdl_version_number() / 100 != PDLINK_VERSION_NUMBER / 100) {
-        fprintf(stderr, "engine_pair: built against pdlink %s but runs with %s\n", PDLINK_VERSION_STRING,
+    if (pdl_version_number() / 100 != PDL_VERSION_NUMBER / 100) {
+        fprintf(stderr, "engine_pair: built against pdlink %s but runs with %s\n", PDL_VERSION_STRING,
                 pdl_version_string());
         return 1;
     }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -5,7 +5,7 @@
  * kv_connector_extra_config's `auth_key_file`, pdlink-router through --auth-key-file), turns on:
  *   - ZeroMQ CURVE on the handshake, notify and discovery sockets, with ONE cluster key pair derived
  *     from the secret (pdl_auth_curve_keys): every member is a CURVE server and client under it, and a
- *     ZAP handler (pdlink/curve.h) admits only clients that prove they hold its secret half;
+ *     ZAP handler inside the connector admits only clients that prove they hold its secret half;
  *   - a challenge-response on every tcp data connection (pdl_auth_mac over both sides' nonces and the
  *     engine the initiator dialled), before any READ or WRITE is served.
  *

@@ -63,7 +63,9 @@ typedef enum pdl_role {
     PDL_ROLE_CONSUMER = 2, /* kv_consumer: decode */
 } pdl_role_t;
 
-/* kv_connector_extra_config, with MoRIIO's key names and defaults (docs/protocol.md#configuration). */
+/* kv_connector_extra_config, with MoRIIO's key names and defaults (docs/protocol.md#configuration). Start
+ * from pdl_connector_config_defaults (or a parse function, which calls it): the struct grows by the rule
+ * in pdlink/pdlink.h. */
 typedef struct pdl_connector_config {
     pdl_role_t role;
     char host_ip[PDL_CONNECTOR_HOST_MAX + 1];  /* default 127.0.0.1 when absent */
@@ -103,7 +105,8 @@ typedef struct pdl_connector_config {
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role consumer, as upstream takes any kv_role but kv_producer); the
- * defaults of the extra config keys are those pdl_connector_config_key lists. Cannot fail. */
+ * defaults of the extra config keys are those pdl_connector_config_key lists. Fields added later get the
+ * value that keeps the earlier behaviour. Cannot fail. */
 void pdl_connector_config_defaults(pdl_connector_config_t *cfg);
 
 /*
@@ -159,6 +162,8 @@ typedef struct pdl_model_geometry {
     bool kv_fused;
 } pdl_model_geometry_t;
 
+/* What pdl_instance_create needs. Start from pdl_instance_config_defaults and set fields by name: the
+ * struct grows by the rule in pdlink/pdlink.h. */
 typedef struct pdl_instance_config {
     pdl_connector_config_t conn;
     pdl_model_geometry_t model;
@@ -329,7 +334,7 @@ size_t pdl_instance_prewarm_pending(pdl_instance_t *inst);
 /*
  * The kv_transfer_params a producer returns for a held transfer (READ mode): out is initialised and
  * filled (its block list is a copy); the caller releases it with pdl_kv_params_clear (params.h) and
- * turns it into JSON with pdl_kv_params_to_json. Fails with PDL_ERR_NOMEM (out then holds nothing).
+ * turns it into JSON text with pdl_kv_params_format. Fails with PDL_ERR_NOMEM (out then holds nothing).
  */
 pdl_status_t pdl_instance_params(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                  pdl_kv_params_t *out, pdl_error_t *err);

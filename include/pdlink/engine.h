@@ -100,7 +100,9 @@ typedef enum pdl_mem_type {
 } pdl_mem_type_t;
 
 /*
- * What pdl_engine_create needs; read during the call only (strings are copied). Ranges are checked:
+ * What pdl_engine_create needs; read during the call only (strings are copied). Start from
+ * pdl_engine_config_defaults and set fields by name: the struct grows by the rule in pdlink/pdlink.h.
+ * Ranges are checked:
  * `key` 1..255 bytes; `host` at most 255 bytes, NULL meaning "127.0.0.1" (shm only carries it in the
  * descriptor); `port` and `tcp_congestion` are ignored by shm; `qp_per_transfer` 1..64 (tcp only);
  * `num_workers` 1..64; `tcp_congestion` at most 15 bytes.
@@ -142,6 +144,11 @@ typedef struct pdl_engine_config {
      */
     const pdl_auth_t *auth;
 } pdl_engine_config_t;
+
+/* Zero cfg and set backend tcp, qp_per_transfer 1 and num_workers 1; the caller sets key (and host, port
+ * for a reachable tcp engine). Fields added later get the value that keeps the earlier behaviour. Cannot
+ * fail. */
+void pdl_engine_config_defaults(pdl_engine_config_t *cfg);
 
 /*
  * Create an engine: start num_workers worker threads and, for tcp, bind and listen on host:port and

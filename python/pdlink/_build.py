@@ -206,7 +206,6 @@ SOURCE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <jansson.h>
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
 #include "pdlink/params.h"
@@ -300,35 +299,16 @@ static void pdlpy_events_free(pdlpy_events_t *q)
     free(q);
 }
 
-/* Parse kv_transfer_params given as JSON text into *out (initialised; caller clears it). */
-static pdl_status_t pdlpy_parse_params(const char *text, pdl_kv_params_t *out, pdl_error_t *err)
-{
-    pdl_kv_params_init(out);
-    json_error_t je;
-    json_t *j = json_loads(text ? text : "", 0, &je);
-    if (j == NULL)
-        return pdl_error_set(err, PDL_ERR_PARSE, "kv_transfer_params: invalid JSON: %s", je.text);
-    pdl_status_t st = pdl_kv_params_from_json(j, out, err);
-    json_decref(j);
-    return st;
-}
-
 static char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err)
 {
     pdl_kv_params_t p;
     if (pdl_instance_params(inst, transfer_id, ids, n, &p, err) != PDL_OK)
         return NULL;
-    json_t *j = pdl_kv_params_to_json(&p);
+    char *s = pdl_kv_params_format(&p);
     pdl_kv_params_clear(&p);
-    if (j == NULL) {
-        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: cannot encode", transfer_id);
-        return NULL;
-    }
-    char *s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
     if (s == NULL)
-        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: out of memory", transfer_id);
+        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: cannot encode", transfer_id);
     return s;
 }
 
@@ -336,7 +316,7 @@ static pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, co
                                const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
 {
     pdl_kv_params_t p;
-    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
     if (st == PDL_OK)
         st = pdl_instance_pull(inst, &p, request_id, ids, n, pull_out, err);
     pdl_kv_params_clear(&p);
@@ -347,7 +327,7 @@ static pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, co
                                const uint32_t *ids, size_t n, pdl_error_t *err)
 {
     pdl_kv_params_t p;
-    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
     if (st == PDL_OK)
         st = pdl_instance_push(inst, &p, request_id, ids, n, err);
     pdl_kv_params_clear(&p);
@@ -358,7 +338,7 @@ static pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_j
                                       const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
 {
     pdl_kv_params_t p;
-    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
     if (st == PDL_OK)
         st = pdl_instance_expect_push(inst, &p, request_id, ids, n, recv_out, err);
     pdl_kv_params_clear(&p);
@@ -369,18 +349,13 @@ static pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json,
                                   pdl_error_t *err)
 {
     pdl_kv_params_t p;
-    pdl_status_t st = pdlpy_parse_params(params_json, &p, err);
+    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
     if (st == PDL_OK)
         st = pdl_instance_abandon(inst, &p, request_id, err);
     pdl_kv_params_clear(&p);
     return st;
 }
 """
-
-
-def _cflags() -> list[str]:
-    out = subprocess.run(["pkg-config", "--cflags", "jansson"], check=True, capture_output=True, text=True).stdout
-    return shlex.split(out)
 
 
 def _builder() -> FFI:
@@ -390,7 +365,7 @@ def _builder() -> FFI:
     ffi.set_source(
         "pdlink._pdlink", SOURCE,
         include_dirs=[str(REPO / "include")],
-        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"] + _cflags(),
+        extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"],
     )
     return ffi
 

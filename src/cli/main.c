@@ -10,6 +10,7 @@
 #include "app/optab.h"
 #include "cli/cli.h"
 #include "common/log.h"
+#include "pdlink/version.h"
 
 static const struct {
     const char *name;

@@ -13,6 +13,7 @@
 
 #include "cli/plan.h"
 #include "pdlink/topo.h"
+#include "pdlink/version.h"
 
 static json_t *int_range_array(int first, int count)
 {

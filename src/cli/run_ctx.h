@@ -28,7 +28,7 @@
 #include "cli/run_proc.h"
 #include "cli/run_report.h"
 #include "cli/run_router.h"
-#include "pdlink/ports.h"
+#include "app/ports.h"
 
 enum {
     RUN_MAX_NODES = 2 * PDL_RUN_MAX_INST,

@@ -1,6 +1,6 @@
 /*
  * curve.c -- authenticated mode on ZeroMQ sockets: CURVE options from the cluster key pair and the ZAP
- * handler thread that admits only cluster members (pdlink/curve.h; docs/security.md).
+ * handler thread that admits only cluster members (connector/curve.h; docs/security.md).
  *
  * ZAP (ZeroMQ RFC 27): for every connection to a CURVE server socket, libzmq sends a request on the
  * context's inproc://zeromq.zap.01 and waits for the reply before the connection may carry a message:
@@ -11,7 +11,7 @@
  * Without a handler libzmq admits any client that completed the CURVE handshake, i.e. anyone who knows
  * the server's public key; the handler narrows that to the holders of the cluster's secret key.
  */
-#include "pdlink/curve.h"
+#include "connector/curve.h"
 
 #include <inttypes.h>
 #include <pthread.h>

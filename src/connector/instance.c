@@ -10,7 +10,7 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
-#include "pdlink/ports.h"
+#include "common/ports.h"
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
 

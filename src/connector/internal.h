@@ -48,16 +48,16 @@
 #include "common/cidr.h"
 #include "common/workq.h"
 #include "connector/blockalloc.h"
+#include "connector/curve.h"
 #include "connector/fanin.h"
 #include "connector/peerhealth.h"
 #include "connector/strmap.h"
 #include "pdlink/auth.h"
 #include "pdlink/connector.h"
-#include "pdlink/curve.h"
 #include "common/log.h"
-#include "pdlink/params.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"
+#include "wire/params_json.h"
 
 typedef struct pdl_rank pdl_rank_t;
 typedef struct pdl_peer pdl_peer_t;

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "connector/internal.h"
+#include "pdlink/version.h"
 
 static pdl_status_t build_payloads(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *err)
 {

@@ -174,6 +174,14 @@ static void engine_free(pdl_engine_t *e)
     free(e);
 }
 
+void pdl_engine_config_defaults(pdl_engine_config_t *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->backend = PDL_BACKEND_TCP;
+    cfg->qp_per_transfer = 1;
+    cfg->num_workers = 1;
+}
+
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err)
 {
     if (cfg == NULL || engine_out == NULL)

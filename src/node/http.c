@@ -20,6 +20,7 @@
 #include "node/node.h"
 #include "node/synth.h"
 #include "common/log.h"
+#include "pdlink/version.h"
 
 /* A completion body is a prompt plus options; 16 MiB is far above any prompt a node accepts. */
 #define BODY_MAX (16u << 20)

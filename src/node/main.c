@@ -17,8 +17,9 @@
 
 #include "node/node.h"
 #include "common/log.h"
-#include "pdlink/ports.h"
+#include "common/ports.h"
 #include "pdlink/topo.h"
+#include "pdlink/version.h"
 
 static void human_bytes(uint64_t b, char *out, size_t cap)
 {

@@ -32,7 +32,7 @@
 #include "node/metrics.h"
 #include "node/presets.h"
 #include "pdlink/connector.h"
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 
 typedef enum pdl_node_role {
     PDL_NODE_ALONE = 0,    /* no connector, or kv_both: serves whole requests */

@@ -10,7 +10,7 @@
  * sweeps expired entries and notices the stop flag.
  *
  * Authenticated mode (--auth-key-file): the ROUTER is a CURVE server under the cluster key pair with a
- * ZAP handler (pdlink/curve.h), so only holders of the cluster key can register -- that is what signs
+ * ZAP handler (connector/curve.h), so only holders of the cluster key can register -- that is what signs
  * a registration: a rogue worker without the key never gets a frame through. Refused connections are
  * counted (vllm_router_discovery_total{kind="refused"}): by the ZAP handler (a CURVE key that is not the
  * cluster's, logged with the address) and by the socket's monitor (no CURVE or another cluster's key:
@@ -39,7 +39,7 @@
 
 #include "common/clock.h"
 #include "common/fdlimit.h"
-#include "pdlink/curve.h"
+#include "connector/curve.h"
 #include "common/log.h"
 #include "pdlink/wire.h"
 #include "router/router.h"

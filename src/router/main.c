@@ -15,7 +15,7 @@
 #include <curl/curl.h>
 
 #include "common/log.h"
-#include "pdlink/ports.h"
+#include "common/ports.h"
 #include "router/router.h"
 
 static void raise_fd_limit(void)

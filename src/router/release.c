@@ -8,9 +8,9 @@
 
 #include <zmq.h>
 
-#include "pdlink/curve.h"
+#include "connector/curve.h"
 #include "common/log.h"
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"
 

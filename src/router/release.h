@@ -26,7 +26,7 @@
 
 typedef struct pdl_rt_release pdl_rt_release_t;
 
-/* `auth` (borrowed, may be NULL): authenticated mode, the releases go over CURVE (pdlink/curve.h). */
+/* `auth` (borrowed, may be NULL): authenticated mode, the releases go over CURVE (connector/curve.h). */
 pdl_status_t pdl_rt_release_create(const pdl_auth_t *auth, pdl_rt_release_t **rel_p, pdl_error_t *err);
 /* Waits at most the linger (1 s) for releases still queued to unreachable prefills. Accepts NULL. */
 void pdl_rt_release_destroy(pdl_rt_release_t *rel);

@@ -7,6 +7,9 @@
  * first leg. Everything else is type-checked without coercion: a port sent as "6301" or 6301.0 is an
  * error naming `kv_transfer_params.<key>`, not a guess.
  *
+ * The public functions take and give JSON text (pdlink/params.h); the connector and the programs, which
+ * already hold the request's JSON tree, use the jansson forms (wire/params_json.h) underneath them.
+ *
  * to_json builds what a prefill returns in READ mode: do_remote_prefill true, do_remote_decode false,
  * remote_block_ids, remote_engine_id, remote_host, remote_handshake_port, remote_notify_port,
  * remote_dp_size, tp_size (the prefill's TP) and the echoed transfer_id; remote_dp_rank is added when
@@ -14,7 +17,7 @@
  * from the request the prefill received (the decode's own TP) would be stale. The consumer reads
  * tp_size first anyway (pdl_kv_params_peer_tp, as upstream MoRIIO does).
  */
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -223,6 +226,35 @@ json_t *pdl_kv_params_to_json(const pdl_kv_params_t *p)
         return NULL;
     }
     return o;
+}
+
+pdl_status_t pdl_kv_params_parse(const char *json_text, pdl_kv_params_t *out, pdl_error_t *err)
+{
+    if (out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, PCTX ": NULL output");
+    if (json_text == NULL || json_text[0] == '\0') {
+        pdl_kv_params_init(out);
+        return PDL_OK;
+    }
+    json_error_t je;
+    json_t *j = json_loads(json_text, JSON_DECODE_ANY, &je);
+    if (j == NULL) {
+        pdl_kv_params_init(out);
+        return pdl_error_set(err, PDL_ERR_PARSE, PCTX ": invalid JSON: %s", je.text);
+    }
+    pdl_status_t st = pdl_kv_params_from_json(j, out, err);
+    json_decref(j);
+    return st;
+}
+
+char *pdl_kv_params_format(const pdl_kv_params_t *p)
+{
+    json_t *j = pdl_kv_params_to_json(p);
+    if (j == NULL)
+        return NULL;
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
 }
 
 int pdl_kv_params_peer_tp(const pdl_kv_params_t *p, int local_tp, bool *disagree)

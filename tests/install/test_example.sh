@@ -3,7 +3,9 @@
 # under it, then the out-of-tree example (examples/engine_pair.c) built against that tree with
 # pkg-config (shared and static) and with find_package(pdlink) (shared and static), each run over tcp
 # and shm. Also checks what was installed: the SONAME, that libpdlink.so exports exactly pdl_* API names,
-# the headers, pdlink.pc, the CMake package, the programs and their man pages.
+# the headers (the umbrella pdlink.h includes all of them and compiles alone, none includes another
+# library's header, version.h says the project's version), pdlink.pc, the CMake package, the programs and
+# their man pages.
 # Needs PDLINK_BUILD_DIR and PDLINK_SOURCE_DIR (set by CTest).
 set -euo pipefail
 build=${PDLINK_BUILD_DIR:?} src=${PDLINK_SOURCE_DIR:?}
@@ -26,8 +28,24 @@ done
 for f in libpdlink.a libpdlink.so cmake/pdlink/pdlinkConfig.cmake cmake/pdlink/pdlinkConfigVersion.cmake; do
     [ -e "$libdir/$f" ] || fail "$libdir/$f not installed"
 done
+# The headers are the API alone: pdlink.h includes every one of them, and none names another library.
+for h in "$root"/include/pdlink/*.h; do
+    name=$(basename "$h")
+    [ "$name" = pdlink.h ] || grep -q "#include \"pdlink/$name\"" "$root/include/pdlink/pdlink.h" ||
+        fail "pdlink/pdlink.h does not include $name"
+done
+foreign=$(grep -h '^#include <' "$root"/include/pdlink/*.h | grep -vE '<(stdarg|stdbool|stddef|stdint)\.h>' || true)
+[ -z "$foreign" ] || fail "an installed header includes a header of another library: $foreign"
+echo '#include <pdlink/pdlink.h>' | ${CC:-cc} -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only \
+    -I"$root/include" -x c - || fail "pdlink/pdlink.h does not compile on its own"
+# version.h is generated from project(pdlink VERSION ...) in CMakeLists.txt.
+want=$(sed -n 's/^project(pdlink VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
+ver() { sed -n "s/^#define PDL_VERSION_$1 \\(.*\\)\$/\\1/p" "$root/include/pdlink/version.h"; }
+[ "$(ver STRING)" = "\"$want\"" ] || fail "PDL_VERSION_STRING $(ver STRING), project version $want"
+[ "$(ver MAJOR).$(ver MINOR).$(ver PATCH)" = "$want" ] ||
+    fail "PDL_VERSION_MAJOR/MINOR/PATCH $(ver MAJOR).$(ver MINOR).$(ver PATCH), project version $want"
 soname=$(readelf -d "$libdir/libpdlink.so" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
-abi=$(sed -n 's/^#define PDLINK_ABI_VERSION \([0-9]*\)$/\1/p' "$root/include/pdlink/version.h")
+abi=$(sed -n 's/^#define PDL_ABI_VERSION \([0-9]*\)$/\1/p' "$root/include/pdlink/version.h")
 [ "$soname" = "libpdlink.so.$abi" ] || fail "SONAME '$soname', expected libpdlink.so.$abi"
 [ -e "$libdir/$soname" ] || fail "$soname (the SONAME link) not installed"
 # The dynamic symbol table is the API: pdl_ names only, none of the internal pdl__ ones.

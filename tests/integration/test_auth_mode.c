@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 #include "pdlink/auth.h"
-#include "pdlink/curve.h"
+#include "connector/curve.h"
 #include "pdlink/wire.h"
 #include "test_connector_util.h"
 

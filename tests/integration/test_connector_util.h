@@ -29,7 +29,7 @@
 #include "common/clock.h"
 #include "pdlink/connector.h"
 #include "common/log.h"
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 #include "pdlink/topo.h"
 #include "pdlink/wire.h"
 #include "test_ports.h"

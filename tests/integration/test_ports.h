@@ -1,6 +1,6 @@
 /*
  * test_ports.h -- free TCP ports for the C tests (header-only, static), by the one rule of
- * pdlink/ports.h: whole ranges outside the kernel's ephemeral range, proved free by binding, searched
+ * app/ports.h: whole ranges outside the kernel's ephemeral range, proved free by binding, searched
  * from a point that differs per process so tests running side by side (ctest -j) start far apart.
  * The shell and Python tests use tests/tools/free_ports.py, which implements the same rule.
  *
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "pdlink/ports.h"
+#include "app/ports.h"
 #include "common/clock.h"
 
 /* First port of `count` consecutive ports free on 127.0.0.1, or -1 (with the reason on stderr). */

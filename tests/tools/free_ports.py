@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""free_ports.py -- free TCP ports for the shell and Python tests, by the one rule of pdlink/ports.h.
+"""free_ports.py -- free TCP ports for the shell and Python tests, by the one rule of src/app/ports.h.
 
 Ports are taken outside the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), where
 the kernel never hands a port to an outgoing connection or a port-0 listener: from the larger of

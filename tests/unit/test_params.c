@@ -1,6 +1,7 @@
 /*
  * test_params.c -- kv_transfer_params JSON: parsing (types, nulls, limits, messages naming
- * kv_transfer_params.<key>), the READ-mode prefill return, and the peer-TP rule.
+ * kv_transfer_params.<key>), the READ-mode prefill return, the public text forms (pdlink/params.h), and
+ * the peer-TP rule.
  */
 #include <jansson.h>
 #include <setjmp.h>
@@ -11,7 +12,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "pdlink/params.h"
+#include "wire/params_json.h"
 
 static json_t *parse(const char *s)
 {
@@ -167,6 +168,43 @@ static void prefill_return_json(void **state)
     json_decref(j);
 }
 
+/* The installed API's text forms give what the jansson forms give, and name bad JSON. */
+static void text_forms(void **state)
+{
+    (void)state;
+    pdl_kv_params_t p;
+    pdl_error_t err = {0};
+    assert_int_equal(pdl_kv_params_parse("{\"transfer_id\":\"tx-3\",\"remote_block_ids\":[7,8],\"tp_size\":2,"
+                                         "\"remote_host\":\"10.0.0.2\",\"remote_handshake_port\":6301}",
+                                         &p, &err),
+                     PDL_OK);
+    assert_string_equal(p.transfer_id, "tx-3");
+    assert_int_equal(p.num_remote_blocks, 2);
+    assert_int_equal(p.remote_block_ids[1], 8);
+    char *s = pdl_kv_params_format(&p);
+    assert_non_null(s);
+    json_t *j = pdl_kv_params_to_json(&p);
+    char *want = json_dumps(j, JSON_COMPACT);
+    assert_string_equal(s, want);
+    free(want);
+    json_decref(j);
+    free(s);
+    pdl_kv_params_clear(&p);
+
+    const char *absent[] = {NULL, "", "null"};
+    for (size_t i = 0; i < sizeof(absent) / sizeof(absent[0]); i++) {
+        assert_int_equal(pdl_kv_params_parse(absent[i], &p, &err), PDL_OK);
+        assert_false(p.has_remote_block_ids);
+        assert_int_equal(p.remote_dp_rank, -1);
+    }
+    assert_int_equal(pdl_kv_params_parse("{\"tp_size\":", &p, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "kv_transfer_params: invalid JSON"));
+    assert_int_equal(pdl_kv_params_parse("{\"tp_size\":\"4\"}", &p, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "kv_transfer_params.tp_size"));
+    assert_int_equal(pdl_kv_params_parse("[1]", &p, &err), PDL_ERR_PARSE);
+    assert_null(pdl_kv_params_format(NULL));
+}
+
 static void peer_tp_rule(void **state)
 {
     (void)state;
@@ -222,6 +260,7 @@ int main(void)
         cmocka_unit_test(nulls_and_absent),
         cmocka_unit_test(wrong_types_name_the_key),
         cmocka_unit_test(prefill_return_json),
+        cmocka_unit_test(text_forms),
         cmocka_unit_test(peer_tp_rule),
         cmocka_unit_test(peer_tp_real_router_leg),
     };

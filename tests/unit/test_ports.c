@@ -16,7 +16,7 @@
 #include <cmocka.h>
 
 #include "common/log.h"
-#include "pdlink/ports.h"
+#include "app/ports.h"
 #include "common/clock.h"
 
 static void test_parse_range(void **state)

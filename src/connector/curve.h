@@ -2,25 +2,22 @@
  * curve.h -- ZeroMQ CURVE for authenticated mode: socket options from the cluster key pair and the ZAP
  * handler that admits only cluster members (docs/security.md, "Authenticated mode").
  *
- * Layer: connector (the layer that uses libzmq); pdlink-router uses it for its discovery ROUTER and its
- * release DEALERs. Every member shares ONE CURVE key pair derived from the cluster secret
+ * Layer: connector (the layer that uses libzmq), internal: its sockets and contexts are libzmq's `void *`,
+ * so it is not part of the installed API; pdlink-router uses it for its discovery ROUTER and its release
+ * DEALERs. Every member shares ONE CURVE key pair derived from the cluster secret
  * (pdlink/auth.h): servers (ROUTERs) use it as their server key pair, clients (DEALERs) as their client
  * key pair and as the server's public key. A client without the secret cannot complete the CURVE
  * handshake (it cannot make the server's box), and one that knows the public key but not the secret
  * half cannot prove the client key; the ZAP handler refuses every other client key and every other
  * mechanism, so a NULL-mechanism peer (an upstream MoRIIO, a tool without the key) gets nothing.
  */
-#ifndef PDLINK_CURVE_H
-#define PDLINK_CURVE_H
+#ifndef PDL_CONNECTOR_CURVE_H
+#define PDL_CONNECTOR_CURVE_H
 
 #include <stdint.h>
 
 #include "pdlink/auth.h"
 #include "pdlink/status.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 /*
  * Make `sock` (not yet bound / connected) a CURVE server or client under the cluster key pair; with
@@ -48,8 +45,4 @@ pdl_status_t pdl_curve_zap_start(void *zctx, const pdl_auth_t *auth, const char 
 uint64_t pdl_curve_zap_refused(const pdl_zap_t *zap);
 void pdl_curve_zap_stop(pdl_zap_t *zap);
 
-#ifdef __cplusplus
-}
-#endif
-
-#endif /* PDLINK_CURVE_H */
+#endif /* PDL_CONNECTOR_CURVE_H */
