@@ -7,7 +7,7 @@
  * ignore_eos, skip_special_tokens, …), f32 fields widened to f64 and printed shortest (0.7 →
  * 0.699999988079071), chat messages re-serialised per role (unknown message keys dropped), and every
  * unknown top-level key appended in the client's order. Reproducing it is what lets pdlink-router pick
- * the same prefill and decode worker as vllm-router for the same request (tests/venv/test_hash_parity.py
+ * the same prefill and decode worker as vllm-router for the same request (tests/pypi/test_hash_parity.py
  * checks this against the real router, request by request).
  *
  * Field lists and rules are those of vllm-router 0.1.17 (src/protocols/spec.rs CompletionRequest and

@@ -5,7 +5,7 @@
  * Every expected string below is what vllm-router 0.1.17 (the PyPI wheel) forwarded to a worker for
  * the given client body, minus the kv_transfer_params it appends, and every expected key is what that
  * router logged ("Extracted hash key: …") for the same request: the bodies and keys were captured by
- * running the wheel in front of tests/integration/fake_vllm.py. tests/venv/test_hash_parity.py then
+ * running the wheel in front of tests/integration/fake_vllm.py. tests/pypi/test_hash_parity.py then
  * checks worker choices against the live router.
  */
 #include <setjmp.h>

@@ -6,7 +6,7 @@
 Each line is {"id", "question", "answer"}: a one-step word problem and its answer as a number word.
 The synthetic model of pdlink-node does not do arithmetic (it answers words from a hash of the prompt's
 KV), so a test that wants a score other than 0 passes --answers: a JSON object {id: word} that replaces
-the answer of those ids (tests/venv/test_lmeval.py gives half the ids the single node's own greedy first
+the answer of those ids (tests/pypi/test_lmeval.py gives half the ids the single node's own greedy first
 word). The set is deterministic: the same file every time.
 """
 import json

@@ -2,7 +2,7 @@
 """zmq_relay.py -- copy every MoRIIO discovery registration to several routers (Debian's python3-zmq).
 
 vLLM's MoRIIO connector, and pdlink-node, ping exactly one router (proxy_ip:proxy_ping_port). To put
-two routers in front of the same instances (tests/venv/test_hash_parity.py), this binds a ROUTER
+two routers in front of the same instances (tests/pypi/test_hash_parity.py), this binds a ROUTER
 socket where the instances ping and forwards each registration payload, unchanged, from one DEALER
 per target router, exactly as an instance would send it. Usage:
     zmq_relay.py --bind 127.0.0.1:PORT --to 127.0.0.1:A --to 127.0.0.1:B [--port-file F]

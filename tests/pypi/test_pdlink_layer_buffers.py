@@ -5,7 +5,7 @@ every element of every pulled block is compared, and the blocks nobody pulled ke
 refusals name the rank and layer; CUDA tensors given per layer ask for the cuda backend as one region
 per rank does.
 
-The package is the one ``pip install`` put into the build tree (venv.pdlink_pip_install).
+The package is the one ``pip install`` put into the build tree (pypi.pdlink_pip_install).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ counters must agree with the plan. Topologies: P4/D8 and P8/D4 (8 KV heads: head
 (TP4+TP4 -> TP8) and 1P2D (TP8 -> TP4+TP4) with 4 KV heads (TP8 ranks replicate heads).
 
 The package is the one ``pip install`` put into the build tree (the fixture test
-``venv.pdlink_pip_install``, see tests/CMakeLists.txt); PYTHONPATH points there.
+``pypi.pdlink_pip_install``, see tests/CMakeLists.txt); PYTHONPATH points there.
 """
 from __future__ import annotations
 

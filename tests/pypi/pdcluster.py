@@ -1,4 +1,5 @@
-"""pdcluster.py -- start pdlink-nodes behind pdlink-router or the real vllm-router, for the venv tests.
+"""pdcluster.py -- start pdlink-nodes behind pdlink-router or the real vllm-router, for the tests of
+tests/pypi/ (those that need PyPI packages from the project venv).
 
 Not a test itself. Every process it starts is recorded and stopped by Cluster.close() (the tests use
 it as a context manager). Ports: routers and relays bind port 0 where they can and report the port;
