@@ -7,7 +7,7 @@
 # Environment: BUILD (build directory, default build), LOAD (busy loops, default one per core), JOBS
 # (ctest -j, default 2), LABELS (ctest -L regex, default 'integration|python').
 # The busy loops run at the tests' priority and are killed on exit, also on Ctrl-C. Exit status: ctest's.
-set -u
+set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20}
 BUILD=${BUILD:-build}
@@ -19,10 +19,10 @@ LABELS=${LABELS:-integration|python}
 LOADERS=()
 stop_load() {
     for pid in "${LOADERS[@]}"; do
-        kill "$pid" 2>/dev/null
+        kill "$pid" 2>/dev/null || true
     done
     for pid in "${LOADERS[@]}"; do
-        wait "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null || true
     done
     LOADERS=()
 }
@@ -34,7 +34,7 @@ for _ in $(seq 1 "$LOAD"); do
 done
 echo "stress.sh: $LOAD busy loops (pids ${LOADERS[*]}); ctest -L '$LABELS' --repeat until-fail:$N -j $JOBS in $BUILD"
 start=$(date +%s)
-ctest --test-dir "$BUILD" -L "$LABELS" --repeat until-fail:"$N" -j "$JOBS" --output-on-failure
-rc=$?
+rc=0
+ctest --test-dir "$BUILD" -L "$LABELS" --repeat until-fail:"$N" -j "$JOBS" --output-on-failure || rc=$?
 echo "stress.sh: ctest exit $rc after $(($(date +%s) - start)) s, each test up to $N times under $LOAD busy loops"
 exit $rc

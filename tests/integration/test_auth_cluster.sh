@@ -12,6 +12,7 @@
 #      (vllm_router_discovery_total{kind="refused"}). Without --auth-key-file the same plain ping
 #      registers (the rogue-registration attack of docs/security.md), which is checked first on a router of its own.
 #   4. Startup errors: a world-readable key file stops the router and a node with the path named.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || { echo "SKIP: python3-zmq/python3-msgpack missing"; exit 77; }
 
@@ -128,14 +129,14 @@ check_eq "the router still lists only P and D" "$(workers "$RPORT")" "[1,1]"
 # --- startup errors --------------------------------------------------------------------------------
 cp "$KEY" "$TMP/open.key"
 chmod 644 "$TMP/open.key"
+rc=0
 out=$("$BUILD/pdlink-router" --port 0 --vllm-pd-disaggregation --kv-connector moriio \
-    --vllm-discovery-address 127.0.0.1:0 --auth-key-file "$TMP/open.key" 2>&1)
-rc=$?
+    --vllm-discovery-address 127.0.0.1:0 --auth-key-file "$TMP/open.key" 2>&1) || rc=$?
 check "router with a world-readable key file exits non-zero" test "$rc" -ne 0
 check_contains "router names the key file" "$out" "$TMP/open.key"
+rc=0
 out=$("$NODE_BIN" --port 0 --model tiny --kv-transfer-config \
-    "{\"kv_connector\":\"MoRIIOConnector\",\"kv_role\":\"kv_producer\",\"kv_connector_extra_config\":{\"auth_key_file\":\"$TMP/nokey\"}}" 2>&1)
-rc=$?
+    "{\"kv_connector\":\"MoRIIOConnector\",\"kv_role\":\"kv_producer\",\"kv_connector_extra_config\":{\"auth_key_file\":\"$TMP/nokey\"}}" 2>&1) || rc=$?
 check "node with a missing key file exits non-zero" test "$rc" -ne 0
 check_contains "node names the key file" "$out" "$TMP/nokey"
 

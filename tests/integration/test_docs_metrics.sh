@@ -9,9 +9,7 @@ set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-PASS=0 FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $*"; }
+source tests/integration/test_tally_lib.bash
 
 section=$(awk '/^## Metrics$/ { on = 1; print; next } on && /^## / { exit } on { print }' docs/node.md)
 [[ -n $section ]] || { echo "FAIL - docs/node.md has no '## Metrics' section"; exit 1; }
@@ -50,5 +48,4 @@ for n in $(grep -oE 'pdlink_[a-z0-9_]+' <<<"$section" | sort -u); do
 done
 [[ $extra == 0 ]] && ok "every name in docs/node.md's Metrics section is served"
 
-echo "# $PASS passed, $FAIL failed"
-[[ $FAIL == 0 ]]
+tally

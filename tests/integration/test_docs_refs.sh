@@ -12,9 +12,7 @@ set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-PASS=0 FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $*"; }
+source tests/integration/test_tally_lib.bash
 
 CITE='SPEC §|router-spec|machine\.md|moriio-spec|reference §|shared/(spec|reference)|[Ii]ssue [0-9]+'
 SCOPE=(src include bench docs README.md)
@@ -96,5 +94,4 @@ for page in docs/*.md; do
 done
 [[ $broken == 0 ]] && ok "$nrefs references to docs/*.md files and sections resolve"
 
-echo "# $PASS passed, $FAIL failed"
-[[ $FAIL == 0 ]]
+tally

@@ -7,7 +7,7 @@
 # bytes, every prefill block is freed (pdlink_held_blocks 0) and nothing was reaped (expired 0).
 # Ports: the router binds port 0; node port ranges come from tests/tools/free_ports.py just before use.
 # Exits 77 (skip) when pdlink-node or pdlink-router has not been built.
-set -u
+set -euo pipefail
 B=${PDLINK_BUILD_DIR:-build}
 for prog in pdlink-node pdlink-router; do
   [ -x "$B/$prog" ] || { echo "skip: $B/$prog does not exist yet"; exit 77; }
@@ -18,6 +18,7 @@ import json, os, shutil, signal, subprocess, sys, tempfile, time
 B = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 from free_ports import free_range  # noqa: E402 (the tests' one port rule, outside the ephemeral range)
+from prom_text import sums  # noqa: E402
 T = tempfile.mkdtemp(prefix="pdl-e2e-seed-")
 procs = []
 DEADLINE = 60.0
@@ -72,15 +73,7 @@ def wait_for(cond, what):
 
 def metrics(port):
     code, text = curl(f"http://127.0.0.1:{port}/metrics")
-    vals = {}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        series, v = line.rsplit(" ", 1)
-        name = series.split("{", 1)[0]
-        vals.setdefault(name, 0.0)
-        vals[name] += float(v)
-    return vals
+    return sums(text)
 
 
 def complete(url, body):

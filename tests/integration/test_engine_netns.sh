@@ -4,7 +4,7 @@
 # initiator in the other; both READ and WRITE are validated byte by byte (the bench exits 1 on a
 # mismatch). Needs root and `ip netns`; exits 77 (skip) with the reason otherwise. The namespaces and
 # the target process are always cleaned up.
-set -u
+set -euo pipefail
 
 if [ "$(id -u)" != 0 ]; then
     echo "SKIP: needs root for ip netns (running as uid $(id -u))"
@@ -35,11 +35,11 @@ TARGET_PID=
 
 cleanup() {
     if [ -n "$TARGET_PID" ] && kill -0 "$TARGET_PID" 2>/dev/null; then
-        kill "$TARGET_PID" 2>/dev/null
-        wait "$TARGET_PID" 2>/dev/null
+        kill "$TARGET_PID" 2>/dev/null || true
+        wait "$TARGET_PID" 2>/dev/null || true
     fi
-    ip netns del "$NS_A" 2>/dev/null
-    ip netns del "$NS_B" 2>/dev/null
+    ip netns del "$NS_A" 2>/dev/null || true
+    ip netns del "$NS_B" 2>/dev/null || true
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -77,11 +77,11 @@ run_pair() { # op
     fi
     local port
     port=$(cat "$TMP/port")
+    local rc=0 trc=0
     timeout 120 ip netns exec "$NS_A" "$PDLINK" bench --connect "$IP_B:$port" --backend tcp --host "$IP_A" --op "$op" \
-        --block-sizes 4K,64K,1M --batch-sizes 1,16 --max-batch-bytes 16M --iters 20 --no-hetero >"$TMP/init.$op" 2>"$TMP/init.$op.err"
-    local rc=$?
-    wait "$TARGET_PID"
-    local trc=$?
+        --block-sizes 4K,64K,1M --batch-sizes 1,16 --max-batch-bytes 16M --iters 20 --no-hetero >"$TMP/init.$op" \
+        2>"$TMP/init.$op.err" || rc=$?
+    wait "$TARGET_PID" || trc=$?
     TARGET_PID=
     cat "$TMP/init.$op"
     if [ $rc != 0 ] || [ $trc != 0 ]; then
@@ -91,7 +91,7 @@ run_pair() { # op
     fi
     # Every row must be there (3 block sizes x 2 batch sizes) and none may report a mismatch.
     local rows
-    rows=$(grep -c '^sweep' "$TMP/init.$op")
+    rows=$(grep -c '^sweep' "$TMP/init.$op" || true)
     if [ "$rows" != 6 ] || grep -q MISMATCH "$TMP/init.$op"; then
         echo "FAIL: $op between namespaces: $rows rows, or a data mismatch"
         return 1

@@ -7,11 +7,12 @@
 # of the descriptor limit, this killed both nodes: libzmq's bind aborts when out of descriptors
 # ("Too many open files (src/ip_resolver.cpp:542)"), and libmicrohttpd, once at EMFILE, accepted nothing
 # until an idle connection timed out.
+set -euo pipefail
 source "$(dirname "$0")/test_run_lib.bash" test_flood pdlink-node pdlink-router
+rc=0
 
 /usr/bin/python3 "$SRC/tools/flood-check" --build "$BUILD" --conns 1100 --nofile 1024 --log-dir "$WORK/logs" \
-    --json >"$WORK/flood.json" 2>"$WORK/err.txt"
-rc=$?
+    --json >"$WORK/flood.json" 2>"$WORK/err.txt" || rc=$?
 cat "$WORK/flood.json" "$WORK/err.txt"
 [ "$rc" -eq 0 ] || fail "flood-check exited with $rc"
 /usr/bin/python3 - "$WORK/flood.json" <<'PY' || fail "flood-check's report"

@@ -6,12 +6,10 @@
 #   2. at compile level: with a layer's include roots (what CMake gives it), an internal or public header of
 #      a higher layer does not resolve, and one of a lower layer does;
 #   3. no source, test or benchmark #includes a .c file (a program's code is reached through its library).
-set -u
+set -euo pipefail
 BUILD=${PDLINK_BUILD_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/build}
 LAYERS=(common topo layout wire engine connector)
-PASS=0 FAIL=0
-ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $*"; }
+source "$(dirname "$0")/test_tally_lib.bash"
 
 defined=$(mktemp)
 trap 'rm -f "$defined"' EXIT
@@ -69,5 +67,4 @@ else
     bad "a .c file is #included (link the program's library instead): $included_c"
 fi
 
-echo "# $PASS passed, $FAIL failed"
-[[ $FAIL -eq 0 ]]
+tally

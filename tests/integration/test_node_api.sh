@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test_node_api.sh -- pdlink-node serving alone: every endpoint, streaming and not, bad inputs (4xx with a
 # message naming the field, node stays alive), determinism across TP sizes and layouts, clean SIGTERM.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 start_node A --model tiny -tp 4 --seed 7 --trust-remote-code --language-model-only --attention-backend TRITON_ATTN \

@@ -4,6 +4,7 @@
 #     error text (no port-scan oracle through the decode); the node's log keeps the cause;
 #   - Expect: 100-continue with a Content-Length over the 16 MiB limit gets 413, never "100 Continue";
 #   - two Content-Length headers get 400.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 fast_config() { kv_config "$1" "$2" "$3" ',"handshake_timeout":2,"transfer_timeout":3'; }

@@ -2,6 +2,8 @@
 #
 # Nodes start with --port 0 --port-file, so no fixed TCP port is ever used; every child is recorded and
 # killed on exit. Checks count passes and failures; `finish` prints the tally and sets the exit status.
+# Source it after `set -euo pipefail`: the helpers that must not stop a test (cleanup, stop_node, the
+# probes of a node that may be gone) say so with `|| true` or capture the status they report.
 
 BUILD=${PDLINK_BUILD_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build}
 SRC=${PDLINK_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -17,22 +19,19 @@ done
 TMP=$(mktemp -d /tmp/pdlink-node-test.XXXXXX)
 
 CHILDREN=()
-PASS=0
-FAIL=0
+source "$(dirname "${BASH_SOURCE[0]}")/test_tally_lib.bash"
 
 cleanup() {
     for pid in "${CHILDREN[@]}"; do
-        kill "$pid" 2>/dev/null
+        kill "$pid" 2>/dev/null || true
     done
     for pid in "${CHILDREN[@]}"; do
-        wait "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null || true
     done
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 
-ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
-bad() { FAIL=$((FAIL + 1)); echo "FAIL - $*"; }
 check() { # check DESCRIPTION COMMAND...
     local what=$1
     shift
@@ -59,7 +58,15 @@ start_node() {
     local pf=$TMP/$name.port
     rm -f "$pf"
     "$NODE_BIN" --host 127.0.0.1 --port 0 --port-file "$pf" "$@" >"$TMP/$name.log" 2>&1 &
-    local pid=$!
+    node_started "$name" $! "$pf"
+}
+
+# node_started NAME PID PORT_FILE : a pdlink-node just started in the background with --port-file
+# PORT_FILE and its log in $TMP/NAME.log is recorded (killed on exit, stopped by finish); waits until it
+# wrote PORT_FILE and answers /health, then sets ${NAME}_PORT and ${NAME}_PID. Returns 2 when the node
+# exited because a port was in use, 1 on any other failure.
+node_started() {
+    local name=$1 pid=$2 pf=$3
     CHILDREN+=("$pid")
     NODE_NAMES+=("$name")
     printf -v "${name}_PID" '%s' "$pid"
@@ -90,9 +97,16 @@ start_node() {
 stop_node() {
     local pidvar=${1}_PID
     local pid=${!pidvar}
-    kill -TERM "$pid" 2>/dev/null
-    wait "$pid"
-    STOP_RC=$?
+    kill -TERM "$pid" 2>/dev/null || true
+    STOP_RC=0
+    wait "$pid" || STOP_RC=$?
+}
+
+# kill_node NAME : kill -9 and reap (it dies of the signal, which is not a failure here).
+kill_node() {
+    local pidvar=${1}_PID
+    kill -9 "${!pidvar}" 2>/dev/null || true
+    wait "${!pidvar}" 2>/dev/null || true
 }
 
 # post PORT PATH JSON [extra curl args] : prints "STATUS BODY" (body on one line)
@@ -100,20 +114,20 @@ post() {
     local port=$1 path=$2 body=$3
     shift 3
     curl -s -o "$TMP/body" -w '%{http_code}' -H 'Content-Type: application/json' "$@" \
-        --data-binary "$body" "http://127.0.0.1:$port$path" >"$TMP/code"
+        --data-binary "$body" "http://127.0.0.1:$port$path" >"$TMP/code" || true
     echo "$(cat "$TMP/code") $(tr -d '\n' <"$TMP/body")"
 }
 
 completion_text() { # completion_text PORT PROMPT MAX_TOKENS [CURL_ARGS...]
     local port=$1 prompt=$2 max=$3
     shift 3
-    curl -s -H 'Content-Type: application/json' "$@" \
+    { curl -s -H 'Content-Type: application/json' "$@" \
         --data-binary "$(jq -cn --arg p "$prompt" --argjson m "$max" '{prompt:$p, max_tokens:$m}')" \
-        "http://127.0.0.1:$port/v1/completions" | jq -r '.choices[0].text'
+        "http://127.0.0.1:$port/v1/completions" || true; } | jq -r '.choices[0].text'
 }
 
 metric() { # metric PORT NAME_WITH_LABELS_PREFIX : sum of matching series
-    curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" 'index($0, n) == 1 { s += $NF } END { printf "%d\n", s }'
+    { curl -s "http://127.0.0.1:$1/metrics" || true; } | awk -v n="$2" 'index($0, n) == 1 { s += $NF } END { printf "%d\n", s }'
 }
 
 NODE_NAMES=()
@@ -131,12 +145,12 @@ finish() {
     if grep -l -E 'ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error:' "$TMP"/*.log \
         >"$TMP/sanitizer_hits" 2>/dev/null; then
         bad "sanitizer reports in: $(tr '\n' ' ' <"$TMP/sanitizer_hits")"
-        grep -h -A30 -E 'ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error:' "$TMP"/*.log | head -80
+        grep -h -A30 -E 'ERROR: (AddressSanitizer|LeakSanitizer)|WARNING: ThreadSanitizer|runtime error:' "$TMP"/*.log |
+            head -80 || true
     else
         ok "no sanitizer reports in node logs"
     fi
-    echo "# $PASS passed, $FAIL failed"
-    [[ $FAIL -eq 0 ]]
+    tally
 }
 
 # start_router : pdlink-router in the seed's MoRIIO mode (round robin, registrations that never expire) on
@@ -151,9 +165,17 @@ start_router() {
     RPID=$!
     CHILDREN+=("$RPID")
     for _ in $(seq 1 200); do [[ -s $rpf ]] && break; sleep 0.05; done
-    RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf")
-    DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf")
+    RPORT=$(sed -E 's/.*http=([0-9]+).*/\1/' "$rpf" 2>/dev/null || true)
+    DISC=$(sed -E 's/.*discovery=([0-9]+).*/\1/' "$rpf" 2>/dev/null || true)
     [[ -n $RPORT && -n $DISC ]] || { echo "router did not start:"; cat "$TMP/router.log"; return 1; }
+}
+
+# stop_router : SIGTERM the router of start_router; it must exit 0.
+stop_router() {
+    kill -TERM "$RPID"
+    local rc=0
+    wait "$RPID" || rc=$?
+    check_eq "router exits 0" "$rc" 0
 }
 
 # wait_until DESCRIPTION DEADLINE_S COMMAND... : polls COMMAND until it succeeds, then ok DESCRIPTION;
@@ -185,8 +207,8 @@ with_ports() {
     shift 2
     for _ in 1 2 3 4 5; do
         base=$(free_ports "$count") || return 1
-        "$fn" "$base" "$@"
-        rc=$?
+        rc=0
+        "$fn" "$base" "$@" || rc=$?
         [[ $rc -ne 2 ]] && return $rc
         echo "  ports $base-$((base + count - 1)) were taken before the node bound them; retrying on another range"
     done

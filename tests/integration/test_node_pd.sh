@@ -4,6 +4,7 @@
 # the decode leg with the prefill's kv_transfer_params verbatim). Heterogeneous TP with split KV heads
 # (tiny: 8 KV heads; P4 -> D8 and P8 -> D4) and MLA: the decode's output equals a single node's, every
 # received byte verifies, the producer frees every held block, and bad params are 4xx / failed pulls 5xx.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 PROMPT="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"

@@ -7,6 +7,7 @@
 #   2. `front`: it fronts a pdlink-node producer's rank 0 with the pdlink keys stripped from the handshake
 #      (so the decode node sees an upstream-looking peer), decodes the releases a pdlink-node consumer
 #      (TP2) sends as upstream's listener would, and forwards them; the decode output equals a single node.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 PEER=$SRC/tests/python/moriio_peer.py
 [[ -f $PEER ]] || { echo "SKIP: $PEER missing"; exit 77; }
@@ -24,9 +25,9 @@ for t in tx-py-typed tx-py-legacy; do
     check_eq "prefill $t returns params" "$(jq -r .kv_transfer_params.transfer_id <<<"$pre")" $t
 done
 check "producer holds 2 transfers" [ "$(metric $P_PORT pdlink_held_transfers)" -eq 2 ]
+rc=0
 out=$(/usr/bin/python3 "$PEER" interop --hs-port $pb --notify-port $((pb + 10)) --tp 4 --typed tx-py-typed \
-    --legacy tx-py-legacy 2>&1)
-rc=$?
+    --legacy tx-py-legacy 2>&1) || rc=$?
 check_eq "python peer interop exits 0" "$rc" 0
 echo "  peer: ${out:0:300}"
 check_eq "python peer handshook 4 ranks" "$(jq -r '.ranks | length' <<<"$out" 2>/dev/null)" 4
@@ -56,8 +57,9 @@ params=$(jq -c --argjson h "$fhs" --argjson n "$fnt" \
     '.kv_transfer_params | .remote_handshake_port = $h | .remote_notify_port = $n' <<<"$pre")
 dec=$(decode_leg $D_PORT "$PROMPT" "$params" rid-front 8)
 check_eq "decode through the upstream-looking front equals a single node" "$(jq -r '.choices[0].text' <<<"$dec")" "$want"
-wait $FRONT
-check_eq "front received the 2 releases (one per consumer rank) and exits 0" "$?" 0
+rc=0
+wait $FRONT || rc=$?
+check_eq "front received the 2 releases (one per consumer rank) and exits 0" "$rc" 0
 echo "  front: $(tail -1 "$TMP/front.out")"
 check_eq "releases decoded as upstream typed releases" "$(grep -c '"type": "release"' "$TMP/front.out")" 2
 check_contains "release carries consumer_tp_size 2" "$(grep -m1 '"release"' "$TMP/front.out")" '"consumer_tp_size": 2'

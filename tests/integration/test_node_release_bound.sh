@@ -9,6 +9,7 @@
 # decode sends nothing (pdlink_transfers_abandoned_total stays 0, counted synchronously when an abandon
 # is queued), the blocks stay held, and the victim's own decode leg pulls them, verifies every byte and
 # frees them. Polls use a deadline only as the failure bound.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 with_ports 20 kv_node P kv_config kv_producer --model tiny -tp 1 --num-gpu-blocks 64 --block-size 16 || exit 1

@@ -4,6 +4,7 @@
 # seed's fixed ones. Checks the G2 discovery pings a router receives (a Python ZMQ ROUTER stands in for
 # vllm-router's discovery socket), then a P/D request whose peer addresses come from the request id the
 # way vllm-router builds it (`___prefill_addr_{zmq}___decode_addr_{zmq}_{32 hex}`).
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null || { echo "SKIP: python3-zmq/msgpack missing"; exit 77; }
 
@@ -64,6 +65,7 @@ seed_node() {
     printf -v "${name}_HTTP" '%s' "$port"
     printf -v "${name}_KV" '%s' "$hs"
     local pf=$TMP/$name.port
+    rm -f "$pf"
     "$NODE_BIN" serve MiniMaxAI/MiniMax-M3-MXFP8 --model tiny \
         --host 127.0.0.1 \
         --port "$port" \
@@ -81,23 +83,7 @@ seed_node() {
         --num-gpu-blocks 64 --log-level info \
         --port-file "$pf" \
         --kv-transfer-config "$(seed_cfg "$role" "$port" "$hs" "$nt")" >"$TMP/$name.log" 2>&1 &
-    CHILDREN+=($!)
-    NODE_NAMES+=("$name")
-    printf -v "${name}_PID" '%s' "$!"
-    local pid=$!
-    for _ in $(seq 1 400); do
-        [[ -s $pf ]] && curl -fs "http://127.0.0.1:$port/health" >/dev/null 2>&1 && return 0
-        if ! kill -0 "$pid" 2>/dev/null; then
-            echo "node $name exited early:"
-            cat "$TMP/$name.log"
-            port_taken "$TMP/$name.log" && return 2
-            return 1
-        fi
-        sleep 0.05
-    done
-    echo "node $name not ready after 20 s:"
-    cat "$TMP/$name.log"
-    return 1
+    node_started "$name" $! "$pf"
 }
 with_ports 21 seed_node P 4 kv_producer || exit 1
 with_ports 21 seed_node D 8 kv_consumer || exit 1

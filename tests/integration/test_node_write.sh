@@ -6,6 +6,7 @@
 # P4 -> D8 and P8 -> D4) and MLA (P8 -> D2): the decode's output equals a single node's, every pushed
 # byte verifies, the prefill frees every block; a decode leg whose prefill never comes fails (5xx) within
 # transfer_timeout and frees its blocks.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 PROMPT="Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips did Natalia sell altogether in April and May?"

@@ -2,7 +2,7 @@
 # test_plan_cli.sh -- `pdlink plan` end to end: the seed topologies as JSON (checked with python3's json
 # module), the human output, xPyD pairs, WRITE mode, MLA, and usage/topology errors (exit 2, message
 # naming the values).
-set -u
+set -euo pipefail
 . "$(dirname "$0")/test_cli_lib.bash"
 
 # Seed topologies, one document each, and all four together.
@@ -80,8 +80,8 @@ fi
 expect_error() {
     local name=$1 pattern=$2
     shift 2
-    "$PDLINK" plan "$@" >"$TMP/out" 2>"$TMP/err"
-    local rc=$?
+    local rc=0
+    "$PDLINK" plan "$@" >"$TMP/out" 2>"$TMP/err" || rc=$?
     if [ $rc -eq 2 ] && grep -q -- "$pattern" "$TMP/err"; then
         pass "$name"
     else

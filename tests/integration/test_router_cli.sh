@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_router_cli.sh -- pdlink-router's command line: usage errors exit 2 with a message naming the
 # flag, --help exits 0, a port in use exits 1, SIGTERM and SIGINT shut down cleanly with exit 0.
-set -u
+set -euo pipefail
 B=${PDLINK_BUILD_DIR:-build}
 R=$B/pdlink-router
 [ -x "$R" ] || { echo "skip: $R not built"; exit 77; }
@@ -10,7 +10,7 @@ trap 'rm -rf "$T"' EXIT
 fails=0
 expect_usage() { # expected-text args...
   local want=$1; shift
-  "$R" "$@" >"$T/out" 2>&1; local rc=$?
+  local rc=0; "$R" "$@" >"$T/out" 2>&1 || rc=$?
   if [ $rc -ne 2 ] || ! grep -q -- "$want" "$T/out"; then
     echo "FAIL: pdlink-router $* -> rc $rc (want 2), output:"; cat "$T/out"; fails=$((fails+1))
   else
@@ -30,7 +30,7 @@ expect_usage "is not HOST:PORT" --vllm-pd-disaggregation --vllm-discovery-addres
 expect_usage "unknown level 'loud'" "${BASE[@]}" --log-level loud
 expect_usage "unexpected argument 'extra'" "${BASE[@]}" extra
 
-"$R" --help >"$T/help" 2>&1; rc=$?
+rc=0; "$R" --help >"$T/help" 2>&1 || rc=$?
 if [ $rc -ne 0 ] || ! grep -q -- "--vllm-discovery-address" "$T/help"; then echo "FAIL: --help rc $rc"; fails=$((fails+1)); else echo "ok: --help"; fi
 
 start() { # portfile args...
@@ -44,9 +44,9 @@ for sig in TERM INT; do
   rm -f "$T/p"
   if ! start "$T/p" --policy round_robin --prometheus-port 0; then echo "FAIL: router did not start"; fails=$((fails+1)); continue; fi
   http=$(sed 's/.*http=\([0-9]*\).*/\1/' "$T/p")
-  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/health")
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$http/health" || true)
   [ "$code" = 503 ] || { echo "FAIL: /health before registration is $code"; fails=$((fails+1)); }
-  kill -$sig $PID; wait $PID; rc=$?
+  kill -$sig $PID; rc=0; wait $PID || rc=$?
   if [ $rc -ne 0 ]; then echo "FAIL: SIG$sig exit $rc"; fails=$((fails+1)); else echo "ok: SIG$sig -> 0"; fi
 done
 
@@ -54,7 +54,7 @@ done
 rm -f "$T/p"
 if start "$T/p"; then
   http=$(sed 's/.*http=\([0-9]*\).*/\1/' "$T/p")
-  "$R" --vllm-pd-disaggregation --kv-connector moriio --vllm-discovery-address 127.0.0.1:0 --port "$http" >"$T/out2" 2>&1; rc=$?
+  rc=0; "$R" --vllm-pd-disaggregation --kv-connector moriio --vllm-discovery-address 127.0.0.1:0 --port "$http" >"$T/out2" 2>&1 || rc=$?
   if [ $rc -ne 1 ] || ! grep -q "cannot listen" "$T/out2"; then echo "FAIL: port in use rc $rc"; cat "$T/out2"; fails=$((fails+1)); else echo "ok: port in use -> 1"; fi
   kill -TERM $PID; wait $PID
 fi

@@ -10,6 +10,7 @@
 #   3. a decode that is dead (kill -9 after it registered): connection refused, the same releases.
 #   4. a normal request still succeeds afterwards, and its own blocks are freed by the decode.
 # Polls use a deadline only as the failure bound (20 s, a third of the reaper's 60 s).
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 start_router || exit 1
@@ -57,14 +58,11 @@ check_eq "a normal request succeeds" "${r%% *}" 200
 wait_until "its blocks are freed by the decode" 20 held_zero
 
 # 3. the decode is dead (still registered: TTL 600 s): connection refused on the decode leg
-kill -9 "$D_PID"
-wait "$D_PID" 2>/dev/null
+kill_node D
 r=$(post $RPORT /v1/completions "$body")
 check_eq "a dead decode is a 500" "${r%% *}" 500
 wait_until "prefill blocks freed after the decode leg was refused" 20 held_zero
 check_eq "by the router's failed-status releases" "$(metric $P_PORT pdlink_releases_failed_total)" 4
 
-kill -TERM "$RPID"
-wait "$RPID"
-check_eq "router exits 0" "$?" 0
+stop_router
 finish

@@ -13,6 +13,7 @@
 #      the client gets its answer. Before: the decode held its blocks for transfer_timeout + 7 s (67 s),
 #      and the client waited as long.
 #   4. the decode is dead (kill -9 after it registered): the router's failed releases free the push.
+set -euo pipefail
 source "$(dirname "$0")/test_node_lib.bash"
 
 start_router || exit 1
@@ -60,14 +61,11 @@ check_eq "nothing held on the prefill" "$(metric $P_PORT pdlink_held_blocks)" 0
 
 # 4. the decode is dead (still registered: TTL 600 s)
 before=$(metric $P_PORT pdlink_pushes_abandoned_total)
-kill -9 "$D_PID"
-wait "$D_PID" 2>/dev/null
+kill_node D
 r=$(post $RPORT /v1/completions "$(jq -cn --arg p "$SHORT" '{prompt:$p, max_tokens:8}')")
 check_eq "a dead decode is a 500" "${r%% *}" 500
 wait_until "the prefill's push is freed after the decode leg was refused (router's releases)" 20 p_held_zero
 wait_until "both prefill ranks acted on the router's failed releases" 20 abandoned $((before + 2))
 
-kill -TERM "$RPID"
-wait "$RPID"
-check_eq "router exits 0" "$?" 0
+stop_router
 finish

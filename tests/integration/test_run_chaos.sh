@@ -6,6 +6,7 @@
 # passes (final batch all ok with parity, 0 mismatched bytes, 0 blocks held at the end), both victims
 # served again, no request failed outside the outage windows and every success equals the reference.
 # Recovery times are printed, never asserted.
+set -euo pipefail
 source "$(dirname "$0")/test_run_lib.bash" test_run_chaos pdlink pdlink-node pdlink-router
 MODE=${CHAOS_MODE:-read}
 

@@ -12,14 +12,7 @@
 # Exit 77 (skip) only when PDLINK_NO_VENV=1 and there is no vllm-router (as test_run_vllm_router.sh).
 set -euo pipefail
 source "$(dirname "$0")/test_run_lib.bash" test_run_chaos_pause pdlink pdlink-node
-ROUTER=${PDLINK_VLLM_ROUTER:-$SRC/.venv/bin/vllm-router}
-if [ ! -x "$ROUTER" ]; then
-    if [ "${PDLINK_NO_VENV:-0}" = 1 ]; then
-        echo "SKIP: PDLINK_NO_VENV=1 and $ROUTER does not exist"
-        exit 77
-    fi
-    fail "$ROUTER does not exist (scripts/install-deps creates the venv; PDLINK_NO_VENV=1 skips)"
-fi
+need_vllm_router
 WORKLOAD=(--model tiny --requests 12 --concurrency 4 --prompt-tokens 8-80 --max-tokens 8)
 
 # chaos_run NAME MODE BACKEND TOPOLOGY... : one run behind vllm-router, its report checked.

@@ -6,15 +6,9 @@
 # expected, 0 expired, 0 held. The router's own log must show it ran consistent_hash in MoRIIO mode.
 # Exit 77 (skip) only when PDLINK_NO_VENV=1 and there is no vllm-router; a missing vllm-router is a
 # failure otherwise, so that CI cannot pass by skipping it.
+set -euo pipefail
 source "$(dirname "$0")/test_run_lib.bash" test_run_vllm_router pdlink pdlink-node
-ROUTER=${PDLINK_VLLM_ROUTER:-$SRC/.venv/bin/vllm-router}
-if [ ! -x "$ROUTER" ]; then
-    if [ "${PDLINK_NO_VENV:-0}" = 1 ]; then
-        echo "SKIP: PDLINK_NO_VENV=1 and $ROUTER does not exist"
-        exit 77
-    fi
-    fail "$ROUTER does not exist (scripts/install-deps creates the venv; PDLINK_NO_VENV=1 skips)"
-fi
+need_vllm_router
 
 PDLINK_VLLM_ROUTER=$ROUTER run_must_pass --router vllm-router --model tiny --requests 12 --concurrency 4 \
     --prompt-tokens 8-80 --max-tokens 8

@@ -4,6 +4,7 @@
 # the JSON report checked with /usr/bin/python3: every topology passes, parity n/n, 0 mismatched bytes,
 # 0 expired transfers, 0 blocks held, KV pushed and verified, write_done sent == counted == max(P, D) per
 # request (the report's release rows), one receive per request. Then: no child left.
+set -euo pipefail
 source "$(dirname "$0")/test_run_lib.bash" test_run_write pdlink pdlink-node pdlink-router
 
 run_must_pass --mode write --model tiny --requests 12 --concurrency 4 --prompt-tokens 8-80 --max-tokens 8

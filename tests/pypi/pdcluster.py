@@ -23,13 +23,14 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
+from prom_text import sums  # noqa: E402
 
 SRC = os.environ.get("PDLINK_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILD = os.environ.get("PDLINK_BUILD_DIR") or os.path.join(SRC, "build")
 VLLM_ROUTER = os.environ.get("PDLINK_VLLM_ROUTER") or os.path.join(SRC, ".venv", "bin", "vllm-router")
 DEADLINE = 60.0
 
-# The seed's router flags (README, /work/shared/seed): MoRIIO P/D with consistent_hash everywhere.
+# The seed's router flags (README.md, the router command): MoRIIO P/D with consistent_hash everywhere.
 SEED_POLICY = ["--policy", "consistent_hash", "--prefill-policy", "consistent_hash",
                "--decode-policy", "consistent_hash"]
 
@@ -62,14 +63,7 @@ def wait_for(cond, what, deadline=DEADLINE):
 
 def metrics(url):
     code, text = http("GET", url)
-    vals = {}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        series, v = line.rsplit(" ", 1)
-        name = series.split("{", 1)[0]
-        vals[name] = vals.get(name, 0.0) + float(v)
-    return vals
+    return sums(text)
 
 
 class Router:

@@ -27,7 +27,7 @@ import pdlink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
-from children import get as child_get, reporting  # noqa: E402
+from children import get as child_get, reaped, reporting  # noqa: E402
 
 L, BS, HD, HEADS, NUM_BLOCKS = 2, 4, 8, 4, 12
 SENTINEL = -1.0
@@ -143,7 +143,7 @@ def test_one_process_per_rank_fused_external_blocks(P: int, D: int) -> None:
     procs += [ctx.Process(target=run_consumer, args=(from_c[r], to_c[r], D, r, cbase)) for r in range(D)]
     for p in procs:
         p.start()
-    try:
+    with reaped(procs, WAIT_S):
         params = [child_get(from_p[r], procs, f"producer rank {r} params", WAIT_S) for r in range(P)]
         # Every rank computes the same params (tp_size P, the base ports): a vLLM scheduler computes them.
         assert all(p[1] == params[0][1] and p[2] == params[0][2] for p in params)
@@ -154,16 +154,6 @@ def test_one_process_per_rank_fused_external_blocks(P: int, D: int) -> None:
         prod = [child_get(from_p[r], procs, f"producer rank {r} final", WAIT_S) for r in range(P)]
         for q in to_p:
             q.put("done")
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=WAIT_S)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0] * len(procs)
 
     # Every value of every consumer rank's head shard was compared, and that is what the pulls moved.
     row = 2 * HD * 4

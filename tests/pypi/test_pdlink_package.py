@@ -28,7 +28,7 @@ import pdlink
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
-from children import get as child_get, reporting  # noqa: E402
+from children import get as child_get, reaped, reporting  # noqa: E402
 
 L, BS, HD, NUM_BLOCKS, NBLK = 2, 4, 8, 16, 3
 SENTINEL = 0xBEEF
@@ -176,7 +176,7 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
               for j in range(nc)]
     for p in procs:
         p.start()
-    try:
+    with reaped(procs, WAIT_S):
         params: Dict[int, Any] = {}
         for i in range(np_):
             for _ in seeds_of[i]:
@@ -190,16 +190,6 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
         for q in to_prod:
             q.put("done")
         prod_final = [child_get(from_prod[i], procs, f"producer {i} final", WAIT_S) for i in range(np_)]
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=WAIT_S)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0] * len(procs)
 
     plan = pdlink.plan(P, D, heads)
     acks = plan["expected_acks"]

@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""children.py -- the venv tests' child processes that report back on a queue, and the parent's wait.
+"""children.py -- the tests' child processes that report back on a queue, the parent's wait, and the
+parent's cleanup.
 
 A child's body wrapped by `reporting` sends ("error", traceback) to the parent instead of dying
 silently, so the parent's `get` fails at once with the child's own traceback; `get` also fails when a
 child exited non-zero, and after `wait_s` with nothing (a generous bound for a condition, never asserted
-as a duration).
+as a duration). `reaped` ends every child whatever happens, and requires that each exited 0.
 """
+import contextlib
 import time
 import traceback
-from typing import Any, List
+from typing import Any, Iterator, List
 
 
 def reporting(fn: Any) -> Any:
@@ -36,3 +38,21 @@ def get(q: Any, procs: List[Any], what: str, wait_s: float) -> Any:
             continue
         assert msg[0] != "error", f"{what}: child failed:\n{msg[1]}"
         return msg
+
+
+@contextlib.contextmanager
+def reaped(procs: List[Any], wait_s: float) -> Iterator[None]:
+    """Runs the parent's body; kills every child if it raises. Then joins each child (killing one still
+    alive after wait_s) and, when the body succeeded, asserts that every child exited 0."""
+    try:
+        yield
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    finally:
+        for p in procs:
+            p.join(timeout=wait_s)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
