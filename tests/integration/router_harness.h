@@ -416,62 +416,70 @@ static inline void rh_pack_str(msgpack_packer *pk, const char *s)
     msgpack_pack_str_body(pk, s, strlen(s));
 }
 
+/* A msgpack map built key by key and sent as one frame: rh_map_begin(&m, number of keys), rh_map_str /
+ * rh_map_int per key, then rh_map_send (which frees it, sent or not). */
+typedef struct rh_map {
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+} rh_map_t;
+
+static inline void rh_map_begin(rh_map_t *m, uint32_t nkeys)
+{
+    msgpack_sbuffer_init(&m->sb);
+    msgpack_packer_init(&m->pk, &m->sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&m->pk, nkeys);
+}
+
+static inline void rh_map_str(rh_map_t *m, const char *key, const char *value)
+{
+    rh_pack_str(&m->pk, key);
+    rh_pack_str(&m->pk, value);
+}
+
+static inline void rh_map_int(rh_map_t *m, const char *key, int value)
+{
+    rh_pack_str(&m->pk, key);
+    msgpack_pack_int(&m->pk, value);
+}
+
+static inline bool rh_map_send(rh_dealer_t *d, rh_map_t *m)
+{
+    bool ok = rh_send(d, m->sb.data, m->sb.size);
+    msgpack_sbuffer_destroy(&m->sb);
+    return ok;
+}
+
 /* Send a G2 registration (as vLLM's _ping does). */
 static inline bool rh_send_g2(rh_dealer_t *d, const char *type, const char *http, const char *zmq_addr, int dp,
                               int tp, const char *mode)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 6);
-    rh_pack_str(&pk, "type");
-    rh_pack_str(&pk, type);
-    rh_pack_str(&pk, "http_address");
-    rh_pack_str(&pk, http);
-    rh_pack_str(&pk, "zmq_address");
-    rh_pack_str(&pk, zmq_addr);
-    rh_pack_str(&pk, "dp_size");
-    msgpack_pack_int(&pk, dp);
-    rh_pack_str(&pk, "tp_size");
-    msgpack_pack_int(&pk, tp);
-    rh_pack_str(&pk, "transfer_mode");
-    rh_pack_str(&pk, mode);
-    bool ok = rh_send(d, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
-    return ok;
+    rh_map_t m;
+    rh_map_begin(&m, 6);
+    rh_map_str(&m, "type", type);
+    rh_map_str(&m, "http_address", http);
+    rh_map_str(&m, "zmq_address", zmq_addr);
+    rh_map_int(&m, "dp_size", dp);
+    rh_map_int(&m, "tp_size", tp);
+    rh_map_str(&m, "transfer_mode", mode);
+    return rh_map_send(d, &m);
 }
 
 /* Send a G1 registration (original MoRIIO format). */
 static inline bool rh_send_g1(rh_dealer_t *d, const char *role, const char *request_address, int hs, int nt, int tp,
                               const char *mode)
 {
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 9);
-    rh_pack_str(&pk, "type");
-    rh_pack_str(&pk, "register");
-    rh_pack_str(&pk, "role");
-    rh_pack_str(&pk, role);
-    rh_pack_str(&pk, "index");
-    rh_pack_str(&pk, "0");
-    rh_pack_str(&pk, "request_address");
-    rh_pack_str(&pk, request_address);
-    rh_pack_str(&pk, "handshake_port");
-    msgpack_pack_int(&pk, hs);
-    rh_pack_str(&pk, "notify_port");
-    msgpack_pack_int(&pk, nt);
-    rh_pack_str(&pk, "dp_size");
-    msgpack_pack_int(&pk, 1);
-    rh_pack_str(&pk, "tp_size");
-    msgpack_pack_int(&pk, tp);
-    rh_pack_str(&pk, "transfer_mode");
-    rh_pack_str(&pk, mode);
-    bool ok = rh_send(d, sb.data, sb.size);
-    msgpack_sbuffer_destroy(&sb);
-    return ok;
+    rh_map_t m;
+    rh_map_begin(&m, 9);
+    rh_map_str(&m, "type", "register");
+    rh_map_str(&m, "role", role);
+    rh_map_str(&m, "index", "0");
+    rh_map_str(&m, "request_address", request_address);
+    rh_map_int(&m, "handshake_port", hs);
+    rh_map_int(&m, "notify_port", nt);
+    rh_map_int(&m, "dp_size", 1);
+    rh_map_int(&m, "tp_size", tp);
+    rh_map_str(&m, "transfer_mode", mode);
+    return rh_map_send(d, &m);
 }
 
 /* Find an entry of /workers' role array by http_address (borrowed), NULL if absent. */

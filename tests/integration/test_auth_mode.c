@@ -85,10 +85,8 @@ static void right_key_end_to_end(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, key_a, key_a));
     for (int i = 0; i < 3; i++) {
         uint32_t pb[NBLK], cb[NBLK];
         char tid[32];
@@ -127,10 +125,8 @@ static void write_mode_end_to_end(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a_write);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, key_a_write);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, key_a_write, key_a_write));
     tc_push_leg_t l;
     assert_int_equal(tc_push_leg(&l, p, c, "tx-auth-w", 42, 8, NBLK, 6), PDL_OK);
     pdl_recv_t *rv;

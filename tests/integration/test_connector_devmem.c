@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include "test_child.h"
 #include "test_connector_util.h"
 
 #define NBLK 8
@@ -133,8 +134,9 @@ static void cuda_without_driver(void **state)
 
 /* Child: every connector call that may touch KV memory, on PROT_NONE memory typed CUDA. 0 = done
  * (refusals included), 2 = a setup step failed; a signal = the CPU touched the "device" region. */
-static int devmem_child(void)
+static int devmem_child(void *arg)
 {
+    (void)arg;
     setenv("PDLINK_TEST_UCX_CLAIM_CUDA", "1", 1);
     pdl_instance_config_t c;
     base(&c, PDL_BACKEND_UCX, 2);
@@ -180,21 +182,7 @@ static int devmem_child(void)
 static void no_cpu_access_to_device_regions(void **state)
 {
     (void)state;
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        signal(SIGSEGV, SIG_DFL);
-        signal(SIGBUS, SIG_DFL);
-        _exit(devmem_child());
-    }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (WIFSIGNALED(ws))
-        fail_msg("the child died of signal %d (%s): a CPU access to a device KV region", WTERMSIG(ws),
-                 strsignal(WTERMSIG(ws)));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    tch_run(devmem_child, NULL, "the child", "a CPU access to a device KV region");
 }
 
 int main(void)

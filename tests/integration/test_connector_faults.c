@@ -207,10 +207,8 @@ static void faults_read_fails(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t ids[2], local[2];
     assert_int_equal(pdl_instance_alloc_blocks(p, 2, ids, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, 2, local, NULL), PDL_OK);
@@ -347,10 +345,8 @@ static void faults_peer_address_sources(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t ids[1], lb[1];
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lb, NULL), PDL_OK);
     assert_int_equal(tc_hold_filled(p, "rid", 8, false, ids, 1, 5), PDL_OK);
@@ -392,10 +388,8 @@ static void faults_dp_rank_ports(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, dp1_of_2);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 4, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, dp1_of_2, NULL));
     pdl_kv_params_t kp;
     uint32_t ids[2], lb[2];
     assert_int_equal(pdl_instance_alloc_blocks(p, 2, ids, NULL), PDL_OK);
@@ -450,24 +444,16 @@ static void faults_discovery_ping(void **state)
     char ep[64];
     snprintf(ep, sizeof(ep), "tcp://*:%d", g_ping_port);
     assert_int_equal(zmq_bind(router, ep), 0);
-    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
-    assert_int_equal(zmq_poll(&it, 1, 30000), 1);
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    zmq_msg_init(&body);
-    assert_true(zmq_msg_recv(&id, router, 0) >= 0);
-    assert_true(zmq_msg_recv(&body, router, 0) >= 0);
     pdl_registration_t reg;
     pdl_error_t e;
-    assert_int_equal(pdl_wire_decode_registration(zmq_msg_data(&body), zmq_msg_size(&body), &reg, &e), PDL_OK);
+    if (tc_recv_registration(router, 30000, &reg, &e) != PDL_OK)
+        fail_msg("%s", e.msg);
     assert_int_equal(reg.type, 'P');
     assert_string_equal(reg.zmq_address, pdl_instance_zmq_address(p));
     assert_string_equal(reg.http_address, "127.0.0.1:8123");
     assert_int_equal(reg.tp_size, 2);
     assert_int_equal(reg.dp_size, 1);
     assert_false(reg.write_mode);
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
     pdl_instance_destroy(p);
     zmq_close(router);
     zmq_ctx_term(ctx);
@@ -494,10 +480,8 @@ static void faults_keepalive_from_queued_pull(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t w[1], q[1], sl[1], lw[1], lq[1], ls[1];
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, w, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, q, NULL), PDL_OK);

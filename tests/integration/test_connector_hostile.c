@@ -185,10 +185,8 @@ static void hostile_flood_while_transferring(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 4, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     hostile_t h = {.notify_port = pdl_instance_notify_port(p, 0), .hs_port = pdl_instance_handshake_port(p, 0)};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, hostile_main, &h), 0);

@@ -20,6 +20,7 @@
 
 #include "connector/internal.h"
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 #include "common/clock.h"
 
 #define TOTAL 64
@@ -38,10 +39,8 @@ static void isolation_blackholed_producer(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, slow_blackhole);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, slow_blackhole));
     int fds[2];
     int bh = tc_blackhole(2, fds);
     assert_true(bh > 0);
@@ -136,10 +135,8 @@ static void isolation_abandon_releases_at_once(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 4, &g, TOTAL, PDL_BACKEND_SHM, 600, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_SHM, 600, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 4, 2, &g, TOTAL, PDL_BACKEND_SHM, 600, 600, NULL, NULL));
     tc_events_t ev = {0};
     pdl_instance_set_event_fn(p, tc_on_event, &ev);
     uint32_t b[3];
@@ -215,42 +212,14 @@ static void isolation_first_pull_after_producer_restart(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
-    uint32_t b[2], lb[2];
-    pdl_error_t e;
-    assert_int_equal(pdl_instance_alloc_blocks(c, 2, lb, NULL), PDL_OK);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, NULL));
     for (int round = 0; round < 2; round++) {
-        assert_int_equal(pdl_instance_alloc_blocks(p, 2, b, NULL), PDL_OK);
-        tc_fill(p, 8, false, b, 2, 50 + (uint32_t)round);
         char tid[16];
         snprintf(tid, sizeof(tid), "r%d", round);
-        assert_int_equal(pdl_instance_hold(p, tid, b, 2, NULL), PDL_OK);
-        pdl_kv_params_t kp;
-        tc_params(p, tid, b, 2, &kp);
-        pdl_pull_t *pull;
-        assert_int_equal(pdl_instance_pull(c, &kp, NULL, lb, 2, &pull, &e), PDL_OK);
-        if (pdl_pull_wait(pull, 60000, &e) != PDL_OK)
-            fail_msg("pull %s (round %d): %s", tid, round, e.msg);
-        uint64_t checked = 0;
-        assert_int_equal(tc_verify(c, 8, false, lb, 2, 50 + (uint32_t)round, &checked), 0);
-        pdl_pull_free(pull);
-        pdl_kv_params_clear(&kp);
-        assert_true(tc_wait_for(tc_no_held, p, 20000));
-        if (round == 0) {
-            /* Restart the producer on the same ports. */
-            pdl_instance_config_t cfg = p->cfg;
-            cfg.attn_backend_name = NULL; /* points into the instance destroyed next */
-            pdl_instance_destroy(p);
-            p = NULL;
-            for (int i = 0; i < 200 && p == NULL; i++) {
-                if (pdl_instance_create(&cfg, &p, &e) != PDL_OK)
-                    tc_sleep_ms(10); /* ports in TIME_WAIT elsewhere: bounded retry */
-            }
-            assert_non_null(p);
-        }
+        tc_pull_once(p, c, 8, tid, 50 + (uint32_t)round);
+        if (round == 0)
+            p = tc_restart(p); /* on the same ports */
     }
     assert_int_equal(TC_SUM(c, stale_retries), 2); /* each consumer rank once */
     assert_int_equal(TC_SUM(c, read_failures), 0);
@@ -264,10 +233,8 @@ static void isolation_no_dealer_left_to_dead_producer(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, NULL));
     uint32_t b[1], lb[1];
     pdl_error_t e;
     assert_int_equal(pdl_instance_alloc_blocks(c, 1, lb, NULL), PDL_OK);

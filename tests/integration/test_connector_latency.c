@@ -91,10 +91,8 @@ static void run(int P, int D, uint64_t *lat, size_t *nlat)
 {
     tc_geo_t g = tc_geo_default(8);
     g.layers = 1;
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, P, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, D, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, P, D, &g, 16, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     rep_t *rep = calloc(1, sizeof(*rep));
     pdl_instance_set_event_fn(p, on_event, rep);
     *nlat = 0;

@@ -123,15 +123,39 @@ static void check_landed(pdl_instance_t *c, const tc_geo_t *g, const uint32_t *c
                 assert_int_equal(((uint8_t *)cm->lay[r][l])[cm->len - 1], 0xAB); /* last block: never written */
 }
 
+/* One run's producer (TP P) and consumer (TP D), each on layers of its own (p_layers, c_layers: the
+ * caller's memory, zeroed for the producer and filled with 0xAB for the consumer) or on its instance's. */
+typedef struct run {
+    tc_geo_t g;
+    layer_mem_t pm, cm;
+    pdl_instance_t *p, *c;
+} run_t;
+
+static void run_open(run_t *x, int P, int D, pdl_backend_kind_t be, bool p_layers, bool c_layers, bool write)
+{
+    g_write = write;
+    x->g = geo();
+    layer_mem_make(&x->pm, &x->g, P, 0x00);
+    layer_mem_make(&x->cm, &x->g, D, 0xAB);
+    x->p = make(PDL_ROLE_PRODUCER, P, &x->g, be, p_layers ? &x->pm : NULL);
+    x->c = make(PDL_ROLE_CONSUMER, D, &x->g, be, c_layers ? &x->cm : NULL);
+    g_write = false;
+}
+
+static void run_close(run_t *x)
+{
+    pdl_instance_destroy(x->c);
+    pdl_instance_destroy(x->p);
+    layer_mem_free(&x->cm);
+    layer_mem_free(&x->pm);
+}
+
 static void run_read(int P, int D, pdl_backend_kind_t be, bool p_layers, bool c_layers)
 {
-    g_write = false;
-    tc_geo_t g = geo();
-    layer_mem_t pm, cm;
-    layer_mem_make(&pm, &g, P, 0x00);
-    layer_mem_make(&cm, &g, D, 0xAB);
-    pdl_instance_t *p = make(PDL_ROLE_PRODUCER, P, &g, be, p_layers ? &pm : NULL);
-    pdl_instance_t *c = make(PDL_ROLE_CONSUMER, D, &g, be, c_layers ? &cm : NULL);
+    run_t x;
+    run_open(&x, P, D, be, p_layers, c_layers, false);
+    pdl_instance_t *p = x.p, *c = x.c;
+    const tc_geo_t g = x.g;
 
     uint32_t pblk[NBLK], cblk[NBLK], skip[2];
     assert_int_equal(pdl_instance_alloc_blocks(c, 2, skip, NULL), PDL_OK); /* other ids than the producer's */
@@ -145,7 +169,7 @@ static void run_read(int P, int D, pdl_backend_kind_t be, bool p_layers, bool c_
         fail_msg("pull: %s", e.msg);
     if (pdl_pull_wait(pull, 30000, &e) != PDL_OK)
         fail_msg("pull wait (P%d/D%d): %s", P, D, e.msg);
-    check_landed(c, &g, cblk, 11, pdl_pull_bytes(pull), c_layers ? &cm : NULL);
+    check_landed(c, &g, cblk, 11, pdl_pull_bytes(pull), c_layers ? &x.cm : NULL);
     pdl_pull_free(pull);
     assert_true(tc_wait_for(tc_no_held, p, 20000));
 
@@ -155,23 +179,15 @@ static void run_read(int P, int D, pdl_backend_kind_t be, bool p_layers, bool c_
     if (p_layers && st != PDL_ERR_DENIED)
         fail_msg("second pull of a released hold: %s (%s), expected a denial", pdl_status_string(st), e.msg);
     pdl_kv_params_clear(&kp);
-
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
-    layer_mem_free(&cm);
-    layer_mem_free(&pm);
+    run_close(&x);
 }
 
 static void run_write(int P, int D, pdl_backend_kind_t be, bool p_layers, bool c_layers)
 {
-    g_write = true;
-    tc_geo_t g = geo();
-    layer_mem_t pm, cm;
-    layer_mem_make(&pm, &g, P, 0x00);
-    layer_mem_make(&cm, &g, D, 0xAB);
-    pdl_instance_t *p = make(PDL_ROLE_PRODUCER, P, &g, be, p_layers ? &pm : NULL);
-    pdl_instance_t *c = make(PDL_ROLE_CONSUMER, D, &g, be, c_layers ? &cm : NULL);
-    g_write = false;
+    run_t x;
+    run_open(&x, P, D, be, p_layers, c_layers, true);
+    pdl_instance_t *p = x.p, *c = x.c;
+    const tc_geo_t g = x.g;
 
     uint32_t skip[2];
     assert_int_equal(pdl_instance_alloc_blocks(c, 2, skip, NULL), PDL_OK);
@@ -185,14 +201,10 @@ static void run_write(int P, int D, pdl_backend_kind_t be, bool p_layers, bool c
     if (pdl_recv_wait(rv, 30000, &e) != PDL_OK)
         fail_msg("receive (P%d/D%d): %s", P, D, e.msg);
     pdl_recv_free(rv);
-    check_landed(c, &g, leg.cb, 23, 0, c_layers ? &cm : NULL);
+    check_landed(c, &g, leg.cb, 23, 0, c_layers ? &x.cm : NULL);
     tc_push_leg_clear(&leg);
     assert_true(tc_wait_for(tc_no_held, p, 20000));
-
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
-    layer_mem_free(&cm);
-    layer_mem_free(&pm);
+    run_close(&x);
 }
 
 static void read_tp2_tp2_shm(void **state)

@@ -307,19 +307,12 @@ static void local_rank_ping_from_rank0_only(void **state)
     c.local_rank = 0;
     if (pdl_instance_create(&c, &r0, &e) != PDL_OK)
         fail_msg("rank 0: %s", e.msg);
-    assert_int_equal(zmq_poll(&it, 1, 30000), 1);
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    zmq_msg_init(&body);
-    assert_true(zmq_msg_recv(&id, router, 0) >= 0);
-    assert_true(zmq_msg_recv(&body, router, 0) >= 0);
     pdl_registration_t reg;
-    assert_int_equal(pdl_wire_decode_registration(zmq_msg_data(&body), zmq_msg_size(&body), &reg, &e), PDL_OK);
+    if (tc_recv_registration(router, 30000, &reg, &e) != PDL_OK)
+        fail_msg("%s", e.msg);
     assert_int_equal(reg.type, 'P');
     assert_int_equal(reg.tp_size, 2);
     assert_string_equal(reg.zmq_address, pdl_instance_zmq_address(r1)); /* the same instance either way */
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
     pdl_instance_destroy(r0);
     pdl_instance_destroy(r1);
     zmq_close(router);

@@ -248,8 +248,9 @@ static void kd_first(int wfd, FILE *in)
         pause();
 }
 
-/* Decode 2: on the first one's ports once told; pull C (its first request) and report the bytes. */
-static void kd_second(int wfd, FILE *in)
+/* A decode child's consumer: told {hs, nt} on `in` (0: any free ports), it binds those -- the ports of a
+ * killed predecessor, taken as soon as they are free -- with backend `be`. Exits the child on failure. */
+static pdl_instance_t *kd_consumer(FILE *in, pdl_backend_kind_t be)
 {
     json_t *ports = read_line(in);
     if (ports == NULL)
@@ -258,14 +259,44 @@ static void kd_second(int wfd, FILE *in)
     kd_nt = (int)json_integer_value(json_object_get(ports, "nt"));
     tc_geo_t g = tc_geo_default(KHEADS);
     pdl_instance_t *c = NULL;
-    /* The ports were just freed by a killed process: bind as soon as they are free. */
     for (int i = 0; i < 500 && c == NULL; i++) {
-        c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, PDL_BACKEND_TCP, 60, at_ports);
+        c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, be, 60, kd_hs ? at_ports : NULL);
         if (c == NULL)
             tc_sleep_ms(20);
     }
     if (c == NULL)
         _exit(4);
+    return c;
+}
+
+/* Pull `params` (kv_transfer_params as JSON) under request id `rid` into c's blocks lb, verify them
+ * against the pattern of `seed`, and report {status, msg, checked, bad} on wfd. */
+static void kd_pull_report(int wfd, pdl_instance_t *c, const json_t *params, const char *rid, const uint32_t *lb,
+                           uint32_t seed)
+{
+    pdl_kv_params_t kp;
+    pdl_kv_params_init(&kp);
+    pdl_pull_t *pull = NULL;
+    pdl_error_t e;
+    pdl_error_clear(&e);
+    pdl_status_t st = pdl_kv_params_from_json(params, &kp, &e);
+    if (st == PDL_OK)
+        st = pdl_instance_pull(c, &kp, rid, lb, NBLK, &pull, &e);
+    if (st == PDL_OK)
+        st = pdl_pull_wait(pull, 60000, &e);
+    uint64_t checked = 0, bad = st == PDL_OK ? tc_verify(c, KHEADS, false, lb, NBLK, seed, &checked) : 0;
+    json_t *res = json_pack("{s:s,s:s,s:I,s:I}", "status", pdl_status_name(st), "msg", e.msg, "checked",
+                            (json_int_t)checked, "bad", (json_int_t)bad);
+    write_line(wfd, res);
+    json_decref(res);
+    pdl_pull_free(pull);
+    pdl_kv_params_clear(&kp);
+}
+
+/* Decode 2: on the first one's ports once told; pull C (its first request) and report the bytes. */
+static void kd_second(int wfd, FILE *in)
+{
+    pdl_instance_t *c = kd_consumer(in, PDL_BACKEND_TCP);
     json_t *ready = json_pack("{s:b}", "ready", 1);
     write_line(wfd, ready);
     json_decref(ready);
@@ -275,23 +306,7 @@ static void kd_second(int wfd, FILE *in)
     uint32_t lb[NBLK];
     if (pdl_instance_alloc_blocks(c, NBLK, lb, NULL) != PDL_OK)
         _exit(5);
-    pdl_kv_params_t kp;
-    pdl_kv_params_init(&kp);
-    pdl_pull_t *pull = NULL;
-    pdl_error_t e;
-    pdl_error_clear(&e);
-    pdl_status_t st = pdl_kv_params_from_json(params, &kp, &e);
-    if (st == PDL_OK)
-        st = pdl_instance_pull(c, &kp, json_string_value(rid), lb, NBLK, &pull, &e);
-    if (st == PDL_OK)
-        st = pdl_pull_wait(pull, 60000, &e);
-    uint64_t checked = 0, bad = st == PDL_OK ? tc_verify(c, KHEADS, false, lb, NBLK, 77, &checked) : 0;
-    json_t *res = json_pack("{s:s,s:s,s:I,s:I}", "status", pdl_status_name(st), "msg", e.msg, "checked",
-                            (json_int_t)checked, "bad", (json_int_t)bad);
-    write_line(wfd, res);
-    json_decref(res);
-    pdl_pull_free(pull);
-    pdl_kv_params_clear(&kp);
+    kd_pull_report(wfd, c, params, json_string_value(rid), lb, 77);
     char q;
     while (read(fileno(in), &q, 1) > 0) {
     }
@@ -444,20 +459,7 @@ static pdl_backend_kind_t pz_backend = PDL_BACKEND_TCP;
 
 static void pz_decode(int wfd, FILE *in)
 {
-    json_t *ports = read_line(in);
-    if (ports == NULL)
-        _exit(3);
-    kd_hs = (int)json_integer_value(json_object_get(ports, "hs"));
-    kd_nt = (int)json_integer_value(json_object_get(ports, "nt"));
-    tc_geo_t g = tc_geo_default(KHEADS);
-    pdl_instance_t *c = NULL;
-    for (int i = 0; i < 500 && c == NULL; i++) {
-        c = tc_instance(PDL_ROLE_CONSUMER, KD, &g, TOTAL, pz_backend, 60, kd_hs ? at_ports : NULL);
-        if (c == NULL)
-            tc_sleep_ms(20);
-    }
-    if (c == NULL)
-        _exit(4);
+    pdl_instance_t *c = kd_consumer(in, pz_backend);
     json_t *me = json_pack("{s:i,s:i,s:s}", "hs", pdl_instance_handshake_port(c, 0), "nt",
                            pdl_instance_notify_port(c, 0), "zmq", pdl_instance_zmq_address(c));
     write_line(wfd, me);
@@ -467,24 +469,8 @@ static void pz_decode(int wfd, FILE *in)
         uint32_t lb[NBLK];
         if (pdl_instance_alloc_blocks(c, NBLK, lb, NULL) != PDL_OK)
             _exit(5);
-        pdl_kv_params_t kp;
-        pdl_kv_params_init(&kp);
-        pdl_pull_t *pull = NULL;
-        pdl_error_t e;
-        pdl_error_clear(&e);
-        pdl_status_t st = pdl_kv_params_from_json(json_object_get(cmd, "params"), &kp, &e);
-        if (st == PDL_OK)
-            st = pdl_instance_pull(c, &kp, json_string_value(json_object_get(cmd, "rid")), lb, NBLK, &pull, &e);
-        if (st == PDL_OK)
-            st = pdl_pull_wait(pull, 60000, &e);
-        uint32_t seed = (uint32_t)json_integer_value(json_object_get(cmd, "seed"));
-        uint64_t checked = 0, bad = st == PDL_OK ? tc_verify(c, KHEADS, false, lb, NBLK, seed, &checked) : 0;
-        json_t *res = json_pack("{s:s,s:s,s:I,s:I}", "status", pdl_status_name(st), "msg", e.msg, "checked",
-                                (json_int_t)checked, "bad", (json_int_t)bad);
-        write_line(wfd, res);
-        json_decref(res);
-        pdl_pull_free(pull);
-        pdl_kv_params_clear(&kp);
+        kd_pull_report(wfd, c, json_object_get(cmd, "params"), json_string_value(json_object_get(cmd, "rid")), lb,
+                       (uint32_t)json_integer_value(json_object_get(cmd, "seed")));
         pdl_instance_free_blocks(c, lb, NBLK);
         json_decref(cmd);
     }

@@ -22,6 +22,7 @@
 
 #include "connector/internal.h"
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 #include "common/clock.h"
 
 #define TOTAL 64
@@ -52,30 +53,6 @@ static void write_mode(pdl_instance_config_t *c)
 
 static bool prewarmed(void *arg) { return pdl_instance_prewarm_pending((pdl_instance_t *)arg) == 0; }
 
-/* One pull of n fresh blocks from p into c, checked byte for byte. */
-static void pull_once(pdl_instance_t *p, pdl_instance_t *c, int heads, const char *tid, uint32_t seed)
-{
-    uint32_t b[2], lb[2];
-    pdl_error_t e;
-    assert_int_equal(pdl_instance_alloc_blocks(p, 2, b, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, 2, lb, NULL), PDL_OK);
-    tc_fill(p, heads, false, b, 2, seed);
-    assert_int_equal(pdl_instance_hold(p, tid, b, 2, NULL), PDL_OK);
-    pdl_kv_params_t kp;
-    tc_params(p, tid, b, 2, &kp);
-    pdl_pull_t *pull;
-    assert_int_equal(pdl_instance_pull(c, &kp, NULL, lb, 2, &pull, &e), PDL_OK);
-    if (pdl_pull_wait(pull, 60000, &e) != PDL_OK)
-        fail_msg("pull %s: %s", tid, e.msg);
-    uint64_t checked = 0;
-    assert_int_equal(tc_verify(c, heads, false, lb, 2, seed, &checked), 0);
-    assert_true(checked > 0);
-    pdl_pull_free(pull);
-    pdl_kv_params_clear(&kp);
-    assert_true(tc_wait_for(tc_no_held, p, 20000));
-    pdl_instance_free_blocks(c, lb, 2);
-}
-
 /* P (TP ptp) -> C (TP ctp) with prewarm_peers naming P: every pair connected before the first pull. */
 static void prewarm_first_pull(pdl_backend_kind_t be, int ptp, int ctp)
 {
@@ -90,8 +67,8 @@ static void prewarm_first_pull(pdl_backend_kind_t be, int ptp, int ctp)
     /* Every consumer rank reads max(P, C) / C producer ranks (P >= C) or one (P < C). */
     uint64_t pairs = (uint64_t)(ptp > ctp ? ptp : ctp);
     assert_int_equal(TC_SUM(c, prewarm_handshakes), pairs);
-    pull_once(p, c, 8, "first", 11);
-    pull_once(p, c, 8, "second", 12);
+    tc_pull_once(p, c, 8, "first", 11);
+    tc_pull_once(p, c, 8, "second", 12);
     assert_int_equal(TC_SUM(c, transfer_handshakes), 0);
     assert_int_equal(TC_SUM(c, handshakes), pairs);
     assert_int_equal(TC_SUM(c, read_failures), 0);
@@ -143,7 +120,7 @@ static void prewarm_producer_late(void **state)
     assert_non_null(p);
     assert_true(tc_wait_for(prewarmed, c, 20000));
     assert_int_equal(TC_SUM(c, prewarm_handshakes), 2);
-    pull_once(p, c, 8, "late", 21);
+    tc_pull_once(p, c, 8, "late", 21);
     assert_int_equal(TC_SUM(c, transfer_handshakes), 0);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
@@ -156,12 +133,10 @@ static void prewarm_learnt_and_restart(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, with_prewarm);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, with_prewarm));
     assert_int_equal(pdl_instance_prewarm_pending(c), 0);
-    pull_once(p, c, 8, "learn", 31);
+    tc_pull_once(p, c, 8, "learn", 31);
     /* Rank 0 or 1 met the producer first and queued the other's pair: that one was connected by the
      * pull's own lane or by the prewarm (the lane then waited for it), never by both. */
     uint64_t own = TC_SUM(c, transfer_handshakes);
@@ -169,22 +144,14 @@ static void prewarm_learnt_and_restart(void **state)
     assert_int_equal(own + TC_SUM(c, prewarm_handshakes), 2);
     assert_int_equal(TC_SUM(c, handshakes), 2);
     assert_true(tc_wait_for(prewarmed, c, 20000));
-    pdl_instance_config_t cfg = p->cfg;
-    cfg.attn_backend_name = NULL;
-    pdl_instance_destroy(p);
-    p = NULL;
-    pdl_error_t e;
-    for (int i = 0; i < 200 && p == NULL; i++)
-        if (pdl_instance_create(&cfg, &p, &e) != PDL_OK)
-            tc_sleep_ms(10);
-    assert_non_null(p);
+    p = tc_restart(p);
     /* This pull finds its cached sessions stale, retries once (with its own handshake or the prewarm's),
      * and its failure evicted the peers, which the prewarm connects again. */
-    pull_once(p, c, 8, "stale", 32);
+    tc_pull_once(p, c, 8, "stale", 32);
     assert_int_equal(TC_SUM(c, stale_retries), 2);
     assert_true(tc_wait_for(prewarmed, c, 20000));
     uint64_t before = TC_SUM(c, transfer_handshakes);
-    pull_once(p, c, 8, "after", 33);
+    tc_pull_once(p, c, 8, "after", 33);
     assert_int_equal(TC_SUM(c, transfer_handshakes), before);
     assert_int_equal(TC_SUM(c, read_failures), 0);
     pdl_instance_destroy(c);
@@ -333,7 +300,7 @@ static void prewarm_table_full_of_fakes(void **state)
     assert_int_equal(TC_SUM(c, prewarm_handshakes), 1); /* rank 1's pair, ahead of need */
     assert_int_equal(TC_SUM(c, prewarm_evictions), 2); /* one fake's two pairs made room */
     /* The pull: rank 1 takes the prewarmed peer; rank 0 connects the pair the test's lane left. */
-    pull_once(p, c, 8, "real", 51);
+    tc_pull_once(p, c, 8, "real", 51);
     assert_int_equal(TC_SUM(c, transfer_handshakes), 1);
     assert_int_equal(TC_SUM(c, read_failures), 0);
     pdl_instance_destroy(c);

@@ -50,10 +50,8 @@ static void free_ctx(void *arg)
 static void hooked_pull(int P, int D)
 {
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *prod = tc_instance(PDL_ROLE_PRODUCER, P, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *cons = tc_instance(PDL_ROLE_CONSUMER, D, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(prod);
-    assert_non_null(cons);
+    pdl_instance_t *prod, *cons;
+    assert_true(tc_pair(&prod, &cons, P, D, &g, 16, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t pblk[NBLK];
     assert_int_equal(tc_hold_filled(prod, "tx-hook", 8, false, pblk, NBLK, SEED), PDL_OK);
     pdl_kv_params_t params;
@@ -106,10 +104,8 @@ static void hook_arg_outlives_an_early_free(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *prod = tc_instance(PDL_ROLE_PRODUCER, 2, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *cons = tc_instance(PDL_ROLE_CONSUMER, 4, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(prod);
-    assert_non_null(cons);
+    pdl_instance_t *prod, *cons;
+    assert_true(tc_pair(&prod, &cons, 2, 4, &g, 16, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t pblk[NBLK];
     assert_int_equal(tc_hold_filled(prod, "tx-early", 8, false, pblk, NBLK, SEED), PDL_OK);
     pdl_kv_params_t params;
@@ -139,10 +135,8 @@ static void hook_not_called_on_failed_read(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *prod = tc_instance(PDL_ROLE_PRODUCER, 2, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *cons = tc_instance(PDL_ROLE_CONSUMER, 2, &g, 16, PDL_BACKEND_SHM, 60, tweak_short_handshake);
-    assert_non_null(prod);
-    assert_non_null(cons);
+    pdl_instance_t *prod, *cons;
+    assert_true(tc_pair(&prod, &cons, 2, 2, &g, 16, PDL_BACKEND_SHM, 60, 60, NULL, tweak_short_handshake));
     uint32_t pblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(prod, NBLK, pblk, NULL), PDL_OK);
     assert_int_equal(pdl_instance_hold(prod, "tx-gone", pblk, NBLK, NULL), PDL_OK);

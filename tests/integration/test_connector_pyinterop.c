@@ -143,10 +143,8 @@ static void pyinterop_upstream_front_receives_releases(void **state)
     if (!python_ok())
         skip();
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, 16, PDL_BACKEND_SHM, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 2, &g, 16, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
     uint32_t pb[3], cb[3];
     assert_int_equal(pdl_instance_alloc_blocks(c, 3, cb, NULL), PDL_OK);
     assert_int_equal(tc_hold_filled(p, "tx-front", 8, false, pb, 3, 99), PDL_OK);

@@ -30,6 +30,7 @@
 
 #include "connector/internal.h" /* the config of an instance restarted on its ports */
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 #include "common/clock.h"
 #include "pdlink/wire.h"
 
@@ -43,32 +44,12 @@ static void backoff_long(pdl_instance_config_t *c)
     c->conn.peer_backoff_max_s = 60;
 }
 
-/* Destroy p and create it again from its own config, on the same ports (bounded retry while a port
- * is still being released). */
-static pdl_instance_t *restart(pdl_instance_t *p)
-{
-    pdl_instance_config_t cfg = p->cfg;
-    cfg.attn_backend_name = NULL; /* points into the instance destroyed next */
-    pdl_instance_destroy(p);
-    pdl_instance_t *np = NULL;
-    pdl_error_t e = {0};
-    for (int i = 0; i < 200 && np == NULL; i++) {
-        if (pdl_instance_create(&cfg, &np, &e) != PDL_OK)
-            tc_sleep_ms(10);
-    }
-    if (np == NULL)
-        fail_msg("restart on the same ports: %s", e.msg);
-    return np;
-}
-
 static void write_restarted_producer_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, tc_write_slow, tc_write_slow));
     tc_push_leg_t l;
     assert_int_equal(tc_push_leg(&l, p, c, "tx-restarted", 1, 8, NBLK, 1), PDL_OK);
     pdl_recv_t *rv = NULL;
@@ -86,7 +67,7 @@ static void write_restarted_producer_fails_receive(void **state)
      * request"s of 119 bytes, counted and dropped, as they should be). */
 
     uint64_t t0 = pdl__clock_now_ns();
-    p = restart(p);
+    p = tc_restart(p);
     pdl_status_t st = pdl_recv_wait(rv, WAIT_MS, &e);
     fprintf(stderr, "receive ended %.2f s after the restart: %s: %s\n", (pdl__clock_now_ns() - t0) / 1e9,
             pdl_status_name(st), st == PDL_OK ? "ok" : e.msg);
@@ -105,10 +86,8 @@ static void read_first_pull_after_restart_not_refused(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, backoff_long);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, backoff_long));
     uint32_t b[NBLK], lb[NBLK];
     pdl_error_t e;
     pdl_kv_params_t kp;
@@ -165,10 +144,8 @@ static void hold_made_while_decode_dead_kept_for_its_restart(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_watch_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 60, tc_watch_slow, NULL));
     char caddr[256];
     snprintf(caddr, sizeof(caddr), "%s", pdl_instance_zmq_address(c));
     uint32_t a_ids[NBLK], b_ids[NBLK];

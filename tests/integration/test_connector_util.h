@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/clock.h"
 #include "pdlink/connector.h"
@@ -226,6 +227,23 @@ static inline pdl_instance_t *tc_instance(pdl_role_t role, int tp, const tc_geo_
     return NULL;
 }
 
+/* A producer (TP ptp, defer_timeout pdefer, tweak ptweak) and then a consumer (ctp, cdefer, ctweak) of
+ * geometry g with num_blocks blocks each, on free ports (tc_instance). False, with neither left, unless
+ * both were made; *p and *c are set either way. */
+static inline bool tc_pair(pdl_instance_t **p, pdl_instance_t **c, int ptp, int ctp, const tc_geo_t *g,
+                           uint32_t num_blocks, pdl_backend_kind_t backend, double pdefer, double cdefer,
+                           void (*ptweak)(pdl_instance_config_t *), void (*ctweak)(pdl_instance_config_t *))
+{
+    *p = tc_instance(PDL_ROLE_PRODUCER, ptp, g, num_blocks, backend, pdefer, ptweak);
+    *c = tc_instance(PDL_ROLE_CONSUMER, ctp, g, num_blocks, backend, cdefer, ctweak);
+    if (*p != NULL && *c != NULL)
+        return true;
+    pdl_instance_destroy(*c);
+    pdl_instance_destroy(*p);
+    *p = *c = NULL;
+    return false;
+}
+
 static inline uint8_t tc_byte(uint32_t seed, int layer, int ghead, uint32_t bidx, int token, int dim, int byte, int half)
 {
     uint32_t h = seed * 0x9E3779B1u;
@@ -406,6 +424,28 @@ static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32
     if (pdl_kv_params_from_json(j, out, &e) != PDL_OK)
         fprintf(stderr, "params: %s\n", e.msg);
     json_decref(j);
+}
+
+/* The next discovery ping the ROUTER socket `router` (standing in for the router's discovery port)
+ * receives within timeout_ms, decoded into *reg: PDL_OK, PDL_ERR_TIMEOUT (none came), PDL_ERR_TRANSPORT
+ * (a receive failed) or the decoder's error. */
+static inline pdl_status_t tc_recv_registration(void *router, int timeout_ms, pdl_registration_t *reg,
+                                                pdl_error_t *e)
+{
+    zmq_pollitem_t it = {.socket = router, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, timeout_ms) != 1)
+        return pdl_error_set(e, PDL_ERR_TIMEOUT, "no discovery ping within %d ms", timeout_ms);
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    pdl_status_t st;
+    if (zmq_msg_recv(&id, router, 0) < 0 || zmq_msg_recv(&body, router, 0) < 0)
+        st = pdl_error_set(e, PDL_ERR_TRANSPORT, "discovery ping: %s", zmq_strerror(zmq_errno()));
+    else
+        st = pdl_wire_decode_registration(zmq_msg_data(&body), zmq_msg_size(&body), reg, e);
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+    return st;
 }
 
 /* PDLINK_LOG_LEVEL=debug|info|warn|error, when set, is the log level of the test program. */

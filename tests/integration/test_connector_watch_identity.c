@@ -65,10 +65,8 @@ static void restarted_decode_frees_old_holds_keeps_new(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_watch_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 60, tc_watch_slow, NULL));
     int hs = pdl_instance_handshake_port(c, 0), nt = pdl_instance_notify_port(c, 0);
     uint32_t old_ids[NBLK], new_ids[NBLK];
     hold_for(p, c, "tx-old", 1, old_ids);

@@ -174,10 +174,8 @@ static void write_expired_without_remote_blocks(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 0.3, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 4, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 0.3, 60, write_mode, write_mode));
     tc_events_t ev;
     memset(&ev, 0, sizeof(ev));
     pdl_instance_set_event_fn(p, tc_on_event, &ev);
@@ -214,10 +212,8 @@ static void write_failed_is_load_error(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 8, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
     uint32_t pblk[2], cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, 2, pblk, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
@@ -358,10 +354,8 @@ static void write_consumer_tp_from_remote_blocks(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 4, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
     uint32_t pblk[NBLK], cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
@@ -441,10 +435,8 @@ static void write_mode_slow(pdl_instance_config_t *c)
 static void abandon_push(int P, int D, bool abandon_first)
 {
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, P, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, P, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
     tc_events_t ev;
     memset(&ev, 0, sizeof(ev));
     pdl_instance_set_event_fn(p, tc_on_event, &ev);
@@ -497,10 +489,8 @@ static void write_producer_abandon_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 8, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
     uint32_t cblk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     char rid[1024];
@@ -537,10 +527,8 @@ static void write_producer_abandon_before_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, write_mode_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 8, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
     char rid[1024];
     assert_true(tc_request_id(p, c, 9, rid, sizeof(rid)));
     pdl_kv_params_t pk, ck;
@@ -711,10 +699,8 @@ static void write_first_push_after_consumer_restart(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, 60, write_mode, write_mode));
     pdl_error_t e;
     if (push_once(p, c, "tx-before", 1, &e) != PDL_OK)
         fail_msg("push before the restart: %s", e.msg);
@@ -744,10 +730,8 @@ static void write_time_counted_as_write(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
     pdl_error_t e;
     if (push_once(p, c, "tx-timed", 1, &e) != PDL_OK)
         fail_msg("push: %s", e.msg);

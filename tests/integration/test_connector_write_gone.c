@@ -46,10 +46,8 @@ static void killed_producer_fails_receive(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, tc_write_slow, tc_write_slow));
     tc_push_leg_t l;
     assert_int_equal(tc_push_leg(&l, p, c, "tx-killed", 1, 8, NBLK, 1), PDL_OK);
     pdl_recv_t *rv = NULL;
@@ -109,10 +107,8 @@ static void late_remote_blocks_for_reaped_push_answered(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 0.3, write_reaps_fast);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, tc_write_slow);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 1, &g, TOTAL, PDL_BACKEND_TCP, 0.3, 600, write_reaps_fast, tc_write_slow));
     char rid[1024];
     assert_true(tc_request_id(p, c, 2, rid, sizeof(rid)));
     uint32_t pb[NBLK], cb[NBLK];

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "pdlink/engine.h"
+#include "test_child.h"
 
 #define REGION (1u << 20)
 
@@ -43,8 +44,9 @@ static pdl_engine_t *mk(const char *key)
 
 /* Child: 0 = pdlink refused or the transport finished without a CPU access to the device region,
  * 2 = a setup step failed; a signal = pdlink touched it. */
-static int child(pdl_op_t op)
+static int child(void *arg)
 {
+    pdl_op_t op = *(const pdl_op_t *)arg;
     setenv("PDLINK_TEST_UCX_CLAIM_CUDA", "1", 1);
     pdl_engine_t *owner = mk("devmem:owner"), *ini = mk("devmem:initiator");
     pdl_error_t err;
@@ -97,22 +99,7 @@ static int child(pdl_op_t op)
 
 static void run_case(pdl_op_t op)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        /* cmocka catches SIGSEGV to report a test; here the parent must see the signal itself. */
-        signal(SIGSEGV, SIG_DFL);
-        signal(SIGBUS, SIG_DFL);
-        _exit(child(op));
-    }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (WIFSIGNALED(ws))
-        fail_msg("the %s child died of signal %d (%s): a CPU access to device memory", op == PDL_OP_READ ? "READ" : "WRITE",
-                 WTERMSIG(ws), strsignal(WTERMSIG(ws)));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    tch_run(child, &op, op == PDL_OP_READ ? "the READ child" : "the WRITE child", "a CPU access to device memory");
 }
 
 static void test_read_into_device_memory(void **state)

@@ -174,25 +174,15 @@ static void malformed_frames_are_counted_and_survived(void **state)
     sent++;
     /* 6: wrong types (tp_size a string) */
     {
-        msgpack_sbuffer sb;
-        msgpack_sbuffer_init(&sb);
-        msgpack_packer pk;
-        msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-        msgpack_pack_map(&pk, 6);
-        rh_pack_str(&pk, "type");
-        rh_pack_str(&pk, "P");
-        rh_pack_str(&pk, "http_address");
-        rh_pack_str(&pk, "10.0.0.9:1");
-        rh_pack_str(&pk, "zmq_address");
-        rh_pack_str(&pk, "host:10.0.0.9,handshake:1,notify:2");
-        rh_pack_str(&pk, "dp_size");
-        msgpack_pack_int(&pk, 1);
-        rh_pack_str(&pk, "tp_size");
-        rh_pack_str(&pk, "four");
-        rh_pack_str(&pk, "transfer_mode");
-        rh_pack_str(&pk, "READ");
-        assert_true(rh_send(&d, sb.data, sb.size));
-        msgpack_sbuffer_destroy(&sb);
+        rh_map_t m;
+        rh_map_begin(&m, 6);
+        rh_map_str(&m, "type", "P");
+        rh_map_str(&m, "http_address", "10.0.0.9:1");
+        rh_map_str(&m, "zmq_address", "host:10.0.0.9,handshake:1,notify:2");
+        rh_map_int(&m, "dp_size", 1);
+        rh_map_str(&m, "tp_size", "four");
+        rh_map_str(&m, "transfer_mode", "READ");
+        assert_true(rh_map_send(&d, &m));
         sent++;
     }
     /* 7: a multipart message whose first payload part is garbage */

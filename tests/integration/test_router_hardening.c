@@ -33,31 +33,8 @@
 #include <cmocka.h>
 
 #include "router_harness.h"
+#include "test_client.h"
 
-/* A TCP connection to 127.0.0.1:port from source address `from` (all of 127/8 is local), or -1 when the
- * connect fails (a paused listener refuses). */
-static int connect_try(const char *from, int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, from, &a.sin_addr);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    struct sockaddr_in s = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &s.sin_addr);
-    if (connect(fd, (struct sockaddr *)&s, sizeof(s)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static int connect_from(const char *from, int port)
-{
-    int fd = connect_try(from, port);
-    assert_true(fd >= 0);
-    return fd;
-}
 
 static void send_all(int fd, const char *buf, size_t len)
 {
@@ -129,7 +106,7 @@ static void trickle_cut_by_deadlines(void **state)
     int fds[N];
     bool closed[N];
     for (int i = 0; i < N; i++) {
-        fds[i] = connect_from(i % 2 ? "127.0.0.2" : "127.0.0.3", r.http);
+        fds[i] = tcl_connect_from(i % 2 ? "127.0.0.2" : "127.0.0.3", r.http);
         closed[i] = false;
         if (i < N / 2) { /* headers, slowly */
             send_all(fds[i], "POST /v1/completions HTTP/1.1\r\nHost: r\r\n", 41);
@@ -171,7 +148,7 @@ static void trickle_cut_by_deadlines(void **state)
  * `send_n` of them. Returns the fd. */
 static int post_partial(const char *from, int port, size_t declared, size_t send_n)
 {
-    int fd = connect_from(from, port);
+    int fd = tcl_connect_from(from, port);
     char h[256];
     int hl = snprintf(h, sizeof(h),
                       "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
@@ -246,7 +223,7 @@ static void headers_refused_before_the_body(void **state)
     assert_true(rh_router_start(&r, NULL));
     char resp[8192];
     /* Over the default limit, the nodes' 16 MiB, with Expect: the answer is 413, and no "100 Continue". */
-    int fd = connect_from("127.0.0.1", r.http);
+    int fd = tcl_connect_from("127.0.0.1", r.http);
     static const char expect[] = "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                                  "Content-Length: 16777217\r\nExpect: 100-continue\r\n\r\n";
     send_all(fd, expect, sizeof(expect) - 1);
@@ -255,14 +232,14 @@ static void headers_refused_before_the_body(void **state)
     assert_null(strstr(resp, "100 Continue"));
     close(fd);
     /* At the limit it is read: 16 MiB with Expect gets "100 Continue". */
-    fd = connect_from("127.0.0.1", r.http);
+    fd = tcl_connect_from("127.0.0.1", r.http);
     static const char at[] = "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                              "Content-Length: 16777216\r\nExpect: 100-continue\r\n\r\n";
     send_all(fd, at, sizeof(at) - 1);
     assert_int_equal(read_status(fd, resp, sizeof(resp)), 100);
     close(fd);
     /* Two Content-Length headers: 400, counted. */
-    fd = connect_from("127.0.0.1", r.http);
+    fd = tcl_connect_from("127.0.0.1", r.http);
     static const char dup[] = "POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                               "Content-Length: 2\r\nContent-Length: 40\r\n\r\n{}";
     send_all(fd, dup, sizeof(dup) - 1);
@@ -354,7 +331,7 @@ static void discovery_port_is_capped(void **state)
     static int fds[N];
     int opened = 0;
     for (int i = 0; i < N; i++) /* once the port pauses, connects are refused until it is back */
-        opened += (fds[i] = connect_try("127.0.0.8", disc)) >= 0;
+        opened += (fds[i] = tcl_try_connect_from("127.0.0.8", disc)) >= 0;
     (void)opened; /* how many got in before the first pause depends on how fast libzmq accepted */
     /* Past its share the port pauses (dropping its connections) instead of taking the process' last
      * descriptors: /health stays answered. */

@@ -46,10 +46,9 @@ static bool one_held(void *arg) { return pdl_instance_held_transfers((pdl_instan
 static void run(bool scrub)
 {
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, scrub ? scrub_on : NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, scrub ? scrub_on : NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP,
+                           60, 60, scrub ? scrub_on : NULL, scrub ? scrub_on : NULL));
     uint32_t pb[NBLK], cb[NBLK], keep[1];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
     /* A block the consumer keeps: scrubbing others must not touch it. */
@@ -130,10 +129,8 @@ static void count_rows(pdl_instance_t *inst, uint32_t blk, uint32_t used, uint8_
  */
 static void tail(const tc_geo_t *g)
 {
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, NULL));
     uint32_t victim, mine, cb;
     assert_int_equal(pdl_instance_alloc_blocks(p, 1, &victim, NULL), PDL_OK);
     for (int r = 0; r < 2; r++)

@@ -146,10 +146,8 @@ static void outsider_data_plane(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, NULL, NULL));
     uint32_t pb[NBLK], cb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cb, NULL), PDL_OK);
     assert_int_equal(tc_hold_filled(p, "tx-secret-1", 8, false, pb, NBLK, 7), PDL_OK);
@@ -303,10 +301,8 @@ static void forged_release_refused(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, NULL);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, NULL);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, NULL, NULL));
     int notify = pdl_instance_notify_port(p, 0);
     uint8_t uuid[16] = {12};
     char rid[1024];
@@ -388,10 +384,8 @@ static void write_mode_consumer_guarded(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 60, 60, write_mode, write_mode));
     tc_push_leg_t l;
     assert_int_equal(tc_push_leg(&l, p, c, "tx-w", 21, 8, NBLK, 3), PDL_OK);
     pdl_recv_t *rv;
@@ -436,10 +430,8 @@ static void forged_write_abandon_refused(void **state)
 {
     (void)state;
     tc_geo_t g = tc_geo_default(8);
-    pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_mode);
-    pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, write_mode);
-    assert_non_null(p);
-    assert_non_null(c);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, write_mode, write_mode));
     int notify = pdl_instance_notify_port(p, 0);
     for (int round = 0; round < 3; round++) {
         char tid[32];

@@ -38,6 +38,7 @@
 #include <curl/curl.h>
 
 #include "app/http.h"
+#include "test_client.h"
 #include "test_proc.h"
 
 typedef struct stream_state {
@@ -272,21 +273,6 @@ static int count_threads(void)
     return n;
 }
 
-/* A connected TCP socket from source address `from` (127.0.0.x: loopback answers on all of 127/8, so the
- * tests have several client addresses). */
-static int connect_from(const char *from, int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    inet_pton(AF_INET, from, &a.sin_addr);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    struct sockaddr_in s = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.1", &s.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&s, sizeof(s)), 0);
-    return fd;
-}
-
 static uint64_t mono_ms(void)
 {
     struct timespec ts;
@@ -338,7 +324,7 @@ static void idle_connections_hold_no_thread_and_time_out(void **state)
     int before = count_threads();
     static int fds[N];
     for (int i = 0; i < N; i++)
-        fds[i] = connect_from("127.0.0.2", port);
+        fds[i] = tcl_connect_from("127.0.0.2", port);
     pdl_http_stats_t st;
     do { /* accepted asynchronously; ctest's timeout bounds a failure */
         pdl_http_stats(http, &st);
@@ -380,7 +366,7 @@ static void one_client_is_cut_off_at_its_limit(void **state)
     assert_int_equal(pdl_http_start(&p, &http, &port, &err), PDL_OK);
     int fds[N];
     for (int i = 0; i < N; i++)
-        fds[i] = connect_from("127.0.0.2", port);
+        fds[i] = tcl_connect_from("127.0.0.2", port);
     /* The kernel completes every handshake; MHD then closes the ones past the limit at once. */
     assert_int_equal(wait_closed(fds + LIMIT, N - LIMIT, mono_ms() + 30000), N - LIMIT);
     fetched_t f;
@@ -590,7 +576,7 @@ static __attribute__((unused)) void out_of_descriptors_the_listener_idles(void *
      * alone refuses them all. Every connect succeeds: the kernel queues what MHD does not accept. */
     static int fds[N];
     for (int i = 0; i < N; i++)
-        fds[i] = connect_from(i % 2 ? "127.0.0.2" : "127.0.0.3", port);
+        fds[i] = tcl_connect_from(i % 2 ? "127.0.0.2" : "127.0.0.3", port);
     long t0 = tp_cpu_ticks(pid);
     uint64_t w0 = mono_ms();
     /* All are closed in the end (over a limit at once, the rest by the 3 s idle timeout, the queued ones

@@ -1,0 +1,37 @@
+/*
+ * test_child.h -- run part of a test in a child process and require that it ended well: for code that
+ * may crash the process by design when the code under test is wrong (a CPU access to device memory
+ * faults), so the parent can report the signal instead of dying with it. Needs cmocka included first.
+ */
+#ifndef PDL_TEST_CHILD_H
+#define PDL_TEST_CHILD_H
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Run fn(arg) in a child whose exit status is fn's return value, and fail the test unless it returned 0.
+ * `who` names the child and `meaning` what a fatal signal means, in the failure message ("the READ child
+ * died of signal 11 (Segmentation fault): a CPU access to device memory"). */
+static inline void tch_run(int (*fn)(void *), void *arg, const char *who, const char *meaning)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* cmocka catches SIGSEGV to report a test; here the parent must see the signal itself. */
+        signal(SIGSEGV, SIG_DFL);
+        signal(SIGBUS, SIG_DFL);
+        _exit(fn(arg));
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    if (WIFSIGNALED(ws))
+        fail_msg("%s died of signal %d (%s): %s", who, WTERMSIG(ws), strsignal(WTERMSIG(ws)), meaning);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+}
+
+#endif
