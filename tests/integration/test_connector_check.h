@@ -9,6 +9,53 @@
 #include "connector/internal.h" /* the config of an instance restarted on its ports */
 #include "test_connector_util.h"
 
+/* The instances of one topology row (test_connector_topologies.c READs them, test_connector_write.c
+ * pushes): tc->nprod producers of TP tc->P, producer i counting its events into ev[i], and tc->ncons
+ * consumers of TP tc->D, with num_blocks blocks each; `tweak` (may be NULL) edits every config. */
+static inline void tc_topo_open(const tc_topo_t *tc, uint32_t num_blocks, void (*tweak)(pdl_instance_config_t *),
+                                pdl_instance_t *prod[2], pdl_instance_t *cons[2], tc_events_t *ev)
+{
+    for (int i = 0; i < tc->nprod; i++) {
+        prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, num_blocks, tc->backend, 60, tweak);
+        assert_non_null(prod[i]);
+        pdl_instance_set_event_fn(prod[i], tc_on_event, &ev[i]);
+    }
+    for (int j = 0; j < tc->ncons; j++) {
+        cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, num_blocks, tc->backend, 60, tweak);
+        assert_non_null(cons[j]);
+    }
+}
+
+/* The blocks of transfer number t of a topology row: n on the producer into pb and n on the consumer
+ * into cb, the consumer's shifted by t % 2 blocks so the two sides' ids differ and a block-id mix-up
+ * cannot go unnoticed. */
+static inline void tc_topo_blocks(pdl_instance_t *p, pdl_instance_t *c, int t, size_t n, uint32_t *pb, uint32_t *cb)
+{
+    uint32_t skip[1];
+    assert_int_equal(pdl_instance_alloc_blocks(p, n, pb, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, n, cb, NULL), PDL_OK);
+    pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
+}
+
+/* Once every transfer of a topology row landed: the consumer blocks of transfer t (cb + t * n, on
+ * consumer t % tc->ncons) hold the pattern of seed t + 1 in every byte, and every byte of them was
+ * compared (layers x halves x block length x ranks); they are freed. Returns the bytes compared. */
+static inline uint64_t tc_topo_verify(const tc_topo_t *tc, pdl_instance_t *cons[2], const uint32_t *cb, size_t n)
+{
+    uint64_t checked = 0, bad = 0, want_checked = 0;
+    for (int t = 0; t < tc->transfers; t++) {
+        pdl_instance_t *c = cons[t % tc->ncons];
+        const uint32_t *blocks = cb + (size_t)t * n;
+        bad += tc_verify(c, tc->g.heads, tc->g.mla, blocks, n, (uint32_t)t + 1, &checked);
+        want_checked += tc_instance_bytes(c, tc->g.layers, n);
+        pdl_instance_free_blocks(c, blocks, n);
+    }
+    assert_int_equal(bad, 0);
+    assert_int_equal(checked, want_checked);
+    return checked;
+}
+
 /* One pull of 2 fresh blocks from p into 2 fresh blocks of c as transfer `tid`, the producer's filled
  * with the pattern of `seed` over `heads` heads; every byte is checked, p's hold must end, and c's blocks
  * are freed again. */

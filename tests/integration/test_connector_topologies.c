@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 
 #define NBLK 3      /* blocks per transfer */
 #define TOTAL_BLOCKS 24
@@ -26,15 +27,7 @@ static void run_case(const tc_topo_t *tc)
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
     tc_events_t *ev = calloc((size_t)tc->nprod, sizeof(tc_events_t));
     assert_non_null(ev);
-    for (int i = 0; i < tc->nprod; i++) {
-        prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
-        assert_non_null(prod[i]);
-        pdl_instance_set_event_fn(prod[i], tc_on_event, &ev[i]);
-    }
-    for (int j = 0; j < tc->ncons; j++) {
-        cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, NULL);
-        assert_non_null(cons[j]);
-    }
+    tc_topo_open(tc, TOTAL_BLOCKS, NULL, prod, cons, ev);
     int T = tc->transfers;
     uint32_t pblk[16][NBLK], cblk[16][NBLK];
     pdl_pull_t *pulls[16];
@@ -44,12 +37,7 @@ static void run_case(const tc_topo_t *tc)
         per_prod[t % tc->nprod]++;
         char tid[64];
         snprintf(tid, sizeof(tid), "tx-%s-%d", tc->name, t);
-        /* Different block ids on both sides, so a block-id mix-up cannot go unnoticed. */
-        uint32_t skip[NBLK];
-        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk[t], NULL), PDL_OK);
-        assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
-        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk[t], NULL), PDL_OK);
-        pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
+        tc_topo_blocks(p, c, t, NBLK, pblk[t], cblk[t]);
         tc_fill(p, tc->g.heads, tc->g.mla, pblk[t], NBLK, (uint32_t)t + 1);
         pdl_error_t e;
         assert_int_equal(pdl_instance_hold(p, tid, pblk[t], NBLK, &e), PDL_OK);
@@ -61,7 +49,7 @@ static void run_case(const tc_topo_t *tc)
             fail_msg("pull: %s", e.msg);
         pdl_kv_params_clear(&kp);
     }
-    uint64_t checked = 0, bad = 0, pull_bytes = 0;
+    uint64_t pull_bytes = 0;
     for (int t = 0; t < T; t++) {
         pdl_error_t e;
         pdl_status_t st = pdl_pull_wait(pulls[t], 30000, &e);
@@ -70,17 +58,10 @@ static void run_case(const tc_topo_t *tc)
         pull_bytes += pdl_pull_bytes(pulls[t]);
         assert_true(pdl_pull_descriptors(pulls[t]) > 0);
         pdl_pull_free(pulls[t]);
-        pdl_instance_t *c = cons[t % tc->ncons];
-        bad += tc_verify(c, tc->g.heads, tc->g.mla, cblk[t], NBLK, (uint32_t)t + 1, &checked);
-        pdl_instance_free_blocks(c, cblk[t], NBLK);
     }
-    assert_int_equal(bad, 0);
-    /* every byte of every consumer rank's blocks was compared: layers x halves x block_len x ranks */
-    uint64_t want_checked = 0;
-    for (int t = 0; t < T; t++)
-        want_checked += tc_instance_bytes(cons[t % tc->ncons], tc->g.layers, NBLK);
-    assert_int_equal(checked, want_checked);
-    assert_int_equal(pull_bytes, want_checked);
+    /* every byte of every consumer rank's blocks was compared, and that is what the pulls moved */
+    uint64_t checked = tc_topo_verify(tc, cons, &cblk[0][0], NBLK);
+    assert_int_equal(pull_bytes, checked);
 
     pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000));

@@ -21,6 +21,7 @@
 #include <zmq.h>
 
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 #include "common/clock.h"
 
 #define NBLK 3
@@ -48,15 +49,7 @@ static void run_case(const tc_topo_t *tc)
     pdl_instance_t *prod[2] = {0}, *cons[2] = {0};
     tc_events_t *ev = calloc((size_t)tc->nprod, sizeof(tc_events_t));
     assert_non_null(ev);
-    for (int i = 0; i < tc->nprod; i++) {
-        prod[i] = tc_instance(PDL_ROLE_PRODUCER, tc->P, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
-        assert_non_null(prod[i]);
-        pdl_instance_set_event_fn(prod[i], tc_on_event, &ev[i]);
-    }
-    for (int j = 0; j < tc->ncons; j++) {
-        cons[j] = tc_instance(PDL_ROLE_CONSUMER, tc->D, &tc->g, TOTAL_BLOCKS, tc->backend, 60, write_mode);
-        assert_non_null(cons[j]);
-    }
+    tc_topo_open(tc, TOTAL_BLOCKS, write_mode, prod, cons, ev);
     int expected = 0;
     assert_int_equal(pdl_topo_expected_write_done(tc->P, tc->D, &expected, NULL), PDL_OK);
     int T = tc->transfers;
@@ -70,11 +63,7 @@ static void run_case(const tc_topo_t *tc)
         char tid[64], rid[1024];
         snprintf(tid, sizeof(tid), "tx-w-%s-%d", tc->name, t);
         assert_true(tc_request_id(p, c, t, rid, sizeof(rid)));
-        uint32_t skip[NBLK];
-        assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk[t], NULL), PDL_OK);
-        assert_int_equal(pdl_instance_alloc_blocks(c, (size_t)(t % 2), skip, NULL), PDL_OK);
-        assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk[t], NULL), PDL_OK);
-        pdl_instance_free_blocks(c, skip, (size_t)(t % 2));
+        tc_topo_blocks(p, c, t, NBLK, pblk[t], cblk[t]);
         tc_fill(p, tc->g.heads, tc->g.mla, pblk[t], NBLK, (uint32_t)t + 1);
         pdl_kv_params_t pk, ck;
         tc_leg_params(tid, tc->D, &pk);
@@ -97,7 +86,6 @@ static void run_case(const tc_topo_t *tc)
         pdl_kv_params_clear(&pk);
         pdl_kv_params_clear(&ck);
     }
-    uint64_t checked = 0, bad = 0;
     for (int t = 0; t < T; t++) {
         pdl_error_t e;
         pdl_status_t st = pdl_recv_wait(rvs[t], 30000, &e);
@@ -106,15 +94,8 @@ static void run_case(const tc_topo_t *tc)
         for (int d = 0; d < tc->D; d++)
             assert_int_equal(pdl_recv_write_done(rvs[t], d), expected);
         pdl_recv_free(rvs[t]);
-        pdl_instance_t *c = cons[t % tc->ncons];
-        bad += tc_verify(c, tc->g.heads, tc->g.mla, cblk[t], NBLK, (uint32_t)t + 1, &checked);
-        pdl_instance_free_blocks(c, cblk[t], NBLK);
     }
-    assert_int_equal(bad, 0);
-    uint64_t want_checked = 0;
-    for (int t = 0; t < T; t++)
-        want_checked += tc_instance_bytes(cons[t % tc->ncons], tc->g.layers, NBLK);
-    assert_int_equal(checked, want_checked);
+    uint64_t checked = tc_topo_verify(tc, cons, &cblk[0][0], NBLK);
 
     pdl_instance_t *plist[3] = {prod[0], prod[1], NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000));
@@ -150,7 +131,7 @@ static void run_case(const tc_topo_t *tc)
         assert_int_equal(pdl_instance_free_block_count(cons[j]), TOTAL_BLOCKS);
     }
     /* each consumer rank's blocks were written exactly once, byte for byte */
-    assert_int_equal(written, want_checked);
+    assert_int_equal(written, checked);
     assert_int_equal(rb_sent, rb_recv);
     assert_int_equal(wd_sent, wd_recv);
     printf("write %-24s P%-2d D%-2d H%-2d %s %s: %d transfers (%d parked), %llu KV bytes pushed and verified, "
