@@ -56,6 +56,32 @@ static inline uint64_t tc_topo_verify(const tc_topo_t *tc, pdl_instance_t *cons[
     return checked;
 }
 
+/* A WRITE receive whose producer is about to go: a producer and a consumer of TP tp (WRITE mode, nothing
+ * timing out) with num_blocks blocks each, leg `tid` of n blocks set up, and the consumer's receive
+ * started once the producer has the consumer's block list (so only the producer's going can end it). */
+static inline pdl_recv_t *tc_receive_waiting(int tp, uint32_t num_blocks, const char *tid, size_t n,
+                                             pdl_instance_t **p, pdl_instance_t **c, tc_push_leg_t *l)
+{
+    tc_geo_t g = tc_geo_default(8);
+    assert_true(tc_pair(p, c, tp, tp, &g, num_blocks, PDL_BACKEND_TCP, 600, 600, tc_write_slow, tc_write_slow));
+    assert_int_equal(tc_push_leg(l, *p, *c, tid, 1, 8, n, 1), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    pdl_error_t e;
+    assert_int_equal(tc_push_leg_parked(l, *p, *c, n, &rv, &e), PDL_OK);
+    return rv;
+}
+
+/* The end of such a receive after it failed: counted once as its producer gone, and once freed, the
+ * consumer has every one of its num_blocks blocks back. Frees rv and l. */
+static inline void tc_receive_gone(pdl_instance_t *c, pdl_recv_t *rv, tc_push_leg_t *l, size_t n, uint32_t num_blocks)
+{
+    assert_int_equal(TC_GET(c, 0, producer_gone_failed), 1);
+    pdl_recv_free(rv);
+    pdl_instance_free_blocks(c, l->cb, n);
+    assert_int_equal(pdl_instance_free_block_count(c), num_blocks);
+    tc_push_leg_clear(l);
+}
+
 /* One pull of 2 fresh blocks from p into 2 fresh blocks of c as transfer `tid`, the producer's filled
  * with the pattern of `seed` over `heads` heads; every byte is checked, p's hold must end, and c's blocks
  * are freed again. */

@@ -47,14 +47,9 @@ static void backoff_long(pdl_instance_config_t *c)
 static void write_restarted_producer_fails_receive(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, tc_write_slow, tc_write_slow));
     tc_push_leg_t l;
-    assert_int_equal(tc_push_leg(&l, p, c, "tx-restarted", 1, 8, NBLK, 1), PDL_OK);
-    pdl_recv_t *rv = NULL;
-    pdl_error_t e;
-    assert_int_equal(tc_push_leg_parked(&l, p, c, NBLK, &rv, &e), PDL_OK);
+    pdl_recv_t *rv = tc_receive_waiting(1, TOTAL, "tx-restarted", NBLK, &p, &c, &l);
     /* Two answered identity probes: the second started after the receive was seen, so it is tied to
      * this prefill process (watch.c). */
     tc_at_least_t idents = {c, offsetof(pdl_rank_counters_t, watch_identities), 2};
@@ -68,16 +63,13 @@ static void write_restarted_producer_fails_receive(void **state)
 
     uint64_t t0 = pdl__clock_now_ns();
     p = tc_restart(p);
+    pdl_error_t e;
     pdl_status_t st = pdl_recv_wait(rv, WAIT_MS, &e);
     fprintf(stderr, "receive ended %.2f s after the restart: %s: %s\n", (pdl__clock_now_ns() - t0) / 1e9,
             pdl_status_name(st), st == PDL_OK ? "ok" : e.msg);
     assert_int_equal(st, PDL_ERR_PEER_GONE);
     assert_non_null(strstr(e.msg, "restarted"));
-    assert_int_equal(TC_GET(c, 0, producer_gone_failed), 1);
-    pdl_recv_free(rv);
-    pdl_instance_free_blocks(c, l.cb, NBLK);
-    assert_int_equal(pdl_instance_free_block_count(c), TOTAL);
-    tc_push_leg_clear(&l);
+    tc_receive_gone(c, rv, &l, NBLK, TOTAL);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
 }

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "test_connector_util.h"
+#include "test_connector_check.h"
 #include "pdlink/wire.h"
 
 #define NBLK 3
@@ -45,14 +46,9 @@ static void wait_fails(pdl_recv_t *rv, pdl_status_t want, char *msg, size_t cap)
 static void killed_producer_fails_receive(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
     pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL, PDL_BACKEND_TCP, 600, 600, tc_write_slow, tc_write_slow));
     tc_push_leg_t l;
-    assert_int_equal(tc_push_leg(&l, p, c, "tx-killed", 1, 8, NBLK, 1), PDL_OK);
-    pdl_recv_t *rv = NULL;
-    pdl_error_t e;
-    assert_int_equal(tc_push_leg_parked(&l, p, c, NBLK, &rv, &e), PDL_OK); /* the prefill knows the blocks, then dies */
+    pdl_recv_t *rv = tc_receive_waiting(2, TOTAL, "tx-killed", NBLK, &p, &c, &l); /* the prefill dies next */
     int p_hs = pdl_instance_handshake_port(p, 0);
     pdl_instance_destroy(p);
     char msg[PDL_ERR_MSG_LEN], want[64];
@@ -63,11 +59,7 @@ static void killed_producer_fails_receive(void **state)
                                       strstr(msg, want) == NULL))
         fail_msg("the failure names no producer rank's address: %s", msg);
     assert_non_null(strstr(msg, "is gone"));
-    assert_int_equal(TC_GET(c, 0, producer_gone_failed), 1);
-    pdl_recv_free(rv);
-    pdl_instance_free_blocks(c, l.cb, NBLK);
-    assert_int_equal(pdl_instance_free_block_count(c), TOTAL);
-    tc_push_leg_clear(&l);
+    tc_receive_gone(c, rv, &l, NBLK, TOTAL);
     pdl_instance_destroy(c);
 }
 
