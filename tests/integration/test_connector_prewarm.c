@@ -244,6 +244,27 @@ static void with_long_backoff(pdl_instance_config_t *c)
     c->conn.peer_backoff_max_s = 30; /* failed fakes are not forgotten by age here (2 x 30 s): only for room */
 }
 
+/* As a lane's cache miss on rank 0 of c for the TP2 producer `engine_id` at 127.0.0.1:hs_base: nothing is
+ * prewarmed for rank 0's pair, which is the lane's to connect, and the lane fails to (this test's "lane"
+ * connects nothing). The prewarm is left to connect the producer's other pair. */
+static void lane_miss(pdl_rank_t *r0, const char *engine_id, int hs_base)
+{
+    pdl_peer_addr_t a;
+    memset(&a, 0, sizeof(a));
+    snprintf(a.engine_id, sizeof(a.engine_id), "%s", engine_id);
+    snprintf(a.host, sizeof(a.host), "127.0.0.1");
+    a.hs_base = hs_base;
+    a.tp = 2;
+    a.role = PDL_ROLE_PRODUCER;
+    char key[PDL_WIRE_ID_MAX + 64];
+    pdl__peer_key(&a, 0, key, sizeof(key));
+    pdl_status_t st;
+    pdl_error_t e;
+    assert_null(pdl__prewarm_take(r0, &a, key, &st, &e));
+    assert_int_equal(st, PDL_OK);
+    pdl__prewarm_lane_done(r0, key, PDL_ERR_PEER_GONE);
+}
+
 /* The prewarm's table holds 4096 rank pairs. Requests name 2048 fake TP-2 producers (nothing listens:
  * each pair fails, the lane's as the prewarm's); then a real producer is learnt: a failed fake makes
  * room (counted), and the real producer's other pair is connected in the background. Before eviction
@@ -260,21 +281,9 @@ static void prewarm_table_full_of_fakes(void **state)
     assert_non_null(c);
     pdl_rank_t *r0 = &c->ranks[0];
     for (int i = 0; i < 2048; i++) {
-        pdl_peer_addr_t a;
-        memset(&a, 0, sizeof(a));
-        snprintf(a.engine_id, sizeof(a.engine_id), "fake-%d", i);
-        snprintf(a.host, sizeof(a.host), "127.0.0.1");
-        a.hs_base = dead_port;
-        a.tp = 2;
-        a.role = PDL_ROLE_PRODUCER;
-        char key[PDL_WIRE_ID_MAX + 64];
-        pdl__peer_key(&a, 0, key, sizeof(key));
-        pdl_status_t st;
-        pdl_error_t e;
-        /* as a lane's cache miss: rank 0's pair is the lane's, which fails to connect it */
-        assert_null(pdl__prewarm_take(r0, &a, key, &st, &e));
-        assert_int_equal(st, PDL_OK);
-        pdl__prewarm_lane_done(r0, key, PDL_ERR_PEER_GONE);
+        char id[32];
+        snprintf(id, sizeof(id), "fake-%d", i);
+        lane_miss(r0, id, dead_port);
     }
     assert_true(tc_wait_for(prewarmed, c, 60000)); /* every fake's other pair tried, and failed */
     assert_int_equal(TC_SUM(c, prewarm_handshakes), 0);
@@ -282,20 +291,9 @@ static void prewarm_table_full_of_fakes(void **state)
 
     pdl_instance_t *p = tc_instance(PDL_ROLE_PRODUCER, 2, &g, TOTAL, PDL_BACKEND_TCP, 60, NULL);
     assert_non_null(p);
-    pdl_peer_addr_t a;
-    memset(&a, 0, sizeof(a));
-    snprintf(a.host, sizeof(a.host), "127.0.0.1");
-    a.hs_base = pdl_instance_handshake_port(p, 0);
-    snprintf(a.engine_id, sizeof(a.engine_id), "127.0.0.1:%d", a.hs_base); /* as pull.c keys it */
-    a.tp = 2;
-    a.role = PDL_ROLE_PRODUCER;
-    char key[PDL_WIRE_ID_MAX + 64];
-    pdl__peer_key(&a, 0, key, sizeof(key));
-    pdl_status_t st;
-    pdl_error_t e;
-    assert_null(pdl__prewarm_take(r0, &a, key, &st, &e));
-    assert_int_equal(st, PDL_OK);
-    pdl__prewarm_lane_done(r0, key, PDL_ERR_PEER_GONE); /* this test's "lane" connects nothing */
+    char id[32];
+    snprintf(id, sizeof(id), "127.0.0.1:%d", pdl_instance_handshake_port(p, 0)); /* as pull.c keys it */
+    lane_miss(r0, id, pdl_instance_handshake_port(p, 0));
     assert_true(tc_wait_for(prewarmed, c, 20000));
     assert_int_equal(TC_SUM(c, prewarm_handshakes), 1); /* rank 1's pair, ahead of need */
     assert_int_equal(TC_SUM(c, prewarm_evictions), 2); /* one fake's two pairs made room */
