@@ -47,6 +47,25 @@ static void free_ctx(void *arg)
     free(h);
 }
 
+/* A hooked pull of `params` into NBLK new blocks of cons, with a fresh context counted into *freed when
+ * it goes; returns the pull, and the context (the pull's from now on) in *h_out. */
+static pdl_pull_t *hooked_start(pdl_instance_t *cons, const pdl_kv_params_t *params, _Atomic int *freed,
+                                hook_ctx_t **h_out)
+{
+    hook_ctx_t *h = calloc(1, sizeof(*h));
+    assert_non_null(h);
+    h->cons = cons;
+    h->heads = 8;
+    h->freed = freed;
+    assert_int_equal(pdl_instance_alloc_blocks(cons, NBLK, h->blocks, NULL), PDL_OK);
+    pdl_pull_t *pull = NULL;
+    pdl_error_t err;
+    if (pdl_instance_pull_hooked(cons, params, NULL, h->blocks, NBLK, on_rank, h, free_ctx, &pull, &err) != PDL_OK)
+        fail_msg("hooked pull: %s", err.msg);
+    *h_out = h;
+    return pull;
+}
+
 static void hooked_pull(int P, int D)
 {
     tc_geo_t g = tc_geo_default(8);
@@ -58,16 +77,9 @@ static void hooked_pull(int P, int D)
     tc_params(prod, "tx-hook", pblk, NBLK, &params);
 
     _Atomic int freed = 0;
-    hook_ctx_t *h = calloc(1, sizeof(*h));
-    assert_non_null(h);
-    h->cons = cons;
-    h->heads = 8;
-    h->freed = &freed;
-    assert_int_equal(pdl_instance_alloc_blocks(cons, NBLK, h->blocks, NULL), PDL_OK);
-    pdl_pull_t *pull = NULL;
+    hook_ctx_t *h;
+    pdl_pull_t *pull = hooked_start(cons, &params, &freed, &h);
     pdl_error_t err;
-    assert_int_equal(pdl_instance_pull_hooked(cons, &params, NULL, h->blocks, NBLK, on_rank, h, free_ctx, &pull, &err),
-                     PDL_OK);
     assert_int_equal(pdl_pull_wait(pull, 20000, &err), PDL_OK);
     /* Every hook ran once, before the wait returned, saw all of its rank's bytes, after its releases. */
     for (int r = 0; r < D; r++) {
@@ -111,15 +123,8 @@ static void hook_arg_outlives_an_early_free(void **state)
     pdl_kv_params_t params;
     tc_params(prod, "tx-early", pblk, NBLK, &params);
     _Atomic int freed = 0;
-    hook_ctx_t *h = calloc(1, sizeof(*h));
-    assert_non_null(h);
-    h->cons = cons;
-    h->heads = 8;
-    h->freed = &freed;
-    assert_int_equal(pdl_instance_alloc_blocks(cons, NBLK, h->blocks, NULL), PDL_OK);
-    pdl_pull_t *pull = NULL;
-    assert_int_equal(pdl_instance_pull_hooked(cons, &params, NULL, h->blocks, NBLK, on_rank, h, free_ctx, &pull, NULL),
-                     PDL_OK);
+    hook_ctx_t *h;
+    pdl_pull_t *pull = hooked_start(cons, &params, &freed, &h);
     pdl_pull_free(pull); /* no wait: the ranks keep their references */
     assert_true(tc_wait_for(tc_no_held, prod, 10000)); /* every rank released, so every rank finished... */
     pdl_instance_destroy(cons);                         /* ...and destroy joins the workers */
@@ -144,16 +149,9 @@ static void hook_not_called_on_failed_read(void **state)
     tc_params(prod, "tx-gone", pblk, NBLK, &params);
     pdl_instance_destroy(prod); /* nobody answers the handshake now */
     _Atomic int freed = 0;
-    hook_ctx_t *h = calloc(1, sizeof(*h));
-    assert_non_null(h);
-    h->cons = cons;
-    h->heads = 8;
-    h->freed = &freed;
-    assert_int_equal(pdl_instance_alloc_blocks(cons, NBLK, h->blocks, NULL), PDL_OK);
-    pdl_pull_t *pull = NULL;
+    hook_ctx_t *h;
+    pdl_pull_t *pull = hooked_start(cons, &params, &freed, &h);
     pdl_error_t err;
-    assert_int_equal(pdl_instance_pull_hooked(cons, &params, NULL, h->blocks, NBLK, on_rank, h, free_ctx, &pull, &err),
-                     PDL_OK);
     assert_int_not_equal(pdl_pull_wait(pull, 30000, &err), PDL_OK);
     for (int r = 0; r < 2; r++)
         assert_int_equal(atomic_load(&h->calls[r]), 0);
