@@ -410,6 +410,13 @@ static inline void tc_on_event(void *arg, pdl_instance_event_t ev, const char *t
         atomic_fetch_add(&c->freed, 1);
 }
 
+/* Count inst's producer events into *ev from zero on. */
+static inline void tc_count_events(pdl_instance_t *inst, tc_events_t *ev)
+{
+    memset(ev, 0, sizeof(*ev));
+    pdl_instance_set_event_fn(inst, tc_on_event, ev);
+}
+
 /* Build kv_transfer_params as a consumer receives them (through JSON, like the router passes them). */
 static inline void tc_params(pdl_instance_t *prod, const char *tid, const uint32_t *ids, size_t n, pdl_kv_params_t *out)
 {

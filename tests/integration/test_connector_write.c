@@ -158,8 +158,7 @@ static void write_expired_without_remote_blocks(void **state)
     pdl_instance_t *p, *c;
     assert_true(tc_pair(&p, &c, 4, 8, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 0.3, 60, write_mode, write_mode));
     tc_events_t ev;
-    memset(&ev, 0, sizeof(ev));
-    pdl_instance_set_event_fn(p, tc_on_event, &ev);
+    tc_count_events(p, &ev);
     uint32_t blk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
     char rid[1024];
@@ -268,6 +267,24 @@ static bool ctr_reached(void *arg)
     return tc_sum(w->inst, w->off) >= w->want;
 }
 
+/* A receive of transfer `tid` into NBLK new blocks of c (cblk) from a producer of TP producer_tp whose
+ * address (privileged ports on 127.0.0.1) points at nothing: its remote_blocks stay queued in libzmq and
+ * no push ever comes. *ck holds the params (the caller clears them). */
+static pdl_recv_t *expect_from_nowhere(pdl_instance_t *c, const char *tid, int producer_tp, uint32_t *cblk,
+                                       pdl_kv_params_t *ck)
+{
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    tc_leg_params(tid, producer_tp, ck);
+    snprintf(ck->remote_host, sizeof(ck->remote_host), "127.0.0.1");
+    ck->remote_handshake_port = 1000;
+    ck->remote_notify_port = 1100;
+    pdl_error_t e;
+    pdl_recv_t *rv = NULL;
+    if (pdl_instance_expect_push(c, ck, NULL, cblk, NBLK, &rv, &e) != PDL_OK)
+        fail_msg("expect_push %s: %s", tid, e.msg);
+    return rv;
+}
+
 /* Hostile and stray write_done on a consumer (P8/D4, forged from a socket): one from a producer rank
  * outside the consumer rank's group and a duplicate are not counted (write_done_late); the receive
  * completes on exactly the two genuine ones per rank. A remote_blocks sent to a consumer is dropped. */
@@ -278,16 +295,9 @@ static void write_done_outside_group_and_duplicates(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, write_mode);
     assert_non_null(c);
     uint32_t cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    tc_leg_params("tx-forged", 8, &ck);
-    /* the producer address points at nothing: the remote_blocks stay queued in libzmq */
-    snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
-    ck.remote_handshake_port = 1000;
-    ck.remote_notify_port = 1100;
+    pdl_recv_t *rv = expect_from_nowhere(c, "tx-forged", 8, cblk, &ck);
     pdl_error_t e;
-    pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, NULL, cblk, NBLK, &rv, &e), PDL_OK);
     assert_int_equal(TC_SUM(c, remote_blocks_sent), 8); /* each consumer rank to its 2 producer ranks */
     void *zctx = zmq_ctx_new();
     assert_non_null(zctx);
@@ -382,15 +392,9 @@ static void write_receive_times_out(void **state)
     pdl_instance_t *c = tc_instance(PDL_ROLE_CONSUMER, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, fast_timeout);
     assert_non_null(c);
     uint32_t cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
     pdl_kv_params_t ck;
-    tc_leg_params("tx-silent", 4, &ck);
-    snprintf(ck.remote_host, sizeof(ck.remote_host), "127.0.0.1");
-    ck.remote_handshake_port = 1000;
-    ck.remote_notify_port = 1100;
+    pdl_recv_t *rv = expect_from_nowhere(c, "tx-silent", 4, cblk, &ck);
     pdl_error_t e;
-    pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, NULL, cblk, NBLK, &rv, &e), PDL_OK);
     assert_int_equal(pdl_recv_wait(rv, 30000, &e), PDL_ERR_TIMEOUT);
     assert_non_null(strstr(e.msg, "transfer_timeout"));
     assert_int_equal(pdl_recv_write_done(rv, 0), 0);
@@ -419,8 +423,7 @@ static void abandon_push(int P, int D, bool abandon_first)
     pdl_instance_t *p, *c;
     assert_true(tc_pair(&p, &c, P, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
     tc_events_t ev;
-    memset(&ev, 0, sizeof(ev));
-    pdl_instance_set_event_fn(p, tc_on_event, &ev);
+    tc_count_events(p, &ev);
     uint32_t blk[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, blk, NULL), PDL_OK);
     char rid[1024];
@@ -566,8 +569,7 @@ static void write_gone_consumer_pushes_freed(void **state)
     assert_non_null(c);
     assert_non_null(live);
     tc_events_t ev;
-    memset(&ev, 0, sizeof(ev));
-    pdl_instance_set_event_fn(p, tc_on_event, &ev);
+    tc_count_events(p, &ev);
     uint32_t blk[4][NBLK];
     char rid_live[1024];
     assert_true(tc_request_id(p, live, 40, rid_live, sizeof(rid_live)));
