@@ -45,6 +45,20 @@ static void encode_expect(const pdl_msg_t *m, const char *hex)
     pdl_bytes_free(&b);
 }
 
+/* m encodes, and what it encodes to decodes to a message equal to m. */
+static void assert_round_trips(const pdl_msg_t *m)
+{
+    pdl_bytes_t b;
+    pdl_error_t err = {0};
+    assert_int_equal(pdl_wire_encode_msg(m, &b, &err), PDL_OK);
+    pdl_msg_t d;
+    assert_int_equal(pdl_wire_decode_msg(b.data, b.len, &d, &err), PDL_OK);
+    assert_int_equal(d.type, m->type);
+    assert_true(pdl_msg_equal(m, &d));
+    pdl_msg_clear(&d);
+    pdl_bytes_free(&b);
+}
+
 static void golden_release(void **state)
 {
     (void)state;
@@ -184,14 +198,8 @@ static void untyped_remote_blocks(void **state)
     assert_string_equal(m.transfer_id, "");
     assert_int_equal(m.num_blocks, 2);
     /* re-encoding keeps it without transfer_id and decodes the same */
-    pdl_bytes_t b;
-    assert_int_equal(pdl_wire_encode_msg(&m, &b, &err), PDL_OK);
-    pdl_msg_t d;
-    assert_int_equal(pdl_wire_decode_msg(b.data, b.len, &d, &err), PDL_OK);
-    assert_true(pdl_msg_equal(&m, &d));
-    pdl_msg_clear(&d);
+    assert_round_trips(&m);
     pdl_msg_clear(&m);
-    pdl_bytes_free(&b);
     msgpack_sbuffer_destroy(&sb);
 }
 
@@ -430,15 +438,8 @@ static void max_block_list_round_trips(void **state)
     m.block_ids = malloc(m.num_blocks * sizeof(uint32_t));
     for (size_t i = 0; i < m.num_blocks; i++)
         m.block_ids[i] = (uint32_t)(i * 4099u);
-    pdl_bytes_t b;
-    pdl_error_t err = {0};
-    assert_int_equal(pdl_wire_encode_msg(&m, &b, &err), PDL_OK);
-    pdl_msg_t d;
-    assert_int_equal(pdl_wire_decode_msg(b.data, b.len, &d, &err), PDL_OK);
-    assert_true(pdl_msg_equal(&m, &d));
-    pdl_msg_clear(&d);
+    assert_round_trips(&m);
     pdl_msg_clear(&m);
-    pdl_bytes_free(&b);
 }
 
 static void encoder_refuses_bad_fields(void **state)
@@ -476,14 +477,7 @@ static void keepalive_round_trip_and_names(void **state)
     m.consumer_tp_size = 4;
     m.consumer_tp_rank = 0;
     m.status = PDL_RELEASE_OK;
-    pdl_bytes_t b;
-    pdl_error_t err = {0};
-    assert_int_equal(pdl_wire_encode_msg(&m, &b, &err), PDL_OK);
-    pdl_msg_t d;
-    assert_int_equal(pdl_wire_decode_msg(b.data, b.len, &d, &err), PDL_OK);
-    assert_int_equal(d.type, PDL_MSG_KEEPALIVE);
-    assert_true(pdl_msg_equal(&m, &d));
-    pdl_bytes_free(&b);
+    assert_round_trips(&m);
     assert_string_equal(pdl_msg_type_name(PDL_MSG_KEEPALIVE), "keepalive");
     assert_string_equal(pdl_release_status_name(PDL_RELEASE_FAILED), "failed");
 }
