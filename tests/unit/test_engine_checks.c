@@ -55,6 +55,16 @@ static void pair_open(pair_t *p, pdl_backend_kind_t b)
     pdl_bytes_free(&md);
 }
 
+/* Byte i of the owner's region becomes (uint8_t)(i * 7), so what a test reads back says where it came
+ * from; returns the region. */
+static uint8_t *fill_owner(pair_t *p)
+{
+    uint8_t *om = pdl_mem_ptr(p->om);
+    for (size_t i = 0; i < SZ; i++)
+        om[i] = (uint8_t)(i * 7);
+    return om;
+}
+
 static void pair_close(pair_t *p)
 {
     pdl_session_close(p->s);
@@ -221,9 +231,7 @@ static void test_owner_checks_tcp(void **state)
     (void)state;
     pair_t p;
     pair_open(&p, PDL_BACKEND_TCP);
-    uint8_t *om = pdl_mem_ptr(p.om);
-    for (size_t i = 0; i < SZ; i++)
-        om[i] = (uint8_t)(i * 7);
+    uint8_t *om = fill_owner(&p);
     int fd = raw_hello(pdl_engine_port(p.owner), "producer:tp1");
     uint8_t buf[SZ + 1024];
     uint64_t got;
@@ -457,9 +465,7 @@ static void test_guarded_tcp(void **state)
     (void)state;
     pair_t p;
     pair_open(&p, PDL_BACKEND_TCP);
-    uint8_t *om = pdl_mem_ptr(p.om);
-    for (size_t i = 0; i < SZ; i++)
-        om[i] = (uint8_t)(i * 7);
+    uint8_t *om = fill_owner(&p);
     uint64_t id = pdl_mem_id(p.om);
     pdl_mem_guard(p.om);
     pdl_error_t err;
