@@ -40,6 +40,7 @@
 #include <cmocka.h>
 
 #include "pdlink/engine.h"
+#include "test_pattern.h"
 #include "common/log.h"
 #include "engine/backend.h" /* pdl__engine_desc_unpack: the test needs the target's port */
 #include "engine/cudadrv.h" /* the test driver, for the _devmem tests */
@@ -48,19 +49,10 @@
 #define SLOT (64u << 10)
 #define NSLOTS (REGION / SLOT)
 
-static uint8_t pat(uint64_t seed, uint64_t off)
-{
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (off >> 3) + 1;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (uint8_t)(z >> ((off & 7) * 8));
-}
-
 static void fill(uint8_t *p, size_t n, uint64_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = pat(seed, i);
+        p[i] = tp_byte(seed, i);
 }
 
 /* ---------------------------------------------------------------- device memory (_devmem tests) */
@@ -204,7 +196,7 @@ static void child_main(int fd, pdl_backend_kind_t backend)
             const uint8_t *p = on_dev ? user : pdl_mem_ptr(m[c.region]);
             for (uint32_t i = 0; i < c.ndesc && result == 0; i++)
                 for (uint64_t j = 0; j < d[i].len; j++)
-                    if (p[d[i].remote_off + j] != pat(c.seed, d[i].local_off + j)) {
+                    if (p[d[i].remote_off + j] != tp_byte(c.seed, d[i].local_off + j)) {
                         result = (int32_t)i + 1;
                         break;
                     }
@@ -411,7 +403,7 @@ static void random_batches(pdl_backend_kind_t backend)
             local_get(&p);
             for (uint32_t i = 0; i < n; i++)
                 for (uint64_t j = 0; j < d[i].len; j++)
-                    if (local[d[i].local_off + j] != pat(seed, d[i].remote_off + j))
+                    if (local[d[i].local_off + j] != tp_byte(seed, d[i].remote_off + j))
                         fail_msg("%s read: desc %u byte %llu differs", pdl_backend_name(backend), i,
                                  (unsigned long long)j);
         } else { /* WRITE: we fill, the target verifies */
@@ -430,7 +422,7 @@ static void random_batches(pdl_backend_kind_t backend)
     assert_int_equal(run(p.s[0], PDL_OP_READ, &big, 1, -1, &err), PDL_OK);
     local_get(&p);
     for (size_t j = 0; j < REGION; j += 4093)
-        assert_int_equal(local[j], pat(77, j));
+        assert_int_equal(local[j], tp_byte(77, j));
     pdl_engine_stats_t st;
     pdl_engine_get_stats(p.e, &st);
     assert_int_equal(st.batches_failed, 0);
@@ -671,7 +663,7 @@ static void test_malformed_tcp(void **state)
     assert_int_equal(run(p.s[1], PDL_OP_READ, &d, 1, -1, &err), PDL_OK);
     const uint8_t *local = pdl_mem_ptr(p.local);
     for (size_t j = 0; j < 65536; j++)
-        assert_int_equal(local[j], pat(5, j));
+        assert_int_equal(local[j], tp_byte(5, j));
     assert_int_equal(peer_cmd(&p, 'S', 0, 0, NULL, 0), 3);
     peer_stop(&p, false);
 }
@@ -690,7 +682,7 @@ static void slot_desc(pdl_desc_t *d, uint32_t k, unsigned *rng)
 static void check_read(const uint8_t *local, const pdl_desc_t *d, uint64_t seed)
 {
     for (uint64_t j = 0; j < d->len; j++)
-        if (local[d->local_off + j] != pat(seed, d->remote_off + j))
+        if (local[d->local_off + j] != tp_byte(seed, d->remote_off + j))
             fail_msg("read [%llu, +%llu): byte %llu differs", (unsigned long long)d->remote_off,
                      (unsigned long long)d->len, (unsigned long long)j);
 }
@@ -796,7 +788,7 @@ static void *reader_main(void *arg)
                 a->failures++;
             pdl_batch_free(b[k]);
             for (uint64_t j = 0; j < d[k].len; j++)
-                if (a->local[d[k].local_off + j] != pat(51, d[k].remote_off + j)) {
+                if (a->local[d[k].local_off + j] != tp_byte(51, d[k].remote_off + j)) {
                     a->failures++;
                     break;
                 }

@@ -30,6 +30,8 @@
 #include <cmocka.h>
 
 #include "pdlink/engine.h"
+#include "test_child.h"
+#include "test_pattern.h"
 #include "engine/cudadrv.h" /* the test driver, to make and read back device memory */
 
 #define REGION (8u << 20)
@@ -58,15 +60,6 @@ static pdl_cudadrv_t *drv;
         }                                                                                                              \
     } while (0)
 
-static uint8_t pat(uint64_t seed, uint64_t off)
-{
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull + (off >> 3) + 1;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (uint8_t)(z >> ((off & 7) * 8));
-}
-
 static pdl_engine_t *mk(const char *key)
 {
     pdl_engine_config_t cfg = {.key = key, .host = "127.0.0.1", .backend = PDL_BACKEND_TCP, .qp_per_transfer = 2,
@@ -88,7 +81,7 @@ static int side_make(pdl_engine_t *e, bool dev, uint64_t seed, side_t *sd)
     uint8_t *buf = malloc(REGION);
     CHECK(buf != NULL, "malloc");
     for (size_t i = 0; i < REGION; i++)
-        buf[i] = pat(seed, i);
+        buf[i] = tp_byte(seed, i);
     pdl_error_t err;
     if (!dev) {
         sd->host = buf;
@@ -159,11 +152,11 @@ static int verify(pdl_op_t op, const side_t *loc, const side_t *rem, const pdl_d
         uint64_t doff = rd ? d[i].local_off : d[i].remote_off, soff = rd ? d[i].remote_off : d[i].local_off;
         for (uint64_t k = 0; k < d[i].len; k++) {
             hit[doff + k] = 1;
-            wrong += dst[doff + k] != src[soff + k] || src[soff + k] != pat(sseed, soff + k);
+            wrong += dst[doff + k] != src[soff + k] || src[soff + k] != tp_byte(sseed, soff + k);
         }
     }
     for (size_t i = 0; i < REGION; i++)
-        wrong += !hit[i] && dst[i] != pat(dseed, i);
+        wrong += !hit[i] && dst[i] != tp_byte(dseed, i);
     free(hit);
     free(lb);
     free(rb);
@@ -172,6 +165,19 @@ static int verify(pdl_op_t op, const side_t *loc, const side_t *rem, const pdl_d
 }
 
 /* One batch: initiator region (seed 1) <-> owner region (seed 2), device memory where `where` says. */
+/* Tell ini about own and rem's region, and open ini's session from loc to it; ed and md (the packed
+ * engine and region) are the caller's to free. 0, or 2 with the failing step on stderr. */
+static int connect_sides(pdl_engine_t *own, pdl_engine_t *ini, side_t *loc, side_t *rem, pdl_bytes_t *ed,
+                         pdl_bytes_t *md, pdl_session_t **s)
+{
+    pdl_error_t err;
+    CHECK(pdl_engine_pack(own, ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed->data, ed->len, NULL, 0, &err) == PDL_OK &&
+              pdl_mem_pack(rem->mem, md, &err) == PDL_OK,
+          "setup: %s", err.msg);
+    CHECK(pdl_session_open(ini, loc->mem, md->data, md->len, s, &err) == PDL_OK, "session_open: %s", err.msg);
+    return 0;
+}
+
 static int transfer_case(pdl_op_t op, int where, bool strided)
 {
     pdl_engine_t *own = mk("staged:owner"), *ini = mk("staged:initiator");
@@ -181,11 +187,9 @@ static int transfer_case(pdl_op_t op, int where, bool strided)
     if (side_make(ini, where & DEV_LOCAL, 1, &loc) || side_make(own, where & DEV_REMOTE, 2, &rem))
         return 2;
     pdl_bytes_t ed = {0}, md = {0};
-    CHECK(pdl_engine_pack(own, &ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed.data, ed.len, NULL, 0, &err) == PDL_OK &&
-              pdl_mem_pack(rem.mem, &md, &err) == PDL_OK,
-          "setup: %s", err.msg);
     pdl_session_t *s = NULL;
-    CHECK(pdl_session_open(ini, loc.mem, md.data, md.len, &s, &err) == PDL_OK, "session_open: %s", err.msg);
+    if (connect_sides(own, ini, &loc, &rem, &ed, &md, &s))
+        return 2;
     pdl_desc_t *d = malloc(sizeof(*d) * (REGION / STRIDE));
     size_t n = make_descs(strided, d);
     pdl_batch_t *b = NULL;
@@ -236,11 +240,9 @@ static int failure_case(pdl_op_t op, bool owner_side)
     if (side_make(ini, !owner_side, 1, &loc) || side_make(own, owner_side, 2, &rem) || side_make(own, false, 3, &good))
         return 2;
     pdl_bytes_t ed = {0}, md = {0};
-    CHECK(pdl_engine_pack(own, &ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed.data, ed.len, NULL, 0, &err) == PDL_OK &&
-              pdl_mem_pack(rem.mem, &md, &err) == PDL_OK,
-          "setup: %s", err.msg);
     pdl_session_t *s = NULL;
-    CHECK(pdl_session_open(ini, loc.mem, md.data, md.len, &s, &err) == PDL_OK, "session_open: %s", err.msg);
+    if (connect_sides(own, ini, &loc, &rem, &ed, &md, &s))
+        return 2;
     side_t *gone = owner_side ? &rem : &loc;
     CHECK(vanish(gone->dptr) == 0, "replacing the device region: %s", strerror(errno));
     pdl_desc_t d[2] = {{0, 0, 3u << 20}, {4u << 20, 4u << 20, 64u << 10}};
@@ -302,26 +304,13 @@ static int child(const tcase_t *tc)
     return rc;
 }
 
+static int child_fn(void *tc) { return child(tc); }
+
+/* The child ends through exit(): under ASan staging left behind (a stage, its pinned windows from the
+ * test driver) fails the case. */
 static void run(const tcase_t *tc)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        /* cmocka catches SIGSEGV to report a test; here the parent must see the signal itself. */
-        signal(SIGSEGV, SIG_DFL);
-        signal(SIGBUS, SIG_DFL);
-        /* exit, not _exit: under ASan the leak check runs at exit, so staging left behind (a stage, its
-         * pinned windows from the test driver) fails the case. */
-        exit(child(tc));
-    }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (WIFSIGNALED(ws))
-        fail_msg("the child died of signal %d (%s): a CPU access to device memory?", WTERMSIG(ws),
-                 strsignal(WTERMSIG(ws)));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
+    tch_run_exit(child_fn, (void *)tc, "the child", "a CPU access to device memory?", true);
 }
 
 #define CASE(name, ...)                                                                                                \

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -379,15 +379,8 @@ def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int) -> None:
         whole[:, b] = kv_value(L, pos, H + rank * heads, T, C)[:, 0]
 
 
-def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any) -> None:
-    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
-    w = PdlinkWorker(config("kv_producer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
-    w.register_kv_caches(caches)
-    rank_fill(whole, ids, tp, rank)
-    plan = q_in.get()
-    w.wait_for_save(plan)
-    q_out.put(("held", rank))
-    rid = plan.holds[0].request_id
+def wait_sent(w: PdlinkWorker, rid: str) -> List[str]:
+    """Poll a producer worker until it reports ``rid`` sent (or 30 s pass)."""
     sent: set = set()
     for _ in range(3000):
         s, _r, _f = w.get_transfer_results({rid})
@@ -395,34 +388,71 @@ def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_ou
         if sent:
             break
         time.sleep(0.01)
-    q_out.put(("sent", rank, sorted(sent), w.counters()))
+    return sorted(sent)
+
+
+def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any,
+                  read_mode: bool = True) -> None:
+    """One prefill worker process: fill its heads of ``ids``, run the plan's holds (READ) or pushes
+    (WRITE), report "held", then "sent" once pdlink freed the transfer."""
+    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
+    w = PdlinkWorker(config("kv_producer", base, read_mode=read_mode), tp_size=tp, tp_rank=rank,
+                     total_kv_heads=HEADS)
+    w.register_kv_caches(caches)
+    rank_fill(whole, ids, tp, rank)
+    plan = q_in.get()
+    w.wait_for_save(plan)
+    q_out.put(("held", rank))
+    rid = (plan.holds or plan.pushes)[0].request_id
+    q_out.put(("sent", rank, wait_sent(w, rid), w.counters()))
     w.shutdown()
 
 
-def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
+def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any, read_mode: bool = True) -> None:
+    """One decode worker process: report "up", run the plan's pull (READ) or expect (WRITE), then report
+    what it loaded and whether its whole cache is exactly the pulled blocks' heads and the sentinel."""
     whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
     whole[:] = -1.0
-    w = PdlinkWorker(config("kv_consumer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
+    w = PdlinkWorker(config("kv_consumer", base, read_mode=read_mode), tp_size=tp, tp_rank=rank,
+                     total_kv_heads=HEADS)
     w.register_kv_caches(caches)
+    q_out.put(("up", rank))
     plan = q_in.get()
     w.start_load_kv(plan)
-    rid = plan.pulls[0].request_id
-    got = (set(), set())
+    order = (plan.pulls or plan.expects)[0]
+    got: Tuple[set, set] = (set(), set())
     for _ in range(3000):
         _s, r, f = w.get_transfer_results(set())
         if r:
             got = (r, f)
             break
         time.sleep(0.01)
-    ids = plan.pulls[0].block_ids
     want = np.full_like(whole, -1.0)
-    rank_fill(want, ids, tp, rank)
+    rank_fill(want, order.block_ids, tp, rank)
     # vLLM CPU's cache has no per-token rows pdlink may address (K of every token, then V, in the
     # kernels' own order), so the worker does not zero the last block's tail there: the whole blocks
     # arrive exactly as the prefill had them.
-    q_out.put(("pulled", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), rid,
-               w.counters()))
+    q_out.put(("pulled", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)),
+               order.request_id, w.counters()))
     w.shutdown()
+
+
+def reap(procs: List[Any]) -> None:
+    """Join the rank processes; kill one still running after 30 s."""
+    for p in procs:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+
+
+def collect(out: Any, want: Dict[str, int], timeout: float = 120) -> List[Any]:
+    """The rank processes' messages until ``want`` (kind -> count) is met; other kinds are skipped."""
+    got: List[Any] = []
+    while any(sum(m[0] == k for m in got) < n for k, n in want.items()):
+        m = out.get(timeout=timeout)
+        if m[0] in want:
+            got.append(m)
+    return got
 
 
 @pytest.mark.parametrize("p_tp,d_tp", [(2, 1), (1, 2)])
@@ -465,14 +495,10 @@ def test_workers_move_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
             p.start()
         for q in cq:
             q.put(dplan)
-        msgs = [out.get(timeout=120) for _ in range(d_tp + p_tp)]
+        msgs = collect(out, {"pulled": d_tp, "sent": p_tp})
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    pulled = [m for m in msgs if m[0] == "pulled"]
-    sent = [m for m in msgs if m[0] == "sent"]
+        reap(procs)
+    pulled, sent = ([m for m in msgs if m[0] == k] for k in ("pulled", "sent"))
     for _, rank, recv, failed, exact, rid, counters in pulled:
         assert (recv, failed, exact) == (["req-d"], [], True), f"decode rank {rank}"
         assert counters["pdlink"]["kv_bytes"] == LAYERS * 3 * (HEADS // d_tp) * BS * 2 * HD * 4

@@ -8,20 +8,15 @@ transfer id, and the peer's TP size; the prefill's params say ``do_remote_decode
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 from typing import Any, Dict, List
 
-import numpy as np
 import pytest
 
-from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, NBLK, PROMPT, Blocks, FakeInstance, Req, config,
-                                        fake_worker, rank_fill, vllm_cpu_caches)
-import sys, os
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from free_ports import free_range  # noqa: E402
+from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, PROMPT, Blocks, FakeInstance, Req, collect, config,
+                                        consumer_rank, fake_worker, producer_rank, reap)
+from free_ports import free_range  # noqa: E402 (on the path test_pdlink_vllm_connector set)
 
-from pdlink.vllm.scheduler import ExpectOrder, PdlinkScheduler, PushOrder, StepPlan
-from pdlink.vllm.worker import PdlinkWorker
+from pdlink.vllm.scheduler import PdlinkScheduler, PushOrder, ReleaseOrder, StepPlan
 
 HEX = "0123456789abcdef" * 2
 
@@ -127,7 +122,6 @@ def test_worker_failed_push_does_not_pin_blocks() -> None:
 
 
 def test_worker_write_release_names_the_request() -> None:
-    from pdlink.vllm.scheduler import ReleaseOrder
     w = fake_worker("kv_consumer")
     seen: List[Any] = []
     w.inst.release = lambda params, rid: seen.append(rid)
@@ -138,47 +132,6 @@ def test_worker_write_release_names_the_request() -> None:
 
 
 # ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
-
-def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any) -> None:
-    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
-    w = PdlinkWorker(wconfig("kv_producer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
-    w.register_kv_caches(caches)
-    rank_fill(whole, ids, tp, rank)
-    plan: StepPlan = q_in.get()
-    w.wait_for_save(plan)
-    rid = plan.pushes[0].request_id
-    sent: set = set()
-    for _ in range(3000):
-        s, _r, _f = w.get_transfer_results({rid})
-        sent |= s
-        if sent:
-            break
-        time.sleep(0.01)
-    q_out.put(("sent", rank, sorted(sent), w.counters()))
-    w.shutdown()
-
-
-def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any) -> None:
-    whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
-    whole[:] = -1.0
-    w = PdlinkWorker(wconfig("kv_consumer", base), tp_size=tp, tp_rank=rank, total_kv_heads=HEADS)
-    w.register_kv_caches(caches)
-    q_out.put(("up", rank))
-    plan: StepPlan = q_in.get()
-    w.start_load_kv(plan)
-    ex: ExpectOrder = plan.expects[0]
-    got = (set(), set())
-    for _ in range(3000):
-        _s, r, f = w.get_transfer_results(set())
-        if r:
-            got = (r, f)
-            break
-        time.sleep(0.01)
-    want = np.full_like(whole, -1.0)
-    rank_fill(want, ex.block_ids, tp, rank)
-    q_out.put(("received", rank, sorted(got[0]), sorted(got[1]), bool(np.array_equal(whole, want)), w.counters()))
-    w.shutdown()
-
 
 @pytest.mark.parametrize("p_tp,d_tp", [(1, 1), (2, 1), (1, 2)])
 def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> None:
@@ -193,12 +146,13 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
     out = ctx.Queue()
     pq = [ctx.Queue() for _ in range(p_tp)]
     cq = [ctx.Queue() for _ in range(d_tp)]
-    procs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out)) for r in range(d_tp)]
-    procs += [ctx.Process(target=producer_rank, args=(p_tp, r, pbase, p_ids, pq[r], out)) for r in range(p_tp)]
+    procs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out, False)) for r in range(d_tp)]
+    procs += [ctx.Process(target=producer_rank, args=(p_tp, r, pbase, p_ids, pq[r], out, False))
+              for r in range(p_tp)]
     for p in procs:
         p.start()
     try:
-        assert sorted(out.get(timeout=60) for _ in range(d_tp)) == [("up", r) for r in range(d_tp)]
+        assert sorted(m[1] for m in collect(out, {"up": d_tp}, 60)) == list(range(d_tp))
         cs = PdlinkScheduler(wconfig("kv_consumer", dbase), tp_size=d_tp, block_size=BS)
         dreq = Req(rid, PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": p_tp,
                                  "remote_dp_size": 1})
@@ -218,16 +172,12 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
         for q in pq:
             q.put(pplan)
         assert ps.request_finished(preq, p_ids + [11], length_capped=True) == (True, None)
-        msgs = [out.get(timeout=120) for _ in range(d_tp + p_tp)]
+        msgs = collect(out, {"pulled": d_tp, "sent": p_tp})
     finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-    received = [m for m in msgs if m[0] == "received"]
-    sent = [m for m in msgs if m[0] == "sent"]
+        reap(procs)
+    received, sent = ([m for m in msgs if m[0] == k] for k in ("pulled", "sent"))
     assert len(received) == d_tp and len(sent) == p_tp
-    for _, rank, recv, failed, exact, _counters in received:
+    for _, rank, recv, failed, exact, _rid, _counters in received:
         assert (recv, failed, exact) == ([rid], [], True), f"decode rank {rank}"
     for _, rank, s, counters in sent:
         assert s == [rid], f"prefill rank {rank} never reported the push freed"
