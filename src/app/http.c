@@ -60,7 +60,6 @@
 #include <sodium.h>
 
 #include "app/buf.h"
-#include "app/parse.h"
 #include "common/clock.h"
 #include "common/siphash.h"
 #include "common/workq.h"
@@ -686,43 +685,6 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     uint64_t dropped = atomic_exchange(&h->warn_dropped, 0);
     pdl_warn("http: %s (%llu more such lines in the last %d s)", buf, (unsigned long long)dropped,
              PDL_HTTP_WARN_EVERY_MS / 1000);
-}
-
-/* ---- flags ------------------------------------------------------------------------------------- */
-
-bool pdl_http_is_opt(int opt)
-{
-    return opt >= PDL_HTTP_OPT_BASE && opt < PDL_HTTP_OPT_END;
-}
-
-/* Each shared flag: the unsigned field of pdl_http_limits_t it sets and its range. */
-static const struct {
-    int opt;
-    size_t offset;
-    int min, max;
-} k_http_flags[] = {
-    {PDL_HTTP_OPT_IDLE_TIMEOUT, offsetof(pdl_http_limits_t, idle_timeout_s), 0, 86400},
-    {PDL_HTTP_OPT_MAX_CONNECTIONS, offsetof(pdl_http_limits_t, max_connections), 1, 1 << 20},
-    {PDL_HTTP_OPT_MAX_PER_CLIENT, offsetof(pdl_http_limits_t, max_per_client), 0, 1 << 20},
-    {PDL_HTTP_OPT_THREADS, offsetof(pdl_http_limits_t, threads), 1, 256},
-    {PDL_HTTP_OPT_WORKERS, offsetof(pdl_http_limits_t, workers), 1, 1 << 16},
-    {PDL_HTTP_OPT_HEADER_TIMEOUT, offsetof(pdl_http_limits_t, header_timeout_s), 0, 86400},
-    {PDL_HTTP_OPT_BODY_TIMEOUT, offsetof(pdl_http_limits_t, body_timeout_s), 0, 86400},
-};
-
-pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *flag, const char *value,
-                                  pdl_error_t *err)
-{
-    for (size_t i = 0; i < sizeof(k_http_flags) / sizeof(k_http_flags[0]); i++) {
-        if (k_http_flags[i].opt != opt)
-            continue;
-        int v = 0;
-        pdl_status_t st = pdl_parse_int(flag, value, k_http_flags[i].min, k_http_flags[i].max, &v, err);
-        if (st == PDL_OK)
-            *(unsigned *)(void *)((char *)l + k_http_flags[i].offset) = (unsigned)v;
-        return st;
-    }
-    return pdl_error_set(err, PDL_ERR_INVALID, "%s: not an HTTP flag", flag);
 }
 
 /* ---- the listener ------------------------------------------------------------------------------- */

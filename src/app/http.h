@@ -26,7 +26,6 @@
 #ifndef PDL_APP_HTTP_H
 #define PDL_APP_HTTP_H
 
-#include <getopt.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -34,6 +33,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "app/optab.h"
 #include "pdlink/status.h"
 
 typedef struct pdl_http pdl_http_t;
@@ -61,7 +61,7 @@ typedef int (*pdl_http_handler_fn)(void *cls, const pdl_http_request_t *req);
 
 /*
  * What one listener may hold. Every program sets its own defaults and lets the operator change them
- * with the PDL_HTTP_LONGOPTS flags (docs/node.md, docs/router.md).
+ * with the PDL_HTTP_ROW_* flags (docs/node.md, docs/router.md).
  */
 typedef struct pdl_http_limits {
     unsigned idle_timeout_s;  /* --http-idle-timeout: close a connection silent this long (0 = never) */
@@ -75,34 +75,24 @@ typedef struct pdl_http_limits {
     size_t body_budget;       /* bytes of request bodies held at once by the whole listener */
 } pdl_http_limits_t;
 
-/* Flag values of the shared HTTP flags; a program's own flag values stay below PDL_HTTP_OPT_BASE. */
-enum {
-    PDL_HTTP_OPT_BASE = 0x4800,
-    PDL_HTTP_OPT_IDLE_TIMEOUT = PDL_HTTP_OPT_BASE,
-    PDL_HTTP_OPT_MAX_CONNECTIONS,
-    PDL_HTTP_OPT_MAX_PER_CLIENT,
-    PDL_HTTP_OPT_THREADS,
-    PDL_HTTP_OPT_WORKERS,
-    PDL_HTTP_OPT_HEADER_TIMEOUT,
-    PDL_HTTP_OPT_BODY_TIMEOUT,
-    PDL_HTTP_OPT_END
-};
-/* getopt entries of the shared flags, for a program's longopts table. */
-#define PDL_HTTP_LONGOPTS                                                                                        \
-    {"http-idle-timeout", required_argument, NULL, PDL_HTTP_OPT_IDLE_TIMEOUT},                                   \
-        {"http-max-connections", required_argument, NULL, PDL_HTTP_OPT_MAX_CONNECTIONS},                         \
-        {"http-max-connections-per-client", required_argument, NULL, PDL_HTTP_OPT_MAX_PER_CLIENT},               \
-        {"http-threads", required_argument, NULL, PDL_HTTP_OPT_THREADS},                                         \
-        {"http-workers", required_argument, NULL, PDL_HTTP_OPT_WORKERS},                                         \
-        {"http-header-timeout", required_argument, NULL, PDL_HTTP_OPT_HEADER_TIMEOUT},                           \
-        {"http-body-timeout", required_argument, NULL, PDL_HTTP_OPT_BODY_TIMEOUT}
-
-/* True when opt is one of PDL_HTTP_LONGOPTS. */
-bool pdl_http_is_opt(int opt);
-/* Apply one shared flag (opt from PDL_HTTP_LONGOPTS, flag as typed, its value) to *l. Returns PDL_OK or
- * PDL_ERR_INVALID with err naming the flag and the value. */
-pdl_status_t pdl_http_limits_take(pdl_http_limits_t *l, int opt, const char *flag, const char *value,
-                                  pdl_error_t *err);
+/*
+ * The shared flags as rows of a program's option table (app/optab.h): each macro gives a row's name,
+ * kind, field and range, with T the program's options struct and M its pdl_http_limits_t member. The
+ * program adds .def and .help, since a node and a router differ in their defaults and in what a worker
+ * holds: {PDL_HTTP_ROW_THREADS(my_opts_t, http), .def = "2", .help = "polling threads"}.
+ */
+#define PDL__HTTP_ROW(T, M, NAME, FIELD, META, LO, HI)                                                           \
+    .name = NAME, .kind = PDL_OPT_UINT, .metavar = META, .off = offsetof(T, M.FIELD), .lo = LO, .hi = HI
+#define PDL_HTTP_ROW_IDLE_TIMEOUT(T, M) PDL__HTTP_ROW(T, M, "http-idle-timeout", idle_timeout_s, "SECONDS", 0, 86400)
+#define PDL_HTTP_ROW_HEADER_TIMEOUT(T, M)                                                                        \
+    PDL__HTTP_ROW(T, M, "http-header-timeout", header_timeout_s, "SECONDS", 0, 86400)
+#define PDL_HTTP_ROW_BODY_TIMEOUT(T, M) PDL__HTTP_ROW(T, M, "http-body-timeout", body_timeout_s, "SECONDS", 0, 86400)
+#define PDL_HTTP_ROW_MAX_CONNECTIONS(T, M)                                                                       \
+    PDL__HTTP_ROW(T, M, "http-max-connections", max_connections, "N", 1, 1 << 20)
+#define PDL_HTTP_ROW_MAX_PER_CLIENT(T, M)                                                                        \
+    PDL__HTTP_ROW(T, M, "http-max-connections-per-client", max_per_client, "N", 0, 1 << 20)
+#define PDL_HTTP_ROW_THREADS(T, M) PDL__HTTP_ROW(T, M, "http-threads", threads, "N", 1, 256)
+#define PDL_HTTP_ROW_WORKERS(T, M) PDL__HTTP_ROW(T, M, "http-workers", workers, "N", 1, 1 << 16)
 
 typedef struct pdl_http_params {
     const char *host;           /* bind address, resolved with getaddrinfo (IPv4 or IPv6) */

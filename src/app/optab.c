@@ -2,9 +2,10 @@
  * optab.c -- the option-table walker (see optab.h): defaults, parsing and --help, all from the rows.
  *
  * The walker builds a getopt long-option array from the rows (each alias becomes a one-letter long name,
- * which getopt_long_only matches exactly as "-h") and lets pdl_opts (opts.c) do the argv work; each flag
- * found is handed to the store of its row's kind. The store is the same for a default and for a value
- * from argv, which is what keeps the printed default and the applied one from drifting apart.
+ * which getopt_long_only matches exactly as "-h", and another spelling such as "-tp" a name of its own)
+ * and lets pdl_opts (opts.c) do the argv work; each flag found is handed to the store of its row's kind.
+ * The store is the same for a default and for a value from argv, which is what keeps the printed default
+ * and the applied one from drifting apart.
  */
 #include "app/optab.h"
 
@@ -102,17 +103,29 @@ static pdl_status_t store_range(const pdl_optdef_t *r, const char *flag, const c
     return PDL_OK;
 }
 
-/* Store one value (argv's or the default) the way the row's kind says. */
-static pdl_status_t store(const pdl_optab_t *t, const pdl_optdef_t *r, const char *v, void *opts, bool *done_p,
-                          pdl_error_t *err)
+static pdl_status_t store_text(const pdl_optdef_t *r, const char *flag, const char *v, void *opts, pdl_error_t *err)
 {
-    char flag[72];
-    snprintf(flag, sizeof(flag), "--%s", r->name);
+    size_t n = strlen(v);
+    if (n == 0 || n >= (size_t)r->max_n)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: value of length %zu is empty or too long", flag, n);
+    memcpy(field(opts, r->off), v, n + 1);
+    return PDL_OK;
+}
+
+/* Store one value (argv's or the default) the way the row's kind says; `flag` names it in errors. */
+static pdl_status_t store(const pdl_optab_t *t, const pdl_optdef_t *r, const char *flag, const char *v, void *opts,
+                          bool *done_p, pdl_error_t *err)
+{
     long l = 0;
     switch (r->kind) {
     case PDL_OPT_FLAG: *(bool *)field(opts, r->off) = true; return PDL_OK;
     case PDL_OPT_FLAG_OFF: *(bool *)field(opts, r->off) = false; return PDL_OK;
     case PDL_OPT_INT: return pdl_parse_int(flag, v, (int)r->lo, (int)r->hi, field(opts, r->off), err);
+    case PDL_OPT_UINT:
+        if (pdl_parse_long(flag, v, r->lo, r->hi, &l, err) != PDL_OK)
+            return PDL_ERR_INVALID;
+        *(unsigned *)field(opts, r->off) = (unsigned)l;
+        return PDL_OK;
     case PDL_OPT_LONG:
         if (pdl_parse_long(flag, v, r->lo, r->hi, &l, err) != PDL_OK)
             return PDL_ERR_INVALID;
@@ -120,6 +133,7 @@ static pdl_status_t store(const pdl_optab_t *t, const pdl_optdef_t *r, const cha
         return PDL_OK;
     case PDL_OPT_DOUBLE: return store_double(r, flag, v, opts, err);
     case PDL_OPT_STRING: *(const char **)field(opts, r->off) = v; return PDL_OK;
+    case PDL_OPT_TEXT: return store_text(r, flag, v, opts, err);
     case PDL_OPT_CHOICE: return store_choice(r, flag, v, opts, err);
     case PDL_OPT_INT_LIST: return store_int_list(r, flag, v, opts, err);
     case PDL_OPT_RANGE: return store_range(r, flag, v, opts, err);
@@ -139,7 +153,9 @@ static bool takes_value(const pdl_optdef_t *r)
            !(r->kind == PDL_OPT_CALL && r->metavar == NULL);
 }
 
-/* getopt's array: `val` is 2 + the row's index (pdl_opts reserves 0 and 1). Returns the count, -1 if full. */
+/* getopt's array: `val` is 2 + the row's index (pdl_opts reserves 0 and 1); a row's alias and its other
+ * spelling (without its dashes: getopt_long_only takes "-tp" and "--tp" alike) share it. Returns the
+ * count, -1 if full. */
 static int build_longopts(const pdl_optab_t *t, struct option *lo, char (*alias)[2], int cap)
 {
     int n = 0;
@@ -148,9 +164,11 @@ static int build_longopts(const pdl_optab_t *t, struct option *lo, char (*alias)
         if (r->kind == PDL_OPT_SECTION)
             continue;
         int has = takes_value(r) ? required_argument : no_argument;
-        if (n + 2 >= cap || i >= cap)
+        if (n + 3 >= cap || i >= cap)
             return -1;
         lo[n++] = (struct option){r->name, has, NULL, 2 + i};
+        if (r->also != NULL)
+            lo[n++] = (struct option){r->also + strspn(r->also, "-"), has, NULL, 2 + i};
         if (r->alias != 0) {
             alias[i][0] = r->alias;
             alias[i][1] = '\0';
@@ -161,11 +179,15 @@ static int build_longopts(const pdl_optab_t *t, struct option *lo, char (*alias)
     return n;
 }
 
-static pdl_status_t apply_defaults(const pdl_optab_t *t, void *opts, pdl_error_t *err)
+pdl_status_t pdl_optab_defaults(const pdl_optab_t *t, void *opts, pdl_error_t *err)
 {
     for (const pdl_optdef_t *r = t->rows; r->name != NULL || r->help != NULL; r++) {
+        if (r->kind == PDL_OPT_SECTION || r->def == NULL)
+            continue;
         bool done = false;
-        if (r->kind != PDL_OPT_SECTION && r->def != NULL && store(t, r, r->def, opts, &done, err) != PDL_OK)
+        char flag[72];
+        snprintf(flag, sizeof(flag), "--%s", r->name);
+        if (store(t, r, flag, r->def, opts, &done, err) != PDL_OK)
             return pdl_error_prefix(err, PDL_ERR_INVALID, "the default of --%s", r->name);
     }
     return PDL_OK;
@@ -182,10 +204,10 @@ pdl_optab_result_t pdl_optab_parse(const pdl_optab_t *t, void *opts, int argc, c
         pdl_error_set(err, PDL_ERR_INVALID, "%s: more than %d options in its table", t->prog, OPTAB_MAX_ROWS);
         return PDL_OPTAB_USAGE;
     }
-    if (apply_defaults(t, opts, err) != PDL_OK)
+    if (pdl_optab_defaults(t, opts, err) != PDL_OK)
         return PDL_OPTAB_USAGE;
     pdl_opts_t o;
-    pdl_opts_init(&o, argc, argv, lo, false);
+    pdl_opts_init(&o, argc, argv, lo, t->underscores);
     for (;;) {
         const char *value = NULL;
         int opt = pdl_opts_next(&o, &value, err);
@@ -198,12 +220,17 @@ pdl_optab_result_t pdl_optab_parse(const pdl_optab_t *t, void *opts, int argc, c
                 *next_p = o.at;
             return PDL_OPTAB_GO;
         }
+        if (opt == 1 && t->positional != NULL) {
+            if (t->positional(opts, value, err) != PDL_OK)
+                return PDL_OPTAB_USAGE;
+            continue;
+        }
         if (opt == 1) {
             pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s' (see %s --help)", value, t->prog);
             return PDL_OPTAB_USAGE;
         }
         bool done = false;
-        if (store(t, &t->rows[opt - 2], value, opts, &done, err) != PDL_OK)
+        if (store(t, &t->rows[opt - 2], o.flag, value, opts, &done, err) != PDL_OK)
             return PDL_OPTAB_USAGE;
         if (done)
             return PDL_OPTAB_DONE;
@@ -250,10 +277,15 @@ void pdl_optab_help(const pdl_optab_t *t, FILE *f)
             fprintf(f, "%s\n", r->help);
             continue;
         }
-        char left[96];
-        int n = snprintf(left, sizeof(left), "  --%s%s%s%s%s", r->name, r->alias ? ", -" : "",
-                         r->alias ? (char[]){r->alias, '\0'} : "", r->metavar ? " " : "", r->metavar ? r->metavar : "");
+        char left[128];
+        int n = snprintf(left, sizeof(left), "  --%s%s%s%s%s%s%s", r->name, r->alias ? ", -" : "",
+                         r->alias ? (char[]){r->alias, '\0'} : "", r->also ? ", " : "", r->also ? r->also : "",
+                         r->metavar ? " " : "", r->metavar ? r->metavar : "");
         fputs(left, f);
+        if (r->help == NULL && r->def == NULL) {
+            fputc('\n', f); /* a flag that needs no words (an accepted and ignored one) */
+            continue;
+        }
         if (n >= HELP_COL - 1)
             fprintf(f, "\n%*s", HELP_COL, "");
         else

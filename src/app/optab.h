@@ -13,7 +13,8 @@
  * row before argv is read, so the default printed by --help is the default in effect. Errors name the
  * flag and the value: "--requests '0': expected an integer in [1, 100000]", "--mode 'push': expected one
  * of read, write". Parsing is on top of pdl_opts (opts.h): exact names only, "--flag value",
- * "--flag=value" and "-flag value" all accepted, and the same getopt caveat (one thread, from main()).
+ * "--flag=value" and "-flag value" all accepted, and the same getopt caveat (one thread, from main()). A
+ * value from argv is checked under the flag as typed ("-tp '0': ..."), a default under "--name".
  */
 #ifndef PDL_APP_OPTAB_H
 #define PDL_APP_OPTAB_H
@@ -29,9 +30,11 @@ typedef enum pdl_opt_kind {
     PDL_OPT_FLAG,     /* no value: stores true in a bool */
     PDL_OPT_FLAG_OFF, /* no value: stores false in a bool ("--no-hetero") */
     PDL_OPT_INT,      /* an int in [lo, hi] */
+    PDL_OPT_UINT,     /* an unsigned in [lo, hi] (lo >= 0) */
     PDL_OPT_LONG,     /* a long in [lo, hi] */
     PDL_OPT_DOUBLE,   /* a double in [dlo, dhi] ((dlo, dhi] with PDL_OPTF_LO_OPEN) */
     PDL_OPT_STRING,   /* a const char * pointing into argv (or at the default) */
+    PDL_OPT_TEXT,     /* a copy in a char array of max_n bytes: empty or longer is an error */
     PDL_OPT_CHOICE,   /* one of `choices` (case-insensitive): stores its index in an int */
     PDL_OPT_INT_LIST, /* "4,4,8": ints in [lo, hi] into an int array; count in the int at count_off */
     PDL_OPT_RANGE,    /* "MIN-MAX" or "N": two ints lo <= MIN <= MAX <= hi at off and off2 */
@@ -57,6 +60,7 @@ typedef pdl_status_t (*pdl_opt_set_fn)(void *opts, const struct pdl_optdef *row,
 typedef struct pdl_optdef {
     const char *name;             /* long name without dashes; NULL ends the table */
     char alias;                   /* one-letter alias ("-h"), or 0 */
+    const char *also;             /* another spelling, dashes included ("-tp", "--num-gpu-blocks-override") */
     pdl_opt_kind_t kind;
     const char *metavar;          /* the value's name in --help ("N", "LIST"); NULL for a switch */
     const char *def;              /* default as typed, applied before argv; NULL: the struct's zero */
@@ -64,7 +68,7 @@ typedef struct pdl_optdef {
     size_t off2;                  /* PDL_OPT_RANGE: MAX's field; PDL_OPT_INT_LIST: the count's field */
     long lo, hi;                  /* INT, LONG, INT_LIST, RANGE */
     double dlo, dhi;              /* DOUBLE */
-    int max_n;                    /* INT_LIST: the array's capacity */
+    int max_n;                    /* INT_LIST: the array's capacity; TEXT: the char array's size */
     const char *const *choices;   /* CHOICE: the words, NULL-terminated */
     pdl_opt_set_fn set;           /* CALL */
     unsigned flags;               /* PDL_OPTF_* */
@@ -77,6 +81,9 @@ typedef struct pdl_optab {
     const pdl_optdef_t *rows;        /* ends with a row whose name and help are NULL */
     void (*help_tail)(FILE *f);      /* printed after the rows (lists computed at run time), or NULL */
     bool stop_at_positional;         /* the first positional ends the parse (a sub-command's name) */
+    /* Each positional argument, when not stop_at_positional; NULL: a positional is a usage error. */
+    pdl_status_t (*positional)(void *opts, const char *arg, pdl_error_t *err);
+    bool underscores;                /* read '_' in a flag name as '-', as vLLM does (rewrites argv) */
 } pdl_optab_t;
 
 /* What pdl_optab_parse found. */
@@ -87,15 +94,19 @@ typedef enum pdl_optab_result {
 } pdl_optab_result_t;
 
 /*
- * Apply every default of t to opts, then parse argv[1..argc-1] into it. A positional argument is a usage
- * error unless t->stop_at_positional, where the first one ends the parse and *next_p is its index
- * (argc if none; next_p may be NULL otherwise). opts must be zeroed or pre-set by the caller for fields
- * without a default.
+ * Apply every default of t to opts, then parse argv[1..argc-1] into it. A positional argument goes to
+ * t->positional, or is a usage error without one, unless t->stop_at_positional, where the first one
+ * ends the parse and *next_p is its index (argc if none; next_p may be NULL otherwise). opts must be
+ * zeroed or pre-set by the caller for fields without a default.
  */
 pdl_optab_result_t pdl_optab_parse(const pdl_optab_t *t, void *opts, int argc, char **argv, int *next_p,
                                    pdl_error_t *err);
 
-/* --help: t->usage, then one line (or more) per visible row: flag, metavar, help, "(default X)". */
+/* Apply every default of t to opts, as pdl_optab_parse does first: for a program's "defaults" function. */
+pdl_status_t pdl_optab_defaults(const pdl_optab_t *t, void *opts, pdl_error_t *err);
+
+/* --help: t->usage, then one line (or more) per visible row: flag, metavar, help, "(default X)"; a row
+ * with neither help nor default prints its flag alone. */
 void pdl_optab_help(const pdl_optab_t *t, FILE *f);
 
 /* The row named `name` (without dashes), or NULL: for docs and tests that ask what a table holds. */

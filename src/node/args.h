@@ -1,13 +1,15 @@
 /*
  * args.h -- pdlink-node's command line, modelled on `vllm serve` so the seed's commands translate line by
- * line (see docs/node.md). The parser never exits: a usage error comes back as PDL_ERR_INVALID naming the
- * flag and the value, and main() turns it into exit status 2.
+ * line (see docs/node.md): one option table (app/optab.h) parses it and prints --help. The parser never
+ * exits: a usage error comes back as PDL_ERR_INVALID naming the flag and the value, and main() turns it
+ * into exit status 2.
  */
 #ifndef PDL_NODE_ARGS_H
 #define PDL_NODE_ARGS_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "app/http.h"
 #include "pdlink/connector.h"
@@ -18,6 +20,7 @@ typedef struct pdl_node_args {
     const char *model;              /* preset (or HF-style name of a preset) */
     const char *served_model_name;  /* NULL: the name given on the command line */
     const char *positional_model;   /* `serve MODEL`: the served name when --model also names a preset */
+    bool positional_seen;           /* "serve" is the verb only as the first positional */
     const char *host;               /* default "0.0.0.0" */
     int port;                       /* default 8000; 0 = ephemeral (see port_file) */
     const char *port_file;          /* pdlink extension: write the bound port here */
@@ -47,6 +50,7 @@ typedef struct pdl_node_args {
     bool version;
 } pdl_node_args_t;
 
+/* Every default, those of the option table's rows included. */
 void pdl_node_args_defaults(pdl_node_args_t *a);
 
 /* Parse argv (argv[0] is the program) over the defaults already in *a. Pointers in *a point into argv, and
@@ -54,7 +58,7 @@ void pdl_node_args_defaults(pdl_node_args_t *a);
  * one thread. On error returns PDL_ERR_INVALID with err naming the flag and the value. */
 pdl_status_t pdl_node_args_parse(int argc, char **argv, pdl_node_args_t *a, pdl_error_t *err);
 
-/* The --help text. */
-const char *pdl_node_args_usage(void);
+/* --help, printed from the option table. */
+void pdl_node_args_help(FILE *f);
 
 #endif /* PDL_NODE_ARGS_H */

@@ -311,7 +311,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (node.args.help) {
-        fputs(pdl_node_args_usage(), stdout);
+        pdl_node_args_help(stdout);
         return 0;
     }
     if (node.args.help_config) {

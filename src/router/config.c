@@ -1,11 +1,11 @@
 /*
- * config.c -- parse pdlink-router's command line (vllm-router's flag names, docs/vllm-router.md#flags).
+ * config.c -- pdlink-router's command line (vllm-router's flag names, docs/vllm-router.md#flags): one
+ * table row per flag, parsed and printed by app/optab.c.
  *
- * Flags are read by getopt_long_only (app/opts.h): "--flag value" and "--flag=value" are accepted, as
- * clap (vllm-router's parser) accepts both.
- * --policy sets the default of --prefill-policy and --decode-policy whatever the order of the flags,
- * as in vllm-router. MoRIIO without a discovery address is refused, as vllm-router's config validation
- * refuses it (docs/vllm-router.md#discovery).
+ * "--flag value" and "--flag=value" are accepted, as clap (vllm-router's parser) accepts both; clap takes
+ * its flags with '-' only, so '_' is not read as '-' here. --policy sets the default of --prefill-policy
+ * and --decode-policy whatever the order of the flags, as in vllm-router. MoRIIO without a discovery
+ * address is refused, as vllm-router's config validation refuses it (docs/vllm-router.md#discovery).
  */
 #include "router/config.h"
 
@@ -14,40 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "app/opts.h"
+#include "app/optab.h"
 #include "app/parse.h"
 #include "common/log.h"
 
-void pdl_router_config_init(pdl_router_config_t *c)
-{
-    memset(c, 0, sizeof(*c));
-    snprintf(c->host, sizeof(c->host), "127.0.0.1");
-    c->port = 30000;
-    snprintf(c->kv_connector, sizeof(c->kv_connector), "moriio");
-    c->prefill_policy = PDL_POLICY_CONSISTENT_HASH;
-    c->decode_policy = PDL_POLICY_CONSISTENT_HASH;
-    c->log_level = -1;
-    c->prometheus_port = -1;
-    snprintf(c->prometheus_host, sizeof(c->prometheus_host), "127.0.0.1");
-    c->worker_ttl_ms = 5000;
-    c->intra_node_dp_size = 1;
-    /* Bodies are relayed to both legs; 64 MiB bounds what one client can make the router hold. The
-     * in-flight budget bounds all of them: a routed request holds about five copies of its body while
-     * its legs are built (parsed, prefill and decode JSON, their texts), so 256 MiB of bodies is about
-     * 1.3 GiB at the peak. Clients of a router are many and long-lived (streams), hence 8192
-     * connections and 1024 workers (each running request or stream is one). */
-    c->max_payload_size = 16u << 20; /* pdlink-node refuses larger bodies: the router need not hold them */
-    /* Header and body deadlines bound what a trickling client holds: 60 s for the headers is the idle
-     * timeout a keep-alive connection already had; 120 s for a 16 MiB body is 140 kB/s. */
-    c->http = (pdl_http_limits_t){.idle_timeout_s = 60, .header_timeout_s = 60, .body_timeout_s = 120,
-                                  .max_connections = 8192, .threads = 2, .workers = 1024, .body_budget = 256u << 20};
-    /* A prefill leg (max_tokens 1, not streamed) answers at once when its prefill is done, so its first
-     * byte is its whole answer: 300 s is a long prompt queued behind others, and a paused or hung prefill
-     * fails its clients after that rather than never. A decode's first byte is its headers (a stream) or
-     * its whole answer; 1800 s overall is vllm-router's --request-timeout-secs. */
-    c->prefill_timeouts = (pdl_leg_timeouts_t){.connect_s = 10, .first_byte_s = 300, .total_s = 600};
-    c->decode_timeouts = (pdl_leg_timeouts_t){.connect_s = 10, .first_byte_s = 600, .total_s = 1800};
-}
+/* What the table stores into: the config, and the policy flags as given, since --policy only fills in
+ * the per-role policies not given (vllm-router's precedence). */
+typedef struct router_opts {
+    pdl_router_config_t c;
+    pdl_policy_kind_t policy;
+    bool have_prefill, have_decode;
+} router_opts_t;
 
 const char *pdl_policy_kind_name(pdl_policy_kind_t k)
 {
@@ -57,56 +34,6 @@ const char *pdl_policy_kind_name(pdl_policy_kind_t k)
     case PDL_POLICY_RANDOM: return "random";
     }
     return "unknown";
-}
-
-const char *pdl_router_usage(void)
-{
-    return "usage: pdlink-router --vllm-pd-disaggregation --kv-connector moriio\n"
-           "                     --vllm-discovery-address HOST:PORT [options]\n"
-           "\n"
-           "A prefill/decode router speaking vllm-router's MoRIIO mode: instances register over ZeroMQ on\n"
-           "the discovery address; completions are sent to a prefill and then (READ) or at the same time\n"
-           "(WRITE) to a decode instance, and the decode's response is streamed back.\n"
-           "\n"
-           "options:\n"
-           "  --host HOST                     HTTP listen address (default 127.0.0.1)\n"
-           "  --port PORT                     HTTP listen port (default 30000)\n"
-           "  --vllm-pd-disaggregation        prefill/decode mode (required)\n"
-           "  --kv-connector moriio           KV connector of the instances (only moriio)\n"
-           "  --vllm-discovery-address H:P    ZeroMQ ROUTER address instances register to (required)\n"
-           "  --policy P                      consistent_hash | round_robin | random (default consistent_hash)\n"
-           "  --prefill-policy P              policy for prefill instances (default: --policy)\n"
-           "  --decode-policy P               policy for decode instances (default: --policy)\n"
-           "  --intra-node-data-parallel-size N  remote_dp_size sent in READ mode (default 1)\n"
-           "  --log-level L                   error | warn | info | debug | trace (default info)\n"
-           "  --prometheus-host HOST          metrics listener address (default 127.0.0.1)\n"
-           "  --prometheus-port PORT          separate metrics listener; /metrics is also on --port\n"
-           "  --max-payload-size BYTES        one request body at most (default 16777216 = 16 MiB, pdlink-node's\n"
-           "                                  limit; 413 above, refused from Content-Length before the body)\n"
-           "  --max-payload-in-flight BYTES   request bodies held at once (default 268435456 = 256 MiB; 503 above)\n"
-           "  --auth-key-file PATH            authenticated mode: the cluster key file of the nodes' auth_key_file;\n"
-           "                                  the discovery socket then admits only key holders (CURVE)\n"
-           "  --api-key KEY                   /v1 routes require Authorization: Bearer KEY (401 without), and it\n"
-           "                                  is sent to the nodes the same way (their --api-key)\n"
-           "  --http-idle-timeout SECONDS     close a connection silent this long (default 60, 0 = never)\n"
-           "  --http-max-connections N        open connections at most (default 8192, lowered to 3/8 of ulimit -n)\n"
-           "  --http-max-connections-per-client N  from one IP address (default 3/4 of the above)\n"
-           "  --http-threads N                HTTP polling threads (default 2)\n"
-           "  --http-workers N                requests and streams handled at once; more wait (default 1024)\n"
-           "  --http-header-timeout SECONDS   a request's headers must arrive within this of the connection's\n"
-           "                                  open or its previous response, however slowly (default 60, 0 = never)\n"
-           "  --http-body-timeout SECONDS     a request's body must arrive within this of its headers\n"
-           "                                  (default 120, 0 = never)\n"
-           "  --prefill-connect-timeout S     deadlines of a prefill leg (0 = none): connect (default 10),\n"
-           "  --prefill-first-byte-timeout S  first response byte (default 300; the prefill's whole answer),\n"
-           "  --prefill-timeout S             whole exchange (default 600). Past one: 504, the prefill released\n"
-           "  --decode-connect-timeout S      deadlines of a decode leg: connect (default 10), first response\n"
-           "  --decode-first-byte-timeout S   byte (default 600), whole exchange including the stream\n"
-           "  --decode-timeout S              (default 1800, vllm-router's --request-timeout-secs)\n"
-           "  -h, --help                      show this text\n"
-           "\n"
-           "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
-           "           GET /readiness, GET /liveness, GET /metrics, GET /workers (JSON), GET /list_workers\n";
 }
 
 static pdl_status_t parse_policy(const char *flag, const char *v, pdl_policy_kind_t *out, pdl_error_t *err)
@@ -155,157 +82,238 @@ static pdl_status_t parse_hostport(const char *flag, const char *v, char *host, 
     return PDL_OK;
 }
 
-enum {
-    OPT_HELP = 256, OPT_PD, OPT_HOST, OPT_PORT, OPT_KV_CONNECTOR, OPT_DISCOVERY, OPT_POLICY, OPT_PREFILL_POLICY,
-    OPT_DECODE_POLICY, OPT_LOG_LEVEL, OPT_PROM_PORT, OPT_PROM_HOST, OPT_WORKER_TTL, OPT_PORT_FILE, OPT_DP_SIZE,
-    OPT_MAX_PAYLOAD, OPT_MAX_PAYLOAD_IN_FLIGHT, OPT_AUTH_KEY_FILE, OPT_API_KEY,
-    OPT_LEG_TIMEOUT, /* the first of k_leg_timeouts' entries; one value each */
-};
-
-/* The leg deadline flags, in the order of their OPT_LEG_TIMEOUT + i in router_options: the field of the
- * config each sets (seconds, 0 = none). */
-static const size_t k_leg_timeouts[] = {
-    offsetof(pdl_router_config_t, prefill_timeouts.connect_s),  offsetof(pdl_router_config_t, prefill_timeouts.first_byte_s),
-    offsetof(pdl_router_config_t, prefill_timeouts.total_s),    offsetof(pdl_router_config_t, decode_timeouts.connect_s),
-    offsetof(pdl_router_config_t, decode_timeouts.first_byte_s), offsetof(pdl_router_config_t, decode_timeouts.total_s),
-};
-#define N_LEG_TIMEOUTS (sizeof(k_leg_timeouts) / sizeof(k_leg_timeouts[0]))
-
-static const struct option router_options[] = {
-    {"help", no_argument, NULL, OPT_HELP},
-    {"h", no_argument, NULL, OPT_HELP},
-    {"vllm-pd-disaggregation", no_argument, NULL, OPT_PD},
-    {"host", required_argument, NULL, OPT_HOST},
-    {"port", required_argument, NULL, OPT_PORT},
-    {"kv-connector", required_argument, NULL, OPT_KV_CONNECTOR},
-    {"vllm-discovery-address", required_argument, NULL, OPT_DISCOVERY},
-    {"policy", required_argument, NULL, OPT_POLICY},
-    {"prefill-policy", required_argument, NULL, OPT_PREFILL_POLICY},
-    {"decode-policy", required_argument, NULL, OPT_DECODE_POLICY},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"prometheus-port", required_argument, NULL, OPT_PROM_PORT},
-    {"prometheus-host", required_argument, NULL, OPT_PROM_HOST},
-    {"worker-ttl-ms", required_argument, NULL, OPT_WORKER_TTL},
-    {"port-file", required_argument, NULL, OPT_PORT_FILE},
-    {"intra-node-data-parallel-size", required_argument, NULL, OPT_DP_SIZE},
-    {"max-payload-size", required_argument, NULL, OPT_MAX_PAYLOAD},
-    {"max-payload-in-flight", required_argument, NULL, OPT_MAX_PAYLOAD_IN_FLIGHT},
-    {"auth-key-file", required_argument, NULL, OPT_AUTH_KEY_FILE},
-    {"api-key", required_argument, NULL, OPT_API_KEY},
-    {"prefill-connect-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 0},
-    {"prefill-first-byte-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 1},
-    {"prefill-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 2},
-    {"decode-connect-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 3},
-    {"decode-first-byte-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 4},
-    {"decode-timeout", required_argument, NULL, OPT_LEG_TIMEOUT + 5},
-    PDL_HTTP_LONGOPTS,
-    {NULL, 0, NULL, 0},
-};
-
-/* The policy flags as given; --policy only fills in the ones not given (vllm-router's precedence). */
-typedef struct policy_flags {
-    bool have_policy, have_prefill, have_decode;
-    pdl_policy_kind_t policy;
-} policy_flags_t;
-
-/* One flag with its value (NULL for a switch); `flag` is the name as typed, for messages. */
-static pdl_status_t take_flag(pdl_router_config_t *c, policy_flags_t *pf, int opt, const char *flag, const char *v,
-                              pdl_error_t *err)
+static pdl_status_t set_help(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                             pdl_error_t *err)
 {
-    pdl_status_t st;
-    int x = 0;
-    long l = 0;
-    if (pdl_http_is_opt(opt))
-        return pdl_http_limits_take(&c->http, opt, flag, v, err);
-    if (opt >= OPT_LEG_TIMEOUT && opt < OPT_LEG_TIMEOUT + (int)N_LEG_TIMEOUTS) {
-        if ((st = pdl_parse_int(flag, v, 0, 86400, &x, err)) == PDL_OK)
-            *(unsigned *)(void *)((char *)c + k_leg_timeouts[opt - OPT_LEG_TIMEOUT]) = (unsigned)x;
-        return st;
-    }
-    switch (opt) {
-    case OPT_HELP: c->help = true; return PDL_OK;
-    case OPT_PD: c->pd_disaggregation = true; return PDL_OK;
-    case OPT_HOST: return copy_str(flag, v, c->host, sizeof(c->host), err);
-    case OPT_PORT: return pdl_parse_int(flag, v, 0, 65535, &c->port, err);
-    case OPT_KV_CONNECTOR:
-        if (strcmp(v, "moriio") != 0)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "%s: '%s' is not supported (pdlink-router implements moriio)", flag, v);
-        return copy_str(flag, v, c->kv_connector, sizeof(c->kv_connector), err);
-    case OPT_DISCOVERY:
-        st = parse_hostport(flag, v, c->discovery_host, sizeof(c->discovery_host), &c->discovery_port, err);
-        c->has_discovery = st == PDL_OK;
-        return st;
-    case OPT_POLICY:
-        pf->have_policy = true;
-        return parse_policy(flag, v, &pf->policy, err);
-    case OPT_PREFILL_POLICY:
-        pf->have_prefill = true;
-        return parse_policy(flag, v, &c->prefill_policy, err);
-    case OPT_DECODE_POLICY:
-        pf->have_decode = true;
-        return parse_policy(flag, v, &c->decode_policy, err);
-    case OPT_LOG_LEVEL:
-        c->log_level = pdl_log_level_parse(v);
-        if (c->log_level < 0)
-            return pdl_error_set(err, PDL_ERR_INVALID, "%s: unknown level '%s' (error, warn, info, debug, trace)",
-                                 flag, v);
-        return PDL_OK;
-    case OPT_PROM_PORT: return pdl_parse_int(flag, v, 0, 65535, &c->prometheus_port, err);
-    case OPT_PROM_HOST: return copy_str(flag, v, c->prometheus_host, sizeof(c->prometheus_host), err);
-    case OPT_WORKER_TTL:
-        if ((st = pdl_parse_int(flag, v, 1, 3600000, &x, err)) == PDL_OK)
-            c->worker_ttl_ms = (uint32_t)x;
-        return st;
-    case OPT_PORT_FILE: return copy_str(flag, v, c->port_file, sizeof(c->port_file), err);
-    case OPT_DP_SIZE: return pdl_parse_int(flag, v, 1, 1024, &c->intra_node_dp_size, err);
-    case OPT_MAX_PAYLOAD:
-        if ((st = pdl_parse_long(flag, v, 1, 1l << 40, &l, err)) == PDL_OK)
-            c->max_payload_size = (size_t)l;
-        return st;
-    case OPT_MAX_PAYLOAD_IN_FLIGHT:
-        if ((st = pdl_parse_long(flag, v, 1, 1l << 40, &l, err)) == PDL_OK)
-            c->http.body_budget = (size_t)l;
-        return st;
-    case OPT_AUTH_KEY_FILE: return copy_str(flag, v, c->auth_key_file, sizeof(c->auth_key_file), err);
-    case OPT_API_KEY:
-        /* It becomes a header line: a CR or LF in it would let it add headers of its own. */
-        if (v[0] == '\0' || strpbrk(v, "\r\n") != NULL)
-            return pdl_error_set(err, PDL_ERR_INVALID, "%s: empty, or holds a line break", flag);
-        return copy_str(flag, v, c->api_key, sizeof(c->api_key), err);
-    }
-    return pdl_error_set(err, PDL_ERR_INVALID, "%s: no handler (a bug in config.c)", flag);
+    (void)row, (void)flag, (void)v, (void)err;
+    ((router_opts_t *)opts)->c.help = true;
+    *done_p = true; /* --help wins over anything after it, and over missing required flags */
+    return PDL_OK;
 }
 
-typedef struct parse_ctx {
-    pdl_router_config_t *c;
-    policy_flags_t pf;
-} parse_ctx_t;
-
-static pdl_status_t take(pdl_opts_t *o, int opt, const char *value, void *ctx, pdl_error_t *err)
+static pdl_status_t set_policy(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                               pdl_error_t *err)
 {
-    parse_ctx_t *p = ctx;
-    if (opt == 1)
-        return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", value);
-    pdl_status_t st = take_flag(p->c, &p->pf, opt, o->flag, value, err);
-    o->done = p->c->help; /* --help wins over anything after it, and over missing required flags */
+    (void)row, (void)done_p;
+    return parse_policy(flag, v, &((router_opts_t *)opts)->policy, err);
+}
+
+/* --prefill-policy, --decode-policy: the policy at row->off, and the bool at row->off2 says it was given. */
+static pdl_status_t set_role_policy(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                    bool *done_p, pdl_error_t *err)
+{
+    (void)done_p;
+    *(bool *)(void *)((char *)opts + row->off2) = true;
+    return parse_policy(flag, v, (pdl_policy_kind_t *)(void *)((char *)opts + row->off), err);
+}
+
+static pdl_status_t set_kv_connector(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                     bool *done_p, pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    pdl_router_config_t *c = &((router_opts_t *)opts)->c;
+    if (strcmp(v, "moriio") != 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: '%s' is not supported (pdlink-router implements moriio)",
+                             flag, v);
+    return copy_str(flag, v, c->kv_connector, sizeof(c->kv_connector), err);
+}
+
+static pdl_status_t set_discovery(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                  pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    pdl_router_config_t *c = &((router_opts_t *)opts)->c;
+    pdl_status_t st = parse_hostport(flag, v, c->discovery_host, sizeof(c->discovery_host), &c->discovery_port, err);
+    c->has_discovery = st == PDL_OK;
     return st;
+}
+
+static pdl_status_t set_log_level(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                  pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    pdl_router_config_t *c = &((router_opts_t *)opts)->c;
+    c->log_level = pdl_log_level_parse(v);
+    if (c->log_level < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: unknown level '%s' (error, warn, info, debug, trace)", flag,
+                             v);
+    return PDL_OK;
+}
+
+/* A byte count in [row->lo, row->hi] into the size_t at row->off. */
+static pdl_status_t set_size(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                             pdl_error_t *err)
+{
+    (void)done_p;
+    long l = 0;
+    pdl_status_t st = pdl_parse_long(flag, v, row->lo, row->hi, &l, err);
+    if (st == PDL_OK)
+        *(size_t *)(void *)((char *)opts + row->off) = (size_t)l;
+    return st;
+}
+
+static pdl_status_t set_api_key(void *opts, const pdl_optdef_t *row, const char *flag, const char *v, bool *done_p,
+                                pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    pdl_router_config_t *c = &((router_opts_t *)opts)->c;
+    /* It becomes a header line: a CR or LF in it would let it add headers of its own. */
+    if (v[0] == '\0' || strpbrk(v, "\r\n") != NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: empty, or holds a line break", flag);
+    return copy_str(flag, v, c->api_key, sizeof(c->api_key), err);
+}
+
+#define RC(field) offsetof(router_opts_t, c.field)
+#define CAP(field) ((int)sizeof(((pdl_router_config_t *)0)->field))
+#define LEG_TIMEOUT(name_, field_, def_, help_)                                                                  \
+    {.name = name_, .kind = PDL_OPT_UINT, .metavar = "S", .def = def_, .off = RC(field_), .lo = 0, .hi = 86400,  \
+     .help = help_}
+static const pdl_optdef_t router_rows[] = {
+    {.name = "host", .kind = PDL_OPT_TEXT, .metavar = "HOST", .def = "127.0.0.1", .off = RC(host), .max_n = CAP(host),
+     .help = "HTTP listen address"},
+    {.name = "port", .kind = PDL_OPT_INT, .metavar = "PORT", .def = "30000", .off = RC(port), .lo = 0, .hi = 65535,
+     .help = "HTTP listen port"},
+    {.name = "vllm-pd-disaggregation", .kind = PDL_OPT_FLAG, .off = RC(pd_disaggregation),
+     .help = "prefill/decode mode (required)"},
+    {.name = "kv-connector", .kind = PDL_OPT_CALL, .metavar = "moriio", .def = "moriio", .set = set_kv_connector,
+     .help = "KV connector of the instances (only moriio)"},
+    {.name = "vllm-discovery-address", .kind = PDL_OPT_CALL, .metavar = "H:P", .set = set_discovery,
+     .help = "ZeroMQ ROUTER address instances register to (required)"},
+    {.name = "policy", .kind = PDL_OPT_CALL, .metavar = "P", .def = "consistent_hash", .set = set_policy,
+     .help = "consistent_hash | round_robin | random"},
+    {.name = "prefill-policy", .kind = PDL_OPT_CALL, .metavar = "P", .off = RC(prefill_policy),
+     .off2 = offsetof(router_opts_t, have_prefill), .set = set_role_policy,
+     .help = "policy for prefill instances (default: --policy)"},
+    {.name = "decode-policy", .kind = PDL_OPT_CALL, .metavar = "P", .off = RC(decode_policy),
+     .off2 = offsetof(router_opts_t, have_decode), .set = set_role_policy,
+     .help = "policy for decode instances (default: --policy)"},
+    {.name = "intra-node-data-parallel-size", .kind = PDL_OPT_INT, .metavar = "N", .def = "1",
+     .off = RC(intra_node_dp_size), .lo = 1, .hi = 1024, .help = "remote_dp_size sent in READ mode"},
+    {.name = "log-level", .kind = PDL_OPT_CALL, .metavar = "L", .set = set_log_level,
+     .help = "error | warn | info | debug | trace (default info)"},
+    {.name = "prometheus-host", .kind = PDL_OPT_TEXT, .metavar = "HOST", .def = "127.0.0.1",
+     .off = RC(prometheus_host), .max_n = CAP(prometheus_host), .help = "metrics listener address"},
+    {.name = "prometheus-port", .kind = PDL_OPT_INT, .metavar = "PORT", .off = RC(prometheus_port), .lo = 0,
+     .hi = 65535, .help = "separate metrics listener; /metrics is also on --port"},
+    /* Bodies are relayed to both legs; pdlink-node refuses bodies over 16 MiB, so the router need not hold
+     * larger ones. The in-flight budget bounds all of them: a routed request holds about five copies of
+     * its body while its legs are built (parsed, prefill and decode JSON, their texts), so 256 MiB of
+     * bodies is about 1.3 GiB at the peak. */
+    {.name = "max-payload-size", .kind = PDL_OPT_CALL, .metavar = "BYTES", .def = "16777216",
+     .off = RC(max_payload_size), .lo = 1, .hi = 1l << 40, .set = set_size,
+     .help = "one request body at most (16 MiB, pdlink-node's limit; 413 above, refused from Content-Length "
+             "before the body)"},
+    {.name = "max-payload-in-flight", .kind = PDL_OPT_CALL, .metavar = "BYTES", .def = "268435456",
+     .off = RC(http.body_budget), .lo = 1, .hi = 1l << 40, .set = set_size,
+     .help = "request bodies held at once (256 MiB; 503 above)"},
+    {.name = "auth-key-file", .kind = PDL_OPT_TEXT, .metavar = "PATH", .off = RC(auth_key_file),
+     .max_n = CAP(auth_key_file),
+     .help = "authenticated mode: the cluster key file of the nodes' auth_key_file; the discovery socket then "
+             "admits only key holders (CURVE)"},
+    {.name = "api-key", .kind = PDL_OPT_CALL, .metavar = "KEY", .set = set_api_key,
+     .help = "/v1 routes require Authorization: Bearer KEY (401 without), and it is sent to the nodes the same "
+             "way (their --api-key)"},
+    /* Clients of a router are many and long-lived (streams), hence 8192 connections and 1024 workers (each
+     * running request or stream is one). Header and body deadlines bound what a trickling client holds:
+     * 60 s for the headers is the idle timeout a keep-alive connection already had; 120 s for a 16 MiB
+     * body is 140 kB/s. */
+    {PDL_HTTP_ROW_IDLE_TIMEOUT(router_opts_t, c.http), .def = "60",
+     .help = "close a connection silent this long (0 = never)"},
+    {PDL_HTTP_ROW_MAX_CONNECTIONS(router_opts_t, c.http), .def = "8192",
+     .help = "open connections at most (lowered to 3/8 of ulimit -n)"},
+    {PDL_HTTP_ROW_MAX_PER_CLIENT(router_opts_t, c.http), .help = "from one IP address (default 3/4 of the above)"},
+    {PDL_HTTP_ROW_THREADS(router_opts_t, c.http), .def = "2", .help = "HTTP polling threads"},
+    {PDL_HTTP_ROW_WORKERS(router_opts_t, c.http), .def = "1024",
+     .help = "requests and streams handled at once; more wait"},
+    {PDL_HTTP_ROW_HEADER_TIMEOUT(router_opts_t, c.http), .def = "60",
+     .help = "a request's headers must arrive within this of the connection's open or its previous response, "
+             "however slowly (0 = never)"},
+    {PDL_HTTP_ROW_BODY_TIMEOUT(router_opts_t, c.http), .def = "120",
+     .help = "a request's body must arrive within this of its headers (0 = never)"},
+    /* A prefill leg (max_tokens 1, not streamed) answers at once when its prefill is done, so its first
+     * byte is its whole answer: 300 s is a long prompt queued behind others, and a paused or hung prefill
+     * fails its clients after that rather than never. A decode's first byte is its headers (a stream) or
+     * its whole answer; 1800 s overall is vllm-router's --request-timeout-secs. */
+    LEG_TIMEOUT("prefill-connect-timeout", prefill_timeouts.connect_s, "10",
+                "a prefill leg's TCP connect, in seconds (0 = none; past a deadline: 504, the prefill released)"),
+    LEG_TIMEOUT("prefill-first-byte-timeout", prefill_timeouts.first_byte_s, "300",
+                "a prefill leg's first response byte (its whole answer)"),
+    LEG_TIMEOUT("prefill-timeout", prefill_timeouts.total_s, "600", "a prefill leg's whole exchange"),
+    LEG_TIMEOUT("decode-connect-timeout", decode_timeouts.connect_s, "10", "a decode leg's TCP connect"),
+    LEG_TIMEOUT("decode-first-byte-timeout", decode_timeouts.first_byte_s, "600",
+                "a decode leg's first response byte"),
+    LEG_TIMEOUT("decode-timeout", decode_timeouts.total_s, "1800",
+                "a decode leg's whole exchange, the stream included (vllm-router's --request-timeout-secs)"),
+    {.name = "help", .alias = 'h', .kind = PDL_OPT_CALL, .set = set_help, .help = "show this text"},
+    /* Test hooks: the registration TTL (vllm-router's 5 s), and where to write the bound ports. */
+    {.name = "worker-ttl-ms", .kind = PDL_OPT_UINT, .metavar = "N", .def = "5000", .off = RC(worker_ttl_ms), .lo = 1,
+     .hi = 3600000, .flags = PDL_OPTF_HIDDEN, .help = "registration TTL"},
+    {.name = "port-file", .kind = PDL_OPT_TEXT, .metavar = "PATH", .off = RC(port_file), .max_n = CAP(port_file),
+     .flags = PDL_OPTF_HIDDEN, .help = "write \"http=P discovery=P prometheus=P\" here once bound"},
+    {0},
+};
+#undef LEG_TIMEOUT
+#undef CAP
+#undef RC
+
+static pdl_status_t take_positional(void *opts, const char *arg, pdl_error_t *err)
+{
+    (void)opts;
+    return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", arg);
+}
+
+static void help_tail(FILE *f)
+{
+    fputs("\n"
+          "endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,\n"
+          "           GET /readiness, GET /liveness, GET /metrics, GET /workers (JSON), GET /list_workers\n",
+          f);
+}
+
+static const pdl_optab_t router_table = {
+    .prog = "pdlink-router",
+    .usage = "usage: pdlink-router --vllm-pd-disaggregation --kv-connector moriio\n"
+             "                     --vllm-discovery-address HOST:PORT [options]\n"
+             "\n"
+             "A prefill/decode router speaking vllm-router's MoRIIO mode: instances register over ZeroMQ on\n"
+             "the discovery address; completions are sent to a prefill and then (READ) or at the same time\n"
+             "(WRITE) to a decode instance, and the decode's response is streamed back.\n"
+             "\n"
+             "options:\n",
+    .rows = router_rows,
+    .help_tail = help_tail,
+    .positional = take_positional,
+};
+
+void pdl_router_config_init(pdl_router_config_t *c)
+{
+    router_opts_t o = {.c = {.log_level = -1, .prometheus_port = -1}};
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    if (pdl_optab_defaults(&router_table, &o, &err) != PDL_OK)
+        pdl_error("pdlink-router: %s", err.msg); /* a bad row: test_router_config fails on it */
+    o.c.prefill_policy = o.c.decode_policy = o.policy;
+    *c = o.c;
+}
+
+void pdl_router_help(FILE *f)
+{
+    pdl_optab_help(&router_table, f);
 }
 
 pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **argv, pdl_error_t *err)
 {
-    parse_ctx_t p = {.c = c, .pf = {.policy = PDL_POLICY_CONSISTENT_HASH}};
-    /* clap, vllm-router's parser, takes its flags with '-' only, so '_' is not read as '-' here. */
-    pdl_status_t st = pdl_opts_parse(argc, argv, router_options, false, take, &p, err);
-    if (st != PDL_OK || c->help)
-        return st;
-    const policy_flags_t pf = p.pf;
-    if (pf.have_policy) {
-        if (!pf.have_prefill)
-            c->prefill_policy = pf.policy;
-        if (!pf.have_decode)
-            c->decode_policy = pf.policy;
-    }
+    router_opts_t o = {.c = *c};
+    pdl_optab_result_t r = pdl_optab_parse(&router_table, &o, argc, argv, NULL, err);
+    *c = o.c;
+    if (r == PDL_OPTAB_USAGE)
+        return PDL_ERR_INVALID;
+    if (c->help)
+        return PDL_OK;
+    if (!o.have_prefill)
+        c->prefill_policy = o.policy;
+    if (!o.have_decode)
+        c->decode_policy = o.policy;
     if (!c->pd_disaggregation)
         return pdl_error_set(err, PDL_ERR_INVALID,
                              "--vllm-pd-disaggregation is required (pdlink-router only implements P/D mode)");

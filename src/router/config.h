@@ -1,6 +1,6 @@
 /*
  * config.h -- pdlink-router's command line, modelled on vllm-router's flags (docs/vllm-router.md#flags,
- * docs/router.md#flags).
+ * docs/router.md#flags), parsed and printed by one option table (app/optab.h).
  *
  * The parser fills a pdl_router_config_t and never exits: a usage error comes back as PDL_ERR_INVALID
  * with a message naming the flag and the value, and main() turns it into exit status 2.
@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "app/http.h"
 #include "pdlink/status.h"
@@ -45,15 +46,16 @@ typedef struct pdl_router_config {
     bool help;
 } pdl_router_config_t;
 
-/* Defaults: host 127.0.0.1, port 30000, consistent_hash policies, TTL 5000 ms, no prometheus port, leg
- * deadlines (seconds; connect, first byte, total) prefill 10/300/600 and decode 10/600/1800. */
+/* Defaults, from the option table's rows: host 127.0.0.1, port 30000, consistent_hash policies, TTL 5000 ms,
+ * no prometheus port, leg deadlines (seconds; connect, first byte, total) prefill 10/300/600 and decode
+ * 10/600/1800. */
 void pdl_router_config_init(pdl_router_config_t *c);
 
 /* Parse argv (argv[0] skipped). On PDL_ERR_INVALID err->msg names the offending flag/value. */
 pdl_status_t pdl_router_config_parse(pdl_router_config_t *c, int argc, char **argv, pdl_error_t *err);
 
-/* The --help text. */
-const char *pdl_router_usage(void);
+/* --help, printed from the option table. */
+void pdl_router_help(FILE *f);
 
 const char *pdl_policy_kind_name(pdl_policy_kind_t k);
 

@@ -53,11 +53,12 @@ int main(int argc, char **argv)
     pdl_error_t err;
     pdl_error_clear(&err);
     if (pdl_router_config_parse(&cfg, argc, argv, &err) != PDL_OK) {
-        fprintf(stderr, "pdlink-router: %s\n\n%s", err.msg, pdl_router_usage());
+        fprintf(stderr, "pdlink-router: %s\n\n", err.msg);
+        pdl_router_help(stderr);
         return 2;
     }
     if (cfg.help) {
-        fputs(pdl_router_usage(), stdout);
+        pdl_router_help(stdout);
         return 0;
     }
     if (cfg.log_level >= 0)
