@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# test_docs_options.sh -- each `pdlink` command's --help and its docs page list the same options:
+# test_docs_options.sh -- each `pdlink` command's --help, and pdlink-node's and pdlink-router's, and its
+# docs page list the same options:
 #   1. every option the command's --help prints is documented in its page's section;
 #   2. every option that section lists exists in the command's --help.
 # A section "lists" the options in its fenced code blocks (the usage lines) and in the first cell of its
@@ -10,10 +11,14 @@ set -euo pipefail
 export LC_ALL=C
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PDLINK="${PDLINK_BUILD_DIR:?PDLINK_BUILD_DIR is not set}/pdlink"
-if [[ ! -x $PDLINK ]]; then
-    echo "skip: $PDLINK is missing"
-    exit 77
-fi
+NODE="$PDLINK_BUILD_DIR/pdlink-node"
+ROUTER="$PDLINK_BUILD_DIR/pdlink-router"
+for exe in "$PDLINK" "$NODE" "$ROUTER"; do
+    if [[ ! -x $exe ]]; then
+        echo "skip: $exe is missing"
+        exit 77
+    fi
+done
 cd "$ROOT"
 PASS=0 FAIL=0
 ok() { PASS=$((PASS + 1)); echo "ok   - $*"; }
@@ -47,12 +52,12 @@ table_options() {
     grep -E '^\| *`--' | awk -F'|' '{ print $2 }' | grep -oE -- '--[a-z][a-z0-9-]*' || true
 }
 
-# check NAME FILE HEADING-REGEX COMMAND...: both directions for one command.
+# check NAME FILE HEADING-REGEX COMMAND...: both directions for one command (COMMAND --help is run).
 check() {
     local name=$1 file=$2 re=$3
     shift 3
     local help sec listed missing=0 extra=0
-    help=$("$PDLINK" "$@" --help | help_options)
+    help=$("$@" --help | help_options)
     [[ -n $help ]] || { bad "$name: --help printed no options"; return; }
     sec=$(section "$file" "$re")
     [[ -n $sec ]] || { bad "$name: $file has no section matching '$re'"; return; }
@@ -67,10 +72,12 @@ check() {
     if [[ $extra == 0 ]]; then ok "$name: every option $file lists is in --help"; fi
 }
 
-check "pdlink plan" docs/plan.md "^" plan
-check "pdlink run" docs/run.md "^## Options$" run
-check "pdlink bench" docs/engine.md '^## `pdlink bench`$' bench
-check "pdlink bench --connector" docs/connector.md '^## `pdlink bench --connector`$' bench --connector
+check "pdlink plan" docs/plan.md "^" "$PDLINK" plan
+check "pdlink run" docs/run.md "^## Options$" "$PDLINK" run
+check "pdlink bench" docs/engine.md '^## `pdlink bench`$' "$PDLINK" bench
+check "pdlink bench --connector" docs/connector.md '^## `pdlink bench --connector`$' "$PDLINK" bench --connector
+check "pdlink-node" docs/node.md "^## Command line$" "$NODE"
+check "pdlink-router" docs/router.md "^## Flags$" "$ROUTER"
 
 missing=0
 for o in $("$PDLINK" --help | help_options); do
