@@ -896,10 +896,11 @@ pdl_status_t pdl_session_post(pdl_session_t *s, pdl_op_t op, const pdl_desc_t *d
     return pdl_session_post_granted(s, op, NULL, descs, n, batch_out, err);
 }
 
-pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char *grant, const pdl_desc_t *descs,
-                                      size_t n, pdl_batch_t **batch_out, pdl_error_t *err)
+/* The checks before any work: the arguments, the session's sticky error, the local region, and the
+ * backend's own view of the session. */
+static pdl_status_t post_check(pdl_session_t *s, pdl_op_t op, size_t glen, const pdl_desc_t *descs, size_t n,
+                               pdl_batch_t **batch_out, pdl_error_t *err)
 {
-    size_t glen = grant ? strlen(grant) : 0;
     if (glen > PDL_GRANT_NAME_MAX)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_session_post: grant name of %zu bytes (at most %d)", glen,
                              PDL_GRANT_NAME_MAX);
@@ -920,16 +921,18 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
     if (atomic_load(&s->local->dead))
         return pdl_error_set(err, PDL_ERR_BAD_STATE, "engine %s: local region %" PRIu64 " was deregistered", e->key,
                              s->local->id);
-    pdl_status_t st = e->ops->session_check(s, err);
-    if (st != PDL_OK)
-        return st;
+    return e->ops->session_check(s, err);
+}
 
-    /* Pass 1: check every range, count bytes and the descriptors left after merging runs adjacent on
-     * both sides (the order given is kept). */
+/* Pass 1: check every range, count bytes and the descriptors left after merging runs adjacent on both
+ * sides (the order given is kept). */
+static pdl_status_t post_count(const pdl_session_t *s, pdl_op_t op, const pdl_desc_t *descs, size_t n,
+                               uint64_t *bytes_p, size_t *merged_p, pdl_error_t *err)
+{
     uint64_t bytes = 0;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        st = check_range(s, op, i, &descs[i], err);
+        pdl_status_t st = check_range(s, op, i, &descs[i], err);
         if (st != PDL_OK)
             return st;
         bytes += descs[i].len; /* cannot overflow: each len is bounded by a region size */
@@ -937,28 +940,19 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
             descs[i - 1].remote_off + descs[i - 1].len != descs[i].remote_off)
             k++;
     }
-    int nchunks = e->ops->plan(s, op, bytes, k);
-    if (nchunks < 1)
-        nchunks = 1;
+    *bytes_p = bytes;
+    *merged_p = k;
+    return PDL_OK;
+}
 
-    /* One allocation per batch: the batch, its jobs and chunks, the cut descriptors and (when cutting)
-     * the merged list. Small batches are dominated by this fixed cost, so it is kept to one malloc. */
-    size_t ncut = k + (size_t)nchunks - 1;
-    size_t priv = (e->ops->chunk_priv + 15) & ~(size_t)15;
-    size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t) + priv) +
-                (ncut + (nchunks > 1 ? k : 0)) * sizeof(pdl_desc_t);
-    pdl_batch_t *b = malloc(sz);
-    if (b == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch of %zu descriptors", e->key, n);
-    memset(b, 0, sizeof(*b));
-    struct pdl_job *jobs = (struct pdl_job *)(b + 1);
-    pdl_chunk_t *chunks = (pdl_chunk_t *)(jobs + nchunks);
-    uint8_t *privp = (uint8_t *)(chunks + nchunks);
-    pdl_desc_t *cut = (pdl_desc_t *)(privp + (size_t)nchunks * priv);
-    pdl_desc_t *m = nchunks > 1 ? cut + ncut : cut;
-    memset(chunks, 0, (size_t)nchunks * sizeof(*chunks));
-
-    /* Pass 2: merge. */
+/*
+ * Pass 2: merge descs into m (k runs, as post_count counted), then cut m into `nchunks` chunks of about
+ * equal bytes in cut[], splitting a descriptor that crosses a boundary. With one chunk m is cut itself
+ * and nothing is split. Returns the number of cut descriptors; *used_p is the number of chunks used.
+ */
+static size_t post_cut(const pdl_desc_t *descs, size_t n, pdl_desc_t *m, size_t k, uint64_t bytes, int nchunks,
+                       pdl_chunk_t *chunks, pdl_desc_t *cut, int *used_p)
+{
     size_t j = 0;
     for (size_t i = 0; i < n; i++) {
         if (j > 0 && m[j - 1].local_off + m[j - 1].len == descs[i].local_off &&
@@ -967,8 +961,6 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
         else
             m[j++] = descs[i];
     }
-
-    /* Cut the merged list into chunks of about equal bytes; a descriptor crossing a boundary is split. */
     size_t nc = 0;
     int c = 0;
     if (nchunks == 1) {
@@ -994,6 +986,64 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
             }
         }
     }
+    *used_p = c + 1;
+    return nc;
+}
+
+/* Start a filled batch: the backend's own submit, a copy now for a small batch, or the worker pool. */
+static void post_start(pdl_engine_t *e, pdl_session_t *s, pdl_batch_t *b, struct pdl_job *jobs)
+{
+    if (e->ops->submit) {
+        e->ops->submit(s, b);
+        return;
+    }
+    if (b->nchunks == 1 && b->bytes <= e->ops->inline_max) {
+        /* Small shm batch: copy now rather than wake a worker (the hand-off costs more than the copy). */
+        pdl_error_t cerr;
+        pdl_error_clear(&cerr);
+        pdl_status_t cst = e->ops->run_chunk(s, b, 0, &cerr);
+        pdl__batch_chunk_done(b, cst, &cerr);
+        return;
+    }
+    pool_push(e, jobs, b->nchunks);
+}
+
+pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char *grant, const pdl_desc_t *descs,
+                                      size_t n, pdl_batch_t **batch_out, pdl_error_t *err)
+{
+    size_t glen = grant ? strlen(grant) : 0;
+    pdl_status_t st = post_check(s, op, glen, descs, n, batch_out, err);
+    if (st != PDL_OK)
+        return st;
+    pdl_engine_t *e = s->engine;
+    uint64_t bytes = 0;
+    size_t k = 0;
+    st = post_count(s, op, descs, n, &bytes, &k, err);
+    if (st != PDL_OK)
+        return st;
+    int nchunks = e->ops->plan(s, op, bytes, k);
+    if (nchunks < 1)
+        nchunks = 1;
+
+    /* One allocation per batch: the batch, its jobs and chunks, the cut descriptors and (when cutting)
+     * the merged list. Small batches are dominated by this fixed cost, so it is kept to one malloc. */
+    size_t ncut = k + (size_t)nchunks - 1;
+    size_t priv = (e->ops->chunk_priv + 15) & ~(size_t)15;
+    size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t) + priv) +
+                (ncut + (nchunks > 1 ? k : 0)) * sizeof(pdl_desc_t);
+    pdl_batch_t *b = malloc(sz);
+    if (b == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch of %zu descriptors", e->key, n);
+    memset(b, 0, sizeof(*b));
+    struct pdl_job *jobs = (struct pdl_job *)(b + 1);
+    pdl_chunk_t *chunks = (pdl_chunk_t *)(jobs + nchunks);
+    uint8_t *privp = (uint8_t *)(chunks + nchunks);
+    pdl_desc_t *cut = (pdl_desc_t *)(privp + (size_t)nchunks * priv);
+    pdl_desc_t *m = nchunks > 1 ? cut + ncut : cut;
+    memset(chunks, 0, (size_t)nchunks * sizeof(*chunks));
+
+    int used = 1;
+    size_t nc = post_cut(descs, n, m, k, bytes, nchunks, chunks, cut, &used);
     b->session = s;
     b->op = op;
     memcpy(b->grant, grant ? grant : "", glen + 1);
@@ -1002,7 +1052,7 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
     b->n_merged = k;
     b->bytes = bytes;
     b->chunks = chunks;
-    b->nchunks = c + 1;
+    b->nchunks = used;
     b->pending = b->nchunks;
     b->status = PDL_INPROGRESS;
     pthread_mutex_init(&b->mu, NULL);
@@ -1014,19 +1064,7 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
         jobs[q].drive = false;
     }
     *batch_out = b;
-    if (e->ops->submit) {
-        e->ops->submit(s, b);
-        return PDL_OK;
-    }
-    if (b->nchunks == 1 && bytes <= e->ops->inline_max) {
-        /* Small shm batch: copy now rather than wake a worker (the hand-off costs more than the copy). */
-        pdl_error_t cerr;
-        pdl_error_clear(&cerr);
-        pdl_status_t cst = e->ops->run_chunk(s, b, 0, &cerr);
-        pdl__batch_chunk_done(b, cst, &cerr);
-        return PDL_OK;
-    }
-    pool_push(e, jobs, b->nchunks);
+    post_start(e, s, b, jobs);
     return PDL_OK;
 }
 
