@@ -2,7 +2,9 @@
  * test_app_optab.c -- the option-table walker (src/app/optab.c): defaults are applied through the rows,
  * every kind stores where its row says, range errors name the flag and the value, aliases and setters
  * work, --help is printed from the rows (hidden ones left out) and ends the parse, and a program's own
- * options stop at the first positional.
+ * options stop at the first positional; a table copying another tool's flags (pdlink-node's vLLM ones)
+ * takes a second spelling, '_' for '-', unsigned and char-array values and its positionals, and names
+ * the flag as typed in errors.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -201,6 +203,85 @@ static void a_positional_can_end_the_options(void **state)
     assert_int_equal(next, 2);
 }
 
+/* Options copied from another tool: "-tp", "--tensor_parallel_size", positionals in between. */
+typedef struct v_opts {
+    int tp;
+    unsigned workers;
+    char host[8];
+    const char *pos[2];
+    int npos;
+} v_opts_t;
+
+static pdl_status_t v_positional(void *opts, const char *arg, pdl_error_t *err)
+{
+    v_opts_t *o = opts;
+    if (o->npos == 2)
+        return pdl_error_set(err, PDL_ERR_INVALID, "unexpected argument '%s'", arg);
+    o->pos[o->npos++] = arg;
+    return PDL_OK;
+}
+
+#define VO(f) offsetof(v_opts_t, f)
+static const pdl_optdef_t v_rows[] = {
+    {.name = "tensor-parallel-size", .also = "-tp", .kind = PDL_OPT_INT, .metavar = "N", .def = "1", .off = VO(tp),
+     .lo = 1, .hi = 256, .help = "TP ranks"},
+    {.name = "workers", .kind = PDL_OPT_UINT, .metavar = "N", .def = "4", .off = VO(workers), .lo = 1,
+     .hi = 1 << 16, .help = "workers"},
+    {.name = "host", .kind = PDL_OPT_TEXT, .metavar = "H", .def = "a", .off = VO(host), .max_n = 8, .help = "host"},
+    {.name = "quiet", .kind = PDL_OPT_FLAG, .off = VO(tp)},
+    {0},
+};
+#undef VO
+
+static void copied_flags_of_another_tool(void **state)
+{
+    (void)state;
+    const pdl_optab_t t = {.prog = "v", .rows = v_rows, .positional = v_positional, .underscores = true};
+    v_opts_t o = {0};
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    char a1[] = "--tensor_parallel_size", a2[] = "serve", a3[] = "--workers=9", a4[] = "m", a5[] = "--host",
+         a6[] = "h1234";
+    char *argv[] = {"v", a1, "4", a2, a3, a4, a5, a6, NULL};
+    assert_int_equal(pdl_optab_parse(&t, &o, 8, argv, NULL, &err), PDL_OPTAB_GO);
+    assert_int_equal(o.tp, 4);
+    assert_int_equal(o.workers, 9);
+    assert_string_equal(o.host, "h1234");
+    assert_int_equal(o.npos, 2);
+    assert_string_equal(o.pos[1], "m");
+    static const struct {
+        const char *flag, *value, *msg;
+    } cases[] = {
+        {"-tp", "0", "-tp '0': expected an integer in [1, 256]"},
+        {"-tp=300", NULL, "-tp '300': expected an integer in [1, 256]"},
+        {"--workers", "0", "--workers '0': expected an integer in [1, 65536]"},
+        {"--host", "12345678", "--host: value of length 8 is empty or too long"},
+        {"--host", "", "--host: value of length 0 is empty or too long"},
+    };
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        char flag[32], value[32];
+        snprintf(flag, sizeof(flag), "%s", cases[k].flag);
+        snprintf(value, sizeof(value), "%s", cases[k].value ? cases[k].value : "");
+        char *av[] = {"v", flag, cases[k].value ? value : NULL, NULL};
+        memset(&o, 0, sizeof(o));
+        assert_int_equal(pdl_optab_parse(&t, &o, cases[k].value ? 3 : 2, av, NULL, &err), PDL_OPTAB_USAGE);
+        assert_string_equal(err.msg, cases[k].msg);
+    }
+    char *three[] = {"v", "a", "b", "c", NULL};
+    memset(&o, 0, sizeof(o));
+    assert_int_equal(pdl_optab_parse(&t, &o, 4, three, NULL, &err), PDL_OPTAB_USAGE);
+    assert_string_equal(err.msg, "unexpected argument 'c'");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    pdl_optab_help(&t, f);
+    fclose(f);
+    assert_non_null(strstr(text, "  --tensor-parallel-size, -tp N\n"));
+    assert_non_null(strstr(text, "  --quiet\n")); /* no help, no default: the flag alone */
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -210,6 +291,7 @@ int main(void)
         cmocka_unit_test(help_is_printed_from_the_rows),
         cmocka_unit_test(help_ends_the_parse),
         cmocka_unit_test(a_positional_can_end_the_options),
+        cmocka_unit_test(copied_flags_of_another_tool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
