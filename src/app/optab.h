@@ -65,8 +65,9 @@ typedef struct pdl_optdef {
     const char *metavar;          /* the value's name in --help ("N", "LIST"); NULL for a switch */
     const char *def;              /* default as typed, applied before argv; NULL: the struct's zero */
     size_t off;                   /* where the value goes: offsetof(options struct, field) */
-    size_t off2;                  /* PDL_OPT_RANGE: MAX's field; PDL_OPT_INT_LIST: the count's field */
-    long lo, hi;                  /* INT, LONG, INT_LIST, RANGE */
+    size_t off2;                  /* PDL_OPT_RANGE: MAX's field; PDL_OPT_INT_LIST: the count's field; CALL: a
+                                     setter's second field, if it has one */
+    long lo, hi;                  /* INT, UINT, LONG, INT_LIST, RANGE; CALL: a setter's range, if it has one */
     double dlo, dhi;              /* DOUBLE */
     int max_n;                    /* INT_LIST: the array's capacity; TEXT: the char array's size */
     const char *const *choices;   /* CHOICE: the words, NULL-terminated */
