@@ -319,6 +319,18 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
  */
 pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
                                     pdl_error_t *err);
+/*
+ * READ producer: end the hold of transfer_id now, whatever its releases: every local rank revokes its
+ * grants (a read not yet served is refused; one being served finishes first, as when a release frees
+ * the hold) and the record goes. With the instance's own allocator the blocks go back to it (scrubbed
+ * when scrub_freed_blocks is set); with external_blocks they are the caller's again on return. No
+ * PDL_EVENT_FREED follows: the caller asked for it. For a hold whose params will never reach a decode
+ * (the request was aborted or preempted after the hold), so the record does not wait for defer_timeout.
+ * Fails with PDL_ERR_NOT_FOUND (no such hold on this instance: never made, already freed or dropped),
+ * PDL_ERR_UNSUPPORTED (a WRITE-mode instance: pdl_instance_abandon gives a push up) or PDL_ERR_INVALID
+ * (NULL transfer_id).
+ */
+pdl_status_t pdl_instance_drop(pdl_instance_t *inst, const char *transfer_id, pdl_error_t *err);
 /* Transfers currently held (producer) and blocks they hold (a block two overlapping holds name, with
  * external_blocks, counts twice). A transfer counts until its blocks are back
  * in the allocator and its PDL_EVENT_FREED has been delivered, so 0 means all of that happened. */

@@ -655,6 +655,13 @@ class Instance:
         finally:
             lib.free(s)
 
+    def drop(self, transfer_id: str) -> None:
+        """READ producer: end the hold of ``transfer_id`` now (``pdl_instance_drop``): its grants are
+        revoked and the record goes, with no "freed" event; for a hold whose params will never reach a
+        decode. Raises :class:`PdlinkError` (NOT_FOUND) when there is no such hold."""
+        err = _err()
+        _check(lib.pdl_instance_drop(self._handle(), transfer_id.encode(), err), err)
+
     @property
     def held_transfers(self) -> int:
         """Transfers currently held (producer)."""

@@ -142,6 +142,7 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
                                    const uint32_t *ids, size_t n, pdl_error_t *err);
 pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, size_t n, uint64_t num_tokens,
                                     pdl_error_t *err);
+pdl_status_t pdl_instance_drop(pdl_instance_t *inst, const char *transfer_id, pdl_error_t *err);
 size_t pdl_instance_held_transfers(pdl_instance_t *inst);
 size_t pdl_instance_held_blocks(pdl_instance_t *inst);
 pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);

@@ -140,6 +140,42 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
     }
 }
 
+pdl_status_t pdl_instance_drop(pdl_instance_t *inst, const char *transfer_id, pdl_error_t *err)
+{
+    if (inst == NULL || transfer_id == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "drop: no instance or transfer id");
+    if (!inst->cfg.conn.read_mode)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "drop of %s: a WRITE-mode instance gives a push up with pdl_instance_abandon", transfer_id);
+    pthread_mutex_lock(&inst->held_mu);
+    bool found = pdl__fanin_data(inst->held, transfer_id) != NULL;
+    pthread_mutex_unlock(&inst->held_mu);
+    if (!found)
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "drop of %s: no such hold (never made, freed or dropped)",
+                             transfer_id);
+    /* Revoked before the record goes, as the release path does, so no peer reads blocks the caller is
+     * about to reuse. */
+    PDL_FOR_LOCAL(inst, i)
+        revoke(inst, transfer_id, i);
+    void *data = NULL;
+    pthread_mutex_lock(&inst->held_mu);
+    pdl__fanin_cancel(inst->held, transfer_id, &data);
+    pdl_held_t *h = data;
+    if (h != NULL)
+        inst->held_blocks -= h->n;
+    pthread_mutex_unlock(&inst->held_mu);
+    if (h == NULL) /* freed by its releases between the look-up and the cancel: nothing left to drop */
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "drop of %s: freed meanwhile", transfer_id);
+    if (inst->blocks != NULL) {
+        pdl__scrub_blocks(inst, h->ids, h->n);
+        pdl__blockalloc_free(inst->blocks, h->ids, h->n);
+    }
+    pdl_debug("transfer %s dropped by its producer (%zu blocks)", transfer_id, h->n);
+    free(h->ids);
+    free(h);
+    return PDL_OK;
+}
+
 void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int rank, bool expired)
 {
     emit(inst, expired ? PDL_EVENT_RANK_EXPIRED : PDL_EVENT_RANK_REPORTED, transfer_id, rank);

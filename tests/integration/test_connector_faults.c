@@ -341,6 +341,35 @@ static void faults_handshake_timeout(void **state)
 }
 
 /* Peer address from the request id when the params lack it; neither → a clear error. */
+/* A hold the producer drops (its request was aborted after the hold): the pull that comes anyway is
+ * refused, the blocks are back in the allocator at once, and a second drop finds nothing. */
+static void faults_dropped_hold_is_gone_at_once(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_SHM, 60, 60, NULL, NULL));
+    size_t free_before = pdl_instance_free_block_count(p);
+    uint32_t ids[2], lb[2];
+    assert_int_equal(pdl_instance_alloc_blocks(c, 2, lb, NULL), PDL_OK);
+    assert_int_equal(tc_hold_filled(p, "dropped", 8, false, ids, 2, 9), PDL_OK);
+    assert_int_equal(pdl_instance_held_transfers(p), 1);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_drop(p, "dropped", &e), PDL_OK);
+    assert_int_equal(pdl_instance_held_transfers(p), 0);
+    assert_int_equal(pdl_instance_held_blocks(p), 0);
+    assert_int_equal(pdl_instance_free_block_count(p), free_before);
+    assert_int_equal(pdl_instance_drop(p, "dropped", &e), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr(e.msg, "dropped"));
+    assert_int_equal(pdl_instance_drop(p, "never-held", &e), PDL_ERR_NOT_FOUND);
+    pdl_kv_params_t kp;
+    tc_params(p, "dropped", ids, 2, &kp);
+    assert_int_not_equal(tc_pull_wait(c, &kp, lb, 2, &e), PDL_OK);
+    pdl_kv_params_clear(&kp);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
 static void faults_peer_address_sources(void **state)
 {
     (void)state;
@@ -562,6 +591,7 @@ int main(void)
         cmocka_unit_test(faults_handshake_mismatch),
         cmocka_unit_test(faults_handshake_timeout),
         cmocka_unit_test(faults_peer_address_sources),
+        cmocka_unit_test(faults_dropped_hold_is_gone_at_once),
         cmocka_unit_test(faults_write_mode_refused),
         cmocka_unit_test(faults_dp_rank_ports),
         cmocka_unit_test(faults_discovery_ping),

@@ -142,11 +142,17 @@ class FakeInstance:
         self.calls: List[Any] = []
         self.pending_events: List[Any] = []
         self.refuse_hold = False
+        self.refuse_drop = False
 
     def hold(self, tid: str, ids: List[int], rid: Optional[str], num_tokens: Optional[int] = None) -> None:
         if self.refuse_hold:
             raise RuntimeError("no room")
         self.calls.append(("hold", tid))
+
+    def drop(self, tid: str) -> None:
+        if self.refuse_drop:
+            raise RuntimeError("no such hold")
+        self.calls.append(("drop", tid))
 
     def events(self) -> List[Any]:
         ev, self.pending_events = self.pending_events, []
@@ -162,12 +168,26 @@ def worker() -> PdlinkWorker:
     return w
 
 
-def test_worker_drop_forgets_the_hold_and_its_lapse() -> None:
+def test_worker_drop_ends_the_hold_at_once() -> None:
     w = worker()
     w.wait_for_save(StepPlan(holds=[HoldOrder("a", "ta", [1]), HoldOrder("b", "tb", [2])]))
     w.start_load_kv(StepPlan(drops=[DropOrder("a", "ta", "aborted")]))
-    # vLLM lists "a" as finished (it freed its blocks itself); pdlink's record lapses at defer_timeout:
-    # neither may make "a" a finished send (vLLM deleted it), nor count as an expiry.
+    # pdlink's record goes now (its grants revoked), and vLLM's finished "a" is never a finished send.
+    assert ("drop", "ta") in w.inst.calls
+    assert w.get_transfer_results({"a"}) == (set(), set(), set())
+    w.inst.pending_events = [("reported", "tb", 0), ("freed", "tb", -1)]
+    assert w.get_transfer_results({"b"}) == ({"b"}, set(), set())
+    assert (w.stats["expired"], w.stats["freed"], w.stats["dropped"], w.stats["dropped_aborted"],
+            w.stats.get("dropped_expired", 0)) == (0, 1, 1, 1, 0)
+    assert w.counters()["held_now"] == 0
+
+
+def test_worker_drop_refused_leaves_the_record_to_lapse() -> None:
+    w = worker()
+    w.inst.refuse_drop = True
+    w.wait_for_save(StepPlan(holds=[HoldOrder("a", "ta", [1]), HoldOrder("b", "tb", [2])]))
+    w.start_load_kv(StepPlan(drops=[DropOrder("a", "ta", "aborted")]))
+    # The record lapses at defer_timeout: neither a finished send for "a" (vLLM deleted it) nor an expiry.
     assert w.get_transfer_results({"a"}) == (set(), set(), set())
     w.inst.pending_events = [("expired", "ta", 0), ("freed", "ta", -1), ("reported", "tb", 0), ("freed", "tb", -1)]
     assert w.get_transfer_results({"b"}) == ({"b"}, set(), set())

@@ -118,10 +118,9 @@ class ReleaseOrder:
 class DropOrder:
     """Producer: the request held ``transfer_id`` but finished without params (``reason``: "aborted",
     "stopped") or was preempted ("preempted"), and vLLM has freed or is freeing its blocks now. The
-    workers forget the hold: they must never report the request in ``finished_sending`` (vLLM has
-    forgotten it) nor count its end as a defer_timeout expiry. pdlink's own record of the hold names
-    vLLM's blocks (``external_blocks``) and lapses at defer_timeout; no decode can reach it before, since
-    only the params -- never given out for it -- name its blocks."""
+    workers forget the hold and end pdlink's record of it at once (``Instance.drop``: its grants are
+    revoked, so no peer can read the blocks vLLM reuses); they must never report the request in
+    ``finished_sending`` (vLLM has forgotten it)."""
     request_id: str
     transfer_id: str
     reason: str

@@ -334,14 +334,19 @@ class PdlinkWorker:
 
     def _drop(self, rid: str, tid: str, reason: str) -> None:
         """The scheduler let vLLM free a held request's blocks (pdlink.vllm.scheduler.DropOrder): forget
-        the hold. The request must not reach finished_sending (vLLM no longer knows it), and pdlink's
-        own record, which lapses at defer_timeout, is then counted as dropped_expired, not expired."""
+        the hold and end pdlink's record of it at once (Instance.drop: its grants are revoked). The
+        request must not reach finished_sending (vLLM no longer knows it). A record that could not be
+        dropped (a WRITE push) lapses at defer_timeout and is counted dropped_expired, not expired."""
         held = self._held.pop(tid, None) is not None
         self._freed.discard(rid)            # a hold that failed had put it there
         self._finished.discard(rid)
         if held:
-            self._dropped.add(tid)
             self._mark(tid, "dropped")
+            try:
+                self.inst.drop(tid)          # pdlink's record goes now, not at defer_timeout
+            except Exception as e:  # freed meanwhile, or a WRITE push: it lapses on its own (counted)
+                log.debug("pdlink rank %d: drop of %s: %s", self.tp_rank, tid, e)
+                self._dropped.add(tid)
         self.stats["dropped"] = self.stats.get("dropped", 0) + 1
         key = "dropped_" + reason
         self.stats[key] = self.stats.get(key, 0) + 1
