@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""make_tiny_llama.py [--weights] DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
+"""make_tiny_llama.py [--weights] [--sliding-window N] DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
 --load-format dummy` (random weights, no download): config.json (2 layers, 4 query heads, 4 KV heads of
 32 dims, so TP2 and TP4 split heads), a byte-level BPE tokenizer trained with `tokenizers` on a few
 sentences (tokenizer.json, vocabulary below the model's 512), tokenizer_config.json and
 generation_config.json. Deterministic: the same files every run. Needs the `tokenizers` package.
 
+--sliding-window N makes it a Mistral-architecture model (the same weights' names) whose attention sees
+only the last N tokens: vLLM then keeps a sliding-window KV cache group.
 --weights also writes model.safetensors with seeded random weights (torch + safetensors), to serve
 without --load-format dummy: vLLM's dummy loader draws each rank's shard on its own, so a TP2 instance
 and a TP1 instance of the same dummy model compute different functions (seen: " fox fox" at TP1,
@@ -53,8 +55,10 @@ def write_weights(out: str) -> None:
     save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
-def main(out: str) -> None:
+def main(out: str, sliding_window: int = 0) -> None:
     os.makedirs(out, exist_ok=True)
+    if sliding_window:
+        CONFIG.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=sliding_window)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -76,8 +80,15 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     weights = "--weights" in args
     args = [a for a in args if a != "--weights"]
+    window = 0
+    if "--sliding-window" in args:
+        i = args.index("--sliding-window")
+        window = int(args[i + 1]) if i + 1 < len(args) and args[i + 1].isdigit() else 0
+        if window <= 0:
+            sys.exit("--sliding-window needs a positive number of tokens")
+        del args[i:i + 2]
     if len(args) != 1:
         sys.exit(__doc__)
-    main(args[0])
+    main(args[0], window)
     if weights:
         write_weights(args[0])
