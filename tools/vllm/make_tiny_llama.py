@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""make_tiny_llama.py [--weights] [--sliding-window N] DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
+"""make_tiny_llama.py [--weights] [--sliding-window N [--mixed]] DIR -- write a tiny Llama-architecture model directory for `vllm serve DIR
 --load-format dummy` (random weights, no download): config.json (2 layers, 4 query heads, 4 KV heads of
 32 dims, so TP2 and TP4 split heads), a byte-level BPE tokenizer trained with `tokenizers` on a few
 sentences (tokenizer.json, vocabulary below the model's 512), tokenizer_config.json and
 generation_config.json. Deterministic: the same files every run. Needs the `tokenizers` package.
 
 --sliding-window N makes it a Mistral-architecture model (the same weights' names) whose attention sees
-only the last N tokens: vLLM then keeps a sliding-window KV cache group.
+only the last N tokens: vLLM then keeps a sliding-window KV cache group. --mixed keeps it a Llama whose
+first layer attends fully and second in the window (config layer_types): a hybrid model, two KV cache
+groups where vLLM's hybrid KV cache manager runs.
 --weights also writes model.safetensors with seeded random weights (torch + safetensors), to serve
 without --load-format dummy: vLLM's dummy loader draws each rank's shard on its own, so a TP2 instance
 and a TP1 instance of the same dummy model compute different functions (seen: " fox fox" at TP1,
@@ -55,9 +57,11 @@ def write_weights(out: str) -> None:
     save_file(w, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
 
 
-def main(out: str, sliding_window: int = 0) -> None:
+def main(out: str, sliding_window: int = 0, mixed: bool = False) -> None:
     os.makedirs(out, exist_ok=True)
-    if sliding_window:
+    if sliding_window and mixed:
+        CONFIG.update(sliding_window=sliding_window, layer_types=["full_attention", "sliding_attention"])
+    elif sliding_window:
         CONFIG.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=sliding_window)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2)
@@ -80,6 +84,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     weights = "--weights" in args
     args = [a for a in args if a != "--weights"]
+    mixed = "--mixed" in args
+    args = [a for a in args if a != "--mixed"]
     window = 0
     if "--sliding-window" in args:
         i = args.index("--sliding-window")
@@ -89,6 +95,8 @@ if __name__ == "__main__":
         del args[i:i + 2]
     if len(args) != 1:
         sys.exit(__doc__)
-    main(args[0], window)
+    if mixed and not window:
+        sys.exit("--mixed needs --sliding-window N")
+    main(args[0], window, mixed)
     if weights:
         write_weights(args[0])
