@@ -20,7 +20,7 @@
 #
 # usage: [PAIRS=N] [BATCHES=1,16] [RESULTS=DIR] [PEERS_VENV=DIR] bench/compare-peers.sh [--full] [PDLINK_BINARY] [SIZES]
 #   e.g. bench/compare-peers.sh build/pdlink 4K,64K,1M,16M      (the default grid: these sizes, batches 1,16)
-#   --full: the grid, sizes 4K,16K,64K,256K,1M,4M,16M,64M and batches 1,4,16,64,256,1024 (hours
+#   --full: the whole grid, sizes 4K,16K,64K,256K,1M,4M,16M,64M and batches 1,4,16,64,256,1024 (hours
 #   here: ucp_get over UCX tcp costs ~1 ms per operation; points above 256 MiB per batch are skipped).
 # Writes RESULTS (default build/peers-results/UTC-TIMESTAMP): table.md, table.csv, raw.csv (every pass),
 # peers.png, failures.txt (the command and output of any peer that could not run), and the pdlink bench

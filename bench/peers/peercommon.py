@@ -60,7 +60,7 @@ def arg_parser(prog, what):
         "(bench/peers/peercommon.py says how), printed as a table and optionally as JSON." % what)
     p.add_argument("--block-sizes", default=DEFAULT_BLOCKS, help="e.g. %s (default %s)" % (FULL_BLOCKS, DEFAULT_BLOCKS))
     p.add_argument("--batch-sizes", default=DEFAULT_BATCHES, help="descriptors per batch (default %s)" % DEFAULT_BATCHES)
-    p.add_argument("--full", action="store_true", help="the issue's whole grid: blocks %s, batches %s" % (FULL_BLOCKS, FULL_BATCHES))
+    p.add_argument("--full", action="store_true", help="the whole grid: blocks %s, batches %s" % (FULL_BLOCKS, FULL_BATCHES))
     p.add_argument("--op", choices=("read", "write"), default="read", help="READ (remote -> local, default) or WRITE")
     p.add_argument("--max-batch-bytes", default="256M", help="skip points with block*batch above this (default 256M)")
     p.add_argument("--bytes-per-point", default=None,

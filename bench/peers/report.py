@@ -166,7 +166,7 @@ def main():
              "engine" % dict(classes).get("shm", "-"),
              "class tcp: UCX_TLS=%s (+ UCX_NET_DEVICES=lo) for ucx_perftest, NIXL and pdlink ucx; pdlink tcp is pdlink's "
              "own tcp engine" % dict(classes).get("tcp", "-"),
-             "Mooncake runs its TCP transport in both classes (the transport the issue names; no other was tried)",
+             "Mooncake runs its TCP transport in both classes (the one that needs no RDMA device; no other was tried)",
              "ucx_perftest: -O N gets of one block re-reading one buffer (cache-resident); footprint: one get of "
              "N x block bytes, the bytes and memory a pdlink batch of N blocks reads (N > 1, blocks >= 64K; for N = 1 "
              "the same run)",

@@ -276,7 +276,7 @@ typedef struct pdl_registration {
  */
 pdl_status_t pdl_wire_encode_registration(const pdl_registration_t *r, pdl_bytes_t *out, pdl_error_t *err);
 /*
- * Accepts the current (G2) format and the old G1 one (see router notes); anything else → PDL_ERR_PARSE.
+ * Accepts the current (G2) format and the old G1 one (docs/wire.md#discovery-registration); anything else → PDL_ERR_PARSE.
  * G1's {type "HELLO"} keep-alive returns PDL_ERR_UNSUPPORTED (nothing to register; not malformed), so
  * a router skips it without counting it. zmq_address and http_address are validated; G1's
  * zmq_address is built from its fields and is_g1 set. *out is zeroed on failure. Errors: see the top

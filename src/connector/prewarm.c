@@ -4,10 +4,10 @@
  * need, then hands each peer to the lane (xfer.c) whose first transfer asks for it (peer.c). A
  * READ-mode decode connects the producers it reads from; a WRITE-mode prefill the decodes it writes to.
  *
- * Why: the first pull from a producer used to pay the handshake (1-400 ms measured, queued behind the
- * other ranks' handshakes on 2 cores), the remote engine's set-up (up to 180 ms) and the session open
- * with a MAP_POPULATE of the producer's whole region (20-180 ms), so pull p99 was 5-20x p50; a WRITE
- * prefill paid the same on its first push to each decode.
+ * Why: without it the first pull from a producer pays the handshake (queued behind the other ranks'
+ * handshakes), the remote engine's set-up and the session open with a MAP_POPULATE of the producer's
+ * whole region, which makes pull p99 several times p50 (docs/benchmarks.md#sessions-and-pulls-connectormd);
+ * a WRITE prefill pays the same on its first push to each decode.
  *
  * Targets are (local rank, remote rank) pairs, each with the peer cache key of that remote rank
  * ("engine_id|dp|rank"), grouped by remote instance. They come from prewarm_peers at start-up (retried

@@ -16,7 +16,8 @@
  * docs/protocol.md#peer-addresses). Dialed ports are base + remote_dp * P + producer rank
  * (docs/topology.md#ports).
  * Prefix caching: when the consumer passes fewer local blocks than the producer held, the LAST n
- * remote blocks are read (upstream's fix in #48471: trim the remote list, not the local one).
+ * remote blocks are read (as upstream MoRIIO does: the decode's prefix-cache hit covers the
+ * first blocks, so the remote list is trimmed from the front, never the local one).
  *
  * Lifetime: a pull is reference counted (the caller + one per rank job), so pdl_pull_free never waits
  * for the readers and a reader never touches freed memory. A hooked pull (pull_hook.h) runs the

@@ -73,7 +73,7 @@ static bool push_all_final(const pdl_push_t *p, int tp)
  * abandoned, its consumer found gone) is kept, without its block list, in a ring of the last
  * PDL_PUSH_TOMBS such pushes once it left the map. A remote_blocks that comes later for such a rank
  * is answered at once with a failed write_done, so the decode fails now instead of waiting out
- * transfer_timeout (before, it was parked or dropped in silence). Under push_mu.
+ * transfer_timeout: parked or dropped, the list would get no answer at all. Under push_mu.
  */
 static void entomb(pdl_instance_t *inst, pdl_push_t *p)
 {

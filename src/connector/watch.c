@@ -48,9 +48,9 @@
  * An item first seen while its peer's port already refuses ("born down": the router chose a decode
  * that was dead or not listening yet; its restarted process may take the request a moment later) is
  * never DOWN, sits out the verdict of that run of refusals (the peer stays watched, its refusals
- * counted again; a second verdict ends it) and is tied to the next identity. Before, such a hold was freed by the two refusals, or by the next identity as the
- * dead one's, while the restarted decode pulled it: with the shm backend the pull read blocks already
- * reused (636513 of 933888 bytes mismatched, 2p1d under `pdlink run --chaos`). Every probe answered
+ * counted again; a second verdict ends it) and is tied to the next identity. Freeing such a hold on the
+ * two refusals, or on the next identity as the dead one's, would free it while the restarted decode
+ * pulls it: with the shm backend that pull would read blocks already reused. Every probe answered
  * with an identity is counted in watch_identities.
  *
  * Ending an item. Producer, READ: the hold is resolved as expired on every rank, which ends each

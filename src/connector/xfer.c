@@ -19,21 +19,21 @@
  * Lanes: a side (pdl_xfer_side_t) is one pdl_workq_t thread with the peer and DEALER caches it alone
  * uses, serving the transfers with ONE remote instance. A rank keeps a lane per remote instance
  * (pdl_xfer_lanes_t, created on first use), so a handshake or transfer that hangs on one dead peer
- * delays only the transfers that need that peer: before, one rank thread served every peer in order,
- * and after kill -9 of one of two prefills every pull -- also from the healthy one -- waited out the
- * dead one's 10 s handshake timeout. A lane's peer health (peerhealth.h) makes the transfers queued
+ * delays only the transfers that need that peer: with one thread serving every peer in order, a
+ * kill -9 of one of two prefills would make every pull -- also from the healthy one -- wait out the
+ * dead one's handshake timeout. A lane's peer health (peerhealth.h) makes the transfers queued
  * behind a failed handshake fail at once with its reason instead of timing out one after another.
  *
  * A lane's thread asks the scheduler for a long slice (lane_long_slice): lanes are where the copies run
  * (shm batches under 4 MiB run inline in the post), and a release crosses three threads that sleep
  * between short bursts -- libzmq's I/O thread on each side and the producer's service thread. Under
  * EEVDF (Linux 6.6+; a fair thread's slice request since 6.12) a woken thread whose virtual deadline is
- * later than the running one's waits for that slice to end, so with the default slice a release waited
- * behind whichever rank was still copying: at 256 tokens (llama-3.1-8b, 1P1D, P4/D8, P8/D4), medians of
- * 0.2-3.7 ms from the consumer's send to the producer's report, mostly above 1.4 ms. A long slice puts the lane's deadline far out: the woken threads run first, the
- * lane keeps its share of the CPU (its weight is unchanged) and is preempted less while copying. Measured
- * with `pdlink bench --connector` (docs/connector.md, three alternating runs): 0.12-0.40 ms. Kernels that do not know
- * the request keep the default, which is only slower.
+ * later than the running one's waits for that slice to end, so with the default slice a release waits
+ * behind whichever rank is still copying. A long slice puts the lane's deadline far out: the woken
+ * threads run first, the lane keeps its share of the CPU (its weight is unchanged) and is preempted less
+ * while copying. The release latency with and without it, from `pdlink bench --connector`:
+ * docs/benchmarks.md#pdlink-bench---connector. Kernels that do not know the request keep the default,
+ * which is only slower.
  */
 #include <errno.h>
 #include <stdio.h>

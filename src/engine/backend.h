@@ -182,7 +182,7 @@ typedef struct pdl_backend_ops {
     /* Optional (NULL: nothing to do): fault in what the session maps, so that no post pays for it
      * (shm: the remote memfd mapping). Runs on the caller's thread, which is never a request's. */
     pdl_status_t (*session_prefault)(pdl_session_t *s, pdl_error_t *err);
-    /* Abort I/O in flight on this session (remove_remote, freeing a running batch). */
+    /* Abort I/O in flight on the session (remove_remote, freeing a running batch). */
     void (*session_kill)(pdl_session_t *s);
     /* Check at post time that the peer can still be used (shm: pid alive, region still live). */
     pdl_status_t (*session_check)(pdl_session_t *s, pdl_error_t *err);

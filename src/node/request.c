@@ -609,9 +609,8 @@ static bool request_parse(pdl_node_t *node, bool chat, const json_t *body, const
 /*
  * The pull hook (pull_hook.h) only stamps when each rank's reads and releases were done, for the
  * transfer's time; the request's thread verifies every rank's share after the pull. Verifying in the
- * hook ran it on the rank's READ lane, so every later pull on that lane queued behind it: measured with
- * `pdlink run` (1p1d, p8d4, 2p1d, two alternating pairs on this 2-vCPU machine), pull p99 was 92-652 ms
- * with the hook verifying and 65-142 ms without, at the same TTFT. The context belongs to
+ * hook would run it on the rank's READ lane, and every later pull on that lane would queue behind it
+ * (the pull p99 either way: docs/benchmarks.md#pdlink-node-the-synthetic-model). The context belongs to
  * the pull (freed with it): a request that gave up waiting may be gone while a rank's hook still runs.
  */
 typedef struct pull_verify {

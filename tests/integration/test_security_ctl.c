@@ -5,24 +5,23 @@
  * with a bound that only a failure reaches.
  *
  * - first_reader_is_not_the_consumer: a hold for the decode its request id names (127.0.0.2) is read
- *   first from 127.0.0.1. Before: that reader became "the consumer", its release freed the blocks and the
- *   real decode's was refused. Now the reader's release is refused and the named decode's frees them.
- * - forged_keepalive_refused: a keepalive from another host than the consumer's. Before: accepted (it
- *   extended the lease: an attacker could pin blocks past defer_timeout). Now refused and counted.
+ *   first from 127.0.0.1. The reader's release is refused and the named decode's frees the blocks (were
+ *   the first reader "the consumer", its release would free them and the real decode's be refused).
+ * - forged_keepalive_refused: a keepalive from another host than the consumer's is refused and counted
+ *   (accepted, it would extend the lease: an attacker could pin blocks past defer_timeout).
  * - forged_write_done_refused: WRITE decode; a write_done from another host than the receive's producer,
- *   ok after the receive started, failed before it (parked). Before: the ok one counted and ended the
- *   receive before the prefill wrote; the failed one failed the receive at once. Now both are refused and
- *   the real push verifies.
+ *   ok after the receive started, failed before it (parked). Both are refused and the real push verifies
+ *   (counted, the ok one would end the receive before the prefill wrote, the failed one fail it at once).
  * - forged_remote_blocks_refused: WRITE prefill; remote_blocks from another host than the push's
- *   consumer, after the push and parked before it. Before: the push wrote into the blocks they named (the
- *   decode's grant refused the writes: the real receive failed). Now refused; the real push verifies.
+ *   consumer, after the push and parked before it, are refused; the real push verifies (accepted, they
+ *   would aim the push at the blocks they name, and the real receive would fail).
  * - park_bounded: remote_blocks with more ids than num_blocks are refused; a host that fills the park
- *   table gets its own entries evicted, not the real decode's, whose push then verifies. Before: the full
- *   table dropped the real remote_blocks and the push never started.
+ *   table gets its own entries evicted, not the real decode's, whose push then verifies (a full table
+ *   must not drop the real remote_blocks and leave the push unstarted).
  * - failed_release_needs_verified_producer: pulls and abandons naming producers that never answered a
- *   handshake send no failed release (before: one each, a new DEALER each).
+ *   handshake send no failed release (else one each, a new DEALER each).
  * - dealer_cap: pulls from a verified producer naming 300 new notify ports (failed releases) stay within
- *   the unverified share of the socket cap (before: 300 DEALERs), and a real pull still works.
+ *   the unverified share of the socket cap (not 300 DEALERs), and a real pull still works.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -102,7 +101,7 @@ static bool reached(pdl_instance_t *inst, size_t off, uint64_t want)
 
 static void write_mode(pdl_instance_config_t *c) { tc_write_slow(c); }
 
-/* ---- 26.2: bound to the named party ---------------------------------------------------------------- */
+/* ---- every control message bound to the party the transfer names ----------------------------------- */
 
 static void first_reader_is_not_the_consumer(void **state)
 {
@@ -257,7 +256,7 @@ static void forged_remote_blocks_refused(void **state)
     pdl_instance_destroy(p);
 }
 
-/* ---- 26.3: bounded ------------------------------------------------------------------------------------ */
+/* ---- nothing an unverified peer sends grows without bound --------------------------------------------- */
 
 static void park_bounded(void **state)
 {
