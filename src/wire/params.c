@@ -263,7 +263,7 @@ int pdl_kv_params_peer_tp(const pdl_kv_params_t *p, int local_tp, bool *disagree
      * what the prefill itself reported in its READ-mode return, so it wins over a remote_tp_size a
      * router added or left stale; falling back to 1 rather than our own TP is upstream's choice too,
      * and keeps a pdlink peer and an upstream peer on the same ranks for the same params. local_tp
-     * stays in the signature for the callers but no longer decides anything. */
+     * decides nothing: it is part of the public signature, which callers already use. */
     (void)local_tp;
     if (disagree != NULL)
         *disagree = p->remote_tp_size > 0 && p->tp_size > 0 && p->remote_tp_size != p->tp_size;
