@@ -188,9 +188,12 @@ typedef struct pdl_instance_config {
     const size_t *kv_region_lens;
     /* Where kv_regions live: PDL_MEM_TYPE_HOST (0, what a zeroed config says) or PDL_MEM_TYPE_CUDA (a
      * torch CUDA tensor, cuMemAlloc'd memory). Device regions are registered with
-     * pdl_engine_register_mem_type, so conn.backend must register that type: "cuda" (GPUs of one host)
-     * or a "ucx" built with CUDA; a host backend (tcp, shm) is refused with PDL_ERR_UNSUPPORTED, as is
-     * backend "cuda" with host regions or with no kv_regions (the instance allocates host memory only).
+     * pdl_engine_register_mem_type, so conn.backend must register that type: "cuda" (GPUs of one host),
+     * "tcp" where the CUDA driver loads (staged through pinned host memory, any two hosts) or a "ucx"
+     * built with CUDA. Refused with PDL_ERR_UNSUPPORTED, naming the keys: device memory on shm and ROCm
+     * on tcp (before any engine), an engine that does not report the type in pdl_engine_mem_types (once
+     * it exists, before any registration: tcp without the driver, ucx without support), backend "cuda"
+     * with host regions or with no kv_regions (the instance allocates host memory only).
      * The CPU never reads or writes a device region: zeroing (pdl_instance_zero_tail,
      * scrub_freed_blocks) runs on the device through the engine, and pdl_instance_kv_layer then returns
      * a device pointer. Applies to kv_layer_regions the same way. */

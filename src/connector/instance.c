@@ -14,16 +14,11 @@
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
 
-static const char *mem_type_name(pdl_mem_type_t t)
-{
-    return t == PDL_MEM_TYPE_CUDA ? "CUDA" : t == PDL_MEM_TYPE_ROCM ? "ROCm" : "host";
-}
-
-/* The KV memory type against the backend, before any engine exists: a device region handed to a host
- * backend would be registered as host memory and then read by the CPU (tcp's server, shm's
- * process_vm_readv), and a cuda engine cannot register the host memory the instance would allocate. A
- * backend that may register device memory (cuda, ucx) still has the engine's own check at registration
- * (no driver, a UCX without CUDA). */
+/* The KV memory type against the backend, before any engine exists: a device region handed to a
+ * backend without a device path would be read by the CPU (shm's process_vm_readv and mappings), and a
+ * cuda engine cannot register the host memory the instance would allocate. Backends that may register
+ * device memory (cuda, ucx, tcp for CUDA) are checked again once the engine exists
+ * (rank.c, check_mem_type): whether they do depends on the host (the driver, UCX's build). */
 static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_error_t *err)
 {
     pdl_mem_type_t t = cfg->kv_mem_type;
@@ -37,7 +32,7 @@ static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_erro
     if (t != PDL_MEM_TYPE_HOST && cfg->kv_regions == NULL && cfg->kv_layer_regions == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID,
                              "instance: kv_mem_type %s needs kv_regions (the instance allocates host memory only)",
-                             mem_type_name(t));
+                             pdl__mem_type_name(t));
     if (t == PDL_MEM_TYPE_HOST && cfg->conn.backend == PDL_BACKEND_CUDA)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
                              "kv_connector_extra_config.backend \"cuda\" moves GPU memory only, but the KV cache is "
@@ -45,11 +40,19 @@ static pdl_status_t validate_mem_type(const pdl_instance_config_t *cfg, pdl_erro
                              cfg->kv_regions == NULL && cfg->kv_layer_regions == NULL
                                  ? " (the instance's own: no kv_regions given)"
                                  : "");
-    if (t != PDL_MEM_TYPE_HOST && (cfg->conn.backend == PDL_BACKEND_TCP || cfg->conn.backend == PDL_BACKEND_SHM))
+    if (t != PDL_MEM_TYPE_HOST && cfg->conn.backend == PDL_BACKEND_SHM)
         return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "instance: the KV cache is %s memory, but backend %s moves host memory only; use backend "
-                             "\"cuda\" (GPUs of one host) or \"ucx\" built with %s support",
-                             mem_type_name(t), backend, mem_type_name(t));
+                             "instance: the KV cache is %s memory (kv_mem_type), but kv_connector_extra_config.backend "
+                             "%s moves host memory only (its peers copy with the CPU); use backend \"tcp\" (staged "
+                             "through host memory, any hosts), \"cuda\" (GPUs of one host) or \"ucx\" built with %s "
+                             "support",
+                             pdl__mem_type_name(t), backend, pdl__mem_type_name(t));
+    if (t == PDL_MEM_TYPE_ROCM && cfg->conn.backend == PDL_BACKEND_TCP)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                             "instance: the KV cache is ROCm memory (kv_mem_type), but "
+                             "kv_connector_extra_config.backend tcp%s stages CUDA memory only; use backend \"ucx\" "
+                             "built with ROCm support",
+                             cfg->conn.backend_mapped_from_rdma ? " (what \"rdma\" resolved to)" : "");
     return PDL_OK;
 }
 

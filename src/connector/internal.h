@@ -378,6 +378,8 @@ static inline uint64_t pdl__layer_off(const pdl_rank_mem_t *m, int l)
  * out (room for (l1 - l0) * n * halves); ids past num_blocks are skipped. Returns how many it wrote. */
 size_t pdl__rank_block_ranges(const pdl_rank_mem_t *m, int l0, int l1, const uint32_t *ids, size_t n,
                               pdl_range_t *out);
+/* "host", "CUDA" or "ROCm", as messages name a memory type. */
+const char *pdl__mem_type_name(pdl_mem_type_t t);
 /* Zero k ranges of m given in layer order, the same number for each of its `layers` layers, through the
  * engine (device memory on the device): one call for a rank-wide registration, one per layer's
  * otherwise; a layer that fails does not stop the others, and the first error names its layer. */

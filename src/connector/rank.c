@@ -210,9 +210,38 @@ pdl_status_t pdl__rank_init(pdl_instance_t *inst, pdl_rank_t *r, int rank, pdl_e
     return PDL_OK;
 }
 
+const char *pdl__mem_type_name(pdl_mem_type_t t)
+{
+    return t == PDL_MEM_TYPE_CUDA ? "CUDA" : t == PDL_MEM_TYPE_ROCM ? "ROCm" : "host";
+}
+
 static const char *type_suffix(pdl_mem_type_t type)
 {
     return type == PDL_MEM_TYPE_CUDA ? ", CUDA" : type == PDL_MEM_TYPE_ROCM ? ", ROCm" : "";
+}
+
+/* Whether the rank's engine registers the KV's memory type depends on this host (tcp: the CUDA driver
+ * loads; ucx: UCX's build), so it is asked once the engine exists, before any region is registered,
+ * and the refusal names the config keys and the remedy rather than the engine's registration call. */
+static pdl_status_t check_mem_type(const pdl_instance_config_t *cfg, const pdl_rank_mem_t *m, int rank,
+                                   pdl_error_t *err)
+{
+    pdl_mem_type_t t = cfg->kv_mem_type;
+    if (pdl_engine_mem_types(m->engine) & (1u << t))
+        return PDL_OK;
+    pdl_backend_kind_t b = cfg->conn.backend;
+    const char *why = b == PDL_BACKEND_TCP && t == PDL_MEM_TYPE_CUDA
+                          ? "tcp stages CUDA memory through the CUDA driver, which did not load (libcuda.so.1 or "
+                            "$PDLINK_LIBCUDA; PDLINK_LOG_LEVEL=debug says why); install the NVIDIA driver, or keep the "
+                            "KV cache in host memory"
+                      : b == PDL_BACKEND_UCX ? "UCX reports no support for it; use a UCX built with it, or backend "
+                                               "\"tcp\" for CUDA (staged through host memory)"
+                                             : "the engine registers other memory only";
+    const char *rdma = cfg->conn.backend_mapped_from_rdma && b == PDL_BACKEND_TCP ? " (what \"rdma\" resolved to)" : "";
+    return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
+                         "instance rank %d: kv_mem_type %s with kv_connector_extra_config.backend %s%s: %s", rank,
+                         pdl__mem_type_name(t), pdl_backend_name(b), rdma,
+                         why);
 }
 
 /* kv_layer_regions: register each of rank r's layers on its own (the caller's allocations, any memory
@@ -269,6 +298,11 @@ pdl_status_t pdl__rank_open(pdl_instance_t *inst, pdl_rank_t *r, pdl_error_t *er
     st = engine_outside_ranges(cfg, &ec, &m->engine, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "instance rank %d", rank);
+    if (cfg->kv_regions != NULL || cfg->kv_layer_regions != NULL) {
+        st = check_mem_type(cfg, m, rank, err);
+        if (st != PDL_OK)
+            return st;
+    }
     if (cfg->kv_layer_regions != NULL) {
         st = register_layers(cfg, r, err);
         if (st != PDL_OK)

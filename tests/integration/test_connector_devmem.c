@@ -3,9 +3,12 @@
  * (pdl_instance_config_t.kv_mem_type), where there is no GPU (CI):
  *
  * - the connector config takes backend "cuda" and its error for an unknown backend names it;
- * - the memory type is checked against the backend before any engine exists (a device region on a
- *   host backend, backend cuda with host memory, a device type without kv_regions, a bad type), each
+ * - the memory type is checked against the backend before any engine exists (a device region on shm,
+ *   ROCm on tcp, backend cuda with host memory, a device type without kv_regions, a bad type), each
  *   with its status and a message naming both;
+ * - CUDA memory on tcp (named, or what "rdma" resolved to) where the CUDA driver does not load is
+ *   refused once the engine exists, before registration, naming the keys and the remedy (where the
+ *   driver loads, test_connector_staged.c moves such KV);
  * - a CUDA-typed config with backend cuda on a host without the CUDA driver fails with
  *   PDL_ERR_UNSUPPORTED and the engine's "no CUDA driver" message, prefixed with the rank, and leaves
  *   its ports free;
@@ -67,18 +70,28 @@ static void mem_type_checked_before_engines(void **state)
     pdl_instance_t *inst = NULL;
     pdl_error_t e;
 
-    /* device memory on a host backend: tcp would serve it with read(2)/write(2) from the CPU */
-    base(&c, PDL_BACKEND_TCP, 2);
+    /* device memory on shm, whose peers copy with the CPU; ROCm on tcp, which stages CUDA memory only */
+    base(&c, PDL_BACKEND_SHM, 2);
     c.kv_regions = regions;
     c.kv_region_lens = lens;
     c.kv_mem_type = PDL_MEM_TYPE_CUDA;
     assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
     assert_null(inst);
-    assert_string_equal(e.msg, "instance: the KV cache is CUDA memory, but backend tcp moves host memory only; use "
-                               "backend \"cuda\" (GPUs of one host) or \"ucx\" built with CUDA support");
-    c.conn.backend = PDL_BACKEND_SHM;
+    assert_string_equal(e.msg, "instance: the KV cache is CUDA memory (kv_mem_type), but "
+                               "kv_connector_extra_config.backend shm moves host memory only (its peers copy with the "
+                               "CPU); use backend \"tcp\" (staged through host memory, any hosts), \"cuda\" (GPUs of "
+                               "one host) or \"ucx\" built with CUDA support");
+    c.conn.backend = PDL_BACKEND_TCP;
+    c.conn.backend_mapped_from_rdma = false; /* the defaults take no key as "rdma" */
+    c.kv_mem_type = PDL_MEM_TYPE_ROCM;
     assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
-    assert_non_null(strstr(e.msg, "but backend shm moves host memory only"));
+    assert_string_equal(e.msg, "instance: the KV cache is ROCm memory (kv_mem_type), but "
+                               "kv_connector_extra_config.backend tcp stages CUDA memory only; use backend \"ucx\" "
+                               "built with ROCm support");
+    c.conn.backend_mapped_from_rdma = true;
+    assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "backend tcp (what \"rdma\" resolved to) stages CUDA memory only"));
+    c.conn.backend_mapped_from_rdma = false;
 
     /* backend cuda with host memory: the caller's, or the instance's own */
     c.conn.backend = PDL_BACKEND_CUDA;
@@ -130,6 +143,41 @@ static void cuda_without_driver(void **state)
     /* nothing left behind: the ports bound before the engine are free again */
     assert_true(tc_port_free(c.conn.handshake_port));
     assert_true(tc_port_free(c.conn.notify_port));
+}
+
+/* CUDA KV on tcp (or what "rdma" resolved to) where the driver does not load: refused once the engine
+ * says it registers host memory only, before any region is registered, naming the keys and the remedy. */
+static void tcp_without_driver(void **state)
+{
+    (void)state;
+    for (int mapped = 0; mapped < 2; mapped++) {
+        pdl_instance_config_t c;
+        base(&c, PDL_BACKEND_TCP, 1);
+        c.conn.backend_mapped_from_rdma = mapped;
+        uint64_t need = 0;
+        assert_int_equal(pdl_instance_kv_region_len(&c, 0, &need, NULL), PDL_OK);
+        /* Never dereferenced nor registered: the check comes first. */
+        void *regions[1] = {(void *)(uintptr_t)0x7f0000000000ull};
+        size_t lens[1] = {(size_t)need};
+        c.kv_regions = regions;
+        c.kv_region_lens = lens;
+        c.kv_mem_type = PDL_MEM_TYPE_CUDA;
+        setenv("PDLINK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+        pdl_instance_t *inst = NULL;
+        pdl_error_t e;
+        assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
+        unsetenv("PDLINK_LIBCUDA");
+        assert_null(inst);
+        char want[512];
+        snprintf(want, sizeof(want),
+                 "instance rank 0: kv_mem_type CUDA with kv_connector_extra_config.backend tcp%s: tcp stages CUDA "
+                 "memory through the CUDA driver, which did not load (libcuda.so.1 or $PDLINK_LIBCUDA; "
+                 "PDLINK_LOG_LEVEL=debug says why); install the NVIDIA driver, or keep the KV cache in host memory",
+                 mapped ? " (what \"rdma\" resolved to)" : "");
+        assert_string_equal(e.msg, want);
+        assert_true(tc_port_free(c.conn.handshake_port));
+        assert_true(tc_port_free(c.conn.notify_port));
+    }
 }
 
 /* Child: every connector call that may touch KV memory, on PROT_NONE memory typed CUDA. 0 = done
@@ -192,6 +240,7 @@ int main(void)
         cmocka_unit_test(config_backend_cuda),
         cmocka_unit_test(mem_type_checked_before_engines),
         cmocka_unit_test(cuda_without_driver),
+        cmocka_unit_test(tcp_without_driver),
         cmocka_unit_test(no_cpu_access_to_device_regions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -271,33 +271,41 @@ static inline uint64_t tc_elem_off(const pdl_kv_geometry_t *g, int lhead, int to
     return (((uint64_t)token * g->num_heads + (uint64_t)lhead) * row + in_row) * e;
 }
 
-/* Walk every byte of `blocks` on one rank whose first global head is `ghead0`; fill (verify false) or
- * count mismatching bytes (verify true, *checked += bytes compared). */
+/* Walk every byte of `blocks` in layer l of one rank (geometry g, the layer's bytes at `base`) whose first
+ * global head is `ghead0`; fill (verify false) or count mismatching bytes (verify true, *checked += bytes
+ * compared). `base` may be a host copy of a layer kept elsewhere (device memory). */
+static inline uint64_t tc_walk_layer(const pdl_kv_geometry_t *g, uint8_t *base, int l, int ghead0,
+                                     const uint32_t *blocks, size_t n, uint32_t seed, bool verify, uint64_t *checked)
+{
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int half = 0; half < (g->is_mla ? 1 : 2); half++) {
+            uint64_t hoff = pdl_layout_half_offset(g, blocks[i], g->kv_fused ? 0 : half);
+            for (int lh = 0; lh < (int)g->num_heads; lh++)
+                for (int t = 0; t < (int)g->block_size; t++)
+                    for (int d = 0; d < (int)g->head_dim; d++)
+                        for (int b = 0; b < (int)g->elem_size; b++) {
+                            uint8_t *p = base + hoff + tc_elem_off(g, lh, t, d, half) + (uint64_t)b;
+                            uint8_t want = tc_byte(seed, l, ghead0 + lh, (uint32_t)i, t, d, b, half);
+                            if (!verify) {
+                                *p = want;
+                                continue;
+                            }
+                            bad += *p != want;
+                            (*checked)++;
+                        }
+        }
+    return bad;
+}
+
+/* tc_walk_layer over every layer of one rank of an instance, in the instance's own (host) memory. */
 static inline uint64_t tc_walk(pdl_instance_t *inst, int rank, int ghead0, const uint32_t *blocks, size_t n,
                                uint32_t seed, bool verify, uint64_t *checked)
 {
     const pdl_kv_geometry_t *g = pdl_instance_geometry(inst, rank);
     uint64_t bad = 0;
-    for (int l = 0; pdl_instance_kv_layer(inst, rank, l) != NULL; l++) {
-        uint8_t *base = pdl_instance_kv_layer(inst, rank, l);
-        for (size_t i = 0; i < n; i++)
-            for (int half = 0; half < (g->is_mla ? 1 : 2); half++) {
-                uint64_t hoff = pdl_layout_half_offset(g, blocks[i], g->kv_fused ? 0 : half);
-                for (int lh = 0; lh < (int)g->num_heads; lh++)
-                    for (int t = 0; t < (int)g->block_size; t++)
-                        for (int d = 0; d < (int)g->head_dim; d++)
-                            for (int b = 0; b < (int)g->elem_size; b++) {
-                                uint8_t *p = base + hoff + tc_elem_off(g, lh, t, d, half) + (uint64_t)b;
-                                uint8_t want = tc_byte(seed, l, ghead0 + lh, (uint32_t)i, t, d, b, half);
-                                if (!verify) {
-                                    *p = want;
-                                    continue;
-                                }
-                                bad += *p != want;
-                                (*checked)++;
-                            }
-            }
-    }
+    for (int l = 0; pdl_instance_kv_layer(inst, rank, l) != NULL; l++)
+        bad += tc_walk_layer(g, pdl_instance_kv_layer(inst, rank, l), l, ghead0, blocks, n, seed, verify, checked);
     return bad;
 }
 
