@@ -20,8 +20,9 @@ KV memory is either the instance's own (``kv_layer`` gives writable views) or th
 ``kv_buffers``, one writable C-contiguous buffer per rank (numpy arrays, ``bytearray``, torch CPU
 tensors) of at least :func:`kv_region_len` bytes; pdlink then moves KV straight into and out of them.
 Contiguous torch CUDA tensors (one GPU per instance) are registered as device memory with the
-``cuda`` backend (GPUs of one host, CUDA IPC; chosen unless the config names a backend: ``ucx`` is
-kept, ``tcp``/``shm`` are refused); the CPU never touches them.
+``cuda`` backend (GPUs of one host, CUDA IPC) unless the config names a backend: ``ucx`` is kept, and
+``tcp`` moves them between any two hosts through pinned host staging windows (where the CUDA driver
+loads); ``shm`` is refused. The CPU never touches them.
 
 Inside vLLM (one worker process per TP rank, block ids owned by vLLM's scheduler, the CPU cache's
 K and V concatenated per token): ``Instance(..., local_rank=rank, external_blocks=True,
@@ -247,9 +248,10 @@ def _buffer_of(obj: Any, rank: int, layer: Optional[int] = None) -> _Region:
 
 def _use_device_memory(c: Any, regions: Mapping[int, _Region]) -> Optional[int]:
     """Set the config's memory type from the buffers; for CUDA buffers pick the cuda backend unless the
-    config chose one itself (``ucx``, which may move CUDA memory, is kept; an explicit ``tcp`` or ``shm``
-    is left for the C library to refuse with its message). Returns the CUDA device index, or None for
-    host memory. Raises :class:`InvalidError` for a mix of host and device buffers or several GPUs."""
+    config chose one itself (``ucx`` and ``tcp``, which may move CUDA memory, are kept: the C library
+    says so when this host's engine cannot; ``shm`` is left for it to refuse). Returns the CUDA device
+    index, or None for host memory. Raises :class:`InvalidError` for a mix of host and device buffers or
+    several GPUs."""
     kinds = {r.mem_type for r in regions.values()}
     # per-layer buffers are keyed (rank, layer): name them as kv_buffers[rank][layer]
     label = {k: (f"{k[0]}/{k[1]}" if isinstance(k, tuple) else str(k)) for k in regions}
@@ -397,8 +399,9 @@ class Instance:
     (:meth:`rank_geometry`) at any addresses, as vLLM's GPU runner allocates them: each layer is then
     registered on its own (every rank given must use the same form). Contiguous
     torch CUDA tensors, all on one GPU, are registered as CUDA memory (``mem_type`` "cuda", ``device``
-    the index) with the ``cuda`` backend unless the config names one; where the CUDA driver is missing
-    the instance is refused with :class:`PdlinkError` (PDL_ERR_UNSUPPORTED) saying so.
+    the index) with the ``cuda`` backend unless the config names one (``tcp``: staged through pinned host
+    memory, between any hosts; ``ucx``); where the CUDA driver is missing the instance is refused with
+    :class:`PdlinkError` (PDL_ERR_UNSUPPORTED) saying so.
 
     ``local_rank``: None runs every rank in this object; an int ``r`` runs rank ``r`` only (vLLM's
     worker process of rank ``r``: its engine, region, ports and counters), the other ranks being other

@@ -98,12 +98,25 @@ def test_backends_that_mean_the_gpu_path(backend: str) -> None:
         pdlink.Instance(cfg(backend), GEO, tp_size=2, num_blocks=8, kv_buffers=device_buffers())
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_host_backend_named_for_device_memory_is_refused(backend: str) -> None:
+def test_shm_named_for_device_memory_is_refused() -> None:
     with pytest.raises(pdlink.PdlinkError) as ei:
-        pdlink.Instance(cfg(backend), GEO, tp_size=2, num_blocks=8, kv_buffers=device_buffers())
+        pdlink.Instance(cfg("shm"), GEO, tp_size=2, num_blocks=8, kv_buffers=device_buffers())
     assert ei.value.status_name == "PDL_ERR_UNSUPPORTED"
-    assert f"the KV cache is CUDA memory, but backend {backend} moves host memory only" in str(ei.value)
+    assert "the KV cache is CUDA memory (kv_mem_type), but kv_connector_extra_config.backend shm moves host " \
+           "memory only" in str(ei.value)
+
+
+def test_tcp_named_for_device_memory_needs_the_driver() -> None:
+    """tcp stages CUDA memory through host memory where the driver loads (test_pdlink_staged.py moves it
+    with the test driver); here it does not, and the refusal says which key and why."""
+    with pytest.raises(pdlink.PdlinkError) as ei:
+        pdlink.Instance(cfg("tcp"), GEO, tp_size=2, num_blocks=8, kv_buffers=device_buffers())
+    assert ei.value.status_name == "PDL_ERR_UNSUPPORTED"
+    msg = str(ei.value)
+    assert msg.startswith("kv_buffers on cuda:0 (backend tcp): instance rank 0: kv_mem_type CUDA with "
+                          "kv_connector_extra_config.backend tcp: tcp stages CUDA memory through the CUDA driver, "
+                          "which did not load")
+    assert "install the NVIDIA driver, or keep the KV cache in host memory" in msg
 
 
 def test_ucx_is_kept_and_refuses_cuda_it_cannot_register() -> None:
