@@ -134,6 +134,7 @@ static const struct {
     SYM(StreamCreate, "cuStreamCreate"),
     SYM(StreamDestroy, "cuStreamDestroy_v2"),
     SYM(StreamSynchronize, "cuStreamSynchronize"),
+    SYM(StreamQuery, "cuStreamQuery"),
     SYM(MemAlloc, "cuMemAlloc_v2"),
     SYM(MemFree, "cuMemFree_v2"),
     SYM(MemHostAlloc, "cuMemHostAlloc"),

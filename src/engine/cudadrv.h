@@ -38,6 +38,7 @@ typedef struct {
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_NOT_READY 600
 #define CU_STREAM_NON_BLOCKING 1u
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1u
 
@@ -60,6 +61,7 @@ typedef struct pdl_cuda_api {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamQuery)(CUstream);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned);

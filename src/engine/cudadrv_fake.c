@@ -6,20 +6,30 @@
  * access to it by pdlink dies of SIGSEGV, while a system call on it fails with EFAULT. The driver's
  * own copies (the async memcpys, memset and the gather kernel) move the bytes with pread/pwrite on
  * /proc/self/mem, which bypasses page protection, the way a GPU's copy engine ignores the CPU's page
- * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. Copies finish before the call
- * returns, so streams are only names. One context, one device; IPC handles are not supported.
+ * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. One context, one device; IPC
+ * handles are not supported.
  *
- * No state is kept between calls: each copy opens /proc/self/mem, and an allocation's size comes back
- * from /proc/self/maps.
+ * Streams: by default work queued on a stream runs before the call returns. A stream created while
+ * PDLINK_TEST_CUDA_FAKE_LATENCY_US is set holds its work back instead, as a GPU finishes copies after
+ * the calls that queued them returned: the queued copies, memsets and kernel launches run in order once
+ * that many microseconds passed since the last was queued, when cuStreamQuery finds the time passed
+ * (before it, CUDA_ERROR_NOT_READY) or cuStreamSynchronize waits for it. A caller that uses a window
+ * before its copy completed then reads stale bytes, and one that waits where it should poll is seen
+ * waiting. The NULL stream always runs at once.
+ *
+ * State lives in the streams (their queues) and in the memory; an allocation's size comes back from
+ * /proc/self/maps, and each copy opens /proc/self/mem.
  */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/cudadrv.h"
 
 /* Non-NULL names for the driver's opaque objects; never dereferenced. */
@@ -42,8 +52,6 @@ static CUresult fake_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned f)
     return CUDA_ERROR_NOT_SUPPORTED;
 }
 static CUresult fake_ipc_close(CUdeviceptr p) { (void)p; return CUDA_SUCCESS; }
-static CUresult fake_stream_create(CUstream *s, unsigned f) { (void)f; *s = FAKE_HANDLE(CUstream); return CUDA_SUCCESS; }
-static CUresult fake_stream(CUstream s) { (void)s; return CUDA_SUCCESS; }
 static CUresult fake_mod_load(CUmodule *m, const void *img) { (void)img; *m = FAKE_HANDLE(CUmodule); return CUDA_SUCCESS; }
 static CUresult fake_mod_unload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
 static CUresult fake_mod_func(CUfunction *f, CUmodule m, const char *name)
@@ -61,6 +69,7 @@ static CUresult fake_errname(CUresult r, const char **s)
     case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; break;
     case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *s = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; break;
     default: *s = "CUDA_ERROR_UNKNOWN (test driver)"; break;
     }
     return CUDA_SUCCESS;
@@ -150,25 +159,8 @@ static CUresult copy_one(uint64_t dst, uint64_t src, uint64_t len)
     return r;
 }
 
-static CUresult fake_htod(CUdeviceptr d, const void *h, size_t n, CUstream s)
+static CUresult memset_now(CUdeviceptr d, unsigned char v, size_t n)
 {
-    (void)s;
-    return copy_one(d, (uint64_t)(uintptr_t)h, n);
-}
-static CUresult fake_dtoh(void *h, CUdeviceptr d, size_t n, CUstream s)
-{
-    (void)s;
-    return copy_one((uint64_t)(uintptr_t)h, d, n);
-}
-static CUresult fake_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
-{
-    (void)s;
-    return copy_one(dst, src, n);
-}
-
-static CUresult fake_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
-{
-    (void)s;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     uint8_t *buf = malloc(FAKE_COPY_BUF);
     CUresult r = fd >= 0 && buf != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -186,15 +178,9 @@ static CUresult fake_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s
     return r;
 }
 
-/* The gather kernel: args are the list's device address and its length (cudadrv.c). */
-static CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                            unsigned shmem, CUstream s, void **args, void **extra)
+/* The gather kernel over the n pieces of the list at device address `list` (cudadrv.c). */
+static CUresult gather_now(CUdeviceptr list, unsigned n)
 {
-    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)s; (void)extra;
-    if (f != FAKE_HANDLE(CUfunction) || args == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    CUdeviceptr list = *(CUdeviceptr *)args[0];
-    unsigned n = *(unsigned *)args[1];
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     uint8_t *buf = malloc(FAKE_COPY_BUF);
     pdl_cuda_piece_t *p = malloc((size_t)n * sizeof(*p) + 1);
@@ -208,6 +194,141 @@ static CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     if (fd >= 0)
         close(fd);
     return r;
+}
+
+/* ---- streams ------------------------------------------------------------------------------------ */
+
+enum { OP_COPY, OP_MEMSET, OP_GATHER };
+
+/* One piece of work held back on a stream: a copy (dst, src, len), a memset (dst, v, len) or a gather
+ * launch (src = the list, len = its pieces; kernel arguments are taken when launched, as CUDA does). */
+typedef struct fake_op {
+    int kind;
+    uint64_t dst, src, len;
+    unsigned char v;
+    struct fake_op *next;
+} fake_op_t;
+
+typedef struct fake_stream {
+    uint64_t latency_ns; /* 0: work runs when queued */
+    uint64_t ready_ns;   /* when the work held back may run */
+    fake_op_t *head, *tail;
+} fake_stream_t;
+
+static CUresult op_run(const fake_op_t *op)
+{
+    switch (op->kind) {
+    case OP_COPY: return copy_one(op->dst, op->src, op->len);
+    case OP_MEMSET: return memset_now(op->dst, op->v, op->len);
+    default: return gather_now(op->src, (unsigned)op->len);
+    }
+}
+
+/* Run op now (no stream, or one without latency) or hold it back on the stream. */
+static CUresult op_queue(CUstream s, fake_op_t op)
+{
+    fake_stream_t *fs = (fake_stream_t *)s;
+    if (fs == NULL || fs->latency_ns == 0)
+        return op_run(&op);
+    fake_op_t *q = malloc(sizeof(*q));
+    if (q == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *q = op;
+    q->next = NULL;
+    if (fs->tail)
+        fs->tail->next = q;
+    else
+        fs->head = q;
+    fs->tail = q;
+    fs->ready_ns = pdl__clock_now_ns() + fs->latency_ns;
+    return CUDA_SUCCESS;
+}
+
+/* Run the work held back on s, in order; the first failure is the stream's error, as the driver
+ * reports an asynchronous failure at the next query or synchronisation. */
+static CUresult stream_drain(fake_stream_t *fs)
+{
+    CUresult r = CUDA_SUCCESS;
+    while (fs->head) {
+        fake_op_t *op = fs->head;
+        fs->head = op->next;
+        CUresult r1 = op_run(op);
+        if (r == CUDA_SUCCESS)
+            r = r1;
+        free(op);
+    }
+    fs->tail = NULL;
+    return r;
+}
+
+static CUresult fake_stream_create(CUstream *s, unsigned f)
+{
+    (void)f;
+    fake_stream_t *fs = calloc(1, sizeof(*fs));
+    if (fs == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *lat = getenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US");
+    fs->latency_ns = lat ? strtoull(lat, NULL, 10) * 1000u : 0;
+    *s = (CUstream)fs;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_stream_query(CUstream s)
+{
+    fake_stream_t *fs = (fake_stream_t *)s;
+    if (fs == NULL || fs->head == NULL)
+        return CUDA_SUCCESS;
+    return pdl__clock_now_ns() < fs->ready_ns ? CUDA_ERROR_NOT_READY : stream_drain(fs);
+}
+
+static CUresult fake_stream_sync(CUstream s)
+{
+    fake_stream_t *fs = (fake_stream_t *)s;
+    if (fs == NULL || fs->head == NULL)
+        return CUDA_SUCCESS;
+    uint64_t now = pdl__clock_now_ns();
+    if (now < fs->ready_ns) {
+        struct timespec ts = {(time_t)((fs->ready_ns - now) / 1000000000u), (long)((fs->ready_ns - now) % 1000000000u)};
+        nanosleep(&ts, NULL);
+    }
+    return stream_drain(fs);
+}
+
+static CUresult fake_stream_destroy(CUstream s)
+{
+    fake_stream_t *fs = (fake_stream_t *)s;
+    if (fs == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    stream_drain(fs); /* a destroyed stream's work still completes */
+    free(fs);
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_htod(CUdeviceptr d, const void *h, size_t n, CUstream s)
+{
+    return op_queue(s, (fake_op_t){.kind = OP_COPY, .dst = d, .src = (uint64_t)(uintptr_t)h, .len = n});
+}
+static CUresult fake_dtoh(void *h, CUdeviceptr d, size_t n, CUstream s)
+{
+    return op_queue(s, (fake_op_t){.kind = OP_COPY, .dst = (uint64_t)(uintptr_t)h, .src = d, .len = n});
+}
+static CUresult fake_dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    return op_queue(s, (fake_op_t){.kind = OP_COPY, .dst = dst, .src = src, .len = n});
+}
+static CUresult fake_memset(CUdeviceptr d, unsigned char v, size_t n, CUstream s)
+{
+    return op_queue(s, (fake_op_t){.kind = OP_MEMSET, .dst = d, .v = v, .len = n});
+}
+
+/* The gather kernel: args are the list's device address and its length (cudadrv.c). */
+static CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                            unsigned shmem, CUstream s, void **args, void **extra)
+{
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
+    if (f != FAKE_HANDLE(CUfunction) || args == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return op_queue(s, (fake_op_t){.kind = OP_GATHER, .src = *(CUdeviceptr *)args[0], .len = *(unsigned *)args[1]});
 }
 
 void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api)
@@ -228,8 +349,9 @@ void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api)
         .IpcOpenMemHandle = fake_ipc_open,
         .IpcCloseMemHandle = fake_ipc_close,
         .StreamCreate = fake_stream_create,
-        .StreamDestroy = fake_stream,
-        .StreamSynchronize = fake_stream,
+        .StreamDestroy = fake_stream_destroy,
+        .StreamSynchronize = fake_stream_sync,
+        .StreamQuery = fake_stream_query,
         .MemAlloc = fake_alloc,
         .MemFree = fake_free,
         .MemHostAlloc = fake_host_alloc,

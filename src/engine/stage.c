@@ -13,6 +13,10 @@
  * into the buffer of window w - 1, which the caller has finished sending, then waits for window w.
  * In: the caller receives window w into its buffer while window w - 1 is copied to the device; taking
  * window w waits for window w - 2, the last user of that buffer.
+ *
+ * Waiting: a stage made with `nowait` asks the buffer's stream (cuStreamQuery) instead of synchronising
+ * with it, and answers PDL_INPROGRESS while the copy runs; the call is then repeated and resumes where it
+ * stopped (out_next queues the next window's copy once per window, however often it is asked).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +44,9 @@ struct pdl_stage {
     uint64_t cskip;
     uint64_t total, queued, handed;
     unsigned next;      /* window handed out next */
+    bool prefetched;    /* out: the copy out_next queues for window `next` is queued */
     bool open;          /* a window was handed out and not committed (in) */
+    bool nowait;        /* PDL_INPROGRESS instead of waiting for a copy */
     pdl_status_t st;    /* sticky error of this transfer */
     char msg[PDL_ERR_MSG_LEN];
 };
@@ -55,13 +61,14 @@ static pdl_status_t fail(pdl_stage_t *st, const char *what, CUresult r, pdl_erro
     return pdl_error_set(err, st->st, "%s", st->msg);
 }
 
-pdl_status_t pdl__stage_create(pdl_cudadrv_t *d, const char *key, pdl_stage_t **out, pdl_error_t *err)
+pdl_status_t pdl__stage_create(pdl_cudadrv_t *d, const char *key, bool nowait, pdl_stage_t **out, pdl_error_t *err)
 {
     pdl_stage_t *st = calloc(1, sizeof(*st));
     if (st == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", key);
     st->d = d;
     st->key = key;
+    st->nowait = nowait;
     if (!pdl__cudadrv_push(d)) {
         free(st);
         return pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: cannot make its CUDA context current", key);
@@ -129,7 +136,7 @@ void pdl__stage_abort(pdl_stage_t *st)
         pdl__cudadrv_pop(st->d);
     }
     st->total = st->queued = st->handed = 0;
-    st->open = false;
+    st->open = st->prefetched = false;
     st->st = PDL_OK;
 }
 
@@ -213,6 +220,7 @@ pdl_status_t pdl__stage_begin(pdl_stage_t *st, bool to_host, const struct iovec 
     st->ci = 0;
     st->cskip = 0;
     st->next = 0;
+    st->prefetched = false;
     st->to_host = to_host;
     for (size_t i = 0; i < n; i++)
         st->total += v[i].iov_len;
@@ -227,14 +235,16 @@ pdl_status_t pdl__stage_begin(pdl_stage_t *st, bool to_host, const struct iovec 
     return s;
 }
 
-/* Wait for buffer b's copy. Called with the context pushed. */
+/* Wait for buffer b's copy, or (nowait) PDL_INPROGRESS while it runs. Called with the context pushed. */
 static pdl_status_t wait_buf(pdl_stage_t *st, stage_buf_t *b, pdl_error_t *err)
 {
     if (!b->busy)
         return PDL_OK;
+    CUresult r = st->nowait ? st->d->api.StreamQuery(b->stream) : st->d->api.StreamSynchronize(b->stream);
+    if (r == CUDA_ERROR_NOT_READY && st->nowait)
+        return PDL_INPROGRESS;
     b->busy = false;
-    CUresult r = st->d->api.StreamSynchronize(b->stream);
-    return r == CUDA_SUCCESS ? PDL_OK : fail(st, "cuStreamSynchronize", r, err);
+    return r == CUDA_SUCCESS ? PDL_OK : fail(st, st->nowait ? "cuStreamQuery" : "cuStreamSynchronize", r, err);
 }
 
 pdl_status_t pdl__stage_out_next(pdl_stage_t *st, uint8_t **p, size_t *len, pdl_error_t *err)
@@ -248,8 +258,9 @@ pdl_status_t pdl__stage_out_next(pdl_stage_t *st, uint8_t **p, size_t *len, pdl_
         return fail(st, "cuCtxPushCurrent", CUDA_ERROR_INVALID_VALUE, err);
     pdl_status_t s = PDL_OK;
     stage_buf_t *b = &st->b[st->next % 2];
-    if (st->next >= 1 && st->queued < st->total)
+    if (!st->prefetched && st->next >= 1 && st->queued < st->total)
         s = queue_out(st, &st->b[(st->next - 1) % 2], err);
+    st->prefetched = true;
     if (s == PDL_OK)
         s = wait_buf(st, b, err);
     pdl__cudadrv_pop(st->d);
@@ -259,6 +270,7 @@ pdl_status_t pdl__stage_out_next(pdl_stage_t *st, uint8_t **p, size_t *len, pdl_
     *len = b->len;
     st->handed += b->len;
     st->next++;
+    st->prefetched = false;
     return PDL_OK;
 }
 

@@ -368,9 +368,9 @@ static pdl_status_t stages_open(pdl_session_t *s, tcp_session_t *ts, pdl_error_t
         c->rx_dev = malloc(PDL_TCP_MAX_SEGS * sizeof(struct iovec));
         if (c->tx_dev == NULL || c->rx_dev == NULL)
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
-        pdl_status_t st = pdl__stage_create(d, e->key, &c->tx_stg, err);
+        pdl_status_t st = pdl__stage_create(d, e->key, false, &c->tx_stg, err);
         if (st == PDL_OK)
-            st = pdl__stage_create(d, e->key, &c->rx_stg, err);
+            st = pdl__stage_create(d, e->key, false, &c->rx_stg, err);
         if (st != PDL_OK)
             return st;
     }

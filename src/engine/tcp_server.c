@@ -12,6 +12,9 @@
  *      |                      |----checks ok, WRITE---> RX_PAYLOAD (readv into region) --> TX --> RX_HDR
  *      |                      `----refused------------> [RX_DRAIN (WRITE payload)] --> TX (error) --> RX_HDR
  *      `--HELLO--> RX_KEY --> TX --> RX_HDR
+ *   device memory: RX_SEGS (READ's first window), RX_PAYLOAD (a free window, the last one on the device)
+ *      and TX (the next window) --its copy still running--> DEV_WAIT (parked) --copy done--> TX or
+ *      RX_PAYLOAD (dev_wait)
  *   authenticated mode (an engine key): RX_HDR --HELLO_AUTH--> RX_KEY --> TX (nonce, MAC) --> RX_HDR
  *      --AUTH--> RX_KEY --MAC ok--> TX --> RX_HDR (served from now on); anything else first, or a wrong
  *      MAC --> TX (PDL_ERR_DENIED) --> closed, counted per peer host, logged once per host.
@@ -36,14 +39,20 @@
  * (copied while the last was on the socket) when one is out; a copy failing after the header cuts the
  * connection. WRITE: RX_PAYLOAD receives into a window, copies a full one to the device while the
  * next arrives, and answers once every window is on the device; a failed copy is answered with its
- * error after the rest of the payload is read away. The server thread waits for these copies (bounded
- * device work, not a peer). The stage is made at a connection's first device request and freed, its
- * copies finished first, when the connection closes.
+ * error after the rest of the payload is read away. The server thread does not wait for these copies:
+ * a step whose copy is still running (stage.h, nowait) parks the connection in DEV_WAIT, out of epoll's
+ * interest, on its thread's `parked` list; while that list is not empty the thread polls epoll without
+ * sleeping and asks each parked connection's stage again after every pass (dev_wait), so the thread's
+ * other connections are served meanwhile. Polling costs the thread's core while copies run, as the
+ * driver's default spinning synchronisation did; a hang-up of a parked connection closes it, waiting for
+ * its copies first. The stage is made at a connection's first device request and freed, its copies
+ * finished first, when the connection closes.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -80,7 +89,10 @@
  * that the integration tests (4 MiB batches) cross it, so the return path is exercised. */
 #define CONN_TURN_BYTES (1u << 20)
 
-enum { RX_HDR, RX_SEGS, RX_KEY, RX_PAYLOAD, RX_DRAIN, TX };
+enum { RX_HDR, RX_SEGS, RX_KEY, RX_PAYLOAD, RX_DRAIN, TX, DEV_WAIT };
+
+/* What a connection in DEV_WAIT waits for (the stage call to repeat). */
+enum { DEV_OUT_FIRST, DEV_OUT_NEXT, DEV_IN_WINDOW, DEV_IN_END };
 
 /*
  * The calls that move registered bytes are issued as raw system calls. These accesses are the remote
@@ -138,6 +150,9 @@ typedef struct srv_conn {
     uint8_t *win;                 /* the current window (pinned host memory) */
     size_t win_len, win_off;
     uint64_t stage_left;          /* WRITE: payload bytes still to receive */
+    int dev_step;                 /* DEV_WAIT: DEV_OUT_FIRST ... DEV_IN_END */
+    bool parked;                  /* on th->parked */
+    struct srv_conn *park_next, *park_prev;
 } srv_conn_t;
 
 struct srv_thread {
@@ -148,6 +163,7 @@ struct srv_thread {
     pthread_t tid;
     bool started;
     srv_conn_t *pending; /* accepted, not yet in this thread's epoll; under srv->mu */
+    srv_conn_t *parked;  /* in DEV_WAIT: asked again after every epoll pass; this thread's own */
 };
 
 struct pdl_tcp_server {
@@ -178,9 +194,24 @@ static void conn_set_mem(pdl_tcp_server_t *srv, srv_conn_t *c, pdl_mem_t *m)
         pdl__engine_mem_put(old);
 }
 
+static void conn_unpark(srv_conn_t *c)
+{
+    if (!c->parked)
+        return;
+    if (c->park_prev)
+        c->park_prev->park_next = c->park_next;
+    else
+        c->th->parked = c->park_next;
+    if (c->park_next)
+        c->park_next->park_prev = c->park_prev;
+    c->park_next = c->park_prev = NULL;
+    c->parked = false;
+}
+
 static void conn_close(srv_thread_t *th, srv_conn_t *c)
 {
     pdl_tcp_server_t *srv = th->srv;
+    conn_unpark(c);
     epoll_ctl(th->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     /* The device copies in flight end before the region's reference is dropped: after deregistration
      * returns, nothing touches it. */
@@ -241,6 +272,29 @@ static void set_events(srv_conn_t *c, uint32_t ev)
     struct epoll_event e = {.events = ev, .data.ptr = c};
     epoll_ctl(c->th->epfd, EPOLL_CTL_MOD, c->fd, &e);
     c->events = ev;
+}
+
+/* A device copy the connection needs is still running: out of epoll's interest (a hang-up is still
+ * reported) and onto its thread's parked list, which srv_main asks again after every pass. */
+static void conn_park(srv_conn_t *c)
+{
+    set_events(c, 0);
+    if (c->parked)
+        return;
+    c->park_prev = NULL;
+    c->park_next = c->th->parked;
+    if (c->park_next)
+        c->park_next->park_prev = c;
+    c->th->parked = c;
+    c->parked = true;
+}
+
+/* Wait (without blocking) for the stage call `step` before the connection goes on: DEV_WAIT. */
+static int dev_step(srv_conn_t *c, int step)
+{
+    c->dev_step = step;
+    c->st = DEV_WAIT;
+    return 1;
 }
 
 static void start_response(srv_conn_t *c, int32_t status, const char *msg, uint64_t payload)
@@ -375,8 +429,8 @@ static void staged_fail(srv_conn_t *c, const pdl_error_t *err)
 }
 
 /* Serve the admitted request (c->iov[1..nseg] are its device ranges) through the staging windows: a
- * READ has its first window copied before the response header goes out, so a device that cannot
- * copy is answered with an error rather than a cut connection. */
+ * READ has its first window copied before the response header goes out (DEV_OUT_FIRST), so a device
+ * that cannot copy is answered with an error rather than a cut connection. */
 static int staged_start(srv_conn_t *c)
 {
     pdl_engine_t *e = c->th->srv->e;
@@ -384,25 +438,21 @@ static int staged_start(srv_conn_t *c)
     pdl_error_t err;
     pdl_status_t st = PDL_OK;
     if (c->stage == NULL)
-        st = pdl__stage_create(((pdl_tcp_engine_t *)e->bk)->drv, e->key, &c->stage, &err);
+        st = pdl__stage_create(((pdl_tcp_engine_t *)e->bk)->drv, e->key, true, &c->stage, &err);
     if (st == PDL_OK)
         st = pdl__stage_begin(c->stage, rd, &c->iov[1], c->req.nseg, &err);
     c->win = NULL;
     c->win_len = c->win_off = 0;
     c->stage_left = c->req.total_len;
-    if (st == PDL_OK && rd)
-        st = pdl__stage_out_next(c->stage, &c->win, &c->win_len, &err);
     if (st != PDL_OK) {
         staged_fail(c, &err);
         return 0;
     }
     c->staged = true;
-    if (rd) {
-        start_response(c, 0, NULL, c->req.total_len);
-        c->iov_n = 1; /* the header; the payload comes from the windows */
-    } else {
+    if (rd)
+        dev_step(c, DEV_OUT_FIRST);
+    else
         c->st = RX_PAYLOAD;
-    }
     return 0;
 }
 
@@ -570,18 +620,14 @@ static int rx_payload(srv_conn_t *c, uint64_t *turn)
 }
 
 /* A WRITE's payload into device memory: received into a staging window, which is copied to the device
- * once full while the next one is received; answered once every window is on the device. */
+ * once full while the next one is received (DEV_IN_WINDOW waits until a buffer is free); answered once
+ * every window is on the device (DEV_IN_END). */
 static int rx_staged(srv_conn_t *c, uint64_t *turn)
 {
     pdl_tcp_server_t *srv = c->th->srv;
     pdl_error_t err;
-    if (c->win_off == c->win_len) {
-        if (pdl__stage_in_window(c->stage, &c->win, &c->win_len, &err) != PDL_OK) {
-            staged_fail(c, &err);
-            return 1;
-        }
-        c->win_off = 0;
-    }
+    if (c->win_off == c->win_len)
+        return dev_step(c, DEV_IN_WINDOW);
     size_t want = c->win_len - c->win_off < PDL_TCP_RECV_CALL_MAX ? c->win_len - c->win_off : PDL_TCP_RECV_CALL_MAX;
     ssize_t n = recv(c->fd, c->win + c->win_off, want, MSG_DONTWAIT);
     if (n <= 0)
@@ -592,18 +638,11 @@ static int rx_staged(srv_conn_t *c, uint64_t *turn)
     c->stage_left -= (uint64_t)n;
     if (c->win_off < c->win_len)
         return 1;
-    if (pdl__stage_in_commit(c->stage, &err) != PDL_OK ||
-        (c->stage_left == 0 && pdl__stage_in_end(c->stage, &err) != PDL_OK)) {
+    if (pdl__stage_in_commit(c->stage, &err) != PDL_OK) {
         staged_fail(c, &err);
         return 1;
     }
-    if (c->stage_left == 0) {
-        c->staged = false;
-        conn_set_mem(srv, c, NULL);
-        c->iov_n = 1;
-        start_response(c, 0, NULL, 0);
-    }
-    return 1;
+    return c->stage_left == 0 ? dev_step(c, DEV_IN_END) : 1;
 }
 
 /* The response is out: count a served READ, drop the region, and read the next request (or close
@@ -682,16 +721,57 @@ static int tx_staged(srv_conn_t *c, uint64_t *turn)
             c->iov_i = 1;
     }
     c->win_off += done;
-    if (c->win_off < c->win_len)
-        return 1;
+    return c->win_off < c->win_len ? 1 : dev_step(c, DEV_OUT_NEXT);
+}
+
+/*
+ * DEV_WAIT: repeat the stage call the connection waits for, without blocking. Still copying: park the
+ * connection (0). Done: carry on as the call's caller would have -- a READ's first window sends the
+ * response header (or its failure the error), the next window goes on the socket, a free window takes
+ * the WRITE payload, the last WRITE window on the device sends the answer -- with epoll's interest
+ * restored for the state it leads to (1), or close (-1): a READ window failing after the header.
+ */
+static int dev_wait(srv_conn_t *c)
+{
     pdl_error_t err;
-    if (pdl__stage_out_next(c->stage, &c->win, &c->win_len, &err) != PDL_OK) {
-        pdl_warn("engine %s: closing the data connection from %s in the middle of a read: %s", srv->e->key, c->peer,
-                 err.msg);
+    pdl_status_t st;
+    if (c->dev_step == DEV_IN_END)
+        st = pdl__stage_in_end(c->stage, &err);
+    else if (c->dev_step == DEV_IN_WINDOW)
+        st = pdl__stage_in_window(c->stage, &c->win, &c->win_len, &err);
+    else
+        st = pdl__stage_out_next(c->stage, &c->win, &c->win_len, &err);
+    if (st == PDL_INPROGRESS) {
+        conn_park(c);
+        return 0;
+    }
+    conn_unpark(c);
+    if (st != PDL_OK && c->dev_step == DEV_OUT_NEXT) {
+        pdl_warn("engine %s: closing the data connection from %s in the middle of a read: %s", c->th->srv->e->key,
+                 c->peer, err.msg);
         return -1;
     }
-    c->win_off = 0;
-    return c->win_len == 0 ? tx_done(c) : 1;
+    if (st != PDL_OK) {
+        staged_fail(c, &err);
+    } else if (c->dev_step == DEV_OUT_FIRST) {
+        start_response(c, 0, NULL, c->req.total_len);
+        c->iov_n = 1; /* the header; the payload comes from the windows */
+    } else if (c->dev_step == DEV_OUT_NEXT) {
+        c->win_off = 0;
+        if (c->win_len == 0)
+            return tx_done(c);
+        c->st = TX;
+    } else if (c->dev_step == DEV_IN_WINDOW) {
+        c->win_off = 0;
+        c->st = RX_PAYLOAD;
+    } else {
+        c->staged = false;
+        conn_set_mem(c->th->srv, c, NULL);
+        c->iov_n = 1;
+        start_response(c, 0, NULL, 0);
+    }
+    set_events(c, c->st == TX ? EPOLLOUT : EPOLLIN);
+    return 1;
 }
 
 /* Advance the connection as far as the socket allows. 0: wait for the next event; -1: close it. */
@@ -701,8 +781,9 @@ static int conn_progress(srv_conn_t *c)
     pdl_engine_t *e = srv->e;
     uint64_t turn = 0;
     for (;;) {
-        if (turn >= CONN_TURN_BYTES) {
-            /* Level-triggered epoll calls us again -- for the direction we are waiting on. */
+        if (turn >= CONN_TURN_BYTES && c->st != DEV_WAIT) {
+            /* Level-triggered epoll calls us again -- for the direction we are waiting on. (DEV_WAIT is
+             * asked now: it parks itself or goes on, and no socket event would come for it.) */
             set_events(c, c->st == TX ? EPOLLOUT : EPOLLIN);
             return 0;
         }
@@ -779,6 +860,12 @@ static int conn_progress(srv_conn_t *c)
         }
         case TX: {
             int r = c->staged ? tx_staged(c, &turn) : tx_plain(c, &turn);
+            if (r <= 0)
+                return r;
+            break;
+        }
+        case DEV_WAIT: {
+            int r = dev_wait(c);
             if (r <= 0)
                 return r;
             break;
@@ -936,13 +1023,33 @@ static void conn_accept(pdl_tcp_server_t *srv)
     }
 }
 
+/* Ask every parked connection's stage again; those whose copies finished go on. When none did, the
+ * thread yields before polling again, so a spinning wait leaves the core to others that want it. */
+static void srv_poll_parked(srv_thread_t *th)
+{
+    srv_conn_t *c = th->parked;
+    bool moved = false;
+    while (c != NULL) {
+        srv_conn_t *nx = c->park_next; /* c may unpark, or be closed */
+        int r = conn_progress(c);
+        moved |= !c->parked || r != 0;
+        if (r < 0)
+            conn_close(th, c);
+        c = nx;
+    }
+    if (th->parked && !moved)
+        sched_yield();
+}
+
 static void *srv_main(void *arg)
 {
     srv_thread_t *th = arg;
     pdl_tcp_server_t *srv = th->srv;
     struct epoll_event evs[64];
     while (!atomic_load(&srv->stop)) {
-        int n = epoll_wait(th->epfd, evs, 64, th->idx == 0 && srv->lfd_paused ? ACCEPT_PAUSE_MS : -1);
+        /* Parked connections are polled: epoll is only asked what is ready, never waited on. */
+        int timeout = th->parked ? 0 : th->idx == 0 && srv->lfd_paused ? ACCEPT_PAUSE_MS : -1;
+        int n = epoll_wait(th->epfd, evs, 64, timeout);
         if (th->idx == 0 && srv->lfd_paused && pdl__clock_now_ms() >= srv->resume_ms)
             accept_resume(srv);
         if (n < 0) {
@@ -976,9 +1083,11 @@ static void *srv_main(void *arg)
                 continue;
             }
             srv_conn_t *c = p;
-            if (conn_progress(c) < 0)
+            /* A parked connection hears only hang-ups and errors: closing waits for its copies. */
+            if ((c->st == DEV_WAIT && (evs[i].events & (EPOLLHUP | EPOLLERR))) || conn_progress(c) < 0)
                 conn_close(th, c);
         }
+        srv_poll_parked(th);
     }
     return NULL;
 }

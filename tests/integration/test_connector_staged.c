@@ -12,7 +12,9 @@
  * test reads every byte back through the test driver: the consumer's blocks carry the producer's
  * pattern, every other block of the consumer kept its fill, and the producer's region is all zeros
  * after the released hold's blocks were scrubbed on the device (scrub_freed_blocks). Then zero_tail on
- * the consumer's device blocks zeroes exactly the rows past the prompt.
+ * the consumer's device blocks zeroes exactly the rows past the prompt. The `_slow` cases hold the test
+ * driver's copies back for 2 ms after they were queued (PDLINK_TEST_CUDA_FAKE_LATENCY_US), so a window
+ * used before its copy completed shows as wrong bytes.
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -272,6 +274,7 @@ typedef struct tcase {
     int P, D;
     mem_kind_t pk, ck;
     pdl_kv_order_t order;
+    bool slow; /* device copies complete 2 ms after they were queued */
 } tcase_t;
 
 static int read_case(side_t *p, side_t *c, const uint32_t *cblk)
@@ -321,6 +324,8 @@ static int write_case(side_t *p, side_t *c, const uint32_t *cblk)
 static int child(const tcase_t *tc)
 {
     setenv("PDLINK_TEST_CUDA_FAKE", "1", 1);
+    if (tc->slow)
+        setenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US", "2000", 1);
     pdl_error_t err;
     if (pdl__cudadrv_open("test", "test", &drv, &err) != PDL_OK || pdl__cudadrv_ctx(drv, "test", &err) != PDL_OK) {
         fprintf(stderr, "the test driver: %s\n", err.msg);
@@ -387,15 +392,17 @@ static void run(const tcase_t *tc)
         run(&tc);                                                                                                      \
     }
 
-CASE(read_tp2_tp2_dev, false, 2, 2, MEM_DEV, MEM_DEV, PDL_KV_HND)
-CASE(read_p1_d2_dev, false, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_NHD)
-CASE(read_p2_d1_dev_layers, false, 2, 1, MEM_DEV_LAYERS, MEM_DEV_LAYERS, PDL_KV_HND)
-CASE(read_p1_d2_dev_layers_to_dev, false, 1, 2, MEM_DEV_LAYERS, MEM_DEV, PDL_KV_NHD)
-CASE(read_p2_d1_dev_to_host, false, 2, 1, MEM_DEV, MEM_OWN, PDL_KV_NHD)
-CASE(write_tp2_tp2_dev_layers, true, 2, 2, MEM_DEV_LAYERS, MEM_DEV_LAYERS, PDL_KV_NHD)
-CASE(write_p1_d2_dev, true, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_HND)
-CASE(write_p2_d1_dev_to_dev_layers, true, 2, 1, MEM_DEV, MEM_DEV_LAYERS, PDL_KV_NHD)
-CASE(write_p1_d2_host_to_dev_layers, true, 1, 2, MEM_OWN, MEM_DEV_LAYERS, PDL_KV_HND)
+CASE(read_tp2_tp2_dev, false, 2, 2, MEM_DEV, MEM_DEV, PDL_KV_HND, false)
+CASE(read_p1_d2_dev, false, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_NHD, false)
+CASE(read_p2_d1_dev_layers, false, 2, 1, MEM_DEV_LAYERS, MEM_DEV_LAYERS, PDL_KV_HND, false)
+CASE(read_p1_d2_dev_layers_to_dev, false, 1, 2, MEM_DEV_LAYERS, MEM_DEV, PDL_KV_NHD, false)
+CASE(read_p2_d1_dev_to_host, false, 2, 1, MEM_DEV, MEM_OWN, PDL_KV_NHD, false)
+CASE(write_tp2_tp2_dev_layers, true, 2, 2, MEM_DEV_LAYERS, MEM_DEV_LAYERS, PDL_KV_NHD, false)
+CASE(write_p1_d2_dev, true, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_HND, false)
+CASE(write_p2_d1_dev_to_dev_layers, true, 2, 1, MEM_DEV, MEM_DEV_LAYERS, PDL_KV_NHD, false)
+CASE(write_p1_d2_host_to_dev_layers, true, 1, 2, MEM_OWN, MEM_DEV_LAYERS, PDL_KV_HND, false)
+CASE(read_p2_d1_dev_layers_slow, false, 2, 1, MEM_DEV_LAYERS, MEM_DEV_LAYERS, PDL_KV_NHD, true)
+CASE(write_p1_d2_dev_slow, true, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_NHD, true)
 
 int main(void)
 {
@@ -410,6 +417,8 @@ int main(void)
         cmocka_unit_test(write_p1_d2_dev),
         cmocka_unit_test(write_p2_d1_dev_to_dev_layers),
         cmocka_unit_test(write_p1_d2_host_to_dev_layers),
+        cmocka_unit_test(read_p2_d1_dev_layers_slow),
+        cmocka_unit_test(write_p1_d2_dev_slow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

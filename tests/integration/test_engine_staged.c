@@ -13,6 +13,14 @@
  * through the test driver): the pieces carry the source's bytes, everything else is untouched. Then the
  * failures: a device region whose memory vanished behind the engine fails its batch with the driver's
  * error, on the owner's side without breaking the session, on the initiator's side breaking it.
+ *
+ * The `_slow` cases rerun transfers with PDLINK_TEST_CUDA_FAKE_LATENCY_US set: the test driver's streams
+ * then hold their copies back until that long after they were queued (cudadrv_fake.c), so a side that
+ * sends or scatters a window before its copy completed moves stale bytes and fails the byte check.
+ * owner_serves_others_while_copying: an owner with one server thread, device copies of 200 ms, serves
+ * small host-memory READs of another session in under half that while a device READ waits for its
+ * copies (the server thread polls its stages instead of waiting on them; waiting, the first small READ
+ * took the whole 200 ms).
  */
 #include <setjmp.h>
 #include <signal.h>
@@ -29,6 +37,7 @@
 
 #include <cmocka.h>
 
+#include "common/clock.h"
 #include "pdlink/engine.h"
 #include "test_child.h"
 #include "test_pattern.h"
@@ -60,10 +69,10 @@ static pdl_cudadrv_t *drv;
         }                                                                                                              \
     } while (0)
 
-static pdl_engine_t *mk(const char *key)
+static pdl_engine_t *mk_workers(const char *key, int workers)
 {
     pdl_engine_config_t cfg = {.key = key, .host = "127.0.0.1", .backend = PDL_BACKEND_TCP, .qp_per_transfer = 2,
-                               .num_workers = 2};
+                               .num_workers = workers};
     pdl_engine_t *e = NULL;
     pdl_error_t err;
     if (pdl_engine_create(&cfg, &e, &err) != PDL_OK) {
@@ -72,6 +81,8 @@ static pdl_engine_t *mk(const char *key)
     }
     return e;
 }
+
+static pdl_engine_t *mk(const char *key) { return mk_workers(key, 2); }
 
 /* A region filled with pattern `seed`, host or device, registered with e. */
 static int side_make(pdl_engine_t *e, bool dev, uint64_t seed, side_t *sd)
@@ -284,22 +295,104 @@ static int failure_case(pdl_op_t op, bool owner_side)
     return 0;
 }
 
+/* A session from a fresh initiator region to the owner's region `rem` (its engine added once). */
+static int open_to(pdl_engine_t *ini, pdl_engine_t *own, bool add, side_t *loc, const side_t *rem,
+                   pdl_session_t **s)
+{
+    pdl_error_t err;
+    pdl_bytes_t ed = {0}, md = {0};
+    if (add) {
+        CHECK(pdl_engine_pack(own, &ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed.data, ed.len, NULL, 0, &err) ==
+                  PDL_OK, "add_remote: %s", err.msg);
+        pdl_bytes_free(&ed);
+    }
+    CHECK(pdl_mem_pack(rem->mem, &md, &err) == PDL_OK, "pack: %s", err.msg);
+    pdl_status_t st = pdl_session_open(ini, loc->mem, md.data, md.len, s, &err);
+    pdl_bytes_free(&md);
+    CHECK(st == PDL_OK, "session_open: %s", err.msg);
+    return 0;
+}
+
+/* An owner with one server thread: while a device READ (8 MiB, two connections, copies of 200 ms)
+ * waits for its copies, small READs of host memory from another session keep being served. Counted,
+ * not timed (this machine's load made single reads take up to 60 ms): the READs finished before the
+ * first device copy could have, of which a server thread waiting on the device serves at most the one
+ * it may take before the device READ (0 in three runs with it waiting, thousands without). */
+static int serve_while_copying(void)
+{
+    setenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US", "200000", 1);
+    pdl_engine_t *own = mk_workers("staged:owner", 1), *ini = mk("staged:initiator");
+    pdl_error_t err;
+    side_t dloc, drem, hloc, hrem;
+    if (side_make(ini, false, 1, &dloc) || side_make(own, true, 2, &drem) || side_make(ini, false, 3, &hloc) ||
+        side_make(own, false, 4, &hrem))
+        return 2;
+    pdl_session_t *ds = NULL, *hs = NULL;
+    if (open_to(ini, own, true, &dloc, &drem, &ds) || open_to(ini, own, false, &hloc, &hrem, &hs))
+        return 2;
+    pdl_desc_t *d = malloc(sizeof(*d) * NBLOCKS);
+    CHECK(d != NULL, "malloc");
+    size_t n = make_descs(false, d);
+    pdl_desc_t small = {0, 0, 64u << 10};
+    pdl_batch_t *big = NULL;
+    uint64_t t0 = pdl__clock_now_ns(), worst = 0;
+    CHECK(pdl_session_post(ds, PDL_OP_READ, d, n, &big, &err) == PDL_OK, "post: %s", err.msg);
+    int smalls = 0, early = 0;
+    pdl_status_t st;
+    while ((st = pdl_batch_poll(big, &err)) == PDL_INPROGRESS) {
+        uint64_t s0 = pdl__clock_now_ns();
+        pdl_batch_t *b = NULL;
+        CHECK(pdl_session_post(hs, PDL_OP_READ, &small, 1, &b, &err) == PDL_OK, "post: %s", err.msg);
+        CHECK(pdl_batch_wait(b, 30000, &err) == PDL_OK, "small read: %s", err.msg);
+        pdl_batch_free(b);
+        uint64_t dt = pdl__clock_now_ns() - s0;
+        worst = dt > worst ? dt : worst;
+        smalls++;
+        early += pdl__clock_now_ns() - t0 < 180000000u;
+    }
+    CHECK(st == PDL_OK, "device read: %s: %s", pdl_status_name(st), err.msg);
+    uint64_t total = pdl__clock_now_ns() - t0;
+    pdl_batch_free(big);
+    fprintf(stderr, "device read %.1f ms; %d host reads meanwhile (%d in its first 180 ms), the slowest %.2f ms\n",
+            total / 1e6, smalls, early, worst / 1e6);
+    CHECK(total >= 200000000u, "the device read took %.1f ms: were its copies held back?", total / 1e6);
+    CHECK(early >= 5, "%d host reads in the first 180 ms of the device read: the server thread waited for the device",
+          early);
+    if (verify(PDL_OP_READ, &dloc, &drem, d, n))
+        return 2;
+    free(d);
+    pdl_session_close(ds);
+    pdl_session_close(hs);
+    side_free(ini, &dloc);
+    side_free(ini, &hloc);
+    side_free(own, &drem);
+    side_free(own, &hrem);
+    pdl_engine_destroy(ini);
+    pdl_engine_destroy(own);
+    return 0;
+}
+
 typedef struct tcase {
     pdl_op_t op;
-    int where;   /* DEV_LOCAL | DEV_REMOTE; 0 = a failure case */
+    int where;   /* DEV_LOCAL | DEV_REMOTE; 0 = a failure case (or, with `slow`, the serving case) */
     bool strided;
     bool owner_side;
+    bool slow;   /* device copies held back (PDLINK_TEST_CUDA_FAKE_LATENCY_US) */
 } tcase_t;
 
 static int child(const tcase_t *tc)
 {
     setenv("PDLINK_TEST_CUDA_FAKE", "1", 1);
+    if (tc->slow)
+        setenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US", "3000", 1);
     pdl_error_t err;
     if (pdl__cudadrv_open("test", "test", &drv, &err) != PDL_OK || pdl__cudadrv_ctx(drv, "test", &err) != PDL_OK) {
         fprintf(stderr, "the test driver: %s\n", err.msg);
         return 2;
     }
-    int rc = tc->where ? transfer_case(tc->op, tc->where, tc->strided) : failure_case(tc->op, tc->owner_side);
+    int rc = tc->where      ? transfer_case(tc->op, tc->where, tc->strided)
+             : tc->slow     ? serve_while_copying()
+                            : failure_case(tc->op, tc->owner_side);
     pdl__cudadrv_close(drv);
     return rc;
 }
@@ -321,22 +414,27 @@ static void run(const tcase_t *tc)
         run(&tc);                                                                                                      \
     }
 
-CASE(read_blocks_into_device, PDL_OP_READ, DEV_LOCAL, false, false)
-CASE(read_blocks_from_device, PDL_OP_READ, DEV_REMOTE, false, false)
-CASE(read_blocks_device_both, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, false, false)
-CASE(write_blocks_from_device, PDL_OP_WRITE, DEV_LOCAL, false, false)
-CASE(write_blocks_into_device, PDL_OP_WRITE, DEV_REMOTE, false, false)
-CASE(write_blocks_device_both, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, false, false)
-CASE(read_strided_into_device, PDL_OP_READ, DEV_LOCAL, true, false)
-CASE(read_strided_from_device, PDL_OP_READ, DEV_REMOTE, true, false)
-CASE(read_strided_device_both, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, true, false)
-CASE(write_strided_from_device, PDL_OP_WRITE, DEV_LOCAL, true, false)
-CASE(write_strided_into_device, PDL_OP_WRITE, DEV_REMOTE, true, false)
-CASE(write_strided_device_both, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, true, false)
-CASE(read_fails_on_owner_device, PDL_OP_READ, 0, false, true)
-CASE(write_fails_on_owner_device, PDL_OP_WRITE, 0, false, true)
-CASE(read_fails_on_initiator_device, PDL_OP_READ, 0, false, false)
-CASE(write_fails_on_initiator_device, PDL_OP_WRITE, 0, false, false)
+CASE(read_blocks_into_device, PDL_OP_READ, DEV_LOCAL, false, false, false)
+CASE(read_blocks_from_device, PDL_OP_READ, DEV_REMOTE, false, false, false)
+CASE(read_blocks_device_both, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, false, false, false)
+CASE(write_blocks_from_device, PDL_OP_WRITE, DEV_LOCAL, false, false, false)
+CASE(write_blocks_into_device, PDL_OP_WRITE, DEV_REMOTE, false, false, false)
+CASE(write_blocks_device_both, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, false, false, false)
+CASE(read_strided_into_device, PDL_OP_READ, DEV_LOCAL, true, false, false)
+CASE(read_strided_from_device, PDL_OP_READ, DEV_REMOTE, true, false, false)
+CASE(read_strided_device_both, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, true, false, false)
+CASE(write_strided_from_device, PDL_OP_WRITE, DEV_LOCAL, true, false, false)
+CASE(write_strided_into_device, PDL_OP_WRITE, DEV_REMOTE, true, false, false)
+CASE(write_strided_device_both, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, true, false, false)
+CASE(read_fails_on_owner_device, PDL_OP_READ, 0, false, true, false)
+CASE(write_fails_on_owner_device, PDL_OP_WRITE, 0, false, true, false)
+CASE(read_fails_on_initiator_device, PDL_OP_READ, 0, false, false, false)
+CASE(write_fails_on_initiator_device, PDL_OP_WRITE, 0, false, false, false)
+CASE(read_blocks_device_both_slow, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, false, false, true)
+CASE(write_blocks_device_both_slow, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, false, false, true)
+CASE(read_strided_device_both_slow, PDL_OP_READ, DEV_LOCAL | DEV_REMOTE, true, false, true)
+CASE(write_strided_device_both_slow, PDL_OP_WRITE, DEV_LOCAL | DEV_REMOTE, true, false, true)
+CASE(owner_serves_others_while_copying, PDL_OP_READ, 0, false, false, true)
 
 int main(void)
 {
@@ -349,6 +447,9 @@ int main(void)
         cmocka_unit_test(write_strided_into_device), cmocka_unit_test(write_strided_device_both),
         cmocka_unit_test(read_fails_on_owner_device),     cmocka_unit_test(write_fails_on_owner_device),
         cmocka_unit_test(read_fails_on_initiator_device), cmocka_unit_test(write_fails_on_initiator_device),
+        cmocka_unit_test(read_blocks_device_both_slow),   cmocka_unit_test(write_blocks_device_both_slow),
+        cmocka_unit_test(read_strided_device_both_slow),  cmocka_unit_test(write_strided_device_both_slow),
+        cmocka_unit_test(owner_serves_others_while_copying),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
