@@ -7,7 +7,7 @@ consumer in this process, KV on the device on both sides (one region per rank, o
 held blocks P2/D2, P1/D2 and P2/D1 (head splits); every element of every pulled block is read back
 through /proc/self/mem and compared, and the blocks nobody pulled keep the sentinel.
 
-The package is the one ``pip install`` put into the build tree (venv.pdlink_pip_install).
+The package is the one ``pip install`` put into the build tree (pypi.pdlink_pip_install).
 """
 from __future__ import annotations
 
