@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "connector/push.h"
 #include "common/clock.h"
@@ -142,6 +143,34 @@ static void enqueue_job(pdl_rank_t *r, push_job_t *j)
     free(j);
 }
 
+/*
+ * One rank's WRITE, retried while a consumer rank refuses it for want of a grant. A consumer whose ranks
+ * run in separate processes (vLLM: one per TP rank) grants its blocks rank by rank, while the first
+ * rank of a group announces them (remote_blocks) for every rank of it: the write can reach a rank
+ * that has not granted yet. The engine refuses such a write before a byte lands (PDL_ERR_DENIED), so
+ * it is run again, with a backoff, until the grant is there or transfer_timeout passes; a refusal that
+ * lasts (a consumer that never grants, or grants other blocks) still fails the push then.
+ */
+static pdl_status_t write_until_granted(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const pdl_xfer_t *x,
+                                        uint64_t *bytes_out, uint64_t *descs_out, bool *verified, pdl_error_t *err)
+{
+    uint64_t deadline = pdl__clock_now_ns() + (uint64_t)(r->inst->cfg.conn.transfer_timeout_s * 1e9);
+    for (int delay_ms = 1;; delay_ms = delay_ms < 64 ? 2 * delay_ms : 64) {
+        pdl_xfer_times_t xt = {0};
+        pdl_status_t st = pdl__xfer_run(r, side, x, bytes_out, descs_out, &xt, verified, err);
+        if (st != PDL_ERR_DENIED || pdl__clock_now_ns() + (uint64_t)delay_ms * 1000000u >= deadline)
+            return st;
+        pthread_mutex_lock(&r->inst->push_mu);
+        bool gone = p->consumer_gone;
+        pthread_mutex_unlock(&r->inst->push_mu);
+        if (gone)
+            return st;
+        pdl_debug("rank %d: push of %s refused (%s); again in %d ms", r->rank, p->transfer_id, err->msg, delay_ms);
+        struct timespec ts = {.tv_sec = delay_ms / 1000, .tv_nsec = (long)(delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank. */
 static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
                                uint64_t *descs_out, bool *verified, pdl_error_t *err)
@@ -171,8 +200,7 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
                         .remote_blocks = j->blocks,
                         .n = j->n,
                         .grant = p->transfer_id};
-        pdl_xfer_times_t xt = {0};
-        st = pdl__xfer_run(r, side, &x, bytes_out, descs_out, &xt, verified, err);
+        st = write_until_granted(r, side, p, &x, bytes_out, descs_out, verified, err);
     }
     free(pieces);
     free(plan);

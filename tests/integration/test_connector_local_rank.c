@@ -223,11 +223,12 @@ static void local_rank_p2_d4_separate(void **state)
 }
 
 /* WRITE mode, one rank per process: each producer rank pushes its share once its remote_blocks came
- * (from the consumer rank that speaks for it), each consumer rank counts its own write_done. */
-static void local_rank_write_p2_d4(void **state)
+ * (from the consumer rank that speaks for it), each consumer rank counts its own write_done. `late`: a
+ * consumer rank (-1: none) whose process calls expect_push only after the pushes started, as a vLLM
+ * worker can: the rank that spoke for it announced blocks it has not granted yet, and the producer's
+ * writes to it must wait for the grant, not fail the push. */
+static void write_one_rank_per_process(const int P, const int D, int late)
 {
-    (void)state;
-    const int P = 2, D = 4;
     tc_geo_t geo = fused_geo(4, PDL_KV_HND);
     rank_group_t prod, cons;
     group_create_mode(&prod, PDL_ROLE_PRODUCER, P, &geo, NUM_BLOCKS, true, PDL_BACKEND_TCP, true);
@@ -249,12 +250,19 @@ static void local_rank_write_p2_d4(void **state)
     pdl_error_t e;
     pdl_recv_t *rv[MAX_TP];
     for (int d = 0; d < D; d++)
-        if (pdl_instance_expect_push(cons.r[d], &ck, rid, cblk, NBLK, &rv[d], &e) != PDL_OK)
+        if (d != late && pdl_instance_expect_push(cons.r[d], &ck, rid, cblk, NBLK, &rv[d], &e) != PDL_OK)
             fail_msg("expect_push on consumer rank %d: %s", d, e.msg);
     for (int r = 0; r < P; r++) {
         tc_fill(prod.r[r], geo.heads, false, pblk, NBLK, 41);
         if (pdl_instance_push(prod.r[r], &pk, rid, pblk, NBLK, &e) != PDL_OK)
             fail_msg("push on producer rank %d: %s", r, e.msg);
+    }
+    if (late >= 0) {
+        /* The writes to it have been refused by now (the producer writes as soon as remote_blocks came). */
+        tc_at_least_t refused = {cons.r[late], offsetof(pdl_rank_counters_t, data_requests_denied), 1};
+        assert_true(tc_wait_for(tc_sum_reached, &refused, 20000));
+        if (pdl_instance_expect_push(cons.r[late], &ck, rid, cblk, NBLK, &rv[late], &e) != PDL_OK)
+            fail_msg("expect_push on consumer rank %d: %s", late, e.msg);
     }
     uint64_t checked = 0;
     for (int d = 0; d < D; d++) {
@@ -276,6 +284,18 @@ static void local_rank_write_p2_d4(void **state)
     pdl_kv_params_clear(&ck);
     group_destroy(&cons);
     group_destroy(&prod);
+}
+
+static void local_rank_write_p2_d4(void **state)
+{
+    (void)state;
+    write_one_rank_per_process(2, 4, -1);
+}
+
+static void local_rank_write_p1_d2_late_grant(void **state)
+{
+    (void)state;
+    write_one_rank_per_process(1, 2, 1);
 }
 
 /* The discovery ping is the instance's, sent by rank 0: a process running rank 1 only never pings, the
@@ -538,6 +558,7 @@ int main(void)
         cmocka_unit_test(local_rank_p8_d4),
         cmocka_unit_test(local_rank_p2_d4_separate),
         cmocka_unit_test(local_rank_write_p2_d4),
+        cmocka_unit_test(local_rank_write_p1_d2_late_grant),
         cmocka_unit_test(local_rank_ping_from_rank0_only),
         cmocka_unit_test(external_blocks_overlap_grants_freed),
     };
