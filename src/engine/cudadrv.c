@@ -162,9 +162,9 @@ const char *pdl__cudadrv_errname(const pdl_cudadrv_t *d, CUresult r)
 static pdl_status_t load_syms(pdl_cudadrv_t *d, const char *key, const char *backend, pdl_error_t *err)
 {
     const char *fake = getenv("PDLINK_TEST_CUDA_FAKE");
-    if (fake != NULL && strcmp(fake, "1") == 0) {
+    if (fake != NULL && (strcmp(fake, "1") == 0 || strcmp(fake, "nocopy") == 0)) {
         d->fake = true;
-        pdl__cudadrv_fake_fill(&d->api);
+        pdl__cudadrv_fake_fill(&d->api, strcmp(fake, "nocopy") == 0);
         return PDL_OK;
     }
     const char *path = getenv("PDLINK_LIBCUDA");

@@ -8,7 +8,8 @@
  * libcuda.so.1 (or $PDLINK_LIBCUDA) is opened with dlopen when an engine asks for it. With
  * PDLINK_TEST_CUDA_FAKE=1 the entry points come from the test driver instead (cudadrv_fake.c), whose
  * "device memory" no CPU access survives; tests use it to prove that no pdlink path dereferences
- * device memory on a host without a GPU.
+ * device memory on a host without a GPU. PDLINK_TEST_CUDA_FAKE=nocopy is the same driver whose copies
+ * and kernel launches move nothing, for measuring pdlink's host cost alone (tools/cuda-bench.c).
  *
  * A pdl_cudadrv_t belongs to one engine (no state is shared between engines). Its context is chosen
  * once, by the first pdl__cudadrv_ctx: the one current on the calling thread (torch makes its device's
@@ -92,7 +93,7 @@ typedef struct pdl_cuda_list {
 
 typedef struct pdl_cudadrv {
     void *lib;              /* dlopen handle; NULL for the test driver */
-    bool fake;              /* the test driver (PDLINK_TEST_CUDA_FAKE=1) */
+    bool fake;              /* the test driver (PDLINK_TEST_CUDA_FAKE=1 or nocopy) */
     const char *backend;    /* "cuda", "tcp": for messages (static) */
     pdl_cuda_api_t api;
     pthread_mutex_t mu;     /* the context's choice */
@@ -145,7 +146,18 @@ CUresult pdl__cudadrv_add(pdl_cudadrv_t *d, pdl_cuda_list_t *l, uint64_t src, ui
  * failure *what names the call that failed. */
 CUresult pdl__cudadrv_launch(pdl_cudadrv_t *d, pdl_cuda_list_t *l, CUstream stream, const char **what);
 
-/* The test driver's entry points (cudadrv_fake.c), filled into *api. */
-void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api);
+/* The test driver's entry points (cudadrv_fake.c), filled into *api; with `nocopy` its copies and
+ * launches move nothing (a measurement aid: PDLINK_TEST_CUDA_FAKE=nocopy). */
+void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api, bool nocopy);
+
+/* What the test driver was asked to do since the process started (every engine together). */
+typedef struct pdl_cuda_fake_counts {
+    uint64_t copies;     /* memcpys and memsets, each call */
+    uint64_t launches;   /* kernel launches */
+    uint64_t pieces;     /* gather list entries the launches were given */
+    uint64_t htod_bytes; /* bytes of host-to-device copies (the gather lists, for the cuda backend) */
+    uint64_t syncs;      /* stream synchronisations */
+} pdl_cuda_fake_counts_t;
+void pdl__cudadrv_fake_counts(pdl_cuda_fake_counts_t *out);
 
 #endif /* PDL_ENGINE_CUDADRV_H */

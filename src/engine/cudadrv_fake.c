@@ -6,8 +6,12 @@
  * access to it by pdlink dies of SIGSEGV, while a system call on it fails with EFAULT. The driver's
  * own copies (the async memcpys, memset and the gather kernel) move the bytes with pread/pwrite on
  * /proc/self/mem, which bypasses page protection, the way a GPU's copy engine ignores the CPU's page
- * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. One context, one device; IPC
- * handles are not supported.
+ * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. One context, one device.
+ *
+ * IPC handles name an allocation of this process (its base address and pid): cuIpcGetMemHandle gives
+ * one, so the cuda backend can register fake device memory and run batches between two engines of one
+ * process (whose sessions use the owner's address, as they do on a GPU). Opening a handle fails: a
+ * process's own handle is refused as CUDA refuses it, another process's memory cannot be reached.
  *
  * Streams: by default work queued on a stream runs before the call returns. A stream created while
  * PDLINK_TEST_CUDA_FAKE_LATENCY_US is set holds its work back instead, as a GPU finishes copies after
@@ -17,11 +21,17 @@
  * before its copy completed then reads stale bytes, and one that waits where it should poll is seen
  * waiting. The NULL stream always runs at once.
  *
- * State lives in the streams (their queues) and in the memory; an allocation's size comes back from
- * /proc/self/maps, and each copy opens /proc/self/mem.
+ * PDLINK_TEST_CUDA_FAKE=nocopy is a measurement aid, not a test of correctness: the memcpys, the
+ * memset and the gather launch return at once without moving a byte, so a benchmark run with it
+ * (tools/cuda-bench.c) sees pdlink's host cost of a batch alone, what a GPU would overlap with nothing.
+ * The driver calls are counted in both modes (pdl__cudadrv_fake_counts).
+ *
+ * State lives in the streams (their queues), the memory and those counters; an allocation's size comes
+ * back from /proc/self/maps, and each copy opens /proc/self/mem.
  */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +45,11 @@
 /* Non-NULL names for the driver's opaque objects; never dereferenced. */
 #define FAKE_HANDLE(type) ((type)(uintptr_t)0x1000)
 #define FAKE_COPY_BUF (1u << 20)
+#define FAKE_IPC_MAGIC "pdlfake"
+
+/* Set once by pdl__cudadrv_fake_fill, before any copy: true for PDLINK_TEST_CUDA_FAKE=nocopy. */
+static atomic_bool fake_nocopy;
+static atomic_uint_fast64_t n_copies, n_launches, n_pieces, n_list_bytes, n_syncs;
 
 static CUresult fake_init(unsigned f) { (void)f; return CUDA_SUCCESS; }
 static CUresult fake_count(int *n) { *n = 1; return CUDA_SUCCESS; }
@@ -45,7 +60,22 @@ static CUresult fake_ctx_get(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 static CUresult fake_ctx_set(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 static CUresult fake_ctx_pop(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 static CUresult fake_ctx_dev(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
-static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p) { (void)h; (void)p; return CUDA_ERROR_NOT_SUPPORTED; }
+static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+
+/* The handle of the allocation starting at p: magic, pid, base address. */
+static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
+{
+    CUdeviceptr base;
+    size_t size;
+    if (fake_range(&base, &size, p) != CUDA_SUCCESS || base != p)
+        return CUDA_ERROR_INVALID_VALUE;
+    int64_t pid = (int64_t)getpid();
+    memset(h, 0, sizeof(*h));
+    memcpy(h->reserved, FAKE_IPC_MAGIC, sizeof(FAKE_IPC_MAGIC));
+    memcpy(h->reserved + 8, &pid, sizeof(pid));
+    memcpy(h->reserved + 16, &base, sizeof(base));
+    return CUDA_SUCCESS;
+}
 static CUresult fake_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned f)
 {
     (void)p; (void)h; (void)f;
@@ -150,6 +180,9 @@ static CUresult mem_copy(int fd, uint64_t dst, uint64_t src, uint64_t len, uint8
 
 static CUresult copy_one(uint64_t dst, uint64_t src, uint64_t len)
 {
+    atomic_fetch_add_explicit(&n_copies, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&fake_nocopy, memory_order_relaxed))
+        return CUDA_SUCCESS;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     uint8_t *buf = malloc(FAKE_COPY_BUF);
     CUresult r = fd >= 0 && buf != NULL ? mem_copy(fd, dst, src, len, buf) : CUDA_ERROR_INVALID_VALUE;
@@ -161,6 +194,9 @@ static CUresult copy_one(uint64_t dst, uint64_t src, uint64_t len)
 
 static CUresult memset_now(CUdeviceptr d, unsigned char v, size_t n)
 {
+    atomic_fetch_add_explicit(&n_copies, 1, memory_order_relaxed);
+    if (atomic_load_explicit(&fake_nocopy, memory_order_relaxed))
+        return CUDA_SUCCESS;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     uint8_t *buf = malloc(FAKE_COPY_BUF);
     CUresult r = fd >= 0 && buf != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
@@ -181,6 +217,10 @@ static CUresult memset_now(CUdeviceptr d, unsigned char v, size_t n)
 /* The gather kernel over the n pieces of the list at device address `list` (cudadrv.c). */
 static CUresult gather_now(CUdeviceptr list, unsigned n)
 {
+    atomic_fetch_add_explicit(&n_launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&n_pieces, n, memory_order_relaxed);
+    if (atomic_load_explicit(&fake_nocopy, memory_order_relaxed))
+        return CUDA_SUCCESS;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
     uint8_t *buf = malloc(FAKE_COPY_BUF);
     pdl_cuda_piece_t *p = malloc((size_t)n * sizeof(*p) + 1);
@@ -284,6 +324,7 @@ static CUresult fake_stream_query(CUstream s)
 static CUresult fake_stream_sync(CUstream s)
 {
     fake_stream_t *fs = (fake_stream_t *)s;
+    atomic_fetch_add_explicit(&n_syncs, 1, memory_order_relaxed);
     if (fs == NULL || fs->head == NULL)
         return CUDA_SUCCESS;
     uint64_t now = pdl__clock_now_ns();
@@ -306,6 +347,7 @@ static CUresult fake_stream_destroy(CUstream s)
 
 static CUresult fake_htod(CUdeviceptr d, const void *h, size_t n, CUstream s)
 {
+    atomic_fetch_add_explicit(&n_list_bytes, n, memory_order_relaxed);
     return op_queue(s, (fake_op_t){.kind = OP_COPY, .dst = d, .src = (uint64_t)(uintptr_t)h, .len = n});
 }
 static CUresult fake_dtoh(void *h, CUdeviceptr d, size_t n, CUstream s)
@@ -331,8 +373,18 @@ static CUresult fake_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
     return op_queue(s, (fake_op_t){.kind = OP_GATHER, .src = *(CUdeviceptr *)args[0], .len = *(unsigned *)args[1]});
 }
 
-void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api)
+void pdl__cudadrv_fake_counts(pdl_cuda_fake_counts_t *out)
 {
+    out->copies = atomic_load(&n_copies);
+    out->launches = atomic_load(&n_launches);
+    out->pieces = atomic_load(&n_pieces);
+    out->htod_bytes = atomic_load(&n_list_bytes);
+    out->syncs = atomic_load(&n_syncs);
+}
+
+void pdl__cudadrv_fake_fill(pdl_cuda_api_t *api, bool nocopy)
+{
+    atomic_store(&fake_nocopy, nocopy);
     *api = (pdl_cuda_api_t){
         .Init = fake_init,
         .DeviceGetCount = fake_count,
