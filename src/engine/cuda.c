@@ -409,21 +409,10 @@ static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_err
     CUresult r = ce->drv->api.CtxSetCurrent(ce->drv->ctx); /* a worker thread of this engine's pool */
     if (r != CUDA_SUCCESS)
         goto fail;
-    /* Size the gather list: every piece under PDL_CUDA_MEMCPY_MIN, cut to the kernel's split size. */
-    size_t n = 0;
-    for (size_t i = c->first; i < c->first + c->count; i++)
-        n += pdl__cudadrv_entries(b->d[i].len);
     ln = lane_take(ce);
-    what = "allocating the gather list (cuMemHostAlloc/cuMemAlloc)";
-    if ((r = pdl__cudadrv_list_reserve(ce->drv, &ln->list, n)) != CUDA_SUCCESS)
-        goto fail_lane;
-    what = "cuMemcpyDtoDAsync";
-    for (size_t i = c->first; i < c->first + c->count; i++) {
-        const pdl_desc_t *d = &b->d[i];
-        CUdeviceptr l = local + d->local_off, rr = remote + d->remote_off;
-        if ((r = pdl__cudadrv_add(ce->drv, &ln->list, rd ? rr : l, rd ? l : rr, d->len, ln->stream)) != CUDA_SUCCESS)
-            goto fail_sync;
-    }
+    if ((r = pdl__cudadrv_add_descs(ce->drv, &ln->list, &b->d[c->first], c->count, local, remote, rd, ln->stream,
+                                    &what)) != CUDA_SUCCESS)
+        goto fail_sync;
     if ((r = pdl__cudadrv_launch(ce->drv, &ln->list, ln->stream, &what)) != CUDA_SUCCESS)
         goto fail_sync;
     what = "cuStreamSynchronize";
@@ -436,7 +425,6 @@ static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_err
 fail_sync:
     ln->list.n = 0;
     ce->drv->api.StreamSynchronize(ln->stream); /* the host list may still be read by a copy in flight */
-fail_lane:
     lane_give(ce, ln);
 fail:
     return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: %s batch with engine %s region %" PRIu64 ": %s: %s",

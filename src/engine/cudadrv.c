@@ -338,6 +338,44 @@ CUresult pdl__cudadrv_add(pdl_cudadrv_t *d, pdl_cuda_list_t *l, uint64_t src, ui
     return CUDA_SUCCESS;
 }
 
+CUresult pdl__cudadrv_add_descs(pdl_cudadrv_t *d, pdl_cuda_list_t *l, const pdl_desc_t *ds, size_t n,
+                                CUdeviceptr local, CUdeviceptr remote, bool read, CUstream stream, const char **what)
+{
+    /* A head split is tens of thousands of 4 KiB pieces per batch: this loop is the worker's whole share
+     * of it, so the common piece (one entry) costs a bounds check and one 24-byte store, with no call.
+     * The list's fields live in locals meanwhile: its entries are uint64_t like l->n, so every store
+     * would otherwise make the compiler reload them. */
+    CUdeviceptr sb = read ? remote : local, db = read ? local : remote;
+    CUresult r = CUDA_SUCCESS;
+    *what = "allocating the gather list (cuMemHostAlloc/cuMemAlloc)";
+    if ((r = pdl__cudadrv_list_reserve(d, l, l->n + n)) != CUDA_SUCCESS)
+        return r;
+    pdl_cuda_piece_t *h = l->host;
+    size_t k = l->n, cap = l->cap;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t so = read ? ds[i].remote_off : ds[i].local_off, dof = read ? ds[i].local_off : ds[i].remote_off;
+        uint64_t len = ds[i].len;
+        if (len <= PDL_CUDA_SPLIT && k < cap) {
+            h[k++] = (pdl_cuda_piece_t){sb + so, db + dof, len};
+            continue;
+        }
+        /* A longer piece (its entries, or one memcpy) or a full list: room for this piece and one entry
+         * per piece still to come. */
+        l->n = k;
+        if ((r = pdl__cudadrv_list_reserve(d, l, k + pdl__cudadrv_entries(len) + (n - i))) != CUDA_SUCCESS)
+            return r;
+        if ((r = pdl__cudadrv_add(d, l, sb + so, db + dof, len, stream)) != CUDA_SUCCESS) {
+            *what = "cuMemcpyDtoDAsync";
+            return r;
+        }
+        h = l->host;
+        k = l->n;
+        cap = l->cap;
+    }
+    l->n = k;
+    return CUDA_SUCCESS;
+}
+
 CUresult pdl__cudadrv_launch(pdl_cudadrv_t *d, pdl_cuda_list_t *l, CUstream stream, const char **what)
 {
     size_t k = l->n;

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pdlink/engine.h"
 #include "pdlink/status.h"
 
 typedef int CUresult;
@@ -141,6 +142,14 @@ size_t pdl__cudadrv_entries(uint64_t len);
  */
 CUresult pdl__cudadrv_add(pdl_cudadrv_t *d, pdl_cuda_list_t *l, uint64_t src, uint64_t dst, uint64_t len,
                           CUstream stream);
+/*
+ * Queue the n descriptors ds (offsets into the regions at `local` and `remote`; a READ copies remote to
+ * local, a WRITE local to remote) as pdl__cudadrv_add would, in one pass: no counting pass first, the
+ * list grows while it fills (rarely: it keeps its size from one batch to the next). Stops at the first
+ * failure (a cuMemcpyDtoDAsync of a long piece, or the list's allocation; *what names it).
+ */
+CUresult pdl__cudadrv_add_descs(pdl_cudadrv_t *d, pdl_cuda_list_t *l, const pdl_desc_t *ds, size_t n,
+                                CUdeviceptr local, CUdeviceptr remote, bool read, CUstream stream, const char **what);
 /* Copy list `l` to the device and run it with one launch of the gather kernel on `stream` (nothing for an
  * empty list), then empty it. The list's buffers stay in use until the stream is synchronised. On
  * failure *what names the call that failed. */

@@ -1,7 +1,11 @@
 /*
  * test_engine_cuda.c -- the cuda backend where there is no GPU (CI): engine creation refuses with
  * PDL_ERR_UNSUPPORTED and says why, and the descriptor fields device memory adds (memory type, CUDA IPC
- * handle and offset) survive encode/decode and are checked. The GPU paths run in tools/gpu-check.
+ * handle and offset) survive encode/decode and are checked. With the test driver (cudadrv_fake.c), the
+ * batch path: the gather list one pass builds (entries exact, grown mid-batch, long pieces as memcpys)
+ * and READ/WRITE batches between two engines of this process, every byte, one list upload and one launch
+ * per batch, on PROT_NONE "device memory" that any CPU access by pdlink would die on. The GPU paths run
+ * in tools/gpu-check.
  */
 #include <dlfcn.h>
 #include <setjmp.h>
@@ -14,6 +18,7 @@
 #include <cmocka.h>
 
 #include "engine/backend.h"
+#include "engine/cudadrv.h"
 #include "pdlink/engine.h"
 
 static pdl_status_t create(pdl_engine_t **e, pdl_error_t *err)
@@ -108,11 +113,176 @@ static void test_device_descriptor_fields(void **state)
     free(b);
 }
 
+static pdl_cudadrv_t *open_test_driver(const char *mode)
+{
+    setenv("PDLINK_TEST_CUDA_FAKE", mode, 1);
+    pdl_cudadrv_t *d = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl__cudadrv_open("test", "test", &d, &err), PDL_OK);
+    assert_int_equal(pdl__cudadrv_ctx(d, "test", &err), PDL_OK);
+    return d;
+}
+
+/* The list one pass builds: each piece of at most 64 KiB one entry, a longer one cut into 64 KiB entries,
+ * one of 4 MiB or more a memcpy of its own; the list grows mid-batch and keeps what it had. */
+static void test_gather_list_one_pass(void **state)
+{
+    (void)state;
+    pdl_cudadrv_t *d = open_test_driver("nocopy"); /* the memcpy of the long piece moves nothing */
+    const pdl_desc_t ds[] = {
+        {0, 8192, 4096},                /* 1 entry */
+        {1 << 20, 3 << 20, 5u << 20},   /* a memcpy */
+        {64 << 20, 96 << 20, 65537},    /* 2 entries, the second of 1 byte */
+        {128 << 20, 160 << 20, 1 << 20}, /* 16 entries */
+        {7, 13, 3},                     /* 1 entry, odd */
+    };
+    const CUdeviceptr local = 0x100000000ull, remote = 0x200000000ull;
+    for (int read = 0; read < 2; read++) {
+        pdl_cuda_list_t l = {0};
+        const char *what = NULL;
+        pdl_cuda_fake_counts_t c0, c1;
+        pdl__cudadrv_fake_counts(&c0);
+        /* Twice into one list: the second pass starts with entries queued and must keep them. */
+        for (int rep = 0; rep < 2; rep++)
+            assert_int_equal(pdl__cudadrv_add_descs(d, &l, ds, 5, local, remote, read, NULL, &what), CUDA_SUCCESS);
+        pdl__cudadrv_fake_counts(&c1);
+        assert_int_equal(c1.copies - c0.copies, 2); /* the 5 MiB piece, each pass */
+        assert_int_equal(l.n, 2 * 20);
+        assert_true(l.cap >= l.n);
+        size_t k = 0;
+        for (int rep = 0; rep < 2; rep++)
+            for (size_t i = 0; i < 5; i++) {
+                if (ds[i].len >= PDL_CUDA_MEMCPY_MIN)
+                    continue;
+                for (uint64_t o = 0; o < ds[i].len; o += 64 << 10, k++) {
+                    uint64_t src = read ? remote + ds[i].remote_off : local + ds[i].local_off;
+                    uint64_t dst = read ? local + ds[i].local_off : remote + ds[i].remote_off;
+                    uint64_t len = ds[i].len - o < (64 << 10) ? ds[i].len - o : 64 << 10;
+                    assert_int_equal(l.host[k].src, src + o);
+                    assert_int_equal(l.host[k].dst, dst + o);
+                    assert_int_equal(l.host[k].len, len);
+                }
+            }
+        assert_int_equal(k, l.n);
+        pdl__cudadrv_list_free(d, &l);
+    }
+    /* Past the list's first size (4,096 entries): it grows between pieces and keeps every entry. */
+    size_t n = 3000;
+    pdl_desc_t *many = malloc(n * sizeof(*many));
+    assert_non_null(many);
+    for (size_t i = 0; i < n; i++)
+        many[i] = (pdl_desc_t){i << 20, i << 21, (64 << 10) + 16}; /* 2 entries each */
+    pdl_cuda_list_t l = {0};
+    const char *what = NULL;
+    assert_int_equal(pdl__cudadrv_add_descs(d, &l, many, n, 0, 0, true, NULL, &what), CUDA_SUCCESS);
+    assert_int_equal(l.n, 2 * n);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(l.host[2 * i].src, i << 21);
+        assert_int_equal(l.host[2 * i + 1].dst, (i << 20) + (64 << 10));
+        assert_int_equal(l.host[2 * i + 1].len, 16);
+    }
+    pdl__cudadrv_list_free(d, &l);
+    free(many);
+    pdl__cudadrv_close(d);
+    unsetenv("PDLINK_TEST_CUDA_FAKE");
+}
+
+static uint8_t pat(uint64_t o) { return (uint8_t)(o * 131 + (o >> 9) + 7); }
+
+/* READ and WRITE batches of the cuda backend on the test driver: every byte lands, and each batch is one
+ * list upload, one launch and one synchronisation (plus a memcpy per piece of 4 MiB or more), whatever
+ * its number of pieces. The regions are PROT_NONE: a CPU access by pdlink would kill this test. */
+static void test_batches_on_test_driver(void **state)
+{
+    (void)state;
+    pdl_cudadrv_t *d = open_test_driver("1");
+    pdl_engine_config_t cfg = {.key = "owner", .backend = PDL_BACKEND_CUDA, .qp_per_transfer = 1, .num_workers = 2};
+    pdl_engine_t *own = NULL, *rd = NULL;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&cfg, &own, &err), PDL_OK);
+    cfg.key = "reader";
+    assert_int_equal(pdl_engine_create(&cfg, &rd, &err), PDL_OK);
+    pdl_bytes_t pb;
+    assert_int_equal(pdl_engine_pack(own, &pb, &err), PDL_OK);
+    assert_int_equal(pdl_engine_add_remote(rd, pb.data, pb.len, NULL, 0, &err), PDL_OK);
+    pdl_bytes_free(&pb);
+    const size_t sz = 16u << 20;
+    CUdeviceptr R, Lo;
+    assert_int_equal(d->api.MemAlloc(&R, sz), CUDA_SUCCESS);
+    assert_int_equal(d->api.MemAlloc(&Lo, sz), CUDA_SUCCESS);
+    uint8_t *host = malloc(sz), *back = malloc(sz);
+    assert_non_null(host);
+    assert_non_null(back);
+    for (size_t o = 0; o < sz; o++)
+        host[o] = pat(o);
+    assert_int_equal(d->api.MemcpyHtoDAsync(R, host, sz, NULL), CUDA_SUCCESS);
+    assert_int_equal(d->api.MemsetD8Async(Lo, 0, sz, NULL), CUDA_SUCCESS);
+    pdl_mem_t *mr, *ml;
+    assert_int_equal(pdl_engine_register_mem_type(own, (void *)(uintptr_t)R, sz, PDL_MEM_TYPE_CUDA, &mr, &err), PDL_OK);
+    assert_int_equal(pdl_engine_register_mem_type(rd, (void *)(uintptr_t)Lo, sz, PDL_MEM_TYPE_CUDA, &ml, &err), PDL_OK);
+    assert_int_equal(pdl_mem_pack(mr, &pb, &err), PDL_OK);
+    pdl_session_t *s;
+    assert_int_equal(pdl_session_open(rd, ml, pb.data, pb.len, &s, &err), PDL_OK);
+    pdl_bytes_free(&pb);
+    /* 200 head-split pieces, a 5 MiB piece, three of 1 MiB, one odd: none adjacent on both sides. */
+    pdl_desc_t ds[205];
+    size_t n = 0;
+    for (size_t i = 0; i < 200; i++)
+        ds[n++] = (pdl_desc_t){i * 4096, i * 8192 + 4096, 4096};
+    ds[n++] = (pdl_desc_t){1u << 20, 2u << 20, 5u << 20};
+    for (size_t j = 0; j < 3; j++)
+        ds[n++] = (pdl_desc_t){(7 + 2 * j) << 20, (8 + 2 * j) << 20, 1u << 20};
+    ds[n++] = (pdl_desc_t){(13u << 20) + 1, (14u << 20) + 3, 4097};
+    for (int op = 0; op < 2; op++) {
+        pdl_cuda_fake_counts_t c0, c1;
+        pdl__cudadrv_fake_counts(&c0);
+        pdl_batch_t *b;
+        assert_int_equal(pdl_session_post(s, op ? PDL_OP_WRITE : PDL_OP_READ, ds, n, &b, &err), PDL_OK);
+        assert_int_equal(pdl_batch_wait(b, 10000, &err), PDL_OK);
+        pdl_batch_free(b);
+        pdl__cudadrv_fake_counts(&c1);
+        assert_int_equal(c1.launches - c0.launches, 1);
+        assert_int_equal(c1.pieces - c0.pieces, 200 + 3 * 16 + 1);
+        assert_int_equal(c1.copies - c0.copies, 2); /* the list's upload and the 5 MiB memcpy */
+        assert_int_equal(c1.syncs - c0.syncs, 1);
+        if (op == 0) { /* READ: the local region holds the remote bytes at each piece, zeros elsewhere */
+            assert_int_equal(d->api.MemcpyDtoHAsync(back, Lo, sz, NULL), CUDA_SUCCESS);
+            memset(host, 0, sz);
+            for (size_t i = 0; i < n; i++)
+                for (uint64_t o = 0; o < ds[i].len; o++)
+                    host[ds[i].local_off + o] = pat(ds[i].remote_off + o);
+            assert_memory_equal(back, host, sz);
+            /* WRITE next: the local bytes back to the remote region, which is zeroed first. */
+            assert_int_equal(d->api.MemsetD8Async(R, 0, sz, NULL), CUDA_SUCCESS);
+        } else { /* WRITE: the remote region holds the pattern at each piece again, zeros elsewhere */
+            assert_int_equal(d->api.MemcpyDtoHAsync(back, R, sz, NULL), CUDA_SUCCESS);
+            memset(host, 0, sz);
+            for (size_t i = 0; i < n; i++)
+                for (uint64_t o = 0; o < ds[i].len; o++)
+                    host[ds[i].remote_off + o] = pat(ds[i].remote_off + o);
+            assert_memory_equal(back, host, sz);
+        }
+    }
+    pdl_session_close(s);
+    pdl_engine_deregister_mem(rd, ml);
+    pdl_engine_deregister_mem(own, mr);
+    pdl_engine_destroy(rd);
+    pdl_engine_destroy(own);
+    d->api.MemFree(R);
+    d->api.MemFree(Lo);
+    free(host);
+    free(back);
+    pdl__cudadrv_close(d);
+    unsetenv("PDLINK_TEST_CUDA_FAKE");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_without_driver),
         cmocka_unit_test(test_device_descriptor_fields),
+        cmocka_unit_test(test_gather_list_one_pass),
+        cmocka_unit_test(test_batches_on_test_driver),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
