@@ -116,6 +116,7 @@ struct pdl_session {
     char broken_msg[PDL_ERR_MSG_LEN];
     void *bk;               /* backend state (tcp: connections; shm: the mapping) */
     struct pdl_session *next;
+    _Atomic(struct pdl_batch *) spare; /* the last freed batch's allocation, for the next post (engine.c) */
 };
 
 typedef struct pdl_chunk {
@@ -141,6 +142,7 @@ struct pdl_batch {
     _Atomic bool cancel;
     void *priv;      /* ops->chunk_priv bytes per chunk, in the same allocation (backend state) */
     char grant[PDL_GRANT_NAME_MAX + 1]; /* tcp: the grant every request names; "" = none */
+    size_t alloc;    /* bytes of the allocation holding the batch and its arrays */
 };
 
 /* Which optional entries a backend has. */

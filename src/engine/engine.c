@@ -865,10 +865,30 @@ void pdl_session_close(pdl_session_t *s)
     remote_unref_locked(e, s->remote);
     pthread_mutex_unlock(&e->mu);
     pthread_mutex_destroy(&s->mu);
+    free(atomic_exchange(&s->spare, NULL));
     free(s);
 }
 
 /* ---------------------------------------------------------------- batches */
+
+/*
+ * A batch of many descriptors is one large allocation (a 32,768-piece head split: 786 KiB). Fresh from
+ * malloc on every post, its pages were faulted in again each time, since glibc gives blocks that large
+ * back to the system when they are freed: that first touch cost more than checking and merging the
+ * descriptors (tools/cuda-bench.c). So a session keeps the allocation of its last freed batch, and its
+ * next post reuses it when it is large enough; pdl_session_close frees it.
+ */
+static pdl_batch_t *batch_alloc(pdl_session_t *s, size_t sz, size_t *cap)
+{
+    pdl_batch_t *b = atomic_exchange(&s->spare, NULL);
+    if (b != NULL && b->alloc >= sz) {
+        *cap = b->alloc;
+        return b;
+    }
+    free(b);
+    *cap = sz;
+    return malloc(sz);
+}
 
 static pdl_status_t check_range(const pdl_session_t *s, pdl_op_t op, size_t i, const pdl_desc_t *d,
                                 pdl_error_t *err)
@@ -1031,10 +1051,12 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
     size_t priv = (e->ops->chunk_priv + 15) & ~(size_t)15;
     size_t sz = sizeof(pdl_batch_t) + (size_t)nchunks * (sizeof(struct pdl_job) + sizeof(pdl_chunk_t) + priv) +
                 (ncut + (nchunks > 1 ? k : 0)) * sizeof(pdl_desc_t);
-    pdl_batch_t *b = malloc(sz);
+    size_t cap = 0;
+    pdl_batch_t *b = batch_alloc(s, sz, &cap);
     if (b == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory for a batch of %zu descriptors", e->key, n);
     memset(b, 0, sizeof(*b));
+    b->alloc = cap;
     struct pdl_job *jobs = (struct pdl_job *)(b + 1);
     pdl_chunk_t *chunks = (pdl_chunk_t *)(jobs + nchunks);
     uint8_t *privp = (uint8_t *)(chunks + nchunks);
@@ -1150,7 +1172,8 @@ void pdl_batch_free(pdl_batch_t *b)
     }
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
-    free(b); /* descriptors, jobs and chunks live in the same allocation */
+    /* Descriptors, jobs and chunks live in the same allocation, kept for the session's next post. */
+    free(atomic_exchange(&b->session->spare, b));
 }
 
 uint64_t pdl_batch_bytes(const pdl_batch_t *b) { return b ? b->bytes : 0; }
