@@ -14,7 +14,9 @@
  *
  * Rows, each the best of --iters passes:
  *   serial    one batch at a time: post (the posting thread: checks, merging, the hand-off) and done
- *             (from the post's return to pdl_batch_wait's: the worker's list, upload, launch, wait);
+ *             (from the post's return to pdl_batch_wait's: the worker's list, upload, launch, wait).
+ *             Where cores are few the woken worker may run before the post returns, so that its time
+ *             shows under post: only the sum, the batch's host time, compares between runs;
  *   parallel  one batch per layer in flight together, as gpu-check times them.
  * With the test driver, the driver calls one batch made (memcpys, launches, list entries, bytes
  * uploaded, synchronisations). Not a CTest test: its figures depend on the machine.
