@@ -342,7 +342,8 @@ CUresult pdl__cudadrv_add_descs(pdl_cudadrv_t *d, pdl_cuda_list_t *l, const pdl_
                                 CUdeviceptr local, CUdeviceptr remote, bool read, CUstream stream, const char **what)
 {
     /* A head split is tens of thousands of 4 KiB pieces per batch: this loop is the worker's whole share
-     * of it, so the common piece (one entry) costs a bounds check and one 24-byte store, with no call.
+     * of it, so a piece that fits the list (one entry, or its 64 KiB entries) costs a bounds check and
+     * the 24-byte stores, with no call.
      * The list's fields live in locals meanwhile: its entries are uint64_t like l->n, so every store
      * would otherwise make the compiler reload them. */
     CUdeviceptr sb = read ? remote : local, db = read ? local : remote;
@@ -359,8 +360,14 @@ CUresult pdl__cudadrv_add_descs(pdl_cudadrv_t *d, pdl_cuda_list_t *l, const pdl_
             h[k++] = (pdl_cuda_piece_t){sb + so, db + dof, len};
             continue;
         }
-        /* A longer piece (its entries, or one memcpy) or a full list: room for this piece and one entry
-         * per piece still to come. */
+        if (len < PDL_CUDA_MEMCPY_MIN && k + (len + PDL_CUDA_SPLIT - 1) / PDL_CUDA_SPLIT <= cap) {
+            for (uint64_t o = 0; o < len; o += PDL_CUDA_SPLIT) {
+                uint64_t part = len - o < PDL_CUDA_SPLIT ? len - o : PDL_CUDA_SPLIT;
+                h[k++] = (pdl_cuda_piece_t){sb + so + o, db + dof + o, part};
+            }
+            continue;
+        }
+        /* A piece for a memcpy, or a full list: room for this piece and one entry per piece to come. */
         l->n = k;
         if ((r = pdl__cudadrv_list_reserve(d, l, k + pdl__cudadrv_entries(len) + (n - i))) != CUDA_SUCCESS)
             return r;
