@@ -12,8 +12,16 @@
  * allocation (cached, reference-counted by sessions, closed when the last session on it closes).
  *
  * A batch's pieces go through one launch of cudadrv.c's gather kernel (pieces of 4 MiB or more through
- * cuMemcpyDtoDAsync). Every chunk runs on a stream of its own lane (one per worker) and is
- * synchronised before it reports done.
+ * cuMemcpyDtoDAsync), on a stream of its own lane. A batch of up to PDL_CUDA_INLINE_PIECES pieces is
+ * launched by the posting thread on an inline lane and completed by whoever waits for it (the submit
+ * and progress entries); a larger one, or one that finds every inline lane taken, runs on a worker
+ * (one lane each), which synchronises its stream before the batch reports done.
+ *
+ * An inline batch's states (cuda_op_t.state): OP_RUNNING from cuda_submit's launch; OP_COMPLETING
+ * while one thread's cuda_progress waits for its stream (others see it taken and leave it); then
+ * OP_DONE (cuda_finish: the grant checked again, the lane given back, the chunk done), or back to
+ * OP_RUNNING when the wait's deadline passes first. A worker's batch is OP_WORKER throughout and its
+ * progress is the worker's.
  *
  * The CPU never reads or writes device memory here: registrations are checked with
  * cuMemGetAddressRange, and only the GPU touches the bytes.
@@ -30,15 +38,28 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "engine/backend.h"
 #include "engine/cudadrv.h"
 
 #define PDL_CUDA_LANES 64
+/*
+ * Why inline: a batch handed to a worker pays two thread wake-ups (the worker's, then the waiter's),
+ * a fixed cost per batch that a small one does not repay; launched by the poster it pays neither. A
+ * batch of more pieces than this still goes to a worker, so that a thread posting one batch per layer
+ * builds the next layer's list while a worker builds this one's (about 1.3 ns a piece on the build
+ * machine, tools/cuda-bench.c). Inline lanes are their own: a worker never waits for a lane that only
+ * a waiter's progress gives back.
+ */
+#define PDL_CUDA_INLINE_PIECES 8192
+#define PDL_CUDA_INLINE_LANES 8
 
 _Static_assert(sizeof(CUipcMemHandle) == PDL_CUDA_IPC_HANDLE, "descriptors carry a whole CUipcMemHandle");
 
@@ -62,11 +83,20 @@ typedef struct cuda_engine {
     pdl_cudadrv_t *drv;
     pthread_mutex_t mu; /* free lanes, ipc cache */
     pthread_cond_t cv;
-    cuda_lane_t lanes[PDL_CUDA_LANES];
+    cuda_lane_t lanes[PDL_CUDA_LANES + PDL_CUDA_INLINE_LANES]; /* the workers', then the inline ones */
     int free_lanes[PDL_CUDA_LANES];
-    int nfree, nlanes;
+    int free_inline[PDL_CUDA_INLINE_LANES];
+    int nfree, ninline, nlanes;
     cuda_ipc_t *ipcs;
 } cuda_engine_t;
+
+enum { OP_WORKER, OP_RUNNING, OP_COMPLETING, OP_DONE };
+
+typedef struct cuda_op { /* a chunk's state (b->priv) */
+    _Atomic int state;
+    cuda_lane_t *ln;     /* the inline lane it runs on */
+    uint64_t slot, seq;  /* its grant's, checked again when it completes */
+} cuda_op_t;
 
 typedef struct cuda_mem {
     CUipcMemHandle handle;
@@ -131,15 +161,18 @@ static pdl_status_t cuda_engine_init(pdl_engine_t *e, pdl_error_t *err)
     if (st == PDL_OK && !ctx_push(ce))
         st = pdl_error_set(err, PDL_ERR_UNSUPPORTED, "engine %s: cannot make the CUDA context current", e->key);
     else if (st == PDL_OK) {
-        int nl = e->num_workers < PDL_CUDA_LANES ? e->num_workers : PDL_CUDA_LANES;
-        for (int i = 0; st == PDL_OK && i < nl; i++) {
+        int nw = e->num_workers < PDL_CUDA_LANES ? e->num_workers : PDL_CUDA_LANES;
+        for (int i = 0; st == PDL_OK && i < nw + PDL_CUDA_INLINE_LANES; i++) {
             cuda_lane_t *ln = &ce->lanes[i];
             ce->nlanes = i + 1;
             CUresult r = ce->drv->api.StreamCreate(&ln->stream, CU_STREAM_NON_BLOCKING);
             if (r != CUDA_SUCCESS)
                 st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: backend cuda: cuStreamCreate: %s", e->key,
                                    cu_name(ce, r));
-            ce->free_lanes[ce->nfree++] = i;
+            if (i < nw)
+                ce->free_lanes[ce->nfree++] = i;
+            else
+                ce->free_inline[ce->ninline++] = i;
         }
         ctx_pop(ce);
     }
@@ -330,7 +363,8 @@ static void cuda_session_close(pdl_session_t *s)
 
 static void cuda_session_kill(pdl_session_t *s) { (void)s; }
 
-/* One chunk: the GPU runs a batch as one launch, and lanes are for batches side by side. */
+/* One chunk: the GPU runs a batch as one launch, and lanes are for batches side by side (cuda_submit and
+ * cuda_progress rely on it). */
 static int cuda_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
 {
     (void)s;
@@ -357,6 +391,22 @@ static void lane_give(cuda_engine_t *ce, cuda_lane_t *ln)
     pthread_mutex_lock(&ce->mu);
     ce->free_lanes[ce->nfree++] = (int)(ln - ce->lanes);
     pthread_cond_signal(&ce->cv);
+    pthread_mutex_unlock(&ce->mu);
+}
+
+/* An inline lane, or NULL when all are taken (never waits: they come back only through progress). */
+static cuda_lane_t *inline_take(cuda_engine_t *ce)
+{
+    pthread_mutex_lock(&ce->mu);
+    cuda_lane_t *ln = ce->ninline > 0 ? &ce->lanes[ce->free_inline[--ce->ninline]] : NULL;
+    pthread_mutex_unlock(&ce->mu);
+    return ln;
+}
+
+static void inline_give(cuda_engine_t *ce, cuda_lane_t *ln)
+{
+    pthread_mutex_lock(&ce->mu);
+    ce->free_inline[ce->ninline++] = (int)(ln - ce->lanes);
     pthread_mutex_unlock(&ce->mu);
 }
 
@@ -397,44 +447,143 @@ static pdl_status_t cuda_mem_zero(pdl_mem_t *m, const pdl_range_t *rg, size_t n,
     return PDL_OK;
 }
 
-static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+static pdl_status_t copy_failed(pdl_session_t *s, pdl_batch_t *b, const char *what, CUresult r, pdl_error_t *err)
 {
-    pdl_engine_t *e = s->engine;
-    cuda_engine_t *ce = e->bk;
+    cuda_engine_t *ce = s->engine->bk;
+    return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: %s batch with engine %s region %" PRIu64 ": %s: %s",
+                         s->engine->key, b->op == PDL_OP_READ ? "read" : "write", s->rmem.engine_key, s->rmem.id,
+                         what, cu_name(ce, r));
+}
+
+/* Queue chunk idx's copies on lane ln's stream: the gather list and its launch, the long pieces' memcpys.
+ * On failure the stream is synchronised (the host list may be read by a copy in flight) and emptied. */
+static CUresult chunk_start(pdl_session_t *s, pdl_batch_t *b, int idx, cuda_lane_t *ln, const char **what)
+{
+    cuda_engine_t *ce = s->engine->bk;
     const pdl_chunk_t *c = &b->chunks[idx];
     CUdeviceptr local = (CUdeviceptr)(uintptr_t)s->local->ptr, remote = ((cuda_session_t *)s->bk)->remote;
-    bool rd = b->op == PDL_OP_READ;
-    cuda_lane_t *ln = NULL;
+    CUresult r = pdl__cudadrv_add_descs(ce->drv, &ln->list, &b->d[c->first], c->count, local, remote,
+                                        b->op == PDL_OP_READ, ln->stream, what);
+    if (r == CUDA_SUCCESS)
+        r = pdl__cudadrv_launch(ce->drv, &ln->list, ln->stream, what);
+    if (r != CUDA_SUCCESS) {
+        ln->list.n = 0;
+        ce->drv->api.StreamSynchronize(ln->stream);
+    }
+    return r;
+}
+
+static pdl_status_t cuda_copy(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
+{
+    cuda_engine_t *ce = s->engine->bk;
     const char *what = "cuCtxSetCurrent";
     CUresult r = ce->drv->api.CtxSetCurrent(ce->drv->ctx); /* a worker thread of this engine's pool */
     if (r != CUDA_SUCCESS)
-        goto fail;
-    ln = lane_take(ce);
-    if ((r = pdl__cudadrv_add_descs(ce->drv, &ln->list, &b->d[c->first], c->count, local, remote, rd, ln->stream,
-                                    &what)) != CUDA_SUCCESS)
-        goto fail_sync;
-    if ((r = pdl__cudadrv_launch(ce->drv, &ln->list, ln->stream, &what)) != CUDA_SUCCESS)
-        goto fail_sync;
-    what = "cuStreamSynchronize";
-    r = ce->drv->api.StreamSynchronize(ln->stream);
+        return copy_failed(s, b, what, r, err);
+    cuda_lane_t *ln = lane_take(ce);
+    if ((r = chunk_start(s, b, idx, ln, &what)) == CUDA_SUCCESS) {
+        what = "cuStreamSynchronize";
+        r = ce->drv->api.StreamSynchronize(ln->stream);
+    }
     lane_give(ce, ln);
-    if (r != CUDA_SUCCESS)
-        goto fail;
-    return PDL_OK;
+    return r == CUDA_SUCCESS ? PDL_OK : copy_failed(s, b, what, r, err);
+}
 
-fail_sync:
-    ln->list.n = 0;
-    ce->drv->api.StreamSynchronize(ln->stream); /* the host list may still be read by a copy in flight */
-    lane_give(ce, ln);
-fail:
-    return pdl_error_set(err, PDL_ERR_TRANSPORT, "engine %s: %s batch with engine %s region %" PRIu64 ": %s: %s",
-                         e->key, rd ? "read" : "write", s->rmem.engine_key, s->rmem.id, what, cu_name(ce, r));
+/* A chunk handed to a worker by cuda_submit: run it as pool_run would (engine.c), then report it. */
+static void cuda_drive_chunk(pdl_batch_t *b, int idx)
+{
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st;
+    if (atomic_load(&b->cancel))
+        st = pdl_error_set(&err, PDL_ERR_BAD_STATE, "engine %s: %s batch cancelled (freed while running)",
+                           b->session->engine->key, b->op == PDL_OP_READ ? "read" : "write");
+    else
+        st = cuda_run_chunk(b->session, b, idx, &err);
+    pdl__batch_chunk_done(b, st, &err);
+}
+
+/* Launch the batch from the posting thread on an inline lane, or hand it to a worker (see
+ * PDL_CUDA_INLINE_PIECES). A batch is one chunk (cuda_plan). The caller's current context is kept. */
+static void cuda_submit(pdl_session_t *s, pdl_batch_t *b)
+{
+    cuda_engine_t *ce = s->engine->bk;
+    cuda_op_t *op = b->priv;
+    op->ln = NULL;
+    atomic_init(&op->state, OP_WORKER);
+    cuda_lane_t *ln = b->chunks[0].count <= PDL_CUDA_INLINE_PIECES ? inline_take(ce) : NULL;
+    if (ln == NULL) {
+        pdl__engine_pool_drive(b, 0);
+        return;
+    }
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st = pdl__shm_grant_enter(s, b, &op->slot, &op->seq, &err);
+    if (st == PDL_OK && !ctx_push(ce)) {
+        st = pdl_error_set(&err, PDL_ERR_TRANSPORT, "engine %s: cannot make its CUDA context current", s->engine->key);
+    } else if (st == PDL_OK) {
+        const char *what = NULL;
+        CUresult r = chunk_start(s, b, 0, ln, &what);
+        ctx_pop(ce);
+        if (r != CUDA_SUCCESS)
+            st = copy_failed(s, b, what, r, &err);
+    }
+    if (st != PDL_OK) {
+        inline_give(ce, ln);
+        atomic_store(&op->state, OP_DONE);
+        pdl__batch_chunk_done(b, st, &err);
+        return;
+    }
+    op->ln = ln;
+    atomic_store(&op->state, OP_RUNNING);
+}
+
+/* Wait for an inline chunk's stream until the deadline (backend.h: 0 = look once, UINT64_MAX = none):
+ * CUDA_ERROR_NOT_READY when it passes first. */
+static CUresult stream_wait(cuda_engine_t *ce, CUstream st, uint64_t deadline)
+{
+    if (deadline == UINT64_MAX)
+        return ce->drv->api.StreamSynchronize(st);
+    for (;;) {
+        CUresult r = ce->drv->api.StreamQuery(st);
+        if (r != CUDA_ERROR_NOT_READY || deadline == 0 || pdl__clock_now_ns() >= deadline)
+            return r;
+        sched_yield();
+    }
+}
+
+/* Complete an inline batch if no other thread is at it; a worker's batch is the worker's. The batch may
+ * be freed as soon as its chunk is done, so nothing of it is touched after. */
+static void cuda_progress(pdl_batch_t *b, uint64_t deadline)
+{
+    pdl_session_t *s = b->session;
+    cuda_engine_t *ce = s->engine->bk;
+    cuda_op_t *op = b->priv;
+    int want = OP_RUNNING;
+    if (!atomic_compare_exchange_strong(&op->state, &want, OP_COMPLETING))
+        return;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (ctx_push(ce)) {
+        r = stream_wait(ce, op->ln->stream, deadline);
+        ctx_pop(ce);
+    }
+    if (r == CUDA_ERROR_NOT_READY) {
+        atomic_store(&op->state, OP_RUNNING);
+        return;
+    }
+    pdl_error_t err;
+    pdl_error_clear(&err);
+    pdl_status_t st = r == CUDA_SUCCESS ? pdl__shm_grant_leave(s, b, op->slot, op->seq, &err)
+                                        : copy_failed(s, b, "cuStreamSynchronize", r, &err);
+    inline_give(ce, op->ln);
+    atomic_store(&op->state, OP_DONE);
+    pdl__batch_chunk_done(b, st, &err);
 }
 
 const pdl_backend_ops_t pdl__cuda_ops = {
     .name = "cuda",
     .caps = PDL_BACKEND_CAP_LIVE_TABLE,
-    .inline_max = 0, /* the copy runs on the GPU; a worker waits for it, never the poster */
+    .inline_max = 0, /* unused: submit decides who launches a batch */
     .engine_init = cuda_engine_init,
     .engine_fini = cuda_engine_fini,
     .remote_add = pdl__shm_remote_add,
@@ -451,5 +600,9 @@ const pdl_backend_ops_t pdl__cuda_ops = {
     .session_check = cuda_session_check,
     .plan = cuda_plan,
     .run_chunk = cuda_run_chunk,
+    .chunk_priv = sizeof(cuda_op_t),
+    .submit = cuda_submit,
+    .progress = cuda_progress,
+    .drive_chunk = cuda_drive_chunk,
     .mem_zero = cuda_mem_zero,
 };

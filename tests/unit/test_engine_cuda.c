@@ -189,41 +189,87 @@ static void test_gather_list_one_pass(void **state)
 
 static uint8_t pat(uint64_t o) { return (uint8_t)(o * 131 + (o >> 9) + 7); }
 
+/* Two cuda engines of this process on the test driver: the owner's region R holds pat(), the reader's
+ * region Lo is zeroed, and s is the reader's session to R. Both regions are PROT_NONE. */
+typedef struct rig {
+    pdl_cudadrv_t *d;
+    pdl_engine_t *own, *rd;
+    CUdeviceptr R, Lo;
+    size_t sz;
+    pdl_mem_t *mr, *ml;
+    pdl_session_t *s;
+    uint8_t *host, *back;
+} rig_t;
+
+static void rig_open(rig_t *g, size_t sz)
+{
+    memset(g, 0, sizeof(*g));
+    g->d = open_test_driver("1");
+    g->sz = sz;
+    pdl_engine_config_t cfg = {.key = "owner", .backend = PDL_BACKEND_CUDA, .qp_per_transfer = 1, .num_workers = 2};
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&cfg, &g->own, &err), PDL_OK);
+    cfg.key = "reader";
+    assert_int_equal(pdl_engine_create(&cfg, &g->rd, &err), PDL_OK);
+    pdl_bytes_t pb;
+    assert_int_equal(pdl_engine_pack(g->own, &pb, &err), PDL_OK);
+    assert_int_equal(pdl_engine_add_remote(g->rd, pb.data, pb.len, NULL, 0, &err), PDL_OK);
+    pdl_bytes_free(&pb);
+    assert_int_equal(g->d->api.MemAlloc(&g->R, sz), CUDA_SUCCESS);
+    assert_int_equal(g->d->api.MemAlloc(&g->Lo, sz), CUDA_SUCCESS);
+    g->host = malloc(sz);
+    g->back = malloc(sz);
+    assert_non_null(g->host);
+    assert_non_null(g->back);
+    for (size_t o = 0; o < sz; o++)
+        g->host[o] = pat(o);
+    assert_int_equal(g->d->api.MemcpyHtoDAsync(g->R, g->host, sz, NULL), CUDA_SUCCESS);
+    assert_int_equal(g->d->api.MemsetD8Async(g->Lo, 0, sz, NULL), CUDA_SUCCESS);
+    assert_int_equal(pdl_engine_register_mem_type(g->own, (void *)(uintptr_t)g->R, sz, PDL_MEM_TYPE_CUDA, &g->mr, &err),
+                     PDL_OK);
+    assert_int_equal(pdl_engine_register_mem_type(g->rd, (void *)(uintptr_t)g->Lo, sz, PDL_MEM_TYPE_CUDA, &g->ml, &err),
+                     PDL_OK);
+    assert_int_equal(pdl_mem_pack(g->mr, &pb, &err), PDL_OK);
+    assert_int_equal(pdl_session_open(g->rd, g->ml, pb.data, pb.len, &g->s, &err), PDL_OK);
+    pdl_bytes_free(&pb);
+}
+
+static void rig_close(rig_t *g)
+{
+    pdl_session_close(g->s);
+    pdl_engine_deregister_mem(g->rd, g->ml);
+    pdl_engine_deregister_mem(g->own, g->mr);
+    pdl_engine_destroy(g->rd);
+    pdl_engine_destroy(g->own);
+    g->d->api.MemFree(g->R);
+    g->d->api.MemFree(g->Lo);
+    free(g->host);
+    free(g->back);
+    pdl__cudadrv_close(g->d);
+    unsetenv("PDLINK_TEST_CUDA_FAKE");
+}
+
+/* Region `dev` against the pattern READ descriptors ds[0..n) put there (zeros elsewhere), or the one
+ * WRITE descriptors put into a zeroed remote region (remote = true). */
+static void rig_expect(rig_t *g, CUdeviceptr dev, const pdl_desc_t *ds, size_t n, bool remote)
+{
+    assert_int_equal(g->d->api.MemcpyDtoHAsync(g->back, dev, g->sz, NULL), CUDA_SUCCESS);
+    memset(g->host, 0, g->sz);
+    for (size_t i = 0; i < n; i++)
+        for (uint64_t o = 0; o < ds[i].len; o++)
+            g->host[(remote ? ds[i].remote_off : ds[i].local_off) + o] = pat(ds[i].remote_off + o);
+    assert_memory_equal(g->back, g->host, g->sz);
+}
+
 /* READ and WRITE batches of the cuda backend on the test driver: every byte lands, and each batch is one
  * list upload, one launch and one synchronisation (plus a memcpy per piece of 4 MiB or more), whatever
  * its number of pieces. The regions are PROT_NONE: a CPU access by pdlink would kill this test. */
 static void test_batches_on_test_driver(void **state)
 {
     (void)state;
-    pdl_cudadrv_t *d = open_test_driver("1");
-    pdl_engine_config_t cfg = {.key = "owner", .backend = PDL_BACKEND_CUDA, .qp_per_transfer = 1, .num_workers = 2};
-    pdl_engine_t *own = NULL, *rd = NULL;
+    rig_t g;
+    rig_open(&g, 16u << 20);
     pdl_error_t err;
-    assert_int_equal(pdl_engine_create(&cfg, &own, &err), PDL_OK);
-    cfg.key = "reader";
-    assert_int_equal(pdl_engine_create(&cfg, &rd, &err), PDL_OK);
-    pdl_bytes_t pb;
-    assert_int_equal(pdl_engine_pack(own, &pb, &err), PDL_OK);
-    assert_int_equal(pdl_engine_add_remote(rd, pb.data, pb.len, NULL, 0, &err), PDL_OK);
-    pdl_bytes_free(&pb);
-    const size_t sz = 16u << 20;
-    CUdeviceptr R, Lo;
-    assert_int_equal(d->api.MemAlloc(&R, sz), CUDA_SUCCESS);
-    assert_int_equal(d->api.MemAlloc(&Lo, sz), CUDA_SUCCESS);
-    uint8_t *host = malloc(sz), *back = malloc(sz);
-    assert_non_null(host);
-    assert_non_null(back);
-    for (size_t o = 0; o < sz; o++)
-        host[o] = pat(o);
-    assert_int_equal(d->api.MemcpyHtoDAsync(R, host, sz, NULL), CUDA_SUCCESS);
-    assert_int_equal(d->api.MemsetD8Async(Lo, 0, sz, NULL), CUDA_SUCCESS);
-    pdl_mem_t *mr, *ml;
-    assert_int_equal(pdl_engine_register_mem_type(own, (void *)(uintptr_t)R, sz, PDL_MEM_TYPE_CUDA, &mr, &err), PDL_OK);
-    assert_int_equal(pdl_engine_register_mem_type(rd, (void *)(uintptr_t)Lo, sz, PDL_MEM_TYPE_CUDA, &ml, &err), PDL_OK);
-    assert_int_equal(pdl_mem_pack(mr, &pb, &err), PDL_OK);
-    pdl_session_t *s;
-    assert_int_equal(pdl_session_open(rd, ml, pb.data, pb.len, &s, &err), PDL_OK);
-    pdl_bytes_free(&pb);
     /* 200 head-split pieces, a 5 MiB piece, three of 1 MiB, one odd: none adjacent on both sides. */
     pdl_desc_t ds[205];
     size_t n = 0;
@@ -237,7 +283,7 @@ static void test_batches_on_test_driver(void **state)
         pdl_cuda_fake_counts_t c0, c1;
         pdl__cudadrv_fake_counts(&c0);
         pdl_batch_t *b;
-        assert_int_equal(pdl_session_post(s, op ? PDL_OP_WRITE : PDL_OP_READ, ds, n, &b, &err), PDL_OK);
+        assert_int_equal(pdl_session_post(g.s, op ? PDL_OP_WRITE : PDL_OP_READ, ds, n, &b, &err), PDL_OK);
         assert_int_equal(pdl_batch_wait(b, 10000, &err), PDL_OK);
         pdl_batch_free(b);
         pdl__cudadrv_fake_counts(&c1);
@@ -245,35 +291,56 @@ static void test_batches_on_test_driver(void **state)
         assert_int_equal(c1.pieces - c0.pieces, 200 + 3 * 16 + 1);
         assert_int_equal(c1.copies - c0.copies, 2); /* the list's upload and the 5 MiB memcpy */
         assert_int_equal(c1.syncs - c0.syncs, 1);
-        if (op == 0) { /* READ: the local region holds the remote bytes at each piece, zeros elsewhere */
-            assert_int_equal(d->api.MemcpyDtoHAsync(back, Lo, sz, NULL), CUDA_SUCCESS);
-            memset(host, 0, sz);
-            for (size_t i = 0; i < n; i++)
-                for (uint64_t o = 0; o < ds[i].len; o++)
-                    host[ds[i].local_off + o] = pat(ds[i].remote_off + o);
-            assert_memory_equal(back, host, sz);
+        if (op == 0) {
+            rig_expect(&g, g.Lo, ds, n, false);
             /* WRITE next: the local bytes back to the remote region, which is zeroed first. */
-            assert_int_equal(d->api.MemsetD8Async(R, 0, sz, NULL), CUDA_SUCCESS);
-        } else { /* WRITE: the remote region holds the pattern at each piece again, zeros elsewhere */
-            assert_int_equal(d->api.MemcpyDtoHAsync(back, R, sz, NULL), CUDA_SUCCESS);
-            memset(host, 0, sz);
-            for (size_t i = 0; i < n; i++)
-                for (uint64_t o = 0; o < ds[i].len; o++)
-                    host[ds[i].remote_off + o] = pat(ds[i].remote_off + o);
-            assert_memory_equal(back, host, sz);
+            assert_int_equal(g.d->api.MemsetD8Async(g.R, 0, g.sz, NULL), CUDA_SUCCESS);
+        } else {
+            rig_expect(&g, g.R, ds, n, true);
         }
     }
-    pdl_session_close(s);
-    pdl_engine_deregister_mem(rd, ml);
-    pdl_engine_deregister_mem(own, mr);
-    pdl_engine_destroy(rd);
-    pdl_engine_destroy(own);
-    d->api.MemFree(R);
-    d->api.MemFree(Lo);
-    free(host);
-    free(back);
-    pdl__cudadrv_close(d);
-    unsetenv("PDLINK_TEST_CUDA_FAKE");
+    rig_close(&g);
+}
+
+/* Batches launched by the posting thread (small ones) and handed to workers (past 8,192 pieces, or when
+ * every inline lane is taken) side by side: twelve small batches posted before any wait (more than the
+ * inline lanes), one large one, waited for in reverse order, one polled to completion, one freed
+ * without a wait; every byte lands and nothing hangs. */
+static void test_batches_in_flight(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 16u << 20);
+    pdl_error_t err;
+    enum { SMALL = 12, PER = 64, LARGE = 9000 };
+    pdl_desc_t *ds = malloc((SMALL * PER + LARGE) * sizeof(*ds));
+    assert_non_null(ds);
+    size_t n = 0;
+    for (size_t i = 0; i < SMALL * PER; i++, n++) /* 1 KiB pieces at a 2 KiB stride, from 8 MiB on */
+        ds[n] = (pdl_desc_t){i * 1024, (8u << 20) + i * 2048, 1024};
+    for (size_t i = 0; i < LARGE; i++, n++) /* 256-byte pieces at a 512-byte stride, past the small ones */
+        ds[n] = (pdl_desc_t){(1u << 20) + i * 256, i * 512, 256};
+    pdl_batch_t *b[SMALL + 1];
+    for (int k = 0; k < SMALL; k++)
+        assert_int_equal(pdl_session_post(g.s, PDL_OP_READ, &ds[k * PER], PER, &b[k], &err), PDL_OK);
+    assert_int_equal(pdl_session_post(g.s, PDL_OP_READ, &ds[SMALL * PER], LARGE, &b[SMALL], &err), PDL_OK);
+    pdl_status_t st;
+    while ((st = pdl_batch_poll(b[0], &err)) == PDL_INPROGRESS)
+        ;
+    assert_int_equal(st, PDL_OK);
+    pdl_batch_free(b[0]);
+    pdl_batch_free(b[1]); /* never waited for: freeing completes it */
+    for (int k = SMALL; k >= 2; k--) {
+        assert_int_equal(pdl_batch_wait(b[k], 10000, &err), PDL_OK);
+        pdl_batch_free(b[k]);
+    }
+    rig_expect(&g, g.Lo, ds, n, false);
+    /* Zeroing on the device still finds a lane (the workers'). */
+    pdl_range_t all = {0, g.sz};
+    assert_int_equal(pdl_mem_zero(g.ml, &all, 1, &err), PDL_OK);
+    rig_expect(&g, g.Lo, ds, 0, false);
+    free(ds);
+    rig_close(&g);
 }
 
 int main(void)
@@ -283,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_device_descriptor_fields),
         cmocka_unit_test(test_gather_list_one_pass),
         cmocka_unit_test(test_batches_on_test_driver),
+        cmocka_unit_test(test_batches_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
