@@ -27,6 +27,9 @@ class BuildExtWithLibpdlink(build_ext):
         extra = _build.link_args(_build.build_libpdlink())
         for ext in self.extensions:
             ext.extra_objects = list(ext.extra_objects or []) + extra["extra_objects"]
+            # Relinked whenever libpdlink.a is newer than the extension: setuptools only compares the
+            # sources and `depends`, so a build directory left from an earlier library kept its copy.
+            ext.depends = list(ext.depends or []) + extra["extra_objects"]
             ext.libraries = list(ext.libraries or []) + extra["libraries"]
             ext.library_dirs = list(ext.library_dirs or []) + extra["library_dirs"]
         super().run()

@@ -47,4 +47,27 @@ static inline void tch_run_exit(int (*fn)(void *), void *arg, const char *who, c
     assert_int_equal(WEXITSTATUS(ws), 0);
 }
 
+/* A cmocka case `name` that runs child(&tc), tc = {__VA_ARGS__} of type `type`, in a child process ended
+ * through exit() (tch_run_exit with the leak check): the device-memory tests' cases, where a fault means
+ * a CPU access to device memory. */
+#define TCH_DEVICE_CASE(name, child, type, ...)                                                                    \
+    static int name##_child(void *arg) { return child((const type *)arg); }                                    \
+    static void name(void **state)                                                                             \
+    {                                                                                                          \
+        (void)state;                                                                                           \
+        type tc = {__VA_ARGS__};                                                                               \
+        tch_run_exit(name##_child, &tc, #name, "a CPU access to device memory?", true);                        \
+    }
+
+/* In a child's body (a function returning its exit status): unless cond holds, say why on stderr, with
+ * the place, and return 2 (a setup or check failure, told apart from a fault by the parent). */
+#define TCH_CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                                                         \
+            return 2;                                                                                                  \
+        }                                                                                                              \
+    } while (0)
+
 #endif

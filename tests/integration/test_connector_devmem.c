@@ -32,6 +32,29 @@
 #include "test_connector_util.h"
 
 #define NBLK 8
+
+/* Create c with CUDA KV regions while libcuda cannot load ($PDLINK_LIBCUDA names no file). The region
+ * is never dereferenced nor registered: creation stops before registration. Returns create's status;
+ * nothing is created. */
+static pdl_status_t create_without_driver(pdl_instance_config_t *c, pdl_error_t *e)
+{
+    uint64_t need = 0;
+    assert_int_equal(pdl_instance_kv_region_len(c, 0, &need, NULL), PDL_OK);
+    void *regions[1] = {(void *)(uintptr_t)0x7f0000000000ull};
+    size_t lens[1] = {(size_t)need};
+    c->kv_regions = regions;
+    c->kv_region_lens = lens;
+    c->kv_mem_type = PDL_MEM_TYPE_CUDA;
+    setenv("PDLINK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    pdl_instance_t *inst = NULL;
+    pdl_status_t st = pdl_instance_create(c, &inst, e);
+    unsetenv("PDLINK_LIBCUDA");
+    assert_null(inst);
+    c->kv_regions = NULL;
+    c->kv_region_lens = NULL;
+    return st;
+}
+
 /* scrub_freed_blocks in the no-CPU-access child (-DSCRUB=false leaves it out: scrub.c memset kv_ptr
  * before fad766e, and this child died there). */
 #ifndef SCRUB
@@ -119,20 +142,8 @@ static void cuda_without_driver(void **state)
     (void)state;
     pdl_instance_config_t c;
     base(&c, PDL_BACKEND_CUDA, 1);
-    uint64_t need = 0;
-    assert_int_equal(pdl_instance_kv_region_len(&c, 0, &need, NULL), PDL_OK);
-    /* Never dereferenced: creation stops at the engine, before registration. */
-    void *regions[1] = {(void *)(uintptr_t)0x7f0000000000ull};
-    size_t lens[1] = {(size_t)need};
-    c.kv_regions = regions;
-    c.kv_region_lens = lens;
-    c.kv_mem_type = PDL_MEM_TYPE_CUDA;
-    setenv("PDLINK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
-    pdl_instance_t *inst = NULL;
     pdl_error_t e;
-    assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
-    unsetenv("PDLINK_LIBCUDA");
-    assert_null(inst);
+    assert_int_equal(create_without_driver(&c, &e), PDL_ERR_UNSUPPORTED);
     char want[256];
     snprintf(want, sizeof(want),
              "instance rank 0: engine producer:127.0.0.1:%d:tp0:dp0: backend cuda: no CUDA driver: "
@@ -154,20 +165,8 @@ static void tcp_without_driver(void **state)
         pdl_instance_config_t c;
         base(&c, PDL_BACKEND_TCP, 1);
         c.conn.backend_mapped_from_rdma = mapped;
-        uint64_t need = 0;
-        assert_int_equal(pdl_instance_kv_region_len(&c, 0, &need, NULL), PDL_OK);
-        /* Never dereferenced nor registered: the check comes first. */
-        void *regions[1] = {(void *)(uintptr_t)0x7f0000000000ull};
-        size_t lens[1] = {(size_t)need};
-        c.kv_regions = regions;
-        c.kv_region_lens = lens;
-        c.kv_mem_type = PDL_MEM_TYPE_CUDA;
-        setenv("PDLINK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
-        pdl_instance_t *inst = NULL;
         pdl_error_t e;
-        assert_int_equal(pdl_instance_create(&c, &inst, &e), PDL_ERR_UNSUPPORTED);
-        unsetenv("PDLINK_LIBCUDA");
-        assert_null(inst);
+        assert_int_equal(create_without_driver(&c, &e), PDL_ERR_UNSUPPORTED);
         char want[512];
         snprintf(want, sizeof(want),
                  "instance rank 0: kv_mem_type CUDA with kv_connector_extra_config.backend tcp%s: tcp stages CUDA "

@@ -64,13 +64,8 @@ static void layer_mem_make(layer_mem_t *m, const tc_geo_t *g, int tp, uint8_t fi
 {
     memset(m, 0, sizeof(*m));
     m->tp = tp;
-    pdl_instance_config_t c;
-    pdl_instance_config_defaults(&c);
-    c.model = tc_model(g);
-    c.tp_size = tp;
-    c.num_blocks = TOTAL_BLOCKS;
-    uint64_t total = 0;
-    assert_int_equal(pdl_instance_kv_region_len(&c, 0, &total, NULL), PDL_OK);
+    uint64_t total = tc_region_len(g, tp, TOTAL_BLOCKS);
+    assert_true(total > 0);
     m->len = (size_t)(total / LAYERS);
     for (int r = 0; r < tp; r++) {
         /* Layers allocated in reverse order with spacers: no layer follows the one before it. */

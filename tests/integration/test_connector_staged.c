@@ -26,6 +26,8 @@
 #include <cmocka.h>
 
 #include "engine/cudadrv.h" /* the test driver, to make and read back device memory */
+#include "test_fake_cuda.h"
+#include "test_child.h"
 #include "test_connector_util.h"
 
 #define NBLK 3
@@ -59,15 +61,6 @@ static pdl_cudadrv_t *drv;
 static side_t *g_side;
 static bool g_write;
 
-#define CHECK(cond, ...)                                                                                               \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, __VA_ARGS__);                                                                              \
-            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                                                         \
-            return 2;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
-
 static void use_side(pdl_instance_config_t *c)
 {
     if (g_write) {
@@ -93,29 +86,24 @@ static int side_alloc(side_t *s, mem_kind_t kind, const tc_geo_t *g, int tp, uin
     memset(s, 0, sizeof(*s));
     s->kind = kind;
     s->tp = tp;
-    pdl_instance_config_t c;
-    pdl_instance_config_defaults(&c);
-    c.model = tc_model(g);
-    c.tp_size = tp;
-    c.num_blocks = TOTAL_BLOCKS;
-    uint64_t total = 0;
-    CHECK(pdl_instance_kv_region_len(&c, 0, &total, NULL) == PDL_OK, "kv_region_len");
+    uint64_t total = tc_region_len(g, tp, TOTAL_BLOCKS);
+    TCH_CHECK(total > 0, "kv_region_len");
     s->layer_len = (size_t)(total / LAYERS);
     if (kind == MEM_OWN)
         return 0;
     for (int r = 0; r < tp; r++) {
         CUdeviceptr d = 0;
         if (kind == MEM_DEV) {
-            CHECK(drv->api.MemAlloc(&d, total) == CUDA_SUCCESS, "fake cuMemAlloc");
-            CHECK(drv->api.MemsetD8Async(d, fill, total, NULL) == CUDA_SUCCESS, "fake cuMemsetD8");
+            TCH_CHECK(drv->api.MemAlloc(&d, total) == CUDA_SUCCESS, "fake cuMemAlloc");
+            TCH_CHECK(drv->api.MemsetD8Async(d, fill, total, NULL) == CUDA_SUCCESS, "fake cuMemsetD8");
             s->regions[r] = (void *)(uintptr_t)d;
             s->rlens[r] = (size_t)total;
         }
         /* Per layer: allocated in reverse order, each its own mapping between guard pages. */
         for (int l = LAYERS - 1; l >= 0; l--) {
             if (kind == MEM_DEV_LAYERS) {
-                CHECK(drv->api.MemAlloc(&d, s->layer_len) == CUDA_SUCCESS, "fake cuMemAlloc");
-                CHECK(drv->api.MemsetD8Async(d, fill, s->layer_len, NULL) == CUDA_SUCCESS, "fake cuMemsetD8");
+                TCH_CHECK(drv->api.MemAlloc(&d, s->layer_len) == CUDA_SUCCESS, "fake cuMemAlloc");
+                TCH_CHECK(drv->api.MemsetD8Async(d, fill, s->layer_len, NULL) == CUDA_SUCCESS, "fake cuMemsetD8");
                 s->lay[r][l] = (void *)(uintptr_t)d;
             } else {
                 s->lay[r][l] = (uint8_t *)s->regions[r] + (size_t)l * s->layer_len;
@@ -146,12 +134,12 @@ static int side_make(side_t *s, pdl_role_t role, mem_kind_t kind, const tc_geo_t
         return 2;
     g_side = s;
     s->inst = tc_instance(role, tp, g, TOTAL_BLOCKS, PDL_BACKEND_TCP, 60, use_side);
-    CHECK(s->inst != NULL, "instance (%s, %s)", role == PDL_ROLE_PRODUCER ? "producer" : "consumer",
+    TCH_CHECK(s->inst != NULL, "instance (%s, %s)", role == PDL_ROLE_PRODUCER ? "producer" : "consumer",
           kind == MEM_OWN ? "own memory" : "device memory");
     if (kind != MEM_OWN)
         for (int r = 0; r < tp; r++)
             for (int l = 0; l < LAYERS; l++)
-                CHECK(pdl_instance_kv_layer(s->inst, r, l) == s->lay[r][l], "kv_layer(%d, %d): not the device address",
+                TCH_CHECK(pdl_instance_kv_layer(s->inst, r, l) == s->lay[r][l], "kv_layer(%d, %d): not the device address",
                       r, l);
     return 0;
 }
@@ -167,7 +155,7 @@ static int layer_io(const side_t *s, int r, int l, uint8_t *buf, bool to_layer)
     CUdeviceptr d = (CUdeviceptr)(uintptr_t)s->lay[r][l];
     CUresult cr = to_layer ? drv->api.MemcpyHtoDAsync(d, buf, s->layer_len, NULL)
                            : drv->api.MemcpyDtoHAsync(buf, d, s->layer_len, NULL);
-    CHECK(cr == CUDA_SUCCESS, "fake copy of rank %d layer %d", r, l);
+    TCH_CHECK(cr == CUDA_SUCCESS, "fake copy of rank %d layer %d", r, l);
     return 0;
 }
 
@@ -175,7 +163,7 @@ static int layer_io(const side_t *s, int r, int l, uint8_t *buf, bool to_layer)
 static int side_fill(const side_t *s, const uint32_t *ids, size_t n, uint32_t seed)
 {
     uint8_t *buf = malloc(s->layer_len);
-    CHECK(buf != NULL, "malloc");
+    TCH_CHECK(buf != NULL, "malloc");
     for (int r = 0; r < s->tp; r++)
         for (int l = 0; l < LAYERS; l++) {
             int rc = layer_io(s, r, l, buf, false);
@@ -205,7 +193,7 @@ static bool listed(uint32_t b, const uint32_t *ids, size_t n)
 static int side_verify(const side_t *s, const uint32_t *ids, size_t n, uint32_t seed, uint8_t other)
 {
     uint8_t *buf = malloc(s->layer_len);
-    CHECK(buf != NULL, "malloc");
+    TCH_CHECK(buf != NULL, "malloc");
     int rc = 0;
     for (int r = 0; r < s->tp && rc == 0; r++) {
         const pdl_kv_geometry_t *g = pdl_instance_geometry(s->inst, r);
@@ -238,9 +226,9 @@ static int zero_tail_check(const side_t *s, const uint32_t *ids, uint32_t seed)
     pdl_error_t e;
     const pdl_kv_geometry_t *g0 = pdl_instance_geometry(s->inst, 0);
     uint64_t tokens = (uint64_t)(NBLK - 1) * g0->block_size + 1;
-    CHECK(pdl_instance_zero_tail(s->inst, ids, NBLK, tokens, &e) == PDL_OK, "zero_tail: %s", e.msg);
+    TCH_CHECK(pdl_instance_zero_tail(s->inst, ids, NBLK, tokens, &e) == PDL_OK, "zero_tail: %s", e.msg);
     uint8_t *buf = malloc(s->layer_len);
-    CHECK(buf != NULL, "malloc");
+    TCH_CHECK(buf != NULL, "malloc");
     uint64_t bad = 0;
     for (int r = 0; r < s->tp; r++) {
         const pdl_kv_geometry_t *g = pdl_instance_geometry(s->inst, r);
@@ -265,7 +253,7 @@ static int zero_tail_check(const side_t *s, const uint32_t *ids, uint32_t seed)
         }
     }
     free(buf);
-    CHECK(bad == 0, "zero_tail: %llu bytes wrong", (unsigned long long)bad);
+    TCH_CHECK(bad == 0, "zero_tail: %llu bytes wrong", (unsigned long long)bad);
     return 0;
 }
 
@@ -280,15 +268,15 @@ typedef struct tcase {
 static int read_case(side_t *p, side_t *c, const uint32_t *cblk)
 {
     uint32_t pblk[NBLK];
-    CHECK(pdl_instance_alloc_blocks(p->inst, NBLK, pblk, NULL) == PDL_OK, "producer blocks");
-    CHECK(side_fill(p, pblk, NBLK, 31) == 0, "fill");
-    CHECK(pdl_instance_hold(p->inst, "tx-staged", pblk, NBLK, NULL) == PDL_OK, "hold");
+    TCH_CHECK(pdl_instance_alloc_blocks(p->inst, NBLK, pblk, NULL) == PDL_OK, "producer blocks");
+    TCH_CHECK(side_fill(p, pblk, NBLK, 31) == 0, "fill");
+    TCH_CHECK(pdl_instance_hold(p->inst, "tx-staged", pblk, NBLK, NULL) == PDL_OK, "hold");
     pdl_kv_params_t kp;
     tc_params(p->inst, "tx-staged", pblk, NBLK, &kp);
     pdl_error_t e;
     pdl_status_t st = tc_pull_wait(c->inst, &kp, cblk, NBLK, &e);
     pdl_kv_params_clear(&kp);
-    CHECK(st == PDL_OK, "pull: %s: %s", pdl_status_name(st), e.msg);
+    TCH_CHECK(st == PDL_OK, "pull: %s: %s", pdl_status_name(st), e.msg);
     return 0;
 }
 
@@ -296,12 +284,12 @@ static int write_case(side_t *p, side_t *c, const uint32_t *cblk)
 {
     char rid[1024];
     uint8_t uuid[16] = {7};
-    CHECK(pdl_wire_format_request_id(pdl_instance_zmq_address(p->inst), pdl_instance_zmq_address(c->inst), uuid, rid,
+    TCH_CHECK(pdl_wire_format_request_id(pdl_instance_zmq_address(p->inst), pdl_instance_zmq_address(c->inst), uuid, rid,
                                      sizeof(rid)) > 0,
           "request id");
     uint32_t pblk[NBLK];
-    CHECK(pdl_instance_alloc_blocks(p->inst, NBLK, pblk, NULL) == PDL_OK, "producer blocks");
-    CHECK(side_fill(p, pblk, NBLK, 31) == 0, "fill");
+    TCH_CHECK(pdl_instance_alloc_blocks(p->inst, NBLK, pblk, NULL) == PDL_OK, "producer blocks");
+    TCH_CHECK(side_fill(p, pblk, NBLK, 31) == 0, "fill");
     pdl_kv_params_t pk, ck;
     tc_leg_params("tx-staged-w", c->tp, &pk);
     tc_leg_params("tx-staged-w", p->tp, &ck);
@@ -315,22 +303,16 @@ static int write_case(side_t *p, side_t *c, const uint32_t *cblk)
     pdl_recv_free(rv);
     pdl_kv_params_clear(&pk);
     pdl_kv_params_clear(&ck);
-    CHECK(st == PDL_OK, "push: %s: %s", pdl_status_name(st), e.msg);
+    TCH_CHECK(st == PDL_OK, "push: %s: %s", pdl_status_name(st), e.msg);
     /* The pushed blocks are the instance's: freed (and scrubbed) once every producer rank finished. */
-    CHECK(tc_wait_for(tc_no_held, p->inst, 20000), "the producer still holds the push");
+    TCH_CHECK(tc_wait_for(tc_no_held, p->inst, 20000), "the producer still holds the push");
     return 0;
 }
 
 static int child(const tcase_t *tc)
 {
-    setenv("PDLINK_TEST_CUDA_FAKE", "1", 1);
-    if (tc->slow)
-        setenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US", "2000", 1);
-    pdl_error_t err;
-    if (pdl__cudadrv_open("test", "test", &drv, &err) != PDL_OK || pdl__cudadrv_ctx(drv, "test", &err) != PDL_OK) {
-        fprintf(stderr, "the test driver: %s\n", err.msg);
+    if (tfc_open(tc->slow ? "2000" : NULL, &drv))
         return 2;
-    }
     tc_geo_t g = tc_geo_default(HEADS);
     g.layers = LAYERS;
     g.order = tc->order;
@@ -346,13 +328,13 @@ static int child(const tcase_t *tc)
             for (int l = 0; l < LAYERS; l++)
                 memset(pdl_instance_kv_layer(c.inst, r, l), FILL, c.layer_len);
     uint32_t skip[2], cblk[NBLK];
-    CHECK(pdl_instance_alloc_blocks(c.inst, 2, skip, NULL) == PDL_OK, "consumer blocks"); /* other ids */
-    CHECK(pdl_instance_alloc_blocks(c.inst, NBLK, cblk, NULL) == PDL_OK, "consumer blocks");
+    TCH_CHECK(pdl_instance_alloc_blocks(c.inst, 2, skip, NULL) == PDL_OK, "consumer blocks"); /* other ids */
+    TCH_CHECK(pdl_instance_alloc_blocks(c.inst, NBLK, cblk, NULL) == PDL_OK, "consumer blocks");
     rc = tc->write ? write_case(&p, &c, cblk) : read_case(&p, &c, cblk);
     if (rc == 0)
         rc = side_verify(&c, cblk, NBLK, 31, FILL);
     if (rc == 0 && !tc->write)
-        CHECK(tc_wait_for(tc_no_held, p.inst, 20000), "the producer still holds the transfer");
+        TCH_CHECK(tc_wait_for(tc_no_held, p.inst, 20000), "the producer still holds the transfer");
     /* Released and scrubbed on the device: the producer's region is zeros again. */
     if (rc == 0)
         rc = side_verify(&p, NULL, 0, 0, 0);
@@ -364,33 +346,7 @@ static int child(const tcase_t *tc)
     return rc;
 }
 
-static void run(const tcase_t *tc)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        /* cmocka catches SIGSEGV to report a test; here the parent must see the signal itself. */
-        signal(SIGSEGV, SIG_DFL);
-        signal(SIGBUS, SIG_DFL);
-        exit(child(tc)); /* exit: the ASan build's leak check runs at exit */
-    }
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    if (WIFSIGNALED(ws))
-        fail_msg("the child died of signal %d (%s): a CPU access to device memory?", WTERMSIG(ws),
-                 strsignal(WTERMSIG(ws)));
-    assert_true(WIFEXITED(ws));
-    assert_int_equal(WEXITSTATUS(ws), 0);
-}
-
-#define CASE(name, ...)                                                                                                \
-    static void name(void **state)                                                                                     \
-    {                                                                                                                  \
-        (void)state;                                                                                                   \
-        tcase_t tc = {__VA_ARGS__};                                                                                    \
-        run(&tc);                                                                                                      \
-    }
+#define CASE(name, ...) TCH_DEVICE_CASE(name, child, tcase_t, __VA_ARGS__)
 
 CASE(read_tp2_tp2_dev, false, 2, 2, MEM_DEV, MEM_DEV, PDL_KV_HND, false)
 CASE(read_p1_d2_dev, false, 1, 2, MEM_DEV, MEM_DEV, PDL_KV_NHD, false)

@@ -262,6 +262,19 @@ static inline uint8_t tc_byte(uint32_t seed, int layer, int ghead, uint32_t bidx
 
 /* Offset of element (head index within the rank, token, dim) of K (half 0) or V (half 1) inside one
  * half-block -- for a fused geometry inside the block, whose row of a (head, token) is K then V. */
+/* Bytes of rank 0's KV region (every layer) for geometry g at TP tp with num_blocks blocks; 0 when the
+ * configuration is refused. */
+static inline uint64_t tc_region_len(const tc_geo_t *g, int tp, uint32_t num_blocks)
+{
+    pdl_instance_config_t c;
+    pdl_instance_config_defaults(&c);
+    c.model = tc_model(g);
+    c.tp_size = tp;
+    c.num_blocks = num_blocks;
+    uint64_t total = 0;
+    return pdl_instance_kv_region_len(&c, 0, &total, NULL) == PDL_OK ? total : 0;
+}
+
 static inline uint64_t tc_elem_off(const pdl_kv_geometry_t *g, int lhead, int token, int dim, int half)
 {
     uint64_t e = g->elem_size, row = g->kv_fused ? 2u * g->head_dim : g->head_dim;

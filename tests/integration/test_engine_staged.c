@@ -42,6 +42,7 @@
 #include "test_child.h"
 #include "test_pattern.h"
 #include "engine/cudadrv.h" /* the test driver, to make and read back device memory */
+#include "test_fake_cuda.h"
 
 #define REGION (8u << 20)
 #define BLOCK (128u << 10)
@@ -59,15 +60,6 @@ typedef struct side {
 } side_t;
 
 static pdl_cudadrv_t *drv;
-
-#define CHECK(cond, ...)                                                                                               \
-    do {                                                                                                               \
-        if (!(cond)) {                                                                                                 \
-            fprintf(stderr, __VA_ARGS__);                                                                              \
-            fprintf(stderr, " (%s:%d)\n", __FILE__, __LINE__);                                                         \
-            return 2;                                                                                                  \
-        }                                                                                                              \
-    } while (0)
 
 static pdl_engine_t *mk_workers(const char *key, int workers)
 {
@@ -90,21 +82,21 @@ static int side_make(pdl_engine_t *e, bool dev, uint64_t seed, side_t *sd)
     memset(sd, 0, sizeof(*sd));
     sd->dev = dev;
     uint8_t *buf = malloc(REGION);
-    CHECK(buf != NULL, "malloc");
+    TCH_CHECK(buf != NULL, "malloc");
     for (size_t i = 0; i < REGION; i++)
         buf[i] = tp_byte(seed, i);
     pdl_error_t err;
     if (!dev) {
         sd->host = buf;
-        CHECK(pdl_engine_register_mem(e, buf, REGION, &sd->mem, &err) == PDL_OK, "register: %s", err.msg);
+        TCH_CHECK(pdl_engine_register_mem(e, buf, REGION, &sd->mem, &err) == PDL_OK, "register: %s", err.msg);
         return 0;
     }
-    CHECK(drv->api.MemAlloc(&sd->dptr, REGION) == CUDA_SUCCESS, "fake cuMemAlloc");
-    CHECK(drv->api.MemcpyHtoDAsync(sd->dptr, buf, REGION, NULL) == CUDA_SUCCESS, "fake cuMemcpyHtoD");
+    TCH_CHECK(drv->api.MemAlloc(&sd->dptr, REGION) == CUDA_SUCCESS, "fake cuMemAlloc");
+    TCH_CHECK(drv->api.MemcpyHtoDAsync(sd->dptr, buf, REGION, NULL) == CUDA_SUCCESS, "fake cuMemcpyHtoD");
     free(buf);
     pdl_status_t st = pdl_engine_register_mem_type(e, (void *)(uintptr_t)sd->dptr, REGION, PDL_MEM_TYPE_CUDA, &sd->mem,
                                                    &err);
-    CHECK(st == PDL_OK, "register device memory: %s", err.msg);
+    TCH_CHECK(st == PDL_OK, "register device memory: %s", err.msg);
     return 0;
 }
 
@@ -151,13 +143,13 @@ static size_t make_descs(bool strided, pdl_desc_t *d)
 static int verify(pdl_op_t op, const side_t *loc, const side_t *rem, const pdl_desc_t *d, size_t n)
 {
     uint8_t *lb = side_read(loc), *rb = side_read(rem);
-    CHECK(lb != NULL && rb != NULL, "reading the regions back");
+    TCH_CHECK(lb != NULL && rb != NULL, "reading the regions back");
     bool rd = op == PDL_OP_READ;
     uint8_t *dst = rd ? lb : rb;
     const uint8_t *src = rd ? rb : lb;
     uint64_t dseed = rd ? 1 : 2, sseed = rd ? 2 : 1;
     uint8_t *hit = calloc(REGION, 1);
-    CHECK(hit != NULL, "calloc");
+    TCH_CHECK(hit != NULL, "calloc");
     size_t wrong = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t doff = rd ? d[i].local_off : d[i].remote_off, soff = rd ? d[i].remote_off : d[i].local_off;
@@ -171,7 +163,7 @@ static int verify(pdl_op_t op, const side_t *loc, const side_t *rem, const pdl_d
     free(hit);
     free(lb);
     free(rb);
-    CHECK(wrong == 0, "%zu wrong bytes", wrong);
+    TCH_CHECK(wrong == 0, "%zu wrong bytes", wrong);
     return 0;
 }
 
@@ -182,10 +174,10 @@ static int connect_sides(pdl_engine_t *own, pdl_engine_t *ini, side_t *loc, side
                          pdl_bytes_t *md, pdl_session_t **s)
 {
     pdl_error_t err;
-    CHECK(pdl_engine_pack(own, ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed->data, ed->len, NULL, 0, &err) == PDL_OK &&
+    TCH_CHECK(pdl_engine_pack(own, ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed->data, ed->len, NULL, 0, &err) == PDL_OK &&
               pdl_mem_pack(rem->mem, md, &err) == PDL_OK,
           "setup: %s", err.msg);
-    CHECK(pdl_session_open(ini, loc->mem, md->data, md->len, s, &err) == PDL_OK, "session_open: %s", err.msg);
+    TCH_CHECK(pdl_session_open(ini, loc->mem, md->data, md->len, s, &err) == PDL_OK, "session_open: %s", err.msg);
     return 0;
 }
 
@@ -193,7 +185,7 @@ static int transfer_case(pdl_op_t op, int where, bool strided)
 {
     pdl_engine_t *own = mk("staged:owner"), *ini = mk("staged:initiator");
     pdl_error_t err;
-    CHECK(pdl_engine_mem_types(ini) & (1u << PDL_MEM_TYPE_CUDA), "a tcp engine with the test driver claims CUDA");
+    TCH_CHECK(pdl_engine_mem_types(ini) & (1u << PDL_MEM_TYPE_CUDA), "a tcp engine with the test driver claims CUDA");
     side_t loc, rem;
     if (side_make(ini, where & DEV_LOCAL, 1, &loc) || side_make(own, where & DEV_REMOTE, 2, &rem))
         return 2;
@@ -204,15 +196,15 @@ static int transfer_case(pdl_op_t op, int where, bool strided)
     pdl_desc_t *d = malloc(sizeof(*d) * (REGION / STRIDE));
     size_t n = make_descs(strided, d);
     pdl_batch_t *b = NULL;
-    CHECK(pdl_session_post(s, op, d, n, &b, &err) == PDL_OK, "post: %s", err.msg);
+    TCH_CHECK(pdl_session_post(s, op, d, n, &b, &err) == PDL_OK, "post: %s", err.msg);
     pdl_status_t st = pdl_batch_wait(b, 30000, &err);
-    CHECK(st == PDL_OK, "batch: %s: %s", pdl_status_name(st), err.msg);
+    TCH_CHECK(st == PDL_OK, "batch: %s: %s", pdl_status_name(st), err.msg);
     pdl_batch_free(b);
     if (verify(op, &loc, &rem, d, n))
         return 2;
     pdl_engine_stats_t stats;
     pdl_engine_get_stats(own, &stats);
-    CHECK(stats.bytes_served == (uint64_t)n * d[0].len, "owner served %llu bytes",
+    TCH_CHECK(stats.bytes_served == (uint64_t)n * d[0].len, "owner served %llu bytes",
           (unsigned long long)stats.bytes_served);
     free(d);
     pdl_session_close(s);
@@ -255,7 +247,7 @@ static int failure_case(pdl_op_t op, bool owner_side)
     if (connect_sides(own, ini, &loc, &rem, &ed, &md, &s))
         return 2;
     side_t *gone = owner_side ? &rem : &loc;
-    CHECK(vanish(gone->dptr) == 0, "replacing the device region: %s", strerror(errno));
+    TCH_CHECK(vanish(gone->dptr) == 0, "replacing the device region: %s", strerror(errno));
     pdl_desc_t d[2] = {{0, 0, 3u << 20}, {4u << 20, 4u << 20, 64u << 10}};
     for (int round = 0; round < 2; round++) {
         pdl_batch_t *b = NULL;
@@ -265,9 +257,9 @@ static int failure_case(pdl_op_t op, bool owner_side)
             pdl_batch_free(b);
         }
         fprintf(stderr, "round %d: %s: %s\n", round, pdl_status_name(st), err.msg);
-        CHECK(st == PDL_ERR_TRANSPORT, "a failed device copy ends the batch with PDL_ERR_TRANSPORT, not %s",
+        TCH_CHECK(st == PDL_ERR_TRANSPORT, "a failed device copy ends the batch with PDL_ERR_TRANSPORT, not %s",
               pdl_status_name(st));
-        CHECK(strstr(err.msg, "staging") != NULL && strstr(err.msg, "CUDA_ERROR_INVALID_VALUE") != NULL,
+        TCH_CHECK(strstr(err.msg, "staging") != NULL && strstr(err.msg, "CUDA_ERROR_INVALID_VALUE") != NULL,
               "the message names the staging and the driver's error: %s", err.msg);
     }
     pdl_session_close(s);
@@ -276,11 +268,11 @@ static int failure_case(pdl_op_t op, bool owner_side)
     side_t fresh;
     if (side_make(ini, false, 4, &fresh))
         return 2;
-    CHECK(pdl_mem_pack(good.mem, &gd, &err) == PDL_OK, "pack");
-    CHECK(pdl_session_open(ini, fresh.mem, gd.data, gd.len, &s, &err) == PDL_OK, "session_open: %s", err.msg);
+    TCH_CHECK(pdl_mem_pack(good.mem, &gd, &err) == PDL_OK, "pack");
+    TCH_CHECK(pdl_session_open(ini, fresh.mem, gd.data, gd.len, &s, &err) == PDL_OK, "session_open: %s", err.msg);
     pdl_batch_t *b = NULL;
-    CHECK(pdl_session_post(s, PDL_OP_READ, d, 2, &b, &err) == PDL_OK, "post: %s", err.msg);
-    CHECK(pdl_batch_wait(b, 30000, &err) == PDL_OK, "the engines still work: %s", err.msg);
+    TCH_CHECK(pdl_session_post(s, PDL_OP_READ, d, 2, &b, &err) == PDL_OK, "post: %s", err.msg);
+    TCH_CHECK(pdl_batch_wait(b, 30000, &err) == PDL_OK, "the engines still work: %s", err.msg);
     pdl_batch_free(b);
     pdl_session_close(s);
     pdl_bytes_free(&ed);
@@ -302,14 +294,14 @@ static int open_to(pdl_engine_t *ini, pdl_engine_t *own, bool add, side_t *loc, 
     pdl_error_t err;
     pdl_bytes_t ed = {0}, md = {0};
     if (add) {
-        CHECK(pdl_engine_pack(own, &ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed.data, ed.len, NULL, 0, &err) ==
+        TCH_CHECK(pdl_engine_pack(own, &ed, &err) == PDL_OK && pdl_engine_add_remote(ini, ed.data, ed.len, NULL, 0, &err) ==
                   PDL_OK, "add_remote: %s", err.msg);
         pdl_bytes_free(&ed);
     }
-    CHECK(pdl_mem_pack(rem->mem, &md, &err) == PDL_OK, "pack: %s", err.msg);
+    TCH_CHECK(pdl_mem_pack(rem->mem, &md, &err) == PDL_OK, "pack: %s", err.msg);
     pdl_status_t st = pdl_session_open(ini, loc->mem, md.data, md.len, s, &err);
     pdl_bytes_free(&md);
-    CHECK(st == PDL_OK, "session_open: %s", err.msg);
+    TCH_CHECK(st == PDL_OK, "session_open: %s", err.msg);
     return 0;
 }
 
@@ -331,32 +323,32 @@ static int serve_while_copying(void)
     if (open_to(ini, own, true, &dloc, &drem, &ds) || open_to(ini, own, false, &hloc, &hrem, &hs))
         return 2;
     pdl_desc_t *d = malloc(sizeof(*d) * NBLOCKS);
-    CHECK(d != NULL, "malloc");
+    TCH_CHECK(d != NULL, "malloc");
     size_t n = make_descs(false, d);
     pdl_desc_t small = {0, 0, 64u << 10};
     pdl_batch_t *big = NULL;
     uint64_t t0 = pdl__clock_now_ns(), worst = 0;
-    CHECK(pdl_session_post(ds, PDL_OP_READ, d, n, &big, &err) == PDL_OK, "post: %s", err.msg);
+    TCH_CHECK(pdl_session_post(ds, PDL_OP_READ, d, n, &big, &err) == PDL_OK, "post: %s", err.msg);
     int smalls = 0, early = 0;
     pdl_status_t st;
     while ((st = pdl_batch_poll(big, &err)) == PDL_INPROGRESS) {
         uint64_t s0 = pdl__clock_now_ns();
         pdl_batch_t *b = NULL;
-        CHECK(pdl_session_post(hs, PDL_OP_READ, &small, 1, &b, &err) == PDL_OK, "post: %s", err.msg);
-        CHECK(pdl_batch_wait(b, 30000, &err) == PDL_OK, "small read: %s", err.msg);
+        TCH_CHECK(pdl_session_post(hs, PDL_OP_READ, &small, 1, &b, &err) == PDL_OK, "post: %s", err.msg);
+        TCH_CHECK(pdl_batch_wait(b, 30000, &err) == PDL_OK, "small read: %s", err.msg);
         pdl_batch_free(b);
         uint64_t dt = pdl__clock_now_ns() - s0;
         worst = dt > worst ? dt : worst;
         smalls++;
         early += pdl__clock_now_ns() - t0 < 180000000u;
     }
-    CHECK(st == PDL_OK, "device read: %s: %s", pdl_status_name(st), err.msg);
+    TCH_CHECK(st == PDL_OK, "device read: %s: %s", pdl_status_name(st), err.msg);
     uint64_t total = pdl__clock_now_ns() - t0;
     pdl_batch_free(big);
     fprintf(stderr, "device read %.1f ms; %d host reads meanwhile (%d in its first 180 ms), the slowest %.2f ms\n",
             total / 1e6, smalls, early, worst / 1e6);
-    CHECK(total >= 200000000u, "the device read took %.1f ms: were its copies held back?", total / 1e6);
-    CHECK(early >= 5, "%d host reads in the first 180 ms of the device read: the server thread waited for the device",
+    TCH_CHECK(total >= 200000000u, "the device read took %.1f ms: were its copies held back?", total / 1e6);
+    TCH_CHECK(early >= 5, "%d host reads in the first 180 ms of the device read: the server thread waited for the device",
           early);
     if (verify(PDL_OP_READ, &dloc, &drem, d, n))
         return 2;
@@ -382,14 +374,8 @@ typedef struct tcase {
 
 static int child(const tcase_t *tc)
 {
-    setenv("PDLINK_TEST_CUDA_FAKE", "1", 1);
-    if (tc->slow)
-        setenv("PDLINK_TEST_CUDA_FAKE_LATENCY_US", "3000", 1);
-    pdl_error_t err;
-    if (pdl__cudadrv_open("test", "test", &drv, &err) != PDL_OK || pdl__cudadrv_ctx(drv, "test", &err) != PDL_OK) {
-        fprintf(stderr, "the test driver: %s\n", err.msg);
+    if (tfc_open(tc->slow ? "3000" : NULL, &drv))
         return 2;
-    }
     int rc = tc->where      ? transfer_case(tc->op, tc->where, tc->strided)
              : tc->slow     ? serve_while_copying()
                             : failure_case(tc->op, tc->owner_side);
@@ -397,22 +383,7 @@ static int child(const tcase_t *tc)
     return rc;
 }
 
-static int child_fn(void *tc) { return child(tc); }
-
-/* The child ends through exit(): under ASan staging left behind (a stage, its pinned windows from the
- * test driver) fails the case. */
-static void run(const tcase_t *tc)
-{
-    tch_run_exit(child_fn, (void *)tc, "the child", "a CPU access to device memory?", true);
-}
-
-#define CASE(name, ...)                                                                                                \
-    static void name(void **state)                                                                                     \
-    {                                                                                                                  \
-        (void)state;                                                                                                   \
-        tcase_t tc = {__VA_ARGS__};                                                                                    \
-        run(&tc);                                                                                                      \
-    }
+#define CASE(name, ...) TCH_DEVICE_CASE(name, child, tcase_t, __VA_ARGS__)
 
 CASE(read_blocks_into_device, PDL_OP_READ, DEV_LOCAL, false, false, false)
 CASE(read_blocks_from_device, PDL_OP_READ, DEV_REMOTE, false, false, false)

@@ -64,8 +64,8 @@ def pattern(layer: int, kv: int, heads: np.ndarray) -> np.ndarray:
     h = heads.astype(np.uint32)[None, :, None, None]
     t = np.arange(BS, dtype=np.uint32)[None, None, :, None]
     d = np.arange(HD, dtype=np.uint32)[None, None, None, :]
-    x = (np.uint32(layer + 1) * np.uint32(0x85EBCA77)) ^ (np.uint32(kv) * np.uint32(0xC2B2AE3D)) \
-        ^ (h * np.uint32(0x27D4EB2F)) ^ ((b * BS + t) * np.uint32(0x165667B1)) ^ (d * np.uint32(0xD3A2646C))
+    lk = np.uint32((((layer + 1) * 0x85EBCA77) ^ (kv * 0xC2B2AE3D)) & 0xFFFFFFFF)  # Python ints: no overflow warning
+    x = lk ^ (h * np.uint32(0x27D4EB2F)) ^ ((b * BS + t) * np.uint32(0x165667B1)) ^ (d * np.uint32(0xD3A2646C))
     x ^= x >> np.uint32(15)
     v = (x & np.uint32(0xFFFF)).astype(np.uint16)
     v[v == SENTINEL] = 0

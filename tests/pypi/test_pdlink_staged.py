@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -24,11 +23,9 @@ os.environ["PDLINK_TEST_CUDA_FAKE"] = "1"  # read when each engine is created
 
 import pdlink  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-from free_ports import free_range  # noqa: E402
-
-L, BS, HD, NUM_BLOCKS, NBLK, HEADS = 3, 4, 8, 8, 3, 4
-SENTINEL = 0xBEEF
+# The per-layer test's geometry and config (backend tcp): the same cache, here in device memory.
+from test_pdlink_layer_buffers import (BS, HD, HEADS, L, NBLK, NUM_BLOCKS, SENTINEL, cfg, geometry,  # noqa: E402
+                                       heads_of, pattern)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -104,17 +101,6 @@ class _Mem:
         os.close(self.fd)
 
 
-def geometry() -> pdlink.Geometry:
-    return pdlink.Geometry(num_layers=L, total_kv_heads=HEADS, head_dim=HD, block_size=BS, elem_size=2)
-
-
-def cfg(role: str, tp: int) -> dict:
-    base = free_range(2 * tp)
-    return {"kv_connector": "PdlinkConnector", "kv_role": role,
-            "kv_connector_extra_config": {"host_ip": "127.0.0.1", "handshake_port": base, "notify_port": base + tp,
-                                          "read_mode": True, "backend": "tcp", "defer_timeout": 60,
-                                          "transfer_timeout": 30}}
-
 
 def device_layers(mem: _Mem, tp: int, per_layer: bool) -> List[List[FakeCudaTensor]]:
     """Per rank, L tensors [2 (K, V), blocks, heads of the rank, BS, HD] of uint16 on the device, each
@@ -148,24 +134,6 @@ def make(mem: _Mem, role: str, tp: int, per_layer: bool) -> Tuple[pdlink.Instanc
     inst = pdlink.Instance(cfg(role, tp), geometry(), tp_size=tp, num_blocks=NUM_BLOCKS, kv_buffers=bufs)
     assert (inst.backend, inst.mem_type, inst.device) == ("tcp", "cuda", 0)
     return inst, layers
-
-
-def pattern(layer: int, kv: int, heads: np.ndarray) -> np.ndarray:
-    b = np.arange(NBLK, dtype=np.uint32)[:, None, None, None]
-    h = heads.astype(np.uint32)[None, :, None, None]
-    t = np.arange(BS, dtype=np.uint32)[None, None, :, None]
-    d = np.arange(HD, dtype=np.uint32)[None, None, None, :]
-    lk = np.uint32((((layer + 1) * 0x85EBCA77) ^ (kv * 0xC2B2AE3D)) & 0xFFFFFFFF)  # Python ints: no overflow warning
-    x = lk ^ (h * np.uint32(0x27D4EB2F)) ^ ((b * BS + t) * np.uint32(0x165667B1)) ^ (d * np.uint32(0xD3A2646C))
-    x ^= x >> np.uint32(15)
-    v = (x & np.uint32(0xFFFF)).astype(np.uint16)
-    v[v == SENTINEL] = 0
-    return v
-
-
-def heads_of(tp: int, r: int) -> np.ndarray:
-    n = HEADS // tp
-    return np.arange(r * n, (r + 1) * n)
 
 
 @pytest.mark.parametrize("per_layer", [False, True], ids=["region", "layers"])
