@@ -313,9 +313,12 @@ static CUresult fake_stream_create(CUstream *s, unsigned f)
     return CUDA_SUCCESS;
 }
 
+/* Queries and synchronisations both count as syncs (pdl__cudadrv_fake_counts): a batch completed by
+ * polling is synchronised by its last query. */
 static CUresult fake_stream_query(CUstream s)
 {
     fake_stream_t *fs = (fake_stream_t *)s;
+    atomic_fetch_add_explicit(&n_syncs, 1, memory_order_relaxed);
     if (fs == NULL || fs->head == NULL)
         return CUDA_SUCCESS;
     return pdl__clock_now_ns() < fs->ready_ns ? CUDA_ERROR_NOT_READY : stream_drain(fs);
