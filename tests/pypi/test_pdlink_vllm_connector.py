@@ -554,3 +554,16 @@ def test_pdlink_threads_start_unpinned_from_an_openmp_bound_worker_thread() -> N
     assert seen["during_pull"] == allowed
     assert seen["after"] == pinned
     assert seen["results"] == (set(), {"r1"}, set())
+
+
+def test_dp_rank_of_a_dense_model_is_its_original_index() -> None:
+    """vLLM runs a dense model's DP ranks as independent engines reconfigured to rank 0 of size 1, the
+    original rank kept in data_parallel_index: pdlink's ports (base + dp_rank * tp + rank) need that one,
+    or every DP engine binds DP 0's ports (seen: 'bind tcp://127.0.0.1:26230 failed: Address already in
+    use' from DP 1)."""
+    from types import SimpleNamespace
+    from pdlink.vllm.scheduler import dp_of
+    assert dp_of(SimpleNamespace(data_parallel_rank=0, data_parallel_size=1, data_parallel_index=1)) == (1, 2)
+    assert dp_of(SimpleNamespace(data_parallel_rank=0, data_parallel_size=1, data_parallel_index=0)) == (0, 1)
+    assert dp_of(SimpleNamespace(data_parallel_rank=3, data_parallel_size=4, data_parallel_index=3)) == (3, 4)
+    assert dp_of(SimpleNamespace(data_parallel_rank=1, data_parallel_size=2)) == (1, 2)   # no index: older vLLM

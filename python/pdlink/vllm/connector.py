@@ -21,7 +21,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, KVConnectorTransferResults)
 
-from pdlink.vllm.scheduler import PdlinkScheduler, StepPlan
+from pdlink.vllm.scheduler import PdlinkScheduler, StepPlan, dp_of
 from pdlink.vllm.worker import PdlinkWorker
 
 log = logging.getLogger("pdlink.vllm")
@@ -54,13 +54,13 @@ class PdlinkConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = _config_dict(vllm_config)
         pc = vllm_config.parallel_config
+        dp_rank, dp_size = dp_of(pc)
         self._sched: Optional[PdlinkScheduler] = None
         self._worker: Optional[PdlinkWorker] = None
         if role == KVConnectorRole.SCHEDULER:
             self._sched = PdlinkScheduler(cfg, tp_size=pc.tensor_parallel_size,
                                           block_size=vllm_config.cache_config.block_size,
-                                          dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size,
-                                          block_ids_of=self._block_ids_of)
+                                          dp_rank=dp_rank, dp_size=dp_size, block_ids_of=self._block_ids_of)
             log.info("scheduler: %s, %s mode, params name %s:%d (notify %d), TP %d",
                      self._sched.ep.role, "WRITE" if self._sched.write else "READ",
                      self._sched.ep.host, self._sched.ep.handshake_port,
@@ -70,7 +70,7 @@ class PdlinkConnector(KVConnectorBase_V1):
             self._worker = PdlinkWorker(cfg, tp_size=pc.tensor_parallel_size,
                                         tp_rank=get_tensor_model_parallel_rank(),
                                         total_kv_heads=vllm_config.model_config.get_total_num_kv_heads(),
-                                        dp_rank=pc.data_parallel_rank, dp_size=pc.data_parallel_size)
+                                        dp_rank=dp_rank, dp_size=dp_size)
 
     def _block_ids_of(self, request_id: str) -> Any:
         assert self._kv_cache_manager is not None, "vLLM did not bind its KV cache manager"

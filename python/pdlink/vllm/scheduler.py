@@ -186,6 +186,17 @@ def parse_endpoint(config: Mapping[str, Any]) -> Endpoint:
                     role=c["role"], read_mode=c["read_mode"])
 
 
+def dp_of(pc: Any) -> Tuple[int, int]:
+    """This engine's DP rank and a DP size covering it. vLLM runs the DP ranks of a dense (non-MoE) model
+    as independent engines, each reconfigured to data_parallel_rank 0 of size 1; its original rank stays
+    in data_parallel_index. pdlink's ports are base + dp_rank * tp + rank, so the rank must be the
+    original one, or every DP engine binds DP 0's ports. The original size is not kept: the size is at
+    least rank + 1, which the params' remote_dp_rank needs; vLLM's front end then balances requests
+    over its engines itself."""
+    rank = int(getattr(pc, "data_parallel_index", pc.data_parallel_rank))
+    return rank, max(int(pc.data_parallel_size), rank + 1)
+
+
 def transfer_params(ep: Endpoint, *, transfer_id: str, block_ids: Sequence[int], tp_size: int, dp_rank: int,
                     dp_size: int) -> Dict[str, Any]:
     """The kv_transfer_params a READ-mode prefill returns: the same keys and values as pdlink's
