@@ -12,6 +12,7 @@
 #   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
 #   make vllm-e2e-short -- the same, short (what CI runs): 1P1D and P1/D2, 3 prompts each
+#   make vllm-matrix -- every row of docs/vllm-matrix.md that runs in real vLLM (scripts/vllm-matrix; long)
 #   make compare-peers -- build, install NIXL and Mooncake into BUILD/peers-venv (scripts/install-peers),
 #                   then bench/compare-peers.sh (COMPARE_PEERS_FLAGS, e.g. --full); a benchmark, not a test
 BUILD      ?= build
@@ -25,7 +26,7 @@ DESTDIR    ?=
 # plain `cmake` makes both optional).
 PDL_FLAGS  := -DPDL_WERROR=ON -DPDL_WITH_UCX=ON
 
-.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short compare-peers
+.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short vllm-matrix compare-peers
 
 all: build
 
@@ -86,6 +87,10 @@ VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases none
 vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
+
+vllm-matrix: setup
+	BUILD=$(BUILD) ./scripts/install-vllm
+	BUILD=$(BUILD) ./scripts/vllm-matrix
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz
