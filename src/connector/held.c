@@ -123,7 +123,10 @@ static void revoke(pdl_instance_t *inst, const char *transfer_id, int rank)
         pdl__rank_revoke(inst, transfer_id, rank);
 }
 
-void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
+/* Revoke transfer_id's grants on every local rank, then take its record out of the table (revoked
+ * first, as the release path does, so no peer reads blocks about to be reused). The record, or NULL
+ * when there is none, is the caller's. */
+static pdl_held_t *take(pdl_instance_t *inst, const char *transfer_id)
 {
     PDL_FOR_LOCAL(inst, i)
         revoke(inst, transfer_id, i);
@@ -134,11 +137,18 @@ void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id)
     if (h != NULL)
         inst->held_blocks -= h->n;
     pthread_mutex_unlock(&inst->held_mu);
+    return h;
+}
+
+static void held_free(pdl_held_t *h)
+{
     if (h != NULL) {
         free(h->ids);
         free(h);
     }
 }
+
+void pdl__held_cancel(pdl_instance_t *inst, const char *transfer_id) { held_free(take(inst, transfer_id)); }
 
 pdl_status_t pdl_instance_drop(pdl_instance_t *inst, const char *transfer_id, pdl_error_t *err)
 {
@@ -153,26 +163,15 @@ pdl_status_t pdl_instance_drop(pdl_instance_t *inst, const char *transfer_id, pd
     if (!found)
         return pdl_error_set(err, PDL_ERR_NOT_FOUND, "drop of %s: no such hold (never made, freed or dropped)",
                              transfer_id);
-    /* Revoked before the record goes, as the release path does, so no peer reads blocks the caller is
-     * about to reuse. */
-    PDL_FOR_LOCAL(inst, i)
-        revoke(inst, transfer_id, i);
-    void *data = NULL;
-    pthread_mutex_lock(&inst->held_mu);
-    pdl__fanin_cancel(inst->held, transfer_id, &data);
-    pdl_held_t *h = data;
-    if (h != NULL)
-        inst->held_blocks -= h->n;
-    pthread_mutex_unlock(&inst->held_mu);
-    if (h == NULL) /* freed by its releases between the look-up and the cancel: nothing left to drop */
+    pdl_held_t *h = take(inst, transfer_id);
+    if (h == NULL) /* freed by its releases between the look-up and the take: nothing left to drop */
         return pdl_error_set(err, PDL_ERR_NOT_FOUND, "drop of %s: freed meanwhile", transfer_id);
     if (inst->blocks != NULL) {
         pdl__scrub_blocks(inst, h->ids, h->n);
         pdl__blockalloc_free(inst->blocks, h->ids, h->n);
     }
     pdl_debug("transfer %s dropped by its producer (%zu blocks)", transfer_id, h->n);
-    free(h->ids);
-    free(h);
+    held_free(h);
     return PDL_OK;
 }
 
@@ -202,8 +201,7 @@ void pdl__held_rank_resolved(pdl_instance_t *inst, const char *transfer_id, int 
     inst->held_blocks -= freed->n;
     inst->freeing--;
     pthread_mutex_unlock(&inst->held_mu);
-    free(freed->ids);
-    free(freed);
+    held_free(freed);
 }
 
 pdl_fanin_result_t pdl__held_release(pdl_rank_t *r, const pdl_fanin_release_t *rel, pdl_error_t *err)

@@ -338,6 +338,11 @@ typedef struct pdl_xfer_times {
  * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
  * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
  * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
+/* The producer's host and base ports: from params' remote_host/remote_handshake_port/remote_notify_port
+ * when all are set, else from the request id's ___prefill_addr_ part (pull.c; pulls, WRITE receives and
+ * their abandons). PDL_ERR_INVALID naming `what` and the transfer when neither gives one. */
+pdl_status_t pdl__producer_endpoint(const pdl_kv_params_t *params, const char *request_id, const char *what, char *host,
+                                    size_t host_cap, int *hs_base, int *notify_base, pdl_error_t *err);
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
                            uint64_t *descs, pdl_xfer_times_t *times, bool *verified, pdl_error_t *err);
 /* Has a handshake with the instance of `addr` succeeded on rank r's lanes `l` (its own lane, not one

@@ -302,6 +302,28 @@ void pdl__reader_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->readers); }
 
 /* ---- public API ------------------------------------------------------------------------------- */
 
+pdl_status_t pdl__producer_endpoint(const pdl_kv_params_t *params, const char *request_id, const char *what, char *host,
+                                    size_t host_cap, int *hs_base, int *notify_base, pdl_error_t *err)
+{
+    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
+        snprintf(host, host_cap, "%s", params->remote_host);
+        *hs_base = params->remote_handshake_port;
+        *notify_base = params->remote_notify_port;
+        return PDL_OK;
+    }
+    pdl_zmq_addr_t pa;
+    pdl_error_t e;
+    if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
+        return pdl_error_set(err, PDL_ERR_INVALID,
+                             "%s %s: no producer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
+                             "remote_notify_port and the request id %s",
+                             what, params->transfer_id, request_id ? e.msg : "is absent");
+    snprintf(host, host_cap, "%s", pa.host);
+    *hs_base = pa.handshake_port;
+    *notify_base = pa.notify_port;
+    return PDL_OK;
+}
+
 /* The producer instance named by a pull's params (or its request id), checked against our TP. Errors
  * name the transfer; the caller prefixes what it was doing. */
 static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
@@ -309,23 +331,10 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
 {
     memset(pr, 0, sizeof(*pr));
     pr->role = PDL_ROLE_PRODUCER;
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
-        pr->hs_base = params->remote_handshake_port;
-        pr->notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t pa;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK) {
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "%s %s: no peer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
-                                 "remote_notify_port and the request id %s",
-                                 what, params->transfer_id, request_id ? e.msg : "is absent");
-        }
-        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
-        pr->hs_base = pa.handshake_port;
-        pr->notify_base = pa.notify_port;
-    }
+    pdl_status_t st = pdl__producer_endpoint(params, request_id, what, pr->host, sizeof(pr->host), &pr->hs_base,
+                                             &pr->notify_base, err);
+    if (st != PDL_OK)
+        return st;
     snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
     snprintf(pr->claimed_id, sizeof(pr->claimed_id), "%s", params->remote_engine_id);
     bool disagree = false;

@@ -173,22 +173,10 @@ static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_
                                 const char *what, producer_ref_t *pr, pdl_error_t *err)
 {
     const char *tid = params->transfer_id;
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(pr->host, sizeof(pr->host), "%s", params->remote_host);
-        pr->hs_base = params->remote_handshake_port;
-        pr->notify_base = params->remote_notify_port;
-    } else {
-        pdl_zmq_addr_t pa;
-        pdl_error_t e;
-        if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
-            return pdl_error_set(err, PDL_ERR_INVALID,
-                                 "%s %s: no producer address: kv_transfer_params lacks remote_host/"
-                                 "remote_handshake_port/remote_notify_port and the request id %s",
-                                 what, tid, request_id ? e.msg : "is absent");
-        snprintf(pr->host, sizeof(pr->host), "%s", pa.host);
-        pr->hs_base = pa.handshake_port;
-        pr->notify_base = pa.notify_port;
-    }
+    pdl_status_t st = pdl__producer_endpoint(params, request_id, what, pr->host, sizeof(pr->host), &pr->hs_base,
+                                             &pr->notify_base, err);
+    if (st != PDL_OK)
+        return st;
     bool disagree = false;
     int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
     int D = inst->tp, dummy;

@@ -159,7 +159,7 @@ static void isolation_abandon_releases_at_once(void **state)
     assert_int_equal(pdl_instance_abandon(p, &kp, NULL, &e), PDL_ERR_UNSUPPORTED);
     kp.remote_host[0] = '\0';
     assert_int_equal(pdl_instance_abandon(c, &kp, NULL, &e), PDL_ERR_INVALID);
-    assert_non_null(strstr(e.msg, "no peer address"));
+    assert_non_null(strstr(e.msg, "no producer address"));
     pdl_kv_params_clear(&kp);
     pdl_instance_destroy(c);
     pdl_instance_destroy(p);
