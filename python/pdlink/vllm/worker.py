@@ -310,27 +310,26 @@ class PdlinkWorker:
         for d in plan.drops:
             self._drop(d.request_id, d.transfer_id, d.reason)
         for ex in plan.expects:
-            try:
-                self._pulls[ex.request_id] = self.inst.expect_push(ex.params, ex.block_ids, ex.request_id)
-                self._pull_started[ex.request_id] = time.monotonic()
-                tid = str(ex.params.get("transfer_id"))
-                self._pull_tid[ex.request_id] = tid
-                self._mark(tid, "expect_issued")
-            except Exception as e:
-                log.error("pdlink rank %d: receive of request %s (transfer %s) refused: %s", self.tp_rank,
-                          ex.request_id, ex.params.get("transfer_id"), e)
-                self._failed.add(ex.request_id)
+            self._start_load(ex.request_id, ex.params, "receive", "expect_issued",
+                             lambda ex=ex: self.inst.expect_push(ex.params, ex.block_ids, ex.request_id))
         for order in plan.pulls:
-            try:
-                self._pulls[order.request_id] = self.inst.pull(order.params, order.block_ids, None)
-                self._pull_started[order.request_id] = time.monotonic()
-                tid = str(order.params.get("transfer_id"))
-                self._pull_tid[order.request_id] = tid
-                self._mark(tid, "pull_issued")
-            except Exception as e:
-                log.error("pdlink rank %d: pull of request %s (transfer %s) refused: %s", self.tp_rank,
-                          order.request_id, order.params.get("transfer_id"), e)
-                self._failed.add(order.request_id)
+            self._start_load(order.request_id, order.params, "pull", "pull_issued",
+                             lambda order=order: self.inst.pull(order.params, order.block_ids, None))
+
+    def _start_load(self, rid: str, params: Mapping[str, Any], what: str, mark: str,
+                    start: Callable[[], Any]) -> None:
+        """Start a request's load (a pull, or a WRITE receive) and track it until get_transfer_results
+        sees it done; one that cannot start is reported failed at once."""
+        tid = str(params.get("transfer_id"))
+        try:
+            self._pulls[rid] = start()
+        except Exception as e:
+            log.error("pdlink rank %d: %s of request %s (transfer %s) refused: %s", self.tp_rank, what, rid, tid, e)
+            self._failed.add(rid)
+            return
+        self._pull_started[rid] = time.monotonic()
+        self._pull_tid[rid] = tid
+        self._mark(tid, mark)
 
     def _drop(self, rid: str, tid: str, reason: str) -> None:
         """The scheduler let vLLM free a held request's blocks (pdlink.vllm.scheduler.DropOrder): forget
