@@ -64,6 +64,18 @@ def test_producer_full_last_block_is_not_pushed_nor_zeroed() -> None:
     assert (push.block_ids, push.num_tokens) == ([5, 2], None)
 
 
+def test_producer_one_token_prompt_pushes_nothing_and_keeps_no_blocks() -> None:
+    # Nothing to push (the decode recomputes the only token), so no worker will ever report it sent:
+    # keeping the blocks would pin them for good.
+    s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS, block_ids_of=Blocks({"p": [5]}))
+    s.idle_step_s = 0
+    r = Req("p", 1, {"do_remote_decode": True, "transfer_id": "tx-1t"})
+    s.update_state_after_alloc(r, [5], 0)
+    assert not s.build_connector_meta({"p": 1}).pushes
+    r.num_computed_tokens = 1
+    assert s.request_finished(r, [5], length_capped=True) == (False, None)
+
+
 def test_producer_finished_before_its_push_fails_the_decode_at_once() -> None:
     s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS, block_ids_of=Blocks({"p": [1]}))
     s.idle_step_s = 0

@@ -472,8 +472,9 @@ class PdlinkScheduler:
         if self.write:
             if pr.dropped:
                 return False, None
-            if hold.holder == rid and pr.held_ids:
+            if hold.holder == rid and pr.held_ids and request.num_prompt_tokens > 1:
                 # The push was ordered and the decode waits for it: the blocks stay until it is freed.
+                # (A one-token prompt pushes nothing: the decode recomputes its only token.)
                 return True, None
             if hold.holder is None and hold.users == 0:
                 # No child pushed and none will: tell the decode now rather than at its timeout.
