@@ -126,6 +126,22 @@ def test_consumer_abort_before_its_pull_releases_and_counts() -> None:
     assert not s.build_connector_meta({})
 
 
+def test_consumer_preempted_after_its_load_is_counted_and_recomputes() -> None:
+    s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
+    r = Req("g", 40, remote([1, 2, 3]))
+    s.get_num_new_matched_tokens(r, 0)
+    s.update_state_after_alloc(r, [7, 8, 9], 39)
+    assert [p.request_id for p in s.build_connector_meta({}).pulls] == ["g"]
+    # vLLM preempts it while it decodes: nothing to pull again or release (the pull released the
+    # prefill), so the plan is empty; a request it never loaded is not counted.
+    assert not s.build_connector_meta({}, preempted={"g", "h"})
+    assert s.stats == {"preempted_after_load": 1}
+    # Re-scheduled, it recomputes: do_remote_prefill is off, so no second pull.
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    assert s.request_finished(r, [4, 5, 6, 10], length_capped=False) == (False, None)
+    assert not s.build_connector_meta({}, preempted={"g"}) and s.stats == {"preempted_after_load": 1}
+
+
 def test_scheduler_stats_file(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.setenv("PDLINK_VLLM_COUNTERS_DIR", str(tmp_path))
     s = producer({"g": [1]})

@@ -372,10 +372,11 @@ def kv_value(layer: np.ndarray, block_pos: int, head: int, tok: np.ndarray, c: n
     return layer * 1e5 + block_pos * 1e4 + head * 1e3 + tok * 40 + c + 0.5
 
 
-def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int) -> None:
+def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int, first: int = 0) -> None:
+    """This rank's heads of the prompt's blocks ``first``, ``first + 1``, ... into ``ids``."""
     heads = HEADS // tp
     L, _, H, T, C = np.ix_(range(LAYERS), [0], range(heads), range(BS), range(2 * HD))
-    for pos, b in enumerate(ids):
+    for pos, b in enumerate(ids, start=first):
         whole[:, b] = kv_value(L, pos, H + rank * heads, T, C)[:, 0]
 
 
@@ -408,9 +409,11 @@ def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_ou
     w.shutdown()
 
 
-def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any, read_mode: bool = True) -> None:
+def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any, read_mode: bool = True,
+                  first: int = 0) -> None:
     """One decode worker process: report "up", run the plan's pull (READ) or expect (WRITE), then report
-    what it loaded and whether its whole cache is exactly the pulled blocks' heads and the sentinel."""
+    what it loaded and whether its whole cache is exactly the pulled blocks' heads and the sentinel.
+    ``first``: the prompt's block the loaded ones start at (the blocks before are a local prefix hit)."""
     whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
     whole[:] = -1.0
     w = PdlinkWorker(config("kv_consumer", base, read_mode=read_mode), tp_size=tp, tp_rank=rank,
@@ -428,7 +431,7 @@ def consumer_rank(tp: int, rank: int, base: int, q_in: Any, q_out: Any, read_mod
             break
         time.sleep(0.01)
     want = np.full_like(whole, -1.0)
-    rank_fill(want, order.block_ids, tp, rank)
+    rank_fill(want, order.block_ids, tp, rank, first)
     # vLLM CPU's cache has no per-token rows pdlink may address (K of every token, then V, in the
     # kernels' own order), so the worker does not zero the last block's tail there: the whole blocks
     # arrive exactly as the prefill had them.

@@ -99,12 +99,20 @@ def test_consumer_expects_the_blocks_it_allocated() -> None:
     assert not plan.pulls and not plan.releases
 
 
-def test_consumer_with_a_local_prefix_gives_the_push_up() -> None:
+def test_consumer_with_a_local_prefix_expects_only_the_rest() -> None:
     s = PdlinkScheduler(wconfig("kv_consumer", 23200), tp_size=1, block_size=BS)
     s.idle_step_s = 0
     r = Req("d", PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w"})
     assert s.get_num_new_matched_tokens(r, BS) == (PROMPT - 1 - BS, True)
     s.update_state_after_alloc(r, [7, 3, 10], PROMPT - 1 - BS)
+    plan = s.build_connector_meta({})
+    # Block 7 is the cached prefix (vLLM may share it with other requests): never announced.
+    assert [x.block_ids for x in plan.expects] == [[3, 10]] and not plan.releases
+    assert s.stats == {"local_prefix_hit": 1}
+    # The whole prompt but its last token cached here: nothing to receive, the push is given up.
+    r = Req("e", 2 * BS + 1, {"do_remote_prefill": True, "transfer_id": "tx-v"})
+    assert s.get_num_new_matched_tokens(r, 2 * BS) == (0, False)
+    s.update_state_after_alloc(r, [7, 3, 10], 0)
     plan = s.build_connector_meta({})
     assert not plan.expects and [(x.reason, x.write) for x in plan.releases] == [("unpulled", True)]
 
@@ -145,11 +153,12 @@ def test_worker_write_release_names_the_request() -> None:
 
 # ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
 
-@pytest.mark.parametrize("p_tp,d_tp", [(1, 1), (2, 1), (1, 2)])
-def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> None:
+@pytest.mark.parametrize("p_tp,d_tp,hit", [(1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 1), (2, 1, 1)])
+def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int, hit: int) -> None:
     """Both legs at once, as vllm-router's WRITE dispatch sends them: every decode rank ends with exactly
     its heads of the pushed blocks (other blocks keep the sentinel) and reports the request loaded;
-    every prefill rank reports it sent once its push was written."""
+    every prefill rank reports it sent once its push was written. ``hit``: blocks the decode had cached
+    (a local prefix hit): only the blocks past them are written, from the same prompt positions."""
     ctx = mp.get_context("spawn")
     pbase = free_range(120)
     dbase = pbase + 60
@@ -158,7 +167,7 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
     out = ctx.Queue()
     pq = [ctx.Queue() for _ in range(p_tp)]
     cq = [ctx.Queue() for _ in range(d_tp)]
-    procs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out, False)) for r in range(d_tp)]
+    procs = [ctx.Process(target=consumer_rank, args=(d_tp, r, dbase, cq[r], out, False, hit)) for r in range(d_tp)]
     procs += [ctx.Process(target=producer_rank, args=(p_tp, r, pbase, p_ids, pq[r], out, False))
               for r in range(p_tp)]
     for p in procs:
@@ -168,8 +177,8 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
         cs = PdlinkScheduler(wconfig("kv_consumer", dbase), tp_size=d_tp, block_size=BS)
         dreq = Req(rid, PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": p_tp,
                                  "remote_dp_size": 1})
-        n, is_async = cs.get_num_new_matched_tokens(dreq, 0)
-        assert (n, is_async) == (PROMPT - 1, True)
+        n, is_async = cs.get_num_new_matched_tokens(dreq, hit * BS)
+        assert (n, is_async) == (PROMPT - 1 - hit * BS, True)
         cs.update_state_after_alloc(dreq, d_ids, n)
         dplan = cs.build_connector_meta({})
         for q in cq:
@@ -194,4 +203,4 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
     for _, rank, s, counters in sent:
         assert s == [rid], f"prefill rank {rank} never reported the push freed"
         assert counters["connector"]["pushes"] == 1 and counters["held_now"] == 0
-    assert sum(c["pdlink"]["kv_bytes"] for *_, c in sent) == LAYERS * 3 * HEADS * BS * 2 * HD * 4
+    assert sum(c["pdlink"]["kv_bytes"] for *_, c in sent) == LAYERS * (3 - hit) * HEADS * BS * 2 * HD * 4

@@ -35,8 +35,10 @@ WRITE mode (``read_mode: false``; vllm-router sends both legs at once, each with
   * consumer: ``get_num_new_matched_tokens`` offers the prompt minus its last token as loaded
     asynchronously, as in READ mode; ``update_state_after_alloc`` queues an EXPECT of the allocated
     blocks: every worker sends them to its producer ranks (``remote_blocks``) and counts their
-    ``write_done``. A request that will not receive (a local prefix hit, a one-token prompt, an abort
-    before allocation) queues a RELEASE (a failed one: the prefill frees its push at once);
+    ``write_done``. With a local prefix hit only the blocks past it are announced, and the producer
+    writes the last that many of its pushed blocks into them (the same token positions). A request that
+    will not receive (a full local hit, a one-token prompt, an abort before allocation) queues a RELEASE
+    (a failed one: the prefill frees its push at once);
   * producer: the step that computes the last prompt token orders every worker to PUSH the blocks
     holding the prompt minus its last token (the decode recomputes that one) after the forward; the
     blocks stay allocated until the push is freed (written, or given up) -- ``request_finished``
@@ -269,12 +271,14 @@ class PdlinkScheduler:
         self._pulling: "OrderedDict[str, str]" = OrderedDict()
         self._siblings: set = set()
         self._local_hit: Dict[str, int] = {}        # consumer: tokens the decode had cached itself
+        self._loading: set = set()                  # consumer: requests a pull or receive was ordered for
         self._plan = StepPlan()
         # What this half decided, by cause (the e2e script reads them from the counters directory):
         # producer holds dropped at once ("dropped_aborted", "dropped_stopped", "dropped_preempted"),
         # producer requests preempted before their hold ("preempted_before_hold": they re-run and hold
         # at completion); consumer releases ordered by reason ("released_unpulled", "released_aborted",
-        # "released_failed").
+        # "released_failed"), loads past a local prefix hit ("local_prefix_hit") and loaded requests
+        # preempted ("preempted_after_load": they recompute locally).
         self.stats: Dict[str, int] = {}
         d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
         self.stats_path = (os.path.join(d, f"{config.get('kv_role', 'kv')}-dp{dp_rank}-scheduler.json")
@@ -344,24 +348,27 @@ class PdlinkScheduler:
             return                   # the first child pulls and releases; this one recomputes
         local_hit = self._local_hit.pop(rid, 0)
         snapshot = dict(params, do_remote_prefill=True)
-        if num_external_tokens <= 0 or (self.write and local_hit > 0):
-            # WRITE: the producer writes the prompt's blocks from the first; a decode that already holds
-            # a prefix recomputes the rest rather than announce blocks vLLM shares with other requests.
+        if num_external_tokens <= 0:
             self._release(rid, snapshot, "unpulled")
-            return
-        if self.write:
-            n = -(-num_external_tokens // self.block_size)
-            if len(block_ids) < n:
-                log.error("request %s: %d blocks to receive, but %d allocated; reporting its load as "
-                          "failed", rid, n, len(block_ids))
-                self._release(rid, snapshot, "failed")
-                self._plan.failed.append(rid)
-                return
-            self._plan.expects.append(ExpectOrder(rid, snapshot, [int(b) for b in block_ids[:n]]))
             return
         bs = self.block_size
         first = local_hit // bs      # vLLM's local prefix hits are whole blocks
         end = -(-(local_hit + num_external_tokens) // bs)
+        if local_hit > 0:
+            self._count("local_prefix_hit")
+        if self.write:
+            # The blocks past the local hit only (the first ones are cached here, possibly shared with
+            # other requests, and must not be written). The producer pushes the prompt minus its last
+            # token and writes the last len(announced) of its blocks into them: the same token positions.
+            if len(block_ids) < end:
+                log.error("request %s: blocks %d..%d to receive, but %d allocated; reporting its load as "
+                          "failed", rid, first, end - 1, len(block_ids))
+                self._release(rid, snapshot, "failed")
+                self._plan.failed.append(rid)
+                return
+            self._plan.expects.append(ExpectOrder(rid, snapshot, [int(b) for b in block_ids[first:end]]))
+            self._loading.add(rid)
+            return
         local = [int(b) for b in block_ids[first:end]]
         remote = [int(b) for b in (params.get("remote_block_ids") or [])]
         if remote and isinstance(remote[0], list):    # MoRIIO's per-group form: one group here
@@ -374,6 +381,7 @@ class PdlinkScheduler:
             return
         snapshot["remote_block_ids"] = remote[first:end]
         self._plan.pulls.append(PullOrder(rid, snapshot, local))
+        self._loading.add(rid)
 
     def build_connector_meta(self, num_scheduled_tokens: Mapping[str, int],
                              preempted: Iterable[str] = ()) -> StepPlan:
@@ -381,6 +389,13 @@ class PdlinkScheduler:
         ``SchedulerOutput.num_scheduled_tokens``, ``preempted`` its ``preempted_req_ids`` (requests
         whose blocks vLLM freed in this schedule). Resets the pending orders. An empty step with nothing
         to order pauses ``idle_step_s`` first (see __init__)."""
+        if not self.is_producer:
+            for rid in preempted:
+                if rid in self._loading:
+                    # Loaded (vLLM preempts running requests only): its blocks went, and it recomputes
+                    # prompt and output locally (do_remote_prefill is off). The prefill was released by
+                    # the load already: nothing to tell anyone.
+                    self._count("preempted_after_load")
         if self.is_producer:
             for rid in preempted:
                 pr = self._produced.get(rid)
@@ -452,6 +467,7 @@ class PdlinkScheduler:
         params = request.kv_transfer_params
         if not self.is_producer:
             self._local_hit.pop(rid, None)
+            self._loading.discard(rid)
             if rid in self._siblings:
                 self._siblings.discard(rid)
                 if params:
