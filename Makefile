@@ -81,9 +81,10 @@ compare-peers: setup
 	BUILD=$(BUILD) ./scripts/install-peers
 	PEERS_VENV=$(BUILD)/peers-venv ./bench/compare-peers.sh $(COMPARE_PEERS_FLAGS) $(BUILD)/pdlink
 
-# CI's version: the same-TP pair and the head split (each decode rank reads half of every head group).
+# CI's version: the same-TP pair and the head split (each decode rank reads half of every head group),
+# with the cheap matrix cases in the first (a few seconds of requests).
 # P2/D1 is left to `make vllm-e2e`: a third topology adds 2-6 minutes of vLLM startups here.
-VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases none
+VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases chunked,prefix,n2,stream,disconnect
 vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
