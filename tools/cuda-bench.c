@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "engine/cudadrv.h"
+#include "tools/gpu-opts.h"
 #include "pdlink/engine.h"
 
 static int L = 4, NB = 1024, BS = 16, HP = 32, HD = 128, ITERS = 20;
@@ -164,29 +165,37 @@ static void print_row(const char *name, size_t n, uint64_t bytes, const row_t *r
     printf("   (%.1f GB/s parallel)\n", (double)bytes * L / r->par_us / 1e3);
 }
 
+static const char *const drivers[] = {"nocopy", "fake", "real", NULL};
+
+static const pdl_optdef_t bench_rows[] = {
+    GPU_OPT_SHAPE_ROWS("20"),
+    {.name = "driver", .kind = PDL_OPT_CHOICE, .metavar = "nocopy|fake|real", .def = "nocopy", .off = GPU_OPT(driver),
+     .choices = drivers,
+     .help = "nocopy: the test driver, copies and launches free (host time only); fake: the test driver moving "
+             "and checking the bytes; real: libcuda"},
+    {.name = "help", .alias = 'h', .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+
+static const pdl_optab_t bench_table = {
+    .prog = "cuda-bench",
+    .usage = "usage: pdl-cuda-bench [--layers N] [--blocks N] [--iters N] [--driver nocopy|fake|real]\n"
+             "The host cost of the cuda backend's batch path (docs/gpu.md); exit 77 without a CUDA driver.\n",
+    .rows = bench_rows,
+};
+
 int main(int argc, char **argv)
 {
-    const char *mode = "nocopy";
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc)
-            L = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc)
-            NB = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
-            ITERS = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--driver") == 0 && i + 1 < argc)
-            mode = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--layers 1..16] [--blocks N] [--iters N] [--driver nocopy|fake|real]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
-    if (L < 1 || L > 16 || NB < 8 || ITERS < 1 ||
-        (strcmp(mode, "nocopy") != 0 && strcmp(mode, "fake") != 0 && strcmp(mode, "real") != 0)) {
-        fprintf(stderr, "cuda-bench: --layers 1..16, --blocks >= 8, --iters >= 1, --driver nocopy|fake|real\n");
-        return 2;
-    }
+    gpu_opts_t o = {0};
+    pdl_error_t perr;
+    pdl_error_clear(&perr);
+    pdl_optab_result_t pr = pdl_optab_parse(&bench_table, &o, argc, argv, NULL, &perr);
+    if (pr != PDL_OPTAB_GO)
+        return pr == PDL_OPTAB_DONE ? 0 : (fprintf(stderr, "cuda-bench: %s\n", perr.msg), 2);
+    L = o.layers;
+    NB = o.blocks;
+    ITERS = o.iters;
+    const char *mode = drivers[o.driver];
     if (strcmp(mode, "real") == 0)
         unsetenv("PDLINK_TEST_CUDA_FAKE");
     else

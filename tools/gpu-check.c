@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bench/ceiling.h"
+#include "tools/gpu-opts.h"
 #include "pdlink/engine.h"
 
 typedef int CUresult;
@@ -593,27 +594,34 @@ static int decode(int fd, FILE *json)
     return bad_b || bad_h || bad_w || sg.bad ? 1 : 0;
 }
 
+static const pdl_optdef_t check_rows[] = {
+    GPU_OPT_SHAPE_ROWS("5"),
+    {.name = "json", .kind = PDL_OPT_STRING, .metavar = "FILE", .off = GPU_OPT(json),
+     .help = "also write the decode's rows as JSON lines to FILE"},
+    {.name = "help", .alias = 'h', .kind = PDL_OPT_HELP, .help = "this text"},
+    {0},
+};
+
+static const pdl_optab_t check_table = {
+    .prog = "gpu-check",
+    .usage = "usage: pdl-gpu-check [--layers N] [--blocks N] [--iters N] [--json FILE]\n"
+             "pdlink on a GPU: a prefill and a decode process move device KV and check every byte (docs/gpu.md);\n"
+             "exit 77 without a CUDA driver or device.\n",
+    .rows = check_rows,
+};
+
 int main(int argc, char **argv)
 {
-    const char *json_path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--layers") == 0 && i + 1 < argc)
-            L = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--blocks") == 0 && i + 1 < argc)
-            NB = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
-            ITERS = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
-            json_path = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--layers 1..16] [--blocks N] [--iters N] [--json FILE]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (L < 1 || L > 16 || NB < 8 || ITERS < 1) {
-        fprintf(stderr, "gpu-check: --layers 1..16, --blocks >= 8, --iters >= 1\n");
-        return 2;
-    }
+    gpu_opts_t o = {0};
+    pdl_error_t perr;
+    pdl_error_clear(&perr);
+    pdl_optab_result_t pr = pdl_optab_parse(&check_table, &o, argc, argv, NULL, &perr);
+    if (pr != PDL_OPTAB_GO)
+        return pr == PDL_OPTAB_DONE ? 0 : (fprintf(stderr, "gpu-check: %s\n", perr.msg), 2);
+    L = o.layers;
+    NB = o.blocks;
+    ITERS = o.iters;
+    const char *json_path = o.json;
     setvbuf(stdout, NULL, _IOLBF, 0);
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
