@@ -415,7 +415,8 @@ typedef enum pdl_counter_kind {
     X(bytes, "pdlink_kv_bytes_total", PDL_COUNTER_COUNT, "KV bytes moved by reads or writes of this rank.")        \
     X(descriptors, "pdlink_descriptors_total", PDL_COUNTER_COUNT, "Transfer descriptors posted by this rank.")     \
     X(read_ns, "pdlink_read_seconds_total", PDL_COUNTER_NS, "Wall time of reads on this rank (READ mode).")        \
-    X(write_ns, "pdlink_write_seconds_total", PDL_COUNTER_NS, "Wall time of writes on this rank (WRITE mode).")    \
+    X(write_ns, "pdlink_write_seconds_total", PDL_COUNTER_NS,                                                       \
+      "Wall time of writes on this rank (WRITE mode), less the waits for a push's next layer.")                   \
     X(releases_sent, "pdlink_releases_sent_total", PDL_COUNTER_COUNT, "Release messages sent.")                   \
     X(releases_received, "pdlink_releases_received_total", PDL_COUNTER_COUNT, "Release messages received.")       \
     X(releases_duplicate, "pdlink_releases_duplicate_total", PDL_COUNTER_COUNT, "Duplicate releases received.")   \
@@ -490,7 +491,7 @@ typedef enum pdl_counter_kind {
     X(data_connections_shed, "pdlink_data_connections_shed_total", PDL_COUNTER_COUNT,                               \
       "tcp engine: data connections accepted and closed at once because the process was out of descriptors.")    \
     X(pushes_abandoned, "pdlink_pushes_abandoned_total", PDL_COUNTER_COUNT,                                         \
-      "WRITE mode: failed releases a prefill rank acted on: its push freed at once, or when made.")              \
+      "WRITE mode: failed releases a prefill rank acted on: push freed now or when made, or its layer wait ended.") \
     X(listener_pauses, "pdlink_listener_pauses_total", PDL_COUNTER_COUNT,                                           \
       "Handshake/notify ROUTERs unbound for a while because the process was out of descriptors (libzmq spins).") \
     X(prewarm_handshakes, "pdlink_prewarm_handshakes_total", PDL_COUNTER_COUNT,                                     \
@@ -514,7 +515,9 @@ typedef enum pdl_counter_kind {
     X(dealers_refused, "pdlink_dealers_refused_total", PDL_COUNTER_COUNT,                                           \
       "Notify messages not sent: the outbound socket cap was reached and nothing could be evicted (sender.c).")   \
     X(dealers_evicted, "pdlink_dealers_evicted_total", PDL_COUNTER_COUNT,                                           \
-      "Outbound notify sockets closed early to stay under the socket cap (sender.c).")
+      "Outbound notify sockets closed early to stay under the socket cap (sender.c).")                            \
+    X(push_layer_waits, "pdlink_push_layer_waits_total", PDL_COUNTER_COUNT,                                         \
+      "WRITE mode: times a writer had written every final layer of a push and waited for more (push_start).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;
@@ -577,6 +580,23 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
  * On success the blocks belong to the instance. Fails with PDL_ERR_BAD_STATE (not a WRITE-mode
  * producer, shutting down, or transfer_id already held), PDL_ERR_INVALID (no transfer_id, no blocks, no
  * consumer address, an impossible TP pair) or PDL_ERR_NOMEM; the blocks then stay the caller's.
+ * pdl_instance_push is pdl_instance_push_start with every layer final from the start.
+ *
+ * Producer, layer by layer (as MoRIIO's WRITE mode pushes from vLLM's save_kv_layer):
+ * pdl_instance_push_start(params, request_id, ids) before or during the forward registers the push as
+ * pdl_instance_push does (same checks, failures and ownership), with no layer final yet;
+ * pdl_instance_push_layers(transfer_id, k) then says layers 0..k-1 hold their final KV (the caller's
+ * writes to them happen before the call: it publishes them like push does). A producer rank whose
+ * remote_blocks came handshakes with its consumer ranks at once, writes the final layers to every
+ * consumer rank of its write plan, and waits for more (counted in push_layer_waits each time), so its
+ * write overlaps the forward; its write_done follows the last layer. A rank whose remote_blocks come
+ * after every layer was said final writes the whole transfer as pdl_instance_push does. A rank waits
+ * for layers at most until transfer_timeout after its write began (the consumer's receive gives up at
+ * its own transfer_timeout anyway), and less when the consumer is found gone, abandons the push (a
+ * failed release; counted in pushes_abandoned) or the instance is destroyed: its write then fails as
+ * any failed write does (write_done failed, write_failures, the blocks freed with the last rank), the
+ * error naming the transfer, how many layers were final and the timeout. A push whose remote_blocks
+ * never come is reaped after defer_timeout as always, whatever its layers.
  *
  * Consumer: pdl_instance_expect_push(params, request_id, local blocks) with the decode leg's params
  * (transfer_id, producer TP in remote_tp_size/tp_size, producer address as for a pull). Each consumer
@@ -589,6 +609,14 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
 typedef struct pdl_recv pdl_recv_t;
 pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *ids, size_t n, pdl_error_t *err);
+pdl_status_t pdl_instance_push_start(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                     const uint32_t *ids, size_t n, pdl_error_t *err);
+/* Layers 0..layers-1 of push transfer_id are final. Monotonic: a count not above one already said is
+ * ignored (PDL_OK); num_layers makes the push a whole one. Fails with PDL_ERR_INVALID (NULL arguments,
+ * layers outside [0, num_layers], naming the value), PDL_ERR_BAD_STATE (not a WRITE-mode producer) or
+ * PDL_ERR_NOT_FOUND naming the transfer (no push of it here: never started, or over -- every local rank
+ * wrote, or was given up: reaped, abandoned, its consumer gone). Never waits for a writer. */
+pdl_status_t pdl_instance_push_layers(pdl_instance_t *inst, const char *transfer_id, int layers, pdl_error_t *err);
 pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                       const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
 /* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank counted all its write_done with status

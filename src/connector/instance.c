@@ -10,6 +10,7 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "common/clock.h"
 #include "common/ports.h"
 
 /* ---- create / destroy ------------------------------------------------------------------------- */
@@ -99,6 +100,7 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     if (inst == NULL)
         return;
     atomic_store(&inst->stopping, true);
+    pdl__push_stop_waits(inst); /* a writer waiting for a push's layers would hold up its lane's stop */
     /* The prewarm first: its peers' sessions use the ranks' engines and its handshakes the context. */
     pdl__prewarm_stop(inst);
     /* Readers and writers first (they queue releases and close their peers' sessions while the
@@ -161,6 +163,7 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     pthread_mutex_init(&inst->held_mu, NULL);
     pthread_mutex_init(&inst->cb_mu, NULL);
     pthread_mutex_init(&inst->push_mu, NULL);
+    pdl__clock_cond_init(&inst->push_cv);
     snprintf(inst->engine_id, sizeof(inst->engine_id), "%s:%d", cfg->conn.host_ip, cfg->conn.handshake_port);
     pdl_zmq_addr_t za;
     memset(&za, 0, sizeof(za));
@@ -244,6 +247,7 @@ fail:
         pthread_mutex_destroy(&inst->held_mu);
         pthread_mutex_destroy(&inst->cb_mu);
         pthread_mutex_destroy(&inst->push_mu);
+        pthread_cond_destroy(&inst->push_cv);
         free(inst);
         return st;
     }

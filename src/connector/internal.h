@@ -324,6 +324,12 @@ typedef struct pdl_xfer {
     const uint32_t *local_blocks, *remote_blocks;
     size_t n;
     const char *grant; /* READ: the transfer id, the grant the producer's engine serves it under; else NULL */
+    /* A WRITE of a push started before its KV was final (pdl_instance_push_start): PDL_OK with *ready_p,
+     * the number of leading layers that may be written, once it is above `have` (waiting for that);
+     * otherwise the status that ends the transfer, err naming why. NULL (reads, whole pushes): every
+     * layer is final. */
+    pdl_status_t (*gate)(void *gate_arg, int have, int *ready_p, pdl_error_t *err);
+    void *gate_arg;
 } pdl_xfer_t;
 
 /* Where an executed transfer spent its time (debug log lines). */
@@ -333,11 +339,13 @@ typedef struct pdl_xfer_times {
 
 /* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached; with every
  * one of them handshaked -- or one answering but incompatible, PDL_ERR_MISMATCH -- *verified is set (may
- * be NULL) and, with all handshaked, for the lane's own instance side->verified), post
- * batched ops per remote rank (whole layers, several per batch when they are small), wait for all of them within transfer_timeout (even after
- * a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time to
- * read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs. Returns PDL_OK, or the first
- * failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past transfer_timeout). */
+ * be NULL) and, with all handshaked, for the lane's own instance side->verified), post batched ops per
+ * remote rank (whole layers, several per batch when they are small; with x->gate, the layers it lets
+ * through to every remote rank, then ask it for more), wait for all of them within transfer_timeout (even
+ * after a failure: the batches use our blocks), evict every peer that failed as gone, add the wall time
+ * less the time at the gate to read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs.
+ * Returns PDL_OK, or the first failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past
+ * transfer_timeout), or the gate's. */
 /* The producer's host and base ports: from params' remote_host/remote_handshake_port/remote_notify_port
  * when all are set, else from the request id's ___prefill_addr_ part (pull.c; pulls, WRITE receives and
  * their abandons). PDL_ERR_INVALID naming `what` and the transfer when neither gives one. */
@@ -601,6 +609,9 @@ pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *para
 /* Service thread of rank r, every tick (push_park.c): reap pushes whose remote_blocks never came, stale
  * parked remote_blocks and consumer waits past transfer_timeout. */
 void pdl__push_reap(pdl_rank_t *r);
+/* instance destroy, once `stopping` is set (push.c): wake every writer waiting for a push's layers
+ * (pdl_instance_push_start), so its write fails now instead of at transfer_timeout. */
+void pdl__push_stop_waits(pdl_instance_t *inst);
 /* instance destroy: free what the WRITE-mode maps still hold (after every thread stopped). */
 void pdl__push_free_all(pdl_instance_t *inst);
 
@@ -641,6 +652,9 @@ struct pdl_instance {
      * consumer receives by transfer id */
     pthread_mutex_t push_mu;
     pdl_strmap_t pushes, parked, recvs;
+    /* push.c: signalled (under push_mu) when a push's final layers grow, its consumer is found gone or
+     * abandons it, or the instance stops: what a writer waiting for layers waits on (CLOCK_MONOTONIC) */
+    pthread_cond_t push_cv;
     /* push.c: the last pushes a rank of which was given up without writing (a ring), so a late
      * remote_blocks is answered with a failed write_done */
     struct pdl_push *tombs[PDL_PUSH_TOMBS];

@@ -15,7 +15,18 @@
  * not, so each consumer rank counts exactly expected_write_done(P, D) -- and resolves its rank. A rank
  * still WAITING after defer_timeout is reaped by its service thread (counted expired).
  *
- * The pushes and the tombstones are guarded by inst->push_mu (push.h).
+ * Layer by layer: pdl_instance_push_start makes the same push with no layer final yet, and
+ * pdl_instance_push_layers says how many leading layers are (pdl_instance_push is both at once, every
+ * layer final from the start). A started rank then handshakes at once and passes the executor a gate
+ * (wait_layers) that lets the final layers through and waits on inst->push_cv for more, until
+ * transfer_timeout from the job's start -- the consumer's receive gives up at its own transfer_timeout,
+ * so waiting longer could not help -- or until the consumer is found gone, abandons the push, or the
+ * instance stops; the rank's write then fails like any failed write. A job that starts when every layer
+ * is already final gets no gate: its write is a whole push's.
+ *
+ * The pushes, the tombstones and every push's layer count and flags are guarded by inst->push_mu
+ * (push.h); push_layers reaches a push only through the map, so never one that left it (freed or
+ * entombed).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -50,6 +61,9 @@ typedef struct pdl_push {
     uint64_t created_ns;
     uint8_t *state; /* per producer rank, RS_* */
     bool consumer_gone; /* the watch (watch.c) found the consumer gone: a share not begun fails at once */
+    int layers_final;   /* layers 0..layers_final-1 hold final KV (num_layers from pdl_instance_push) */
+    bool *abandoned;    /* per producer rank: a failed release came while it was STARTED (it stops waiting
+                         * for layers) */
 } pdl_push_t;
 
 static void push_free(pdl_push_t *p)
@@ -58,6 +72,7 @@ static void push_free(pdl_push_t *p)
         return;
     free(p->ids);
     free(p->state);
+    free(p->abandoned);
     free(p);
 }
 
@@ -171,9 +186,57 @@ static pdl_status_t write_until_granted(pdl_rank_t *r, pdl_xfer_side_t *side, co
     }
 }
 
-/* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank. */
-static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, uint64_t *bytes_out,
-                               uint64_t *descs_out, bool *verified, pdl_error_t *err)
+/* The executor's gate of a rank writing a push whose layers are not all final yet (pdl_xfer_t.gate). */
+typedef struct layer_gate {
+    pdl_rank_t *r;
+    pdl_push_t *p; /* lives while this rank is STARTED, i.e. while its writer runs the job */
+    uint64_t deadline_ns;
+    bool late; /* the layers did not come in time: the consumer is not known to be gone */
+} layer_gate_t;
+
+static pdl_status_t wait_layers(void *arg, int have, int *ready_p, pdl_error_t *err)
+{
+    layer_gate_t *g = arg;
+    pdl_instance_t *inst = g->r->inst;
+    pdl_push_t *p = g->p;
+    int rank = g->r->rank;
+    bool waited = false, in_time = true;
+    pthread_mutex_lock(&inst->push_mu);
+    while (p->layers_final <= have && !p->consumer_gone && !p->abandoned[rank] && !atomic_load(&inst->stopping) &&
+           in_time) {
+        if (!waited) /* counted as the wait begins, so whoever sees the count finds the writer waiting */
+            PDL_CTR_ADD(g->r, push_layer_waits, 1);
+        waited = true;
+        in_time = pdl__clock_cond_wait(&inst->push_cv, &inst->push_mu, g->deadline_ns);
+    }
+    int ready = p->layers_final;
+    bool gone = p->consumer_gone, abandoned = p->abandoned[rank];
+    pthread_mutex_unlock(&inst->push_mu);
+    if (ready > have) {
+        *ready_p = ready;
+        return PDL_OK;
+    }
+    int L = inst->cfg.model.num_layers;
+    if (gone)
+        return pdl_error_set(err, PDL_ERR_PEER_GONE, "push %s: consumer %s is gone (%d of %d layers were final)",
+                             p->transfer_id, p->engine_id, ready, L);
+    if (abandoned)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push %s: abandoned by its consumer (%d of %d layers were final)",
+                             p->transfer_id, ready, L);
+    if (atomic_load(&inst->stopping))
+        return pdl_error_set(err, PDL_ERR_BAD_STATE, "push %s: instance is shutting down (%d of %d layers were final)",
+                             p->transfer_id, ready, L);
+    g->late = true;
+    return pdl_error_set(err, PDL_ERR_TIMEOUT,
+                         "push %s: %d of %d layers final within transfer_timeout %.1f s (pdl_instance_push_layers "
+                         "said no more)", p->transfer_id, ready, L, inst->cfg.conn.transfer_timeout_s);
+}
+
+/* Writes of one rank through the executor: the pieces of its write plan, one per consumer rank; through
+ * `gate` when the push's layers are not all final yet. */
+static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j,
+                               layer_gate_t *gate, uint64_t *bytes_out, uint64_t *descs_out, bool *verified,
+                               pdl_error_t *err)
 {
     pdl_instance_t *inst = r->inst;
     const pdl_model_geometry_t *g = &inst->cfg.model;
@@ -200,6 +263,13 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
                         .remote_blocks = j->blocks,
                         .n = j->n,
                         .grant = p->transfer_id};
+        pthread_mutex_lock(&inst->push_mu);
+        bool all_final = p->layers_final >= g->num_layers;
+        pthread_mutex_unlock(&inst->push_mu);
+        if (!all_final) {
+            x.gate = wait_layers;
+            x.gate_arg = gate;
+        }
         st = write_until_granted(r, side, p, &x, bytes_out, descs_out, verified, err);
     }
     free(pieces);
@@ -253,6 +323,8 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pdl_error_clear(&err);
     uint64_t bytes = 0, descs = 0;
     bool verified = false;
+    layer_gate_t gate = {.r = r, .p = p,
+                         .deadline_ns = pdl__clock_now_ns() + (uint64_t)(inst->cfg.conn.transfer_timeout_s * 1e9)};
     /* A share queued behind others on the lane of a consumer found gone: no handshake, no write. Read
      * under push_mu: the watch sets it from the service thread (p lives while this rank is STARTED). */
     pthread_mutex_lock(&inst->push_mu);
@@ -260,12 +332,13 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pthread_mutex_unlock(&inst->push_mu);
     pdl_status_t st = gone_before ? pdl_error_set(&err, PDL_ERR_PEER_GONE, "consumer %s is gone (its handshake "
                                                   "port is watched); nothing written", p->engine_id)
-                                  : rank_write(r, side, p, j, &bytes, &descs, &verified, &err);
+                                  : rank_write(r, side, p, j, &gate, &bytes, &descs, &verified, &err);
     if (st != PDL_OK)
         pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
     send_write_done(r, side, p, j, st == PDL_OK, verified);
-    /* The consumer looks gone: stop reconnecting to it once write_done left (sender.c). */
-    if (st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT)
+    /* The consumer looks gone: stop reconnecting to it once write_done left (sender.c). Layers that never
+     * came say nothing of the consumer. */
+    if ((st == PDL_ERR_PEER_GONE || st == PDL_ERR_TIMEOUT || st == PDL_ERR_TRANSPORT) && !gate.late)
         pdl__dealers_sweep(&side->dealers, 0, 0);
     pthread_mutex_lock(&r->ctr.mu);
     if (st == PDL_OK) {
@@ -597,7 +670,7 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
     }
     char key[PDL_PARK_KEY_MAX];
     pdl__park_key(key, r->rank, msg->transfer_id);
-    bool resolved = false, parked = false, refused = false;
+    bool resolved = false, parked = false, refused = false, stopped = false;
     char expected[64] = "";
     pdl_push_t *gone = NULL;
     pthread_mutex_lock(&inst->push_mu);
@@ -611,6 +684,14 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
         if (p->state[r->rank] == RS_WAITING) {
             gone = push_rank_final(inst, p, r->rank, RS_EXPIRED);
             resolved = true;
+        } else if (p->state[r->rank] == RS_STARTED && p->layers_final < inst->cfg.model.num_layers &&
+                   !p->abandoned[r->rank]) {
+            /* A rank writing layer by layer would wait for layers nobody will take (wait_layers). Counted
+             * before the writer wakes, so whoever sees the push fail sees the count. */
+            p->abandoned[r->rank] = true;
+            stopped = true;
+            PDL_CTR_ADD(r, pushes_abandoned, 1);
+            pthread_cond_broadcast(&inst->push_cv);
         }
     } else {
         pdl_parked_t *k = rb;
@@ -647,6 +728,9 @@ void pdl__push_on_abandon(pdl_rank_t *r, const pdl_msg_t *msg, const char *sende
         pdl__held_rank_resolved(inst, msg->transfer_id, r->rank, true);
     } else if (parked) {
         pdl_debug("rank %d: abandon of %s parked until its push", r->rank, msg->transfer_id);
+    } else if (stopped) {
+        pdl_debug("rank %d: push %s abandoned by its consumer while its layers were not all final; a writer "
+                  "waiting for them fails its write", r->rank, msg->transfer_id);
     }
 }
 
@@ -662,6 +746,7 @@ bool pdl__push_consumer_gone(pdl_rank_t *r0, const char *transfer_id)
     bool first = p != NULL && !p->consumer_gone;
     if (first) {
         p->consumer_gone = true;
+        pthread_cond_broadcast(&inst->push_cv); /* a rank waiting for layers stops (wait_layers) */
         for (int i = 0; i < inst->tp; i++) {
             if (p->state[i] != RS_WAITING)
                 continue;
@@ -718,15 +803,16 @@ static sender_t *parked_abandons_forged(pdl_instance_t *inst, const char *tid)
     return from;
 }
 
-/* Make pdl_instance_push's push of ids[n]: its consumer (params, else the request id), trusted, with a
- * consumer TP that fits ours. Ranks other processes run are DONE from the start. */
+/* Make the push of ids[n] with `layers_final` layers final: its consumer (params, else the request id),
+ * trusted, with a consumer TP that fits ours. Ranks other processes run are DONE from the start. */
 static pdl_status_t push_new(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                             const uint32_t *ids, size_t n, pdl_push_t **out, pdl_error_t *err)
+                             const uint32_t *ids, size_t n, int layers_final, pdl_push_t **out, pdl_error_t *err)
 {
     const char *tid = params->transfer_id;
     pdl_push_t *p = calloc(1, sizeof(*p));
     if (p == NULL || (p->ids = malloc(n * sizeof(uint32_t))) == NULL ||
-        (p->state = calloc((size_t)inst->tp, 1)) == NULL) {
+        (p->state = calloc((size_t)inst->tp, 1)) == NULL ||
+        (p->abandoned = calloc((size_t)inst->tp, sizeof(bool))) == NULL) {
         push_free(p);
         return pdl_error_set(err, PDL_ERR_NOMEM, "push %s: out of memory", tid);
     }
@@ -760,6 +846,7 @@ static pdl_status_t push_new(pdl_instance_t *inst, const pdl_kv_params_t *params
     }
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
+    p->layers_final = layers_final;
     p->created_ns = pdl__clock_now_ns();
     *out = p;
     return PDL_OK;
@@ -824,8 +911,10 @@ static void push_claim_parked(pdl_instance_t *inst, pdl_push_t *p, push_claim_t 
     }
 }
 
-pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                               const uint32_t *ids, size_t n, pdl_error_t *err)
+/* pdl_instance_push_start with `layers_final` layers final from the start: pdl_instance_push is this with
+ * every layer, so no writer can start between the push and its layers and take a gate it does not need. */
+static pdl_status_t push_begin(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *ids, size_t n, int layers_final, pdl_error_t *err)
 {
     if (inst == NULL || params == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "push: missing argument");
@@ -842,7 +931,7 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "push %s", tid);
     pdl_push_t *p = NULL;
-    st = push_new(inst, params, request_id, ids, n, &p, err);
+    st = push_new(inst, params, request_id, ids, n, layers_final, &p, err);
     if (st != PDL_OK)
         return st;
 
@@ -893,6 +982,55 @@ pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *para
     push_free(c.all_abandoned); /* every rank abandoned: the push left the map; p is not used after this */
     push_claim_free(&c);
     return PDL_OK;
+}
+
+pdl_status_t pdl_instance_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    return push_begin(inst, params, request_id, ids, n, inst != NULL ? inst->cfg.model.num_layers : 0, err);
+}
+
+pdl_status_t pdl_instance_push_start(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                                     const uint32_t *ids, size_t n, pdl_error_t *err)
+{
+    return push_begin(inst, params, request_id, ids, n, 0, err);
+}
+
+pdl_status_t pdl_instance_push_layers(pdl_instance_t *inst, const char *transfer_id, int layers, pdl_error_t *err)
+{
+    if (inst == NULL || transfer_id == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push_layers: missing argument");
+    if (inst->cfg.conn.read_mode || inst->cfg.conn.role != PDL_ROLE_PRODUCER)
+        return pdl_error_set(err, PDL_ERR_BAD_STATE,
+                             "push_layers %.100s: needs a producer instance in WRITE mode (read_mode false)",
+                             transfer_id);
+    int L = inst->cfg.model.num_layers;
+    if (layers < 0 || layers > L)
+        return pdl_error_set(err, PDL_ERR_INVALID, "push_layers %.100s: %d layers final, outside [0, %d] (num_layers)",
+                             transfer_id, layers, L);
+    /* The writers read the new layers through the engines (tcp's threads among them), as for a push. */
+    PDL_FOR_LOCAL(inst, i)
+        pdl_engine_publish(inst->ranks[i].mem.engine);
+    pthread_mutex_lock(&inst->push_mu);
+    pdl_push_t *p = pdl__strmap_get(&inst->pushes, transfer_id);
+    bool given_up = p == NULL && tomb_find(inst, transfer_id) != NULL;
+    if (p != NULL && layers > p->layers_final) {
+        p->layers_final = layers;
+        pthread_cond_broadcast(&inst->push_cv);
+    }
+    pthread_mutex_unlock(&inst->push_mu);
+    if (p == NULL)
+        return pdl_error_set(err, PDL_ERR_NOT_FOUND, "push_layers: no push of transfer %.100s on this instance (%s)",
+                             transfer_id, given_up ? "it was given up: reaped, abandoned or its consumer gone"
+                                                   : "never started, or every rank of it already finished");
+    return PDL_OK;
+}
+
+void pdl__push_stop_waits(pdl_instance_t *inst)
+{
+    pthread_mutex_lock(&inst->push_mu);
+    pthread_cond_broadcast(&inst->push_cv);
+    pthread_mutex_unlock(&inst->push_mu);
 }
 
 /* ---- abandon and reaping ---------------------------------------------------------------------- */

@@ -126,4 +126,5 @@ void pdl__push_free_all(pdl_instance_t *inst)
     pdl__strmap_free(&inst->parked);
     pdl__recv_orphan_all(inst);
     pthread_mutex_destroy(&inst->push_mu);
+    pthread_cond_destroy(&inst->push_cv);
 }

@@ -5,11 +5,16 @@
  * remote ranks). The executor handshakes with every remote rank the pieces name (cached peers of the
  * calling side), posts batched ops per remote rank -- whole layers per batch, as many as fit in
  * XFER_BATCH_BYTES (descriptors from pdl_layout_build_descs, merged) -- and waits for everything it
- * posted within transfer_timeout -- also
- * after a failure, because a posted batch still uses our blocks. Every peer whose post or batch
- * failed as gone (PDL_ERR_PEER_GONE / PDL_ERR_TRANSPORT) is evicted, and with it the other cached
- * ranks of the same remote instance: they live and die with it, and a stale one would otherwise fail
- * the next transfer too. The wall time goes to read_ns or write_ns by direction.
+ * posted within transfer_timeout -- also after a failure, because a posted batch still uses our blocks.
+ * Every peer whose post or batch failed as gone (PDL_ERR_PEER_GONE / PDL_ERR_TRANSPORT) is evicted, and
+ * with it the other cached ranks of the same remote instance: they live and die with it, and a stale
+ * one would otherwise fail the next transfer too. The wall time goes to read_ns or write_ns by direction.
+ *
+ * Layer gate: a WRITE of a push started before its KV was final (pdl_instance_push_start, push.c) has
+ * one. The executor handshakes first, then posts the layers the gate lets through to every remote rank
+ * (each range ends a batch), asks the gate for more, and so on until every layer is posted: the writes
+ * of early layers overlap the forward that computes the later ones. The time spent at the gate is not
+ * write time. Without a gate (reads, whole pushes) every layer is posted in one round.
  *
  * Stale sessions: when a transfer fails as gone on peers that were cached before it started (the
  * remote restarted at the same address with a new engine, or its connections broke while idle), the
@@ -151,14 +156,14 @@ static pdl_status_t try_peers(xfer_try_t *t, bool *verified, pdl_error_t *err)
     return PDL_OK;
 }
 
-/* Post every layer of remote rank k's pieces, whole layers per batch up to XFER_BATCH_BYTES (see the top
- * of the file). dv is the caller's scratch list. A post failing as gone marks the peer gone. */
-static pdl_status_t try_post_rank(xfer_try_t *t, int k, pdl_descv_t *dv, pdl_error_t *err)
+/* Post layers [l0, l1) of remote rank k's pieces, whole layers per batch up to XFER_BATCH_BYTES (see the
+ * top of the file), the last batch ending at l1. dv is the caller's scratch list. A post failing as gone
+ * marks the peer gone. */
+static pdl_status_t try_post_rank(xfer_try_t *t, int k, int l0, int l1, pdl_descv_t *dv, pdl_error_t *err)
 {
     const pdl_xfer_t *x = t->x;
     pdl_rank_t *r = t->r;
     pdl_peer_t *peer = t->peers[k];
-    int L = r->inst->cfg.model.num_layers;
     pdl_op_t op = x->dir == PDL_DIR_READ ? PDL_OP_READ : PDL_OP_WRITE;
     pdl_plan_piece_t pieces[PDL_TOPO_MAX_TP];
     int np = 0;
@@ -166,9 +171,9 @@ static pdl_status_t try_post_rank(xfer_try_t *t, int k, pdl_descv_t *dv, pdl_err
         if (x->pieces[i].remote_rank == t->rranks[k])
             pieces[np++] = x->pieces[i].piece;
     pdl_descv_reset(dv);
-    int first_layer = 0;
+    int first_layer = l0;
     uint64_t nbytes = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = l0; l < l1; l++) {
         size_t n0 = dv->n;
         uint64_t tb = pdl__clock_now_ns();
         pdl_status_t st = pdl_layout_build_descs(&r->mem.geo, &peer->geo, x->dir, pieces, np, x->local_blocks,
@@ -181,7 +186,7 @@ static pdl_status_t try_post_rank(xfer_try_t *t, int k, pdl_descv_t *dv, pdl_err
          * own grant name when the remote registered it alone (pdl__grant_name). */
         for (size_t i = n0; i < dv->n; i++)
             nbytes += dv->v[i].len;
-        if (l + 1 < L && nbytes < XFER_BATCH_BYTES && peer->nsessions == 1)
+        if (l + 1 < l1 && nbytes < XFER_BATCH_BYTES && peer->nsessions == 1)
             continue;
         pdl_batch_t *b = NULL;
         char grant[PDL_GRANT_NAME_MAX + 1];
@@ -251,9 +256,24 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
     if (t.posted == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", x->dir == PDL_DIR_READ ? "read" : "write");
     pdl_descv_t dv = {0};
-    uint64_t t0 = pdl__clock_now_ns();
-    for (int k = 0; k < t.nr && st == PDL_OK; k++)
-        st = try_post_rank(&t, k, &dv, err);
+    uint64_t t0 = pdl__clock_now_ns(), gated_ns = 0;
+    /* One round per gate opening (a single round without a gate), each over every remote rank, so all
+     * consumer ranks get the early layers early. A batch holds at least one layer: `posted` fits them. */
+    for (int done = 0; done < L && st == PDL_OK;) {
+        int ready = L;
+        if (x->gate != NULL) {
+            uint64_t tg = pdl__clock_now_ns();
+            st = x->gate(x->gate_arg, done, &ready, err);
+            gated_ns += pdl__clock_now_ns() - tg;
+            if (st == PDL_OK && ready <= done)
+                st = pdl_error_set(err, PDL_ERR_BAD_STATE, "%s: the layer gate let %d layers through after %d",
+                                   x->dir == PDL_DIR_READ ? "read" : "write", ready, done);
+            ready = ready < L ? ready : L;
+        }
+        for (int k = 0; k < t.nr && st == PDL_OK; k++)
+            st = try_post_rank(&t, k, done, ready, &dv, err);
+        done = ready;
+    }
     pdl_descv_free(&dv);
     st = try_wait(&t, t0, st, err);
     free(t.posted);
@@ -262,10 +282,12 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
             if (t.gone[g] == t.peers[k] && !t.fresh[k])
                 *stale = true;
     evict_gone(r, side, x, t.gone, t.ngone);
+    /* Waiting for a forward to finish a layer is not time spent writing. */
+    uint64_t wall = pdl__clock_now_ns() - t0 - gated_ns;
     if (x->dir == PDL_DIR_READ)
-        PDL_CTR_ADD(r, read_ns, pdl__clock_now_ns() - t0);
+        PDL_CTR_ADD(r, read_ns, wall);
     else
-        PDL_CTR_ADD(r, write_ns, pdl__clock_now_ns() - t0);
+        PDL_CTR_ADD(r, write_ns, wall);
     return st;
 }
 

@@ -9,7 +9,9 @@
  * transfer and resolves it once; no producer block stays held. Half of the transfers have the
  * remote_blocks arrive before the push (parked), half after. Then: a push whose remote_blocks never
  * come is reaped (expired), a failed write reaches the consumer as a load error, and an instance
- * refuses WRITE mode unless the program opts in.
+ * refuses WRITE mode unless the program opts in. Layer by layer (pdl_instance_push_start/_layers): each
+ * layer lands on every consumer rank once it is said final and write_done follows the last; a push whose
+ * layers never all come fails at transfer_timeout; an abandon or the producer's destroy ends the wait.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -730,6 +732,337 @@ static void write_time_counted_as_write(void **state)
     pdl_instance_destroy(p);
 }
 
+/* ---- layer by layer (pdl_instance_push_start / pdl_instance_push_layers) ---- */
+
+#define LAYERS 4
+
+/* Fill layer l of `blocks` on every rank of producer p (tc_fill does every layer at once). */
+static void fill_layer(pdl_instance_t *p, const tc_geo_t *g, const uint32_t *blocks, int l, uint32_t seed)
+{
+    int tp = pdl_instance_tp_size(p);
+    for (int r = 0; r < tp; r++)
+        tc_walk_layer(pdl_instance_geometry(p, r), pdl_instance_kv_layer(p, r, l), l,
+                      tc_first_head(tp, g->heads, g->mla, r), blocks, NBLK, seed, false, NULL);
+}
+
+typedef struct layer_check {
+    pdl_instance_t *c;
+    const tc_geo_t *g;
+    const uint32_t *blocks;
+    int layer;
+    uint32_t seed;
+} layer_check_t;
+
+/* Every rank of consumer lc->c holds layer lc->layer of the pushed blocks, byte for byte. The consumer's
+ * memory is read through its own mapping while the producer may still write other layers into it. */
+static bool layer_landed(void *arg)
+{
+    const layer_check_t *lc = arg;
+    int tp = pdl_instance_tp_size(lc->c);
+    uint64_t bad = 0, checked = 0;
+    for (int r = 0; r < tp; r++)
+        bad += tc_walk_layer(pdl_instance_geometry(lc->c, r), pdl_instance_kv_layer(lc->c, r, lc->layer), lc->layer,
+                             tc_first_head(tp, lc->g->heads, lc->g->mla, r), lc->blocks, NBLK, lc->seed, true,
+                             &checked);
+    return bad == 0 && checked > 0;
+}
+
+/* A push started before its KV is final (P to D): the decode's remote_blocks come first, every writer
+ * handshakes and waits at its gate (push_layer_waits), and each layer is filled on the producer and
+ * then said final. Every consumer rank holds layer 0 before layer 1 is final; no consumer rank counts a
+ * write_done before the last layer; then every byte of every layer is right, as with a whole push. */
+static void layered_push(int P, int D)
+{
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, P, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 20, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-layered", D, &pk);
+    tc_leg_params("tx-layered", P, &ck);
+    pdl_error_t e;
+    if (pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e) != PDL_OK)
+        fail_msg("push_start: %s", e.msg);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    /* Every producer rank got its block list and waits for layer 0. */
+    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), (uint64_t)P};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    const uint32_t seed = 91;
+    fill_layer(p, &g, pblk, 0, seed);
+    assert_int_equal(pdl_instance_push_layers(p, "tx-layered", 1, &e), PDL_OK);
+    layer_check_t lc = {c, &g, cblk, 0, seed};
+    assert_true(tc_wait_for(layer_landed, &lc, 20000));
+    /* Layer 1 is not final yet: nobody could have written it, and no write_done can have left. */
+    lc.layer = 1;
+    assert_false(layer_landed(&lc));
+    assert_int_equal(pdl_recv_wait(rv, 0, &e), PDL_ERR_TIMEOUT);
+    for (int d = 0; d < D; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), 0);
+    for (int l = 1; l < LAYERS; l++) {
+        fill_layer(p, &g, pblk, l, seed);
+        assert_int_equal(pdl_instance_push_layers(p, "tx-layered", l + 1, &e), PDL_OK);
+        if (l + 1 < LAYERS) /* after the last one the push may be over at once */
+            assert_int_equal(pdl_instance_push_layers(p, "tx-layered", l, &e), PDL_OK); /* smaller: ignored */
+    }
+    if (pdl_recv_wait(rv, 30000, &e) != PDL_OK)
+        fail_msg("receive: %s", e.msg);
+    int expected = 0;
+    assert_int_equal(pdl_topo_expected_write_done(P, D, &expected, NULL), PDL_OK);
+    for (int d = 0; d < D; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), expected);
+    pdl_recv_free(rv);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, g.heads, g.mla, cblk, NBLK, seed, &checked), 0);
+    assert_int_equal(checked, tc_instance_bytes(c, LAYERS, NBLK));
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
+    assert_int_equal(TC_SUM(p, bytes), checked);
+    assert_int_equal(TC_SUM(p, write_failures), 0);
+    assert_true(TC_SUM(p, push_layer_waits) >= (uint64_t)P);
+    /* The push is over: its layers can no longer be said. */
+    assert_int_equal(pdl_instance_push_layers(p, "tx-layered", LAYERS, &e), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr(e.msg, "tx-layered"));
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static void write_layered_push_p2_d4(void **state)
+{
+    (void)state;
+    layered_push(2, 4);
+}
+
+static void write_layered_push_p4_d2(void **state)
+{
+    (void)state;
+    layered_push(4, 2);
+}
+
+/* Every layer said final before the decode's remote_blocks come: the writers never wait, and the
+ * push is written whole, as pdl_instance_push writes it. */
+static void write_layered_push_final_before_remote_blocks(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    tc_fill(p, g.heads, g.mla, pblk, NBLK, 92);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 21, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-final-first", 2, &pk);
+    tc_leg_params("tx-final-first", 2, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_layers(p, "tx-final-first", 0, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_layers(p, "tx-final-first", LAYERS, &e), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    if (pdl_recv_wait(rv, 30000, &e) != PDL_OK)
+        fail_msg("receive: %s", e.msg);
+    pdl_recv_free(rv);
+    uint64_t checked = 0;
+    assert_int_equal(tc_verify(c, g.heads, g.mla, cblk, NBLK, 92, &checked), 0);
+    assert_true(checked > 0);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
+    assert_int_equal(TC_SUM(p, push_layer_waits), 0);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+static void layers_timeout(pdl_instance_config_t *c)
+{
+    write_mode(c);
+    c->conn.transfer_timeout_s = 0.5;
+}
+
+/* A push whose layers never all become final: each producer rank writes what was said final, waits out
+ * transfer_timeout (0.5 s here; the consumer's is 600 s, so only the producer can end its receive) and
+ * fails like any failed write: a failed write_done to every consumer rank, write_failures, blocks
+ * freed. */
+static void write_layered_push_never_final_fails(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 600, layers_timeout, write_mode_slow));
+    tc_events_t ev;
+    tc_count_events(p, &ev);
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 22, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-unfinished", 4, &pk);
+    tc_leg_params("tx-unfinished", 2, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_layers(p, "tx-unfinished", 1, &e), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    pdl_status_t st = pdl_recv_wait(rv, 60000, &e);
+    assert_int_not_equal(st, PDL_OK);
+    assert_int_not_equal(st, PDL_ERR_TIMEOUT);
+    assert_non_null(strstr(e.msg, "failed"));
+    for (int d = 0; d < 4; d++)
+        assert_int_equal(pdl_recv_write_done(rv, d), 1); /* P2/D4: one producer rank per consumer rank */
+    pdl_recv_free(rv);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 20000));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(TC_GET(p, r, write_failures), 1);
+        assert_int_equal(TC_GET(p, r, transfers), 0);
+        assert_true(TC_GET(p, r, push_layer_waits) >= 1);
+        assert_int_equal(TC_GET(p, r, expired), 0);
+    }
+    assert_int_equal(atomic_load(&ev.freed), 1);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    assert_int_equal(pdl_instance_push_layers(p, "tx-unfinished", LAYERS, &e), PDL_ERR_NOT_FOUND);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* A decode that abandons a push whose writers wait for layers (transfer_timeout 600 s): they stop at
+ * once, and the push fails and is freed. */
+static void write_layered_push_abandoned_while_waiting(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 23, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-layered-abandoned", 2, &pk);
+    tc_leg_params("tx-layered-abandoned", 2, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    assert_int_equal(pdl_instance_abandon(c, &ck, rid, &e), PDL_OK);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 60000));
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(TC_GET(p, r, write_failures), 1);
+        assert_int_equal(TC_GET(p, r, pushes_abandoned), 1);
+    }
+    assert_int_not_equal(pdl_recv_wait(rv, 60000, &e), PDL_OK);
+    pdl_recv_free(rv);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+    pdl_instance_destroy(p);
+}
+
+/* A decode destroyed while the writers of its push wait for layers (transfer and consumer-gone timeouts
+ * 600 s): the consumer-gone watch finds it gone, the writers stop waiting, and the push is freed. */
+static void write_layered_push_consumer_gone(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, tc_write_slow, tc_write_slow));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 25, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-layered-gone", 2, &pk);
+    tc_leg_params("tx-layered-gone", 2, &ck);
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    pdl_recv_free(rv);
+    pdl_instance_destroy(c);
+    pdl_instance_t *plist[2] = {p, NULL};
+    assert_true(tc_wait_for(tc_none_held, plist, 60000));
+    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 1);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(TC_GET(p, r, write_failures), 1);
+    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_destroy(p);
+}
+
+/* pdl_instance_push_layers refuses what it cannot act on, naming the transfer or the value; a producer
+ * destroyed while its writers wait for layers (transfer_timeout 600 s) stops at once. */
+static void write_push_layers_refused(void **state)
+{
+    (void)state;
+    tc_geo_t g = tc_geo_default(8);
+    g.layers = LAYERS;
+    pdl_instance_t *p, *c;
+    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_push_layers(p, "tx-nobody", 1, &e), PDL_ERR_NOT_FOUND);
+    assert_non_null(strstr(e.msg, "tx-nobody"));
+    uint32_t pblk[NBLK], cblk[NBLK];
+    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
+    char rid[1024];
+    assert_true(tc_request_id(p, c, 24, rid, sizeof(rid)));
+    pdl_kv_params_t pk, ck;
+    tc_leg_params("tx-refusals", 2, &pk);
+    tc_leg_params("tx-refusals", 2, &ck);
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_ERR_BAD_STATE); /* twice */
+    assert_int_equal(pdl_instance_push_layers(p, "tx-refusals", LAYERS + 1, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "5 layers"));
+    assert_int_equal(pdl_instance_push_layers(p, "tx-refusals", -1, &e), PDL_ERR_INVALID);
+    assert_non_null(strstr(e.msg, "-1 layers"));
+    assert_int_equal(pdl_instance_push_layers(p, NULL, 1, &e), PDL_ERR_INVALID);
+    assert_int_equal(pdl_instance_push_layers(c, "tx-refusals", 1, &e), PDL_ERR_BAD_STATE); /* a consumer */
+    pdl_recv_t *rv = NULL;
+    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
+    assert_true(tc_wait_for(ctr_reached, &w, 20000));
+    uint64_t t0 = pdl__clock_now_ns();
+    pdl_instance_destroy(p);
+    /* Bounded far below transfer_timeout: only the wake-up at destroy can end the writers' wait. */
+    assert_true(pdl__clock_now_ns() - t0 < 60ull * 1000000000ull);
+    pdl_recv_free(rv);
+    pdl_kv_params_clear(&pk);
+    pdl_kv_params_clear(&ck);
+    pdl_instance_free_blocks(c, cblk, NBLK);
+    pdl_instance_destroy(c);
+}
+
 static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
 
 /* Without the opt-in an instance still refuses WRITE mode with the clear error; READ-mode instances
@@ -777,6 +1110,13 @@ int main(void)
         cmocka_unit_test(write_producer_abandon_fails_receive),
         cmocka_unit_test(write_producer_abandon_before_receive),
         cmocka_unit_test(write_gone_consumer_pushes_freed),
+        cmocka_unit_test(write_layered_push_p2_d4),
+        cmocka_unit_test(write_layered_push_p4_d2),
+        cmocka_unit_test(write_layered_push_final_before_remote_blocks),
+        cmocka_unit_test(write_layered_push_never_final_fails),
+        cmocka_unit_test(write_layered_push_abandoned_while_waiting),
+        cmocka_unit_test(write_layered_push_consumer_gone),
+        cmocka_unit_test(write_push_layers_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
