@@ -694,12 +694,31 @@ class Instance:
 
     # -- WRITE mode
     def push(self, params: Union[str, Mapping[str, Any]], block_ids: Sequence[int],
-             request_id: Optional[str] = None) -> None:
+             request_id: Optional[str] = None, *, layers: Optional[int] = None) -> None:
         """WRITE-mode producer: write the blocks' KV to the consumer named by ``params``/``request_id``
-        once its remote_blocks arrive, then send write_done. The blocks then belong to the instance."""
+        once its remote_blocks arrive, then send write_done. The blocks then belong to the instance.
+
+        ``layers=None``: every layer's KV is final now (``pdl_instance_push``). An int ``k``: the push
+        starts before its KV is final (``pdl_instance_push_start``) with layers ``0..k-1`` final (``0``:
+        none yet); say more with :meth:`push_layers` as the forward finishes them. Each rank writes a
+        layer once it is final and sends write_done after the last; a push whose layers are not all
+        final within transfer_timeout fails (the decode gets a failed write_done)."""
+        if layers is not None and not 0 <= layers <= self.geometry.num_layers:
+            raise InvalidError(lib.PDL_ERR_INVALID, f"push: layers={layers} outside [0, "
+                               f"{self.geometry.num_layers}] (num_layers)")
         ids, n = _ids(block_ids)
         err = _err()
-        _check(lib.pdlpy_push(self._handle(), _params_text(params), _opt(request_id), ids, n, err), err)
+        _check(lib.pdlpy_push(self._handle(), _params_text(params), _opt(request_id), ids, n,
+                              -1 if layers is None else layers, err), err)
+
+    def push_layers(self, transfer_id: str, layers: int) -> None:
+        """WRITE-mode producer: layers ``0..layers-1`` of the push ``transfer_id`` (started with
+        ``push(..., layers=k)``) hold their final KV (``pdl_instance_push_layers``). A count not above
+        one already given is ignored. Raises :class:`InvalidError` for a count outside
+        ``[0, num_layers]``, :class:`PdlinkError` (``PDL_ERR_NOT_FOUND``) when no such push is under way
+        (never started, or already written or given up)."""
+        err = _err()
+        _check(lib.pdl_instance_push_layers(self._handle(), transfer_id.encode(), layers, err), err)
 
     def expect_push(self, params: Union[str, Mapping[str, Any]], block_ids: Sequence[int],
                     request_id: Optional[str] = None) -> Recv:

@@ -195,7 +195,8 @@ char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uin
 pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, const char *request_id,
                         const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err);
 pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                        const uint32_t *ids, size_t n, pdl_error_t *err);
+                        const uint32_t *ids, size_t n, int layers, pdl_error_t *err);
+pdl_status_t pdl_instance_push_layers(pdl_instance_t *inst, const char *transfer_id, int layers, pdl_error_t *err);
 pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
                                const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
 pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json, const char *request_id, pdl_error_t *err);
@@ -324,13 +325,23 @@ static pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, co
     return st;
 }
 
+/* layers < 0: pdl_instance_push (every layer final); else pdl_instance_push_start and, when layers > 0,
+ * pdl_instance_push_layers. A push its consumer had abandoned before it was made is over at once: there
+ * is nothing to say final then (NOT_FOUND), and the push itself succeeded. */
 static pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                               const uint32_t *ids, size_t n, pdl_error_t *err)
+                               const uint32_t *ids, size_t n, int layers, pdl_error_t *err)
 {
     pdl_kv_params_t p;
     pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
-    if (st == PDL_OK)
+    if (st == PDL_OK && layers < 0)
         st = pdl_instance_push(inst, &p, request_id, ids, n, err);
+    else if (st == PDL_OK)
+        st = pdl_instance_push_start(inst, &p, request_id, ids, n, err);
+    if (st == PDL_OK && layers > 0) {
+        pdl_status_t lst = pdl_instance_push_layers(inst, p.transfer_id, layers, err);
+        if (lst != PDL_ERR_NOT_FOUND)
+            st = lst;
+    }
     pdl_kv_params_clear(&p);
     return st;
 }
