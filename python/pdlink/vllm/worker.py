@@ -12,8 +12,14 @@ cuda backend either way (docs/gpu.md).
 Per step (the scheduler half's :class:`~pdlink.vllm.scheduler.StepPlan`):
   * ``start_load_kv``: releases first (they free a prefill's blocks), then the pulls (WRITE: the
     expects, which announce the blocks to the producer ranks), which run in pdlink's threads while
-    vLLM computes other requests;
-  * ``wait_for_save``: the holds (WRITE: the pushes), after the step's forward wrote the prompt's KV;
+    vLLM computes other requests; WRITE with a host (CPU) cache: the step's pushes start, before the
+    forward that computes their prompts, with no layer final yet (``Instance.push(..., layers=0)``);
+  * ``save_kv_layer``: after attention layer ``i`` wrote its KV, layers ``0..i`` of those pushes are final
+    (``Instance.push_layers``), so pdlink writes layer ``i`` to the decode while the forward computes the
+    next ones, as MoRIIO's WRITE mode does;
+  * ``wait_for_save``: the holds, after the step's forward wrote the prompt's KV; WRITE: the pushes
+    started in ``start_load_kv`` get every layer final (a model whose attention layers vLLM does not
+    report this way included), and with a CUDA cache the pushes are made here, whole;
   * ``get_transfer_results``: pulls or receives that finished (``finished_recving``), those that
     failed (also in ``failed_recving``: vLLM then recomputes or fails the request, it never decodes from
     a partial cache), and transfers this rank freed (``finished_sending``: the decode's releases
@@ -243,6 +249,11 @@ class PdlinkWorker:
         self._finished: Set[str] = set()                     # request ids vLLM said finished
         self._dropped: Set[str] = set()                      # transfer ids dropped (DropOrder), not yet lapsed
         self._zero_tail = True                               # register_kv_caches: False for vLLM CPU's cache
+        self._layer_of: Dict[str, int] = {}                  # KV cache layer name -> pdlink layer index
+        self._push_by_layer = False                          # register_kv_caches: True for host caches
+        # Pushes of this step started in start_load_kv: transfer id -> whether its layers are still to be
+        # said final (False when it could not start, or once pdlink no longer knows it: given up).
+        self._layered: Dict[str, bool] = {}
         self._dirty = False
         # Wall-clock times per transfer id (hold/freed on a prefill rank, pull issued/done on a decode
         # rank): the e2e script lines them up with its own request times to show where a request's time
@@ -277,6 +288,14 @@ class PdlinkWorker:
                                    head_dim=g["head_dim"], block_size=g["block_size"], elem_size=g["elem_size"],
                                    order=g["order"], kv_separate=g["kv_separate"], kv_fused=g["fused"])
         self._kv_caches = kv_caches          # the buffer borrows their memory
+        # pdlink's layer l is the l-th name in layer-number order, as kv_region registered them.
+        self._layer_of = {n: i for i, n in enumerate(sorted(kv_caches, key=layer_index))}
+        first = next(iter(kv_caches.values()))
+        # vLLM calls save_kv_layer once a layer's attention has run on the CPU, its KV written; on a GPU it
+        # calls it once the layer's kernels are queued, not done, so a CUDA cache is pushed whole, after
+        # the forward (wait_for_save).
+        device = getattr(first.device, "type", None) or str(first.device).partition(":")[0]
+        self._push_by_layer = device == "cpu"
         write = not pdlink.connector_config(self.config)["read_mode"]
         with threads_unpinned(self.thread_cpus):
             self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size,
@@ -294,7 +313,9 @@ class PdlinkWorker:
     def start_load_kv(self, plan: Optional[StepPlan]) -> None:
         if not plan:
             return
-        with threads_unpinned(self.thread_cpus if plan.pulls or plan.releases or plan.expects else None):
+        # A push whose decode's block list came first starts its writer lane in the pushing thread.
+        lanes = plan.pulls or plan.releases or plan.expects or (plan.pushes and self._push_by_layer)
+        with threads_unpinned(self.thread_cpus if lanes else None):
             self._start_orders(plan)
 
     def _start_orders(self, plan: StepPlan) -> None:
@@ -315,6 +336,15 @@ class PdlinkWorker:
         for order in plan.pulls:
             self._start_load(order.request_id, order.params, "pull", "pull_issued",
                              lambda order=order: self.inst.pull(order.params, order.block_ids, None))
+        self._layered.clear()
+        if self._push_by_layer:
+            for p in plan.pushes:
+                # Started before this step's forward computes the prompt: pdlink handshakes now and
+                # writes each layer once save_kv_layer says it is final.
+                # One that cannot start is handled in _push and not tried again in wait_for_save.
+                self._layered[p.transfer_id] = self._push(p, layers=0)
+                if self._layered[p.transfer_id]:
+                    self.stats["pushes_layered"] = self.stats.get("pushes_layered", 0) + 1
 
     def _start_load(self, rid: str, params: Mapping[str, Any], what: str, mark: str,
                     start: Callable[[], Any]) -> None:
@@ -351,6 +381,27 @@ class PdlinkWorker:
         self.stats[key] = self.stats.get(key, 0) + 1
         self._dirty = True
 
+    def save_kv_layer(self, layer_name: str) -> None:
+        """vLLM's attention layer ``layer_name`` wrote its KV for this step: it and every layer before it
+        are final in the pushes started in start_load_kv. A name that is no registered KV cache layer is
+        ignored."""
+        if not self._layered:
+            return
+        i = self._layer_of.get(layer_name)
+        if i is None:
+            return
+        for tid, live in self._layered.items():
+            if live:
+                self._say_layers(tid, i + 1)
+
+    def _say_layers(self, tid: str, layers: int) -> None:
+        try:
+            self.inst.push_layers(tid, layers)
+        except Exception as e:
+            # Given up already (its decode abandoned it or is gone): pdlink freed it, nothing to say.
+            log.debug("pdlink rank %d: push %s: layers %d not said final: %s", self.tp_rank, tid, layers, e)
+            self._layered[tid] = False
+
     def wait_for_save(self, plan: Optional[StepPlan]) -> None:
         if not plan:
             return
@@ -371,20 +422,39 @@ class PdlinkWorker:
                 self.stats["holds_failed"] += 1
                 self._freed.add(h.request_id)
         for p in plan.pushes:
-            try:
-                if self._zero_tail and p.num_tokens is not None:
-                    self.inst.zero_tail(p.block_ids, p.num_tokens)
+            if p.transfer_id not in self._layered:
+                self._push(p)
+            elif self._layered.pop(p.transfer_id):
+                # Every layer is written now: also those of a model whose attention layers vLLM did not
+                # report through save_kv_layer (a no-op when it did).
+                self._say_layers(p.transfer_id, len(self._layer_of))
+        self._layered.clear()
+
+    def _push(self, p: Any, layers: Optional[int] = None) -> bool:
+        """Push ``p`` (a PushOrder): whole (``layers`` None, after the forward) or started with ``layers``
+        final. False when it could not start, which is then handled here."""
+        try:
+            # The last block's rows past the prompt still hold an earlier request's KV: zeroed before the
+            # push starts (this step's forward writes only the prompt's rows, so before it is as good as
+            # after), and nothing is pushed if that fails.
+            if self._zero_tail and p.num_tokens is not None:
+                self.inst.zero_tail(p.block_ids, p.num_tokens)
+            if layers is None:
                 self.inst.push(p.params, p.block_ids, p.request_id)
-                self._held[p.transfer_id] = p.request_id
-                self._mark(p.transfer_id, "pushed")
-                self.stats["pushes"] = self.stats.get("pushes", 0) + 1
-            except Exception as e:
-                # Nothing is pushed: the decode's receive times out or is failed by the release the
-                # scheduler orders; the blocks must not stay pinned on a "freed" that never comes.
-                log.error("pdlink rank %d: push of request %s (transfer %s) failed: %s", self.tp_rank,
-                          p.request_id, p.transfer_id, e)
-                self.stats["pushes_failed"] = self.stats.get("pushes_failed", 0) + 1
-                self._freed.add(p.request_id)
+            else:
+                self.inst.push(p.params, p.block_ids, p.request_id, layers=layers)
+            self._held[p.transfer_id] = p.request_id
+            self._mark(p.transfer_id, "pushed")
+            self.stats["pushes"] = self.stats.get("pushes", 0) + 1
+            return True
+        except Exception as e:
+            # Nothing is pushed: the decode's receive times out or is failed by the release the
+            # scheduler orders; the blocks must not stay pinned on a "freed" that never comes.
+            log.error("pdlink rank %d: push of request %s (transfer %s) failed: %s", self.tp_rank,
+                      p.request_id, p.transfer_id, e)
+            self.stats["pushes_failed"] = self.stats.get("pushes_failed", 0) + 1
+            self._freed.add(p.request_id)
+            return False
 
     def get_transfer_results(self, finished_req_ids: Set[str]) -> Tuple[Set[str], Set[str], Set[str]]:
         """(finished_sending, finished_recving, failed_recving); failed receives are in both of the
