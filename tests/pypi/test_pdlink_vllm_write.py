@@ -267,6 +267,15 @@ def test_worker_stops_saying_layers_of_a_push_pdlink_gave_up() -> None:
         ("push_layers", "t1", 1), ("push_layers", "t1", 2), ("push_layers", "t1", LAYERS)]
 
 
+def test_worker_forgets_the_layered_pushes_of_a_step_without_wait_for_save() -> None:
+    # The forward failed: its layers were not all computed, so the next step must not say them final.
+    w = registered_worker()
+    w.start_load_kv(push_plan())
+    w.start_load_kv(StepPlan())
+    w.save_kv_layer("model.layers.1.self_attn.attn")
+    assert [c for c in w.inst.calls if c[0] == "push_layers"] == []
+
+
 def test_worker_cuda_cache_pushes_whole_after_the_forward() -> None:
     w = registered_worker(cuda=True)
     plan = push_plan()

@@ -311,6 +311,9 @@ class PdlinkWorker:
     # ---- per step -----------------------------------------------------------------------------------
 
     def start_load_kv(self, plan: Optional[StepPlan]) -> None:
+        # A step whose wait_for_save never came (its forward failed) left its pushes here: their layers
+        # were not all computed, so they are never said final (they fail at transfer_timeout).
+        self._layered.clear()
         if not plan:
             return
         # A push whose decode's block list came first starts its writer lane in the pushing thread.
@@ -336,7 +339,6 @@ class PdlinkWorker:
         for order in plan.pulls:
             self._start_load(order.request_id, order.params, "pull", "pull_issued",
                              lambda order=order: self.inst.pull(order.params, order.block_ids, None))
-        self._layered.clear()
         if self._push_by_layer:
             for p in plan.pushes:
                 # Started before this step's forward computes the prompt: pdlink handshakes now and
