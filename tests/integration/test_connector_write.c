@@ -767,36 +767,71 @@ static bool layer_landed(void *arg)
     return bad == 0 && checked > 0;
 }
 
+/* What each layer-by-layer test starts from: a producer (TP P) and a consumer (TP D) of LAYERS layers
+ * with their own tweaks and defer timeouts, NBLK blocks allocated on each, a request id naming both and
+ * the two legs' params of transfer `tid`. */
+typedef struct layered {
+    tc_geo_t g;
+    pdl_instance_t *p, *c;
+    uint32_t pblk[NBLK], cblk[NBLK];
+    char rid[1024];
+    pdl_kv_params_t pk, ck;
+    const char *tid;
+} layered_t;
+
+static void layered_open(layered_t *f, const char *tid, int P, int D, double pdefer, double cdefer,
+                         void (*ptweak)(pdl_instance_config_t *), void (*ctweak)(pdl_instance_config_t *), int rid_n)
+{
+    f->g = tc_geo_default(8);
+    f->g.layers = LAYERS;
+    f->tid = tid;
+    assert_true(tc_pair(&f->p, &f->c, P, D, &f->g, TOTAL_BLOCKS, PDL_BACKEND_SHM, pdefer, cdefer, ptweak, ctweak));
+    assert_int_equal(pdl_instance_alloc_blocks(f->p, NBLK, f->pblk, NULL), PDL_OK);
+    assert_int_equal(pdl_instance_alloc_blocks(f->c, NBLK, f->cblk, NULL), PDL_OK);
+    assert_true(tc_request_id(f->p, f->c, rid_n, f->rid, sizeof(f->rid)));
+    tc_leg_params(tid, D, &f->pk);
+    tc_leg_params(tid, P, &f->ck);
+}
+
+/* pdl_instance_push_start of the fixture's push, then the consumer's expect_push (*rv). */
+static void layered_start(layered_t *f, pdl_recv_t **rv)
+{
+    pdl_error_t e;
+    if (pdl_instance_push_start(f->p, &f->pk, f->rid, f->pblk, NBLK, &e) != PDL_OK)
+        fail_msg("push_start: %s", e.msg);
+    assert_int_equal(pdl_instance_expect_push(f->c, &f->ck, f->rid, f->cblk, NBLK, rv, &e), PDL_OK);
+}
+
+/* Destroys what is left: the consumer (NULL when the test destroyed it) and the producer. */
+static void layered_close(layered_t *f)
+{
+    pdl_kv_params_clear(&f->pk);
+    pdl_kv_params_clear(&f->ck);
+    if (f->c != NULL)
+        pdl_instance_free_blocks(f->c, f->cblk, NBLK);
+    pdl_instance_destroy(f->c);
+    pdl_instance_destroy(f->p);
+}
+
 /* A push started before its KV is final (P to D): the decode's remote_blocks come first, every writer
  * handshakes and waits at its gate (push_layer_waits), and each layer is filled on the producer and
  * then said final. Every consumer rank holds layer 0 before layer 1 is final; no consumer rank counts a
  * write_done before the last layer; then every byte of every layer is right, as with a whole push. */
 static void layered_push(int P, int D)
 {
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, P, D, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 20, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-layered", D, &pk);
-    tc_leg_params("tx-layered", P, &ck);
+    layered_t f;
+    layered_open(&f, "tx-layered", P, D, 60, 60, write_mode, write_mode, 20);
+    pdl_instance_t *p = f.p, *c = f.c;
     pdl_error_t e;
-    if (pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e) != PDL_OK)
-        fail_msg("push_start: %s", e.msg);
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    layered_start(&f, &rv);
     /* Every producer rank got its block list and waits for layer 0. */
     ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), (uint64_t)P};
     assert_true(tc_wait_for(ctr_reached, &w, 20000));
     const uint32_t seed = 91;
-    fill_layer(p, &g, pblk, 0, seed);
+    fill_layer(p, &f.g, f.pblk, 0, seed);
     assert_int_equal(pdl_instance_push_layers(p, "tx-layered", 1, &e), PDL_OK);
-    layer_check_t lc = {c, &g, cblk, 0, seed};
+    layer_check_t lc = {c, &f.g, f.cblk, 0, seed};
     assert_true(tc_wait_for(layer_landed, &lc, 20000));
     /* Layer 1 is not final yet: nobody could have written it, and no write_done can have left. */
     lc.layer = 1;
@@ -805,7 +840,7 @@ static void layered_push(int P, int D)
     for (int d = 0; d < D; d++)
         assert_int_equal(pdl_recv_write_done(rv, d), 0);
     for (int l = 1; l < LAYERS; l++) {
-        fill_layer(p, &g, pblk, l, seed);
+        fill_layer(p, &f.g, f.pblk, l, seed);
         assert_int_equal(pdl_instance_push_layers(p, "tx-layered", l + 1, &e), PDL_OK);
         if (l + 1 < LAYERS) /* after the last one the push may be over at once */
             assert_int_equal(pdl_instance_push_layers(p, "tx-layered", l, &e), PDL_OK); /* smaller: ignored */
@@ -818,7 +853,7 @@ static void layered_push(int P, int D)
         assert_int_equal(pdl_recv_write_done(rv, d), expected);
     pdl_recv_free(rv);
     uint64_t checked = 0;
-    assert_int_equal(tc_verify(c, g.heads, g.mla, cblk, NBLK, seed, &checked), 0);
+    assert_int_equal(tc_verify(c, f.g.heads, f.g.mla, f.cblk, NBLK, seed, &checked), 0);
     assert_int_equal(checked, tc_instance_bytes(c, LAYERS, NBLK));
     pdl_instance_t *plist[2] = {p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000));
@@ -829,11 +864,7 @@ static void layered_push(int P, int D)
     assert_int_equal(pdl_instance_push_layers(p, "tx-layered", LAYERS, &e), PDL_ERR_NOT_FOUND);
     assert_non_null(strstr(e.msg, "tx-layered"));
     assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_free_blocks(c, cblk, NBLK);
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
+    layered_close(&f);
 }
 
 static void write_layered_push_p2_d4(void **state)
@@ -853,39 +884,25 @@ static void write_layered_push_p4_d2(void **state)
 static void write_layered_push_final_before_remote_blocks(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 60, write_mode, write_mode));
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    tc_fill(p, g.heads, g.mla, pblk, NBLK, 92);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 21, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-final-first", 2, &pk);
-    tc_leg_params("tx-final-first", 2, &ck);
+    layered_t f;
+    layered_open(&f, "tx-final-first", 2, 2, 60, 60, write_mode, write_mode, 21);
+    tc_fill(f.p, f.g.heads, f.g.mla, f.pblk, NBLK, 92);
     pdl_error_t e;
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
-    assert_int_equal(pdl_instance_push_layers(p, "tx-final-first", 0, &e), PDL_OK);
-    assert_int_equal(pdl_instance_push_layers(p, "tx-final-first", LAYERS, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_start(f.p, &f.pk, f.rid, f.pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_layers(f.p, "tx-final-first", 0, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_layers(f.p, "tx-final-first", LAYERS, &e), PDL_OK);
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(f.c, &f.ck, f.rid, f.cblk, NBLK, &rv, &e), PDL_OK);
     if (pdl_recv_wait(rv, 30000, &e) != PDL_OK)
         fail_msg("receive: %s", e.msg);
     pdl_recv_free(rv);
     uint64_t checked = 0;
-    assert_int_equal(tc_verify(c, g.heads, g.mla, cblk, NBLK, 92, &checked), 0);
+    assert_int_equal(tc_verify(f.c, f.g.heads, f.g.mla, f.cblk, NBLK, 92, &checked), 0);
     assert_true(checked > 0);
-    pdl_instance_t *plist[2] = {p, NULL};
+    pdl_instance_t *plist[2] = {f.p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 20000));
-    assert_int_equal(TC_SUM(p, push_layer_waits), 0);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_free_blocks(c, cblk, NBLK);
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
+    assert_int_equal(TC_SUM(f.p, push_layer_waits), 0);
+    layered_close(&f);
 }
 
 static void layers_timeout(pdl_instance_config_t *c)
@@ -901,25 +918,16 @@ static void layers_timeout(pdl_instance_config_t *c)
 static void write_layered_push_never_final_fails(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 4, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 60, 600, layers_timeout, write_mode_slow));
+    layered_t f;
+    layered_open(&f, "tx-unfinished", 2, 4, 60, 600, layers_timeout, write_mode_slow, 22);
+    pdl_instance_t *p = f.p;
     tc_events_t ev;
     tc_count_events(p, &ev);
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 22, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-unfinished", 4, &pk);
-    tc_leg_params("tx-unfinished", 2, &ck);
     pdl_error_t e;
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_start(p, &f.pk, f.rid, f.pblk, NBLK, &e), PDL_OK);
     assert_int_equal(pdl_instance_push_layers(p, "tx-unfinished", 1, &e), PDL_OK);
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(f.c, &f.ck, f.rid, f.cblk, NBLK, &rv, &e), PDL_OK);
     pdl_status_t st = pdl_recv_wait(rv, 60000, &e);
     assert_int_not_equal(st, PDL_OK);
     assert_int_not_equal(st, PDL_ERR_TIMEOUT);
@@ -938,11 +946,7 @@ static void write_layered_push_never_final_fails(void **state)
     assert_int_equal(atomic_load(&ev.freed), 1);
     assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
     assert_int_equal(pdl_instance_push_layers(p, "tx-unfinished", LAYERS, &e), PDL_ERR_NOT_FOUND);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_free_blocks(c, cblk, NBLK);
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
+    layered_close(&f);
 }
 
 /* A decode that abandons a push whose writers wait for layers (transfer_timeout 600 s): they stop at
@@ -950,38 +954,23 @@ static void write_layered_push_never_final_fails(void **state)
 static void write_layered_push_abandoned_while_waiting(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 23, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-layered-abandoned", 2, &pk);
-    tc_leg_params("tx-layered-abandoned", 2, &ck);
-    pdl_error_t e;
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    layered_t f;
+    layered_open(&f, "tx-layered-abandoned", 2, 2, 600, 600, write_mode_slow, write_mode_slow, 23);
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
-    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
+    layered_start(&f, &rv);
+    ctr_wait_t w = {f.p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
     assert_true(tc_wait_for(ctr_reached, &w, 20000));
-    assert_int_equal(pdl_instance_abandon(c, &ck, rid, &e), PDL_OK);
-    pdl_instance_t *plist[2] = {p, NULL};
+    pdl_error_t e;
+    assert_int_equal(pdl_instance_abandon(f.c, &f.ck, f.rid, &e), PDL_OK);
+    pdl_instance_t *plist[2] = {f.p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 60000));
     for (int r = 0; r < 2; r++) {
-        assert_int_equal(TC_GET(p, r, write_failures), 1);
-        assert_int_equal(TC_GET(p, r, pushes_abandoned), 1);
+        assert_int_equal(TC_GET(f.p, r, write_failures), 1);
+        assert_int_equal(TC_GET(f.p, r, pushes_abandoned), 1);
     }
     assert_int_not_equal(pdl_recv_wait(rv, 60000, &e), PDL_OK);
     pdl_recv_free(rv);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_free_blocks(c, cblk, NBLK);
-    pdl_instance_destroy(c);
-    pdl_instance_destroy(p);
+    layered_close(&f);
 }
 
 /* A decode destroyed while the writers of its push wait for layers (transfer and consumer-gone timeouts
@@ -989,35 +978,22 @@ static void write_layered_push_abandoned_while_waiting(void **state)
 static void write_layered_push_consumer_gone(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, tc_write_slow, tc_write_slow));
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 25, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-layered-gone", 2, &pk);
-    tc_leg_params("tx-layered-gone", 2, &ck);
-    pdl_error_t e;
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
+    layered_t f;
+    layered_open(&f, "tx-layered-gone", 2, 2, 600, 600, tc_write_slow, tc_write_slow, 25);
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
-    ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
+    layered_start(&f, &rv);
+    ctr_wait_t w = {f.p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
     assert_true(tc_wait_for(ctr_reached, &w, 20000));
     pdl_recv_free(rv);
-    pdl_instance_destroy(c);
-    pdl_instance_t *plist[2] = {p, NULL};
+    pdl_instance_destroy(f.c);
+    f.c = NULL;
+    pdl_instance_t *plist[2] = {f.p, NULL};
     assert_true(tc_wait_for(tc_none_held, plist, 60000));
-    assert_int_equal(TC_GET(p, 0, consumer_gone_freed), 1);
+    assert_int_equal(TC_GET(f.p, 0, consumer_gone_freed), 1);
     for (int r = 0; r < 2; r++)
-        assert_int_equal(TC_GET(p, r, write_failures), 1);
-    assert_int_equal(pdl_instance_free_block_count(p), TOTAL_BLOCKS);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_destroy(p);
+        assert_int_equal(TC_GET(f.p, r, write_failures), 1);
+    assert_int_equal(pdl_instance_free_block_count(f.p), TOTAL_BLOCKS);
+    layered_close(&f);
 }
 
 /* pdl_instance_push_layers refuses what it cannot act on, naming the transfer or the value; a producer
@@ -1025,23 +1001,14 @@ static void write_layered_push_consumer_gone(void **state)
 static void write_push_layers_refused(void **state)
 {
     (void)state;
-    tc_geo_t g = tc_geo_default(8);
-    g.layers = LAYERS;
-    pdl_instance_t *p, *c;
-    assert_true(tc_pair(&p, &c, 2, 2, &g, TOTAL_BLOCKS, PDL_BACKEND_SHM, 600, 600, write_mode_slow, write_mode_slow));
+    layered_t f;
+    layered_open(&f, "tx-refusals", 2, 2, 600, 600, write_mode_slow, write_mode_slow, 24);
+    pdl_instance_t *p = f.p, *c = f.c;
     pdl_error_t e;
     assert_int_equal(pdl_instance_push_layers(p, "tx-nobody", 1, &e), PDL_ERR_NOT_FOUND);
     assert_non_null(strstr(e.msg, "tx-nobody"));
-    uint32_t pblk[NBLK], cblk[NBLK];
-    assert_int_equal(pdl_instance_alloc_blocks(p, NBLK, pblk, NULL), PDL_OK);
-    assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, cblk, NULL), PDL_OK);
-    char rid[1024];
-    assert_true(tc_request_id(p, c, 24, rid, sizeof(rid)));
-    pdl_kv_params_t pk, ck;
-    tc_leg_params("tx-refusals", 2, &pk);
-    tc_leg_params("tx-refusals", 2, &ck);
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_OK);
-    assert_int_equal(pdl_instance_push_start(p, &pk, rid, pblk, NBLK, &e), PDL_ERR_BAD_STATE); /* twice */
+    assert_int_equal(pdl_instance_push_start(p, &f.pk, f.rid, f.pblk, NBLK, &e), PDL_OK);
+    assert_int_equal(pdl_instance_push_start(p, &f.pk, f.rid, f.pblk, NBLK, &e), PDL_ERR_BAD_STATE); /* twice */
     assert_int_equal(pdl_instance_push_layers(p, "tx-refusals", LAYERS + 1, &e), PDL_ERR_INVALID);
     assert_non_null(strstr(e.msg, "5 layers"));
     assert_int_equal(pdl_instance_push_layers(p, "tx-refusals", -1, &e), PDL_ERR_INVALID);
@@ -1049,18 +1016,16 @@ static void write_push_layers_refused(void **state)
     assert_int_equal(pdl_instance_push_layers(p, NULL, 1, &e), PDL_ERR_INVALID);
     assert_int_equal(pdl_instance_push_layers(c, "tx-refusals", 1, &e), PDL_ERR_BAD_STATE); /* a consumer */
     pdl_recv_t *rv = NULL;
-    assert_int_equal(pdl_instance_expect_push(c, &ck, rid, cblk, NBLK, &rv, &e), PDL_OK);
+    assert_int_equal(pdl_instance_expect_push(c, &f.ck, f.rid, f.cblk, NBLK, &rv, &e), PDL_OK);
     ctr_wait_t w = {p, offsetof(pdl_rank_counters_t, push_layer_waits), 2};
     assert_true(tc_wait_for(ctr_reached, &w, 20000));
     uint64_t t0 = pdl__clock_now_ns();
     pdl_instance_destroy(p);
+    f.p = NULL;
     /* Bounded far below transfer_timeout: only the wake-up at destroy can end the writers' wait. */
     assert_true(pdl__clock_now_ns() - t0 < 60ull * 1000000000ull);
     pdl_recv_free(rv);
-    pdl_kv_params_clear(&pk);
-    pdl_kv_params_clear(&ck);
-    pdl_instance_free_blocks(c, cblk, NBLK);
-    pdl_instance_destroy(c);
+    layered_close(&f);
 }
 
 static void no_opt_in(pdl_instance_config_t *c) { c->conn.read_mode = false; }
