@@ -43,6 +43,29 @@ def test_producer_sibling_scheduled_later_shares_without_a_second_hold() -> None
     assert s.request_finished(b, [5, 6], length_capped=True)[1]["remote_block_ids"] == [1, 2]
 
 
+def test_producer_sibling_arriving_after_the_holder_finished_shares_its_hold() -> None:
+    # vLLM adds the children one by one: the engine can run a short prompt's first child to its end
+    # (held, finished, params returned) before the second child is even allocated. Seen in vllm-e2e's
+    # n2 case as "transfer ... is already held" and a decode pull denied outside the grant.
+    s = producer({"0_cmpl-1": [1, 2], "1_cmpl-1": [5, 6]})
+    a, b = child(0, 20), child(1, 20)
+    s.update_state_after_alloc(a, [1, 2], 0)
+    assert len(s.build_connector_meta({a.request_id: 20}).holds) == 1
+    a.num_computed_tokens = 20
+    keep_a, pa = s.request_finished(a, [1, 2], length_capped=True)
+    assert keep_a and pa is not None
+    s.update_state_after_alloc(b, [5, 6], 0)
+    assert not s.build_connector_meta({b.request_id: 20}).holds           # no second HOLD of tx-1
+    assert s.request_finished(b, [5, 6], length_capped=True) == (False, pa)
+    # A request that only reuses the transfer id (another parent) gets a hold of its own, as before.
+    other = Req("0_cmpl-2", 20, {"do_remote_decode": True, "transfer_id": "tx-1"})
+    s2 = producer({"0_cmpl-2": [7]})
+    s2._done_holds = s._done_holds
+    s2.update_state_after_alloc(other, [7], 0)
+    assert len(s2.build_connector_meta({other.request_id: 20}).holds) == 1
+    assert s.tracked_requests == 0 and not s._holds
+
+
 def test_producer_holder_stopped_gives_no_params_to_any_child() -> None:
     s = producer({"0_cmpl-1": [1, 2], "1_cmpl-1": [3, 4]})
     a, b = child(0, 20), child(1, 20)

@@ -266,6 +266,11 @@ class PdlinkScheduler:
         self.idle_step_s = float(os.environ.get("PDLINK_VLLM_IDLE_STEP_MS", "10")) / 1000.0
         self._produced: Dict[str, _Produced] = {}
         self._holds: Dict[str, _Hold] = {}          # producer: by _sharing_key
+        # Producer: holds whose requests all finished, kept (bounded) for a child of the same n > 1
+        # request that reaches the engine only after its siblings finished: vLLM adds the children one by
+        # one, and the engine may run a short prompt's child to its end before the next arrives. That
+        # child shares the finished hold, which lives in pdlink until the decode's releases.
+        self._done_holds: "OrderedDict[str, _Hold]" = OrderedDict()
         # Consumer: transfer ids already being pulled, with the request pulling each (bounded: a sibling
         # child is scheduled within a few steps of the first), and the siblings that recompute instead.
         self._pulling: "OrderedDict[str, str]" = OrderedDict()
@@ -338,8 +343,11 @@ class PdlinkScheduler:
         if self.is_producer:
             if params.get("do_remote_decode") and rid not in self._produced:
                 tid = str(params.get("transfer_id") or f"pdl-{rid}")
-                self._produced[rid] = _Produced(tid, request, _sharing_key(rid, tid))
-                self._holds.setdefault(_sharing_key(rid, tid), _Hold()).users += 1
+                key = _sharing_key(rid, tid)
+                self._produced[rid] = _Produced(tid, request, key)
+                if key not in self._holds:
+                    self._holds[key] = self._done_holds.pop(key, None) or _Hold()
+                self._holds[key].users += 1
             return
         if not params.get("do_remote_prefill"):
             return
@@ -485,6 +493,10 @@ class PdlinkScheduler:
         hold.users -= 1
         if hold.users == 0:
             del self._holds[pr.hold_key]
+            if hold.holder is not None:
+                self._done_holds[pr.hold_key] = hold
+                while len(self._done_holds) > _PULLING_CAP:
+                    self._done_holds.popitem(last=False)
         if self.write:
             if pr.dropped:
                 return False, None
