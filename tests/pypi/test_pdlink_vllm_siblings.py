@@ -57,6 +57,7 @@ def test_producer_sibling_arriving_after_the_holder_finished_shares_its_hold() -
     s.update_state_after_alloc(b, [5, 6], 0)
     assert not s.build_connector_meta({b.request_id: 20}).holds           # no second HOLD of tx-1
     assert s.request_finished(b, [5, 6], length_capped=True) == (False, pa)
+    assert s.stats == {"sibling_after_finish": 1}
     # A request that only reuses the transfer id (another parent) gets a hold of its own, as before.
     other = Req("0_cmpl-2", 20, {"do_remote_decode": True, "transfer_id": "tx-1"})
     s2 = producer({"0_cmpl-2": [7]})

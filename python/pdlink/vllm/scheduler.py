@@ -282,7 +282,8 @@ class PdlinkScheduler:
         # producer holds dropped at once ("dropped_aborted", "dropped_stopped", "dropped_preempted"),
         # producer requests preempted before their hold ("preempted_before_hold": they re-run and hold
         # at completion); consumer releases ordered by reason ("released_unpulled", "released_aborted",
-        # "released_failed"), loads past a local prefix hit ("local_prefix_hit") and loaded requests
+        # "released_failed"), producer children that came after their siblings had finished and shared
+        # their hold ("sibling_after_finish"), loads past a local prefix hit ("local_prefix_hit") and loaded requests
         # preempted ("preempted_after_load": they recompute locally).
         self.stats: Dict[str, int] = {}
         d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
@@ -346,7 +347,10 @@ class PdlinkScheduler:
                 key = _sharing_key(rid, tid)
                 self._produced[rid] = _Produced(tid, request, key)
                 if key not in self._holds:
-                    self._holds[key] = self._done_holds.pop(key, None) or _Hold()
+                    done = self._done_holds.pop(key, None)
+                    if done is not None:
+                        self._count("sibling_after_finish")
+                    self._holds[key] = done or _Hold()
                 self._holds[key].users += 1
             return
         if not params.get("do_remote_prefill"):
