@@ -337,6 +337,13 @@ typedef struct pdl_xfer_times {
     uint64_t peers, build, post, wait;
 } pdl_xfer_times_t;
 
+/* The peer's host and base ports: from params' remote_host/remote_handshake_port/remote_notify_port when
+ * all are set, else from the request id's ___prefill_addr_ part (peer_role PDL_ROLE_PRODUCER: pulls,
+ * WRITE receives and their abandons) or ___decode_addr_ part (PDL_ROLE_CONSUMER: pushes and their
+ * abandons) (pull.c). PDL_ERR_INVALID naming `what` and the transfer when neither gives one. */
+pdl_status_t pdl__peer_endpoint(const pdl_kv_params_t *params, const char *request_id, pdl_role_t peer_role,
+                                const char *what, char *host, size_t host_cap, int *hs_base, int *notify_base,
+                                pdl_error_t *err);
 /* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached; with every
  * one of them handshaked -- or one answering but incompatible, PDL_ERR_MISMATCH -- *verified is set (may
  * be NULL) and, with all handshaked, for the lane's own instance side->verified), post batched ops per
@@ -346,11 +353,6 @@ typedef struct pdl_xfer_times {
  * less the time at the gate to read_ns or write_ns. Adds bytes/descriptors posted to *bytes and *descs.
  * Returns PDL_OK, or the first failure with err naming the layer and remote rank (PDL_ERR_TIMEOUT past
  * transfer_timeout), or the gate's. */
-/* The producer's host and base ports: from params' remote_host/remote_handshake_port/remote_notify_port
- * when all are set, else from the request id's ___prefill_addr_ part (pull.c; pulls, WRITE receives and
- * their abandons). PDL_ERR_INVALID naming `what` and the transfer when neither gives one. */
-pdl_status_t pdl__producer_endpoint(const pdl_kv_params_t *params, const char *request_id, const char *what, char *host,
-                                    size_t host_cap, int *hs_base, int *notify_base, pdl_error_t *err);
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
                            uint64_t *descs, pdl_xfer_times_t *times, bool *verified, pdl_error_t *err);
 /* Has a handshake with the instance of `addr` succeeded on rank r's lanes `l` (its own lane, not one

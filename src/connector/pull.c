@@ -302,8 +302,9 @@ void pdl__reader_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->readers); }
 
 /* ---- public API ------------------------------------------------------------------------------- */
 
-pdl_status_t pdl__producer_endpoint(const pdl_kv_params_t *params, const char *request_id, const char *what, char *host,
-                                    size_t host_cap, int *hs_base, int *notify_base, pdl_error_t *err)
+pdl_status_t pdl__peer_endpoint(const pdl_kv_params_t *params, const char *request_id, pdl_role_t peer_role,
+                                const char *what, char *host, size_t host_cap, int *hs_base, int *notify_base,
+                                pdl_error_t *err)
 {
     if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
         snprintf(host, host_cap, "%s", params->remote_host);
@@ -311,13 +312,16 @@ pdl_status_t pdl__producer_endpoint(const pdl_kv_params_t *params, const char *r
         *notify_base = params->remote_notify_port;
         return PDL_OK;
     }
+    bool producer = peer_role == PDL_ROLE_PRODUCER;
     pdl_zmq_addr_t pa;
     pdl_error_t e;
-    if (request_id == NULL || pdl_wire_parse_request_id(request_id, &pa, NULL, &e) != PDL_OK)
+    if (request_id == NULL ||
+        pdl_wire_parse_request_id(request_id, producer ? &pa : NULL, producer ? NULL : &pa, &e) != PDL_OK)
         return pdl_error_set(err, PDL_ERR_INVALID,
-                             "%s %s: no producer address: kv_transfer_params lacks remote_host/remote_handshake_port/"
+                             "%s %s: no %s address: kv_transfer_params lacks remote_host/remote_handshake_port/"
                              "remote_notify_port and the request id %s",
-                             what, params->transfer_id, request_id ? e.msg : "is absent");
+                             what, params->transfer_id, producer ? "producer" : "consumer",
+                             request_id ? e.msg : "is absent");
     snprintf(host, host_cap, "%s", pa.host);
     *hs_base = pa.handshake_port;
     *notify_base = pa.notify_port;
@@ -331,8 +335,8 @@ static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *p
 {
     memset(pr, 0, sizeof(*pr));
     pr->role = PDL_ROLE_PRODUCER;
-    pdl_status_t st = pdl__producer_endpoint(params, request_id, what, pr->host, sizeof(pr->host), &pr->hs_base,
-                                             &pr->notify_base, err);
+    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_PRODUCER, what, pr->host, sizeof(pr->host),
+                                         &pr->hs_base, &pr->notify_base, err);
     if (st != PDL_OK)
         return st;
     snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);

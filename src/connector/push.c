@@ -628,29 +628,6 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     }
 }
 
-/* The consumer a WRITE producer serves: params' remote_host/ports, else the request id's decode address. */
-static pdl_status_t consumer_of(const pdl_kv_params_t *params, const char *request_id, const char *what,
-                                char host[PDL_WIRE_HOST_MAX + 1], int *hs_base, int *notify_base, pdl_error_t *err)
-{
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(host, PDL_WIRE_HOST_MAX + 1, "%s", params->remote_host);
-        *hs_base = params->remote_handshake_port;
-        *notify_base = params->remote_notify_port;
-        return PDL_OK;
-    }
-    pdl_zmq_addr_t da;
-    pdl_error_t e;
-    if (request_id == NULL || pdl_wire_parse_request_id(request_id, NULL, &da, &e) != PDL_OK)
-        return pdl_error_set(err, PDL_ERR_INVALID,
-                             "%s %s: no consumer address: kv_transfer_params lacks remote_host/"
-                             "remote_handshake_port/remote_notify_port and the request id %s",
-                             what, params->transfer_id, request_id ? e.msg : "is absent");
-    snprintf(host, PDL_WIRE_HOST_MAX + 1, "%s", da.host);
-    *hs_base = da.handshake_port;
-    *notify_base = da.notify_port;
-    return PDL_OK;
-}
-
 /*
  * A failed release on a WRITE producer: the consumer will not take this push (its request was rejected
  * or failed; pdl_instance_abandon on the decode, or the router when the decode leg failed). A rank
@@ -820,7 +797,8 @@ static pdl_status_t push_new(pdl_instance_t *inst, const pdl_kv_params_t *params
     for (int i = 0; i < inst->tp; i++) /* other processes push the ranks this one does not run */
         if (!pdl__is_local(inst, i))
             p->state[i] = RS_DONE;
-    pdl_status_t st = consumer_of(params, request_id, "push", p->host, &p->hs_base, &p->notify_base, err);
+    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_CONSUMER, "push", p->host, sizeof(p->host),
+                                         &p->hs_base, &p->notify_base, err);
     if (st != PDL_OK)
         goto fail;
     snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
@@ -1044,7 +1022,8 @@ pdl_status_t pdl__push_abandon_producer(pdl_instance_t *inst, const pdl_kv_param
     const char *tid = params->transfer_id;
     char host[PDL_WIRE_HOST_MAX + 1];
     int hs_base = 0, notify_base = 0;
-    pdl_status_t st = consumer_of(params, request_id, "abandon", host, &hs_base, &notify_base, err);
+    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_CONSUMER, "abandon", host, sizeof(host),
+                                         &hs_base, &notify_base, err);
     if (st != PDL_OK)
         return st;
     bool disagree = false;

@@ -173,8 +173,8 @@ static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_
                                 const char *what, producer_ref_t *pr, pdl_error_t *err)
 {
     const char *tid = params->transfer_id;
-    pdl_status_t st = pdl__producer_endpoint(params, request_id, what, pr->host, sizeof(pr->host), &pr->hs_base,
-                                             &pr->notify_base, err);
+    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_PRODUCER, what, pr->host, sizeof(pr->host),
+                                         &pr->hs_base, &pr->notify_base, err);
     if (st != PDL_OK)
         return st;
     bool disagree = false;
