@@ -613,14 +613,9 @@ static const pdl_optab_t check_table = {
 int main(int argc, char **argv)
 {
     gpu_opts_t o = {0};
-    pdl_error_t perr;
-    pdl_error_clear(&perr);
-    pdl_optab_result_t pr = pdl_optab_parse(&check_table, &o, argc, argv, NULL, &perr);
-    if (pr != PDL_OPTAB_GO)
-        return pr == PDL_OPTAB_DONE ? 0 : (fprintf(stderr, "gpu-check: %s\n", perr.msg), 2);
-    L = o.layers;
-    NB = o.blocks;
-    ITERS = o.iters;
+    int parsed = gpu_opts_parse(&check_table, &o, argc, argv, &L, &NB, &ITERS);
+    if (parsed >= 0)
+        return parsed;
     const char *json_path = o.json;
     setvbuf(stdout, NULL, _IOLBF, 0);
     int sv[2];

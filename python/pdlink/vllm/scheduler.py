@@ -283,8 +283,8 @@ class PdlinkScheduler:
         # producer requests preempted before their hold ("preempted_before_hold": they re-run and hold
         # at completion); consumer releases ordered by reason ("released_unpulled", "released_aborted",
         # "released_failed"), producer children that came after their siblings had finished and shared
-        # their hold ("sibling_after_finish"), loads past a local prefix hit ("local_prefix_hit") and loaded requests
-        # preempted ("preempted_after_load": they recompute locally).
+        # their hold ("sibling_after_finish"), loads past a local prefix hit ("local_prefix_hit") and
+        # loaded requests preempted ("preempted_after_load": they recompute locally).
         self.stats: Dict[str, int] = {}
         d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
         self.stats_path = (os.path.join(d, f"{config.get('kv_role', 'kv')}-dp{dp_rank}-scheduler.json")
@@ -408,7 +408,7 @@ class PdlinkScheduler:
                     # prompt and output locally (do_remote_prefill is off). The prefill was released by
                     # the load already: nothing to tell anyone.
                     self._count("preempted_after_load")
-        if self.is_producer:
+        else:
             for rid in preempted:
                 pr = self._produced.get(rid)
                 if pr is None or pr.dropped:

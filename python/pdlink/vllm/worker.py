@@ -147,6 +147,11 @@ def gpu_layout(shape: Tuple[int, ...], stride: Tuple[int, ...], kv_heads: int,
             "head_dim": shape[4], "kv_separate": kv_separate, "order": order}
 
 
+def device_kind(t: Any) -> str:
+    """A tensor's device type ("cpu", "cuda", ...), from a torch device or its text form ("cuda:0")."""
+    return getattr(t.device, "type", None) or str(t.device).partition(":")[0]
+
+
 def kv_region(kv_caches: Mapping[str, Any], kv_heads: Optional[int] = None) -> Tuple[Any, Dict[str, Any]]:
     """Check that vLLM's per-layer KV tensors are all alike; return what to register and the geometry.
     Layers in order and adjacent give one region (a writable buffer over it for CPU tensors -- it borrows
@@ -160,7 +165,7 @@ def kv_region(kv_caches: Mapping[str, Any], kv_heads: Optional[int] = None) -> T
     layers = sorted(kv_caches.items(), key=lambda kv: layer_index(kv[0]))
     first_name, first = layers[0]
     shape = tuple(first.shape)
-    device = getattr(first.device, "type", None) or str(first.device).partition(":")[0]
+    device = device_kind(first)
     if device == "cuda":
         try:
             stride = tuple(first.stride()) if hasattr(first, "stride") else ()
@@ -290,12 +295,10 @@ class PdlinkWorker:
         self._kv_caches = kv_caches          # the buffer borrows their memory
         # pdlink's layer l is the l-th name in layer-number order, as kv_region registered them.
         self._layer_of = {n: i for i, n in enumerate(sorted(kv_caches, key=layer_index))}
-        first = next(iter(kv_caches.values()))
         # vLLM calls save_kv_layer once a layer's attention has run on the CPU, its KV written; on a GPU it
         # calls it once the layer's kernels are queued, not done, so a CUDA cache is pushed whole, after
         # the forward (wait_for_save).
-        device = getattr(first.device, "type", None) or str(first.device).partition(":")[0]
-        self._push_by_layer = device == "cpu"
+        self._push_by_layer = device_kind(next(iter(kv_caches.values()))) == "cpu"
         write = not pdlink.connector_config(self.config)["read_mode"]
         with threads_unpinned(self.thread_cpus):
             self.inst = self._make_instance(self.config, geometry, tp_size=self.tp_size,
