@@ -367,8 +367,8 @@ typedef struct pdl_pull pdl_pull_t;
  */
 pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err);
-/* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank read its plan; PDL_ERR_TIMEOUT when
- * ranks are still reading (the pull goes on: wait again or free it); otherwise the first rank's error
+/* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank read its plan; PDL_INPROGRESS when
+ * ranks are still reading (the wait ran out, not the pull: wait again or free it); otherwise the first rank's error
  * (a load error: the blocks hold garbage), e.g. PDL_ERR_TRANSPORT, PDL_ERR_MISMATCH, PDL_ERR_PEER_GONE. */
 pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err);
 /* Bytes read and descriptors posted by all ranks, final once the pull finished. */
@@ -620,7 +620,7 @@ pdl_status_t pdl_instance_push_layers(pdl_instance_t *inst, const char *transfer
 pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                       const uint32_t *local_blocks, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
 /* Wait up to timeout_ms (< 0: forever). PDL_OK when every rank counted all its write_done with status
- * ok; PDL_ERR_TIMEOUT when ranks still wait (call again); otherwise a load error (the caller frees the
+ * ok; PDL_INPROGRESS when ranks still wait (the wait ran out: call again); otherwise a load error (the caller frees the
  * blocks): PDL_ERR_TRANSPORT (a producer rank said failed) or PDL_ERR_TIMEOUT past transfer_timeout. */
 pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err);
 /* write_done messages consumer rank `tp_rank` counted (ok or failed); -1 for a bad rank. */

@@ -431,7 +431,7 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *session, pdl_op_t op, const
 pdl_status_t pdl_batch_poll(pdl_batch_t *batch, pdl_error_t *err);
 /*
  * Wait up to timeout_ms (any negative value = forever, 0 = check once without blocking); returns the
- * batch's final status with err filled on failure, or PDL_ERR_TIMEOUT if still running (err says so;
+ * batch's final status with err filled on failure, or PDL_INPROGRESS if still running (err says so;
  * the batch stays valid and a later wait resumes it). tcp: the calling thread receives the batch's
  * bytes itself. PDL_ERR_INVALID for a NULL batch.
  */

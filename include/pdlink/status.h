@@ -23,14 +23,15 @@ extern "C" {
 /*
  * The codes, and what each means across pdlink:
  *   OK            success.
- *   INPROGRESS    not a failure: an asynchronous operation has not finished yet (pdl_batch_poll).
+ *   INPROGRESS    not a failure: an asynchronous operation has not finished yet (pdl_batch_poll), or a
+ *                 wait's own timeout passed first (pdl_batch_wait, pdl_pull_wait, pdl_recv_wait).
  *   ERR_INVALID   the caller passed something wrong: a NULL pointer, a value out of range, or an
  *                 encoder given a field it may not send. Retrying the same call cannot succeed.
  *   ERR_NOT_FOUND the named thing (remote engine, registration, transfer) is not known, or not any more.
  *   ERR_TRANSPORT the connection to a peer failed in a way other than the peer leaving.
  *   ERR_BAD_STATE the object cannot do this now (a session broken earlier, a batch cancelled, a remote
  *                 engine already added with another descriptor).
- *   ERR_TIMEOUT   a deadline passed; for pdl_batch_wait the operation is still running.
+ *   ERR_TIMEOUT   an operation's own deadline passed and it failed (a handshake, transfer_timeout).
  *   ERR_PEER_GONE the peer closed its connection, exited, or was removed.
  *   ERR_NOMEM     an allocation failed.
  *   ERR_PARSE     bytes or text from outside (a peer, a router, a request) are malformed.

@@ -456,7 +456,7 @@ pdl_status_t pdl_pull_wait(pdl_pull_t *pull, int timeout_ms, pdl_error_t *err)
         ;
     pdl_status_t st;
     if (pull->pending > 0)
-        st = pdl_error_set(err, PDL_ERR_TIMEOUT, "pull %s: %d ranks still reading after %d ms", pull->transfer_id,
+        st = pdl_error_set(err, PDL_INPROGRESS, "pull %s: %d ranks still reading after %d ms", pull->transfer_id,
                            pull->pending, timeout_ms);
     else if (pull->status != PDL_OK)
         st = pdl_error_set(err, pull->status, "pull %s: %s", pull->transfer_id, pull->msg);

@@ -369,7 +369,7 @@ pdl_status_t pdl_recv_wait(pdl_recv_t *rv, int timeout_ms, pdl_error_t *err)
         ;
     pdl_status_t st;
     if (rv->pending > 0)
-        st = pdl_error_set(err, PDL_ERR_TIMEOUT, "receive %s: %d ranks still waiting for write_done after %d ms",
+        st = pdl_error_set(err, PDL_INPROGRESS, "receive %s: %d ranks still waiting for write_done after %d ms",
                            rv->transfer_id, rv->pending, timeout_ms);
     else if (rv->status != PDL_OK)
         st = pdl_error_set(err, rv->status, "receive %s: %s", rv->transfer_id, rv->msg);

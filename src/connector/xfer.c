@@ -228,12 +228,14 @@ static pdl_status_t try_wait(xfer_try_t *t, uint64_t t0, pdl_status_t st, pdl_er
         pdl_status_t bst = pdl_batch_wait(t->posted[i].batch, left_ms, &e);
         if (bst != PDL_OK && st == PDL_OK) {
             st = bst;
-            if (bst == PDL_ERR_TIMEOUT)
+            if (bst == PDL_INPROGRESS) {
+                st = PDL_ERR_TIMEOUT; /* the wait was bounded by transfer_timeout: the transfer failed */
                 pdl_error_set(err, PDL_ERR_TIMEOUT, "%s rank %d: %s not finished within transfer_timeout %.1f s (%s)",
                               t->remote_role, t->posted[i].remote_rank, t->x->dir == PDL_DIR_READ ? "read" : "write",
                               timeout_s, e.msg);
-            else if (err)
+            } else if (err) {
                 *err = e;
+            }
         }
         if (is_gone(bst))
             add_gone(t->gone, &t->ngone, t->posted[i].peer);

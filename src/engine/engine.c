@@ -1132,7 +1132,7 @@ pdl_status_t pdl_batch_wait(pdl_batch_t *b, int timeout_ms, pdl_error_t *err)
             if (b->done)
                 break;
             pthread_mutex_unlock(&b->mu);
-            return pdl_error_set(err, PDL_ERR_TIMEOUT,
+            return pdl_error_set(err, PDL_INPROGRESS,
                                  "engine %s: %s batch of %" PRIu64 " bytes from engine %s region %" PRIu64
                                  " still running after %d ms",
                                  b->session->engine->key, op_name(b->op), b->bytes, b->session->rmem.engine_key,

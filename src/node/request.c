@@ -773,7 +773,7 @@ static bool recv_kv(pdl_node_t *node, pdl_node_request_t *req, const pdl_synth_p
     }
     /* Every write_done came (ok or failed): the producer is done with the push. A receive that never
      * started or timed out is abandoned by the caller, in case the push still waits. */
-    *released = rv != NULL && st != PDL_ERR_TIMEOUT;
+    *released = rv != NULL && st != PDL_INPROGRESS && st != PDL_ERR_TIMEOUT;
     *started = rv != NULL;
     uint64_t t1 = pdl__clock_now_ns();
     pdl_node_metrics_pull_end(node->metrics, t1);

@@ -76,15 +76,14 @@ static void isolation_blackholed_producer(void **state)
     uint64_t healthy_ns = pdl__clock_now_ns() - th;
     /* The blackhole's handshake cannot have ended yet: it ends only at its 15 s timeout. */
     for (int i = 0; i < 4; i++)
-        assert_int_equal(pdl_pull_wait(pd[i], 0, &e), PDL_ERR_TIMEOUT);
+        assert_int_equal(pdl_pull_wait(pd[i], 0, &e), PDL_INPROGRESS);
     uint64_t checked = 0;
     assert_int_equal(tc_verify(c, 8, false, lw, 4, 7, &checked), 0);
     assert_true(checked > 0);
     uint64_t done_ns[4];
     for (int i = 0; i < 4; i++) {
-        /* PDL_ERR_TIMEOUT is both "still waiting" and the handshake's failure: the message tells. */
+        /* The handshake's failure, not the wait running out (PDL_INPROGRESS). */
         assert_int_equal(pdl_pull_wait(pd[i], 120000, &e), PDL_ERR_TIMEOUT);
-        assert_null(strstr(e.msg, "still reading"));
         done_ns[i] = pdl__clock_now_ns() - t0;
         assert_non_null(strstr(e.msg, "no reply"));
         if (i > 0)
@@ -96,7 +95,6 @@ static void isolation_blackholed_producer(void **state)
     pdl_pull_t *p5;
     assert_int_equal(pdl_instance_pull(c, &kd[0], NULL, ld[0], 1, &p5, &e), PDL_OK);
     assert_int_equal(pdl_pull_wait(p5, 60000, &e), PDL_ERR_TIMEOUT);
-    assert_null(strstr(e.msg, "still reading"));
     assert_non_null(strstr(e.msg, "retry in"));
     assert_int_equal(TC_SUM(c, handshake_failures), 2);
     fprintf(stderr,

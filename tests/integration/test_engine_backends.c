@@ -528,7 +528,7 @@ static void test_killed_ucx_sm(void **state)
     peer_killed(PDL_BACKEND_UCX, true);
 }
 
-/* A stopped owner: wait with a short timeout reports PDL_ERR_TIMEOUT, and freeing does not hang. */
+/* A stopped owner: wait with a short timeout reports PDL_INPROGRESS, and freeing does not hang. */
 static void stalled(pdl_backend_kind_t backend)
 {
     peer_t p;
@@ -538,14 +538,14 @@ static void stalled(pdl_backend_kind_t backend)
     pdl_error_t err;
     pdl_batch_t *b = NULL;
     assert_int_equal(pdl_session_post(p.s[1], PDL_OP_READ, &big, 1, &b, &err), PDL_OK);
-    assert_int_equal(pdl_batch_wait(b, 100, &err), PDL_ERR_TIMEOUT);
+    assert_int_equal(pdl_batch_wait(b, 100, &err), PDL_INPROGRESS);
     assert_non_null(strstr(err.msg, "still running"));
     assert_int_equal(pdl_batch_poll(b, &err), PDL_INPROGRESS);
     /* A second batch queued behind the stalled one on the same connection times out too. */
     pdl_batch_t *b2 = NULL;
     pdl_desc_t small = {0, 0, 4096};
     assert_int_equal(pdl_session_post(p.s[1], PDL_OP_READ, &small, 1, &b2, &err), PDL_OK);
-    assert_int_equal(pdl_batch_wait(b2, 20, &err), PDL_ERR_TIMEOUT);
+    assert_int_equal(pdl_batch_wait(b2, 20, &err), PDL_INPROGRESS);
     pdl_batch_free(b); /* aborts the stalled batch (and the session) */
     assert_int_equal(pdl_batch_wait(b2, -1, &err), PDL_ERR_BAD_STATE);
     pdl_batch_free(b2);
