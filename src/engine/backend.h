@@ -145,7 +145,7 @@ struct pdl_batch {
     size_t alloc;    /* bytes of the allocation holding the batch and its arrays */
 };
 
-/* Which optional entries a backend has. */
+/* Properties of a backend that the generic engine acts on. */
 enum {
     PDL_BACKEND_CAP_SERVER = 1u << 0, /* owns a listening server (tcp) */
     /* A running batch can be abandoned only by tearing down its session's transport (tcp: shutting
@@ -157,51 +157,75 @@ enum {
     PDL_BACKEND_CAP_ALLOC = 1u << 3,
 };
 
+/*
+ * The table of operations. pdl__backend_check refuses a table, and pdl_engine_create an engine of it,
+ * unless these are filled (PDL_ERR_INVALID naming the backend and the entry):
+ *   name, remote_add, session_open, session_close, session_check, and how chunks run: run_chunk, or
+ *   submit with drive_chunk (never both run_chunk and submit);
+ *   session_kill when caps has PDL_BACKEND_CAP_ABORT_BREAKS, mem_init when it has PDL_BACKEND_CAP_ALLOC.
+ * Every other entry is optional and NULL where the backend has nothing to do there; what NULL means is
+ * written at each one. Backends leave them NULL rather than point them at functions that do nothing,
+ * and every caller in src/engine checks them first.
+ */
 typedef struct pdl_backend_ops {
     const char *name;
+    /* Non-NULL: this build lacks the backend (ucx without UCX). Its name still parses and prints, and
+     * pdl_engine_create refuses it with PDL_ERR_UNSUPPORTED and this text; no entry is read. */
+    const char *unavailable;
     unsigned caps;
     /* A batch planned as one chunk of at most this many bytes runs inside pdl_session_post, on the
      * caller's thread (0 = never): only for backends whose copy is bounded CPU work that no peer can
      * stall, where a worker hand-off would cost more than the copy (UCX completes shm gets inline too). */
     uint64_t inline_max;
-    /* Engine set-up after the generic part: tcp binds and starts its server threads. */
+    /* Optional (NULL: nothing beyond the generic engine): engine set-up after the generic part (tcp
+     * binds and starts its server threads), and its undoing before the generic teardown. */
     pdl_status_t (*engine_init)(pdl_engine_t *e, pdl_error_t *err);
     void (*engine_fini)(pdl_engine_t *e);
-    /* Extra descriptor fields are generic (engine.c); this checks a remote engine can be reached. */
+    /* Required: the descriptor's generic fields are decoded (engine.c); this checks the remote engine
+     * can be reached with this backend and may keep state in r->bk. remote_free is optional (NULL:
+     * remote_add keeps nothing) and accepts r->bk == NULL. */
     pdl_status_t (*remote_add)(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err);
     void (*remote_free)(pdl_engine_t *e, pdl_remote_t *r);
-    /* Called after deregistration is visible and before waiting for references to drain. */
+    /* Optional (NULL: no connection holds a registration's reference that could be cut): called after
+     * deregistration is visible, when references have not drained in 100 ms. */
     void (*mem_kick)(pdl_engine_t *e, pdl_mem_t *m);
-    /* Make a new registration usable by peers (ucx: ucp_mem_map, ucp_rkey_pack) before it is entered
-     * in the table; mem_fini undoes it once no request uses it any more (accepts m->bk == NULL). */
+    /* Optional (NULL: a registration needs no backend work): make a new registration usable by peers
+     * (ucx: ucp_mem_map, ucp_rkey_pack) before it is entered in the table; mem_fini (NULL: nothing to
+     * undo) undoes it once no request uses it any more and accepts m->bk == NULL. */
     pdl_status_t (*mem_init)(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err);
     void (*mem_fini)(pdl_engine_t *e, pdl_mem_t *m);
-    /* Fill the backend's fields of this engine's descriptor / of a registration's descriptor. */
+    /* Optional (NULL: the descriptor carries the generic fields only): fill the backend's fields of
+     * this engine's descriptor / of a registration's descriptor. */
     void (*engine_desc_fill)(const pdl_engine_t *e, pdl_remote_t *r);
     void (*mem_desc_fill)(const pdl_mem_t *m, pdl_rmem_t *rm);
+    /* Required: set up a session's transport state in s->bk, and release it (accepts s->bk == NULL). */
     pdl_status_t (*session_open)(pdl_session_t *s, pdl_error_t *err);
     void (*session_close)(pdl_session_t *s);
     /* Optional (NULL: nothing to do): fault in what the session maps, so that no post pays for it
      * (shm: the remote memfd mapping). Runs on the caller's thread, which is never a request's. */
     pdl_status_t (*session_prefault)(pdl_session_t *s, pdl_error_t *err);
-    /* Abort I/O in flight on the session (remove_remote, freeing a running batch). */
+    /* Optional (NULL: no I/O of the session can be cut short; running chunks still see the batch's
+     * cancel flag): abort I/O in flight on the session (remove_remote, freeing a running batch). */
     void (*session_kill)(pdl_session_t *s);
-    /* Check at post time that the peer can still be used (shm: pid alive, region still live). */
+    /* Required: check at post time that the peer can still be used (shm: pid alive, region still live;
+     * every backend: the remote was not removed). */
     pdl_status_t (*session_check)(pdl_session_t *s, pdl_error_t *err);
-    /* How many chunks to cut a batch of `bytes` into. */
+    /* Optional (NULL: one chunk): how many chunks to cut a batch of `bytes` into. */
     int (*plan)(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n);
-    /* Run chunk `idx` of a batch on a worker thread; fills err on failure. */
+    /* Run chunk `idx` of a batch on a worker thread; fills err on failure. Required unless submit is
+     * set, and NULL when it is. */
     pdl_status_t (*run_chunk)(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err);
 
     /*
-     * Backends that progress batches themselves (tcp) fill the entries below instead of relying on
-     * run_chunk. submit starts a freshly cut batch (tcp: sends its requests from the posting thread)
-     * and hands any chunk it wants run in the background to pdl__engine_pool_drive; each chunk ends
-     * with exactly one pdl__batch_chunk_done, from whichever thread completes it. progress drives the
-     * batch's own chunks from the calling thread (pdl_batch_poll: deadline 0 = one non-blocking pass;
-     * pdl_batch_wait: until done or the CLOCK_MONOTONIC deadline in ns, UINT64_MAX = none; a running
-     * batch's pdl_batch_free after session_kill). drive_chunk is what a worker runs for a chunk handed
-     * to the pool: drive it until it is done.
+     * Backends that progress batches themselves (tcp) fill the entries below instead of run_chunk.
+     * submit starts a freshly cut batch (tcp: sends its requests from the posting thread) and hands any
+     * chunk it wants run in the background to pdl__engine_pool_drive; each chunk ends with exactly one
+     * pdl__batch_chunk_done, from whichever thread completes it. drive_chunk (required with submit) is
+     * what a worker runs for a chunk handed to the pool: drive it until it is done. progress (optional;
+     * NULL: waiters sleep until another thread completes the batch) drives the batch's own chunks from
+     * the calling thread (pdl_batch_poll: deadline 0 = one non-blocking pass; pdl_batch_wait: until
+     * done or the CLOCK_MONOTONIC deadline in ns, UINT64_MAX = none; a running batch's pdl_batch_free
+     * after session_kill).
      */
     size_t chunk_priv; /* bytes of backend state per chunk (b->priv) */
     void (*submit)(pdl_session_t *s, pdl_batch_t *b);
@@ -233,13 +257,6 @@ pdl_status_t pdl__shm_session_check(pdl_session_t *s, pdl_error_t *err);
  */
 pdl_status_t pdl__shm_grant_enter(pdl_session_t *s, const pdl_batch_t *b, uint64_t *slot, uint64_t *seq, pdl_error_t *err);
 pdl_status_t pdl__shm_grant_leave(pdl_session_t *s, const pdl_batch_t *b, uint64_t slot, uint64_t seq, pdl_error_t *err);
-
-/* Shared no-op entries for backends without the optional hook (UCX's "empty function" style). */
-void pdl__backend_nop_mem_kick(pdl_engine_t *e, pdl_mem_t *m);
-pdl_status_t pdl__backend_nop_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err);
-void pdl__backend_nop_mem_fini(pdl_engine_t *e, pdl_mem_t *m);
-void pdl__backend_nop_engine_desc_fill(const pdl_engine_t *e, pdl_remote_t *r);
-void pdl__backend_nop_mem_desc_fill(const pdl_mem_t *m, pdl_rmem_t *rm);
 
 /* --- engine internals shared with the backends (engine.c) --- */
 struct pdl_engine {
@@ -331,5 +348,8 @@ pdl_status_t pdl__mem_desc_unpack(const void *buf, size_t len, pdl_rmem_t *rm, p
 
 /* The backend behind a kind (backends.c, the one table of backends and their names); NULL if unknown. */
 const pdl_backend_ops_t *pdl__backend_ops(pdl_backend_kind_t kind);
+/* Whether an engine can be made of ops (backends.c): PDL_OK, PDL_ERR_UNSUPPORTED with ops->unavailable,
+ * or PDL_ERR_INVALID naming the backend and the first required entry that is NULL (the table above). */
+pdl_status_t pdl__backend_check(const pdl_backend_ops_t *ops, pdl_error_t *err);
 
 #endif /* PDL_ENGINE_BACKEND_H */

@@ -43,36 +43,39 @@ int pdl_backend_parse(const char *s)
     return -1;
 }
 
-/* The entries a backend without that hook points to (backend.h): every entry of an ops table is
- * filled, so engine.c and desc.c call them without checking for NULL. */
-void pdl__backend_nop_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
+/* The first required entry of o that is NULL, or NULL when the table is complete (backend.h lists
+ * them). Each answer is a sentence's end, so that the message says what to fill. */
+static const char *missing_entry(const pdl_backend_ops_t *o)
 {
-    (void)e;
-    (void)m;
+    if (o->remote_add == NULL)
+        return "required entry remote_add is NULL";
+    if (o->session_open == NULL)
+        return "required entry session_open is NULL";
+    if (o->session_close == NULL)
+        return "required entry session_close is NULL";
+    if (o->session_check == NULL)
+        return "required entry session_check is NULL";
+    if (o->run_chunk == NULL && o->submit == NULL)
+        return "required entry run_chunk is NULL (or fill submit and drive_chunk)";
+    if (o->run_chunk != NULL && o->submit != NULL)
+        return "run_chunk and submit are both set (the engine never calls run_chunk beside submit)";
+    if (o->submit != NULL && o->drive_chunk == NULL)
+        return "required entry drive_chunk is NULL (submit hands chunks to the pool, which runs drive_chunk)";
+    if ((o->caps & PDL_BACKEND_CAP_ABORT_BREAKS) && o->session_kill == NULL)
+        return "required entry session_kill is NULL (caps has PDL_BACKEND_CAP_ABORT_BREAKS)";
+    if ((o->caps & PDL_BACKEND_CAP_ALLOC) && o->mem_init == NULL)
+        return "required entry mem_init is NULL (caps has PDL_BACKEND_CAP_ALLOC)";
+    return NULL;
 }
 
-pdl_status_t pdl__backend_nop_mem_init(pdl_engine_t *e, pdl_mem_t *m, pdl_error_t *err)
+pdl_status_t pdl__backend_check(const pdl_backend_ops_t *ops, pdl_error_t *err)
 {
-    (void)e;
-    (void)m;
-    (void)err;
+    if (ops == NULL || ops->name == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "backend table without a name");
+    if (ops->unavailable != NULL)
+        return pdl_error_set(err, PDL_ERR_UNSUPPORTED, "backend %s: %s", ops->name, ops->unavailable);
+    const char *why = missing_entry(ops);
+    if (why != NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "backend %s: %s", ops->name, why);
     return PDL_OK;
-}
-
-void pdl__backend_nop_mem_fini(pdl_engine_t *e, pdl_mem_t *m)
-{
-    (void)e;
-    (void)m;
-}
-
-void pdl__backend_nop_engine_desc_fill(const pdl_engine_t *e, pdl_remote_t *r)
-{
-    (void)e;
-    (void)r;
-}
-
-void pdl__backend_nop_mem_desc_fill(const pdl_mem_t *m, pdl_rmem_t *rm)
-{
-    (void)m;
-    (void)rm;
 }

@@ -361,19 +361,6 @@ static void cuda_session_close(pdl_session_t *s)
     s->bk = NULL;
 }
 
-static void cuda_session_kill(pdl_session_t *s) { (void)s; }
-
-/* One chunk: the GPU runs a batch as one launch, and lanes are for batches side by side (cuda_submit and
- * cuda_progress rely on it). */
-static int cuda_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
-{
-    (void)s;
-    (void)op;
-    (void)bytes;
-    (void)n;
-    return 1;
-}
-
 /* ---------------------------------------------------------------- batches */
 
 static cuda_lane_t *lane_take(cuda_engine_t *ce)
@@ -504,7 +491,7 @@ static void cuda_drive_chunk(pdl_batch_t *b, int idx)
 }
 
 /* Launch the batch from the posting thread on an inline lane, or hand it to a worker (see
- * PDL_CUDA_INLINE_PIECES). A batch is one chunk (cuda_plan). The caller's current context is kept. */
+ * PDL_CUDA_INLINE_PIECES). A batch is one chunk (the table has no plan). The caller's current context is kept. */
 static void cuda_submit(pdl_session_t *s, pdl_batch_t *b)
 {
     cuda_engine_t *ce = s->engine->bk;
@@ -588,18 +575,16 @@ const pdl_backend_ops_t pdl__cuda_ops = {
     .engine_fini = cuda_engine_fini,
     .remote_add = pdl__shm_remote_add,
     .remote_free = pdl__shm_remote_free,
-    .mem_kick = pdl__backend_nop_mem_kick,
     .mem_init = cuda_mem_init,
     .mem_fini = cuda_mem_fini,
-    .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
     .mem_desc_fill = cuda_mem_desc_fill,
     .session_open = cuda_session_open,
     .session_close = cuda_session_close,
-    .session_prefault = NULL,
-    .session_kill = cuda_session_kill,
     .session_check = cuda_session_check,
-    .plan = cuda_plan,
-    .run_chunk = cuda_run_chunk,
+    /* No plan: one chunk, since the GPU runs a batch as one launch and lanes are for batches side by
+     * side (cuda_submit and cuda_progress rely on it). No run_chunk: submit launches every batch, and
+     * the pool runs the ones it hands over through drive_chunk. No session_kill: a launched copy runs to
+     * its end, and nothing else of a session is in flight. */
     .chunk_priv = sizeof(cuda_op_t),
     .submit = cuda_submit,
     .progress = cuda_progress,

@@ -128,7 +128,8 @@ pdl_status_t pdl__engine_desc_pack(const pdl_engine_t *e, pdl_bytes_t *out, pdl_
     r->pid = (int64_t)getpid();
     r->pid_start = e->pid_start;
     r->ctl_fd = e->ctl_fd;
-    e->ops->engine_desc_fill(e, r);
+    if (e->ops->engine_desc_fill != NULL)
+        e->ops->engine_desc_fill(e, r);
     pdl_status_t st = pdl__engine_desc_encode(r, out, err);
     free(r);
     return st;
@@ -147,7 +148,8 @@ pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_
         .type = m->type,
     };
     memcpy(rm.engine_key, m->engine->key, sizeof(rm.engine_key));
-    m->engine->ops->mem_desc_fill(m, &rm);
+    if (m->engine->ops->mem_desc_fill != NULL)
+        m->engine->ops->mem_desc_fill(m, &rm);
     return pdl__mem_desc_encode(&rm, out, err);
 }
 

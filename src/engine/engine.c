@@ -195,6 +195,9 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     if (ops == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: unknown backend %d (shm, tcp, ucx or cuda)", cfg->key,
                              (int)cfg->backend);
+    pdl_status_t cst = pdl__backend_check(ops, err);
+    if (cst != PDL_OK)
+        return pdl_error_prefix(err, cst, "engine %s", cfg->key);
     if (cfg->qp_per_transfer < 1 || cfg->qp_per_transfer > 64)
         return pdl_error_set(err, PDL_ERR_INVALID, "engine %s: qp_per_transfer %d must be 1..64", cfg->key,
                              cfg->qp_per_transfer);
@@ -266,7 +269,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
     st = pdl__workq_start(&e->pool, e->num_workers, pool_run, NULL, e, who, err);
     if (st != PDL_OK)
         goto err_free;
-    st = e->ops->engine_init(e, err);
+    st = e->ops->engine_init != NULL ? e->ops->engine_init(e, err) : PDL_OK;
     if (st != PDL_OK)
         goto err_stop;
     *engine_out = e;
@@ -279,9 +282,16 @@ err_free:
     return st;
 }
 
+/* The backend's part of a registration, undone (mem_fini is optional). */
+static void mem_fini(pdl_engine_t *e, pdl_mem_t *m)
+{
+    if (e->ops->mem_fini != NULL)
+        e->ops->mem_fini(e, m);
+}
+
 static void mem_free(pdl_mem_t *m)
 {
-    m->engine->ops->mem_fini(m->engine, m);
+    mem_fini(m->engine, m);
     if (m->kind == PDL_MEM_MEMFD) {
         munmap(m->ptr, m->size);
         close(m->memfd);
@@ -293,7 +303,8 @@ static void remote_unref_locked(pdl_engine_t *e, pdl_remote_t *r)
 {
     if (--r->refs > 0)
         return;
-    e->ops->remote_free(e, r);
+    if (e->ops->remote_free != NULL)
+        e->ops->remote_free(e, r);
     free(r);
 }
 
@@ -304,7 +315,8 @@ void pdl_engine_destroy(pdl_engine_t *e)
     if (e->sessions != NULL)
         pdl_warn("engine %s: destroyed with sessions still open; close them first", e->key);
     /* Stop serving first: the server threads hold references on registrations. */
-    e->ops->engine_fini(e);
+    if (e->ops->engine_fini != NULL)
+        e->ops->engine_fini(e);
 
     pdl__workq_stop(&e->pool);
 
@@ -481,7 +493,8 @@ pdl_status_t pdl_engine_remove_remote(pdl_engine_t *e, const char *key, pdl_erro
     for (pdl_session_t *s = e->sessions; s; s = s->next) {
         if (s->remote == r) {
             pdl__session_break(s, PDL_ERR_PEER_GONE, msg);
-            e->ops->session_kill(s);
+            if (e->ops->session_kill != NULL)
+                e->ops->session_kill(s);
         }
     }
     remote_unref_locked(e, r);
@@ -536,7 +549,7 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
     m->memfd = memfd;
     m->slot = -1;
     /* Backend registration (ucx: ucp_mem_map) before the region is visible in the table. */
-    pdl_status_t st = e->ops->mem_init(e, m, err);
+    pdl_status_t st = e->ops->mem_init != NULL ? e->ops->mem_init(e, m, err) : PDL_OK;
     if (st != PDL_OK) {
         free(m);
         return st;
@@ -547,7 +560,7 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
         pdl_mem_t **v = realloc(e->mems, cap * sizeof(*v));
         if (v == NULL) {
             pthread_mutex_unlock(&e->mu);
-            e->ops->mem_fini(e, m);
+            mem_fini(e, m);
             free(m);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: out of memory", e->key);
         }
@@ -565,7 +578,7 @@ static pdl_status_t mem_add(pdl_engine_t *e, void *ptr, size_t size, pdl_mem_kin
         }
         if (m->slot < 0) {
             pthread_mutex_unlock(&e->mu);
-            e->ops->mem_fini(e, m);
+            mem_fini(e, m);
             free(m);
             return pdl_error_set(err, PDL_ERR_NOMEM, "engine %s: more than %d registrations", e->key,
                                  PDL_SHM_SLOTS);
@@ -675,7 +688,7 @@ void pdl_engine_deregister_mem(pdl_engine_t *e, pdl_mem_t *m)
      * reference would fail that peer's next batch for nothing. */
     for (int i = 0; i < 500 && atomic_load(&m->refs) > 0; i++)
         usleep(200);
-    if (atomic_load(&m->refs) > 0)
+    if (atomic_load(&m->refs) > 0 && e->ops->mem_kick != NULL)
         e->ops->mem_kick(e, m);
     while (atomic_load(&m->refs) > 0)
         usleep(200);
@@ -1041,7 +1054,7 @@ pdl_status_t pdl_session_post_granted(pdl_session_t *s, pdl_op_t op, const char 
     st = post_count(s, op, descs, n, &bytes, &k, err);
     if (st != PDL_OK)
         return st;
-    int nchunks = e->ops->plan(s, op, bytes, k);
+    int nchunks = e->ops->plan != NULL ? e->ops->plan(s, op, bytes, k) : 1;
     if (nchunks < 1)
         nchunks = 1;
 
@@ -1156,7 +1169,7 @@ void pdl_batch_free(pdl_batch_t *b)
     if (!done) {
         /* A running batch may be stuck on a stalled peer: abort it so freeing cannot hang. */
         atomic_store(&b->cancel, true);
-        if (b->session->engine->ops->caps & PDL_BACKEND_CAP_ABORT_BREAKS) {
+        if ((b->session->engine->ops->caps & PDL_BACKEND_CAP_ABORT_BREAKS) && b->session->engine->ops->session_kill) {
             char msg[PDL_ERR_MSG_LEN];
             snprintf(msg, sizeof(msg), "engine %.120s: session to engine %.120s aborted: a running batch was freed",
                      b->session->engine->key, b->session->rmem.engine_key);

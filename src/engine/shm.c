@@ -68,15 +68,6 @@ typedef struct shm_session {
     size_t map_len;
 } shm_session_t;
 
-static pdl_status_t shm_engine_init(pdl_engine_t *e, pdl_error_t *err)
-{
-    (void)e;
-    (void)err;
-    return PDL_OK;
-}
-
-static void shm_engine_fini(pdl_engine_t *e) { (void)e; }
-
 static int open_peer_fd(int64_t pid, int64_t fd, int flags)
 {
     char path[64];
@@ -281,8 +272,6 @@ static pdl_status_t shm_session_prefault(pdl_session_t *s, pdl_error_t *err)
     return PDL_OK;
 }
 
-static void shm_session_kill(pdl_session_t *s) { (void)s; }
-
 static int shm_plan(pdl_session_t *s, pdl_op_t op, uint64_t bytes, size_t n)
 {
     (void)op;
@@ -400,19 +389,11 @@ const pdl_backend_ops_t pdl__shm_ops = {
     .name = "shm",
     .caps = PDL_BACKEND_CAP_LIVE_TABLE,
     .inline_max = SHM_SPLIT_MIN_BYTES,
-    .engine_init = shm_engine_init,
-    .engine_fini = shm_engine_fini,
     .remote_add = shm_remote_add,
     .remote_free = shm_remote_free,
-    .mem_kick = pdl__backend_nop_mem_kick,
-    .mem_init = pdl__backend_nop_mem_init,
-    .mem_fini = pdl__backend_nop_mem_fini,
-    .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
-    .mem_desc_fill = pdl__backend_nop_mem_desc_fill,
     .session_open = shm_session_open,
     .session_close = shm_session_close,
     .session_prefault = shm_session_prefault,
-    .session_kill = shm_session_kill,
     .session_check = shm_session_check,
     .plan = shm_plan,
     .run_chunk = shm_run_chunk,

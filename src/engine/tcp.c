@@ -1068,14 +1068,6 @@ static void tcp_drive_chunk(pdl_batch_t *b, int idx)
     pdl__batch_chunk_done(b, st, &err);
 }
 
-static pdl_status_t tcp_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
-{
-    (void)s;
-    (void)b;
-    (void)idx;
-    return pdl_error_set(err, PDL_ERR_BAD_STATE, "tcp: run_chunk is not used (batches are driven by submit)");
-}
-
 /* ---------------------------------------------------------------- engine hooks */
 
 static pdl_status_t tcp_engine_init(pdl_engine_t *e, pdl_error_t *err)
@@ -1179,12 +1171,6 @@ static pdl_status_t tcp_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t
     return PDL_OK;
 }
 
-static void tcp_remote_free(pdl_engine_t *e, pdl_remote_t *r)
-{
-    (void)e;
-    (void)r;
-}
-
 static void tcp_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
 {
     pdl_tcp_engine_t *te = e->bk;
@@ -1198,18 +1184,13 @@ const pdl_backend_ops_t pdl__tcp_ops = {
     .engine_init = tcp_engine_init,
     .engine_fini = tcp_engine_fini,
     .remote_add = tcp_remote_add,
-    .remote_free = tcp_remote_free,
     .mem_kick = tcp_mem_kick,
     .mem_init = tcp_mem_init,
-    .mem_fini = pdl__backend_nop_mem_fini,
-    .engine_desc_fill = pdl__backend_nop_engine_desc_fill,
-    .mem_desc_fill = pdl__backend_nop_mem_desc_fill,
     .session_open = tcp_session_open,
     .session_close = tcp_session_close,
     .session_kill = tcp_session_kill,
     .session_check = tcp_session_check,
     .plan = tcp_plan,
-    .run_chunk = tcp_run_chunk,
     .chunk_priv = sizeof(tcp_op_t),
     .submit = tcp_submit,
     .progress = tcp_progress,

@@ -1135,14 +1135,6 @@ static void ucx_drive_chunk(pdl_batch_t *b, int idx)
     chunk_start(b, idx);
 }
 
-static pdl_status_t ucx_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl_error_t *err)
-{
-    (void)s;
-    (void)b;
-    (void)idx;
-    return pdl_error_set(err, PDL_ERR_BAD_STATE, "ucx: run_chunk is not used (batches are driven by submit)");
-}
-
 /* ---------------------------------------------------------------- selection of "rdma" */
 
 pdl_backend_kind_t pdl_backend_pick_rdma(char *why, size_t why_cap)
@@ -1204,7 +1196,6 @@ const pdl_backend_ops_t pdl__ucx_ops = {
     .engine_fini = ucx_engine_fini,
     .remote_add = ucx_remote_add,
     .remote_free = ucx_remote_free,
-    .mem_kick = pdl__backend_nop_mem_kick,
     .mem_init = ucx_mem_init,
     .mem_fini = ucx_mem_fini,
     .engine_desc_fill = ucx_engine_desc_fill,
@@ -1214,7 +1205,6 @@ const pdl_backend_ops_t pdl__ucx_ops = {
     .session_kill = ucx_session_kill,
     .session_check = ucx_session_check,
     .plan = ucx_plan,
-    .run_chunk = ucx_run_chunk,
     .chunk_priv = sizeof(ucx_op_t),
     .submit = ucx_submit,
     .progress = ucx_progress,
