@@ -12,12 +12,14 @@
  * The ucx fields are msgpack bin (the worker address, the live table's and the region's packed rkeys:
  * opaque UCX bytes, bounded by PDL_UCX_ADDR_MAX / PDL_UCX_RKEY_MAX); they are written only when
  * non-empty; readers of version 1 skip keys they do not know, so they read every field added since.
- * A map is order-free and unknown keys are ignored, so later versions can add fields; a different "v"
- * is PDL_ERR_MISMATCH, anything malformed is PDL_ERR_PARSE. The bytes come from a peer, so they enter
+ * A map is order-free and unknown keys are ignored, so later versions can add fields; a key given twice
+ * is refused. A different "v" is PDL_ERR_MISMATCH (checked before any field, whose shape that version
+ * may have changed), anything malformed is PDL_ERR_PARSE. The bytes come from a peer, so they enter
  * msgpack-c only through the wire layer's guarded door (pdl__mp_unpack, src/wire/mp.c), which refuses a
  * container header announcing more elements than the bytes that follow could hold before msgpack-c
- * allocates a table for it (`df ff ff ff ff` would otherwise ask for a multi-GiB map). Every field is
- * then type-checked and every string is bounded before it is copied.
+ * allocates a table for it (`df ff ff ff ff` would otherwise ask for a multi-GiB map). Keys are matched
+ * and values read with the same typed reads as the wire codecs' (wire/mp.h): strings are bounded,
+ * NUL-free UTF-8 (str, or bin holding UTF-8), integers are range-checked, blobs are bounded.
  *
  * Encoding goes from the decoded form (pdl_remote_t, pdl_rmem_t), so a live engine's descriptor and a
  * re-encoded peer descriptor come from the same code; the fuzz target fuzz/fuzz_engine_desc.c checks
@@ -155,6 +157,7 @@ pdl_status_t pdl__mem_desc_pack(const pdl_mem_t *m, pdl_bytes_t *out, pdl_error_
 
 /* --- unpacking --- */
 
+/* A field of a descriptor map: where its value goes and which of wire/mp.h's typed reads checks it. */
 typedef struct field {
     const char *name;
     enum { F_STR, F_U64, F_I64, F_BIN } type;
@@ -162,113 +165,116 @@ typedef struct field {
     size_t cap;     /* strings: capacity incl. NUL; bin: capacity */
     uint32_t *blen; /* bin: length received */
     bool required;
-    bool seen;
+    bool nonempty;  /* strings: "" is refused */
 } field_t;
 
-static pdl_status_t parse_map(const char *what, const void *buf, size_t len, const char *magic, field_t *f,
-                              int nf, pdl_error_t *err)
+/* Fields a descriptor table may have; the map's values are collected for them plus magic and "v". */
+#define DESC_MAX_FIELDS 16
+enum { V_MAGIC, V_VERSION, V_FIELDS };
+
+/* Bounds, the guarded decode (the only way bytes from a peer reach msgpack-c) and a map at the top. */
+static pdl_status_t desc_open(const char *what, const void *buf, size_t len, msgpack_unpacked *u, pdl_error_t *err)
 {
     if (buf == NULL || len == 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "%s: empty descriptor", what);
     if (len > 65536)
         return pdl_error_set(err, PDL_ERR_PARSE, "%s: descriptor of %zu bytes exceeds the 65536-byte limit", what,
                              len);
-    msgpack_unpacked u;
-    msgpack_unpacked_init(&u);
-    pdl_status_t st = pdl__mp_unpack(buf, len, DESC_MAX_ITEMS, what, &u, err);
-    if (st != PDL_OK)
-        goto out;
-    if (u.data.type != MSGPACK_OBJECT_MAP) {
+    pdl_status_t st = pdl__mp_unpack(buf, len, DESC_MAX_ITEMS, what, u, err);
+    if (st == PDL_OK && u->data.type != MSGPACK_OBJECT_MAP)
         st = pdl_error_set(err, PDL_ERR_PARSE, "%s: payload is %s, expected a msgpack map", what,
-                           pdl__mp_kind(&u.data));
-        goto out;
-    }
-    const msgpack_object_map *map = &u.data.via.map;
-    bool magic_ok = false, have_v = false;
-    uint64_t v = 0;
+                           pdl__mp_kind(&u->data));
+    return st;
+}
+
+/* The value of every key the descriptor knows into v (V_MAGIC, V_VERSION, then field j at V_FIELDS + j).
+ * Keys match as the wire codecs match them (pdl__mp_key_is); other keys are skipped, so a later version
+ * can add some, and a key given twice is refused, since which of its values counts would be a guess. */
+static pdl_status_t desc_collect(const char *what, const msgpack_object_map *map, const field_t *f, int nf,
+                                 const msgpack_object **v, pdl_error_t *err)
+{
     for (uint32_t i = 0; i < map->size; i++) {
-        const msgpack_object *k = &map->ptr[i].key, *val = &map->ptr[i].val;
-        if (k->type != MSGPACK_OBJECT_STR)
-            continue;
-        const char *ks = k->via.str.ptr;
-        uint32_t kn = k->via.str.size;
-        if (kn == 5 && memcmp(ks, "magic", 5) == 0) {
-            magic_ok = val->type == MSGPACK_OBJECT_STR && val->via.str.size == strlen(magic) &&
-                       memcmp(val->via.str.ptr, magic, val->via.str.size) == 0;
-            continue;
-        }
-        if (kn == 1 && ks[0] == 'v') {
-            if (val->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                have_v = true;
-                v = val->via.u64;
-            }
-            continue;
-        }
-        for (int j = 0; j < nf; j++) {
-            if (strlen(f[j].name) != kn || memcmp(f[j].name, ks, kn) != 0)
+        const msgpack_object_kv *kv = &map->ptr[i];
+        for (int k = 0; k < V_FIELDS + nf; k++) {
+            const char *name = k == V_MAGIC ? "magic" : k == V_VERSION ? "v" : f[k - V_FIELDS].name;
+            if (!pdl__mp_key_is(&kv->key, name))
                 continue;
-            if (f[j].type == F_STR) {
-                if (val->type != MSGPACK_OBJECT_STR || val->via.str.size >= f[j].cap) {
-                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be a string shorter than %zu bytes",
-                                       what, f[j].name, f[j].cap);
-                    goto out;
-                }
-                memcpy(f[j].dst, val->via.str.ptr, val->via.str.size);
-                ((char *)f[j].dst)[val->via.str.size] = '\0';
-                if (memchr(f[j].dst, '\0', val->via.str.size) != NULL) {
-                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' contains a NUL byte", what, f[j].name);
-                    goto out;
-                }
-            } else if (f[j].type == F_BIN) {
-                if (val->type != MSGPACK_OBJECT_BIN || val->via.bin.size == 0 || val->via.bin.size > f[j].cap) {
-                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be 1..%zu bytes of msgpack bin",
-                                       what, f[j].name, f[j].cap);
-                    goto out;
-                }
-                memcpy(f[j].dst, val->via.bin.ptr, val->via.bin.size);
-                *f[j].blen = val->via.bin.size;
-            } else if (f[j].type == F_U64) {
-                if (val->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
-                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be a non-negative integer", what,
-                                       f[j].name);
-                    goto out;
-                }
-                *(uint64_t *)f[j].dst = val->via.u64;
-            } else {
-                if (val->type == MSGPACK_OBJECT_POSITIVE_INTEGER && val->via.u64 <= INT64_MAX)
-                    *(int64_t *)f[j].dst = (int64_t)val->via.u64;
-                else if (val->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-                    *(int64_t *)f[j].dst = val->via.i64;
-                else {
-                    st = pdl_error_set(err, PDL_ERR_PARSE, "%s: field '%s' must be an integer", what, f[j].name);
-                    goto out;
-                }
-            }
-            f[j].seen = true;
+            if (v[k] != NULL)
+                return pdl_error_set(err, PDL_ERR_PARSE, "%s: duplicate key '%s'", what, name);
+            v[k] = &kv->val;
+            break;
         }
     }
-    if (!magic_ok) {
-        st = pdl_error_set(err, PDL_ERR_PARSE, "%s: missing or wrong magic (expected \"%s\")", what, magic);
-        goto out;
-    }
-    if (!have_v) {
-        st = pdl_error_set(err, PDL_ERR_PARSE, "%s: missing version field 'v'", what);
-        goto out;
-    }
-    if (v != PDL_ENGINE_DESC_VERSION) {
+    return PDL_OK;
+}
+
+/* The magic and the version, before any field is read: another version may shape its fields otherwise,
+ * and "upgrade both sides" is what its reader needs to hear. */
+static pdl_status_t desc_header(const char *what, const char *magic, const msgpack_object *const *v,
+                                pdl_error_t *err)
+{
+    const char *s = NULL;
+    size_t n = 0;
+    if (v[V_MAGIC] == NULL || !pdl__mp_token(v[V_MAGIC], &s, &n) || n != strlen(magic) || memcmp(s, magic, n) != 0)
+        return pdl_error_set(err, PDL_ERR_PARSE, "%s: missing or wrong magic (expected \"%s\")", what, magic);
+    if (v[V_VERSION] == NULL)
+        return pdl_error_set(err, PDL_ERR_PARSE, "%s: missing version field 'v'", what);
+    uint64_t ver = 0;
+    pdl_status_t st = pdl__mp_uint64(v[V_VERSION], what, "version field 'v'", &ver, err);
+    if (st == PDL_OK && ver != PDL_ENGINE_DESC_VERSION)
         st = pdl_error_set(err, PDL_ERR_MISMATCH,
                            "%s: descriptor version %llu, this pdlink speaks version %d; upgrade both sides to the "
                            "same pdlink release",
-                           what, (unsigned long long)v, PDL_ENGINE_DESC_VERSION);
-        goto out;
-    }
-    for (int j = 0; j < nf; j++) {
-        if (f[j].required && !f[j].seen) {
+                           what, (unsigned long long)ver, PDL_ENGINE_DESC_VERSION);
+    return st;
+}
+
+/* One value into its field with the wire layer's checks: strings bounded, NUL-free UTF-8 (str, or bin
+ * holding it); integers in range; bin of 1..cap bytes. */
+static pdl_status_t desc_field(const char *what, const field_t *f, const msgpack_object *o, pdl_error_t *err)
+{
+    if (f->type == F_STR)
+        return pdl__mp_str(o, what, f->name, f->dst, f->cap, !f->nonempty, err);
+    if (f->type == F_U64)
+        return pdl__mp_uint64(o, what, f->name, f->dst, err);
+    if (f->type == F_I64)
+        return pdl__mp_int(o, what, f->name, INT64_MIN, INT64_MAX, f->dst, err);
+    pdl_bytes_t b = {0};
+    pdl_status_t st = pdl__mp_bin(o, what, f->name, f->cap, &b, err);
+    if (st != PDL_OK)
+        return st;
+    /* The encoder writes a blob only when it has bytes: an empty one means a broken peer. */
+    if (b.len == 0)
+        st = pdl_error_set(err, PDL_ERR_PARSE, "%s: %s is empty binary, expected 1..%zu bytes", what, f->name, f->cap);
+    else
+        memcpy(f->dst, b.data, b.len);
+    *f->blen = (uint32_t)b.len;
+    pdl_bytes_free(&b);
+    return st;
+}
+
+/* Decode a descriptor map into the nf fields of f (at most DESC_MAX_FIELDS), checking its magic and
+ * version; fields the map lacks keep what the caller put there. */
+static pdl_status_t parse_map(const char *what, const void *buf, size_t len, const char *magic, const field_t *f,
+                              int nf, pdl_error_t *err)
+{
+    if (nf > DESC_MAX_FIELDS)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: %d fields, the parser holds %d", what, nf, DESC_MAX_FIELDS);
+    const msgpack_object *v[V_FIELDS + DESC_MAX_FIELDS] = {0};
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    pdl_status_t st = desc_open(what, buf, len, &u, err);
+    if (st == PDL_OK)
+        st = desc_collect(what, &u.data.via.map, f, nf, v, err);
+    if (st == PDL_OK)
+        st = desc_header(what, magic, v, err);
+    for (int j = 0; j < nf && st == PDL_OK; j++) {
+        const msgpack_object *o = v[V_FIELDS + j];
+        if (o != NULL)
+            st = desc_field(what, &f[j], o, err);
+        else if (f[j].required)
             st = pdl_error_set(err, PDL_ERR_PARSE, "%s: missing field '%s'", what, f[j].name);
-            goto out;
-        }
     }
-out:
     msgpack_unpacked_destroy(&u);
     return st;
 }
@@ -280,7 +286,7 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
     memset(r, 0, sizeof(*r));
     r->ctl_fd = -1;
     field_t f[] = {
-        {"key", F_STR, r->key, sizeof(r->key), NULL, true, false},
+        {"key", F_STR, r->key, sizeof(r->key), NULL, true, true},
         {"backend", F_STR, backend, sizeof(backend), NULL, true, false},
         {"host", F_STR, r->host, sizeof(r->host), NULL, true, false},
         {"port", F_U64, &port, 0, NULL, true, false},
@@ -296,8 +302,6 @@ pdl_status_t pdl__engine_desc_unpack(const void *buf, size_t len, pdl_remote_t *
     pdl_status_t st = parse_map("engine descriptor", buf, len, "pdlink-engine", f, (int)(sizeof(f) / sizeof(f[0])), err);
     if (st != PDL_OK)
         return st;
-    if (r->key[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_PARSE, "engine descriptor: empty key");
     int b = pdl_backend_parse(backend);
     if (b < 0)
         return pdl_error_set(err, PDL_ERR_MISMATCH, "engine descriptor of '%s': unknown backend '%s'", r->key, backend);

@@ -357,6 +357,159 @@ static void test_hostile_headers(void **state)
         print_message("no sanitizer malloc hook in this build: checked by error text only\n");
 }
 
+/* A map entry for hand-made descriptors: 's' str, 'b' bin (n bytes of s), 'u' uint, 'i' int; 'K' a str
+ * value under a bin key. */
+typedef struct kv {
+    const char *k;
+    char t;
+    const char *s;
+    int64_t i;
+    size_t n;
+} kv_t;
+
+/* A valid tcp engine descriptor with `over` replacing the entries of the same keys (an entry with t == 0
+ * drops that key) and `dup` (if not NULL) appended although its key is there already. */
+static pdl_status_t unpack_kvs(const kv_t *over, size_t nover, const kv_t *dup, pdl_remote_t *r, pdl_error_t *err)
+{
+    const kv_t base[] = {
+        {"magic", 's', "pdlink-engine", 0, 0}, {"v", 'u', NULL, 1, 0}, {"key", 's', "producer:tp3", 0, 0},
+        {"backend", 's', "tcp", 0, 0}, {"host", 's', "127.0.0.1", 0, 0}, {"port", 'u', NULL, 4242, 0},
+        {"pid", 'i', NULL, 77, 0}, {"hostname", 's', "h", 0, 0},
+    };
+    kv_t all[32];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++) {
+        const kv_t *e = &base[i];
+        for (size_t j = 0; j < nover; j++)
+            if (strcmp(over[j].k, base[i].k) == 0)
+                e = &over[j];
+        if (e->t != 0)
+            all[n++] = *e;
+    }
+    for (size_t j = 0; j < nover; j++) {
+        bool known = false;
+        for (size_t i = 0; i < sizeof(base) / sizeof(base[0]); i++)
+            known = known || strcmp(over[j].k, base[i].k) == 0;
+        if (!known)
+            all[n++] = over[j];
+    }
+    if (dup != NULL)
+        all[n++] = *dup;
+    msgpack_sbuffer sb;
+    msgpack_packer pk;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_map(&pk, n);
+    for (size_t i = 0; i < n; i++) {
+        const kv_t *e = &all[i];
+        if (e->t == 'K')
+            msgpack_pack_bin_with_body(&pk, e->k, strlen(e->k));
+        else
+            msgpack_pack_str_with_body(&pk, e->k, strlen(e->k));
+        if (e->t == 's' || e->t == 'K')
+            msgpack_pack_str_with_body(&pk, e->s, strlen(e->s));
+        else if (e->t == 'b')
+            msgpack_pack_bin_with_body(&pk, e->s, e->n);
+        else if (e->t == 'u')
+            msgpack_pack_uint64(&pk, (uint64_t)e->i);
+        else
+            msgpack_pack_int64(&pk, e->i);
+    }
+    pdl_status_t st = pdl__engine_desc_unpack(sb.data, sb.size, r, err);
+    msgpack_sbuffer_destroy(&sb);
+    return st;
+}
+
+#define UNPACK(r, err, ...) unpack_kvs((const kv_t[]){__VA_ARGS__}, sizeof((const kv_t[]){__VA_ARGS__}) / sizeof(kv_t), NULL, r, err)
+
+/*
+ * The descriptor parser reads with wire/mp.h's typed reads, as the wire codecs do. Where that differs from
+ * the parser desc.c had before, the case says what the old one did; every other case is unchanged.
+ */
+static void test_parser_rules(void **state)
+{
+    (void)state;
+    pdl_remote_t *r = malloc(sizeof(*r));
+    assert_non_null(r);
+    pdl_error_t err;
+    assert_int_equal(UNPACK(r, &err, {"pid_start", 'u', NULL, 5, 0}), PDL_OK);
+    assert_string_equal(r->key, "producer:tp3");
+    assert_int_equal(r->port, 4242);
+    assert_int_equal(r->pid, 77);
+
+    /* Changed: a key given twice is refused (the old parser took the last value). */
+    kv_t dup = {"port", 'u', NULL, 4243, 0};
+    assert_int_equal(unpack_kvs(NULL, 0, &dup, r, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "duplicate key 'port'"));
+    dup = (kv_t){"magic", 's', "pdlink-engine", 0, 0};
+    assert_int_equal(unpack_kvs(NULL, 0, &dup, r, &err), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "duplicate key 'magic'"));
+    /* Changed: a string as msgpack bin holding UTF-8 is read as the string (refused before). */
+    assert_int_equal(UNPACK(r, &err, {"host", 'b', "10.0.0.7", 0, 8}), PDL_OK);
+    assert_string_equal(r->host, "10.0.0.7");
+    /* Changed: a key as UTF-8 bin names its field (such keys were skipped, so here the magic was missing). */
+    assert_int_equal(UNPACK(r, &err, {"magic", 'K', "pdlink-engine", 0, 0}), PDL_OK);
+    /* Changed: strings must be UTF-8 (the old parser copied any bytes but NUL). */
+    assert_int_equal(UNPACK(r, &err, {"hostname", 's', "h\xff", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "hostname is not valid UTF-8"));
+    /* Changed: another version is PDL_ERR_MISMATCH even when a field is mistyped for this one (the old
+     * parser read fields first and said PDL_ERR_PARSE). */
+    assert_int_equal(UNPACK(r, &err, {"v", 'u', NULL, 2, 0}, {"port", 's', "http", 0, 0}), PDL_ERR_MISMATCH);
+    assert_non_null(strstr(err.msg, "version 2"));
+    /* Changed message, same status: a "v" that is no non-negative integer is named as such. */
+    assert_int_equal(UNPACK(r, &err, {"v", 's', "1", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "version field 'v' is a string"));
+
+    /* Unchanged: a field of the wrong type, out of range, too long, empty where it may not be, or with a
+     * NUL; a missing field; an empty blob; integer keys and unknown keys are skipped. */
+    assert_int_equal(UNPACK(r, &err, {"port", 's', "4242", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "engine descriptor: port is a string"));
+    assert_int_equal(UNPACK(r, &err, {"port", 'i', NULL, -1, 0}), PDL_ERR_PARSE);
+    assert_int_equal(UNPACK(r, &err, {"port", 'u', NULL, 65536, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "port 65536 out of range"));
+    assert_int_equal(UNPACK(r, &err, {"pid", 'i', NULL, -5, 0}), PDL_OK);
+    assert_int_equal(r->pid, -5);
+    assert_int_equal(UNPACK(r, &err, {"pid", 'u', NULL, -1, 0}), PDL_ERR_PARSE); /* 2^64 - 1 */
+    assert_int_equal(UNPACK(r, &err, {"key", 's', "", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "key is empty"));
+    assert_int_equal(UNPACK(r, &err, {"host", 's', "", 0, 0}), PDL_OK); /* tcp's remote_add refuses it */
+    assert_int_equal(UNPACK(r, &err, {"host", 'b', "a\0b", 0, 3}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "host contains a NUL byte"));
+    char longkey[300];
+    memset(longkey, 'k', sizeof(longkey) - 1);
+    longkey[sizeof(longkey) - 1] = '\0';
+    assert_int_equal(UNPACK(r, &err, {"key", 's', longkey, 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "the limit is 255"));
+    assert_int_equal(UNPACK(r, &err, {"hostname", 0, NULL, 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "missing field 'hostname'"));
+    assert_int_equal(UNPACK(r, &err, {"magic", 0, NULL, 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "missing or wrong magic"));
+    assert_int_equal(UNPACK(r, &err, {"magic", 's', "pdlink-mem", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "missing or wrong magic"));
+    assert_int_equal(UNPACK(r, &err, {"v", 0, NULL, 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "missing version field 'v'"));
+    assert_int_equal(UNPACK(r, &err, {"ucx_addr", 'b', "", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "ucx_addr is empty binary"));
+    assert_int_equal(UNPACK(r, &err, {"ctl_rkey", 's', "x", 0, 0}), PDL_ERR_PARSE);
+    assert_non_null(strstr(err.msg, "ctl_rkey is a string, expected binary"));
+    assert_int_equal(UNPACK(r, &err, {"future_field", 'u', NULL, 9, 0}), PDL_OK);
+    free(r);
+
+    /* An integer key is skipped, as before: the map below is the base map plus {7: "x"}. */
+    msgpack_sbuffer sb;
+    pack_engine_v(&sb, PDL_ENGINE_DESC_VERSION, "tcp");
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    pdl_remote_t r2;
+    assert_int_equal(pdl__engine_desc_unpack(sb.data, sb.size, &r2, &err), PDL_OK);
+    sb.data[0] = (char)(0x80 | 9); /* 9 pairs: one more than pack_engine_v wrote */
+    msgpack_pack_uint64(&pk, 7);
+    msgpack_pack_str_with_body(&pk, "x", 1);
+    assert_int_equal(pdl__engine_desc_unpack(sb.data, sb.size, &r2, &err), PDL_OK);
+    assert_string_equal(r2.key, "producer:tp9");
+    msgpack_sbuffer_destroy(&sb);
+}
+
 static void test_config_checks(void **state)
 {
     (void)state;
@@ -421,7 +574,7 @@ int main(void)
         cmocka_unit_test(test_version_mismatch),    cmocka_unit_test(test_hostile_descriptors),
         cmocka_unit_test(test_config_checks),       cmocka_unit_test(test_tcp_congestion),
         cmocka_unit_test(test_hostile_headers),     cmocka_unit_test(test_ucx_descriptors),
-        cmocka_unit_test(test_rdma_pick),
+        cmocka_unit_test(test_rdma_pick),           cmocka_unit_test(test_parser_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
