@@ -8,10 +8,14 @@
  * /proc/self/mem, which bypasses page protection, the way a GPU's copy engine ignores the CPU's page
  * tables. "Pinned host memory" (cuMemHostAlloc) is ordinary memory. One context, one device.
  *
- * IPC handles name an allocation of this process (its base address and pid): cuIpcGetMemHandle gives
- * one, so the cuda backend can register fake device memory and run batches between two engines of one
- * process (whose sessions use the owner's address, as they do on a GPU). Opening a handle fails: a
- * process's own handle is refused as CUDA refuses it, another process's memory cannot be reached.
+ * IPC handles name an allocation (its base address and its process's pid): cuIpcGetMemHandle gives one,
+ * so the cuda backend can register fake device memory and run batches between two engines of one
+ * process (whose sessions use the owner's address, as they do on a GPU) or of two. Opening a handle of
+ * another process reserves an inaccessible mapping of the allocation's size here (the address the
+ * importer uses) and records whose bytes it stands for; a copy touching it reads or writes the owner's
+ * allocation through /proc/<pid>/mem, so the owner must be one this process may ptrace (a child, or any
+ * process of the user where kernel.yama.ptrace_scope is 0), as process_vm_readv needs for shm. A
+ * process's own handle is refused, as CUDA refuses it.
  *
  * Streams: by default work queued on a stream runs before the call returns. A stream created while
  * PDLINK_TEST_CUDA_FAKE_LATENCY_US is set holds its work back instead, as a GPU finishes copies after
@@ -31,6 +35,7 @@
  */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 #include <stdio.h>
@@ -61,6 +66,20 @@ static CUresult fake_ctx_set(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 static CUresult fake_ctx_pop(CUcontext *c) { *c = NULL; return CUDA_SUCCESS; }
 static CUresult fake_ctx_dev(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
 static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p);
+static CUresult maps_range(const char *maps, CUdeviceptr *base, size_t *size, CUdeviceptr p);
+static CUresult fake_alloc(CUdeviceptr *p, size_t size);
+static CUresult fake_free(CUdeviceptr p);
+
+/* Another process's allocation opened here: [local, local + size) stands for [remote, remote + size)
+ * of process pid. */
+typedef struct fake_import {
+    uint64_t local, remote, size;
+    int64_t pid;
+    struct fake_import *next;
+} fake_import_t;
+
+static pthread_mutex_t imports_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_import_t *imports;
 
 /* The handle of the allocation starting at p: magic, pid, base address. */
 static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
@@ -78,10 +97,76 @@ static CUresult fake_ipc_get(CUipcMemHandle *h, CUdeviceptr p)
 }
 static CUresult fake_ipc_open(CUdeviceptr *p, CUipcMemHandle h, unsigned f)
 {
-    (void)p; (void)h; (void)f;
-    return CUDA_ERROR_NOT_SUPPORTED;
+    (void)f;
+    int64_t pid;
+    uint64_t base;
+    memcpy(&pid, h.reserved + 8, sizeof(pid));
+    memcpy(&base, h.reserved + 16, sizeof(base));
+    if (memcmp(h.reserved, FAKE_IPC_MAGIC, sizeof(FAKE_IPC_MAGIC)) != 0 || pid <= 0 || pid == (int64_t)getpid())
+        return CUDA_ERROR_NOT_SUPPORTED;
+    char maps[64];
+    snprintf(maps, sizeof(maps), "/proc/%" PRId64 "/maps", pid);
+    CUdeviceptr rb = 0;
+    size_t size = 0;
+    if (maps_range(maps, &rb, &size, base) != CUDA_SUCCESS || rb != base)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_import_t *im = calloc(1, sizeof(*im));
+    CUdeviceptr local = 0;
+    if (im == NULL || fake_alloc(&local, size) != CUDA_SUCCESS) {
+        free(im);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *im = (fake_import_t){.local = local, .remote = base, .size = size, .pid = pid};
+    pthread_mutex_lock(&imports_mu);
+    im->next = imports;
+    imports = im;
+    pthread_mutex_unlock(&imports_mu);
+    *p = local;
+    return CUDA_SUCCESS;
 }
-static CUresult fake_ipc_close(CUdeviceptr p) { (void)p; return CUDA_SUCCESS; }
+
+static CUresult fake_ipc_close(CUdeviceptr p)
+{
+    pthread_mutex_lock(&imports_mu);
+    fake_import_t **pp = &imports;
+    while (*pp && (*pp)->local != p)
+        pp = &(*pp)->next;
+    fake_import_t *im = *pp;
+    if (im != NULL)
+        *pp = im->next;
+    pthread_mutex_unlock(&imports_mu);
+    if (im == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(im);
+    return fake_free(p);
+}
+
+/* Where the byte at address a of this process lives: at a in `self` (/proc/self/mem), or, inside an
+ * opened handle's reservation, in its owner's /proc/<pid>/mem, opened here (the caller closes an fd that
+ * is not `self`; -1 if the owner cannot be opened, gone or not ours to ptrace). */
+static int mem_fd(int self, uint64_t a, uint64_t *at)
+{
+    *at = a;
+    int64_t pid = 0;
+    pthread_mutex_lock(&imports_mu);
+    for (const fake_import_t *im = imports; im != NULL && pid == 0; im = im->next)
+        if (a >= im->local && a - im->local < im->size) {
+            pid = im->pid;
+            *at = im->remote + (a - im->local);
+        }
+    pthread_mutex_unlock(&imports_mu);
+    if (pid == 0)
+        return self;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%" PRId64 "/mem", pid);
+    return open(path, O_RDWR | O_CLOEXEC);
+}
+
+static void mem_fd_close(int self, int fd)
+{
+    if (fd >= 0 && fd != self)
+        close(fd);
+}
 static CUresult fake_mod_load(CUmodule *m, const void *img) { (void)img; *m = FAKE_HANDLE(CUmodule); return CUDA_SUCCESS; }
 static CUresult fake_mod_unload(CUmodule m) { (void)m; return CUDA_SUCCESS; }
 static CUresult fake_mod_func(CUfunction *f, CUmodule m, const char *name)
@@ -105,10 +190,11 @@ static CUresult fake_errname(CUresult r, const char **s)
     return CUDA_SUCCESS;
 }
 
-/* The inaccessible (PROT_NONE) mapping holding p: [*base, *base + *size). */
-static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+/* The inaccessible (PROT_NONE) mapping holding p in the process whose maps file is `maps`:
+ * [*base, *base + *size). */
+static CUresult maps_range(const char *maps, CUdeviceptr *base, size_t *size, CUdeviceptr p)
 {
-    FILE *f = fopen("/proc/self/maps", "re");
+    FILE *f = fopen(maps, "re");
     if (f == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     char line[512];
@@ -127,6 +213,11 @@ static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
     }
     fclose(f);
     return r;
+}
+
+static CUresult fake_range(CUdeviceptr *base, size_t *size, CUdeviceptr p)
+{
+    return maps_range("/proc/self/maps", base, size, p);
 }
 
 static CUresult fake_alloc(CUdeviceptr *p, size_t size)
@@ -166,16 +257,22 @@ static CUresult fake_host_free(void *p)
     return CUDA_SUCCESS;
 }
 
-/* Copy len bytes between any two addresses of this process through fd (/proc/self/mem). */
+/* Copy len bytes between any two addresses of this process through fd (/proc/self/mem); a side inside an
+ * opened handle's reservation is its owner's memory (mem_fd). A piece never spans two allocations. */
 static CUresult mem_copy(int fd, uint64_t dst, uint64_t src, uint64_t len, uint8_t *buf)
 {
-    for (uint64_t o = 0; o < len;) {
+    uint64_t s, d;
+    int sfd = mem_fd(fd, src, &s), dfd = mem_fd(fd, dst, &d);
+    CUresult r = sfd >= 0 && dfd >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t o = 0; r == CUDA_SUCCESS && o < len;) {
         size_t k = len - o < FAKE_COPY_BUF ? (size_t)(len - o) : FAKE_COPY_BUF;
-        if (pread(fd, buf, k, (off_t)(src + o)) != (ssize_t)k || pwrite(fd, buf, k, (off_t)(dst + o)) != (ssize_t)k)
-            return CUDA_ERROR_INVALID_VALUE;
+        if (pread(sfd, buf, k, (off_t)(s + o)) != (ssize_t)k || pwrite(dfd, buf, k, (off_t)(d + o)) != (ssize_t)k)
+            r = CUDA_ERROR_INVALID_VALUE;
         o += k;
     }
-    return CUDA_SUCCESS;
+    mem_fd_close(fd, sfd);
+    mem_fd_close(fd, dfd);
+    return r;
 }
 
 static CUresult copy_one(uint64_t dst, uint64_t src, uint64_t len)
@@ -198,17 +295,20 @@ static CUresult memset_now(CUdeviceptr d, unsigned char v, size_t n)
     if (atomic_load_explicit(&fake_nocopy, memory_order_relaxed))
         return CUDA_SUCCESS;
     int fd = open("/proc/self/mem", O_RDWR | O_CLOEXEC);
+    uint64_t at = d;
+    int dfd = fd >= 0 ? mem_fd(fd, d, &at) : -1;
     uint8_t *buf = malloc(FAKE_COPY_BUF);
-    CUresult r = fd >= 0 && buf != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = dfd >= 0 && buf != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (buf)
         memset(buf, v, FAKE_COPY_BUF);
     for (size_t o = 0; r == CUDA_SUCCESS && o < n;) {
         size_t k = n - o < FAKE_COPY_BUF ? n - o : FAKE_COPY_BUF;
-        if (pwrite(fd, buf, k, (off_t)(d + o)) != (ssize_t)k)
+        if (pwrite(dfd, buf, k, (off_t)(at + o)) != (ssize_t)k)
             r = CUDA_ERROR_INVALID_VALUE;
         o += k;
     }
     free(buf);
+    mem_fd_close(fd, dfd);
     if (fd >= 0)
         close(fd);
     return r;
