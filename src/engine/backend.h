@@ -147,7 +147,6 @@ struct pdl_batch {
 
 /* Properties of a backend that the generic engine acts on. */
 enum {
-    PDL_BACKEND_CAP_SERVER = 1u << 0, /* owns a listening server (tcp) */
     /* A running batch can be abandoned only by tearing down its session's transport (tcp: shutting
      * the sockets down; ucx: force-closing the endpoint): pdl_batch_free breaks the session first. */
     PDL_BACKEND_CAP_ABORT_BREAKS = 1u << 1,

@@ -1180,7 +1180,7 @@ static void tcp_mem_kick(pdl_engine_t *e, pdl_mem_t *m)
 
 const pdl_backend_ops_t pdl__tcp_ops = {
     .name = "tcp",
-    .caps = PDL_BACKEND_CAP_SERVER | PDL_BACKEND_CAP_ABORT_BREAKS,
+    .caps = PDL_BACKEND_CAP_ABORT_BREAKS,
     .engine_init = tcp_engine_init,
     .engine_fini = tcp_engine_fini,
     .remote_add = tcp_remote_add,
