@@ -338,7 +338,9 @@ void pdl_session_close(pdl_session_t *session);
  * so the owner cannot refuse it. The owner instead publishes which grants are live in memory its shm
  * peers map, and a shm batch that names a grant checks it itself: PDL_ERR_DENIED when the grant is
  * not live (for that registration and op) before the copy, and when it was revoked during the copy
- * (the owner may have reused the bytes, so what was read is void). Ranges are not checked on shm.
+ * (the owner may have reused the bytes, so what was read is void). The published grants carry their
+ * ranges, so a shm (and cuda) batch touching a byte outside them fails with PDL_ERR_DENIED before it
+ * copies anything.
  *
  * pdl_mem_guard: guard `mem` from now on (requests already being served finish). Cannot fail; `mem`
  * must not be NULL.

@@ -21,6 +21,7 @@ struct pdl_grant {
     unsigned ops;
     char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
     int64_t pub_slot; /* its slot in g->pub, or -1 */
+    uint64_t pub_rfirst; /* its ranges in g->pub->range (x->n of them), when pub_slot >= 0 */
     pdl_range_t *r; /* sorted by off, merged: no two overlap or touch */
     size_t n;
 };
@@ -47,7 +48,57 @@ void pdl__grants_publish(pdl_grants_t *g, pdl_grant_pub_t *pub)
 {
     random_key(pub->key, sizeof(pub->key));
     pub->nslots = PDL_GRANT_PUB_SLOTS;
+    pub->layout = PDL_GRANT_PUB_LAYOUT;
     g->pub = pub;
+    g->fx = malloc((PDL_GRANT_PUB_SLOTS + 1) * sizeof(*g->fx));
+    if (g->fx != NULL) {
+        g->fx[0] = (pdl_grant_ext_t){0, PDL_GRANT_PUB_RANGES};
+        g->nfx = 1;
+    }
+}
+
+/* Under g->mu: n consecutive pool entries, first fit (keeps the touched part of the sparse pool
+ * small); false when no free extent is that long. */
+static bool pool_take(pdl_grants_t *g, uint64_t n, uint64_t *first)
+{
+    for (size_t i = 0; g->fx != NULL && i < g->nfx; i++) {
+        if (g->fx[i].n < n)
+            continue;
+        *first = g->fx[i].first;
+        g->fx[i].first += n;
+        g->fx[i].n -= n;
+        if (g->fx[i].n == 0) {
+            memmove(&g->fx[i], &g->fx[i + 1], (g->nfx - i - 1) * sizeof(*g->fx));
+            g->nfx--;
+        }
+        return true;
+    }
+    return false;
+}
+
+/* Under g->mu: give [first, first + n) back, merged with its neighbours. Extents lie between taken
+ * ones, so there are at most (live grants + 1): the array never overflows. */
+static void pool_give(pdl_grants_t *g, uint64_t first, uint64_t n)
+{
+    size_t i = 0;
+    while (i < g->nfx && g->fx[i].first < first)
+        i++;
+    bool left = i > 0 && g->fx[i - 1].first + g->fx[i - 1].n == first;
+    bool right = i < g->nfx && first + n == g->fx[i].first;
+    if (left && right) {
+        g->fx[i - 1].n += n + g->fx[i].n;
+        memmove(&g->fx[i], &g->fx[i + 1], (g->nfx - i - 1) * sizeof(*g->fx));
+        g->nfx--;
+    } else if (left) {
+        g->fx[i - 1].n += n;
+    } else if (right) {
+        g->fx[i].first = first;
+        g->fx[i].n += n;
+    } else {
+        memmove(&g->fx[i + 1], &g->fx[i], (g->nfx - i) * sizeof(*g->fx));
+        g->fx[i] = (pdl_grant_ext_t){first, n};
+        g->nfx++;
+    }
 }
 
 /* A published hash is never 0: 0 marks a slot never used, where a lookup stops. */
@@ -58,7 +109,8 @@ static uint64_t pub_hash(const pdl_grant_pub_t *pub, const char *name, size_t le
 }
 
 /* The owner changes a slot (under g->mu; readers see an odd seq meanwhile, or a new even one). */
-static void pub_write(pdl_grant_slot_t *s, uint64_t hash, uint64_t mem_id, uint64_t ops)
+static void pub_write(pdl_grant_slot_t *s, uint64_t hash, uint64_t mem_id, uint64_t ops, uint64_t rfirst,
+                      uint64_t rcount)
 {
     uint64_t q = atomic_load_explicit(&s->seq, memory_order_relaxed);
     atomic_store_explicit(&s->seq, q + 1, memory_order_relaxed);
@@ -66,6 +118,8 @@ static void pub_write(pdl_grant_slot_t *s, uint64_t hash, uint64_t mem_id, uint6
     atomic_store_explicit(&s->hash, hash, memory_order_relaxed);
     atomic_store_explicit(&s->mem_id, mem_id, memory_order_relaxed);
     atomic_store_explicit(&s->ops, ops, memory_order_relaxed);
+    atomic_store_explicit(&s->rfirst, rfirst, memory_order_relaxed);
+    atomic_store_explicit(&s->rcount, rcount, memory_order_relaxed);
     atomic_store_explicit(&s->seq, q + 2, memory_order_release);
     /* What the caller does next (free the blocks, let them be rewritten) must not be seen before the
      * new seq by a reader that checks it after its copy. */
@@ -76,15 +130,24 @@ static void pub_write(pdl_grant_slot_t *s, uint64_t hash, uint64_t mem_id, uint6
 static bool pub_add(pdl_grants_t *g, pdl_grant_t *x)
 {
     pdl_grant_pub_t *pub = g->pub;
-    uint64_t h = pub_hash(pub, x->name, x->name_len);
+    uint64_t h = pub_hash(pub, x->name, x->name_len), first;
+    if (!pool_take(g, x->n, &first))
+        return false;
+    /* The ranges go in before the slot names them; the slot's release store publishes both. */
+    for (size_t j = 0; j < x->n; j++) {
+        atomic_store_explicit(&pub->range[first + j][0], x->r[j].off, memory_order_relaxed);
+        atomic_store_explicit(&pub->range[first + j][1], x->r[j].len, memory_order_relaxed);
+    }
     for (uint64_t i = 0; i < PDL_GRANT_PUB_SLOTS; i++) {
         uint64_t k = (h + i) % PDL_GRANT_PUB_SLOTS;
         if (atomic_load_explicit(&pub->slot[k].ops, memory_order_relaxed) == 0) {
-            pub_write(&pub->slot[k], h, x->mem_id, x->ops);
+            pub_write(&pub->slot[k], h, x->mem_id, x->ops, first, x->n);
             x->pub_slot = (int64_t)k;
+            x->pub_rfirst = first;
             return true;
         }
     }
+    pool_give(g, first, x->n);
     return false;
 }
 
@@ -93,7 +156,9 @@ static void pub_revoke(pdl_grants_t *g, pdl_grant_t *x)
     if (g->pub == NULL || x->pub_slot < 0)
         return;
     pdl_grant_slot_t *s = &g->pub->slot[x->pub_slot];
-    pub_write(s, atomic_load_explicit(&s->hash, memory_order_relaxed), 0, 0);
+    pub_write(s, atomic_load_explicit(&s->hash, memory_order_relaxed), 0, 0, 0, 0);
+    /* Only now may the ranges be overwritten: a reader that saw them sees the slot's new seq too. */
+    pool_give(g, x->pub_rfirst, x->n);
 }
 
 /* A consistent snapshot of slot k; false if the owner kept changing it. */
@@ -138,6 +203,30 @@ bool pdl__grant_pub_find(const pdl_grant_pub_t *pub, const char *name, uint64_t 
     return false;
 }
 
+bool pdl__grant_pub_covers(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t off, uint64_t len)
+{
+    if (slot >= PDL_GRANT_PUB_SLOTS || len == 0)
+        return false;
+    uint64_t first = atomic_load_explicit(&pub->slot[slot].rfirst, memory_order_relaxed);
+    uint64_t n = atomic_load_explicit(&pub->slot[slot].rcount, memory_order_relaxed);
+    /* The owner's memory is read as it is: a torn or hostile list must not take us outside the pool. */
+    if (first > PDL_GRANT_PUB_RANGES || n > PDL_GRANT_PUB_RANGES - first)
+        return false;
+    size_t lo = 0, hi = (size_t)n; /* the last range with r.off <= off is at lo - 1, as in covered() */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (atomic_load_explicit(&pub->range[first + mid][0], memory_order_relaxed) <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return false;
+    uint64_t r_off = atomic_load_explicit(&pub->range[first + lo - 1][0], memory_order_relaxed);
+    uint64_t r_len = atomic_load_explicit(&pub->range[first + lo - 1][1], memory_order_relaxed);
+    return off - r_off <= r_len && len <= r_len - (off - r_off);
+}
+
 bool pdl__grant_pub_still(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t seq)
 {
     atomic_thread_fence(memory_order_acquire);
@@ -159,6 +248,8 @@ void pdl__grants_fini(pdl_grants_t *g)
             grant_free(x);
         }
     }
+    free(g->fx);
+    g->fx = NULL;
     pthread_mutex_destroy(&g->mu);
 }
 
@@ -236,8 +327,10 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
     if (taken || full) {
         grant_free(x);
         return taken ? pdl_error_set(err, PDL_ERR_BAD_STATE, "grant %s: a grant of that name exists (revoke it first)", name)
-                     : pdl_error_set(err, PDL_ERR_NOMEM, "grant %s: %d grants are live already (revoke some first)", name,
-                                     PDL_GRANT_PUB_SLOTS);
+                     : pdl_error_set(err, PDL_ERR_NOMEM,
+                                     "grant %s: the published table is full (%d grants, or %u ranges in all; this one "
+                                     "has %zu after merging): revoke some first",
+                                     name, PDL_GRANT_PUB_SLOTS, PDL_GRANT_PUB_RANGES, k);
     }
     return PDL_OK;
 }

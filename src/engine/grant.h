@@ -22,7 +22,16 @@
 
 #define PDL_GRANT_BUCKETS 256
 #define PDL_GRANT_PEER_MAX 64 /* a numeric IPv6 address with a scope fits */
-#define PDL_GRANT_PUB_SLOTS 16384 /* live grants an engine can publish (512 KiB of table) */
+#define PDL_GRANT_PUB_SLOTS 16384 /* live grants an engine can publish (768 KiB of slots) */
+/*
+ * Ranges all published grants hold together (after merging), 16 bytes each: 64 MiB of the control
+ * memfd at most. The memfd is sparse, so only the pages the owner ever wrote cost memory: the most
+ * ranges live at once, rounded up to pages (first fit keeps the pool's low end in use). A hold of
+ * 2,048 blocks x 32 layers x K/V, none of them adjacent, is 131,072 ranges: 32 such holds fit.
+ */
+#define PDL_GRANT_PUB_RANGES (1u << 22)
+/* The published table's layout; a peer refuses another (a pdlink of another version). */
+#define PDL_GRANT_PUB_LAYOUT 0x70646c6700000002ull
 
 typedef struct pdl_grant pdl_grant_t;
 
@@ -36,20 +45,33 @@ typedef struct pdl_grant pdl_grant_t;
  * one whose slot changed is failed: a reader that was paused while its hold was given up gets an
  * error, not another prompt's KV. Slots are found by open addressing on a keyed hash of the name; a
  * slot with ops 0 is free (a revoked one keeps its hash so lookups probe past it).
+ *
+ * A slot also names its grant's byte ranges: rcount sorted, merged ranges at range[rfirst...] of the
+ * table's pool, written by the owner before the slot's seq turns even, and given back to the pool only
+ * after the slot is revoked (its seq changed). So a peer checks every segment of its batch against
+ * them (pdl__grant_pub_covers) and then the seq (pdl__grant_pub_still) before it copies: a grant of
+ * block A under name N does not let it touch block B under N. Only the owner writes any of it; the
+ * request's fields (name, op, offsets) select and test, never widen.
  */
 typedef struct pdl_grant_slot {
     _Atomic uint64_t seq; /* odd while the owner changes the slot */
     _Atomic uint64_t hash;
     _Atomic uint64_t mem_id;
     _Atomic uint64_t ops; /* 0 = free */
+    _Atomic uint64_t rfirst, rcount; /* its ranges in pdl_grant_pub_t.range */
 } pdl_grant_slot_t;
 
 typedef struct pdl_grant_pub {
     uint8_t key[PDL_SIPHASH_KEY_LEN]; /* the name hash's key: random per engine, not the buckets' key */
     uint64_t nslots;
-    uint64_t reserved;
+    uint64_t layout; /* PDL_GRANT_PUB_LAYOUT */
     pdl_grant_slot_t slot[PDL_GRANT_PUB_SLOTS];
+    _Atomic uint64_t range[PDL_GRANT_PUB_RANGES][2]; /* off, len */
 } pdl_grant_pub_t;
+
+typedef struct pdl_grant_ext {
+    uint64_t first, n;
+} pdl_grant_ext_t;
 
 typedef struct pdl_grants {
     pthread_mutex_t mu;
@@ -57,6 +79,11 @@ typedef struct pdl_grants {
     pdl_grant_t *b[PDL_GRANT_BUCKETS];
     size_t count;
     pdl_grant_pub_t *pub; /* NULL: grants are not published (tcp checks them in its server) */
+    /* The pool's free extents (owner-private), sorted by first, never adjacent: at most one more than
+     * the live grants, so PDL_GRANT_PUB_SLOTS + 1 entries. NULL when publish could not allocate it:
+     * then every published grant fails with PDL_ERR_NOMEM. */
+    pdl_grant_ext_t *fx;
+    size_t nfx;
 } pdl_grants_t;
 
 /* Draw the hash key (getrandom) and empty the table; cannot fail. */
@@ -74,9 +101,14 @@ void pdl__grants_publish(pdl_grants_t *g, pdl_grant_pub_t *pub);
 bool pdl__grant_pub_find(const pdl_grant_pub_t *pub, const char *name, uint64_t mem_id, unsigned op, uint64_t *slot,
                          uint64_t *seq);
 bool pdl__grant_pub_still(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t seq);
+/* Does the grant seen at (slot, seq) cover [off, off + len)? Reads owner-written memory without a lock:
+ * the answer counts only if pdl__grant_pub_still(slot, seq) is true afterwards. False for a slot whose
+ * range list lies outside the pool, or len == 0. */
+bool pdl__grant_pub_covers(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t off, uint64_t len);
 /* Add a grant; the name and ranges are copied. PDL_ERR_INVALID for an empty or too long name, ops
  * without READ or WRITE, n == 0 or a range of length 0; PDL_ERR_BAD_STATE when the name is taken;
- * PDL_ERR_NOMEM, also when a published table has PDL_GRANT_PUB_SLOTS live grants. The message names the grant. */
+ * PDL_ERR_NOMEM, also when a published table has PDL_GRANT_PUB_SLOTS live grants or no room in its range
+ * pool for this grant's ranges. The message names the grant. */
 pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
 /* Remove a grant; false when no grant has that name. */

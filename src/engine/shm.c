@@ -343,15 +343,53 @@ static const pdl_grant_pub_t *remote_grants(const pdl_session_t *s)
     return (const pdl_grant_pub_t *)((const uint8_t *)((shm_remote_t *)s->remote->bk)->ctl + PDL_CTL_LIVE_BYTES);
 }
 
-pdl_status_t pdl__shm_grant_enter(pdl_session_t *s, const pdl_batch_t *b, uint64_t *slot, uint64_t *seq, pdl_error_t *err)
+/*
+ * The fence before a copy of descriptors [first, first + count) of b: the grant it names must be live
+ * for this registration and op, cover every one of those descriptors' remote ranges (the owner's
+ * published ranges, never anything the batch says), and still be the slot seen after the ranges were
+ * read (they are read without a lock). Refusals name the batch's own range and grant only.
+ */
+static pdl_status_t grant_enter(pdl_session_t *s, const pdl_batch_t *b, size_t first, size_t count, uint64_t *slot,
+                                uint64_t *seq, pdl_error_t *err)
 {
+    if (b->grant[0] == '\0')
+        return PDL_OK;
+    const pdl_grant_pub_t *pub = remote_grants(s);
+    const char *opn = b->op == PDL_OP_READ ? "read" : "write";
+    if (pub->layout != PDL_GRANT_PUB_LAYOUT)
+        return pdl_error_set(err, PDL_ERR_DENIED,
+                             "engine %s: %s of region %" PRIu64 " of engine %s denied: its grant table has another "
+                             "layout (another pdlink version; run the same version on both sides)",
+                             s->engine->key, opn, s->rmem.id, s->rmem.engine_key);
     unsigned gop = b->op == PDL_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE;
-    if (b->grant[0] && !pdl__grant_pub_find(remote_grants(s), b->grant, s->rmem.id, gop, slot, seq))
+    if (!pdl__grant_pub_find(pub, b->grant, s->rmem.id, gop, slot, seq))
         return pdl_error_set(err, PDL_ERR_DENIED,
                              "engine %s: grant %s is not live on region %" PRIu64 " of engine %s (the owner revoked "
                              "it: it gave up the transfer, e.g. after its release or its timeout)",
                              s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key);
+    for (size_t i = first; i < first + count; i++) {
+        const pdl_desc_t *d = &b->d[i];
+        if (!pdl__grant_pub_covers(pub, *slot, d->remote_off, d->len)) {
+            if (!pdl__grant_pub_still(pub, *slot, *seq))
+                break; /* the list changed under us: report the revocation below */
+            return pdl_error_set(err, PDL_ERR_DENIED,
+                                 "engine %s: %s [%" PRIu64 ", +%" PRIu64 ") of region %" PRIu64
+                                 " of engine %s denied: it is outside its grant %s",
+                                 s->engine->key, opn, d->remote_off, d->len, s->rmem.id, s->rmem.engine_key, b->grant);
+        }
+    }
+    if (!pdl__grant_pub_still(pub, *slot, *seq))
+        return pdl_error_set(err, PDL_ERR_DENIED,
+                             "engine %s: grant %s is not live on region %" PRIu64 " of engine %s (revoked while the "
+                             "%s was being checked)",
+                             s->engine->key, b->grant, s->rmem.id, s->rmem.engine_key, opn);
     return PDL_OK;
+}
+
+/* The whole batch (cuda runs a batch as one chunk). */
+pdl_status_t pdl__shm_grant_enter(pdl_session_t *s, const pdl_batch_t *b, uint64_t *slot, uint64_t *seq, pdl_error_t *err)
+{
+    return grant_enter(s, b, 0, b->n, slot, seq, err);
 }
 
 pdl_status_t pdl__shm_grant_leave(pdl_session_t *s, const pdl_batch_t *b, uint64_t slot, uint64_t seq, pdl_error_t *err)
@@ -370,7 +408,7 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
     const pdl_chunk_t *c = &b->chunks[idx];
     shm_session_t *ss = s->bk;
     uint64_t slot = 0, seq = 0;
-    pdl_status_t st = pdl__shm_grant_enter(s, b, &slot, &seq, err);
+    pdl_status_t st = grant_enter(s, b, c->first, c->count, &slot, &seq, err);
     if (st == PDL_OK)
         st = ss->map ? pdl__chunk_copy_mapped(s, b, c, ss->map, err) : run_vm(s, b, c, err);
     return st == PDL_OK ? pdl__shm_grant_leave(s, b, slot, seq, err) : st;

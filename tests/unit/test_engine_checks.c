@@ -640,6 +640,100 @@ static void test_guarded_shm(void **state)
     pair_close(&p);
 }
 
+/*
+ * Issue 36: a shm grant covers only its ranges. The owner grants READ of block A (the first 16 KiB)
+ * under "tx-a"; a batch naming tx-a that touches block B (the next 16 KiB), wholly or by one byte, is
+ * refused with PDL_ERR_DENIED and copies nothing; A itself still reads. Before the published table
+ * carried ranges, the read of B succeeded and returned the owner's bytes of B.
+ */
+static void test_grant_ranges_shm(void **state)
+{
+    (void)state;
+    pair_t p;
+    pair_open(&p, PDL_BACKEND_SHM);
+    uint8_t *om = pdl_mem_ptr(p.om), *im = pdl_mem_ptr(p.im);
+    memset(om, 0xA1, 16384);
+    memset(om + 16384, 0xB2, 16384);
+    pdl_mem_guard(p.om);
+    pdl_error_t err;
+    pdl_range_t a = {0, 16384};
+    assert_int_equal(pdl_engine_grant(p.owner, p.om, "tx-a", PDL_GRANT_READ, &a, 1, &err), PDL_OK);
+    pdl_desc_t outside[] = {{0, 16384, 16384}, {0, 16383, 2}, {0, 4096, 4096}};
+    for (size_t i = 0; i < sizeof(outside) / sizeof(outside[0]); i++) {
+        memset(im, 0, SZ);
+        pdl_batch_t *b;
+        /* The last case: an allowed piece of A first, then B, in one batch: B refuses all of it. */
+        pdl_desc_t two[2] = {{0, 0, 4096}, outside[i]};
+        bool pair = i == 2;
+        if (pair)
+            two[1] = (pdl_desc_t){8192, 20000, 4096};
+        assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-a", pair ? two : &outside[i], pair ? 2 : 1,
+                                                  &b, &err),
+                         PDL_OK);
+        assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+        assert_non_null(strstr(err.msg, "outside its grant tx-a"));
+        pdl_batch_free(b);
+        for (size_t k = 0; k < SZ; k++)
+            assert_int_equal(im[k], 0);
+    }
+    pdl_desc_t in = {0, 0, 16384};
+    pdl_batch_t *b;
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-a", &in, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_OK);
+    pdl_batch_free(b);
+    assert_int_equal(im[0], 0xA1);
+    assert_int_equal(im[16383], 0xA1);
+    /* A WRITE grant of B does not widen the READ grant of A (another name, another op). */
+    pdl_range_t bb = {16384, 16384};
+    assert_int_equal(pdl_engine_grant(p.owner, p.om, "tx-b", PDL_GRANT_WRITE, &bb, 1, &err), PDL_OK);
+    pdl_desc_t rb = {0, 16384, 16384};
+    assert_int_equal(pdl_session_post_granted(p.s, PDL_OP_READ, "tx-b", &rb, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, -1, &err), PDL_ERR_DENIED);
+    pdl_batch_free(b);
+    pair_close(&p);
+}
+
+/* The published range pool gives revoked grants' entries back: 3 x PDL_GRANT_PUB_RANGES / 2 ranges
+ * granted and revoked in turn fit, a grant larger than the pool is refused with PDL_ERR_NOMEM, and a
+ * grant added after revocations sees only its own ranges. */
+static void test_grant_pub_pool(void **state)
+{
+    (void)state;
+    pdl_grants_t g;
+    pdl__grants_init(&g);
+    pdl_grant_pub_t *pub = calloc(1, sizeof(*pub));
+    assert_non_null(pub);
+    pdl__grants_publish(&g, pub);
+    size_t n = PDL_GRANT_PUB_RANGES / 2;
+    pdl_range_t *rg = malloc((PDL_GRANT_PUB_RANGES + 1) * sizeof(*rg));
+    assert_non_null(rg);
+    for (size_t i = 0; i <= PDL_GRANT_PUB_RANGES; i++)
+        rg[i] = (pdl_range_t){(uint64_t)i * 8, 4}; /* never adjacent: no merging */
+    pdl_error_t err;
+    assert_int_equal(pdl__grants_add(&g, "big", 7, PDL_GRANT_READ, rg, PDL_GRANT_PUB_RANGES + 1, &err), PDL_ERR_NOMEM);
+    assert_int_equal(pdl__grants_add(&g, "h1", 7, PDL_GRANT_READ, rg, n, &err), PDL_OK);
+    assert_int_equal(pdl__grants_add(&g, "h2", 7, PDL_GRANT_READ, rg + n, n, &err), PDL_OK);
+    assert_int_equal(pdl__grants_add(&g, "h3", 7, PDL_GRANT_READ, rg, 1, &err), PDL_ERR_NOMEM);
+    assert_true(pdl__grants_revoke(&g, "h1"));
+    pdl_range_t one = {100, 8};
+    assert_int_equal(pdl__grants_add(&g, "h3", 7, PDL_GRANT_READ, &one, 1, &err), PDL_OK);
+    uint64_t slot, seq;
+    assert_true(pdl__grant_pub_find(pub, "h3", 7, PDL_GRANT_READ, &slot, &seq));
+    assert_true(pdl__grant_pub_covers(pub, slot, 100, 8));
+    assert_false(pdl__grant_pub_covers(pub, slot, 0, 4)); /* h1's old range, now free */
+    assert_false(pdl__grant_pub_covers(pub, slot, 104, 5));
+    assert_true(pdl__grant_pub_still(pub, slot, seq));
+    assert_true(pdl__grant_pub_find(pub, "h2", 7, PDL_GRANT_READ, &slot, &seq));
+    assert_true(pdl__grant_pub_covers(pub, slot, (uint64_t)(n + 5) * 8, 4));
+    assert_false(pdl__grant_pub_covers(pub, slot, (uint64_t)(n + 5) * 8, 5));
+    assert_true(pdl__grants_revoke(&g, "h2"));
+    assert_true(pdl__grants_revoke(&g, "h3"));
+    assert_int_equal(g.nfx, 1); /* everything merged back into one free extent */
+    free(rg);
+    pdl__grants_fini(&g);
+    free(pub);
+}
+
 /* The published table's seqlock: a slot seen live and then revoked, or revoked and granted again
  * under the same name (it may land in the same slot), is not "still" the one the reader saw. */
 static void test_grant_pub_seq(void **state)
@@ -693,7 +787,7 @@ int main(void)
         cmocka_unit_test(test_owner_checks_tcp),     cmocka_unit_test(test_transitions_shm),
         cmocka_unit_test(test_transitions_tcp),      cmocka_unit_test(test_remove_remote),
         cmocka_unit_test(test_dereg_while_serving_tcp),
-        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp), cmocka_unit_test(test_guarded_shm), cmocka_unit_test(test_grant_pub_seq),
+        cmocka_unit_test(test_ids_random),             cmocka_unit_test(test_bind_all_tcp),             cmocka_unit_test(test_peer_stats_tcp),             cmocka_unit_test(test_untrusted_tcp),             cmocka_unit_test(test_guarded_tcp), cmocka_unit_test(test_guarded_shm), cmocka_unit_test(test_grant_pub_seq), cmocka_unit_test(test_grant_ranges_shm), cmocka_unit_test(test_grant_pub_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -343,6 +343,49 @@ static void test_batches_in_flight(void **state)
     rig_close(&g);
 }
 
+/*
+ * Issue 36 on cuda (the fence shm.c runs for this backend too): a READ grant of block A (the first
+ * 64 KiB of R) under "tx-a"; a batch naming tx-a that reads block B is refused with PDL_ERR_DENIED and
+ * moves nothing, whether the posting thread launches it (a small batch) or a worker does (past 8,192
+ * pieces); A itself reads. Before the published table carried ranges, both reads of B succeeded.
+ */
+static void test_grant_ranges_cuda(void **state)
+{
+    (void)state;
+    rig_t g;
+    rig_open(&g, 4u << 20);
+    pdl_error_t err;
+    pdl_mem_guard(g.mr);
+    pdl_range_t a = {0, 65536};
+    assert_int_equal(pdl_engine_grant(g.own, g.mr, "tx-a", PDL_GRANT_READ, &a, 1, &err), PDL_OK);
+    enum { MANY = 9000 };
+    pdl_desc_t *many = malloc(MANY * sizeof(*many));
+    assert_non_null(many);
+    for (size_t i = 0; i < MANY; i++) /* 4-byte pieces of A at an 8-byte stride, the last one in B */
+        many[i] = (pdl_desc_t){i * 8, i * 8, 4};
+    many[MANY - 1] = (pdl_desc_t){(MANY - 1) * 8, 65536, 4};
+    pdl_desc_t b_only = {0, 65536, 65536};
+    for (int k = 0; k < 2; k++) {
+        pdl_batch_t *b;
+        assert_int_equal(pdl_session_post_granted(g.s, PDL_OP_READ, "tx-a", k ? many : &b_only, k ? MANY : 1, &b,
+                                                  &err),
+                         PDL_OK);
+        assert_int_equal(pdl_batch_wait(b, 10000, &err), PDL_ERR_DENIED);
+        assert_non_null(strstr(err.msg, "outside its grant tx-a"));
+        pdl_batch_free(b);
+        rig_expect(&g, g.Lo, NULL, 0, false); /* nothing landed */
+    }
+    pdl_desc_t in = {0, 0, 65536};
+    pdl_batch_t *b;
+    assert_int_equal(pdl_session_post_granted(g.s, PDL_OP_READ, "tx-a", &in, 1, &b, &err), PDL_OK);
+    assert_int_equal(pdl_batch_wait(b, 10000, &err), PDL_OK);
+    pdl_batch_free(b);
+    rig_expect(&g, g.Lo, &in, 1, false);
+    assert_int_equal(pdl_engine_revoke(g.own, "tx-a", &err), PDL_OK);
+    free(many);
+    rig_close(&g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -351,6 +394,7 @@ int main(void)
         cmocka_unit_test(test_gather_list_one_pass),
         cmocka_unit_test(test_batches_on_test_driver),
         cmocka_unit_test(test_batches_in_flight),
+        cmocka_unit_test(test_grant_ranges_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
