@@ -9,7 +9,7 @@ and ``Geometry(..., kv_fused=True)``. The producer's rank processes fill their h
 that share a prefix (B's blocks are the first two of A's, both held at once, as with prefix caching),
 the consumer's rank processes pull A and then B into block ids of their own choosing, and every
 element of every head shard is compared with the value it must have. Each producer rank must then have
-counted its own releases and reported both transfers ``("freed", tid, -1)`` -- what its vLLM worker
+counted its own releases and reported both transfers ``(Event.FREED, tid, -1)`` -- what its vLLM worker
 reports as finished_sending -- and nothing else. Topologies: P2/D1 and P1/D2 (4 KV heads: split).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def producer_rank(q_out: Any, q_in: Any, tp: int, r: int, base: int) -> None:
         while len(freed) < 2 and time.monotonic() < deadline:
             for e in inst.events():
                 events.append(e)
-                if e[0] == "freed":
+                if e[0] == pdlink.Event.FREED:
                     freed.append(e[1])
             time.sleep(0.005)
         # The blocks were the caller's all along: what the events said is the only thing that changed.
@@ -166,9 +166,9 @@ def test_one_process_per_rank_fused_external_blocks(P: int, D: int) -> None:
         # this rank's own releases, both transfers, and the events its vLLM worker reports
         assert own["releases_received"] == 2 * acks, f"producer rank {r}"
         assert summed == own  # counters() with rank None sums the local rank only
-        assert sorted(e for e in events if e[0] == "freed") == [("freed", "tx-a", -1), ("freed", "tx-b", -1)]
-        assert sorted(e for e in events if e[0] == "reported") == [("reported", "tx-a", r), ("reported", "tx-b", r)]
-        assert not [e for e in events if e[0] == "expired"]
+        assert sorted(e for e in events if e[0] == pdlink.Event.FREED) == [(pdlink.Event.FREED, "tx-a", -1), (pdlink.Event.FREED, "tx-b", -1)]
+        assert sorted(e for e in events if e[0] == pdlink.Event.RANK_REPORTED) == [(pdlink.Event.RANK_REPORTED, "tx-a", r), (pdlink.Event.RANK_REPORTED, "tx-b", r)]
+        assert not [e for e in events if e[0] == pdlink.Event.RANK_EXPIRED]
         assert (held, free_blocks) == (0, 0)  # nothing held; no allocator to give blocks back to
 
 

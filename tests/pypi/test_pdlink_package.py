@@ -208,10 +208,10 @@ def test_numpy_kv_between_processes(name: str, P: int, D: int, np_: int, nc: int
         assert kind == "final"
         # the events a vLLM scheduler would wait for: every rank reported each transfer, then one "freed"
         tids = sorted(f"tx-{seed}" for seed in seeds_of[i])
-        assert sorted((t, r) for e, t, r in events if e == "reported") == sorted(
+        assert sorted((t, r) for e, t, r in events if e == pdlink.Event.RANK_REPORTED) == sorted(
             (t, r) for t in tids for r in range(P))
-        assert sorted(t for e, t, r in events if e == "freed") == tids
-        assert not [e for e in events if e[0] == "expired"]
+        assert sorted(t for e, t, r in events if e == pdlink.Event.FREED) == tids
+        assert not [e for e in events if e[0] == pdlink.Event.RANK_EXPIRED]
         assert (held, held_blocks, free_blocks) == (0, 0, NUM_BLOCKS)
         for r, c in enumerate(per_rank):
             # every producer rank (P8/D4: the odd ones too) counted its releases for each transfer

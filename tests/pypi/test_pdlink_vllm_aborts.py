@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional
 
+from pdlink.events import Event
 from pdlink.vllm.scheduler import DropOrder, Endpoint, HoldOrder, PdlinkScheduler, StepPlan, transfer_params
 from pdlink.vllm.worker import PdlinkWorker
 
@@ -191,7 +192,7 @@ def test_worker_drop_ends_the_hold_at_once() -> None:
     # pdlink's record goes now (its grants revoked), and vLLM's finished "a" is never a finished send.
     assert ("drop", "ta") in w.inst.calls
     assert w.get_transfer_results({"a"}) == (set(), set(), set())
-    w.inst.pending_events = [("reported", "tb", 0), ("freed", "tb", -1)]
+    w.inst.pending_events = [(Event.RANK_REPORTED, "tb", 0), (Event.FREED, "tb", -1)]
     assert w.get_transfer_results({"b"}) == ({"b"}, set(), set())
     assert (w.stats["expired"], w.stats["freed"], w.stats["dropped"], w.stats["dropped_aborted"],
             w.stats.get("dropped_expired", 0)) == (0, 1, 1, 1, 0)
@@ -205,7 +206,7 @@ def test_worker_drop_refused_leaves_the_record_to_lapse() -> None:
     w.start_load_kv(StepPlan(drops=[DropOrder("a", "ta", "aborted")]))
     # The record lapses at defer_timeout: neither a finished send for "a" (vLLM deleted it) nor an expiry.
     assert w.get_transfer_results({"a"}) == (set(), set(), set())
-    w.inst.pending_events = [("expired", "ta", 0), ("freed", "ta", -1), ("reported", "tb", 0), ("freed", "tb", -1)]
+    w.inst.pending_events = [(Event.RANK_EXPIRED, "ta", 0), (Event.FREED, "ta", -1), (Event.RANK_REPORTED, "tb", 0), (Event.FREED, "tb", -1)]
     assert w.get_transfer_results({"b"}) == ({"b"}, set(), set())
     assert (w.stats["expired"], w.stats["freed"], w.stats["dropped"], w.stats["dropped_aborted"],
             w.stats["dropped_expired"]) == (0, 1, 1, 1, 1)

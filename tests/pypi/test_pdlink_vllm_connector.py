@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import pdlink
+from pdlink.events import Event
 from pdlink.vllm.scheduler import (Endpoint, HoldOrder, PdlinkScheduler, PullOrder, ReleaseOrder, StepPlan,
                                    parse_endpoint, transfer_params)
 from pdlink.vllm.worker import PdlinkWorker, kv_region, layer_index
@@ -286,8 +287,8 @@ class FakeInstance:
             raise out
         return FakePull(out)
 
-    def release(self, params: Dict[str, Any], rid: Optional[str]) -> None:
-        self.calls.append(("release", params["transfer_id"]))
+    def abandon(self, params: Dict[str, Any], rid: Optional[str]) -> None:
+        self.calls.append(("abandon", params["transfer_id"]))
 
     def events(self) -> List[Any]:
         ev, self.pending_events = self.pending_events, []
@@ -316,7 +317,7 @@ def test_worker_reports_pulls_done_and_failed() -> None:
                     releases=[ReleaseOrder("rel", dict(remote_params([4]), transfer_id="t-rel"))],
                     failed=["short"])
     w.start_load_kv(plan)
-    assert ("release", "t-rel") in w.inst.calls
+    assert ("abandon", "t-rel") in w.inst.calls
     # A pull that could not even start, and a request the scheduler could not pair, fail at once.
     assert w.get_transfer_results(set()) == (set(), {"refused", "short"}, {"refused", "short"})
     # Second poll: "ok" finishes, "bad" raises -- it must be reported failed, never as loaded.
@@ -331,11 +332,11 @@ def test_worker_reports_sent_only_after_freed_and_finished() -> None:
     # The prompt's token count goes with the hold (pdlink zeroes the last block's tail first).
     assert w.inst.calls == [("hold", "t1", [1, 2], 20), ("hold", "t2", [3])]
     # r1 freed by pdlink before vLLM told this worker r1 finished: held back (vLLM's contract).
-    w.inst.pending_events = [("reported", "t1", 0), ("freed", "t1", 0)]
+    w.inst.pending_events = [(Event.RANK_REPORTED, "t1", 0), (Event.FREED, "t1", 0)]
     assert w.get_transfer_results(set()) == (set(), set(), set())
     assert w.get_transfer_results({"r1", "r2"}) == ({"r1"}, set(), set())
     # r2 finished earlier, freed now (after an expiry): reported; unknown transfers are ignored.
-    w.inst.pending_events = [("expired", "t2", 0), ("freed", "t2", 0), ("freed", "t-unknown", 0)]
+    w.inst.pending_events = [(Event.RANK_EXPIRED, "t2", 0), (Event.FREED, "t2", 0), (Event.FREED, "t-unknown", 0)]
     assert w.get_transfer_results(set()) == ({"r2"}, set(), set())
     assert (w.stats["freed"], w.stats["expired"], w.stats["holds"]) == (2, 1, 2)
 

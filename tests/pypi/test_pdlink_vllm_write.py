@@ -17,6 +17,7 @@ from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, PROMPT, Blocks, F
                                         config, consumer_rank, fake_worker, producer_rank, reap, vllm_cpu_caches)
 from free_ports import free_range  # noqa: E402 (on the path test_pdlink_vllm_connector set)
 
+from pdlink.events import Event
 from pdlink.vllm.scheduler import PdlinkScheduler, PushOrder, ReleaseOrder, StepPlan
 from pdlink.vllm.worker import PdlinkWorker
 
@@ -127,7 +128,7 @@ def test_worker_pushes_zeroes_first_and_reports_sent_when_freed() -> None:
     w.wait_for_save(StepPlan(pushes=[PushOrder("r1", "t1", {"transfer_id": "t1"}, [1, 2], 20),
                                      PushOrder("r2", "t2", {"transfer_id": "t2"}, [3], None)]))
     assert calls == [("zero_tail", [1, 2], 20), ("push", "t1", [1, 2], "r1"), ("push", "t2", [3], "r2")]
-    w.inst.pending_events = [("freed", "t1", 0)]
+    w.inst.pending_events = [(Event.FREED, "t1", 0)]
     assert w.get_transfer_results({"r1"}) == ({"r1"}, set(), set())
     assert w.stats["pushes"] == 2
 
@@ -146,7 +147,7 @@ def test_worker_failed_push_does_not_pin_blocks() -> None:
 def test_worker_write_release_names_the_request() -> None:
     w = fake_worker("kv_consumer")
     seen: List[Any] = []
-    w.inst.release = lambda params, rid: seen.append(rid)
+    w.inst.abandon = lambda params, rid: seen.append(rid)
     w.start_load_kv(StepPlan(releases=[ReleaseOrder("cmpl-r", {"transfer_id": "t"}, "unpulled", True),
                                        ReleaseOrder("cmpl-s", {"transfer_id": "u"}, "unpulled", False)]))
     assert seen == ["cmpl-r", None]        # WRITE: the id carries the peer's address; READ: params do
@@ -233,7 +234,7 @@ def test_worker_host_cache_pushes_layer_by_layer() -> None:
     assert len(calls) == 2
     assert (w.stats["pushes"], w.stats["pushes_layered"]) == (2, 2)
     # Reported sent once pdlink freed the push and vLLM said the request finished, as a whole push.
-    w.inst.pending_events = [("freed", "t1", -1)]
+    w.inst.pending_events = [(Event.FREED, "t1", -1)]
     assert w.get_transfer_results({"r1"}) == ({"r1"}, set(), set())
 
 

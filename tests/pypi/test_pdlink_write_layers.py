@@ -188,7 +188,7 @@ def test_push_layer_by_layer_between_processes() -> None:
     # Each producer rank waited at its gate at least for the layers after the first.
     assert pcounters["push_layer_waits"] >= P
     assert (held, free_blocks) == (0, NUM_BLOCKS)
-    assert [e[0] for e in events if e[0] == "freed"] == ["freed"]
+    assert [e[0] for e in events if e[0] == pdlink.Event.FREED] == [pdlink.Event.FREED]
 
 
 def test_push_layers_refusals() -> None:

@@ -40,6 +40,7 @@ import re
 import time
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Set, Tuple
 
+from pdlink.events import Event
 from pdlink.vllm.scheduler import StepPlan
 
 log = logging.getLogger("pdlink.vllm")
@@ -328,7 +329,7 @@ class PdlinkWorker:
         for rel in plan.releases:
             try:
                 # WRITE: the request id carries the peer's address (vllm-router's ___*_addr_ parts).
-                self.inst.release(rel.params, rel.request_id if rel.write else None)
+                self.inst.abandon(rel.params, rel.request_id if rel.write else None)
                 self.stats["releases"] += 1
             except Exception as e:  # the producer then frees after defer_timeout; nothing here waits on it
                 log.warning("pdlink rank %d: release of request %s failed: %s", self.tp_rank, rel.request_id, e)
@@ -484,15 +485,15 @@ class PdlinkWorker:
                 self._dirty = True
         if self.inst is not None:
             for kind, tid, _rank in self.inst.events():
-                if kind == "expired" and tid in self._dropped:
+                if kind == Event.RANK_EXPIRED and tid in self._dropped:
                     self.stats["dropped_expired"] = self.stats.get("dropped_expired", 0) + 1
-                elif kind == "freed" and tid in self._dropped:
+                elif kind == Event.FREED and tid in self._dropped:
                     self._dropped.discard(tid)
-                elif kind == "expired":
+                elif kind == Event.RANK_EXPIRED:
                     self.stats["expired"] += 1
                     log.warning("pdlink rank %d: transfer %s expired (no decode released it before "
                                 "defer_timeout)", self.tp_rank, tid)
-                elif kind == "freed":
+                elif kind == Event.FREED:
                     rid = self._held.pop(tid, None)
                     if rid is not None:
                         self._mark(tid, "freed")
