@@ -35,7 +35,7 @@ The modules, one concern each (this file only re-exports their public names):
 :mod:`pdlink.errors` (exceptions), :mod:`pdlink.log`, :mod:`pdlink.config` (``Geometry``, the
 ``--kv-transfer-config``), :mod:`pdlink.memory` (``kv_buffers``), :mod:`pdlink.instance`,
 :mod:`pdlink.transfer` (``Pull``, ``Recv``), :mod:`pdlink.events`, :mod:`pdlink.counters`,
-:mod:`pdlink.topo` (``plan``); ``pdlink._pdlink`` is the cffi extension (``_build.py``, ``_pdlink.c``).
+:mod:`pdlink.topo` (``plan``); ``pdlink._pdlink`` is the cffi extension (``_build.py``, ``shim.c``).
 """
 from __future__ import annotations
 

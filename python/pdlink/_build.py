@@ -6,6 +6,10 @@ offset that could drift from the C library. The extension links libpdlink static
 compiled with ``-fPIC``) and the system libraries it needs (libzmq, libsodium, msgpack-c, jansson, and
 UCX when libpdlink was built with it), so the wheel carries no libpdlink of its own to find at run time.
 
+The extension's own C (the held-transfer event queue and the calls taking kv_transfer_params as JSON
+text) is ``shim.c``, declared in ``shim.h``, whose declarations are given to cffi from the header
+itself (:func:`shim_cdef`).
+
 Where libpdlink.a comes from:
 
 * ``PDLINK_BUILD_DIR=<dir>``: an existing CMake build of the repository (``make build`` makes ``build/``);
@@ -78,6 +82,8 @@ def link_args(bdir: Path) -> dict:
     }
 
 
+# libpdlink's API as cffi declares it (``...;``: the compiler fills in the layout); the shim's own
+# declarations follow from shim.h (shim_cdef).
 CDEF = r"""
 typedef enum pdl_status { PDL_OK = 0, PDL_INPROGRESS = 1, PDL_ERR_INVALID = -1, PDL_ERR_NOT_FOUND = -2,
     PDL_ERR_TRANSPORT = -3, PDL_ERR_BAD_STATE = -4, PDL_ERR_TIMEOUT = -5, PDL_ERR_PEER_GONE = -6,
@@ -182,202 +188,45 @@ pdl_status_t pdl_topo_write_plan(int prefill_tp, int decode_tp, int total_heads,
 typedef enum { PDL_EVENT_RANK_REPORTED = 1, PDL_EVENT_RANK_EXPIRED = 2, PDL_EVENT_FREED = 3 } pdl_instance_event_t;
 typedef void (*pdl_instance_event_fn)(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank);
 void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, void *arg);
-/* Held-transfer events, queued in C (the shim below); Instance.events() takes them. */
-typedef struct pdlpy_events pdlpy_events_t;
-pdlpy_events_t *pdlpy_events_attach(pdl_instance_t *inst);
-int pdlpy_events_take(pdlpy_events_t *q, int *ev, int *rank, char *tid, size_t cap);
-void pdlpy_events_free(pdlpy_events_t *q);
-
-/* The shim below: kv_transfer_params cross the boundary as JSON text. */
-void pdlpy_log_set_level(int lvl);
-char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                        pdl_error_t *err);
-pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                        const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err);
-pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                        const uint32_t *ids, size_t n, int layers, pdl_error_t *err);
 pdl_status_t pdl_instance_push_layers(pdl_instance_t *inst, const char *transfer_id, int layers, pdl_error_t *err);
-pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                               const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err);
-pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json, const char *request_id, pdl_error_t *err);
 void free(void *p);
 """
 
-SOURCE = r"""
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+PREAMBLE = """\
 #include "pdlink/connector.h"
 #include "pdlink/log.h"
-#include "pdlink/params.h"
 #include "pdlink/topo.h"
-
-static void pdlpy_log_set_level(int lvl) { pdl_log_set_level((pdl_log_level_t)lvl); }
-
-/* Held-transfer events wait here, in C, until Python takes them. The connector calls its event function
- * on its own threads -- a rank's service thread among them, which also serves that rank's releases and
- * handshakes -- so that function must not wait for Python's GIL: in a busy interpreter (a vLLM worker
- * running its model) every such wait would stall the rank's control plane. */
-typedef struct pdlpy_event {
-    struct pdlpy_event *next;
-    int ev, rank;
-    char tid[];
-} pdlpy_event_t;
-
-typedef struct pdlpy_events {
-    pthread_mutex_t mu;
-    pdlpy_event_t *head, *tail;
-    unsigned long dropped; /* events lost to a failed malloc, logged when next taken */
-} pdlpy_events_t;
-
-static void pdlpy_events_on(void *arg, pdl_instance_event_t ev, const char *transfer_id, int tp_rank)
-{
-    pdlpy_events_t *q = arg;
-    size_t n = strlen(transfer_id);
-    pdlpy_event_t *e = malloc(sizeof(*e) + n + 1);
-    pthread_mutex_lock(&q->mu);
-    if (e == NULL) {
-        q->dropped++;
-    } else {
-        e->next = NULL;
-        e->ev = (int)ev;
-        e->rank = tp_rank;
-        memcpy(e->tid, transfer_id, n + 1);
-        if (q->tail)
-            q->tail->next = e;
-        else
-            q->head = e;
-        q->tail = e;
-    }
-    pthread_mutex_unlock(&q->mu);
-}
-
-/* A queue receiving inst's events from now on; NULL without memory. Free it after pdl_instance_destroy. */
-static pdlpy_events_t *pdlpy_events_attach(pdl_instance_t *inst)
-{
-    pdlpy_events_t *q = calloc(1, sizeof(*q));
-    if (q == NULL)
-        return NULL;
-    pthread_mutex_init(&q->mu, NULL);
-    pdl_instance_set_event_fn(inst, pdlpy_events_on, q);
-    return q;
-}
-
-/* The oldest event into ev/rank/tid (cut to cap bytes with its NUL): 1, or 0 when there is none. */
-static int pdlpy_events_take(pdlpy_events_t *q, int *ev, int *rank, char *tid, size_t cap)
-{
-    pthread_mutex_lock(&q->mu);
-    pdlpy_event_t *e = q->head;
-    if (e != NULL) {
-        q->head = e->next;
-        if (q->head == NULL)
-            q->tail = NULL;
-    }
-    unsigned long dropped = q->dropped;
-    q->dropped = 0;
-    pthread_mutex_unlock(&q->mu);
-    if (dropped > 0)
-        fprintf(stderr, "pdlink python: error: %lu held-transfer events lost (out of memory): their blocks are "
-                        "freed by pdlink, but a caller waiting for FREED will not see it\n", dropped);
-    if (e == NULL)
-        return 0;
-    *ev = e->ev;
-    *rank = e->rank;
-    snprintf(tid, cap, "%s", e->tid);
-    free(e);
-    return 1;
-}
-
-static void pdlpy_events_free(pdlpy_events_t *q)
-{
-    if (q == NULL)
-        return;
-    for (pdlpy_event_t *e = q->head, *next; e != NULL; e = next) {
-        next = e->next;
-        free(e);
-    }
-    pthread_mutex_destroy(&q->mu);
-    free(q);
-}
-
-static char *pdlpy_params_json(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
-                               pdl_error_t *err)
-{
-    pdl_kv_params_t p;
-    if (pdl_instance_params(inst, transfer_id, ids, n, &p, err) != PDL_OK)
-        return NULL;
-    char *s = pdl_kv_params_format(&p);
-    pdl_kv_params_clear(&p);
-    if (s == NULL)
-        pdl_error_set(err, PDL_ERR_NOMEM, "kv_transfer_params of %s: cannot encode", transfer_id);
-    return s;
-}
-
-static pdl_status_t pdlpy_pull(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                               const uint32_t *ids, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
-{
-    pdl_kv_params_t p;
-    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
-    if (st == PDL_OK)
-        st = pdl_instance_pull(inst, &p, request_id, ids, n, pull_out, err);
-    pdl_kv_params_clear(&p);
-    return st;
-}
-
-/* layers < 0: pdl_instance_push (every layer final); else pdl_instance_push_start and, when layers > 0,
- * pdl_instance_push_layers. A push its consumer had abandoned before it was made is over at once: there
- * is nothing to say final then (NOT_FOUND), and the push itself succeeded. */
-static pdl_status_t pdlpy_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                               const uint32_t *ids, size_t n, int layers, pdl_error_t *err)
-{
-    pdl_kv_params_t p;
-    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
-    if (st == PDL_OK && layers < 0)
-        st = pdl_instance_push(inst, &p, request_id, ids, n, err);
-    else if (st == PDL_OK)
-        st = pdl_instance_push_start(inst, &p, request_id, ids, n, err);
-    if (st == PDL_OK && layers > 0) {
-        pdl_status_t lst = pdl_instance_push_layers(inst, p.transfer_id, layers, err);
-        if (lst != PDL_ERR_NOT_FOUND)
-            st = lst;
-    }
-    pdl_kv_params_clear(&p);
-    return st;
-}
-
-static pdl_status_t pdlpy_expect_push(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                                      const uint32_t *ids, size_t n, pdl_recv_t **recv_out, pdl_error_t *err)
-{
-    pdl_kv_params_t p;
-    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
-    if (st == PDL_OK)
-        st = pdl_instance_expect_push(inst, &p, request_id, ids, n, recv_out, err);
-    pdl_kv_params_clear(&p);
-    return st;
-}
-
-static pdl_status_t pdlpy_abandon(pdl_instance_t *inst, const char *params_json, const char *request_id,
-                                  pdl_error_t *err)
-{
-    pdl_kv_params_t p;
-    pdl_status_t st = pdl_kv_params_parse(params_json, &p, err);
-    if (st == PDL_OK)
-        st = pdl_instance_abandon(inst, &p, request_id, err);
-    pdl_kv_params_clear(&p);
-    return st;
-}
+#include "shim.h"
 """
+SHIM_H = HERE / "shim.h"
+SHIM_C = HERE / "shim.c"
 
 
-def _builder() -> FFI:
+def shim_cdef() -> str:
+    """shim.h's declarations for cffi, which takes C declarations but no preprocessor lines."""
+    return "\n".join(l for l in SHIM_H.read_text().splitlines() if not l.lstrip().startswith("#"))
+
+
+def _source_path(path: Path) -> str:
+    # setuptools wants the extension's sources relative to setup.py's folder (python/), where pip runs it.
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _builder(**link: object) -> FFI:
     ffi = FFI()
-    ffi.cdef(CDEF)
-    # setup.py's build_ext adds the link arguments once libpdlink.a is built (link_args).
+    ffi.cdef(CDEF + shim_cdef())
+    # The module's own source only includes the headers CDEF declares from; the shim is shim.c, compiled
+    # beside it. setup.py's build_ext adds the link arguments once libpdlink.a is built (link_args).
     ffi.set_source(
-        "pdlink._pdlink", SOURCE,
-        include_dirs=[str(REPO / "include")],
+        "pdlink._pdlink", PREAMBLE,
+        sources=[_source_path(SHIM_C)],
+        depends=[_source_path(SHIM_H)],
+        include_dirs=[str(HERE), str(REPO / "include")],
         extra_compile_args=["-std=gnu11", "-Wall", "-Wno-unused-function", "-Werror=implicit-function-declaration"],
+        **link,
     )
     return ffi
 
@@ -385,5 +234,4 @@ def _builder() -> FFI:
 ffibuilder = _builder()
 
 if __name__ == "__main__":
-    ffibuilder.set_source("pdlink._pdlink", SOURCE, include_dirs=[str(REPO / "include")], **link_args(build_libpdlink()))
-    ffibuilder.compile(verbose=True)
+    _builder(**link_args(build_libpdlink())).compile(verbose=True)

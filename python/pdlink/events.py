@@ -1,5 +1,5 @@
 """Held-transfer events (``pdl_instance_event_t``, ``pdl_instance_set_event_fn``). pdlink's threads
-report them to a queue in C (the shim in ``_pdlink.c``), never waiting for Python's GIL;
+report them to a queue in C (the shim in ``shim.c``), never waiting for Python's GIL;
 :meth:`Instance.events` takes them from there."""
 from __future__ import annotations
 
