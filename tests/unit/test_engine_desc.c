@@ -420,7 +420,8 @@ static pdl_status_t unpack_kvs(const kv_t *over, size_t nover, const kv_t *dup, 
     return st;
 }
 
-#define UNPACK(r, err, ...) unpack_kvs((const kv_t[]){__VA_ARGS__}, sizeof((const kv_t[]){__VA_ARGS__}) / sizeof(kv_t), NULL, r, err)
+#define UNPACK(r, err, ...)                                                                                    \
+    unpack_kvs((const kv_t[]){__VA_ARGS__}, sizeof((const kv_t[]){__VA_ARGS__}) / sizeof(kv_t), NULL, r, err)
 
 /*
  * The descriptor parser reads with wire/mp.h's typed reads, as the wire codecs do. Where that differs from
