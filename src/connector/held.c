@@ -320,10 +320,10 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "hold %s", transfer_id);
     /* The consumer, when the request id names it (MoRIIO's "___decode_addr_"): watched by watch.c. */
-    char consumer[PDL_WIRE_HOST_MAX + 16] = "";
-    pdl_zmq_addr_t da;
-    if (request_id != NULL && pdl_wire_parse_request_id(request_id, NULL, &da, NULL) == PDL_OK)
-        pdl__held_consumer_name(consumer, sizeof(consumer), da.host, da.handshake_port);
+    char consumer[PDL_WIRE_HOST_MAX + 16];
+    st = pdl__resolve_hold_consumer(inst, transfer_id, request_id, consumer, sizeof(consumer), err);
+    if (st != PDL_OK)
+        return st;
     st = pdl__held_add(inst, transfer_id, ids, n, consumer, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "hold");

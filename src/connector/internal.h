@@ -51,6 +51,7 @@
 #include "connector/curve.h"
 #include "connector/fanin.h"
 #include "connector/peerhealth.h"
+#include "connector/resolve.h"
 #include "connector/strmap.h"
 #include "pdlink/auth.h"
 #include "pdlink/connector.h"
@@ -162,20 +163,6 @@ void pdl__outq_init(pdl_outq_t *q);
 void pdl__outq_fini(pdl_outq_t *q);
 
 /* ---- peer.c: a lane's peer cache; handshake.c: the handshake client --------------------------- */
-
-/* Where a remote instance listens and what it is: the far end of a transfer. */
-typedef struct pdl_peer_addr {
-    /* Cache key: always "host:handshake base", what is dialled and verified. Never the params'
-     * remote_engine_id, which a client chooses: one request naming the real prefill's id with another
-     * host would plant that host under the real id for every later request. */
-    char engine_id[PDL_WIRE_ID_MAX + 1];
-    char claimed_id[PDL_WIRE_ID_MAX + 1]; /* the params' remote_engine_id ("" = none): checked, never trusted */
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int hs_base, notify_base; /* port bases; a rank listens on base + dp * tp + rank */
-    int dp;                   /* the remote instance's DP rank */
-    int tp;                   /* the remote instance's TP size */
-    pdl_role_t role;          /* what the remote instance is: producer (READ) or consumer (WRITE) */
-} pdl_peer_addr_t;
 
 struct pdl_peer {
     char key[PDL_WIRE_ID_MAX + 64]; /* "engine_id|dp|rank" */
@@ -337,13 +324,6 @@ typedef struct pdl_xfer_times {
     uint64_t peers, build, post, wait;
 } pdl_xfer_times_t;
 
-/* The peer's host and base ports: from params' remote_host/remote_handshake_port/remote_notify_port when
- * all are set, else from the request id's ___prefill_addr_ part (peer_role PDL_ROLE_PRODUCER: pulls,
- * WRITE receives and their abandons) or ___decode_addr_ part (PDL_ROLE_CONSUMER: pushes and their
- * abandons) (pull.c). PDL_ERR_INVALID naming `what` and the transfer when neither gives one. */
-pdl_status_t pdl__peer_endpoint(const pdl_kv_params_t *params, const char *request_id, pdl_role_t peer_role,
-                                const char *what, char *host, size_t host_cap, int *hs_base, int *notify_base,
-                                pdl_error_t *err);
 /* Run x on rank r from the side's thread: handshake the remote ranks the pieces name (cached; with every
  * one of them handshaked -- or one answering but incompatible, PDL_ERR_MISMATCH -- *verified is set (may
  * be NULL) and, with all handshaked, for the lane's own instance side->verified), post batched ops per

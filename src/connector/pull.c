@@ -302,72 +302,6 @@ void pdl__reader_stop(pdl_rank_t *r) { pdl__xfer_lanes_stop(r, &r->readers); }
 
 /* ---- public API ------------------------------------------------------------------------------- */
 
-pdl_status_t pdl__peer_endpoint(const pdl_kv_params_t *params, const char *request_id, pdl_role_t peer_role,
-                                const char *what, char *host, size_t host_cap, int *hs_base, int *notify_base,
-                                pdl_error_t *err)
-{
-    if (params->remote_host[0] && params->remote_handshake_port > 0 && params->remote_notify_port > 0) {
-        snprintf(host, host_cap, "%s", params->remote_host);
-        *hs_base = params->remote_handshake_port;
-        *notify_base = params->remote_notify_port;
-        return PDL_OK;
-    }
-    bool producer = peer_role == PDL_ROLE_PRODUCER;
-    pdl_zmq_addr_t pa;
-    pdl_error_t e;
-    if (request_id == NULL ||
-        pdl_wire_parse_request_id(request_id, producer ? &pa : NULL, producer ? NULL : &pa, &e) != PDL_OK)
-        return pdl_error_set(err, PDL_ERR_INVALID,
-                             "%s %s: no %s address: kv_transfer_params lacks remote_host/remote_handshake_port/"
-                             "remote_notify_port and the request id %s",
-                             what, params->transfer_id, producer ? "producer" : "consumer",
-                             request_id ? e.msg : "is absent");
-    snprintf(host, host_cap, "%s", pa.host);
-    *hs_base = pa.handshake_port;
-    *notify_base = pa.notify_port;
-    return PDL_OK;
-}
-
-/* The producer instance named by a pull's params (or its request id), checked against our TP. Errors
- * name the transfer; the caller prefixes what it was doing. */
-static pdl_status_t producer_addr(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                  const char *what, pdl_peer_addr_t *pr, pdl_error_t *err)
-{
-    memset(pr, 0, sizeof(*pr));
-    pr->role = PDL_ROLE_PRODUCER;
-    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_PRODUCER, what, pr->host, sizeof(pr->host),
-                                         &pr->hs_base, &pr->notify_base, err);
-    if (st != PDL_OK)
-        return st;
-    snprintf(pr->engine_id, sizeof(pr->engine_id), "%s:%d", pr->host, pr->hs_base);
-    snprintf(pr->claimed_id, sizeof(pr->claimed_id), "%s", params->remote_engine_id);
-    bool disagree = false;
-    pr->tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    if (disagree)
-        pdl_warn("%s %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", what, params->transfer_id,
-                 params->remote_tp_size, params->tp_size, pr->tp);
-    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    int dummy;
-    pdl_error_t e;
-    if (pr->tp < 1 || pr->tp > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, inst->tp, pr->tp, &dummy, &e) != PDL_OK) {
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer TP %d with consumer TP %d: %s", what, params->transfer_id,
-                             pr->tp, inst->tp, pr->tp < 1 ? "invalid size" : e.msg);
-    }
-    int top = pr->dp * pr->tp + pr->tp;
-    if (pr->hs_base < 1 || pr->hs_base + top > 65536 || pr->notify_base < 1 || pr->notify_base + top > 65536) {
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer ports %d/%d + %d ranks exceed 65535",
-                             what, params->transfer_id, pr->hs_base, pr->notify_base, top);
-    }
-    /* Before anything is dialled: a request must not make the decode connect wherever it says. */
-    if (!pdl__trust_host(&inst->trusted, pr->host)) {
-        PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
-        return pdl_error_set(err, PDL_ERR_DENIED, "%s %s: producer host %.200s is not in trusted_hosts (%.200s)", what,
-                             params->transfer_id, pr->host, inst->cfg.conn.trusted_hosts);
-    }
-    return PDL_OK;
-}
-
-
 pdl_status_t pdl_instance_pull(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                const uint32_t *local_blocks, size_t n, pdl_pull_t **pull_out, pdl_error_t *err)
 {
@@ -401,7 +335,7 @@ pdl_status_t pdl_instance_pull_hooked(pdl_instance_t *inst, const pdl_kv_params_
         return pdl_error_set(err, PDL_ERR_NOMEM, "pull: out of memory");
     p->inst = inst;
     snprintf(p->transfer_id, sizeof(p->transfer_id), "%s", params->transfer_id);
-    st = producer_addr(inst, params, request_id, "pull", &p->producer, err);
+    st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_PRODUCER, "pull", &p->producer, err);
     if (st != PDL_OK) {
         free(p);
         return st;
@@ -520,7 +454,7 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
     pdl_pull_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "abandon: out of memory");
-    pdl_status_t st = producer_addr(inst, params, request_id, "abandon", &p->producer, err);
+    pdl_status_t st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_PRODUCER, "abandon", &p->producer, err);
     if (st == PDL_OK && (p->release_sent_ns = calloc((size_t)inst->tp, sizeof(uint64_t))) == NULL)
         st = pdl_error_set(err, PDL_ERR_NOMEM, "abandon: out of memory");
     if (st != PDL_OK) {

@@ -557,7 +557,7 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
     pthread_mutex_lock(&inst->push_mu);
     pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
     pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
-    if (given != NULL && !pdl__push_sent_by(sender, given->host_ip)) {
+    if (given != NULL && !pdl__sent_by(sender, given->host_ip)) {
         /* The push names its consumer: a list from another host would make us write the KV into blocks
          * the consumer never offered, and send it write_done for them. */
         snprintf(expected, sizeof(expected), "%s", given->host_ip);
@@ -797,31 +797,16 @@ static pdl_status_t push_new(pdl_instance_t *inst, const pdl_kv_params_t *params
     for (int i = 0; i < inst->tp; i++) /* other processes push the ranks this one does not run */
         if (!pdl__is_local(inst, i))
             p->state[i] = RS_DONE;
-    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_CONSUMER, "push", p->host, sizeof(p->host),
-                                         &p->hs_base, &p->notify_base, err);
+    pdl_peer_addr_t ca;
+    pdl_status_t st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_CONSUMER, "push", &ca, err);
     if (st != PDL_OK)
         goto fail;
-    snprintf(p->engine_id, sizeof(p->engine_id), "%s:%d", p->host, p->hs_base);
-    pdl__push_numeric_of(p->host, p->host_ip);
-    if (!pdl__trust_host(&inst->trusted, p->host)) {
-        PDL_CTR_ADD(pdl__rank_first(inst), untrusted_refused, 1);
-        st = pdl_error_set(err, PDL_ERR_DENIED, "push %s: consumer host %.200s is not in trusted_hosts (%.200s)", tid,
-                           p->host, inst->cfg.conn.trusted_hosts);
-        goto fail;
-    }
-    bool disagree = false;
-    p->consumer_tp = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    if (disagree)
-        pdl_warn("push %s: kv_transfer_params remote_tp_size %d and tp_size %d disagree; using %d", tid,
-                 params->remote_tp_size, params->tp_size, p->consumer_tp);
-    int dummy;
-    pdl_error_t e;
-    if (p->consumer_tp < 1 || p->consumer_tp > PDL_TOPO_MAX_TP ||
-        pdl_topo_map_rank(0, inst->tp, p->consumer_tp, &dummy, &e) != PDL_OK) {
-        st = pdl_error_set(err, PDL_ERR_INVALID, "push %s: consumer TP %d with producer TP %d: %s", tid, p->consumer_tp,
-                           inst->tp, p->consumer_tp < 1 ? "invalid size" : e.msg);
-        goto fail;
-    }
+    snprintf(p->engine_id, sizeof(p->engine_id), "%s", ca.engine_id);
+    snprintf(p->host, sizeof(p->host), "%s", ca.host);
+    memcpy(p->host_ip, ca.ip, sizeof(p->host_ip));
+    p->hs_base = ca.hs_base;
+    p->notify_base = ca.notify_base;
+    p->consumer_tp = ca.tp;
     memcpy(p->ids, ids, n * sizeof(uint32_t));
     p->n = n;
     p->layers_final = layers_final;
@@ -872,7 +857,7 @@ static void push_claim_parked(pdl_instance_t *inst, pdl_push_t *p, push_claim_t 
                 c->all_abandoned = gone;
             continue;
         }
-        if (!pdl__push_sent_by(k->sender, p->host_ip)) {
+        if (!pdl__sent_by(k->sender, p->host_ip)) {
             /* Parked before anything named the consumer: now that the push does, a list from
              * another host is refused (counted by the caller) and the rank waits for the consumer's own. */
             pdl__parked_free(pdl__strmap_remove(&inst->parked, key));
@@ -1020,15 +1005,11 @@ pdl_status_t pdl__push_abandon_producer(pdl_instance_t *inst, const pdl_kv_param
                                         pdl_error_t *err)
 {
     const char *tid = params->transfer_id;
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int hs_base = 0, notify_base = 0;
-    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_CONSUMER, "abandon", host, sizeof(host),
-                                         &hs_base, &notify_base, err);
+    pdl_peer_addr_t ca;
+    pdl_status_t st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_CONSUMER, "abandon", &ca, err);
     if (st != PDL_OK)
         return st;
-    bool disagree = false;
-    int D = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    int dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
+    int D = ca.tp, dp = ca.dp;
     PDL_FOR_LOCAL(inst, r) {
         char key[PDL_PARK_KEY_MAX];
         pdl__park_key(key, r, tid);
@@ -1043,7 +1024,7 @@ pdl_status_t pdl__push_abandon_producer(pdl_instance_t *inst, const pdl_kv_param
         }
     }
     for (int r = inst->lo; st == PDL_OK && r < inst->hi; r++) {
-        st = queue_failed_write_done(&inst->ranks[r], tid, host, notify_base, D, dp, err);
+        st = queue_failed_write_done(&inst->ranks[r], tid, ca.host, ca.notify_base, D, dp, err);
         if (st != PDL_OK)
             pdl_error_prefix(err, st, "abandon %s", tid);
     }

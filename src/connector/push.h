@@ -39,13 +39,6 @@ void pdl__parked_free(pdl_parked_t *k);
 /* The park key of rank `rank` and transfer tid, "rank|tid", into key[PDL_PARK_KEY_MAX]. */
 void pdl__park_key(char key[PDL_PARK_KEY_MAX], int rank, const char *tid);
 
-/* The numeric form of `host` ("" for a name: what a name resolves to can change), as libzmq reports a
- * sender's Peer-Address. */
-void pdl__push_numeric_of(const char *host, char out[64]);
-/* Did a message come from `expected` (numeric)? Unknown on either side ("" / NULL) is accepted: a host
- * name cannot be compared without resolving it, and libzmq may not report the peer. */
-bool pdl__push_sent_by(const char *sender, const char *expected);
-
 /* push.c, producer: reap rank r's shares still waiting for remote_blocks after defer_timeout / free every
  * push and tombstone at instance destroy / pdl_instance_abandon's failed write_done. */
 void pdl__push_reap_shares(pdl_rank_t *r);

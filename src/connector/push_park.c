@@ -23,17 +23,6 @@ void pdl__park_key(char key[PDL_PARK_KEY_MAX], int rank, const char *tid)
     snprintf(key, PDL_PARK_KEY_MAX, "%d|%s", rank, tid);
 }
 
-void pdl__push_numeric_of(const char *host, char out[64])
-{
-    if (pdl__host_numeric(host, false, out, 64) != 0)
-        out[0] = '\0';
-}
-
-bool pdl__push_sent_by(const char *sender, const char *expected)
-{
-    return sender == NULL || sender[0] == '\0' || expected[0] == '\0' || strcmp(sender, expected) == 0;
-}
-
 pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err)
 {

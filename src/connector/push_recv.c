@@ -104,7 +104,7 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *se
     bool failed = msg->status == PDL_RELEASE_FAILED;
     pthread_mutex_lock(&inst->push_mu);
     pdl_recv_t *rv = pdl__strmap_get(&inst->recvs, msg->transfer_id);
-    if (rv != NULL && !pdl__push_sent_by(sender, rv->phost_ip)) {
+    if (rv != NULL && !pdl__sent_by(sender, rv->phost_ip)) {
         /* The receive names its producer: a write_done from anyone else would end the wait before the
          * producer wrote -- the decode would then go on from whatever its blocks hold. */
         char expected[64];
@@ -162,36 +162,6 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *se
                   r->rank, msg->transfer_id, msg->producer_tp_rank);
 }
 
-/* The producer a WRITE consumer receives from: host and notify base (params, else the request id's
- * prefill address), its TP, and its DP rank. */
-typedef struct producer_ref {
-    char host[PDL_WIRE_HOST_MAX + 1];
-    int hs_base, notify_base, tp, dp;
-} producer_ref_t;
-
-static pdl_status_t producer_of(const pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                const char *what, producer_ref_t *pr, pdl_error_t *err)
-{
-    const char *tid = params->transfer_id;
-    pdl_status_t st = pdl__peer_endpoint(params, request_id, PDL_ROLE_PRODUCER, what, pr->host, sizeof(pr->host),
-                                         &pr->hs_base, &pr->notify_base, err);
-    if (st != PDL_OK)
-        return st;
-    bool disagree = false;
-    int P = pdl_kv_params_peer_tp(params, inst->tp, &disagree);
-    int D = inst->tp, dummy;
-    pdl_error_t e;
-    if (P < 1 || P > PDL_TOPO_MAX_TP || pdl_topo_map_rank(0, D, P, &dummy, &e) != PDL_OK)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer TP %d with consumer TP %d: %s", what, tid, P, D,
-                             P < 1 || P > PDL_TOPO_MAX_TP ? "invalid size" : e.msg);
-    pr->tp = P;
-    pr->dp = params->remote_dp_rank >= 0 ? params->remote_dp_rank : 0;
-    if (pr->notify_base + pr->dp * P + P > 65536)
-        return pdl_error_set(err, PDL_ERR_INVALID, "%s %s: producer notify port %d + %d ranks exceed 65535", what, tid,
-                             pr->notify_base, pr->dp * P + P);
-    return PDL_OK;
-}
-
 /* Consumer rank d tells producer rank g (each g once: by the first consumer rank of its group), as
  * remote_blocks and abandons are sent. */
 static bool consumer_speaks_for(int P, int D, int d, int g)
@@ -201,7 +171,7 @@ static bool consumer_speaks_for(int P, int D, int d, int g)
 }
 
 /* A receive of transfer tid from producer pr, expecting `expected` write_done per local rank. */
-static pdl_recv_t *recv_new(pdl_instance_t *inst, const char *tid, const producer_ref_t *pr, int expected)
+static pdl_recv_t *recv_new(pdl_instance_t *inst, const char *tid, const pdl_peer_addr_t *pr, int expected)
 {
     int D = inst->tp;
     pdl_recv_t *rv = calloc(1, sizeof(*rv));
@@ -221,7 +191,7 @@ static pdl_recv_t *recv_new(pdl_instance_t *inst, const char *tid, const produce
     snprintf(rv->transfer_id, sizeof(rv->transfer_id), "%s", tid);
     rv->producer_tp = pr->tp;
     snprintf(rv->phost, sizeof(rv->phost), "%s", pr->host);
-    pdl__push_numeric_of(pr->host, rv->phost_ip);
+    memcpy(rv->phost_ip, pr->ip, sizeof(rv->phost_ip));
     rv->phs_base = pr->hs_base;
     rv->pdp = pr->dp;
     rv->expected = expected;
@@ -245,7 +215,7 @@ static int recv_register(pdl_instance_t *inst, pdl_recv_t *rv, bool *abandoned_p
     int rc = pdl__strmap_put(&inst->recvs, rv->transfer_id, rv);
     rv->in_map = rc == 0;
     pdl_parked_t *early = rc == 0 ? pdl__strmap_remove(&inst->parked, early_key) : NULL;
-    bool early_forged = early != NULL && !pdl__push_sent_by(early->sender, rv->phost_ip);
+    bool early_forged = early != NULL && !pdl__sent_by(early->sender, rv->phost_ip);
     char early_from[64] = "";
     if (early_forged) { /* not from the producer this receive names: ignored, the receive goes ahead */
         snprintf(early_from, sizeof(early_from), "%s", early->sender);
@@ -269,7 +239,7 @@ static int recv_register(pdl_instance_t *inst, pdl_recv_t *rv, bool *abandoned_p
 /* remote_blocks: consumer rank d to each producer rank g of its group whose first consumer is d. A send
  * that fails is logged; the receive then ends at transfer_timeout or when the watch finds g gone. */
 static void send_remote_blocks(pdl_instance_t *inst, const char *tid, const char *request_id,
-                               const uint32_t *local_blocks, size_t n, const producer_ref_t *pr)
+                               const uint32_t *local_blocks, size_t n, const pdl_peer_addr_t *pr)
 {
     int P = pr->tp, D = inst->tp;
     PDL_FOR_LOCAL(inst, d) {
@@ -322,8 +292,8 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
     pdl_status_t st = pdl__blocks_check(inst, local_blocks, n, err);
     if (st != PDL_OK)
         return pdl_error_prefix(err, st, "expect_push %s: local blocks", tid);
-    producer_ref_t pr;
-    st = producer_of(inst, params, request_id, "expect_push", &pr, err);
+    pdl_peer_addr_t pr;
+    st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_PRODUCER, "expect_push", &pr, err);
     if (st != PDL_OK)
         return st;
     int expected = 0;
@@ -485,8 +455,8 @@ bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank,
 pdl_status_t pdl__recv_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
                                pdl_error_t *err)
 {
-    producer_ref_t pr;
-    pdl_status_t st = producer_of(inst, params, request_id, "abandon", &pr, err);
+    pdl_peer_addr_t pr;
+    pdl_status_t st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_PRODUCER, "abandon", &pr, err);
     for (int d = inst->lo; st == PDL_OK && d < inst->hi; d++) {
         int gfirst = 0, gcount = 0;
         pdl_topo_group(pr.tp, inst->tp, d, &gfirst, &gcount, NULL);
