@@ -152,11 +152,6 @@ void pdl__dealers_sweep(pdl_strmap_t *cache, uint64_t now_ns, uint64_t idle_ns);
  * success; PDL_ERR_NOMEM, or PDL_ERR_INVALID when host:port makes no endpoint. */
 pdl_status_t pdl__outq_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
                             pdl_error_t *err);
-/* The release consumer rank `consumer_rank` (of consumer_tp) sends producer rank `producer_rank` (of
- * producer_tp) for transfer_id, status ok or failed, encoded into b (the caller frees it). Fails as
- * pdl_wire_encode_msg does. */
-pdl_status_t pdl__release_encode(const char *transfer_id, int consumer_tp, int consumer_rank, int producer_tp,
-                                 int producer_rank, bool ok, pdl_bytes_t *b, pdl_error_t *err);
 /* Service thread: take every queued message and send it on `cache`. */
 void pdl__outq_flush(pdl_rank_t *r, pdl_strmap_t *cache);
 void pdl__outq_init(pdl_outq_t *q);

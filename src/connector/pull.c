@@ -40,6 +40,7 @@
 #include <time.h>
 
 #include "connector/internal.h"
+#include "connector/notify.h"
 #include "pdlink/pull_hook.h"
 #include "common/clock.h"
 
@@ -138,32 +139,22 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
                         pull->transfer_id, pull->producer.engine_id);
         return;
     }
-    int first = 0, count = 0;
-    if (plan) {
-        first = plan->group_first;
-        count = plan->group_count;
-    } else if (pdl_topo_group(pull->producer.tp, r->inst->tp, r->rank, &first, &count, NULL) != PDL_OK) {
-        pdl_warn("rank %d: no group for P %d / D %d: no release sent for %s", r->rank, pull->producer.tp, r->inst->tp,
-                 pull->transfer_id);
-        return;
-    }
     /* Stamped before the first release is queued, so a producer's report can never predate it. */
     pthread_mutex_lock(&pull->mu);
     pull->release_sent_ns[r->rank] = pdl__clock_now_ns();
     pthread_mutex_unlock(&pull->mu);
-    for (int g = first; g < first + count; g++) {
-        pdl_bytes_t b = {0};
-        pdl_error_t e;
-        int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
-        char ep[PDL_WIRE_HOST_MAX + 32];
-        if (pdl__release_encode(pull->transfer_id, r->inst->tp, r->rank, pull->producer.tp, g, ok, &b, &e) != PDL_OK)
-            pdl_warn("rank %d: release of %s to producer rank %d not encoded: %s", r->rank, pull->transfer_id, g, e.msg);
-        else if (pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) < 0)
-            pdl_warn("rank %d: release of %s: host %.64s too long", r->rank, pull->transfer_id, pull->producer.host);
-        else
-            pdl__dealer_send(r, dealers, ep, PDL_OUT_RELEASE | (ok ? PDL_OUT_VERIFIED : 0), &b); /* failures counted */
-        pdl_bytes_free(&b);
-    }
+    pdl_notify_t n = {.note = PDL_NOTE_RELEASE,
+                      .transfer_id = pull->transfer_id,
+                      .ok = ok,
+                      .to = &pull->producer,
+                      .set = PDL_NOTIFY_GROUP,
+                      .first = plan ? plan->group_first : 0,
+                      .count = plan ? plan->group_count : 0,
+                      .dealers = dealers,
+                      .verified = true}; /* failed: only to a verified producer; ok: it served the read */
+    pdl_error_t e;
+    if (pdl__notify(r, &n, NULL, &e) != PDL_OK)
+        pdl_warn("rank %d: no release sent: %s", r->rank, e.msg);
 }
 
 /* A job that waited this long in the queue first extends the producer's lease (docs/protocol.md#leases). */
@@ -171,28 +162,32 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
 
 /* Keepalive to every producer rank of the group that is a cached pdlink peer. Upstream producers
  * treat an unknown message type as fatal for their notify listener, so they never get one. */
+static bool not_pdlink(const pdl_rank_t *r, int g, const void *arg)
+{
+    (void)r;
+    const pdl_xfer_side_t *side = ((const void *const *)arg)[0];
+    const pdl_pull_t *pull = ((const void *const *)arg)[1];
+    char key[PDL_WIRE_ID_MAX + 64];
+    snprintf(key, sizeof(key), "%s|%d|%d", pull->producer.engine_id, pull->producer.dp, g);
+    const pdl_peer_t *peer = pdl__strmap_get(&side->peers, key);
+    return peer == NULL || !peer->meta.has_pdlink;
+}
+
 static void send_keepalives(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, const pdl_read_plan_t *plan)
 {
-    for (int g = plan->group_first; g < plan->group_first + plan->group_count; g++) {
-        char key[PDL_WIRE_ID_MAX + 64];
-        snprintf(key, sizeof(key), "%s|%d|%d", pull->producer.engine_id, pull->producer.dp, g);
-        const pdl_peer_t *peer = pdl__strmap_get(&side->peers, key);
-        if (peer == NULL || !peer->meta.has_pdlink)
-            continue;
-        pdl_msg_t m;
-        pdl_msg_init(&m, PDL_MSG_KEEPALIVE);
-        snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", pull->transfer_id);
-        m.consumer_tp_size = r->inst->tp;
-        m.consumer_tp_rank = r->rank;
-        pdl_bytes_t b = {0};
-        char ep[PDL_WIRE_HOST_MAX + 32];
-        int port = pull->producer.notify_base + pdl_topo_port_offset(pull->producer.dp, pull->producer.tp, g);
-        if (pdl_wire_encode_msg(&m, &b, NULL) == PDL_OK &&
-            pdl__endpoint(ep, sizeof(ep), pull->producer.host, port) >= 0)
-            pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_KEEPALIVE | PDL_OUT_VERIFIED, &b);
-        pdl_bytes_free(&b);
-        pdl_msg_clear(&m);
-    }
+    const void *both[2] = {side, pull};
+    pdl_notify_t n = {.note = PDL_NOTE_KEEPALIVE,
+                      .transfer_id = pull->transfer_id,
+                      .to = &pull->producer,
+                      .first = plan->group_first,
+                      .count = plan->group_count,
+                      .skip = not_pdlink,
+                      .skip_arg = both,
+                      .dealers = &side->dealers,
+                      .verified = true};
+    pdl_error_t e;
+    if (pdl__notify(r, &n, NULL, &e) != PDL_OK)
+        pdl_warn("rank %d: no keepalive sent: %s", r->rank, e.msg);
 }
 
 /* Is the lane's own instance the pull's producer, verified by an earlier handshake? */

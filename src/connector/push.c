@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "connector/notify.h"
 #include "connector/push.h"
 #include "common/clock.h"
 
@@ -277,42 +278,23 @@ static pdl_status_t rank_write(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_p
     return st;
 }
 
-static pdl_status_t encode_write_done(const pdl_rank_t *r, const char *transfer_id, bool ok, pdl_bytes_t *b,
-                                      pdl_error_t *err)
-{
-    pdl_msg_t m;
-    pdl_msg_init(&m, PDL_MSG_WRITE_DONE);
-    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", transfer_id);
-    m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
-    m.producer_tp_size = r->inst->tp;
-    m.producer_tp_rank = r->rank;
-    pdl_status_t st = pdl_wire_encode_msg(&m, b, err);
-    pdl_msg_clear(&m);
-    return st;
-}
-
 /* To every consumer rank of the rank's notify set; `verified`: the consumer answered our handshakes
- * (its DEALERs are in the verified share of the socket cap, sender.c). */
+ * (its DEALERs are in the verified share of the socket budget, sender.c). */
 static void send_write_done(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_push_t *p, const push_job_t *j, bool ok,
                             bool verified)
 {
-    pdl_instance_t *inst = r->inst;
-    int first = 0, count = 0, decode_dp = j->decode_dp;
-    if (pdl_topo_consumers_of(inst->tp, j->consumer_tp, r->rank, &first, &count, NULL) != PDL_OK)
-        return;
-    for (int c = first; c < first + count; c++) {
-        pdl_bytes_t b = {0};
-        pdl_error_t e;
-        char ep[PDL_WIRE_HOST_MAX + 32];
-        int off = pdl_topo_port_offset(decode_dp, j->consumer_tp, c);
-        if (encode_write_done(r, p->transfer_id, ok, &b, &e) != PDL_OK)
-            pdl_warn("rank %d: write_done of %s not encoded: %s", r->rank, p->transfer_id, e.msg);
-        else if (off < 0 || pdl__endpoint(ep, sizeof(ep), p->host, p->notify_base + off) < 0)
-            pdl_warn("rank %d: write_done of %s: no endpoint for consumer rank %d", r->rank, p->transfer_id, c);
-        else if (pdl__dealer_send(r, &side->dealers, ep, PDL_OUT_OTHER | (verified ? PDL_OUT_VERIFIED : 0), &b))
-            PDL_CTR_ADD(r, write_done_sent, 1);
-        pdl_bytes_free(&b);
-    }
+    pdl_peer_addr_t a;
+    consumer_addr(p, j, &a);
+    pdl_notify_t n = {.note = PDL_NOTE_WRITE_DONE,
+                      .transfer_id = p->transfer_id,
+                      .ok = ok,
+                      .to = &a,
+                      .set = PDL_NOTIFY_CONSUMERS,
+                      .dealers = &side->dealers,
+                      .verified = verified};
+    pdl_error_t e;
+    if (pdl__notify(r, &n, NULL, &e) != PDL_OK)
+        pdl_warn("rank %d: no write_done sent: %s", r->rank, e.msg);
 }
 
 static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
@@ -397,24 +379,14 @@ static push_job_t *job_new(pdl_push_t *p, uint32_t *blocks, size_t n, int decode
 static pdl_status_t queue_failed_write_done(pdl_rank_t *r, const char *tid, const char *host, int notify_base,
                                             int consumer_tp, int dp, pdl_error_t *err)
 {
-    int first = 0, count = 0;
-    pdl_status_t st = pdl_topo_consumers_of(r->inst->tp, consumer_tp, r->rank, &first, &count, err);
-    if (st != PDL_OK)
-        return pdl_error_prefix(err, st, "consumer TP %d with producer TP %d", consumer_tp, r->inst->tp);
-    for (int c = first; st == PDL_OK && c < first + count; c++) {
-        pdl_bytes_t b = {0};
-        int off = pdl_topo_port_offset(dp, consumer_tp, c);
-        st = off < 0 ? pdl_error_set(err, PDL_ERR_INVALID, "no notify port for DP rank %d", dp)
-                     : encode_write_done(r, tid, false, &b, err);
-        if (st == PDL_OK)
-            st = pdl__outq_send(r, host, notify_base + off, PDL_OUT_OTHER, &b, err);
-        pdl_bytes_free(&b);
-        if (st == PDL_OK)
-            PDL_CTR_ADD(r, write_done_sent, 1);
-        else
-            pdl_error_prefix(err, st, "write_done to consumer rank %d", c);
-    }
-    return st;
+    pdl_peer_addr_t a = {.notify_base = notify_base, .dp = dp, .tp = consumer_tp, .role = PDL_ROLE_CONSUMER};
+    snprintf(a.host, sizeof(a.host), "%s", host);
+    pdl_notify_t n = {.note = PDL_NOTE_WRITE_DONE,
+                      .transfer_id = tid,
+                      .to = &a,
+                      .set = PDL_NOTIFY_CONSUMERS,
+                      .stop_at_error = true};
+    return pdl__notify(r, &n, NULL, err);
 }
 
 /* Where the failed write_done for a given-up rank goes: the push's consumer (never the sender's word). */

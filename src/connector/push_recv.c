@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "connector/notify.h"
 #include "connector/push.h"
 #include "common/clock.h"
 
@@ -162,14 +163,6 @@ void pdl__push_on_write_done(pdl_rank_t *r, const pdl_msg_t *msg, const char *se
                   r->rank, msg->transfer_id, msg->producer_tp_rank);
 }
 
-/* Consumer rank d tells producer rank g (each g once: by the first consumer rank of its group), as
- * remote_blocks and abandons are sent. */
-static bool consumer_speaks_for(int P, int D, int d, int g)
-{
-    int cfirst = 0, ccount = 0;
-    return pdl_topo_consumers_of(P, D, g, &cfirst, &ccount, NULL) == PDL_OK && cfirst == d;
-}
-
 /* A receive of transfer tid from producer pr, expecting `expected` write_done per local rank. */
 static pdl_recv_t *recv_new(pdl_instance_t *inst, const char *tid, const pdl_peer_addr_t *pr, int expected)
 {
@@ -241,36 +234,17 @@ static int recv_register(pdl_instance_t *inst, pdl_recv_t *rv, bool *abandoned_p
 static void send_remote_blocks(pdl_instance_t *inst, const char *tid, const char *request_id,
                                const uint32_t *local_blocks, size_t n, const pdl_peer_addr_t *pr)
 {
-    int P = pr->tp, D = inst->tp;
+    pdl_notify_t note = {.note = PDL_NOTE_REMOTE_BLOCKS,
+                         .transfer_id = tid,
+                         .request_id = request_id,
+                         .blocks = local_blocks,
+                         .nblocks = n,
+                         .to = pr,
+                         .set = PDL_NOTIFY_SPOKEN};
     PDL_FOR_LOCAL(inst, d) {
-        pdl_rank_t *r = &inst->ranks[d];
-        int gfirst = 0, gcount = 0;
-        pdl_topo_group(P, D, d, &gfirst, &gcount, NULL);
-        for (int g = gfirst; g < gfirst + gcount; g++) {
-            if (!consumer_speaks_for(P, D, d, g))
-                continue;
-            pdl_msg_t m;
-            pdl_msg_init(&m, PDL_MSG_REMOTE_BLOCKS);
-            snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", tid);
-            snprintf(m.req_id, sizeof(m.req_id), "%.*s", PDL_WIRE_ID_MAX,
-                     request_id && request_id[0] ? request_id : tid);
-            m.decode_rank = inst->cfg.dp_rank;
-            m.consumer_tp_size = D;
-            m.consumer_tp_rank = d;
-            m.block_ids = (uint32_t *)local_blocks; /* borrowed for the encode */
-            m.num_blocks = n;
-            pdl_bytes_t b = {0};
-            pdl_error_t se;
-            pdl_status_t st = pdl_wire_encode_msg(&m, &b, &se);
-            if (st == PDL_OK)
-                st = pdl__outq_send(r, pr->host, pr->notify_base + pdl_topo_port_offset(pr->dp, P, g), PDL_OUT_OTHER,
-                                    &b, &se);
-            pdl_bytes_free(&b);
-            if (st == PDL_OK)
-                PDL_CTR_ADD(r, remote_blocks_sent, 1);
-            else
-                pdl_warn("rank %d: remote_blocks of %s to producer rank %d not sent: %s", d, tid, g, se.msg);
-        }
+        pdl_error_t e;
+        if (pdl__notify(&inst->ranks[d], &note, NULL, &e) != PDL_OK)
+            pdl_warn("rank %d: no remote_blocks sent: %s", d, e.msg);
     }
 }
 
@@ -457,22 +431,13 @@ pdl_status_t pdl__recv_abandon(pdl_instance_t *inst, const pdl_kv_params_t *para
 {
     pdl_peer_addr_t pr;
     pdl_status_t st = pdl__resolve_peer(inst, params, request_id, PDL_ROLE_PRODUCER, "abandon", &pr, err);
-    for (int d = inst->lo; st == PDL_OK && d < inst->hi; d++) {
-        int gfirst = 0, gcount = 0;
-        pdl_topo_group(pr.tp, inst->tp, d, &gfirst, &gcount, NULL);
-        for (int g = gfirst; st == PDL_OK && g < gfirst + gcount; g++) {
-            if (!consumer_speaks_for(pr.tp, inst->tp, d, g))
-                continue;
-            pdl_bytes_t b = {0};
-            st = pdl__release_encode(params->transfer_id, inst->tp, d, pr.tp, g, false, &b, err);
-            if (st == PDL_OK)
-                st = pdl__outq_send(&inst->ranks[d], pr.host, pr.notify_base + pdl_topo_port_offset(pr.dp, pr.tp, g),
-                                    PDL_OUT_RELEASE, &b, err);
-            pdl_bytes_free(&b);
-            if (st != PDL_OK)
-                pdl_error_prefix(err, st, "abandon %s: release to producer rank %d", params->transfer_id, g);
-        }
-    }
+    pdl_notify_t n = {.note = PDL_NOTE_RELEASE,
+                      .transfer_id = params->transfer_id,
+                      .to = &pr,
+                      .set = PDL_NOTIFY_SPOKEN,
+                      .stop_at_error = true};
+    for (int d = inst->lo; st == PDL_OK && d < inst->hi; d++)
+        st = pdl__notify(&inst->ranks[d], &n, NULL, err);
     return st;
 }
 

@@ -274,22 +274,6 @@ void pdl__outq_fini(pdl_outq_t *q)
     pthread_mutex_destroy(&q->mu);
 }
 
-pdl_status_t pdl__release_encode(const char *transfer_id, int consumer_tp, int consumer_rank, int producer_tp,
-                                 int producer_rank, bool ok, pdl_bytes_t *b, pdl_error_t *err)
-{
-    pdl_msg_t m;
-    pdl_msg_init(&m, PDL_MSG_RELEASE);
-    snprintf(m.transfer_id, sizeof(m.transfer_id), "%s", transfer_id);
-    m.consumer_tp_size = consumer_tp;
-    m.consumer_tp_rank = consumer_rank;
-    m.status = ok ? PDL_RELEASE_OK : PDL_RELEASE_FAILED;
-    m.producer_tp_size = producer_tp;
-    m.producer_tp_rank = producer_rank;
-    pdl_status_t st = pdl_wire_encode_msg(&m, b, err);
-    pdl_msg_clear(&m);
-    return st;
-}
-
 pdl_status_t pdl__outq_send(pdl_rank_t *r, const char *host, int port, int kind, pdl_bytes_t *payload,
                             pdl_error_t *err)
 {
