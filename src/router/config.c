@@ -17,6 +17,7 @@
 #include "app/optab.h"
 #include "app/parse.h"
 #include "common/log.h"
+#include "router/apikey.h"
 
 /* What the table stores into: the config, and the policy flags as given, since --policy only fills in
  * the per-role policies not given (vllm-router's precedence). */
@@ -163,6 +164,23 @@ static pdl_status_t set_api_key(void *opts, const pdl_optdef_t *row, const char 
     return copy_str(flag, v, c->api_key, sizeof(c->api_key), err);
 }
 
+/* Parsed here only to refuse a bad list at the command line (exit 2); router.c parses it again for use. */
+static pdl_status_t set_api_key_hosts(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                      bool *done_p, pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    pdl_router_config_t *c = &((router_opts_t *)opts)->c;
+    pdl_cidrs_t l = {0};
+    pdl_status_t st = pdl_rt_apikey_parse_hosts(v, &l, err);
+    size_t n = l.n;
+    pdl__cidrs_free(&l);
+    if (st != PDL_OK)
+        return st;
+    if (n == 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "%s: '%s' names no address", flag, v);
+    return copy_str(flag, v, c->api_key_hosts, sizeof(c->api_key_hosts), err);
+}
+
 #define RC(field) offsetof(router_opts_t, c.field)
 #define CAP(field) ((int)sizeof(((pdl_router_config_t *)0)->field))
 #define LEG_TIMEOUT(name_, field_, def_, help_)                                                                  \
@@ -211,8 +229,12 @@ static const pdl_optdef_t router_rows[] = {
      .help = "authenticated mode: the cluster key file of the nodes' auth_key_file; the discovery socket then "
              "admits only key holders (CURVE)"},
     {.name = "api-key", .kind = PDL_OPT_CALL, .metavar = "KEY", .set = set_api_key,
-     .help = "/v1 routes require Authorization: Bearer KEY (401 without), and it is sent to the nodes the same "
-             "way (their --api-key)"},
+     .help = "/v1 routes require Authorization: Bearer KEY (401 without), and it is sent the same way to the "
+             "workers the router verified (their --api-key): all in authenticated mode, else those of "
+             "--api-key-hosts"},
+    {.name = "api-key-hosts", .kind = PDL_OPT_CALL, .metavar = "CIDR[,CIDR]", .set = set_api_key_hosts,
+     .help = "compatible mode: numeric addresses/networks of the workers trusted with --api-key; any other "
+             "registered worker gets its legs without it"},
     /* Clients of a router are many and long-lived (streams), hence 8192 connections and 1024 workers (each
      * running request or stream is one). Header and body deadlines bound what a trickling client holds:
      * 60 s for the headers is the idle timeout a keep-alive connection already had; 120 s for a 16 MiB

@@ -42,7 +42,8 @@ typedef struct pdl_router_config {
     pdl_leg_timeouts_t prefill_timeouts, decode_timeouts; /* --prefill-*-timeout, --decode-*-timeout */
     pdl_http_limits_t http;        /* --http-* and --max-payload-in-flight (http.body_budget) */
     char auth_key_file[1024];      /* --auth-key-file: authenticated mode's cluster key ("" = compatible mode) */
-    char api_key[512];             /* --api-key: sent to every node as "Authorization: Bearer <key>" */
+    char api_key[512];             /* --api-key: sent as "Authorization: Bearer <key>" to verified workers only */
+    char api_key_hosts[1024];      /* --api-key-hosts: CIDRs of the hosts trusted with it in compatible mode */
     bool help;
 } pdl_router_config_t;
 

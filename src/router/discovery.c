@@ -16,6 +16,9 @@
  * cluster's, logged with the address) and by the socket's monitor (no CURVE or another cluster's key:
  * the handshake fails before ZAP is asked).
  *
+ * Each registration also gets the router's verdict on its --api-key (apikey.h): a worker that is not verified
+ * is logged once, when its entry is made, and its legs go without the key.
+ *
  * An existing worker is refreshed or changed only by registrations from the peer address that registered
  * it (libzmq's Peer-Address of the frame), or by any key holder in authenticated mode (registry.h); the
  * others are dropped, counted (kind="hijack_refused") and logged at a limited rate.
@@ -69,6 +72,7 @@ struct pdl_discovery {
     pthread_t thread;
     bool started;
     pdl_ratelimit_t bad_rl, pause_rl;
+    pdl_ratelimit_t key_rl; /* workers that do not get the --api-key: its own budget, so floods do not hide them */
 };
 
 static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len, const char *peer)
@@ -92,7 +96,10 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len, cons
         return;
     }
     bool added = false;
-    pdl_status_t st = pdl_registry_upsert(rt->reg, &reg, peer, rt->auth != NULL, pdl__clock_now_ms(), &added, &err);
+    char why[200] = "";
+    bool key_ok = pdl_rt_apikey_verify(&rt->apikey, reg.http_address, why, sizeof(why));
+    pdl_status_t st =
+        pdl_registry_upsert(rt->reg, &reg, peer, rt->auth != NULL, key_ok, pdl__clock_now_ms(), &added, &err);
     if (st == PDL_ERR_DENIED) {
         pdl_rt_metrics_discovery(rt->metrics, PDL_DISC_HIJACK_REFUSED, 1);
         if (pdl_ratelimit_allow(&d->bad_rl, &suppressed))
@@ -116,6 +123,12 @@ static void handle_payload(pdl_discovery_t *d, const void *buf, size_t len, cons
         pdl_info("discovery: %s instance %s registered (zmq %s, tp %lld, dp %lld%s)",
                  reg.type == 'P' ? "prefill" : "decode", reg.http_address, reg.zmq_address, (long long)reg.tp_size,
                  (long long)reg.dp_size, reg.is_g1 ? ", G1 format" : "");
+    /* Once per entry (its first registration), so a worker pinging every second is one line, not one per ping. */
+    if (added && !key_ok && pdl_ratelimit_allow(&d->key_rl, &suppressed))
+        pdl_warn("discovery: %s instance %s (from %s) gets its requests without the router's --api-key: %s (%llu "
+                 "similar suppressed)",
+                 reg.type == 'P' ? "prefill" : "decode", reg.http_address, peer[0] ? peer : "an unknown address", why,
+                 (unsigned long long)suppressed);
 }
 
 /* ZAP handler thread: a connection with a CURVE key that is not the cluster's. */
@@ -302,6 +315,7 @@ pdl_status_t pdl_discovery_start(pdl_router_t *rt, const char *host, int port, p
     d->rt = rt;
     pdl_ratelimit_init(&d->bad_rl, 10000, 5);
     pdl_ratelimit_init(&d->pause_rl, 10000, 1);
+    pdl_ratelimit_init(&d->key_rl, 10000, 5);
     d->cap = pdl__fd_share(DISCOVERY_CONN_DIV, DISCOVERY_CONN_MIN);
     d->ctx = zmq_ctx_new();
     if (d->ctx == NULL) {

@@ -346,8 +346,10 @@ typedef struct dispatch {
     pdl_transfer_mode_t mode;
     char request_id[RT_REQUEST_ID_MAX], transfer_id[40];
     char rid_header[RT_REQUEST_ID_MAX + 32];
-    const char *headers[8];
+    const char *headers[8]; /* both legs' headers; the --api-key line is per leg (pheaders, dheaders) */
     size_t nh;
+    const char *pheaders[9], *dheaders[9];
+    size_t pnh, dnh;
     char purl[700], durl[700], pbase[600], dbase[600];
     char pleg_name[608], dleg_name[608];
     char served_p[640], served_d[640]; /* PDL_RT_PREFILL_HEADER / PDL_RT_DECODE_HEADER lines */
@@ -358,6 +360,19 @@ typedef struct dispatch {
     size_t plen;
     pdl_error_t err;
 } dispatch_t;
+
+/* A leg's headers into out[9]: the request's, plus the --api-key line (the nodes' own --api-key, as
+ * vllm-router sends it) only for a worker the router verified (apikey.h). Returns the count. */
+static size_t leg_headers(const dispatch_t *d, const pdl_worker_t *w, const char **out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->nh; i++)
+        out[n++] = d->headers[i];
+    const char *auth = pdl_rt_apikey_header(&d->rt->apikey, w->api_key);
+    if (auth != NULL)
+        out[n++] = auth;
+    return n;
+}
 
 /* The workers (docs/vllm-router.md#dispatch, steps 1-3), the request and transfer ids, the headers and URLs of both legs. */
 static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, size_t ntrace)
@@ -406,10 +421,10 @@ static bool dispatch_select(dispatch_t *d, const char *const *trace_headers, siz
     snprintf(d->rid_header, sizeof(d->rid_header), "X-Request-Id: %s", d->request_id);
     d->headers[d->nh++] = "Content-Type: application/json";
     d->headers[d->nh++] = d->rid_header;
-    if (rt->auth_header[0] != '\0') /* --api-key: the nodes' own --api-key (vllm-router does the same) */
-        d->headers[d->nh++] = rt->auth_header;
     for (size_t i = 0; i < ntrace && d->nh < 8; i++)
         d->headers[d->nh++] = trace_headers[i];
+    d->pnh = leg_headers(d, d->P, d->pheaders);
+    d->dnh = leg_headers(d, d->D, d->dheaders);
 
     const char *path = pdl_rt_route_path(d->route);
     snprintf(d->pbase, sizeof(d->pbase), "http://%s", d->P->http_address);
@@ -480,10 +495,10 @@ static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
     size_t dlen = 0;
     d->dtext = dump(d->dbody, &dlen);
     if (d->dtext == NULL ||
-        pdl_leg_start(d->pleg, d->dleg->own_multi, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true,
+        pdl_leg_start(d->pleg, d->dleg->own_multi, "POST", d->purl, d->ptext, d->plen, d->pheaders, d->pnh, true,
                       &rt->cfg.prefill_timeouts, &d->err) != PDL_OK ||
-        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &rt->cfg.decode_timeouts,
-                      &d->err) != PDL_OK) {
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->dheaders, d->dnh, false,
+                      &rt->cfg.decode_timeouts, &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
                        d->err.msg[0] ? d->err.msg : "out of memory");
         return false;
@@ -504,7 +519,7 @@ static bool dispatch_write(dispatch_t *d, bool *prefill_ok)
 static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
 {
     pdl_router_t *rt = d->rt;
-    if (pdl_leg_start(d->pleg, NULL, "POST", d->purl, d->ptext, d->plen, d->headers, d->nh, true,
+    if (pdl_leg_start(d->pleg, NULL, "POST", d->purl, d->ptext, d->plen, d->pheaders, d->pnh, true,
                       &rt->cfg.prefill_timeouts, &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_PREFILL, 500, "Request processing failed: %s",
                        d->err.msg);
@@ -539,8 +554,8 @@ static bool dispatch_read(dispatch_t *d, bool *prefill_ok)
     size_t dlen = 0;
     d->dtext = dump(d->dbody, &dlen);
     if (d->dtext == NULL ||
-        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->headers, d->nh, false, &rt->cfg.decode_timeouts,
-                      &d->err) != PDL_OK) {
+        pdl_leg_start(d->dleg, NULL, "POST", d->durl, d->dtext, dlen, d->dheaders, d->dnh, false,
+                      &rt->cfg.decode_timeouts, &d->err) != PDL_OK) {
         d->ret = failf(rt, d->c, d->route, d->start_ns, PDL_RTERR_DECODE, 500, "Request processing failed: %s",
                        d->err.msg[0] ? d->err.msg : "out of memory");
         return false;
@@ -720,12 +735,12 @@ int pdl_dispatch_proxy_get(pdl_router_t *rt, pdl_http_conn_t *c, const char *pat
     }
     char url[700];
     snprintf(url, sizeof(url), "http://%s%s", w[0].http_address, path);
+    const char *auth[] = {pdl_rt_apikey_header(&rt->apikey, w[0].api_key)};
+    size_t nauth = auth[0] != NULL ? 1 : 0;
     free(w);
     pdl_leg_t *leg = pdl_leg_acquire(rt->up);
     pdl_error_t err;
     pdl_error_clear(&err);
-    const char *auth[] = {rt->auth_header};
-    size_t nauth = rt->auth_header[0] != '\0' ? 1 : 0;
     if (leg == NULL || pdl_leg_start(leg, NULL, "GET", url, NULL, 0, auth, nauth, true, &rt->cfg.prefill_timeouts, &err) != PDL_OK ||
         pdl_leg_wait(rt->up, leg->own_multi, &leg, NULL, 1) != PDL_OK) {
         pdl_leg_release(rt->up, leg);

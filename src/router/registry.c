@@ -59,7 +59,7 @@ static pdl_worker_table_t *table_of(pdl_registry_t *r, char role)
 }
 
 pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *reg, const char *source, bool trusted,
-                                 uint64_t now_ms, bool *added_p, pdl_error_t *err)
+                                 bool api_key, uint64_t now_ms, bool *added_p, pdl_error_t *err)
 {
     if (source == NULL)
         source = "";
@@ -132,6 +132,7 @@ pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *re
     w->dp_size = reg->dp_size > 0 ? reg->dp_size : 1;
     w->tp_size = reg->tp_size > 0 ? reg->tp_size : 1;
     w->is_g1 = reg->is_g1;
+    w->api_key = api_key;
     w->expires_ms = now_ms + r->ttl_ms;
     w->registrations++;
     if (r->mode == PDL_MODE_UNKNOWN) {

@@ -36,6 +36,7 @@ typedef struct pdl_worker {
     uint64_t expires_ms;
     uint64_t registrations; /* messages received for this entry */
     char source[64];        /* the peer address its first registration came from ("" = unknown) */
+    bool api_key;           /* its legs carry the router's --api-key (verified: apikey.h) */
 } pdl_worker_t;
 
 typedef struct pdl_registry pdl_registry_t;
@@ -45,7 +46,8 @@ void pdl_registry_destroy(pdl_registry_t *r);
 
 /*
  * Insert or refresh. `source` is the sender's address (libzmq's Peer-Address; NULL or "" = unknown);
- * `trusted` says the sender proved the cluster key (authenticated mode). An existing entry is refreshed
+ * `trusted` says the sender proved the cluster key (authenticated mode); `api_key` is the router's verdict
+ * on the worker (apikey.h), kept with the entry for its legs. An existing entry is refreshed
  * or changed only from the source that registered it, or by a trusted sender: anyone else could
  * otherwise point a live worker's http_address at a zmq_address of its own choosing, and the router would
  * put that address in request ids and send releases there. Returns PDL_OK (*added_p true for a new
@@ -54,7 +56,7 @@ void pdl_registry_destroy(pdl_registry_t *r);
  * role other than P/D, PDL_ERR_NOMEM when the role's table is full. err names the instance.
  */
 pdl_status_t pdl_registry_upsert(pdl_registry_t *r, const pdl_registration_t *reg, const char *source, bool trusted,
-                                 uint64_t now_ms, bool *added_p, pdl_error_t *err);
+                                 bool api_key, uint64_t now_ms, bool *added_p, pdl_error_t *err);
 
 /* Drop expired entries; returns how many were dropped. Their addresses are logged at info. */
 size_t pdl_registry_sweep(pdl_registry_t *r, uint64_t now_ms);

@@ -28,11 +28,13 @@ pdl_status_t pdl_router_create(const pdl_router_config_t *cfg, pdl_router_t **rt
     uint64_t s = 0;
     memcpy(&s, seed, sizeof(s));
     pdl_status_t st;
-    if (cfg->api_key[0] != '\0')
-        snprintf(rt->auth_header, sizeof(rt->auth_header), "Authorization: Bearer %s", cfg->api_key);
     if (cfg->auth_key_file[0] != '\0' && (st = pdl_auth_load(cfg->auth_key_file, &rt->auth, err)) != PDL_OK) {
         pdl_router_destroy(rt);
         return pdl_error_prefix(err, st, "--auth-key-file");
+    }
+    if ((st = pdl_rt_apikey_init(&rt->apikey, cfg->api_key, cfg->api_key_hosts, rt->auth != NULL, err)) != PDL_OK) {
+        pdl_router_destroy(rt);
+        return st;
     }
     if ((st = pdl_registry_create(cfg->worker_ttl_ms, &rt->reg)) != PDL_OK ||
         (st = pdl_rt_metrics_create(&rt->metrics)) != PDL_OK ||
@@ -83,5 +85,6 @@ void pdl_router_destroy(pdl_router_t *rt)
     pdl_rt_metrics_destroy(rt->metrics);
     pdl_registry_destroy(rt->reg);
     pdl_auth_free(rt->auth);
+    pdl_rt_apikey_free(&rt->apikey);
     free(rt);
 }

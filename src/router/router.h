@@ -16,6 +16,7 @@
 #include "app/http.h"
 #include "pdlink/auth.h"
 #include "pdlink/status.h"
+#include "router/apikey.h"
 #include "router/config.h"
 #include "router/metrics.h"
 #include "router/policy.h"
@@ -49,7 +50,7 @@ typedef struct pdl_router {
     pdl_http_t *http, *prom;      /* the API listener and the --prometheus-port one (or NULL) */
     int http_port, prom_port, disc_port;
     pdl_auth_t *auth;             /* --auth-key-file (NULL: compatible mode): discovery CURVE, release DEALERs */
-    char auth_header[600];        /* "Authorization: Bearer <--api-key>" for every node request; "" = none */
+    pdl_rt_apikey_t apikey;       /* --api-key and which workers get it (apikey.h) */
 } pdl_router_t;
 
 pdl_status_t pdl_router_create(const pdl_router_config_t *cfg, pdl_router_t **rt_p, pdl_error_t *err);

@@ -73,11 +73,12 @@ static json_t *workers_json(pdl_router_t *rt, char role)
     uint64_t now = pdl__clock_now_ms();
     if (pdl_registry_snapshot(rt->reg, role, now, &w, &n) == PDL_OK) {
         for (size_t i = 0; i < n; i++) {
-            json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:I, s:I}", "http_address", w[i].http_address,
+            json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:b, s:I, s:I, s:b}", "http_address", w[i].http_address,
                                   "zmq_address", w[i].zmq_address, "tp_size", (json_int_t)w[i].tp_size, "dp_size",
                                   (json_int_t)w[i].dp_size, "g1", w[i].is_g1, "registrations",
                                   (json_int_t)w[i].registrations, "expires_in_ms",
-                                  (json_int_t)(w[i].expires_ms > now ? w[i].expires_ms - now : 0));
+                                  (json_int_t)(w[i].expires_ms > now ? w[i].expires_ms - now : 0), "api_key",
+                                  w[i].api_key && rt->apikey.header[0] != '\0');
             if (o)
                 json_array_append_new(arr, o);
         }
