@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import pdlink
-from pdlink.vllm.worker import gpu_layout, kv_region
+from pdlink.vllm.kvcache import gpu_layout, kv_region
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)

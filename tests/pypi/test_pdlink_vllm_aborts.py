@@ -13,7 +13,9 @@ import os
 from typing import Any, Dict, List, Optional
 
 from pdlink.events import Event
-from pdlink.vllm.scheduler import DropOrder, Endpoint, HoldOrder, PdlinkScheduler, StepPlan, transfer_params
+from pdlink.vllm.params import Endpoint, transfer_params
+from pdlink.vllm.plan import DropOrder, HoldOrder, StepPlan
+from pdlink.vllm.scheduler import PdlinkScheduler
 from pdlink.vllm.worker import PdlinkWorker
 
 BS = 16
@@ -32,9 +34,7 @@ class Req:
 
 
 def producer(blocks: Dict[str, List[int]]) -> PdlinkScheduler:
-    s = PdlinkScheduler(config("kv_producer"), tp_size=1, block_size=BS, block_ids_of=lambda rid: blocks[rid])
-    s.idle_step_s = 0
-    return s
+    return PdlinkScheduler(config("kv_producer"), tp_size=1, block_size=BS, block_ids_of=lambda rid: blocks[rid])
 
 
 def held(s: PdlinkScheduler, rid: str, n: int, ids: List[int]) -> Req:

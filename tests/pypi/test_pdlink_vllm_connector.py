@@ -18,9 +18,11 @@ import pytest
 
 import pdlink
 from pdlink.events import Event
-from pdlink.vllm.scheduler import (Endpoint, HoldOrder, PdlinkScheduler, PullOrder, ReleaseOrder, StepPlan,
-                                   parse_endpoint, transfer_params)
-from pdlink.vllm.worker import PdlinkWorker, kv_region, layer_index
+from pdlink.vllm.kvcache import kv_region, layer_index
+from pdlink.vllm.params import Endpoint, parse_endpoint, transfer_params
+from pdlink.vllm.plan import HoldOrder, PullOrder, ReleaseOrder, StepPlan
+from pdlink.vllm.scheduler import PdlinkScheduler
+from pdlink.vllm.worker import PdlinkWorker
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
 from free_ports import free_range  # noqa: E402 (the tests' one port rule: outside the ephemeral range)
@@ -298,8 +300,8 @@ class FakeInstance:
         return {"kv_bytes": 0}
 
 
-def fake_worker(role: str) -> PdlinkWorker:
-    w = PdlinkWorker(config(role), tp_size=1, tp_rank=0, total_kv_heads=2)
+def fake_worker(role: str, read_mode: bool = True) -> PdlinkWorker:
+    w = PdlinkWorker(config(role, read_mode=read_mode), tp_size=1, tp_rank=0, total_kv_heads=2)
     w.inst = FakeInstance()
     return w
 
@@ -517,20 +519,30 @@ def test_workers_move_vllm_cpu_kv_between_processes(p_tp: int, d_tp: int) -> Non
         assert counters["connector"]["freed"] == 1 and counters["held_now"] == 0
 
 
-def test_empty_steps_pause_only_when_nothing_is_ordered(monkeypatch: Any) -> None:
+def test_empty_steps_are_marked_idle_and_the_workers_pause_after_polling(monkeypatch: Any) -> None:
+    """vLLM steps only to poll transfers: the plan says the step is idle (nothing computed, nothing
+    ordered) and each worker pauses idle_step_s after its poll; planning a step never waits."""
     slept: List[float] = []
-    monkeypatch.setattr("pdlink.vllm.scheduler.time.sleep", slept.append)
+    monkeypatch.setattr(time, "sleep", slept.append)
     monkeypatch.setenv("PDLINK_VLLM_IDLE_STEP_MS", "7")
     s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
-    s.build_connector_meta({})                      # vLLM stepping only to poll transfers
-    s.build_connector_meta({"busy": 3})             # a step that computes
+    plans = [s.build_connector_meta({}),            # vLLM stepping only to poll transfers
+             s.build_connector_meta({"busy": 3})]   # a step that computes
     r = Req("d", 40, remote_params([1, 2, 3]))
     s.get_num_new_matched_tokens(r, 0)
     s.update_state_after_alloc(r, [4, 5, 6], 39)
-    assert s.build_connector_meta({}).pulls         # orders go out at once, never delayed
+    plans.append(s.build_connector_meta({}))
+    assert plans[2].pulls                           # orders go out at once, never delayed
+    assert [p.idle for p in plans] == [True, False, False] and not plans[0] and slept == []
+    w = fake_worker("kv_consumer")
+    w.inst.pull_outcomes = {"tx-9": [False]}
+    for p in plans:
+        w.start_load_kv(p)
+        w.wait_for_save(p)
+        w.get_transfer_results(set(), p)
     assert slept == [0.007]
     monkeypatch.setenv("PDLINK_VLLM_IDLE_STEP_MS", "0")
-    PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS).build_connector_meta({})
+    fake_worker("kv_consumer").get_transfer_results(set(), plans[0])
     assert slept == [0.007]
 
 
@@ -572,7 +584,7 @@ def test_dp_rank_of_a_dense_model_is_its_original_index() -> None:
     or every DP engine binds DP 0's ports (seen: 'bind tcp://127.0.0.1:26230 failed: Address already in
     use' from DP 1)."""
     from types import SimpleNamespace
-    from pdlink.vllm.scheduler import dp_of
+    from pdlink.vllm.params import dp_of
     assert dp_of(SimpleNamespace(data_parallel_rank=0, data_parallel_size=1, data_parallel_index=1)) == (1, 2)
     assert dp_of(SimpleNamespace(data_parallel_rank=0, data_parallel_size=1, data_parallel_index=0)) == (0, 1)
     assert dp_of(SimpleNamespace(data_parallel_rank=3, data_parallel_size=4, data_parallel_index=3)) == (3, 4)

@@ -30,7 +30,7 @@ def test_producer_children_share_one_hold_and_give_the_same_params() -> None:
     keep_a, pa = s.request_finished(a, [1, 2], length_capped=True)
     assert (keep_b, keep_a) == (False, True)
     assert pa is not None and pa == pb and pa["remote_block_ids"] == [1, 2] and pa["transfer_id"] == "tx-1"
-    assert s.tracked_requests == 0 and not s._holds
+    assert s.tracked_requests == 0 and not s.role.holds
 
 
 def test_producer_sibling_scheduled_later_shares_without_a_second_hold() -> None:
@@ -61,10 +61,10 @@ def test_producer_sibling_arriving_after_the_holder_finished_shares_its_hold() -
     # A request that only reuses the transfer id (another parent) gets a hold of its own, as before.
     other = Req("0_cmpl-2", 20, {"do_remote_decode": True, "transfer_id": "tx-1"})
     s2 = producer({"0_cmpl-2": [7]})
-    s2._done_holds = s._done_holds
+    s2.role.done_holds = s.role.done_holds
     s2.update_state_after_alloc(other, [7], 0)
     assert len(s2.build_connector_meta({other.request_id: 20}).holds) == 1
-    assert s.tracked_requests == 0 and not s._holds
+    assert s.tracked_requests == 0 and not s.role.holds
 
 
 def test_producer_holder_stopped_gives_no_params_to_any_child() -> None:
@@ -100,7 +100,6 @@ def decode_child(i: int) -> Req:
 
 def test_consumer_first_child_pulls_siblings_recompute_without_releasing() -> None:
     s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
-    s.idle_step_s = 0
     a, b = decode_child(0), decode_child(1)
     assert s.get_num_new_matched_tokens(a, 0) == (39, True)
     s.update_state_after_alloc(a, [7, 8, 9], 39)
@@ -118,7 +117,6 @@ def test_consumer_first_child_pulls_siblings_recompute_without_releasing() -> No
 
 def test_consumer_aborted_sibling_sends_no_release() -> None:
     s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
-    s.idle_step_s = 0
     a, b = decode_child(0), decode_child(1)
     s.get_num_new_matched_tokens(a, 0)
     s.update_state_after_alloc(a, [7, 8, 9], 39)
@@ -130,7 +128,6 @@ def test_consumer_aborted_sibling_sends_no_release() -> None:
 
 def test_unrelated_requests_still_pull_each_their_own() -> None:
     s = PdlinkScheduler(config("kv_consumer"), tp_size=1, block_size=BS)
-    s.idle_step_s = 0
     r1 = Req("x", 40, remote([1, 2, 3]))
     r2 = Req("y", 40, dict(remote([4, 5, 6]), transfer_id="tx-other"))
     assert s.get_num_new_matched_tokens(r1, 0) == (39, True)

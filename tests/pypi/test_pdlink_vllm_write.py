@@ -18,7 +18,8 @@ from test_pdlink_vllm_connector import (BS, HD, HEADS, LAYERS, PROMPT, Blocks, F
 from free_ports import free_range  # noqa: E402 (on the path test_pdlink_vllm_connector set)
 
 from pdlink.events import Event
-from pdlink.vllm.scheduler import PdlinkScheduler, PushOrder, ReleaseOrder, StepPlan
+from pdlink.vllm.plan import PushOrder, ReleaseOrder, StepPlan
+from pdlink.vllm.scheduler import PdlinkScheduler
 from pdlink.vllm.worker import PdlinkWorker
 
 HEX = "0123456789abcdef" * 2
@@ -41,7 +42,6 @@ def request_id(pbase: int, dbase: int) -> str:
 def test_producer_pushes_the_prompt_minus_its_last_token_and_keeps_the_blocks() -> None:
     s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS,
                         block_ids_of=Blocks({"p": [5, 2, 9, 11]}))
-    s.idle_step_s = 0
     r = Req("p", PROMPT, {"do_remote_decode": True, "transfer_id": "tx-w", "remote_tp_size": 2})
     s.update_state_after_alloc(r, [5, 2, 9], 0)
     plan = s.build_connector_meta({"p": PROMPT})
@@ -60,7 +60,6 @@ def test_producer_full_last_block_is_not_pushed_nor_zeroed() -> None:
     # 2*BS+1 tokens: the last block holds only the last token, which the decode recomputes.
     s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS,
                         block_ids_of=Blocks({"p": [5, 2, 9]}))
-    s.idle_step_s = 0
     r = Req("p", 2 * BS + 1, {"do_remote_decode": True, "transfer_id": "tx-w"})
     s.update_state_after_alloc(r, [5, 2, 9], 0)
     (push,) = s.build_connector_meta({"p": 2 * BS + 1}).pushes
@@ -71,7 +70,6 @@ def test_producer_one_token_prompt_pushes_nothing_and_keeps_no_blocks() -> None:
     # Nothing to push (the decode recomputes the only token), so no worker will ever report it sent:
     # keeping the blocks would pin them for good.
     s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS, block_ids_of=Blocks({"p": [5]}))
-    s.idle_step_s = 0
     r = Req("p", 1, {"do_remote_decode": True, "transfer_id": "tx-1t"})
     s.update_state_after_alloc(r, [5], 0)
     assert not s.build_connector_meta({"p": 1}).pushes
@@ -81,7 +79,6 @@ def test_producer_one_token_prompt_pushes_nothing_and_keeps_no_blocks() -> None:
 
 def test_producer_finished_before_its_push_fails_the_decode_at_once() -> None:
     s = PdlinkScheduler(wconfig("kv_producer", 23100), tp_size=1, block_size=BS, block_ids_of=Blocks({"p": [1]}))
-    s.idle_step_s = 0
     r = Req("cmpl-x", 40, {"do_remote_decode": True, "transfer_id": "tx-a"})
     s.update_state_after_alloc(r, [1, 2, 3], 0)
     assert not s.build_connector_meta({"cmpl-x": 16})            # a first chunk: nothing pushed yet
@@ -92,7 +89,6 @@ def test_producer_finished_before_its_push_fails_the_decode_at_once() -> None:
 
 def test_consumer_expects_the_blocks_it_allocated() -> None:
     s = PdlinkScheduler(wconfig("kv_consumer", 23200), tp_size=1, block_size=BS)
-    s.idle_step_s = 0
     # No remote_block_ids in WRITE mode: the prefill writes into the blocks the decode announces.
     r = Req("d", PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w", "remote_tp_size": 1})
     assert s.get_num_new_matched_tokens(r, 0) == (PROMPT - 1, True)
@@ -104,7 +100,6 @@ def test_consumer_expects_the_blocks_it_allocated() -> None:
 
 def test_consumer_with_a_local_prefix_expects_only_the_rest() -> None:
     s = PdlinkScheduler(wconfig("kv_consumer", 23200), tp_size=1, block_size=BS)
-    s.idle_step_s = 0
     r = Req("d", PROMPT, {"do_remote_prefill": True, "transfer_id": "tx-w"})
     assert s.get_num_new_matched_tokens(r, BS) == (PROMPT - 1 - BS, True)
     s.update_state_after_alloc(r, [7, 3, 10], PROMPT - 1 - BS)
@@ -121,7 +116,7 @@ def test_consumer_with_a_local_prefix_expects_only_the_rest() -> None:
 
 
 def test_worker_pushes_zeroes_first_and_reports_sent_when_freed() -> None:
-    w = fake_worker("kv_producer")
+    w = fake_worker("kv_producer", read_mode=False)
     calls: List[Any] = w.inst.calls
     w.inst.zero_tail = lambda ids, n: calls.append(("zero_tail", list(ids), n))
     w.inst.push = lambda params, ids, rid: calls.append(("push", params["transfer_id"], list(ids), rid))
@@ -134,7 +129,7 @@ def test_worker_pushes_zeroes_first_and_reports_sent_when_freed() -> None:
 
 
 def test_worker_failed_push_does_not_pin_blocks() -> None:
-    w = fake_worker("kv_producer")
+    w = fake_worker("kv_producer", read_mode=False)
 
     def refuse(*_: Any) -> None:
         raise RuntimeError("no consumer address")

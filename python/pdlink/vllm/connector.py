@@ -14,25 +14,21 @@ reaches a connector without SupportsHMA); a failed pull is reported through
 """
 from __future__ import annotations
 
-import logging
-import sys
 from typing import Any, Dict, Optional, Set, Tuple
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, KVConnectorTransferResults)
+from vllm.logger import init_logger
 
-from pdlink.vllm.scheduler import PdlinkScheduler, StepPlan, dp_of
+from pdlink.vllm.log import LOGGER_NAME
+from pdlink.vllm.params import dp_of
+from pdlink.vllm.plan import StepPlan
+from pdlink.vllm.scheduler import PdlinkScheduler
 from pdlink.vllm.worker import PdlinkWorker
 
-log = logging.getLogger("pdlink.vllm")
-if not log.handlers:
-    # vLLM configures its own "vllm" logger only; pdlink's lines go to stderr beside them.
-    _h = logging.StreamHandler(sys.stderr)
-    _h.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [pdlink.vllm] %(message)s"))
-    log.addHandler(_h)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+# vLLM's logger (pdlink.vllm.log): the same object the scheduler and worker halves log through.
+log = init_logger(LOGGER_NAME)
 
 
 class PdlinkConnectorMetadata(KVConnectorMetadata):
@@ -133,7 +129,7 @@ class PdlinkConnector(KVConnectorBase_V1):
 
     def get_transfer_results(self, finished_req_ids: Set[str]) -> KVConnectorTransferResults:
         assert self._worker is not None
-        sending, recving, failed = self._worker.get_transfer_results(set(finished_req_ids))
+        sending, recving, failed = self._worker.get_transfer_results(set(finished_req_ids), self._plan())
         return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
                                           failed_recving=failed)
 
@@ -142,5 +138,7 @@ class PdlinkConnector(KVConnectorBase_V1):
         return r.finished_sending or None, r.finished_recving or None
 
     def shutdown(self) -> None:
+        if self._sched is not None:
+            self._sched.shutdown()
         if self._worker is not None:
             self._worker.shutdown()
