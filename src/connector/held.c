@@ -39,19 +39,6 @@ void pdl_instance_set_event_fn(pdl_instance_t *inst, pdl_instance_event_fn fn, v
     pthread_mutex_unlock(&inst->cb_mu);
 }
 
-/* The host part of "host:port" / "[v6]:port" when it is a numeric address (no DNS: a name could
- * resolve to anything later), normalised as getnameinfo prints it; else "". */
-static void numeric_host_of(const char *hostport, char *out, size_t cap)
-{
-    out[0] = '\0';
-    char host[PDL_WIRE_HOST_MAX + 16];
-    snprintf(host, sizeof(host), "%s", hostport[0] == '[' ? hostport + 1 : hostport);
-    char *end = hostport[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
-    if (end)
-        *end = '\0';
-    pdl__host_numeric(host, false, out, cap);
-}
-
 bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const char *sender, char *expected, size_t cap)
 {
     pdl_instance_t *inst = r->inst;
@@ -80,16 +67,12 @@ bool pdl__held_release_allowed(pdl_rank_t *r, const char *transfer_id, const cha
 
 bool pdl__held_sender_is_consumer(const pdl_instance_t *inst, const char *sender, const char *consumer)
 {
-    if (sender == NULL || sender[0] == '\0' || consumer[0] == '\0' || strcmp(sender, consumer) == 0)
+    if (pdl__sent_by(sender, consumer))
         return true;
     /* The router sends failed releases for a decode leg that failed (src/router/release.c). */
     char proxy[64];
-    return pdl__host_numeric(inst->cfg.conn.proxy_ip, false, proxy, sizeof(proxy)) == 0 && strcmp(sender, proxy) == 0;
-}
-
-void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_port)
-{
-    snprintf(buf, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, hs_port);
+    pdl__numeric_host(inst->cfg.conn.proxy_ip, proxy);
+    return proxy[0] != '\0' && strcmp(sender, proxy) == 0;
 }
 
 pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
@@ -101,7 +84,7 @@ pdl_status_t pdl__held_add(pdl_instance_t *inst, const char *transfer_id, const 
         return pdl_error_set(err, PDL_ERR_NOMEM, "%s: out of memory", transfer_id);
     }
     snprintf(h->consumer, sizeof(h->consumer), "%s", consumer ? consumer : "");
-    numeric_host_of(h->consumer, h->consumer_ip, sizeof(h->consumer_ip));
+    pdl__numeric_host_of_name(h->consumer, h->consumer_ip);
     memcpy(h->ids, ids, n * sizeof(uint32_t));
     h->n = n;
     pthread_mutex_lock(&inst->held_mu);

@@ -457,9 +457,6 @@ typedef struct pdl_held {
  * blocks list (instance destroy, after every thread stopped; the blocks themselves stay allocated). */
 pdl_status_t pdl__held_init(pdl_instance_t *inst, pdl_error_t *err);
 
-/* The name a held transfer gives its consumer (pdl_held_t.consumer): "host:port" of its handshake port,
- * "[v6]:port" for an IPv6 address. */
-void pdl__held_consumer_name(char *buf, size_t cap, const char *host, int hs_port);
 /* Record `ids` under transfer_id (copied), for the consumer at "host:port" (may be NULL: unknown);
  * PDL_ERR_BAD_STATE when already held, PDL_ERR_NOMEM. A held transfer's blocks may be read by whoever
  * names it (READ mode: pdl__held_grant), until the rank resolves it or the hold is cancelled. */
@@ -550,6 +547,10 @@ void pdl__reader_start(pdl_rank_t *r);
 void pdl__reader_stop(pdl_rank_t *r);
 void pdl__writer_start(pdl_rank_t *r);
 void pdl__writer_stop(pdl_rank_t *r);
+/* pdl_instance_abandon of a READ consumer (pull.c; roles.c dispatches): the failed releases a failed
+ * pull sends, on the ranks' READ lanes for the producer the params name, once it answered a handshake. */
+pdl_status_t pdl__pull_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               pdl_error_t *err);
 /* Service thread of rank r: a remote_blocks (producer, push.c) or write_done (consumer, push_recv.c)
  * message; `sender` is its Peer-Address (NULL = unknown: accepted). A remote_blocks counts only from
  * the push's consumer host (one parked before its push is checked when the push is made), a write_done
@@ -580,16 +581,13 @@ void pdl__push_watch_producers(pdl_instance_t *inst, pdl_watch_item_fn fn, void 
  * (their grants revoked: nothing more is written into their blocks). Counted once per receive in r0's
  * producer_gone_failed, before the waiter can see the receive end. True when a rank was failed now. */
 bool pdl__push_producer_gone(pdl_rank_t *r0, const char *transfer_id, int prank, const char *peer, const char *why);
-/* pdl_instance_abandon in WRITE mode (either role; push_park.c). */
-pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                               pdl_error_t *err);
-/* Service thread of rank r, every tick (push_park.c): reap pushes whose remote_blocks never came, stale
+/* Service thread of rank r, every tick (roles.c): reap pushes whose remote_blocks never came, stale
  * parked remote_blocks and consumer waits past transfer_timeout. */
 void pdl__push_reap(pdl_rank_t *r);
 /* instance destroy, once `stopping` is set (push.c): wake every writer waiting for a push's layers
  * (pdl_instance_push_start), so its write fails now instead of at transfer_timeout. */
 void pdl__push_stop_waits(pdl_instance_t *inst);
-/* instance destroy: free what the WRITE-mode maps still hold (after every thread stopped). */
+/* instance destroy: free what the WRITE-mode maps still hold (after every thread stopped; roles.c). */
 void pdl__push_free_all(pdl_instance_t *inst);
 
 /* ---- the instance ---------------------------------------------------------------------------- */

@@ -430,22 +430,11 @@ void pdl_pull_free(pdl_pull_t *pull)
         pull_unref(pull);
 }
 
-/* ---- abandon: a transfer the consumer will not pull ---------------------------------------------- */
+/* ---- abandon: a transfer the consumer will not pull (roles.c dispatches) --------------------------- */
 
-pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                                  pdl_error_t *err)
+pdl_status_t pdl__pull_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
+                               pdl_error_t *err)
 {
-    if (inst == NULL || params == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: missing argument");
-    if (params->transfer_id[0] == '\0')
-        return pdl_error_set(err, PDL_ERR_INVALID, "abandon: kv_transfer_params.transfer_id is missing");
-    if (!inst->cfg.conn.read_mode)
-        return pdl__push_abandon(inst, params, request_id, err);
-    if (inst->cfg.conn.role != PDL_ROLE_CONSUMER)
-        return pdl_error_set(err, PDL_ERR_UNSUPPORTED,
-                             "abandon %s: a READ-mode producer has nothing to abandon (it holds only what it "
-                             "prefilled, until the consumer releases it)",
-                             params->transfer_id);
     pdl_pull_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return pdl_error_set(err, PDL_ERR_NOMEM, "abandon: out of memory");
@@ -485,10 +474,6 @@ pdl_status_t pdl_instance_abandon(pdl_instance_t *inst, const pdl_kv_params_t *p
         j->queued_ns = p->start_ns;
         pdl__workq_push(&lane->q, &j->item);
     }
-    char engine_id[sizeof(p->producer.engine_id)];
-    snprintf(engine_id, sizeof(engine_id), "%s", p->producer.engine_id);
     pull_unref(p);
-    PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
-    pdl_debug("abandon %s: failed releases queued to producer %s", params->transfer_id, engine_id);
     return PDL_OK;
 }

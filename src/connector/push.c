@@ -877,7 +877,7 @@ static pdl_status_t push_begin(pdl_instance_t *inst, const pdl_kv_params_t *para
 
     /* Named for the consumer-gone watch (watch.c) and the host check of failed releases (held.c). */
     char consumer[PDL_WIRE_HOST_MAX + 16];
-    pdl__held_consumer_name(consumer, sizeof(consumer), p->host, p->hs_base);
+    pdl__peer_name(consumer, sizeof(consumer), p->host, p->hs_base);
     st = pdl__held_add(inst, tid, ids, n, consumer, err);
     if (st != PDL_OK) {
         push_free(p);

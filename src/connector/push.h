@@ -2,6 +2,8 @@
  * push.h -- what WRITE mode's files share (internal): the producer that pushes (push.c), the consumer
  * that expects the push (push_recv.c) and the park both use (push_park.c).
  *
+ * roles.c dispatches to these roles; they never call each other.
+ *
  * The park holds messages that came before the push or receive they belong to, under "rank|transfer
  * id" in inst->parked: a producer rank's remote_blocks or abandon that came before pdl_instance_push,
  * and a consumer's failed write_done that came before pdl_instance_expect_push (under "0|transfer id",
@@ -38,6 +40,10 @@ typedef struct pdl_parked {
 void pdl__parked_free(pdl_parked_t *k);
 /* The park key of rank `rank` and transfer tid, "rank|tid", into key[PDL_PARK_KEY_MAX]. */
 void pdl__park_key(char key[PDL_PARK_KEY_MAX], int rank, const char *tid);
+/* Drop rank r's parked entries older than defer_timeout (remote_blocks counted in remote_blocks_dropped;
+ * abandons expire uncounted: they were acted on when they came) / free the whole park at destroy. */
+void pdl__park_reap(pdl_rank_t *r);
+void pdl__park_free_all(pdl_instance_t *inst);
 
 /* push.c, producer: reap rank r's shares still waiting for remote_blocks after defer_timeout / free every
  * push and tombstone at instance destroy / pdl_instance_abandon's failed write_done. */

@@ -1,7 +1,6 @@
 /*
- * push_park.c -- what WRITE mode's producer (push.c) and consumer (push_recv.c) share: the park of
- * messages that came before their push or receive (push.h), the sender check, and the WRITE-mode entry
- * points that serve both roles: the service thread's reaper, pdl_instance_abandon and instance destroy.
+ * push_park.c -- the park WRITE mode's producer (push.c) and consumer (push_recv.c) share: messages that
+ * came before their push or receive (push.h), dropped after defer_timeout and at instance destroy.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,20 +20,6 @@ void pdl__parked_free(pdl_parked_t *k)
 void pdl__park_key(char key[PDL_PARK_KEY_MAX], int rank, const char *tid)
 {
     snprintf(key, PDL_PARK_KEY_MAX, "%d|%s", rank, tid);
-}
-
-pdl_status_t pdl__push_abandon(pdl_instance_t *inst, const pdl_kv_params_t *params, const char *request_id,
-                               pdl_error_t *err)
-{
-    pdl_status_t st = inst->cfg.conn.role == PDL_ROLE_CONSUMER
-                          ? pdl__recv_abandon(inst, params, request_id, err)
-                          : pdl__push_abandon_producer(inst, params, request_id, err);
-    if (st == PDL_OK) {
-        PDL_CTR_ADD(pdl__rank_first(inst), transfers_abandoned, 1);
-        pdl_debug("abandon %s (WRITE mode): failed %s queued", params->transfer_id,
-                  inst->cfg.conn.role == PDL_ROLE_CONSUMER ? "releases" : "write_done");
-    }
-    return st;
 }
 
 /* ---- reaping ---------------------------------------------------------------------------------- */
@@ -67,7 +52,7 @@ static void reap_parked(void *arg, const char *key, void *value)
 
 /* Drop rank r's parked entries older than defer_timeout. Parked abandons expire uncounted: they were
  * acted on when they came. */
-static void park_reap(pdl_rank_t *r)
+void pdl__park_reap(pdl_rank_t *r)
 {
     pdl_instance_t *inst = r->inst;
     park_reap_t c = {.rank = r->rank, .defer_ns = (uint64_t)(inst->cfg.conn.defer_timeout_s * 1e9)};
@@ -90,15 +75,6 @@ static void park_reap(pdl_rank_t *r)
     }
 }
 
-void pdl__push_reap(pdl_rank_t *r)
-{
-    if (r->inst->cfg.conn.read_mode)
-        return;
-    pdl__push_reap_shares(r);
-    park_reap(r);
-    pdl__recv_reap(r);
-}
-
 /* ---- instance destroy ------------------------------------------------------------------------- */
 
 static void free_parked_v(void *arg, const char *key, void *value)
@@ -108,12 +84,8 @@ static void free_parked_v(void *arg, const char *key, void *value)
     pdl__parked_free(value);
 }
 
-void pdl__push_free_all(pdl_instance_t *inst)
+void pdl__park_free_all(pdl_instance_t *inst)
 {
-    pdl__push_free_pushes(inst);
     pdl__strmap_foreach(&inst->parked, free_parked_v, NULL);
     pdl__strmap_free(&inst->parked);
-    pdl__recv_orphan_all(inst);
-    pthread_mutex_destroy(&inst->push_mu);
-    pthread_cond_destroy(&inst->push_cv);
 }

@@ -380,7 +380,7 @@ static void watch_recv(void *arg, const char *key, void *value)
             if (off < 0 || rv->phs_base + off > 65535)
                 continue;
             char peer[PDL_WIRE_HOST_MAX + 16], item[PDL_WIRE_ID_MAX + 16];
-            pdl__held_consumer_name(peer, sizeof(peer), rv->phost, rv->phs_base + off);
+            pdl__peer_name(peer, sizeof(peer), rv->phost, rv->phs_base + off);
             snprintf(item, sizeof(item), "%d|%s", g, rv->transfer_id);
             w->fn(w->arg, peer, item);
         }

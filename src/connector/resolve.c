@@ -15,6 +15,21 @@ void pdl__numeric_host(const char *host, char out[64])
         out[0] = '\0';
 }
 
+void pdl__numeric_host_of_name(const char *name, char out[64])
+{
+    char host[PDL_WIRE_HOST_MAX + 16];
+    snprintf(host, sizeof(host), "%s", name[0] == '[' ? name + 1 : name);
+    char *end = name[0] == '[' ? strchr(host, ']') : strrchr(host, ':');
+    if (end)
+        *end = '\0';
+    pdl__numeric_host(host, out);
+}
+
+void pdl__peer_name(char *buf, size_t cap, const char *host, int port)
+{
+    snprintf(buf, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+}
+
 bool pdl__sent_by(const char *sender, const char *expected)
 {
     return sender == NULL || sender[0] == '\0' || expected[0] == '\0' || strcmp(sender, expected) == 0;
@@ -111,6 +126,6 @@ pdl_status_t pdl__resolve_hold_consumer(pdl_instance_t *inst, const char *transf
     pdl_status_t st = pdl__resolve_vet_host(inst, da.host, "hold", transfer_id, PDL_ROLE_CONSUMER, err);
     if (st != PDL_OK)
         return st;
-    pdl__held_consumer_name(consumer, cap, da.host, da.handshake_port);
+    pdl__peer_name(consumer, cap, da.host, da.handshake_port);
     return PDL_OK;
 }

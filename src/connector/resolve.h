@@ -57,6 +57,11 @@ pdl_status_t pdl__resolve_vet_host(pdl_instance_t *inst, const char *host, const
                                    pdl_role_t peer_role, pdl_error_t *err);
 /* The numeric form of `host` ("" for a name), as libzmq reports a sender's Peer-Address. */
 void pdl__numeric_host(const char *host, char out[64]);
+/* The numeric host of a peer name "host:port" / "[v6]:port" ("" when host is a name). */
+void pdl__numeric_host_of_name(const char *name, char out[64]);
+/* A peer's name, "host:port" of its handshake port ("[v6]:port" for an IPv6 address): how held
+ * transfers name their consumer, the watch its peers, and what libzmq-free logs print. */
+void pdl__peer_name(char *buf, size_t cap, const char *host, int port);
 /* Did a message come from `expected` (numeric)? Unknown on either side ("" / NULL) is accepted: a host
  * name cannot be compared without resolving it, and libzmq may not report the peer. */
 bool pdl__sent_by(const char *sender, const char *expected);
