@@ -545,6 +545,32 @@ pdl_status_t pdl_instance_counters(pdl_instance_t *inst, int tp_rank, pdl_rank_c
 size_t pdl_instance_peer_stats(pdl_instance_t *inst, int tp_rank, pdl_engine_peer_stats_t *out, size_t cap);
 
 /*
+ * The socket budget (docs/connector.md#the-socket-budget): every socket an instance opens toward a peer
+ * -- a cached notify DEALER, a handshake, a peer-watch probe -- is drawn from one budget of
+ * PDL_SOCKETS_MAX per instance, in one of these shares. Peers nobody verified (no handshake with them
+ * succeeded, no identity answered) get small shares, so a flood of requests naming made-up endpoints
+ * can neither exhaust descriptors nor starve the verified peers, which keep the rest.
+ */
+typedef enum pdl_socket_share {
+    PDL_SOCKETS_VERIFIED = 0,   /* notify DEALERs and watch probes of verified peers: the rest of the budget */
+    PDL_SOCKETS_UNVERIFIED = 1, /* notify DEALERs to endpoints of peers never verified */
+    PDL_SOCKETS_HANDSHAKE = 2,  /* handshakes in flight (a socket each while it lasts) */
+    PDL_SOCKETS_PROBE = 3,      /* watch probes of peers that never answered one */
+    PDL_SOCKETS_SHARES = 4
+} pdl_socket_share_t;
+#define PDL_SOCKETS_MAX 512
+
+typedef struct pdl_socket_stats {
+    const char *name; /* "verified", "unverified", "handshake", "probe" */
+    int open;         /* sockets of this share open now */
+    int cap;          /* most it may have open at once */
+    uint64_t refused; /* sockets it could not open for want of room (the caller went without) */
+} pdl_socket_stats_t;
+
+/* The budget's shares now, out[PDL_SOCKETS_SHARES] indexed by pdl_socket_share_t; nothing for NULL. */
+void pdl_instance_sockets(pdl_instance_t *inst, pdl_socket_stats_t out[PDL_SOCKETS_SHARES]);
+
+/*
  * Events of held transfers, for programs that want to react (metrics, tests). RANK_REPORTED: a producer
  * rank's fan-in completed; RANK_EXPIRED: a rank reaped it after defer_timeout; FREED: every rank
  * resolved it and its blocks went back to the allocator. The function runs on a connector thread

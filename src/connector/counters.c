@@ -131,3 +131,9 @@ const pdl_counter_info_t *pdl_rank_counters_table(size_t *n)
         *n = sizeof(counter_table) / sizeof(counter_table[0]);
     return counter_table;
 }
+
+void pdl_instance_sockets(pdl_instance_t *inst, pdl_socket_stats_t out[PDL_SOCKETS_SHARES])
+{
+    if (inst != NULL && out != NULL)
+        pdl__budget_stats(&inst->sockets, out);
+}

@@ -144,13 +144,10 @@ pdl_status_t pdl__peer_listening(const pdl_peer_addr_t *addr, int prank, int tim
     return hs_probe(addr->host, port, timeout_ms, "", NULL);
 }
 
-/* One get_meta_msg exchange on a fresh DEALER (upstream does the same: a socket per handshake). */
-static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_bytes_t *meta, pdl_bytes_t *layers,
-                             const char *who, pdl_error_t *err)
+/* One get_meta_msg exchange on a socket drawn from the budget (hs_fetch). */
+static pdl_status_t hs_exchange(pdl_rank_t *r, const char *host, int port, const char *ep, pdl_bytes_t *meta,
+                                pdl_bytes_t *layers, const char *who, pdl_error_t *err)
 {
-    char ep[PDL_WIRE_HOST_MAX + 32];
-    if (pdl__endpoint(ep, sizeof(ep), host, port) < 0)
-        return pdl_error_set(err, PDL_ERR_INVALID, "handshake with %s: host too long", who);
     void *s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
     if (s == NULL)
         return pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: %s", who, zmq_strerror(zmq_errno()));
@@ -188,6 +185,27 @@ static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_byte
             pdl_bytes_free(meta);
     }
     zmq_close(s);
+    return st;
+}
+
+/* One get_meta_msg exchange on a fresh DEALER (upstream does the same: a socket per handshake), drawn
+ * from the socket budget's handshake share. */
+static pdl_status_t hs_fetch(pdl_rank_t *r, const char *host, int port, pdl_bytes_t *meta, pdl_bytes_t *layers,
+                             const char *who, pdl_error_t *err)
+{
+    char ep[PDL_WIRE_HOST_MAX + 32];
+    if (pdl__endpoint(ep, sizeof(ep), host, port) < 0)
+        return pdl_error_set(err, PDL_ERR_INVALID, "handshake with %s: host too long", who);
+    pdl_budget_t *b = &r->inst->sockets;
+    if (!pdl__budget_take(b, PDL_SOCKETS_HANDSHAKE)) {
+        pdl__budget_refused(b, PDL_SOCKETS_HANDSHAKE);
+        return pdl_error_set(err, PDL_ERR_TRANSPORT,
+                             "handshake with %s not started: %d handshakes are in flight, the socket budget's "
+                             "limit (or the instance has %d sockets open)",
+                             who, pdl__budget_cap(PDL_SOCKETS_HANDSHAKE), PDL_SOCKETS_MAX);
+    }
+    pdl_status_t st = hs_exchange(r, host, port, ep, meta, layers, who, err);
+    pdl__budget_put(b, PDL_SOCKETS_HANDSHAKE);
     return st;
 }
 

@@ -51,6 +51,7 @@
 #include "connector/curve.h"
 #include "connector/fanin.h"
 #include "connector/peerhealth.h"
+#include "connector/budget.h"
 #include "connector/resolve.h"
 #include "connector/strmap.h"
 #include "pdlink/auth.h"
@@ -112,11 +113,7 @@ enum { PDL_OUT_OTHER = 0, PDL_OUT_RELEASE = 1, PDL_OUT_KEEPALIVE = 2 };
  * in the small unverified share of the socket cap (sender.c). */
 #define PDL_OUT_VERIFIED 0x100
 #define PDL_OUT_KIND(k) ((k) & 0xff)
-/* The outbound DEALER cap (sender.c): at most PDL_DEALERS_MAX per instance (libzmq's whole context
- * defaults to 1,023 sockets), at most PDL_DEALERS_UNVERIFIED_MAX of them to unverified endpoints, and
- * at most PDL_DEALERS_PER_CACHE in one owner thread's cache. */
-#define PDL_DEALERS_MAX 512
-#define PDL_DEALERS_UNVERIFIED_MAX 64
+/* DEALERs in one owner thread's cache, on top of the instance's socket budget (budget.h). */
 #define PDL_DEALERS_PER_CACHE 128
 
 /* A message queued for the service thread to send on its DEALER cache. */
@@ -608,8 +605,8 @@ struct pdl_instance {
     int tp;
     pdl_rank_t *ranks; /* tp of them */
     atomic_bool stopping;
-    /* sender.c: DEALERs open in every cache of the instance, and those to unverified endpoints */
-    atomic_int dealers_open, dealers_unverified;
+    /* budget.c: the sockets open toward peers (DEALER caches, handshakes, watch probes), by share */
+    pdl_budget_t sockets;
 
     /* held.c */
     pthread_mutex_t held_mu;

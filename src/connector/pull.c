@@ -151,7 +151,9 @@ static void send_releases(pdl_rank_t *r, pdl_strmap_t *dealers, pdl_pull_t *pull
                       .first = plan ? plan->group_first : 0,
                       .count = plan ? plan->group_count : 0,
                       .dealers = dealers,
-                      .verified = true}; /* failed: only to a verified producer; ok: it served the read */
+                      /* ok: the producer served the read under the transfer's grant. A failed one goes to a
+                       * producer whose handshake port answered, but to a notify port the params chose. */
+                      .verified = ok};
     pdl_error_t e;
     if (pdl__notify(r, &n, NULL, &e) != PDL_OK)
         pdl_warn("rank %d: no release sent: %s", r->rank, e.msg);

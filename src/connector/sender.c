@@ -16,16 +16,16 @@
  * PDL_DEALER_IDLE_MS (internal.h) are closed (pdl__dealers_sweep, run by each owner thread), as are a lane's DEALERs
  * once its peer failed (xfer.c): a dead peer gets a handful of connect attempts, not an endless walk.
  *
- * The cap. Every DEALER is a libzmq socket, and a context has 1,023 by default: without a cap,
- * ~1,100 decode requests naming new notify endpoints (0.5 s of an HTTP client) fill it, after which every pull from a new
- * prefill fails with "Too many open files" for ~75 s. So an instance keeps at most
- * PDL_DEALERS_MAX DEALERs, at most PDL_DEALERS_UNVERIFIED_MAX of them to endpoints of peers it never
- * verified (the caller says which: PDL_OUT_VERIFIED), and at most PDL_DEALERS_PER_CACHE in one cache. A
- * new DEALER past a bound closes the least recently used one of the same share in its own cache (other
- * threads' caches are not this thread's to touch), with linger 0: a closed socket still lingering would
- * hold its slot, and a flood would then outrun the bound. With nothing to close the message is not sent
- * (dealers_refused). The reserve: unverified endpoints can never take more than their share, so the
- * DEALERs of verified peers always have PDL_DEALERS_MAX - PDL_DEALERS_UNVERIFIED_MAX.
+ * The budget. Every DEALER is a libzmq socket, and a context has 1,023 by default: without a bound,
+ * ~1,100 decode requests naming new notify endpoints (0.5 s of an HTTP client) fill it, after which every
+ * pull from a new prefill fails with "Too many open files" for ~75 s. So each DEALER is drawn from the
+ * instance's socket budget (budget.h) -- in the small unverified share unless the caller says the peer
+ * was verified (PDL_OUT_VERIFIED) -- and a cache holds at most PDL_DEALERS_PER_CACHE. A new DEALER past
+ * a bound closes the least recently used one of the same share in its own cache (other threads' caches
+ * are not this thread's to touch), with linger 0: a closed socket still lingering would hold its slot,
+ * and a flood would then outrun the bound. With nothing to close the message is not sent
+ * (dealers_refused). Unverified endpoints can never take more than their share, so verified peers'
+ * DEALERs always have room.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -59,12 +59,12 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port)
     return (n < 0 || (size_t)n >= cap) ? -1 : n;
 }
 
+static pdl_socket_share_t share_of(bool verified) { return verified ? PDL_SOCKETS_VERIFIED : PDL_SOCKETS_UNVERIFIED; }
+
 static void dealer_free(dealer_t *d)
 {
     zmq_close(d->sock);
-    atomic_fetch_sub(&d->inst->dealers_open, 1);
-    if (!d->verified)
-        atomic_fetch_sub(&d->inst->dealers_unverified, 1);
+    pdl__budget_put(&d->inst->sockets, share_of(d->verified));
     free(d);
 }
 
@@ -113,17 +113,21 @@ static bool evict_lru(pdl_rank_t *r, pdl_strmap_t *cache, bool unverified_only)
     return true;
 }
 
-/* Room for one more DEALER of this share, evicting from `cache` as the cap says (top of the file). */
+/* Room for one more DEALER of this share, taken from the budget, evicting from `cache` as the top of
+ * the file says; false (counted as refused) when nothing could be closed. */
 static bool dealer_room(pdl_rank_t *r, pdl_strmap_t *cache, bool verified)
 {
-    pdl_instance_t *inst = r->inst;
-    if (!verified && atomic_load(&inst->dealers_unverified) >= PDL_DEALERS_UNVERIFIED_MAX &&
-        !evict_lru(r, cache, true))
+    pdl_budget_t *b = &r->inst->sockets;
+    if (cache->count >= PDL_DEALERS_PER_CACHE && !evict_lru(r, cache, !verified)) {
+        pdl__budget_refused(b, share_of(verified));
         return false;
-    if (cache->count >= PDL_DEALERS_PER_CACHE && !evict_lru(r, cache, !verified))
-        return false;
-    if (atomic_load(&inst->dealers_open) >= PDL_DEALERS_MAX && !evict_lru(r, cache, !verified))
-        return false;
+    }
+    while (!pdl__budget_take(b, share_of(verified))) {
+        if (!evict_lru(r, cache, !verified)) {
+            pdl__budget_refused(b, share_of(verified));
+            return false;
+        }
+    }
     return true;
 }
 
@@ -134,31 +138,31 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
         d->used_ns = pdl__clock_now_ns();
         if (verified && !d->verified) {
             d->verified = true;
-            atomic_fetch_sub(&r->inst->dealers_unverified, 1);
+            pdl__budget_promote(&r->inst->sockets, PDL_SOCKETS_UNVERIFIED);
         }
         return d->sock;
     }
     if (!dealer_room(r, cache, verified)) {
         *capped = true;
+        pdl_socket_stats_t st[PDL_SOCKETS_SHARES];
+        pdl__budget_stats(&r->inst->sockets, st);
         PDL_CTR_REFUSED(r, dealers_refused,
-                        "notify to %s not sent: %d outbound sockets open (%d to unverified peers), the cap is %d (%d) "
-                        "and none of this thread's could be closed",
-                        endpoint, atomic_load(&r->inst->dealers_open), atomic_load(&r->inst->dealers_unverified),
-                        PDL_DEALERS_MAX, PDL_DEALERS_UNVERIFIED_MAX);
+                        "notify to %s not sent: the socket budget's %s share is full (%d of %d open, %d verified) "
+                        "and none of this thread's DEALERs could be closed",
+                        endpoint, st[share_of(verified)].name, st[share_of(verified)].open,
+                        st[share_of(verified)].cap, st[PDL_SOCKETS_VERIFIED].open);
         return NULL;
     }
     d = calloc(1, sizeof(*d));
     void *s = d ? zmq_socket(r->inst->zctx, ZMQ_DEALER) : NULL;
     if (s == NULL) {
         free(d);
+        pdl__budget_put(&r->inst->sockets, share_of(verified));
         return NULL;
     }
     d->sock = s;
     d->inst = r->inst;
     d->verified = verified;
-    atomic_fetch_add(&r->inst->dealers_open, 1);
-    if (!verified)
-        atomic_fetch_add(&r->inst->dealers_unverified, 1);
     d->used_ns = pdl__clock_now_ns();
     set_int_opt(s, ZMQ_LINGER, DEALER_LINGER_MS);
     set_int_opt(s, ZMQ_RECONNECT_IVL, DEALER_RECONNECT_MS);

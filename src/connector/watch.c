@@ -92,6 +92,9 @@ enum { IT_UNKNOWN = 0, IT_OF = 1, IT_DOWN = 2 };
 /* What a watched peer is asked once its connect was accepted (see "Upstream peers" above). */
 enum { ASK_IDENTITY = 0, ASK_META = 1, ASK_NOTHING = 2 };
 #define ASK_SILENT_MAX 2 /* identity requests a peer may leave unanswered before it is asked no more */
+/* Connects a peer that never accepted one may leave unanswered before it is probed no more (see
+ * "Sockets" above). */
+#define CONNECT_SILENT_MAX 3
 
 typedef struct item {
     uint64_t first_seen_ns;
@@ -114,6 +117,10 @@ typedef struct watched {
     int refusals;
     int ask;        /* ASK_*: what a probe asks once connected */
     int silent;     /* identity requests unanswered while none ever was */
+    int silent_connects; /* connects neither accepted nor refused in time, while none ever was accepted */
+    pdl_socket_share_t fd_share, z_share; /* the budget shares fd and zsock were drawn from */
+    bool accepted;  /* a connect was accepted once */
+    bool given_up;  /* never answered: probed no more (its items end by their leases) */
     bool answered;  /* an identity request was answered */
     bool seen; /* named during the current collection */
     pdl_strmap_t items; /* item key -> item_t* */
@@ -156,14 +163,39 @@ static void free_item(void *arg, const char *key, void *value)
     free(value);
 }
 
-static void close_watched(watched_t *w)
+/* A probe's socket drawn from the budget: the verified share once the peer answered an identity
+ * request, else the probe share. False (counted) when there is no room: this look is skipped. */
+static bool take_socket(pdl_instance_t *inst, const watched_t *w, pdl_socket_share_t *share)
+{
+    *share = w->answered ? PDL_SOCKETS_VERIFIED : PDL_SOCKETS_PROBE;
+    if (pdl__budget_take(&inst->sockets, *share))
+        return true;
+    pdl__budget_refused(&inst->sockets, *share);
+    return false;
+}
+
+static void close_fd(pdl_instance_t *inst, watched_t *w)
+{
+    close(w->fd);
+    w->fd = -1;
+    pdl__budget_put(&inst->sockets, w->fd_share);
+}
+
+static void close_zsock(pdl_instance_t *inst, watched_t *w)
+{
+    zmq_close(w->zsock);
+    w->zsock = NULL;
+    pdl__budget_put(&inst->sockets, w->z_share);
+}
+
+static void close_watched(pdl_instance_t *inst, watched_t *w)
 {
     if (w == NULL)
         return;
     if (w->fd >= 0)
-        close(w->fd);
+        close_fd(inst, w);
     if (w->zsock != NULL)
-        zmq_close(w->zsock);
+        close_zsock(inst, w);
     pdl__strmap_foreach(&w->items, free_item, NULL);
     pdl__strmap_free(&w->items);
     free(w);
@@ -215,7 +247,7 @@ static void collect_hold(void *arg, const char *key, void *value)
 
 /* ---- probes ------------------------------------------------------------------------------------- */
 
-static void start_probe(watched_t *w, uint64_t now_ns)
+static void start_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
 {
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV}, *ai = NULL;
     char ps[8];
@@ -223,15 +255,19 @@ static void start_probe(watched_t *w, uint64_t now_ns)
     w->probe_started_ns = now_ns;
     if (getaddrinfo(w->host, ps, &hints, &ai) != 0)
         return; /* a name, not an address: left to the reaper (no blocking lookups on this thread) */
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    if (!take_socket(inst, w, &w->fd_share)) {
+        freeaddrinfo(ai);
+        return;
+    }
+    w->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (w->fd < 0) {
+        pdl__budget_put(&inst->sockets, w->fd_share);
+    } else if (connect(w->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
         if (errno == ECONNREFUSED)
             w->refusals++;
-        close(fd);
-        fd = -1;
+        close_fd(inst, w);
     }
     freeaddrinfo(ai);
-    w->fd = fd;
 }
 
 /* The connect was accepted: ask who answers (the peer's service thread replies). A socket that cannot
@@ -244,9 +280,13 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
     char ep[PDL_WIRE_HOST_MAX + 32];
     if (pdl__endpoint(ep, sizeof(ep), w->host, w->port) < 0)
         return;
-    void *s = zmq_socket(inst->zctx, ZMQ_DEALER);
-    if (s == NULL)
+    if (!take_socket(inst, w, &w->z_share))
         return;
+    void *s = zmq_socket(inst->zctx, ZMQ_DEALER);
+    if (s == NULL) {
+        pdl__budget_put(&inst->sockets, w->z_share);
+        return;
+    }
     int v = 0;
     zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
     int64_t max = PDL_WIRE_MAX_FRAME;
@@ -258,6 +298,7 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
     if (pdl_curve_client(s, inst->auth, NULL) != PDL_OK || zmq_connect(s, ep) != 0 ||
         zmq_send(s, req, strlen(req), ZMQ_DONTWAIT) < 0) {
         zmq_close(s);
+        pdl__budget_put(&inst->sockets, w->z_share);
         return;
     }
     w->zsock = s;
@@ -297,10 +338,11 @@ static void finish_probe(pdl_instance_t *inst, watched_t *w)
     if (soerr == 0 && getsockname(w->fd, (struct sockaddr *)&me, &ml) == 0 &&
         getpeername(w->fd, (struct sockaddr *)&them, &tl) == 0 && ml == tl && memcmp(&me, &them, ml) == 0)
         soerr = ECONNREFUSED;
-    close(w->fd);
-    w->fd = -1;
+    close_fd(inst, w);
     if (soerr == 0) {
         w->refusals = 0;
+        w->accepted = true;
+        w->silent_connects = 0;
         start_identity(inst, w);
     } else if (soerr == ECONNREFUSED) {
         w->refusals++;
@@ -443,6 +485,18 @@ static void forget_unseen_items(void *arg, const char *key, void *value)
     it->seen = false;
 }
 
+/* A connect left unanswered by a peer that never accepted one: after CONNECT_SILENT_MAX in a row it is
+ * probed no more. */
+static void give_up_silent(watched_t *w, const char *key)
+{
+    if (w->accepted || ++w->silent_connects < CONNECT_SILENT_MAX)
+        return;
+    w->given_up = true;
+    pdl_debug("watch: %s never answered a connect (%d in a row): not probed any more; its transfers end by "
+              "their leases",
+              key, w->silent_connects);
+}
+
 static void tick_one(void *arg, const char *key, void *value)
 {
     tick_ctx_t *t = arg;
@@ -468,11 +522,9 @@ static void tick_one(void *arg, const char *key, void *value)
             ident = take_identity(w->zsock);
         if (ident != 0) {
             w->answered = true;
-            zmq_close(w->zsock);
-            w->zsock = NULL;
+            close_zsock(t->r->inst, w);
         } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
-            zmq_close(w->zsock); /* no answer in time: this look only proved the port open */
-            w->zsock = NULL;
+            close_zsock(t->r->inst, w); /* no answer in time: this look only proved the port open */
             if (w->answered && w->ident != 0 && w->stall_since_ns == 0)
                 w->stall_since_ns = w->probe_started_ns;
             if (!w->answered && w->ask == ASK_IDENTITY && ++w->silent >= ASK_SILENT_MAX) {
@@ -488,12 +540,12 @@ static void tick_one(void *arg, const char *key, void *value)
             finish_probe(t->r->inst, w);
             w->next_probe_ns = t->now_ns + t->interval_ns;
         } else if (pdl__clock_since(t->now_ns, w->probe_started_ns) >= t->interval_ns) {
-            close(w->fd); /* no answer: only the time since the last answer counts */
-            w->fd = -1;
+            close_fd(t->r->inst, w); /* no answer: only the time since the last answer counts */
             w->next_probe_ns = t->now_ns;
+            give_up_silent(w, key);
         }
-    } else if (t->now_ns >= w->next_probe_ns) {
-        start_probe(w, t->now_ns);
+    } else if (!w->given_up && t->now_ns >= w->next_probe_ns) {
+        start_probe(t->r->inst, w, t->now_ns);
         if (w->fd < 0)
             w->next_probe_ns = t->now_ns + t->interval_ns;
     }
@@ -575,7 +627,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
             end_items(r, t.gone[i], v.end, v.n, why);
             free(v.end);
             if (w->items.count == 0) {
-                close_watched(pdl__strmap_remove(&r->svc.watch, t.gone[i]));
+                close_watched(inst, pdl__strmap_remove(&r->svc.watch, t.gone[i]));
             } else {
                 /* Items born down sat this verdict out: the next run of refusals (or an identity)
                  * judges them, keeping the identity seen before. */
@@ -587,7 +639,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
     }
     for (int i = 0; i < t.ndrop; i++) {
         if (t.drop[i] != NULL)
-            close_watched(pdl__strmap_remove(&r->svc.watch, t.drop[i]));
+            close_watched(inst, pdl__strmap_remove(&r->svc.watch, t.drop[i]));
         free(t.drop[i]);
     }
 }
@@ -604,13 +656,12 @@ size_t pdl__watch_identity(const pdl_rank_t *r, char *buf, size_t cap)
 
 static void close_one(void *arg, const char *key, void *value)
 {
-    (void)arg;
     (void)key;
-    close_watched(value);
+    close_watched(arg, value);
 }
 
 void pdl__watch_fini(pdl_rank_t *r)
 {
-    pdl__strmap_foreach(&r->svc.watch, close_one, NULL);
+    pdl__strmap_foreach(&r->svc.watch, close_one, r->inst);
     pdl__strmap_free(&r->svc.watch);
 }

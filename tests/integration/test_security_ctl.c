@@ -31,7 +31,6 @@
 #include <cmocka.h>
 #include <zmq.h>
 
-#include "connector/internal.h" /* PDL_DEALERS_UNVERIFIED_MAX */
 #include "pdlink/wire.h"
 #include "test_connector_util.h"
 
@@ -383,7 +382,11 @@ static void dealer_cap(void **state)
         pdl_kv_params_clear(&bad);
     }
     uint64_t evicted = TC_GET(c, 0, dealers_evicted);
-    assert_true(evicted >= (uint64_t)(n - PDL_DEALERS_UNVERIFIED_MAX));
+    pdl_socket_stats_t sk[PDL_SOCKETS_SHARES];
+    pdl_instance_sockets(c, sk);
+    int unverified_cap = sk[PDL_SOCKETS_UNVERIFIED].cap;
+    assert_true(sk[PDL_SOCKETS_UNVERIFIED].open <= unverified_cap);
+    assert_true(evicted >= (uint64_t)(n - unverified_cap));
     assert_int_equal(TC_GET(c, 0, dealers_refused), 0);
     /* A real transfer still works, and its release frees the hold. */
     assert_int_equal(tc_hold_filled(p, "tx-after", 8, false, pb, NBLK, 5), PDL_OK);
@@ -395,7 +398,7 @@ static void dealer_cap(void **state)
     assert_true(tc_wait_for(tc_no_held, p, 60000));
     printf("%d failed releases to new notify ports: %llu DEALERs evicted to stay within %d unverified; a real pull "
            "then verified and freed its hold\n",
-           n, (unsigned long long)evicted, PDL_DEALERS_UNVERIFIED_MAX);
+           n, (unsigned long long)evicted, unverified_cap);
     pdl_kv_params_clear(&kp);
     pdl_kv_params_clear(&kp2);
     pdl_instance_destroy(c);
