@@ -22,6 +22,8 @@ struct pdl_grant {
     char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
     int64_t pub_slot; /* its slot in g->pub, or -1 */
     uint64_t pub_rfirst; /* its ranges in g->pub->range (x->n of them), when pub_slot >= 0 */
+    uint64_t gen;        /* unique per grant added: a request admitted by it copies only under it */
+    int busy;            /* server copies under it right now (pdl__grants_enter); under g->mu */
     pdl_range_t *r; /* sorted by off, merged: no two overlap or touch */
     size_t n;
 };
@@ -41,6 +43,8 @@ void pdl__grants_init(pdl_grants_t *g)
 {
     memset(g, 0, sizeof(*g));
     pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->idle, NULL);
+    g->next_gen = 1;
     random_key(g->key, sizeof(g->key));
 }
 
@@ -250,6 +254,7 @@ void pdl__grants_fini(pdl_grants_t *g)
     }
     free(g->fx);
     g->fx = NULL;
+    pthread_cond_destroy(&g->idle);
     pthread_mutex_destroy(&g->mu);
 }
 
@@ -320,6 +325,7 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
     if (!taken && g->pub)
         full = !pub_add(g, x);
     if (!taken && !full) {
+        x->gen = g->next_gen++;
         *pp = x;
         g->count++;
     }
@@ -345,6 +351,10 @@ bool pdl__grants_revoke(pdl_grants_t *g, const char *name)
         *pp = x->next;
         g->count--;
         pub_revoke(g, x);
+        /* Out of the table, so no copy enters any more; wait for those under way (each is one bounded
+         * system call or device copy, never a wait on the network: grant.h). */
+        while (x->busy > 0)
+            pthread_cond_wait(&g->idle, &g->mu);
     }
     pthread_mutex_unlock(&g->mu);
     if (x)
@@ -380,8 +390,29 @@ bool pdl__grants_peer(pdl_grants_t *g, const char *name, char *out, size_t cap)
     return x != NULL;
 }
 
+bool pdl__grants_enter(pdl_grants_t *g, const char *name, size_t name_len, uint64_t gen, pdl_grant_t **xp)
+{
+    pthread_mutex_lock(&g->mu);
+    pdl_grant_t *x = *find(g, name, name_len);
+    bool ok = x != NULL && x->gen == gen;
+    if (ok) {
+        x->busy++;
+        *xp = x;
+    }
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+void pdl__grants_leave(pdl_grants_t *g, pdl_grant_t *x)
+{
+    pthread_mutex_lock(&g->mu);
+    if (--x->busy == 0)
+        pthread_cond_broadcast(&g->idle);
+    pthread_mutex_unlock(&g->mu);
+}
+
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
-                       const uint8_t *segs, uint32_t nseg, const char *peer, char *why, size_t cap)
+                       const uint8_t *segs, uint32_t nseg, const char *peer, uint64_t *gen, char *why, size_t cap)
 {
     if (name_len == 0) {
         snprintf(why, cap, "the region is guarded and the request names no grant");
@@ -408,6 +439,8 @@ bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint6
         }
         if (ok && x->served_to[0] == '\0')
             snprintf(x->served_to, sizeof(x->served_to), "%s", peer);
+        if (ok && gen != NULL)
+            *gen = x->gen;
     }
     pthread_mutex_unlock(&g->mu);
     return ok;

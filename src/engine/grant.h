@@ -75,6 +75,8 @@ typedef struct pdl_grant_ext {
 
 typedef struct pdl_grants {
     pthread_mutex_t mu;
+    pthread_cond_t idle; /* a revoked grant's last server copy ended (pdl__grants_leave) */
+    uint64_t next_gen;   /* generation of the next grant added: never 0, never reused */
     uint8_t key[PDL_SIPHASH_KEY_LEN];
     pdl_grant_t *b[PDL_GRANT_BUCKETS];
     size_t count;
@@ -111,17 +113,31 @@ bool pdl__grant_pub_covers(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t o
  * pool for this grant's ranges. The message names the grant. */
 pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
-/* Remove a grant; false when no grant has that name. */
+/* Remove a grant; false when no grant has that name. Returns once no step under it is held
+ * (pdl__grants_enter), so it must not be called from a tcp server thread. */
 bool pdl__grants_revoke(pdl_grants_t *g, const char *name);
 /*
  * May a request named `name` (name_len bytes, not NUL-terminated) from host `peer` (numeric) do `op`
  * (PDL_GRANT_READ or _WRITE) on registration mem_id, on the nseg segments at `segs` (tcp wire form: u64
  * offset, u64 length, little-endian)? True only when a grant of that name exists for that registration
- * and op and every segment lies inside one of its ranges; the first such peer is remembered as the one
- * the grant was served to (pdl__grants_peer). Else false with the reason in why (cap bytes).
+ * and op and every segment lies inside one of its ranges; then the grant's generation goes to *gen
+ * (unless NULL: the server keeps it for the request's copies, pdl__grants_enter) and the first such
+ * peer is remembered as the one the grant was served to (pdl__grants_peer). Else false with the reason
+ * in why (cap bytes).
  */
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
-                       const uint8_t *segs, uint32_t nseg, const char *peer, char *why, size_t cap);
+                       const uint8_t *segs, uint32_t nseg, const char *peer, uint64_t *gen, char *why, size_t cap);
+/*
+ * Around every step that moves a request's bytes into or out of the region after the check (the tcp
+ * server's system calls and its device copies): enter is true only while the grant named `name` is
+ * still the one of generation `gen` -- not revoked, and not revoked and granted again under the same
+ * name -- and then *x stays held until pdl__grants_leave(g, *x). pdl__grants_revoke waits until no
+ * step under the grant is held, so after it returns no byte lands in or leaves its ranges through the
+ * server. A holder must never wait on the network while it holds (a step is one non-blocking system
+ * call of at most 1 MiB, or a device copy of one staging window), so that wait is short.
+ */
+bool pdl__grants_enter(pdl_grants_t *g, const char *name, size_t name_len, uint64_t gen, pdl_grant_t **x);
+void pdl__grants_leave(pdl_grants_t *g, pdl_grant_t *x);
 /* The host the grant was first served to ("" = not served yet) into out; false when no such grant. */
 bool pdl__grants_peer(pdl_grants_t *g, const char *name, char *out, size_t cap);
 

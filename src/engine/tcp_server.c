@@ -27,6 +27,14 @@
  * covering every segment (grant.c; docs/security.md); refused otherwise (PDL_ERR_DENIED for the grant).
  * A connection from outside the engine's trusted_hosts is closed at accept, before any state.
  *
+ * The grant is checked again at every step that moves the request's bytes, not only when its segment
+ * table arrives: a receive that gave up revokes its grant and gives the blocks back while a push may
+ * still be on the wire (issue 37). Each payload system call, and each staging window's device copy of
+ * a WRITE, holds the grant of the generation that admitted the request (grant.h); revoke waits until
+ * none is held. A WRITE whose grant is gone lands nowhere: the rest of its payload is read away
+ * (RX_DRAIN) and it is answered PDL_ERR_DENIED. A READ whose grant is gone before its header left is
+ * answered PDL_ERR_DENIED; after, the connection is cut (the header promised the bytes).
+ *
  * Out of file descriptors, the listener sheds (accepts and closes at once, with a spare descriptor) or
  * pauses, and logs once per 10 s, instead of spinning (accept_shed).
  *
@@ -92,7 +100,7 @@
 enum { RX_HDR, RX_SEGS, RX_KEY, RX_PAYLOAD, RX_DRAIN, TX, DEV_WAIT };
 
 /* What a connection in DEV_WAIT waits for (the stage call to repeat). */
-enum { DEV_OUT_FIRST, DEV_OUT_NEXT, DEV_IN_WINDOW, DEV_IN_END };
+enum { DEV_OUT_FIRST, DEV_OUT_NEXT, DEV_IN_WINDOW, DEV_IN_END, DEV_IN_FLUSH };
 
 /*
  * The calls that move registered bytes are issued as raw system calls. These accesses are the remote
@@ -131,6 +139,10 @@ typedef struct srv_conn {
     size_t iov_cap, iov_n, iov_i;
     uint64_t payload;
     uint64_t drain_left;
+    /* The generation of the grant that admitted the request (0: an open region, none needed). Every
+     * step moving its bytes holds the grant (grant.h), and one that finds it revoked moves nothing. */
+    uint64_t grant_gen;
+    pdl_grant_t *held;            /* held across a WRITE window's device copy (DEV_IN_FLUSH) */
     uint8_t resp[PDL_TCP_RESP_HDR + PDL_TCP_MAX_MSG];
     char key[PDL_TCP_MAX_KEY + PDL_TCP_AUTH_LEN + 1]; /* HELLO's key; HELLO_AUTH's key and nonce; AUTH's MAC */
     /* authenticated mode: */
@@ -150,7 +162,7 @@ typedef struct srv_conn {
     uint8_t *win;                 /* the current window (pinned host memory) */
     size_t win_len, win_off;
     uint64_t stage_left;          /* WRITE: payload bytes still to receive */
-    int dev_step;                 /* DEV_WAIT: DEV_OUT_FIRST ... DEV_IN_END */
+    int dev_step;                 /* DEV_WAIT: DEV_OUT_FIRST ... DEV_IN_FLUSH */
     bool parked;                  /* on th->parked */
     struct srv_conn *park_next, *park_prev;
 } srv_conn_t;
@@ -208,6 +220,30 @@ static void conn_unpark(srv_conn_t *c)
     c->parked = false;
 }
 
+/* The grant name the current request carries: in c->segs, after its segment table. */
+static const char *req_grant(const srv_conn_t *c)
+{
+    return (const char *)c->segs + (size_t)c->req.nseg * PDL_TCP_SEG;
+}
+
+/* Before a step that moves the request's bytes: true when the request needs no grant (*x NULL) or the
+ * one that admitted it is still live (*x held until grant_drop); false when it was revoked since. */
+static bool grant_hold(srv_conn_t *c, pdl_grant_t **x)
+{
+    *x = NULL;
+    if (c->grant_gen == 0 || c->mem == NULL) /* no grant needed, or no region bytes left to move */
+        return true;
+    return pdl__grants_enter(&c->th->srv->e->grants, req_grant(c), c->req.grant_len, c->grant_gen, x);
+}
+
+static void grant_drop(srv_conn_t *c, pdl_grant_t *x)
+{
+    if (x != NULL)
+        pdl__grants_leave(&c->th->srv->e->grants, x);
+    if (x == c->held)
+        c->held = NULL;
+}
+
 static void conn_close(srv_thread_t *th, srv_conn_t *c)
 {
     pdl_tcp_server_t *srv = th->srv;
@@ -216,6 +252,7 @@ static void conn_close(srv_thread_t *th, srv_conn_t *c)
     /* The device copies in flight end before the region's reference is dropped: after deregistration
      * returns, nothing touches it. */
     pdl__stage_destroy(c->stage);
+    grant_drop(c, c->held);
     conn_set_mem(srv, c, NULL);
     pthread_mutex_lock(&srv->mu);
     if (c->prev)
@@ -418,6 +455,7 @@ static void staged_fail(srv_conn_t *c, const pdl_error_t *err)
                  suppressed);
     if (c->stage != NULL)
         pdl__stage_abort(c->stage);
+    grant_drop(c, c->held); /* its copies ended with the abort */
     conn_set_mem(c->th->srv, c, NULL);
     c->staged = false;
     c->iov_n = 1;
@@ -463,6 +501,7 @@ static int on_segs(srv_conn_t *c)
     pdl_engine_t *e = srv->e;
     const char *opn = c->req.op == PDL_TCP_OP_READ ? "read" : "write";
     uint64_t sum = 0;
+    c->grant_gen = 0;
     for (uint32_t i = 0; i < c->req.nseg; i++) {
         uint64_t len = pdl_tcp_get64(c->segs + (size_t)i * PDL_TCP_SEG + 8);
         if (len > UINT64_MAX - sum)
@@ -500,9 +539,9 @@ static int on_segs(srv_conn_t *c)
     }
     char why[PDL_TCP_MAX_MSG / 2];
     if (atomic_load(&m->guarded) &&
-        !pdl__grants_check(&e->grants, (const char *)c->segs + (size_t)c->req.nseg * PDL_TCP_SEG, c->req.grant_len,
-                           m->id, c->req.op == PDL_TCP_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE, c->segs, c->req.nseg,
-                           c->peer_host, why, sizeof(why))) {
+        !pdl__grants_check(&e->grants, req_grant(c), c->req.grant_len, m->id,
+                           c->req.op == PDL_TCP_OP_READ ? PDL_GRANT_READ : PDL_GRANT_WRITE, c->segs, c->req.nseg,
+                           c->peer_host, &c->grant_gen, why, sizeof(why))) {
         pdl__engine_mem_put(m);
         atomic_fetch_add(&e->st_requests_denied, 1);
         refuse(c, PDL_ERR_DENIED, "%s of region %" PRIu64 " of engine %s denied: %s", opn, c->req.reg_id, e->key, why);
@@ -594,17 +633,52 @@ static int on_io_error(srv_conn_t *c, ssize_t n, bool mid_frame)
  * the next event) or -1 (close the connection); *turn counts the bytes moved this turn.
  */
 
-/* A WRITE's payload straight into the registered host memory. */
+/*
+ * The grant of a WRITE still being received was revoked (the receiving side gave up and may reuse the
+ * blocks): no further byte of it lands. The rest of the payload (`left` bytes) is read away into the
+ * drain buffer, so the connection stays in step, and the request is answered with PDL_ERR_DENIED.
+ */
+static void write_revoked(srv_conn_t *c, uint64_t left)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    int glen = c->req.grant_len < 200 ? (int)c->req.grant_len : 200;
+    atomic_fetch_add(&e->st_requests_denied, 1);
+    conn_set_mem(c->th->srv, c, NULL);
+    c->iov_n = 1;
+    refuse(c, PDL_ERR_DENIED,
+           "write of region %" PRIu64 " of engine %s stopped with %" PRIu64 " of %" PRIu64 " bytes to go: grant %.*s "
+           "was revoked meanwhile (its receive gave up); the rest was read away, not written",
+           c->req.reg_id, e->key, left, c->req.total_len, glen, req_grant(c));
+    c->drain_left = left;
+    c->st = left ? RX_DRAIN : TX;
+}
+
+/* Bytes of the request's iovecs c->iov[c->iov_i..c->iov_n) still to move. */
+static uint64_t iov_left(const srv_conn_t *c)
+{
+    uint64_t left = 0;
+    for (size_t i = c->iov_i; i < c->iov_n; i++)
+        left += c->iov[i].iov_len;
+    return left;
+}
+
+/* A WRITE's payload straight into the registered host memory, each call under the request's grant. */
 static int rx_payload(srv_conn_t *c, uint64_t *turn)
 {
     pdl_tcp_server_t *srv = c->th->srv;
     struct msghdr mh = {0};
+    pdl_grant_t *x;
+    if (!grant_hold(c, &x)) {
+        write_revoked(c, iov_left(c));
+        return 1;
+    }
     /* At most PDL_TCP_RECV_CALL_MAX bytes per call, for the reason given for sends. */
     size_t saved;
     size_t k = pdl__iov_cap(&c->iov[c->iov_i], c->iov_n - c->iov_i, IOV_MAX, PDL_TCP_RECV_CALL_MAX, &saved);
     mh.msg_iov = &c->iov[c->iov_i];
     mh.msg_iovlen = k;
     ssize_t n = payload_recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    grant_drop(c, x);
     pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
     if (n <= 0)
         return on_io_error(c, n, true) > 0 ? 0 : -1;
@@ -621,7 +695,7 @@ static int rx_payload(srv_conn_t *c, uint64_t *turn)
 
 /* A WRITE's payload into device memory: received into a staging window, which is copied to the device
  * once full while the next one is received (DEV_IN_WINDOW waits until a buffer is free); answered once
- * every window is on the device (DEV_IN_END). */
+ * every window is on the device (DEV_IN_END). Under a grant, each copy is waited for (DEV_IN_FLUSH). */
 static int rx_staged(srv_conn_t *c, uint64_t *turn)
 {
     pdl_tcp_server_t *srv = c->th->srv;
@@ -638,10 +712,22 @@ static int rx_staged(srv_conn_t *c, uint64_t *turn)
     c->stage_left -= (uint64_t)n;
     if (c->win_off < c->win_len)
         return 1;
+    /* The window's copy to the device runs under the grant until it is known done (DEV_IN_FLUSH), so a
+     * revoke returns only after it: the copy and the next window's receive do not overlap then. */
+    pdl_grant_t *x;
+    if (!grant_hold(c, &x)) {
+        pdl__stage_abort(c->stage);
+        c->staged = false;
+        write_revoked(c, c->stage_left);
+        return 1;
+    }
+    c->held = x;
     if (pdl__stage_in_commit(c->stage, &err) != PDL_OK) {
         staged_fail(c, &err);
         return 1;
     }
+    if (x != NULL)
+        return dev_step(c, DEV_IN_FLUSH);
     return c->stage_left == 0 ? dev_step(c, DEV_IN_END) : 1;
 }
 
@@ -670,11 +756,43 @@ static int tx_failed(srv_conn_t *c)
     return -1;
 }
 
-/* The response header and a READ's payload straight from the registered host memory. */
+/*
+ * The grant of a READ being sent was revoked (its blocks may be reused): no further byte of the region
+ * leaves. Nothing sent yet: the request is answered with PDL_ERR_DENIED. Else the header promised
+ * bytes that will not come, so the connection is cut (0 ... -1): the initiator's batch fails.
+ */
+static int read_revoked(srv_conn_t *c)
+{
+    pdl_engine_t *e = c->th->srv->e;
+    int glen = c->req.grant_len < 200 ? (int)c->req.grant_len : 200;
+    atomic_fetch_add(&e->st_requests_denied, 1);
+    if (c->iov_i == 0 && c->iov[0].iov_base == (void *)c->resp) {
+        if (c->staged)
+            pdl__stage_abort(c->stage);
+        c->staged = false;
+        conn_set_mem(c->th->srv, c, NULL);
+        c->iov_n = 1;
+        refuse(c, PDL_ERR_DENIED, "read of region %" PRIu64 " of engine %s denied: grant %.*s was revoked before "
+               "its bytes were sent", c->req.reg_id, e->key, glen, req_grant(c));
+        return 1;
+    }
+    uint64_t suppressed = 0;
+    if (pdl_ratelimit_allow(&e->rl_refused, &suppressed))
+        pdl_warn("engine %s: closing the data connection from %s in the middle of a read of region %" PRIu64
+                 ": grant %.*s was revoked (%" PRIu64 " similar suppressed)",
+                 e->key, c->peer, c->req.reg_id, glen, req_grant(c), suppressed);
+    return -1;
+}
+
+/* The response header and a READ's payload straight from the registered host memory, each call under
+ * the request's grant. */
 static int tx_plain(srv_conn_t *c, uint64_t *turn)
 {
     pdl_tcp_server_t *srv = c->th->srv;
     struct msghdr mh = {0};
+    pdl_grant_t *x;
+    if (!grant_hold(c, &x))
+        return read_revoked(c);
     /* At most send_max payload bytes per call: the iovec list is cut there (and restored). The
      * response header rides on top of the first call: counting it would leave a 32-byte tail
      * of every MiB-multiple response for a second call, one epoll round later (with the turn
@@ -685,6 +803,7 @@ static int tx_plain(srv_conn_t *c, uint64_t *turn)
     mh.msg_iov = &c->iov[c->iov_i];
     mh.msg_iovlen = k;
     ssize_t n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    grant_drop(c, x);
     pdl__iov_uncap(&c->iov[c->iov_i], k, saved);
     if (n < 0)
         return tx_failed(c);
@@ -707,7 +826,13 @@ static int tx_staged(srv_conn_t *c, uint64_t *turn)
     size_t wl = c->win_len - c->win_off < srv->send_max ? c->win_len - c->win_off : srv->send_max;
     v[k++] = (struct iovec){c->win + c->win_off, wl};
     struct msghdr mh = {.msg_iov = v, .msg_iovlen = k};
+    /* The window was copied before it was handed out, so a send under a live grant sends bytes read
+     * while it was live. */
+    pdl_grant_t *x;
+    if (!grant_hold(c, &x))
+        return read_revoked(c);
     ssize_t n = payload_sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    grant_drop(c, x);
     if (n < 0)
         return tx_failed(c);
     *turn += (uint64_t)n;
@@ -730,12 +855,13 @@ static int tx_staged(srv_conn_t *c, uint64_t *turn)
  * response header (or its failure the error), the next window goes on the socket, a free window takes
  * the WRITE payload, the last WRITE window on the device sends the answer -- with epoll's interest
  * restored for the state it leads to (1), or close (-1): a READ window failing after the header.
+ * DEV_IN_FLUSH is DEV_IN_END for one window copied under a grant (rx_staged), then the next window.
  */
 static int dev_wait(srv_conn_t *c)
 {
     pdl_error_t err;
     pdl_status_t st;
-    if (c->dev_step == DEV_IN_END)
+    if (c->dev_step == DEV_IN_END || c->dev_step == DEV_IN_FLUSH)
         st = pdl__stage_in_end(c->stage, &err);
     else if (c->dev_step == DEV_IN_WINDOW)
         st = pdl__stage_in_window(c->stage, &c->win, &c->win_len, &err);
@@ -764,7 +890,11 @@ static int dev_wait(srv_conn_t *c)
     } else if (c->dev_step == DEV_IN_WINDOW) {
         c->win_off = 0;
         c->st = RX_PAYLOAD;
-    } else {
+    } else if (c->dev_step == DEV_IN_FLUSH && c->stage_left > 0) {
+        grant_drop(c, c->held); /* the window is on the device: the next one is asked for */
+        c->st = RX_PAYLOAD;
+    } else { /* every window on the device (DEV_IN_END, or the last one's DEV_IN_FLUSH) */
+        grant_drop(c, c->held);
         c->staged = false;
         conn_set_mem(c->th->srv, c, NULL);
         c->iov_n = 1;
