@@ -328,6 +328,12 @@ pdl_status_t pdl_session_prefault(pdl_session_t *session, pdl_error_t *err);
  * posted on it first (pdl_batch_free): a batch refers to its session. NULL is ignored.
  */
 void pdl_session_close(pdl_session_t *session);
+/*
+ * Whether the session is broken: sticky, every later post fails with the status that broke it (a lost
+ * connection, a running batch freed, the remote removed), whatever that status is. The caller closes it
+ * and opens a new one. False for NULL.
+ */
+bool pdl_session_broken(pdl_session_t *session);
 
 /*
  * Grants (docs/security.md). A guarded registration is served by the tcp backend only to requests that

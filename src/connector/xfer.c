@@ -6,9 +6,12 @@
  * calling side), posts batched ops per remote rank -- whole layers per batch, as many as fit in
  * XFER_BATCH_BYTES (descriptors from pdl_layout_build_descs, merged) -- and waits for everything it
  * posted within transfer_timeout -- also after a failure, because a posted batch still uses our blocks.
- * Every peer whose post or batch failed as gone (PDL_ERR_PEER_GONE / PDL_ERR_TRANSPORT) is evicted, and
- * with it the other cached ranks of the same remote instance: they live and die with it, and a stale
- * one would otherwise fail the next transfer too. The wall time goes to read_ns or write_ns by direction.
+ * Every peer whose post or batch failed as gone (PDL_ERR_PEER_GONE / PDL_ERR_TRANSPORT), or whose
+ * session the engine reports broken after the attempt whatever code broke it (pdl_session_broken: a
+ * batch freed while it ran, at transfer_timeout, breaks a tcp or ucx session with PDL_ERR_BAD_STATE), is
+ * evicted, and with it the other cached ranks of the same remote instance: they live and die with it,
+ * and a stale one would otherwise fail every later transfer too (issue 37 item 3: 0 of 3,800 requests
+ * after one timed-out transfer). The wall time goes to read_ns or write_ns by direction.
  *
  * Layer gate: a WRITE of a push started before its KV was final (pdl_instance_push_start, push.c) has
  * one. The executor handshakes first, then posts the layers the gate lets through to every remote rank
@@ -16,10 +19,10 @@
  * of early layers overlap the forward that computes the later ones. The time spent at the gate is not
  * write time. Without a gate (reads, whole pushes) every layer is posted in one round.
  *
- * Stale sessions: when a transfer fails as gone on peers that were cached before it started (the
- * remote restarted at the same address with a new engine, or its connections broke while idle), the
- * executor evicts them and runs the transfer ONCE more, handshaking afresh; so the first request after
- * a peer's restart succeeds. Peers it handshook itself are not retried: their failure is real news.
+ * Stale sessions: when a transfer fails as gone, or its post finds the session already broken, on peers
+ * that were cached before it started (the remote restarted at the same address with a new engine, or
+ * its connections broke while idle), the executor evicts them and runs the transfer ONCE more,
+ * handshaking afresh; so the first request after a peer's restart succeeds. Peers it handshook itself are not retried: their failure is real news.
  *
  * Lanes: a side (pdl_xfer_side_t) is one pdl_workq_t thread with the peer and DEALER caches it alone
  * uses, serving the transfers with ONE remote instance. A rank keeps a lane per remote instance
@@ -64,6 +67,15 @@ typedef struct posted {
 } posted_t;
 
 static bool is_gone(pdl_status_t st) { return st == PDL_ERR_PEER_GONE || st == PDL_ERR_TRANSPORT; }
+
+/* Is any of the peer's sessions (one, or one per layer) broken? Then every later post on it fails. */
+static bool peer_broken(pdl_peer_t *p)
+{
+    for (int i = 0; i < p->nsessions; i++)
+        if (pdl_session_broken(p->sessions[i]))
+            return true;
+    return false;
+}
 
 static void add_gone(pdl_peer_t **gone, int *ngone, pdl_peer_t *p)
 {
@@ -116,6 +128,7 @@ typedef struct xfer_try {
     size_t nposted;
     pdl_peer_t *gone[PDL_TOPO_MAX_TP];
     int ngone;
+    bool post_broken; /* a post failed because its session was broken before it */
     uint64_t *bytes, *descs;
     pdl_xfer_times_t *times;
 } xfer_try_t;
@@ -199,8 +212,10 @@ static pdl_status_t try_post_rank(xfer_try_t *t, int k, int l0, int l1, pdl_desc
         st = pdl_session_post_granted(pdl__peer_session(peer, l), op, gname, dv->v, dv->n, &b, err);
         t->times->post += pdl__clock_now_ns() - tpost;
         if (st != PDL_OK) {
-            if (is_gone(st))
+            bool broken = peer_broken(peer);
+            if (is_gone(st) || broken)
                 add_gone(t->gone, &t->ngone, peer);
+            t->post_broken |= broken;
             return pdl_error_prefix(err, st, "layers %d-%d, %s rank %d: post", first_layer, l, t->remote_role,
                                     t->rranks[k]);
         }
@@ -279,7 +294,15 @@ static pdl_status_t xfer_once(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xf
     pdl_descv_free(&dv);
     st = try_wait(&t, t0, st, err);
     free(t.posted);
-    for (int g = 0; g < t.ngone; g++)
+    /* Whatever broke a session -- a lost connection, a batch freed while it ran -- it cannot move KV any
+     * more: evicted like a gone peer, so the next transfer handshakes afresh. */
+    for (int k = 0; k < t.nr; k++)
+        if (t.peers[k] != NULL && peer_broken(t.peers[k]))
+            add_gone(t.gone, &t.ngone, t.peers[k]);
+    /* Worth one more attempt only when the failure was the cached session's, not this attempt's own
+     * (a timeout that broke it is the transfer's failure). */
+    bool cached_failed = is_gone(st) || t.post_broken;
+    for (int g = 0; g < t.ngone && cached_failed; g++)
         for (int k = 0; k < t.nr; k++)
             if (t.gone[g] == t.peers[k] && !t.fresh[k])
                 *stale = true;
@@ -300,7 +323,7 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
     uint64_t b = 0, d = 0;
     bool stale = false, ok_peers = false;
     pdl_status_t st = xfer_once(r, side, x, &b, &d, times, &stale, &ok_peers, err);
-    if (st != PDL_OK && stale && is_gone(st)) {
+    if (st != PDL_OK && stale) {
         pdl_info("rank %d: %s with %s failed on a cached session (%s); retrying once after a fresh handshake",
                  r->rank, x->dir == PDL_DIR_READ ? "read" : "write", x->peer->engine_id, err ? err->msg : "gone");
         PDL_CTR_ADD(r, stale_retries, 1);

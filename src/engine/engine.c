@@ -861,6 +861,8 @@ pdl_status_t pdl_session_prefault(pdl_session_t *s, pdl_error_t *err)
     return s->engine->ops->session_prefault(s, err);
 }
 
+bool pdl_session_broken(pdl_session_t *s) { return s != NULL && atomic_load(&s->broken) != 0; }
+
 void pdl_session_close(pdl_session_t *s)
 {
     if (s == NULL)
