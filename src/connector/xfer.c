@@ -10,8 +10,8 @@
  * session the engine reports broken after the attempt whatever code broke it (pdl_session_broken: a
  * batch freed while it ran, at transfer_timeout, breaks a tcp or ucx session with PDL_ERR_BAD_STATE), is
  * evicted, and with it the other cached ranks of the same remote instance: they live and die with it,
- * and a stale one would otherwise fail every later transfer too (issue 37 item 3: 0 of 3,800 requests
- * after one timed-out transfer). The wall time goes to read_ns or write_ns by direction.
+ * and a stale one would otherwise fail every later transfer too. The wall time goes to read_ns or
+ * write_ns by direction.
  *
  * Layer gate: a WRITE of a push started before its KV was final (pdl_instance_push_start, push.c) has
  * one. The executor handshakes first, then posts the layers the gate lets through to every remote rank

@@ -29,7 +29,7 @@
  *
  * The grant is checked again at every step that moves the request's bytes, not only when its segment
  * table arrives: a receive that gave up revokes its grant and gives the blocks back while a push may
- * still be on the wire (issue 37). Each payload system call, and each staging window's device copy of
+ * still be on the wire. Each payload system call, and each staging window's device copy of
  * a WRITE, holds the grant of the generation that admitted the request (grant.h); revoke waits until
  * none is held. A WRITE whose grant is gone lands nowhere: the rest of its payload is read away
  * (RX_DRAIN) and it is answered PDL_ERR_DENIED. A READ whose grant is gone before its header left is

@@ -24,10 +24,13 @@
 #include <cmocka.h>
 
 #include "common/log.h"
+#include "engine/cudadrv.h"
 #include "engine/grant.h"
+#include "engine/stage.h"
 #include "engine/tcp_wire.h"
 #include "pdlink/engine.h"
 #include "tcp_raw_testutil.h"
+#include "test_fake_cuda.h"
 
 #define REGION (16u << 20)
 #define FIRST (1u << 20) /* bytes sent before the revoke */
@@ -197,6 +200,68 @@ static void test_late_read_tcp(void **state)
     pdl_engine_destroy(e);
 }
 
+/* The device region's bytes through the test driver (its memory is PROT_NONE to the CPU). */
+static void dev_read(pdl_cudadrv_t *drv, CUdeviceptr d, uint8_t *out, size_t off, size_t len)
+{
+    assert_int_equal(drv->api.MemcpyDtoHAsync(out, d + off, len, NULL), CUDA_SUCCESS);
+}
+
+/*
+ * The same push into device memory (the test CUDA driver, src/engine/cudadrv_fake.c): the server
+ * receives through staging windows and copies each full one to the device. The first window lands
+ * while the grant lives; after the revoke nothing more reaches the device (before: every window did).
+ */
+static void test_late_write_staged_tcp(void **state)
+{
+    (void)state;
+    pdl_cudadrv_t *drv;
+    assert_int_equal(tfc_open(NULL, &drv), 0);
+    pdl_engine_config_t oc = {"producer:tp1", "127.0.0.1", 0, PDL_BACKEND_TCP, 1, 1, NULL, false, NULL, NULL};
+    pdl_engine_t *e;
+    pdl_error_t err;
+    assert_int_equal(pdl_engine_create(&oc, &e, &err), PDL_OK);
+    CUdeviceptr d;
+    assert_int_equal(drv->api.MemAlloc(&d, REGION), CUDA_SUCCESS);
+    uint8_t *payload = malloc(REGION), *seen = malloc(REGION), *now = malloc(REGION);
+    memset(payload, OLD, REGION);
+    assert_int_equal(drv->api.MemcpyHtoDAsync(d, payload, REGION, NULL), CUDA_SUCCESS);
+    pdl_mem_t *m;
+    assert_int_equal(pdl_engine_register_mem_type(e, (void *)(uintptr_t)d, REGION, PDL_MEM_TYPE_CUDA, &m, &err),
+                     PDL_OK);
+    pdl_mem_guard(m);
+    pdl_range_t all = {0, REGION};
+    assert_int_equal(pdl_engine_grant(e, m, "tx-dev", PDL_GRANT_WRITE, &all, 1, &err), PDL_OK);
+    int fd = hello(pdl_engine_port(e), 0);
+    memset(payload, NEW, REGION);
+    send_request(fd, PDL_TCP_OP_WRITE, pdl_mem_id(m), "tx-dev", REGION);
+    send_all(fd, payload, PDL_STAGE_WINDOW);
+    uint8_t last = 0;
+    for (int i = 0; i < 10000 && last != NEW; i++) {
+        sleep_ms(1);
+        dev_read(drv, d, &last, PDL_STAGE_WINDOW - 1, 1);
+    }
+    assert_int_equal(last, NEW);
+    assert_int_equal(pdl_engine_revoke(e, "tx-dev", &err), PDL_OK);
+    dev_read(drv, d, seen, 0, REGION);
+    send_all(fd, payload + PDL_STAGE_WINDOW, REGION - PDL_STAGE_WINDOW);
+    uint8_t msg[PDL_TCP_MAX_MSG + 1];
+    uint64_t got;
+    assert_int_equal(raw_response(fd, 7, msg, sizeof(msg), &got), PDL_ERR_DENIED);
+    assert_non_null(strstr((char *)msg, "grant tx-dev was revoked"));
+    sleep_ms(100);
+    dev_read(drv, d, now, 0, REGION);
+    assert_int_equal(memcmp(now, seen, REGION), 0);
+    assert_int_equal(now[REGION - 1], OLD);
+    close(fd);
+    pdl_engine_deregister_mem(e, m);
+    pdl_engine_destroy(e);
+    drv->api.MemFree(d);
+    pdl__cudadrv_close(drv);
+    free(payload);
+    free(seen);
+    free(now);
+}
+
 typedef struct revoker {
     pdl_grants_t *g;
     atomic_bool done;
@@ -257,6 +322,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_late_write_tcp),
         cmocka_unit_test(test_late_read_tcp),
+        cmocka_unit_test(test_late_write_staged_tcp),
         cmocka_unit_test(test_revoke_waits_for_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
