@@ -21,6 +21,7 @@ void pdl__ctr_init(pdl_rank_ctr_t *c)
     pdl_ratelimit_init(&c->send_rl, 10000, 1);
     pdl_ratelimit_init(&c->refused_rl, 10000, 5);
     pdl_ratelimit_init(&c->listen_rl, 10000, 1);
+    pdl_ratelimit_init(&c->fail_rl, 10000, 5);
 }
 
 void pdl__ctr_fini(pdl_rank_ctr_t *c) { pthread_mutex_destroy(&c->mu); }
@@ -53,7 +54,11 @@ void pdl__ctr_refused(pdl_rank_t *r, size_t offset, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    pdl_warn("rank %d: %s (%llu similar refusals since the last report)", r->rank, msg, (unsigned long long)suppressed);
+    if (suppressed)
+        pdl_warn("rank %d: %s (%llu similar refusals since the last report)", r->rank, msg,
+                 (unsigned long long)suppressed);
+    else
+        pdl_warn("rank %d: %s", r->rank, msg);
 }
 
 void pdl__ctr_drop(pdl_rank_t *r, pdl_drop_kind_t kind, const char *fmt, ...)

@@ -83,6 +83,9 @@ typedef struct pdl_rank_ctr {
     pdl_rank_counters_t v;
     pdl_ratelimit_t drop_rl[PDL_DROP_KINDS];
     pdl_ratelimit_t late_rl, expired_rl, ping_rl, send_rl, refused_rl, listen_rl;
+    /* failed pulls and pushes: a client can make every request fail (a made-up prefill), and each
+     * line was ~1.4 kB; shared by the rank's lanes (the limiter is atomic) */
+    pdl_ratelimit_t fail_rl;
 } pdl_rank_ctr_t;
 
 void pdl__ctr_init(pdl_rank_ctr_t *c);

@@ -270,8 +270,10 @@ static void run_job(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, uint
         r->ctr.v.read_failures++;
     }
     pthread_mutex_unlock(&r->ctr.mu);
-    if (st != PDL_OK)
-        pdl_warn("rank %d: pull of %s failed (blocks reported as load errors): %s", r->rank, pull->transfer_id, err.msg);
+    uint64_t sup = 0;
+    if (st != PDL_OK && pdl_ratelimit_allow(&r->ctr.fail_rl, &sup))
+        pdl_warn("rank %d: pull of %.100s failed (blocks reported as load errors): %s%s", r->rank, pull->transfer_id,
+                 err.msg, sup ? " (more failures suppressed)" : "");
     pull_rank_done(pull, r->rank, st, err.msg, bytes, descs);
 }
 

@@ -315,8 +315,10 @@ static void run_push_job(pdl_rank_t *r, pdl_xfer_side_t *side, push_job_t *j)
     pdl_status_t st = gone_before ? pdl_error_set(&err, PDL_ERR_PEER_GONE, "consumer %s is gone (its handshake "
                                                   "port is watched); nothing written", p->engine_id)
                                   : rank_write(r, side, p, j, &gate, &bytes, &descs, &verified, &err);
-    if (st != PDL_OK)
-        pdl_warn("rank %d: push of %s failed (write_done says failed): %s", r->rank, p->transfer_id, err.msg);
+    uint64_t sup = 0;
+    if (st != PDL_OK && pdl_ratelimit_allow(&r->ctr.fail_rl, &sup))
+        pdl_warn("rank %d: push of %.100s failed (write_done says failed): %s%s", r->rank, p->transfer_id, err.msg,
+                 sup ? " (more failures suppressed)" : "");
     send_write_done(r, side, p, j, st == PDL_OK, verified);
     /* The consumer looks gone: stop reconnecting to it once write_done left (sender.c). Layers that never
      * came say nothing of the consumer. */
