@@ -142,17 +142,12 @@ static void warn_ephemeral_ports(const pdl_instance_config_t *cfg)
                              cfg->conn.notify_port + last);
 }
 
-pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_t **inst_out, pdl_error_t *err)
+/* A new instance's memory and names, before any part of it starts; NULL when out of memory. */
+static pdl_instance_t *instance_new(const pdl_instance_config_t *cfg)
 {
-    if (cfg == NULL || inst_out == NULL)
-        return pdl_error_set(err, PDL_ERR_INVALID, "instance: no config");
-    pdl_status_t st = validate_config(cfg, err);
-    if (st != PDL_OK)
-        return st;
-    warn_ephemeral_ports(cfg);
     pdl_instance_t *inst = calloc(1, sizeof(*inst));
     if (inst == NULL)
-        return pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory");
+        return NULL;
     inst->cfg = *cfg;
     snprintf(inst->attn_backend, sizeof(inst->attn_backend), "%s",
              cfg->attn_backend_name ? cfg->attn_backend_name : "pdlink");
@@ -173,36 +168,42 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     if (pdl_wire_format_zmq_address(&za, inst->zmq_address, sizeof(inst->zmq_address)) < 0)
         snprintf(inst->zmq_address, sizeof(inst->zmq_address), "host:%s,handshake:%d,notify:%d", cfg->conn.host_ip,
                  cfg->conn.handshake_port, cfg->conn.notify_port);
+    return inst;
+}
 
-    /* external_blocks: the caller (vLLM's scheduler) owns the ids; inst->blocks stays NULL. */
-    st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
-    if (st == PDL_OK)
-        st = pdl__held_init(inst, err);
-    if (st == PDL_OK)
-        st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
-    if (st == PDL_OK)
-        st = pdl__authmode_load(inst, err);
-    if (st != PDL_OK)
-        goto fail;
-    inst->ranks = calloc((size_t)inst->tp, sizeof(pdl_rank_t));
-    inst->zctx = zmq_ctx_new();
-    if (inst->ranks == NULL || inst->zctx == NULL) {
-        st = pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (ranks or zmq context)");
-        goto fail;
-    }
+/* Free an instance whose ranks were never allocated (nothing started: no lane, no thread). */
+static void instance_free_unstarted(pdl_instance_t *inst)
+{
+    if (inst->zctx)
+        zmq_ctx_term(inst->zctx);
+    pdl__blockalloc_destroy(inst->blocks);
+    pdl__held_free_all(inst);
+    pdl__cidrs_free(&inst->trusted);
+    pdl__authmode_free(inst);
+    pthread_mutex_destroy(&inst->held_mu);
+    pthread_mutex_destroy(&inst->cb_mu);
+    pthread_mutex_destroy(&inst->push_mu);
+    pthread_cond_destroy(&inst->push_cv);
+    free(inst);
+}
+
+/* Every local rank: its lanes, memory, ROUTERs, engine, then its service thread. On failure the ranks
+ * initialised (even partially) are torn down by destroy, the later ones' locks are initialised so
+ * destroy may take them. */
+static pdl_status_t start_ranks(pdl_instance_t *inst, pdl_error_t *err)
+{
     /* Lanes first, for every rank: they start no thread until a transfer needs one, and the service
      * threads (started below) sweep them from their first tick; destroy stops them on every rank. */
     PDL_FOR_LOCAL(inst, i) {
         pdl__reader_start(&inst->ranks[i]);
         pdl__writer_start(&inst->ranks[i]);
     }
-    st = pdl__authmode_start(inst, err); /* the ZAP handler, before any ROUTER can accept */
+    pdl_status_t st = pdl__authmode_start(inst, err); /* the ZAP handler, before any ROUTER can accept */
     if (st != PDL_OK) {
         PDL_FOR_LOCAL(inst, j)
             pdl__rank_init_locks(&inst->ranks[j]);
-        goto fail;
+        return st;
     }
-    /* Ranks that were initialised (even partially) are torn down by destroy; later ones are zero. */
     PDL_FOR_LOCAL(inst, i) {
         /* The rank's ROUTERs are bound before its engine picks a data port (rank.c, "Ports"). */
         st = pdl__rank_init(inst, &inst->ranks[i], i, err);
@@ -213,17 +214,20 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
         if (st != PDL_OK) {
             for (int j = i + 1; j < inst->hi; j++)
                 pdl__rank_init_locks(&inst->ranks[j]);
-            goto fail;
+            return st;
         }
     }
     PDL_FOR_LOCAL(inst, i) {
         st = pdl__service_start(&inst->ranks[i], err);
         if (st != PDL_OK)
-            goto fail;
+            return st;
     }
-    st = pdl__prewarm_start(inst, err); /* connects in the background: start-up never waits for a peer */
-    if (st != PDL_OK)
-        goto fail;
+    return PDL_OK;
+}
+
+static void log_started(const pdl_instance_t *inst)
+{
+    const pdl_instance_config_t *cfg = &inst->cfg;
     char ranks[48] = "every rank";
     if (cfg->local_rank >= 0)
         snprintf(ranks, sizeof(ranks), "rank %d only", cfg->local_rank);
@@ -234,25 +238,50 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
              inst->ranks[inst->lo].notify_port, inst->ranks[inst->hi - 1].notify_port,
              pdl_backend_name(cfg->conn.backend), cfg->num_blocks, cfg->external_blocks ? " (caller-owned ids)" : "",
              cfg->model.num_layers);
-    *inst_out = inst;
-    return PDL_OK;
-fail:
-    if (inst->ranks == NULL) { /* no lanes were initialised */
-        if (inst->zctx)
-            zmq_ctx_term(inst->zctx);
-        pdl__blockalloc_destroy(inst->blocks);
-        pdl__held_free_all(inst);
-        pdl__cidrs_free(&inst->trusted);
-        pdl__authmode_free(inst);
-        pthread_mutex_destroy(&inst->held_mu);
-        pthread_mutex_destroy(&inst->cb_mu);
-        pthread_mutex_destroy(&inst->push_mu);
-        pthread_cond_destroy(&inst->push_cv);
-        free(inst);
+}
+
+pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_t **inst_out, pdl_error_t *err)
+{
+    if (cfg == NULL || inst_out == NULL)
+        return pdl_error_set(err, PDL_ERR_INVALID, "instance: no config");
+    pdl_status_t st = validate_config(cfg, err);
+    if (st != PDL_OK)
+        return st;
+    warn_ephemeral_ports(cfg);
+    pdl_instance_t *inst = instance_new(cfg);
+    if (inst == NULL)
+        return pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory");
+    /* external_blocks: the caller (vLLM's scheduler) owns the ids; inst->blocks stays NULL. */
+    st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
+    if (st == PDL_OK)
+        st = pdl__held_init(inst, err);
+    if (st == PDL_OK)
+        st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
+    if (st == PDL_OK)
+        st = pdl__authmode_load(inst, err);
+    if (st == PDL_OK) {
+        inst->ranks = calloc((size_t)inst->tp, sizeof(pdl_rank_t));
+        inst->zctx = zmq_ctx_new();
+        if (inst->ranks == NULL || inst->zctx == NULL) {
+            free(inst->ranks);
+            inst->ranks = NULL;
+            st = pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (ranks or zmq context)");
+        }
+    }
+    if (st != PDL_OK) {
+        instance_free_unstarted(inst);
         return st;
     }
-    pdl_instance_destroy(inst);
-    return st;
+    st = start_ranks(inst, err);
+    if (st == PDL_OK)
+        st = pdl__prewarm_start(inst, err); /* connects in the background: start-up never waits for a peer */
+    if (st != PDL_OK) {
+        pdl_instance_destroy(inst);
+        return st;
+    }
+    log_started(inst);
+    *inst_out = inst;
+    return PDL_OK;
 }
 
 /* ---- accessors -------------------------------------------------------------------------------- */

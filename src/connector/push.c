@@ -484,17 +484,19 @@ static int park_make_room(pdl_instance_t *inst, const char *sender, size_t bytes
     return -1;
 }
 
-void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
+/* A remote_blocks fit to act on: for a producer, a transfer id, a decode DP rank, no more ids than
+ * num_blocks, a consumer TP that fits ours (*said_tp, 0 when absent). Else counted and false. */
+static bool remote_blocks_vet(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender, int *said_tp)
 {
     pdl_instance_t *inst = r->inst;
     if (inst->cfg.conn.role != PDL_ROLE_PRODUCER || msg->transfer_id[0] == '\0' || msg->decode_rank < 0 ||
         msg->decode_rank > 65535) {
         pdl__ctr_drop(r, PDL_DROP_NOTIFY_UNSUPPORTED, "remote_blocks for transfer '%s' (req %s): %s",
-                             msg->transfer_id, msg->req_id,
-                             inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer"
-                             : msg->transfer_id[0] == '\0'            ? "no transfer_id"
-                                                                      : "decode_rank out of range");
-        return;
+                      msg->transfer_id, msg->req_id,
+                      inst->cfg.conn.role != PDL_ROLE_PRODUCER ? "this instance is a consumer"
+                      : msg->transfer_id[0] == '\0'            ? "no transfer_id"
+                                                               : "decode_rank out of range");
+        return false;
     }
     if (msg->num_blocks > inst->cfg.num_blocks) {
         /* No push holds more blocks than the instance has; the ids themselves are the consumer's, checked
@@ -503,102 +505,121 @@ void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char 
                         "refused remote_blocks for transfer %.100s from %s: %zu block ids, more than num_blocks %u",
                         msg->transfer_id, sender ? sender : "an unknown address", msg->num_blocks,
                         inst->cfg.num_blocks);
-        return;
+        return false;
     }
     PDL_CTR_ADD(r, remote_blocks_received, 1);
-    int said_tp = 0;
+    *said_tp = 0;
     if (msg->consumer_tp_rank >= 0) {
         int dummy;
         if (msg->consumer_tp_size > PDL_TOPO_MAX_TP ||
             pdl_topo_map_rank(0, inst->tp, (int)msg->consumer_tp_size, &dummy, NULL) != PDL_OK) {
             pdl__ctr_drop(r, PDL_DROP_NOTIFY_FANIN, "remote_blocks for %s: consumer_tp_size %" PRId64
-                                 " does not fit producer TP %d", msg->transfer_id, msg->consumer_tp_size, inst->tp);
-            return;
+                          " does not fit producer TP %d", msg->transfer_id, msg->consumer_tp_size, inst->tp);
+            return false;
         }
-        said_tp = (int)msg->consumer_tp_size;
+        *said_tp = (int)msg->consumer_tp_size;
     }
+    return true;
+}
+
+/* What a remote_blocks comes to, decided under push_mu and acted on after it. */
+typedef enum { RB_DROPPED, RB_REFUSED, RB_WRITE, RB_GIVEN_UP, RB_PARKED } rb_kind_t;
+
+typedef struct rb_verdict {
+    rb_kind_t kind;
+    push_job_t *job;     /* RB_WRITE: the share to queue (owns the blocks) */
+    given_up_t gu;       /* RB_GIVEN_UP: where the failed write_done goes */
+    char expected[64];   /* RB_REFUSED: the push's consumer host */
+    int evicted;         /* parked entries evicted to make room */
+} rb_verdict_t;
+
+/* Park blocks[n] under key until the push comes; false when the park has no room for it. */
+static bool park_remote_blocks(pdl_instance_t *inst, pdl_rank_t *r, const pdl_msg_t *msg, const char *sender,
+                               const char *key, uint32_t *blocks, int said_tp, rb_verdict_t *v)
+{
+    if (pdl__strmap_get(&inst->parked, key) != NULL ||
+        (v->evicted = park_make_room(inst, sender ? sender : "", msg->num_blocks * sizeof(uint32_t))) < 0)
+        return false;
+    pdl_parked_t *k = calloc(1, sizeof(*k));
+    if (k == NULL)
+        return false;
+    *k = (pdl_parked_t){.blocks = blocks, .n = msg->num_blocks, .decode_dp = (int)msg->decode_rank,
+                        .said_tp = said_tp, .rank = r->rank, .at_ns = pdl__clock_now_ns()};
+    snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : "");
+    if (pdl__strmap_put(&inst->parked, key, k) == 0)
+        return true;
+    free(k);
+    return false;
+}
+
+/* Under push_mu: the verdict on rank r's remote_blocks (blocks: a copy of its ids, taken by a job or
+ * the park). */
+static void remote_blocks_decide(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender, uint32_t *blocks,
+                                 int said_tp, rb_verdict_t *v)
+{
+    pdl_instance_t *inst = r->inst;
+    char key[PDL_PARK_KEY_MAX];
+    pdl__park_key(key, r->rank, msg->transfer_id);
+    pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
+    pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
+    v->kind = RB_DROPPED;
+    if (given != NULL && !pdl__sent_by(sender, given->host_ip)) {
+        /* The push names its consumer: a list from another host would make us write the KV into blocks
+         * the consumer never offered, and send it write_done for them. */
+        v->kind = RB_REFUSED;
+        snprintf(v->expected, sizeof(v->expected), "%s", given->host_ip);
+    } else if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
+        v->kind = RB_GIVEN_UP;
+        snprintf(v->gu.host, sizeof(v->gu.host), "%s", given->host);
+        v->gu.notify_base = given->notify_base;
+        v->gu.consumer_tp = said_tp > 0 ? said_tp : given->consumer_tp;
+    } else if (p != NULL && p->state[r->rank] == RS_WAITING) {
+        v->job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank, said_tp);
+        if (v->job != NULL) {
+            p->state[r->rank] = RS_STARTED;
+            v->kind = RB_WRITE;
+        }
+    } else if (given == NULL && park_remote_blocks(inst, r, msg, sender, key, blocks, said_tp, v)) {
+        v->kind = RB_PARKED; /* else: a duplicate for a rank that wrote, or the park is full */
+    }
+}
+
+void pdl__push_on_remote_blocks(pdl_rank_t *r, const pdl_msg_t *msg, const char *sender)
+{
+    pdl_instance_t *inst = r->inst;
+    int said_tp = 0;
+    if (!remote_blocks_vet(r, msg, sender, &said_tp))
+        return;
     uint32_t *blocks = malloc(msg->num_blocks * sizeof(uint32_t));
     if (blocks == NULL)
         return;
     memcpy(blocks, msg->block_ids, msg->num_blocks * sizeof(uint32_t));
-    push_job_t *job = NULL;
-    bool dropped = false, parked = false;
-    char key[PDL_PARK_KEY_MAX];
-    pdl__park_key(key, r->rank, msg->transfer_id);
-    given_up_t gu = {.consumer_tp = 0};
-    char expected[64] = "";
-    int evicted = 0;
+    rb_verdict_t v = {.kind = RB_DROPPED};
     pthread_mutex_lock(&inst->push_mu);
-    pdl_push_t *p = pdl__strmap_get(&inst->pushes, msg->transfer_id);
-    pdl_push_t *given = p != NULL ? p : tomb_find(inst, msg->transfer_id);
-    if (given != NULL && !pdl__sent_by(sender, given->host_ip)) {
-        /* The push names its consumer: a list from another host would make us write the KV into blocks
-         * the consumer never offered, and send it write_done for them. */
-        snprintf(expected, sizeof(expected), "%s", given->host_ip);
-    } else if (given != NULL && given->state[r->rank] == RS_EXPIRED) {
-        snprintf(gu.host, sizeof(gu.host), "%s", given->host);
-        gu.notify_base = given->notify_base;
-        gu.consumer_tp = said_tp > 0 ? said_tp : given->consumer_tp;
-    } else if (p != NULL) {
-        if (p->state[r->rank] == RS_WAITING) {
-            job = job_new(p, blocks, msg->num_blocks, (int)msg->decode_rank, said_tp);
-            if (job != NULL)
-                p->state[r->rank] = RS_STARTED;
-        }
-        dropped = job == NULL;
-    } else if (given != NULL) {
-        dropped = true; /* a duplicate for a rank that wrote */
-    } else if (pdl__strmap_get(&inst->parked, key) == NULL &&
-               (evicted = park_make_room(inst, sender ? sender : "", msg->num_blocks * sizeof(uint32_t))) >= 0) {
-        pdl_parked_t *k = calloc(1, sizeof(*k));
-        if (k != NULL) {
-            k->blocks = blocks;
-            k->n = msg->num_blocks;
-            k->decode_dp = (int)msg->decode_rank;
-            k->said_tp = said_tp;
-            snprintf(k->sender, sizeof(k->sender), "%s", sender ? sender : "");
-            k->rank = r->rank;
-            k->at_ns = pdl__clock_now_ns();
-            if (pdl__strmap_put(&inst->parked, key, k) == 0)
-                parked = true;
-            else
-                free(k);
-        }
-        dropped = !parked;
-    } else {
-        dropped = true;
-    }
+    remote_blocks_decide(r, msg, sender, blocks, said_tp, &v);
     pthread_mutex_unlock(&inst->push_mu);
-    if (evicted > 0) {
-        PDL_CTR_ADD(r, remote_blocks_evicted, (uint64_t)evicted);
+    if (v.evicted > 0) {
+        PDL_CTR_ADD(r, remote_blocks_evicted, (uint64_t)v.evicted);
         pdl_debug("rank %d: park table full: %d parked entries of the host holding most of it evicted", r->rank,
-                  evicted);
+                  v.evicted);
     }
-    if (expected[0] != '\0') {
+    if (v.kind != RB_WRITE && v.kind != RB_PARKED)
         free(blocks);
-        PDL_CTR_REFUSED(r, remote_blocks_refused,
-                        "refused remote_blocks for push %.100s from %s: its consumer is %s", msg->transfer_id,
-                        sender, expected);
-        return;
-    }
-    if (job != NULL) {
-        enqueue_job(r, job);
-        return;
-    }
-    if (gu.consumer_tp > 0) {
-        free(blocks);
-        answer_given_up(r, msg, &gu);
-        return;
-    }
-    if (parked) {
+    switch (v.kind) {
+    case RB_REFUSED:
+        PDL_CTR_REFUSED(r, remote_blocks_refused, "refused remote_blocks for push %.100s from %s: its consumer is %s",
+                        msg->transfer_id, sender, v.expected);
+        break;
+    case RB_WRITE: enqueue_job(r, v.job); break;
+    case RB_GIVEN_UP: answer_given_up(r, msg, &v.gu); break;
+    case RB_PARKED:
         PDL_CTR_ADD(r, remote_blocks_parked, 1);
         pdl_debug("rank %d: remote_blocks for %s parked until its push", r->rank, msg->transfer_id);
-        return;
-    }
-    free(blocks);
-    if (dropped) {
+        break;
+    case RB_DROPPED:
         PDL_CTR_ADD(r, remote_blocks_dropped, 1);
         pdl_debug("rank %d: remote_blocks for %s dropped (duplicate or park full)", r->rank, msg->transfer_id);
+        break;
     }
 }
 
