@@ -357,8 +357,11 @@ bool pdl_session_broken(pdl_session_t *session);
  * useless (the region's bounds are checked first). PDL_ERR_INVALID (NULL argument, bad name or ops,
  * n == 0, an empty or wrapping range), PDL_ERR_BAD_STATE (a grant of that name exists), PDL_ERR_NOMEM.
  *
- * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, a tcp request being
- * served finishes, a shm copy under way fails. PDL_ERR_NOT_FOUND when no grant has that name (not logged: the caller decides).
+ * pdl_engine_revoke: forget the grant; requests arriving afterwards are refused, and it returns only
+ * once no byte moves under the grant any more: a tcp request being served stops at its next step (a
+ * WRITE's remaining payload is drained and refused, a READ's connection is cut once its header went
+ * out), a shm copy under way fails. ucx is not fenced yet (docs/reliability.md). PDL_ERR_NOT_FOUND when
+ * no grant has that name (not logged: the caller decides).
  */
 /*
  * pdl_engine_grant_peer: the numeric address of the host the grant was first served to ("" while

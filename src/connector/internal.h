@@ -8,21 +8,25 @@
  *     ├─> rank.c      a rank's memory: engine, KV region, geometry, handshake payloads (pdl_rank_mem_t);
  *     │               binds the rank's ROUTERs (service.c) before the engine picks its data port
  *     ├─> service.c   the service thread: handshake/notify ROUTERs, ping, reapers (pdl_rank_svc_t)
- *     │     ├─> push.c       WRITE producer: remote_blocks and abandons
- *     │     ├─> push_recv.c  WRITE consumer: write_done
- *     │     ├─> push_park.c  the WRITE reaper (both roles, and the park they share)
- *     │     └─> held.c
- *     ├─> pull.c      READ mode, consumer: pdl_instance_pull and the reader (pdl_xfer_side_t)
- *     ├─> push.c      WRITE mode, producer: pdl_instance_push and the writer (pdl_xfer_side_t)
- *     └─> push_recv.c WRITE mode, consumer: pdl_instance_expect_push and its wait (pdl_recv_t)
- *   push.c, push_recv.c ─> push_park.c  what both WRITE roles share (push.h): the park of messages that came
- *                       before their push or receive, the sender check, abandon and destroy
- *   pull.c, push.c ─> xfer.c      ONE transfer executor for both directions
- *                         └─> peer.c  the per-side peer cache ─> prewarm.c ─> handshake.c; and
- *                                      peer.c ─> handshake.c (the handshake client)
- *   push.c ─> held.c    held transfers, recorded once per instance, and instance events; the only
- *                       door to the held-transfer table (fanin.c: per transfer id one record with its
- *                       blocks, pdl_held_t, and every rank's release fan-in and lease)
+ *     │     ├─> push.c, push_recv.c  WRITE messages: remote_blocks / write_done
+ *     │     ├─> roles.c              the WRITE reaper
+ *     │     └─> held.c, watch.c
+ *     └─> roles.c     WRITE destroy
+ *   the four roles, thin modules on the core below:
+ *     held.c       READ producer: holds (the only door to the held-transfer table, fanin.c: per
+ *                  transfer id one record with its blocks and every rank's fan-in and lease), events
+ *     pull.c       READ consumer: pdl_instance_pull and the reader (pdl_xfer_side_t)
+ *     push.c       WRITE producer: pdl_instance_push and the writer; its pushes are held transfers (held.c)
+ *     push_recv.c  WRITE consumer: pdl_instance_expect_push and its wait (pdl_recv_t)
+ *   roles.c ─> pull.c, push.c, push_recv.c, push_park.c  which role serves pdl_instance_abandon, the WRITE
+ *                       reaper and destroy (a table by mode x role)
+ *   push.c, push_recv.c ─> push_park.c  the park of WRITE messages that came before their push or receive
+ *   the core every role uses, one way:
+ *     resolve.c   params / request id -> a vetted peer address (pdl_peer_addr_t; resolve.h)
+ *     notify.c    one control message to a rank group's notify ports (notify.h) ─> sender.c
+ *     xfer.c      ONE transfer executor for both directions ─> peer.c (the per-side peer cache)
+ *                   ─> prewarm.c ─> handshake.c; and peer.c ─> handshake.c (the handshake client)
+ *     budget.c    every socket toward a peer, by share (budget.h): sender.c, handshake.c, watch.c
  *   everyone ─> sender.c  DEALER caches, "tcp://" endpoints, the service thread's outbound queue
  *   everyone ─> counters.c per-rank counters and the rate-limited drop log (pdl_rank_ctr_t)
  *   prewarm.c   background handshakes of a READ decode or a WRITE prefill (pdl_prewarm_t) ─> handshake.c;

@@ -3,7 +3,7 @@
  * (producer, consumer). pdl_instance_abandon goes to the role that gives a transfer up -- a READ decode
  * (pull.c: failed releases on its lanes), a WRITE decode (push_recv.c: failed releases), a WRITE
  * prefill (push.c: failed write_done) --, and WRITE mode's reaper and destroy to both of its roles and
- * the park they share (push_park.c). The role files never call each other; they meet here.
+ * the park they share (push_park.c). So the role files need not call each other; they meet here.
  */
 #include <pthread.h>
 
