@@ -133,6 +133,10 @@ bool pdl_connector_config_key(size_t i, pdl_connector_config_key_t *key);
  * the value); cfg is then partly filled and must not be used.
  */
 pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
+/* Same, but an unknown kv_connector_extra_config key (one that is neither in pdl_connector_config_key's
+ * table nor accepted-and-ignored) is an error, PDL_ERR_INVALID, naming the key and the nearest known one
+ * ("did you mean"). What a process runs before it starts anything (vLLM's scheduler, pdlink check-config). */
+pdl_status_t pdl_connector_config_check(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
 /* Same, for the kv_connector_extra_config object alone, given as JSON text; cfg is NOT reset first and
  * cfg->role is left as is. Fails like pdl_connector_config_parse. */
 pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connector_config_t *cfg, pdl_error_t *err);

@@ -9,5 +9,6 @@
 int pdl_cli_plan(int argc, char **argv);
 int pdl_cli_bench(int argc, char **argv);
 int pdl_cli_run(int argc, char **argv);
+int pdl_cli_check_config(int argc, char **argv);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * main.c -- the `pdlink` program: its own options (one table, app/optab.h), then the sub-command
- * (plan, bench, run) named by the first positional argument, which gets the rest of argv.
+ * (plan, bench, run, check-config) named by the first positional argument, which gets the rest of argv.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -20,6 +20,7 @@ static const struct {
     {"run", pdl_cli_run, "run a local P/D cluster per topology, drive a workload, verify every byte"},
     {"plan", pdl_cli_plan, "explain how KV moves between prefill and decode ranks for a topology"},
     {"bench", pdl_cli_bench, "measure the transfer engine against this machine's own ceilings"},
+    {"check-config", pdl_cli_check_config, "validate a --kv-transfer-config JSON without starting anything"},
 };
 
 /* The program's options hold nothing: each row acts at once. */
@@ -51,7 +52,7 @@ static void help_commands(FILE *f)
 {
     fprintf(f, "\ncommands:\n");
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        fprintf(f, "  %-6s %s\n", commands[i].name, commands[i].summary);
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\n`pdlink COMMAND --help` describes a command. Logs go to stderr; PDLINK_LOG_LEVEL sets the\n"
                "level too, and --log-level wins over it.\n");
 }

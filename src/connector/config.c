@@ -493,7 +493,67 @@ static const key_row_t *row_find(const char *name)
 /* Keys upstream or its deployments use that pdlink accepts and ignores without a warning. */
 static const char *const k_known_ignored[] = {"recv_abort_timeout", "allow_full_cudagraph", "trusted_remote_hosts", NULL};
 
-static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_t *cfg, pdl_error_t *err)
+/* Levenshtein distance of a and b; a name of 64 bytes or more is "far" (64): no key is that long. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), prev[64], cur[64];
+    if (la >= 64 || lb >= 64)
+        return 64;
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]), del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(prev));
+    }
+    return prev[lb];
+}
+
+/* The key (of the table or the known-ignored list) nearest to an unknown one, or NULL when none is near
+ * enough to be what was meant: at most a third of its letters changed, and at least 1 allowed. */
+static const char *nearest_key(const char *unknown)
+{
+    const char *best = NULL;
+    size_t best_d = strlen(unknown) / 3 + 1;
+    for (size_t i = 0; i < NROWS; i++) {
+        size_t d = edit_distance(unknown, k_rows[i].name);
+        if (d < best_d)
+            best = k_rows[i].name, best_d = d;
+    }
+    for (int i = 0; k_known_ignored[i]; i++) {
+        size_t d = edit_distance(unknown, k_known_ignored[i]);
+        if (d < best_d)
+            best = k_known_ignored[i], best_d = d;
+    }
+    return best;
+}
+
+/* An unknown key: a warning for the lenient parsers (a running pdlink-node keeps its old behaviour), an
+ * error with the nearest key for the strict one (pdl_connector_config_check), which runs before anything
+ * is started so a typo cannot silently become a default. */
+static pdl_status_t unknown_key(const char *key, bool strict, pdl_error_t *err)
+{
+    for (int i = 0; k_known_ignored[i]; i++)
+        if (strcmp(k_known_ignored[i], key) == 0) {
+            pdl_info("kv_connector_extra_config.%s: accepted and ignored by pdlink", key);
+            return PDL_OK;
+        }
+    if (!strict) {
+        pdl_warn("kv_connector_extra_config: unknown key \"%s\" ignored", key);
+        return PDL_OK;
+    }
+    const char *near = nearest_key(key);
+    if (near)
+        return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config: unknown key \"%.80s\" (did you mean \"%s\"?)",
+                             key, near);
+    return pdl_error_set(err, PDL_ERR_INVALID,
+                         "kv_connector_extra_config: unknown key \"%.80s\" (pdlink-node --help-config lists the keys)", key);
+}
+
+static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_t *cfg, bool strict, pdl_error_t *err)
 {
     if (cfg == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "kv_connector_extra_config: no output");
@@ -505,17 +565,7 @@ static pdl_status_t config_from_extra(const json_t *extra, pdl_connector_config_
     json_t *v;
     json_object_foreach((json_t *)extra, key, v) {
         const key_row_t *row = row_find(key);
-        if (row == NULL) {
-            bool ignored = false;
-            for (int i = 0; k_known_ignored[i]; i++)
-                ignored |= strcmp(k_known_ignored[i], key) == 0;
-            if (ignored)
-                pdl_info("kv_connector_extra_config.%s: accepted and ignored by pdlink", key);
-            else
-                pdl_warn("kv_connector_extra_config: unknown key \"%s\" ignored", key);
-            continue;
-        }
-        pdl_status_t st = row->type->parse(row, v, cfg, err);
+        pdl_status_t st = row ? row->type->parse(row, v, cfg, err) : unknown_key(key, strict, err);
         if (st != PDL_OK)
             return st;
     }
@@ -530,7 +580,7 @@ pdl_status_t pdl_connector_config_from_extra(const char *extra_json, pdl_connect
     json_t *extra = json_loads(extra_json, 0, &je);
     if (extra == NULL)
         return pdl_error_set(err, PDL_ERR_PARSE, "kv_connector_extra_config: not JSON: %s (line %d)", je.text, je.line);
-    pdl_status_t st = config_from_extra(extra, cfg, err);
+    pdl_status_t st = config_from_extra(extra, cfg, false, err);
     json_decref(extra);
     return st;
 }
@@ -542,7 +592,7 @@ static const char *const k_transfer_keys[] = {"kv_connector",  "kv_role",       
                                               "engine_id",     "kv_connector_module_path", "kv_load_failure_policy",
                                               NULL};
 
-pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err)
+static pdl_status_t config_parse(const char *json_text, pdl_connector_config_t *cfg, bool strict, pdl_error_t *err)
 {
     if (json_text == NULL || cfg == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "kv-transfer-config: no input");
@@ -596,10 +646,20 @@ pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_con
             goto out;
         }
     }
-    st = config_from_extra(json_object_get(root, "kv_connector_extra_config"), cfg, err);
+    st = config_from_extra(json_object_get(root, "kv_connector_extra_config"), cfg, strict, err);
 out:
     json_decref(root);
     return st;
+}
+
+pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    return config_parse(json_text, cfg, false, err);
+}
+
+pdl_status_t pdl_connector_config_check(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err)
+{
+    return config_parse(json_text, cfg, true, err);
 }
 
 /* A whole decimal number in [lo, hi] from [s, end); false for anything else (sign, junk, empty). */

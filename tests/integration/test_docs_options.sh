@@ -74,6 +74,7 @@ check() {
 
 check "pdlink plan" docs/plan.md "^" "$PDLINK" plan
 check "pdlink run" docs/run.md "^## Options$" "$PDLINK" run
+check "pdlink check-config" docs/check-config.md "^" "$PDLINK" check-config
 check "pdlink bench" docs/engine.md '^## `pdlink bench`$' "$PDLINK" bench
 check "pdlink bench --connector" docs/connector.md '^## `pdlink bench --connector`$' "$PDLINK" bench --connector
 check "pdlink-node" docs/node.md "^## Command line$" "$NODE"
