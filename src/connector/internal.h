@@ -334,9 +334,6 @@ typedef struct pdl_xfer_times {
  * transfer_timeout), or the gate's. */
 pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_t *x, uint64_t *bytes,
                            uint64_t *descs, pdl_xfer_times_t *times, bool *verified, pdl_error_t *err);
-/* Has a handshake with the instance of `addr` succeeded on rank r's lanes `l` (its own lane, not one
- * shared by hash)? Any thread. */
-bool pdl__xfer_verified(pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr);
 /* Lanes: init (no thread yet) / the lane for remote instance `addr`, started on first use (beyond
  * PDL_XFER_MAX_LANES remote instances, lanes are shared by hash) -- NULL with err set when its thread
  * cannot start or the rank is stopping / queue the service thread's idle-DEALER sweep on every lane /

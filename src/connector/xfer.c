@@ -338,17 +338,6 @@ pdl_status_t pdl__xfer_run(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_xfer_
     return st;
 }
 
-bool pdl__xfer_verified(pdl_xfer_lanes_t *l, const pdl_peer_addr_t *addr)
-{
-    char key[sizeof(((pdl_xfer_side_t *)0)->key)];
-    snprintf(key, sizeof(key), "%s|%d", addr->engine_id, addr->dp);
-    pthread_mutex_lock(&l->mu);
-    const pdl_xfer_side_t *side = l->stopped ? NULL : pdl__strmap_get(&l->map, key);
-    bool v = side != NULL && atomic_load(&side->verified);
-    pthread_mutex_unlock(&l->mu);
-    return v;
-}
-
 /* ---- lanes ------------------------------------------------------------------------------------ */
 
 /* The slice a lane's thread asks for (see the top of the file); the kernel accepts 0.1-100 ms. */
