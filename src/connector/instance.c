@@ -109,6 +109,7 @@ void pdl_instance_destroy(pdl_instance_t *inst)
         pdl__reader_stop(&inst->ranks[i]);
         pdl__writer_stop(&inst->ranks[i]);
     }
+    pdl__prewarm_free(inst); /* the lanes asked it until they stopped */
     PDL_FOR_LOCAL(inst, i) {
         pdl__service_stop(&inst->ranks[i]);
         pdl__xfer_lanes_fini(&inst->ranks[i].readers);

@@ -224,8 +224,10 @@ typedef struct pdl_prewarm pdl_prewarm_t;
  * and every function below then does nothing. PDL_ERR_NOMEM or PDL_ERR_SYSTEM (no thread); an unusable prewarm_peers entry is logged and skipped, never fatal. */
 pdl_status_t pdl__prewarm_start(pdl_instance_t *inst, pdl_error_t *err);
 /* Stop the thread (waits for a handshake in progress, at most handshake_timeout) and free the peers
- * nobody took. Before the ranks' engines and the ZeroMQ context go. */
+ * nobody took; lanes still running get nothing from it after this. Before the ranks' engines and the
+ * ZeroMQ context go. Free it once the lanes stopped. */
 void pdl__prewarm_stop(pdl_instance_t *inst);
+void pdl__prewarm_free(pdl_instance_t *inst);
 /* A lane's cache miss for `key` (rank of addr) on rank r: the prewarmed peer (now the caller's), after
  * waiting for one being connected right now; NULL when there is none, and the prewarm then leaves that
  * key to the lane -- with *st_out (and err) the failure of the attempt the lane waited for, if it

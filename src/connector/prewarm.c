@@ -439,9 +439,21 @@ void pdl__prewarm_stop(pdl_instance_t *inst)
     pthread_cond_broadcast(&pw->cv);
     pthread_mutex_unlock(&pw->mu);
     pthread_join(pw->thread, NULL);
-    for (size_t i = 0; i < pw->n; i++)
+    /* Lanes may still ask (they stop after us): they take nothing from now on. */
+    pthread_mutex_lock(&pw->mu);
+    for (size_t i = 0; i < pw->n; i++) {
         if (pw->v[i].peer != NULL)
             pdl__peer_free(&inst->ranks[pw->v[i].rank], pw->v[i].peer);
+        pw->v[i].peer = NULL;
+    }
+    pthread_mutex_unlock(&pw->mu);
+}
+
+void pdl__prewarm_free(pdl_instance_t *inst)
+{
+    pdl_prewarm_t *pw = inst->prewarm;
+    if (pw == NULL)
+        return;
     pdl__health_fini(&pw->health);
     pthread_cond_destroy(&pw->cv);
     pthread_mutex_destroy(&pw->mu);
@@ -461,6 +473,10 @@ pdl_peer_t *pdl__prewarm_take(pdl_rank_t *r, const pdl_peer_addr_t *addr, const 
     pdl_peer_t *p = NULL;
     bool waited = false;
     pthread_mutex_lock(&pw->mu);
+    if (pw->stop) {
+        pthread_mutex_unlock(&pw->mu);
+        return NULL;
+    }
     /* A remote instance first seen: queue its other pairs now, before this lane connects its own, so
      * that every pair is connected by exactly one party (whoever moves it out of PENDING under mu). */
     if (addr->role == pw->remote_role && find_remote(pw, addr) < 0) {
