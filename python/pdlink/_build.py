@@ -107,6 +107,7 @@ typedef struct pdl_connector_config {
     ...;
 } pdl_connector_config_t;
 pdl_status_t pdl_connector_config_parse(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
+pdl_status_t pdl_connector_config_check(const char *json_text, pdl_connector_config_t *cfg, pdl_error_t *err);
 
 typedef struct pdl_model_geometry {
     int num_layers; int total_kv_heads; int head_dim; int elem_size; int block_size; bool is_mla;

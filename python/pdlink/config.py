@@ -44,15 +44,18 @@ class Geometry:
     kv_fused: bool = False
 
 
-def connector_config(config: JsonConfig) -> Dict[str, Any]:
+def connector_config(config: JsonConfig, *, strict: bool = False) -> Dict[str, Any]:
     """Parse a whole ``--kv-transfer-config`` (a dict or JSON text) with libpdlink's own parser and return
     what it settled on, defaults filled in: ``role`` ("producer"/"consumer"), ``host_ip``, ``proxy_ip``,
     ``proxy_ping_port``, ``http_port``, ``handshake_port``, ``notify_port`` (the bases), ``read_mode``
     and ``backend`` (after "rdma" was mapped). For a process that needs the values without creating an
-    instance (vLLM's scheduler). Raises :class:`InvalidError` naming a bad key or value."""
+    instance (vLLM's scheduler). ``strict``: an unknown ``kv_connector_extra_config`` key is an error
+    naming the nearest known one (``pdl_connector_config_check``, what ``pdlink check-config`` runs)
+    instead of a warning. Raises :class:`InvalidError` naming a bad key or value."""
     c = ffi.new("pdl_connector_config_t *")
     err = new_error()
-    check(lib.pdl_connector_config_parse(json_text(config), c, err), err)
+    parse = lib.pdl_connector_config_check if strict else lib.pdl_connector_config_parse
+    check(parse(json_text(config), c, err), err)
     return {
         "role": "producer" if c.role == lib.PDL_ROLE_PRODUCER else "consumer",
         "host_ip": ffi.string(c.host_ip).decode(),

@@ -69,6 +69,18 @@ class PdlinkConnector(KVConnectorBase_V1):
                                         total_kv_heads=vllm_config.model_config.get_total_num_kv_heads(),
                                         dp_rank=dp_rank, dp_size=dp_size)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: Dict[str, Any]) -> bool:
+        """No: a CUDA cache's pushes go whole after the forward. vLLM asks this while it builds its config
+        (VllmConfig, when CUDA graphs are on), before any process starts or any weights load: the
+        earliest it hands pdlink the extra config, so it is checked here with the strict parser (an
+        unknown key or a bad value raises pdlink.InvalidError naming it). Without CUDA graphs (vLLM for
+        CPU, --enforce-eager) the first check is the connector's creation."""
+        import pdlink
+
+        pdlink.connector_config({"kv_connector_extra_config": dict(extra_config or {})}, strict=True)
+        return False
+
     def _block_ids_of(self, request_id: str) -> Any:
         assert self._kv_cache_manager is not None, "vLLM did not bind its KV cache manager"
         return self._kv_cache_manager.get_block_ids(request_id)[0]

@@ -17,12 +17,12 @@ class Endpoint:
 
 
 def parse_endpoint(config: Mapping[str, Any]) -> Endpoint:
-    """Validate the whole --kv-transfer-config with libpdlink's own parser (so a bad key fails here, in
-    the scheduler, with pdlink's message naming it) and return what the params need. Raises
-    :class:`pdlink.InvalidError`."""
+    """Validate the whole --kv-transfer-config with libpdlink's strict parser (so a bad value or an
+    unknown key fails here, when vLLM creates the connector, with pdlink's message naming it and, for a
+    key, the nearest known one) and return what the params need. Raises :class:`pdlink.InvalidError`."""
     import pdlink
 
-    c = pdlink.connector_config(config)
+    c = pdlink.connector_config(config, strict=True)
     return Endpoint(host=c["host_ip"], handshake_port=c["handshake_port"], notify_port=c["notify_port"],
                     role=c["role"], read_mode=c["read_mode"])
 

@@ -76,7 +76,9 @@ class PdlinkWorker:
         self.dp_size = dp_size
         self.total_kv_heads = total_kv_heads
         self._make_instance = make_instance or pdlink.Instance
-        c = pdlink.connector_config(self.config)
+        # Strict, as the scheduler's (params.parse_endpoint): vLLM creates the workers' connectors first, so
+        # an unknown key must stop here rather than become a default in every rank.
+        c = pdlink.connector_config(self.config, strict=True)
         self.read_mode = bool(c["read_mode"])
         self.role = ROLES[(c["role"], self.read_mode)](tp_rank)
         # Threads pdlink starts (at registration, and a transfer lane at the first pull from a producer)
