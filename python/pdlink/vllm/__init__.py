@@ -21,6 +21,8 @@ pulls; WRITE: the prefill pushes), and forwards every vLLM hook to one small cla
   pdlink's threads' CPUs in :mod:`~pdlink.vllm.affinity`;
 * :mod:`pdlink.vllm.params` -- the endpoint and params computed from the config;
   :mod:`pdlink.vllm.log` -- the logger (vLLM's, as ``vllm.pdlink``);
+* :mod:`pdlink.vllm.stats` -- the transfer figures vLLM's connector stats API carries to its /metrics
+  (``vllm:pdlink_*``);
 * :mod:`pdlink.vllm.connector` -- the ``KVConnectorBase_V1`` subclass vLLM loads, which only adapts
   vLLM's objects to the two halves. Importing it needs vLLM; importing this package does not.
 """

@@ -19,8 +19,10 @@ from typing import Any, Dict, Optional, Set, Tuple
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                 KVConnectorRole, KVConnectorTransferResults)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 from vllm.logger import init_logger
 
+from pdlink.vllm import stats
 from pdlink.vllm.log import LOGGER_NAME
 from pdlink.vllm.params import dp_of
 from pdlink.vllm.plan import StepPlan
@@ -36,6 +38,36 @@ class PdlinkConnectorMetadata(KVConnectorMetadata):
 
     def __init__(self, plan: StepPlan) -> None:
         self.plan = plan
+
+
+class PdlinkKVConnectorStats(KVConnectorStats):
+    """The figures of pdlink.vllm.stats.METRICS (``data``: key -> sum) as vLLM's stats object: a
+    worker's deltas, added up over the workers and the steps of a logging interval."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        self.data = stats.aggregate(self.data, other.data)
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        return stats.reduce(self.data)
+
+    def is_empty(self) -> bool:
+        return stats.is_empty(self.data)
+
+
+class PdlinkPromMetrics(KVConnectorPromMetrics):
+    """``vllm:pdlink_*`` on vLLM's /metrics: one counter per figure (pdlink.vllm.stats.PromCounters)."""
+
+    def __init__(self, vllm_config: Any, metric_types: Dict[Any, Any], labelnames: Any,
+                 per_engine_labelvalues: Dict[int, Any]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters = stats.PromCounters(self._counter_cls, labelnames, per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+        self.counters.observe(transfer_stats_data, engine_idx)
 
 
 def _config_dict(vllm_config: Any) -> Dict[str, Any]:
@@ -109,6 +141,25 @@ class PdlinkConnector(KVConnectorBase_V1):
         return self._sched.request_finished(request, block_ids,
                                             request.status == RequestStatus.FINISHED_LENGTH_CAPPED,
                                             aborted=request.status == RequestStatus.FINISHED_ABORTED)
+
+    # ---- connector stats (vLLM's /metrics) ----------------------------------------------------------------
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        """A worker's figures since its last report; None in the scheduler (it moves no byte) and when
+        nothing changed."""
+        if self._worker is None:
+            return None
+        d = self._worker.transfer_stats()
+        return PdlinkKVConnectorStats(data=d) if d else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional[KVConnectorStats]:
+        return PdlinkKVConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Dict[Any, Any], labelnames: Any,
+                           per_engine_labelvalues: Dict[int, Any]) -> Optional[KVConnectorPromMetrics]:
+        return PdlinkPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- worker side ------------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Set, Tuple, Type
 
 from pdlink.vllm.affinity import thread_cpus, threads_unpinned
 from pdlink.vllm.kvcache import device_kind, kv_region, layer_index
+from pdlink.vllm import stats
 from pdlink.vllm.log import log
 from pdlink.vllm.plan import StepPlan
 from pdlink.vllm.worker_consumer import ReadConsumer, WriteConsumer
@@ -93,6 +94,7 @@ class PdlinkWorker:
         # defer_timeout freed the hold, 60 s later). The pause is the worker's, after it polled, so that
         # planning a step never waits. PDLINK_VLLM_IDLE_STEP_MS overrides; 0 disables.
         self.idle_step_s = float(os.environ.get("PDLINK_VLLM_IDLE_STEP_MS", "10")) / 1000.0
+        self.reported: Dict[str, float] = {}  # the figures get_kv_connector_stats last reported (stats.py)
         self.counters_path: Optional[str] = None
         d = os.environ.get("PDLINK_VLLM_COUNTERS_DIR")
         if d:
@@ -194,6 +196,14 @@ class PdlinkWorker:
         if self.inst is not None:
             out["pdlink"] = self.inst.counters()
         return out
+
+    def transfer_stats(self) -> Dict[str, float]:
+        """What this rank moved since the last call, as vLLM's connector stats report it (the figures of
+        :data:`pdlink.vllm.stats.METRICS`); ``{}`` when nothing changed, so an idle step sends nothing."""
+        now = stats.totals(self.stats, self.inst.counters() if self.inst is not None else {})
+        d = stats.delta(now, self.reported)
+        self.reported = now
+        return {} if stats.is_empty(d) else d
 
     def write_counters(self) -> None:
         assert self.counters_path is not None
