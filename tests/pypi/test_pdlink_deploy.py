@@ -11,7 +11,8 @@ cluster, a container runtime or vLLM allows (docs/deploy.md, "What the checks co
   * deploy/grafana: every metric a PromQL query names is served: pdlink_* and vllm_router_* / pdlink_router_*
     by the # TYPE lines of a running pdlink-node and pdlink-router (suffixes by type: _bucket/_sum/_count of
     a histogram), vllm:* by deploy/grafana/vllm-metrics.txt (vLLM 0.32.0's declarations, compared with
-    vLLM's source when a vLLM venv is at hand).
+    vLLM's source when a vLLM venv is at hand), vllm:pdlink_* by pdlink.vllm.stats.METRICS (what
+    PdlinkConnector reports through vLLM's connector stats).
   * deploy/systemd: `systemd-analyze verify` of the units in a scratch root (a stub vllm, the built
     pdlink-router), strict (any message fails); every variable ExecStart uses is set by the unit's
     EnvironmentFile; the env files' JSON passes pdlink.connector_config and agrees with HOST_IP/HTTP_PORT.
@@ -36,6 +37,7 @@ import yaml
 from kubernetes import client as k8s
 
 import pdlink
+from pdlink.vllm import stats as pdlink_stats
 
 ROOT = os.environ.get("PDLINK_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
 BUILD = os.environ.get("PDLINK_BUILD_DIR") or os.path.join(ROOT, "build")
@@ -352,12 +354,14 @@ def dashboard():
 
 def test_dashboard_queries_name_served_metrics(exported):
     _, vllm = vllm_declared()
+    # PdlinkConnector's own counters on vLLM's /metrics: one per row of pdlink.vllm.stats.METRICS.
+    vllm.update({f"vllm:pdlink_{k}": "counter" for k in pdlink_stats.KEYS})
     vllm_typed = {n + ("_total" if k == "counter" else ""): k for n, k in vllm.items()}
     ours = served_names(exported)
     theirs = served_names(vllm_typed)
     d = dashboard()
     assert d["templating"]["list"][0]["name"] == "datasource"
-    ids, seen = set(), {"pdlink": 0, "router": 0, "vllm": 0}
+    ids, seen = set(), {"pdlink": 0, "router": 0, "vllm": 0, "connector": 0}
     for p in d["panels"]:
         assert p["id"] not in ids
         ids.add(p["id"])
@@ -370,8 +374,9 @@ def test_dashboard_queries_name_served_metrics(exported):
             assert names, f"{p['title']}: no metric in {t['expr']}"
             for n in names:
                 if n.startswith("vllm:"):
-                    assert n in theirs, f"{p['title']}: {n} is not a vLLM 0.32.0 series (vllm-metrics.txt)"
-                    seen["vllm"] += 1
+                    assert n in theirs, (f"{p['title']}: {n} is neither a vLLM 0.32.0 series (vllm-metrics.txt) "
+                                         f"nor a row of pdlink.vllm.stats.METRICS")
+                    seen["connector" if n.startswith("vllm:pdlink_") else "vllm"] += 1
                 else:
                     assert n in ours, f"{p['title']}: {n} is served by neither pdlink-node nor pdlink-router"
                     seen["router" if n.startswith(("vllm_router_", "pdlink_router_")) else "pdlink"] += 1
