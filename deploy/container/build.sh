@@ -2,10 +2,10 @@
 # build.sh -- the container recipes' steps (Containerfile: vLLM + the pdlink wheel; Containerfile.router:
 # pdlink-router), run and checked in a plain shell; the image builds themselves only when asked.
 #
-#   deploy/container/build.sh [--wheel FILE] [--router-build DIR] [--image TAG] [--router-image TAG]
+#   deploy/container/build.sh [--wheel FILE | --dist DIR] [--router-build DIR] [--image TAG] [--router-image TAG]
 #
-#   1. wheel   `make wheel` (scripts/build-wheel) into a scratch dist/, unless --wheel names one; its
-#              platform tag says the glibc the vLLM image needs (manylinux_2_X: glibc 2.X or newer)
+#   1. wheel   `make wheel` (scripts/build-wheel) into --dist DIR (kept) or a scratch folder, unless
+#              --wheel names one; its platform tag says the glibc the vLLM image needs (manylinux_2_X: glibc 2.X or newer)
 #   2. venv    the wheel pip-installed into a throwaway venv (as the Containerfile's RUN does; cffi comes
 #              from PyPI), then check-install.py run by that venv's python from outside the repository
 #   3. router  Containerfile.router's package lists against this repository and a pdlink-router built
@@ -18,14 +18,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 here=$root/deploy/container
-wheel="" router_build=${PDLINK_BUILD_DIR:-$root/build} image="" router_image=""
+wheel="" dist="" router_build=${PDLINK_BUILD_DIR:-$root/build} image="" router_image=""
 while [ $# -gt 0 ]; do
     case $1 in
         --wheel) wheel=$2; shift 2 ;;
+        --dist) dist=$2; shift 2 ;;
         --router-build) router_build=$2; shift 2 ;;
         --image) image=$2; shift 2 ;;
         --router-image) router_image=$2; shift 2 ;;
-        *) echo "usage: $0 [--wheel FILE] [--router-build DIR] [--image TAG] [--router-image TAG]" >&2; exit 2 ;;
+        *) echo "usage: $0 [--wheel FILE | --dist DIR] [--router-build DIR] [--image TAG] [--router-image TAG]" >&2; exit 2 ;;
     esac
 done
 tmp=$(mktemp -d /tmp/pdlink-container.XXXXXX)
@@ -37,9 +38,10 @@ step "1. wheel"
 if [ -z "$wheel" ]; then
     # As `make wheel`: libpdlink compiled by the wheel's own build, not a build tree's (a test's
     # PDLINK_BUILD_DIR may be a Debug or sanitizer build, or older than the sources).
-    env -u PDLINK_BUILD_DIR "$root/scripts/build-wheel" "$tmp/dist" > "$tmp/wheel.log" 2>&1 || { tail -30 "$tmp/wheel.log"; fail "scripts/build-wheel"; }
-    wheel=$(ls "$tmp"/dist/pdlink-*manylinux*.whl 2>/dev/null | head -1)
-    [ -n "$wheel" ] || fail "scripts/build-wheel left no manylinux wheel in $tmp/dist"
+    dist=${dist:-$tmp/dist}
+    env -u PDLINK_BUILD_DIR "$root/scripts/build-wheel" "$dist" > "$tmp/wheel.log" 2>&1 || { tail -30 "$tmp/wheel.log"; fail "scripts/build-wheel"; }
+    wheel=$(ls "$dist"/pdlink-*manylinux*.whl 2>/dev/null | head -1)
+    [ -n "$wheel" ] || fail "scripts/build-wheel left no manylinux wheel in $dist"
 fi
 [ -f "$wheel" ] || fail "no wheel at $wheel"
 glibc=$(basename "$wheel" | sed -nE 's/.*manylinux_([0-9]+)_([0-9]+)_x86_64\.whl$/\1.\2/p')

@@ -2,8 +2,8 @@
 Containerfile after `pip install` and by build.sh in a throwaway venv (never from the source tree).
 
   1. `pdlink` and `pdlink.vllm` import (pdlink.vllm imports nothing from vLLM until vLLM calls it);
-  2. libpdlink's own config parser accepts a producer and a consumer kv-transfer-config of the shape
-     deploy/kubernetes/configmap.yaml uses (auth_key_file is read when an instance starts, not here);
+  2. libpdlink's strict config parser (an unknown key is an error) accepts a producer and a consumer
+     kv-transfer-config of the shape deploy/kubernetes/configmap.yaml uses (auth_key_file is read when an instance starts, not here);
   3. the `vllm.general_plugins` entry point that registers PdlinkConnector is installed.
 Exits non-zero with the failing step named."""
 import importlib.metadata
@@ -23,7 +23,7 @@ for role, hs, nt in (("kv_producer", 6301, 61005), ("kv_consumer", 7301, 7501)):
         "kv_connector_extra_config": {
             "host_ip": "10.0.0.11", "proxy_ip": "10.0.0.5", "proxy_ping_port": 36367, "http_port": 8100,
             "handshake_port": hs, "notify_port": nt, "read_mode": True, "backend": "rdma",
-            "trusted_hosts": ["10.0.0.0/24"], "auth_key_file": "/etc/pdlink/cluster.key"}})
+            "trusted_hosts": ["10.0.0.0/24"], "auth_key_file": "/etc/pdlink/cluster.key"}}, strict=True)
     want_role = "producer" if role == "kv_producer" else "consumer"
     if got["role"] != want_role or got["handshake_port"] != hs or got["notify_port"] != nt:
         sys.exit(f"check-install: connector_config({role}) gave {got}")

@@ -19,7 +19,8 @@ mkdir "$tmp/repo"
 (cd "$src" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
     [ -e "$f" ] && printf '%s\0' "$f"; done | tar -c --null -T - -f -) | tar -x -C "$tmp/repo"
 log=$tmp/build.log
-env -u PDLINK_BUILD_DIR -u PDLINK_SOURCE_DIR "$tmp/repo/deploy/container/build.sh" --router-build "$build" 2>&1 | tee "$log"
+env -u PDLINK_BUILD_DIR -u PDLINK_SOURCE_DIR "$tmp/repo/deploy/container/build.sh" --dist "$tmp/dist" \
+    --router-build "$build" 2>&1 | tee "$log"
 for want in '^ok: pdlink-.*manylinux_2_[0-9]+_x86_64\.whl: the vLLM image needs glibc' \
             '^ok: the wheel installs and passes check-install.py' \
             '^check-install: pdlink .* config parser, plugin pdlink.vllm.plugin:register: ok' \
@@ -28,4 +29,13 @@ for want in '^ok: pdlink-.*manylinux_2_[0-9]+_x86_64\.whl: the vLLM image needs 
             '^done: steps 1-3 ok, 0 image\(s\) built'; do
     grep -Eq "$want" "$log" || { echo "FAIL: build.sh printed no line matching /$want/"; exit 1; }
 done
-echo "PASS: the container recipes' steps ran (images not built)"
+
+# The package check fails when it should: the router's runtime stage without libcurl4 (pdlink-router
+# links libcurl.so.4) is refused, with the library and the package named.
+sed -i 's/ libcurl4 / /' "$tmp/repo/deploy/container/Containerfile.router"
+if "$tmp/repo/deploy/container/build.sh" --wheel "$(ls "$tmp"/dist/pdlink-*.whl)" --router-build "$build" > "$log" 2>&1; then
+    echo "FAIL: build.sh accepted a router runtime stage without libcurl4"; exit 1
+fi
+grep -q '^FAIL: pdlink-router links libcurl.so.4 (libcurl4), not in Containerfile.router' "$log" ||
+    { cat "$log"; echo "FAIL: build.sh did not name libcurl4"; exit 1; }
+echo "PASS: the container recipes' steps ran (images not built); a missing runtime package is refused"

@@ -6,7 +6,7 @@ cluster, a container runtime or vLLM allows (docs/deploy.md, "What the checks co
     types and required fields); Services select a Deployment and name ports its container declares; the
     handshake/notify port ranges are base .. base+TP-1 of the ConfigMap's JSON; probes ask /health; the
     key Secret is mounted where auth_key_file points; the ConfigMap's kv-transfer-configs pass libpdlink's
-    own parser (pdlink.connector_config) without an unknown key; the router's arguments start a real
+    strict parser (pdlink.connector_config(strict=True), what `pdlink check-config` runs); the router's arguments start a real
     pdlink-router whose /liveness and /health answer as the probes expect.
   * deploy/grafana: every metric a PromQL query names is served: pdlink_* and vllm_router_* / pdlink_router_*
     by the # TYPE lines of a running pdlink-node and pdlink-router (suffixes by type: _bucket/_sum/_count of
@@ -15,7 +15,7 @@ cluster, a container runtime or vLLM allows (docs/deploy.md, "What the checks co
     PdlinkConnector reports through vLLM's connector stats).
   * deploy/systemd: `systemd-analyze verify` of the units in a scratch root (a stub vllm, the built
     pdlink-router), strict (any message fails); every variable ExecStart uses is set by the unit's
-    EnvironmentFile; the env files' JSON passes pdlink.connector_config and agrees with HOST_IP/HTTP_PORT.
+    EnvironmentFile; the env files' JSON passes the strict parser and agrees with HOST_IP/HTTP_PORT.
 """
 import copy
 import glob
@@ -63,9 +63,10 @@ def by_kind(kind):
 
 
 def check_config(cfg_text, capfd):
-    """libpdlink's parser on a kv-transfer-config; fails on a refusal or an "unknown key" warning."""
+    """libpdlink's strict parser (what `pdlink check-config` and PdlinkConnector run) on a
+    kv-transfer-config: an unknown key is an error; fails on any refusal or warning about a key."""
     capfd.readouterr()
-    got = pdlink.connector_config(cfg_text)
+    got = pdlink.connector_config(cfg_text, strict=True)
     err = capfd.readouterr().err
     assert "unknown key" not in err, err
     return got
