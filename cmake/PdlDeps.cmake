@@ -16,6 +16,8 @@ pdl_require(ZMQ libzmq libzmq3-dev "the connector")
 pdl_require(SODIUM libsodium libsodium-dev "authenticated mode")
 pdl_require(MSGPACK msgpack libmsgpack-dev "the wire codecs")
 pdl_require(JANSSON jansson libjansson-dev "configuration and kv_transfer_params")
+# xxHash: the KV integrity digests (XXH3, layout/digest.c; docs/integrity.md).
+pdl_require(XXHASH libxxhash libxxhash-dev "the KV integrity digests")
 
 if(NOT PDL_WITH_UCX MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "PDL_WITH_UCX must be AUTO, ON or OFF, not '${PDL_WITH_UCX}'")

@@ -23,7 +23,7 @@ install(FILES ${pdl_install_headers} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pdl
 # from a DESTDIR staging directory.
 file(RELATIVE_PATH PDL_PC_TO_PREFIX /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" PDL_PC_TO_PREFIX "${PDL_PC_TO_PREFIX}")
-set(PDL_PC_REQUIRES_PRIVATE "jansson libzmq libsodium msgpack")
+set(PDL_PC_REQUIRES_PRIVATE "jansson libzmq libsodium msgpack libxxhash")
 if(PDL_HAVE_UCX)
   string(APPEND PDL_PC_REQUIRES_PRIVATE " ucx")
 endif()

@@ -63,6 +63,15 @@ typedef enum pdl_role {
     PDL_ROLE_CONSUMER = 2, /* kv_consumer: decode */
 } pdl_role_t;
 
+/* kv_integrity: which pieces of a transfer the consumer checks against the producer's digests. */
+typedef enum pdl_kv_integrity {
+    PDL_KV_INTEGRITY_OFF = 0,    /* none; the producer answers digest requests with "off" */
+    PDL_KV_INTEGRITY_SAMPLE = 1, /* one (layer, block) in PDL_DIGEST_SAMPLE_STRIDE */
+    PDL_KV_INTEGRITY_FULL = 2,   /* every (layer, block, head) */
+} pdl_kv_integrity_t;
+/* "off", "sample", "full" ("invalid" otherwise); static. */
+const char *pdl_kv_integrity_name(pdl_kv_integrity_t m);
+
 /* kv_connector_extra_config, with MoRIIO's key names and defaults (docs/protocol.md#configuration). Start
  * from pdl_connector_config_defaults (or a parse function, which calls it): the struct grows by the rule
  * in pdlink/pdlink.h. */
@@ -102,6 +111,8 @@ typedef struct pdl_connector_config {
     /* Zero a block's bytes on every rank (every layer, K and V) before it goes back to the allocator,
      * so freed blocks do not keep earlier prompts' KV (docs/security.md). Costs a memset per free. */
     bool scrub_freed_blocks;
+    /* KV digests (docs/integrity.md): the consumer checks what landed against the producer's digests. */
+    pdl_kv_integrity_t kv_integrity; /* PDL_KV_INTEGRITY_SAMPLE */
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role consumer, as upstream takes any kv_role but kv_producer); the
@@ -521,7 +532,15 @@ typedef enum pdl_counter_kind {
     X(dealers_evicted, "pdlink_dealers_evicted_total", PDL_COUNTER_COUNT,                                           \
       "Outbound notify sockets closed early to stay under the socket cap (sender.c).")                            \
     X(push_layer_waits, "pdlink_push_layer_waits_total", PDL_COUNTER_COUNT,                                         \
-      "WRITE mode: times a writer had written every final layer of a push and waited for more (push_start).")
+      "WRITE mode: times a writer had written every final layer of a push and waited for more (push_start).")    \
+    X(kv_digest_mismatches, "pdlink_kv_digest_mismatches_total", PDL_COUNTER_COUNT,                                 \
+      "KV pieces whose digest over the landed bytes differed from the producer's (the transfer failed).")        \
+    X(kv_digest_bytes, "pdlink_kv_digest_bytes_total", PDL_COUNTER_COUNT,                                           \
+      "KV bytes digested by this rank (producer: at the hold's params; consumer: over what landed).")           \
+    X(kv_digest_ns, "pdlink_kv_digest_ns_total", PDL_COUNTER_COUNT,                                                 \
+      "Nanoseconds this rank spent computing and fetching KV digests.")                                          \
+    X(kv_digest_unverified, "pdlink_kv_digest_unverified_total", PDL_COUNTER_COUNT,                                 \
+      "Pulls from a digesting producer that had no digests of the transfer (unknown, off or no answer).")
 
 typedef struct pdl_rank_counters {
 #define PDL__COUNTER_FIELD(field, name, kind, help) uint64_t field;

@@ -140,6 +140,24 @@ void pdl_layout_merge(pdl_descv_t *dv);
 /* Total bytes of a descriptor list (sum of len); 0 for NULL. The sum is not checked for overflow. */
 uint64_t pdl_layout_total_bytes(const pdl_descv_t *dv);
 
+/* ---- integrity digests (layout/digest.c, docs/integrity.md) ---------------------------------- */
+
+/* `sample` mode digests one (layer, block) in this many; `full` digests every one (stride 1). */
+#define PDL_DIGEST_SAMPLE_STRIDE 16u
+
+/*
+ * The digest (XXH3, 64 bits) of local head `head` (0 <= head < g->num_heads) of `block` in the layer
+ * region starting at `layer` (host memory laid out by `g`): the head's rows of each half in token order,
+ * so it depends only on the KV of that logical (layer, block, head), not on the rank's head range, block
+ * id or block count. No checks: `g` must be valid and head and block inside it. Thread-safe.
+ */
+uint64_t pdl_layout_digest_head(const pdl_kv_geometry_t *g, const void *layer, uint64_t block, uint32_t head);
+/* The sampling salt of a transfer: a hash of its id (NUL-terminated, not NULL). */
+uint64_t pdl_layout_digest_salt(const char *transfer_id);
+/* Is (layer, pos) -- pos the block's index in the producer's list of the transfer -- digested at this
+ * stride? Always for stride <= 1; else for about one pair in `stride`, the same on every rank. */
+bool pdl_layout_digest_sampled(uint64_t salt, uint32_t layer, uint64_t pos, uint32_t stride);
+
 #ifdef __cplusplus
 }
 #endif

@@ -176,6 +176,9 @@ typedef struct pdl_agent_meta {
     int64_t num_layers, total_num_kv_heads, head_dim, kv_elem_size, block_size;
     char layout[16]; /* pdl_layout_name: "hnd", "nhd", + "-blockfirst" or "-fused" (compared verbatim) */
     bool is_mla;
+    /* The KV digest this producer answers PDL_WIRE_GET_DIGESTS with ("xxh3-64"); "" (absent) = none, so
+     * a consumer never asks (docs/integrity.md). Encoded only when non-empty. */
+    char kv_digest[16];
 } pdl_agent_meta_t;
 
 /*
@@ -334,6 +337,50 @@ pdl_status_t pdl_wire_parse_request_id(const char *rid, pdl_zmq_addr_t *prefill,
  */
 int pdl_wire_format_request_id(const char *prefill_zmq, const char *decode_zmq, const uint8_t uuid[16],
                                char *buf, size_t cap);
+
+/* ---- KV digests (docs/integrity.md) ------------------------------------------------------------ */
+
+/* The handshake-port request of a consumer rank for a held transfer's digests (pdlink only), and the
+ * digest a producer advertises in pdl_agent_meta_t.kv_digest. */
+#define PDL_WIRE_GET_DIGESTS "pdlink_get_digests"
+#define PDL_WIRE_DIGEST_XXH3 "xxh3-64"
+
+typedef enum pdl_digest_status {
+    PDL_DIGEST_OK = 0,      /* digests follow */
+    PDL_DIGEST_UNKNOWN = 1, /* no digests of that transfer here (never taken, or expired) */
+    PDL_DIGEST_OFF = 2,     /* this producer has kv_integrity off */
+} pdl_digest_status_t;
+
+/* A producer rank's answer: digests[(layer * num_blocks + pos) * num_heads + head] (8 bytes each, little
+ * endian; pos = index in the producer's list of the transfer, head = the producer rank's own index). */
+typedef struct pdl_digest_reply {
+    char transfer_id[PDL_WIRE_ID_MAX + 1];
+    pdl_digest_status_t status;
+    uint32_t stride; /* 1 = every (layer, block); else pdl_layout_digest_sampled's pairs */
+    uint32_t num_layers, num_heads;
+    uint64_t num_blocks;
+    pdl_bytes_t digests; /* owned; num_layers * num_blocks * num_heads * 8 bytes when status is ok */
+} pdl_digest_reply_t;
+
+/* "ok", "unknown", "off" ("invalid" otherwise); static. */
+const char *pdl_digest_status_name(pdl_digest_status_t s);
+/* Encode the request for transfer_id (non-empty, <= PDL_WIRE_ID_MAX bytes). Ownership: see the top. */
+pdl_status_t pdl_wire_encode_digest_request(const char *transfer_id, pdl_bytes_t *out, pdl_error_t *err);
+/* Decode a request into transfer_id[cap]. PDL_ERR_PARSE for anything but that map. */
+pdl_status_t pdl_wire_decode_digest_request(const void *buf, size_t len, char *transfer_id, size_t cap,
+                                            pdl_error_t *err);
+/* Could this frame be a digest request (a cheap look before pdl_wire_decode_digest_request)? */
+bool pdl_wire_is_digest_request(const void *buf, size_t len);
+/* Encode a reply; PDL_ERR_INVALID when digests.len does not fit the counts (status ok) or is not 0. */
+pdl_status_t pdl_wire_encode_digest_reply(const pdl_digest_reply_t *r, pdl_bytes_t *out, pdl_error_t *err);
+/* Decode a reply (out owns digests on success; call pdl_digest_reply_clear). PDL_ERR_PARSE for a
+ * malformed one, also one whose digest bytes do not match its counts. */
+pdl_status_t pdl_wire_decode_digest_reply(const void *buf, size_t len, pdl_digest_reply_t *out, pdl_error_t *err);
+void pdl_digest_reply_clear(pdl_digest_reply_t *r);
+/* Digest (layer, pos, head) of a decoded ok reply; the indices must be inside its counts. */
+uint64_t pdl_digest_reply_get(const pdl_digest_reply_t *r, uint32_t layer, uint64_t pos, uint32_t head);
+/* Store `value` as entry `index` of a digests array (little endian), as the reply carries it. */
+void pdl_digest_put(uint8_t *digests, uint64_t index, uint64_t value);
 
 #ifdef __cplusplus
 }

@@ -393,6 +393,38 @@ static void peers_range(const key_row_t *row, char *buf, size_t cap)
                        "comma-separated string of them, at most %d", PDL_CONNECTOR_PREWARM_MAX);
 }
 
+/* kv_integrity: one of pdl_kv_integrity_names, case-insensitive (docs/integrity.md). */
+static const char *const k_integrity_names[] = {"off", "sample", "full"};
+
+static void integrity_default(const key_row_t *row, pdl_connector_config_t *cfg)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(row->def, k_integrity_names[i]) == 0)
+            cfg->kv_integrity = (pdl_kv_integrity_t)i;
+}
+
+static pdl_status_t integrity_parse(const key_row_t *row, const json_t *v, pdl_connector_config_t *cfg,
+                                    pdl_error_t *err)
+{
+    for (int i = 0; json_is_string(v) && i < 3; i++)
+        if (strcasecmp(json_string_value(v), k_integrity_names[i]) == 0) {
+            cfg->kv_integrity = (pdl_kv_integrity_t)i;
+            return PDL_OK;
+        }
+    return bad_value(row, v, err);
+}
+
+static void integrity_range(const key_row_t *row, char *buf, size_t cap)
+{
+    (void)row;
+    snprintf(buf, cap, "\"off\", \"sample\" or \"full\" (any case)");
+}
+
+const char *pdl_kv_integrity_name(pdl_kv_integrity_t m)
+{
+    return (unsigned)m < 3 ? k_integrity_names[m] : "invalid";
+}
+
 static const key_type_t t_string = {"string", string_parse, string_default, string_range};
 static const key_type_t t_port = {"port", int_parse, int_default, int_range};
 static const key_type_t t_int = {"integer", int_parse, int_default, int_range};
@@ -401,6 +433,7 @@ static const key_type_t t_bool = {"bool", bool_parse, bool_default, bool_range};
 static const key_type_t t_backend = {"backend", backend_parse, backend_default, backend_range};
 static const key_type_t t_hosts = {"hosts", hosts_parse, hosts_default, hosts_range};
 static const key_type_t t_peers = {"peers", peers_parse, peers_default, peers_range};
+static const key_type_t t_integrity = {"integrity", integrity_parse, integrity_default, integrity_range};
 
 #define FIELD(f) offsetof(pdl_connector_config_t, f), sizeof(((pdl_connector_config_t *)0)->f)
 #define NO_FIELD 0, 0
@@ -453,6 +486,9 @@ static const key_row_t k_rows[] = {
     {"scrub_freed_blocks", &t_bool, FIELD(scrub_freed_blocks), "false", 0, 0, 0,
      "pdlink: true: zero a block's bytes on every rank before it goes back to the allocator, so freed blocks do "
      "not keep earlier prompts' KV"},
+    {"kv_integrity", &t_integrity, FIELD(kv_integrity), "sample", 0, 0, 0,
+     "pdlink: KV digests (XXH3 per layer, block and head) checked by the consumer over what landed, READ mode: "
+     "off; sample (one block and layer in 16 per transfer); full (every piece). A mismatch fails the transfer"},
     {"auth_key_file", &t_string, FIELD(auth_key_file), "", 0, 0, 0,
      "pdlink: the cluster key file of authenticated mode (CURVE on control sockets, a challenge on data "
      "connections; pdlink peers only); \"\" = compatible mode"},

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <zmq.h>
 
+#include "connector/digest.h"
 #include "connector/internal.h"
 #include "common/clock.h"
 #include "common/ports.h"
@@ -123,6 +124,7 @@ void pdl_instance_destroy(pdl_instance_t *inst)
     pdl__authmode_free(inst);
     free(inst->ranks);
     pdl__held_free_all(inst);
+    pdl__digests_destroy(inst->digests);
     pdl__push_free_all(inst);
     pdl__blockalloc_destroy(inst->blocks);
     pdl__cidrs_free(&inst->trusted);
@@ -179,6 +181,7 @@ static void instance_free_unstarted(pdl_instance_t *inst)
         zmq_ctx_term(inst->zctx);
     pdl__blockalloc_destroy(inst->blocks);
     pdl__held_free_all(inst);
+    pdl__digests_destroy(inst->digests);
     pdl__cidrs_free(&inst->trusted);
     pdl__authmode_free(inst);
     pthread_mutex_destroy(&inst->held_mu);
@@ -212,6 +215,9 @@ static pdl_status_t start_ranks(pdl_instance_t *inst, pdl_error_t *err)
             st = pdl__service_bind(&inst->ranks[i], err);
         if (st == PDL_OK)
             st = pdl__rank_open(inst, &inst->ranks[i], err);
+        /* The handshake payloads exist once the rank is open: add the digest a producer serves. */
+        if (st == PDL_OK && inst->cfg.conn.role == PDL_ROLE_PRODUCER && inst->cfg.conn.read_mode)
+            pdl__digests_advertise(&inst->ranks[i]);
         if (st != PDL_OK) {
             for (int j = i + 1; j < inst->hi; j++)
                 pdl__rank_init_locks(&inst->ranks[j]);
@@ -256,6 +262,8 @@ pdl_status_t pdl_instance_create(const pdl_instance_config_t *cfg, pdl_instance_
     st = cfg->external_blocks ? PDL_OK : pdl__blockalloc_create(cfg->num_blocks, &inst->blocks, err);
     if (st == PDL_OK)
         st = pdl__held_init(inst, err);
+    if (st == PDL_OK && (inst->digests = pdl__digests_create()) == NULL)
+        st = pdl_error_set(err, PDL_ERR_NOMEM, "instance: out of memory (digest store)");
     if (st == PDL_OK)
         st = pdl__cidrs_parse(cfg->conn.trusted_hosts, &inst->trusted, err);
     if (st == PDL_OK)
@@ -366,5 +374,8 @@ pdl_status_t pdl_instance_params(pdl_instance_t *inst, const char *transfer_id, 
     out->remote_dp_size = inst->cfg.dp_size;
     out->remote_dp_rank = inst->cfg.dp_rank;
     out->tp_size = inst->tp;
+    /* The KV is final when its params are handed out: the moment to digest it (docs/integrity.md). */
+    if (inst->cfg.conn.read_mode && inst->cfg.conn.role == PDL_ROLE_PRODUCER)
+        pdl__digests_take(inst, transfer_id, ids, n);
     return PDL_OK;
 }

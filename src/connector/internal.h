@@ -633,6 +633,8 @@ struct pdl_instance {
     /* push.c: signalled (under push_mu) when a push's final layers grow, its consumer is found gone or
      * abandons it, or the instance stops: what a writer waiting for layers waits on (CLOCK_MONOTONIC) */
     pthread_cond_t push_cv;
+    /* digest.c: the KV digests of held transfers (READ producer), served on the handshake ports */
+    struct pdl_digests *digests;
     /* push.c: the last pushes a rank of which was given up without writing (a ring), so a late
      * remote_blocks is answered with a failed write_done */
     struct pdl_push *tombs[PDL_PUSH_TOMBS];

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "connector/digest.h"
 #include "connector/internal.h"
 #include "connector/notify.h"
 #include "pdlink/pull_hook.h"
@@ -243,6 +244,10 @@ static void run_job(pdl_rank_t *r, pdl_xfer_side_t *side, pdl_pull_t *pull, uint
         if (pdl__clock_now_ns() - queued_ns > PULL_KEEPALIVE_AFTER_NS)
             send_keepalives(r, side, pull, plan);
         st = rank_read(r, side, pull, plan, &bytes, &descs, &xt, &verified, &err);
+        /* Every batch was waited for: the bytes are ours to digest (docs/integrity.md). */
+        if (st == PDL_OK)
+            st = pdl__digests_check(r, side, &pull->producer, pull->transfer_id, plan, pull->local_blocks, pull->n,
+                                    &err);
     }
     uint64_t trel = pdl__clock_now_ns();
     send_releases(r, &side->dealers, pull, plan, st == PDL_OK, verified || lane_verified(side, pull));

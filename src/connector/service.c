@@ -28,6 +28,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "connector/digest.h"
 #include "connector/internal.h"
 #include "common/clock.h"
 
@@ -147,6 +148,16 @@ static void hs_handle(pdl_rank_t *r, mp_t *m)
         pdl_bytes_t b = {(uint8_t *)ident, pdl__watch_identity(r, ident, sizeof(ident))};
         hs_reply(r, id, &b);
         PDL_CTR_ADD(r, identities_served, 1);
+        return;
+    }
+    if (pdl_wire_is_digest_request(zmq_msg_data(req), zmq_msg_size(req))) { /* a consumer's check (digest.c) */
+        pdl_bytes_t b = {0};
+        pdl_error_t e;
+        if (pdl__digests_serve(r, zmq_msg_data(req), zmq_msg_size(req), &b, &e) == PDL_OK)
+            hs_reply(r, id, &b);
+        else
+            pdl__ctr_drop(r, PDL_DROP_HANDSHAKE, "digest request: %s", e.msg);
+        pdl_bytes_free(&b);
         return;
     }
     if (frame_is(req, PDL_WIRE_POP_DONE_RECV)) {

@@ -6,7 +6,7 @@
  * agent_metadata, kv_caches_base_addr, num_blocks, block_len, attn_backend_name; all six are required
  * since msgspec has no defaults for them. msgspec ignores unknown fields, so pdlink appends its
  * compatibility keys after them: pdlink_version, tp_size, tp_rank, dp_rank,
- * num_layers, total_num_kv_heads, head_dim, kv_elem_size, block_size, layout, is_mla. The pdlink keys
+ * num_layers, total_num_kv_heads, head_dim, kv_elem_size, block_size, layout, is_mla, kv_digest. The pdlink keys
  * are read only when `pdlink_version` is present (they mean nothing without it) and each is optional;
  * an absent integer reads as -1, an absent layout as "" and an absent is_mla as false.
  *
@@ -64,18 +64,18 @@ bool pdl_agent_meta_equal(const pdl_agent_meta_t *a, const pdl_agent_meta_t *b)
            a->dp_rank == b->dp_rank && a->num_layers == b->num_layers &&
            a->total_num_kv_heads == b->total_num_kv_heads && a->head_dim == b->head_dim &&
            a->kv_elem_size == b->kv_elem_size && a->block_size == b->block_size && strcmp(a->layout, b->layout) == 0 &&
-           a->is_mla == b->is_mla;
+           a->is_mla == b->is_mla && strcmp(a->kv_digest, b->kv_digest) == 0;
 }
 
 enum {
     M_ENGINE_ID, M_AGENT_METADATA, M_BASE_ADDR, M_NUM_BLOCKS, M_BLOCK_LEN, M_ATTN, /* upstream, required */
     M_VERSION, M_TP_SIZE, M_TP_RANK, M_DP_RANK, M_NUM_LAYERS, M_HEADS, M_HEAD_DIM, M_ELEM, M_BLOCK_SIZE,
-    M_LAYOUT, M_IS_MLA, M_COUNT
+    M_LAYOUT, M_IS_MLA, M_KV_DIGEST, M_COUNT
 };
 static const char *const meta_keys[M_COUNT] = {
     "engine_id", "agent_metadata", "kv_caches_base_addr", "num_blocks", "block_len", "attn_backend_name",
     "pdlink_version", "tp_size", "tp_rank", "dp_rank", "num_layers", "total_num_kv_heads", "head_dim",
-    "kv_elem_size", "block_size", "layout", "is_mla",
+    "kv_elem_size", "block_size", "layout", "is_mla", "kv_digest",
 };
 
 /* The optional positive pdlink integers: key index, field, minimum. tp_rank/dp_rank are handled apart. */
@@ -176,6 +176,8 @@ static pdl_status_t meta_fields(const msgpack_object *map, pdl_agent_meta_t *out
         st = pdl__mp_str(v[M_LAYOUT], META_CTX, "layout", out->layout, sizeof(out->layout), true, err);
     if (st == PDL_OK && v[M_IS_MLA] != NULL)
         st = pdl__mp_bool(v[M_IS_MLA], META_CTX, "is_mla", &out->is_mla, err);
+    if (st == PDL_OK && v[M_KV_DIGEST] != NULL)
+        st = pdl__mp_str(v[M_KV_DIGEST], META_CTX, "kv_digest", out->kv_digest, sizeof(out->kv_digest), true, err);
     return st;
 }
 
@@ -217,6 +219,8 @@ static pdl_status_t meta_check(const pdl_agent_meta_t *m, pdl_error_t *err)
     st = pdl__text_check(m->pdlink_version, sizeof(m->pdlink_version), false, META_CTX, "pdlink_version", err);
     if (st == PDL_OK)
         st = pdl__text_check(m->layout, sizeof(m->layout), true, META_CTX, "layout", err);
+    if (st == PDL_OK)
+        st = pdl__text_check(m->kv_digest, sizeof(m->kv_digest), true, META_CTX, "kv_digest", err);
     if (st != PDL_OK)
         return st;
     for (size_t i = 0; i < sizeof(meta_ints) / sizeof(meta_ints[0]); i++) {
@@ -247,6 +251,7 @@ pdl_status_t pdl_wire_encode_agent_meta(const pdl_agent_meta_t *m, pdl_bytes_t *
     if (m->has_pdlink) {
         n += 2; /* pdlink_version, is_mla */
         n += m->layout[0] != '\0';
+        n += m->kv_digest[0] != '\0';
         n += m->tp_rank != -1;
         for (size_t i = 0; i < sizeof(meta_ints) / sizeof(meta_ints[0]); i++)
             n += *CFIELD(m, meta_ints[i].off) != -1;
@@ -293,6 +298,10 @@ pdl_status_t pdl_wire_encode_agent_meta(const pdl_agent_meta_t *m, pdl_bytes_t *
         }
         pdl__enc_str(&e, "is_mla");
         pdl__enc_bool(&e, m->is_mla);
+        if (m->kv_digest[0] != '\0') {
+            pdl__enc_str(&e, "kv_digest");
+            pdl__enc_str(&e, m->kv_digest);
+        }
     }
     return pdl__enc_finish(&e, META_CTX, out, err);
 }
