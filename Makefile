@@ -16,6 +16,9 @@
 #   make compare-peers -- build, install NIXL and Mooncake into BUILD/peers-venv (scripts/install-peers),
 #                   then bench/compare-peers.sh (COMPARE_PEERS_FLAGS, e.g. --full); a benchmark, not a test
 BUILD      ?= build
+# The pypi tests with a case in real vLLM's venv: `make test` runs it when that venv exists, the vLLM
+# targets always (PDLINK_REQUIRE_VLLM=1: no venv is a failure, not a skip).
+VLLM_PYTESTS = pypi\.test_pdlink_vllm_(stats|config)$$
 JOBS       ?= 2
 FUZZ_SECONDS ?= 15
 STRESS_N   ?= 20
@@ -76,6 +79,7 @@ ci: test vllm-e2e-short asan tsan fuzz
 vllm-e2e: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_FLAGS)
+	PDLINK_REQUIRE_VLLM=1 ctest --test-dir $(BUILD) --output-on-failure -R '$(VLLM_PYTESTS)'
 
 compare-peers: setup
 	BUILD=$(BUILD) ./scripts/install-peers
@@ -88,6 +92,7 @@ VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases chunked,prefi
 vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
+	PDLINK_REQUIRE_VLLM=1 ctest --test-dir $(BUILD) --output-on-failure -R '$(VLLM_PYTESTS)'
 
 vllm-matrix: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
