@@ -410,6 +410,7 @@ typedef struct pdl_rank_svc {
     uint64_t next_sweep_ms; /* idle DEALERs: this thread's and its rank's lanes' (sender.c) */
     pdl_strmap_t watch;     /* rank 0 of a producer: consumer "host:port" -> probe state (watch.c) */
     uint64_t next_watch_ns;
+    uint64_t bound_ns; /* when the handshake ROUTER was bound: the epoch the identity answers (watch.c) */
     char followup_identity[256]; /* pop_done_recv: upstream sends one more frame; swallow it */
     size_t followup_len;
     pdl_bytes_t ping_payload;

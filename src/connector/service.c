@@ -108,6 +108,23 @@ static void hs_reply(pdl_rank_t *r, zmq_msg_t *identity, const pdl_bytes_t *payl
         pdl_debug("rank %d: handshake reply not sent: %s", r->rank, zmq_strerror(zmq_errno()));
 }
 
+/* [identity, "", who, age]: who answers (pdl__watch_identity, the same for the life of this instance)
+ * and, in a frame of its own so that the first stays a stable fingerprint, "up_ns=N": how long ago this
+ * rank's handshake port was bound, in its own clock. The watcher subtracts it from when it asked and so
+ * knows, without comparing clocks between hosts, whether this instance came up after a hold was made
+ * for the address (watch.c, "Epochs"). */
+static void identity_reply(pdl_rank_t *r, zmq_msg_t *identity)
+{
+    char who[64], age[40];
+    size_t n = pdl__watch_identity(r, who, sizeof(who));
+    int an = snprintf(age, sizeof(age), "up_ns=%" PRIu64, pdl__clock_since(pdl__clock_now_ns(), r->svc.bound_ns));
+    void *s = r->svc.hs_sock;
+    if (zmq_send(s, zmq_msg_data(identity), zmq_msg_size(identity), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 || zmq_send(s, who, n, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(s, age, (size_t)an, ZMQ_DONTWAIT) < 0)
+        pdl_debug("rank %d: identity reply not sent: %s", r->rank, zmq_strerror(zmq_errno()));
+}
+
 /* trusted_hosts: a frame from another address is dropped unanswered and counted (untrusted_refused). */
 static bool from_trusted(pdl_rank_t *r, mp_t *m, const char *what)
 {
@@ -144,9 +161,7 @@ static void hs_handle(pdl_rank_t *r, mp_t *m)
         return;
     }
     if (frame_is(req, PDL_WIRE_GET_IDENTITY)) { /* a peer's watch (watch.c): not a handshake */
-        char ident[64];
-        pdl_bytes_t b = {(uint8_t *)ident, pdl__watch_identity(r, ident, sizeof(ident))};
-        hs_reply(r, id, &b);
+        identity_reply(r, id);
         PDL_CTR_ADD(r, identities_served, 1);
         return;
     }
@@ -439,6 +454,8 @@ static void *bind_router(pdl_rank_t *r, int port, const char *what, pdl_error_t 
 
 pdl_status_t pdl__service_bind(pdl_rank_t *r, pdl_error_t *err)
 {
+    /* Before the bind: no peer can have reached this instance earlier than its epoch says. */
+    r->svc.bound_ns = pdl__clock_now_ns();
     r->svc.hs_sock = bind_router(r, r->hs_port, "handshake", err);
     if (r->svc.hs_sock == NULL)
         return err ? err->status : PDL_ERR_TRANSPORT;

@@ -16,21 +16,58 @@
  * probes each named peer at most once per probe interval (consumer_gone_timeout / 4, at most 1 s),
  * without blocking: a TCP connect to its handshake port, then, once that is accepted, pdlink's identity
  * request (PDL_WIRE_GET_IDENTITY) on a DEALER, answered by the peer's service thread with its pid and a
- * fingerprint of its handshake metadata, whose engine key is random per process. It is counted there
- * in identities_served, not as a handshake (tests and reports count handshakes as the transfers').
- * Verdicts:
+ * fingerprint of its handshake metadata, whose engine key is random per process, and in a frame of its
+ * own its age (see "Epochs"). It is counted there in identities_served, not as a handshake (tests and
+ * reports count handshakes as the transfers'). Verdicts:
  *
  *   connect accepted (not to itself)   -> alive: refusals = 0
  *   metadata received                  -> its identity; one that differs from the last one seen means
  *                                         a new process on the same address (see "restarts" below)
- *   refused (or connected to itself)   -> refusals + 1; gone at 2 in a row (a closed port means no
- *                                         process: two looks one interval apart rule out a listener
- *                                         paused for want of descriptors, listen.c)
+ *   refused by its host (a TCP reset,  -> refusals + 1; gone at 2 in a row unless other evidence says
+ *   or connected to itself)               it lives (see "Evidence")
+ *   refused by a filter (ICMP)         -> nothing, as silence (see "Evidence")
  *   no answer within the interval      -> nothing: silence is no proof. A paused peer answers nothing
  *                                         and is alive, and a watcher that was paused itself would
  *                                         judge its peers by its own stall. A host that is down keeps
  *                                         its holds until defer_timeout; the grants protect the
  *                                         blocks either way (a hold given up is refused to readers).
+ *
+ * Evidence. Refused is not dead: a firewall REJECT, a NetworkPolicy, an agent reloading iptables or a
+ * listener paused for descriptors (listen.c pauses a ROUTER for a second) refuse while the process
+ * lives, and freeing a live decode's holds fails its pull (before the grant fence, it read reused
+ * blocks). So refusals end a peer's items only when nothing else says it lives:
+ *
+ *   - who refused. A host with no listener on the port answers a SYN with a TCP reset; a filter on
+ *     the path (iptables' REJECT by default, a router) with an ICMP port unreachable, which the probe
+ *     reads from its error queue (IP_RECVERR). Such a refusal proves as much as silence: not counted.
+ *     A filter that answers with a reset (REJECT --reject-with tcp-reset) is caught by the next one.
+ *   - its data connections. A process that dies has its sockets closed by its kernel, so an
+ *     ESTABLISHED connection between the peer's host and a local rank's tcp engine (READ: the decode
+ *     pulls over it, and keeps it between pulls; asked of the kernel, liveness.c) says a process there
+ *     lives. Checked at each refusal from the second on; while one is up, the verdict waits.
+ *
+ * What that costs: the data connections are known by host, not by process, so a dead decode that
+ * shares its host with a live one connected to us keeps its holds until another identity answers
+ * there (its restart) or defer_timeout; a host that vanished keeps its connections until their
+ * keepalive/user timeout ends them (~20 s, engine/tcp.c), and refuses nothing meanwhile anyway. A WRITE
+ * producer's pushes and a WRITE consumer's producers have only the first rule (our engine connects
+ * out to them). Not used, and why: an identity answered recently (it says nothing about the moment
+ * after), the peer's pid on this host (an instance can be destroyed inside a process that lives on,
+ * as these tests' restarts are). Whatever a verdict misses, the grants keep a freed block from being
+ * read or written (docs/reliability.md), and defer_timeout frees what the watch keeps.
+ *
+ * Epochs. The identity's second frame says how long ago the answering instance bound its handshake
+ * port ("up_ns=N", in its own clock: no clocks are compared between hosts). The answer came after the
+ * request was sent (asked_ns), so that instance came up after asked_ns - N in this clock; when that is
+ * after a hold was first seen, the hold was made for an earlier process on the address -- killed and
+ * restarted before any probe tied the hold to it, even when the hold was the first contact -- and is
+ * ended at once. Not applied to items that came while the port refused (born down: the router may
+ * give the new process the request; see below), nor on the consumer side (a WRITE decode's receive
+ * may be made before its prefill takes the request), nor to peers that send no age (older pdlink:
+ * 2 frames; a watcher of an older pdlink reads the 3 frames as no answer and asks get_meta_msg). A
+ * decode that comes up in the milliseconds between a prefill's answer and the router's decode leg
+ * would lose that request (its pull is refused); a real decode takes seconds from binding its ports
+ * to serving requests.
  *
  * Paused, then replaced. An item made while the peer answered, which the peer then stopped answering
  * before any probe tied it (a decode paused, killed and restarted within a second), belongs to the
@@ -73,8 +110,12 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <time.h> /* before linux/errqueue.h, which uses struct timespec */
+#include <linux/errqueue.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,8 +124,14 @@
 #include <zmq.h>
 
 #include "connector/internal.h"
+#include "connector/watch.h"
 #include "common/clock.h"
 #include "common/siphash.h"
+#include "engine/liveness.h"
+
+_Atomic(pdl_watch_connect_fn) pdl__watch_connect = connect;
+
+#define NO_EPOCH UINT64_MAX /* an identity answered without its age (an older pdlink) */
 
 /* An item's incarnation: not probed yet, tied to an identity, or seen refused before any identity. */
 enum { IT_UNKNOWN = 0, IT_OF = 1, IT_DOWN = 2 };
@@ -101,6 +148,7 @@ typedef struct item {
     uint64_t ident; /* IT_OF: the identity it belongs to */
     int state;
     bool born_down; /* first seen while its peer's current run of refusals went on */
+    bool came_refused; /* first seen while its peer refused: born down, for good (see "Epochs") */
     bool seen; /* named during the current collection */
 } item_t;
 
@@ -110,6 +158,7 @@ typedef struct watched {
     int fd;      /* a connect in progress, or -1 */
     void *zsock; /* a get_meta_msg in flight, or NULL */
     uint64_t probe_started_ns, next_probe_ns;
+    uint64_t asked_ns; /* when the identity request in flight was sent: its answer came after that */
     uint64_t ident; /* the last identity answered, 0 = none yet */
     /* Since that identity answered: the start of the first probe it left unanswered, and of the first
      * one refused (0 = none); see judge_item. */
@@ -122,6 +171,7 @@ typedef struct watched {
     bool accepted;  /* a connect was accepted once */
     bool given_up;  /* never answered: probed no more (its items end by their leases) */
     bool answered;  /* an identity request was answered */
+    bool filtered_told, alive_told; /* this run of refusals was logged as a filter's / as overruled */
     bool seen; /* named during the current collection */
     pdl_strmap_t items; /* item key -> item_t* */
 } watched_t;
@@ -231,7 +281,7 @@ static void collect_item(void *arg, const char *peer, const char *key)
             return;
         }
         it->first_seen_ns = c->now_ns;
-        it->born_down = w->refusals > 0;
+        it->born_down = it->came_refused = w->refusals > 0;
         if (w->fd < 0 && w->zsock == NULL)
             w->next_probe_ns = c->now_ns; /* tie it to an incarnation soon */
     }
@@ -246,6 +296,42 @@ static void collect_hold(void *arg, const char *key, void *value)
 }
 
 /* ---- probes ------------------------------------------------------------------------------------- */
+
+/* Whether the refusal just seen on `fd` came from a filter on the path: iptables' REJECT (by default),
+ * like any router's, answers a SYN with an ICMP port unreachable, which reaches the probe's error
+ * queue with its origin; a host whose port nothing listens on answers with a TCP reset. */
+static bool refused_by_filter(int fd)
+{
+    char cbuf[512], byte;
+    struct iovec iov = {&byte, sizeof(byte)};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    if (recvmsg(fd, &mh, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
+        return false;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
+        if ((c->cmsg_level == SOL_IP && c->cmsg_type == IP_RECVERR) ||
+            (c->cmsg_level == SOL_IPV6 && c->cmsg_type == IPV6_RECVERR)) {
+            const struct sock_extended_err *ee = (const void *)CMSG_DATA(c);
+            if (ee->ee_origin == SO_EE_ORIGIN_ICMP || ee->ee_origin == SO_EE_ORIGIN_ICMP6)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* A refused connect on `fd`: one more refusal in a row, unless a filter sent it (then it proves as
+ * much as silence; see "Evidence" above). */
+static void count_refusal(watched_t *w, int fd)
+{
+    if (!refused_by_filter(fd)) {
+        w->refusals++;
+        return;
+    }
+    if (!w->filtered_told)
+        pdl_info("watch: connects to %s:%d are refused by a filter on the path (an ICMP port unreachable, as a "
+                 "firewall REJECT sends): not taken as its process's death",
+                 w->host, w->port);
+    w->filtered_told = true;
+}
 
 static void start_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
 {
@@ -262,9 +348,20 @@ static void start_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
     w->fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (w->fd < 0) {
         pdl__budget_put(&inst->sockets, w->fd_share);
-    } else if (connect(w->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        freeaddrinfo(ai);
+        return;
+    }
+    /* The ICMP error that a filter's REJECT sends lands in the socket's error queue with its origin
+     * (refused_by_filter); a TCP reset leaves nothing there. */
+    int one = 1;
+    if (ai->ai_family == AF_INET6)
+        setsockopt(w->fd, SOL_IPV6, IPV6_RECVERR, &one, sizeof(one));
+    else
+        setsockopt(w->fd, SOL_IP, IP_RECVERR, &one, sizeof(one));
+    pdl_watch_connect_fn conn = atomic_load(&pdl__watch_connect);
+    if (conn(w->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
         if (errno == ECONNREFUSED)
-            w->refusals++;
+            count_refusal(w, w->fd);
         close_fd(inst, w);
     }
     freeaddrinfo(ai);
@@ -295,6 +392,7 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
         v = 1;
         zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
     }
+    w->asked_ns = pdl__clock_now_ns();
     if (pdl_curve_client(s, inst->auth, NULL) != PDL_OK || zmq_connect(s, ep) != 0 ||
         zmq_send(s, req, strlen(req), ZMQ_DONTWAIT) < 0) {
         zmq_close(s);
@@ -304,12 +402,15 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
     w->zsock = s;
 }
 
-/* The reply ["", metadata], when it came: its fingerprint (never 0), else 0. */
-static uint64_t take_identity(void *s)
+/* The reply ["", who] or ["", who, "up_ns=N"] (service.c), when it came: the fingerprint of `who`
+ * (never 0), else 0; *up_ns gets N, or NO_EPOCH when the peer sent no age (get_meta_msg, an older
+ * pdlink). */
+static uint64_t take_identity(void *s, uint64_t *up_ns)
 {
     static const uint8_t key[PDL_SIPHASH_KEY_LEN] = {0}; /* a fingerprint, not a secret */
     uint64_t ident = 0;
     int part = 0, more = 1;
+    *up_ns = NO_EPOCH;
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
@@ -320,10 +421,18 @@ static uint64_t take_identity(void *s)
         more = zmq_msg_more(&m);
         if (part == 1)
             ident = pdl__siphash24(key, zmq_msg_data(&m), zmq_msg_size(&m)) | 1;
+        if (part == 2) {
+            char age[40];
+            size_t n = zmq_msg_size(&m) < sizeof(age) - 1 ? zmq_msg_size(&m) : sizeof(age) - 1;
+            memcpy(age, zmq_msg_data(&m), n);
+            age[n] = '\0';
+            if (sscanf(age, "up_ns=%" SCNu64, up_ns) != 1)
+                *up_ns = NO_EPOCH;
+        }
         part++;
         zmq_msg_close(&m);
     }
-    return part == 2 ? ident : 0;
+    return part == 2 || part == 3 ? ident : 0;
 }
 
 /* A finished connect: alive, refused or self-connected (= nothing listens). */
@@ -338,14 +447,15 @@ static void finish_probe(pdl_instance_t *inst, watched_t *w)
     if (soerr == 0 && getsockname(w->fd, (struct sockaddr *)&me, &ml) == 0 &&
         getpeername(w->fd, (struct sockaddr *)&them, &tl) == 0 && ml == tl && memcmp(&me, &them, ml) == 0)
         soerr = ECONNREFUSED;
+    if (soerr == ECONNREFUSED)
+        count_refusal(w, w->fd);
     close_fd(inst, w);
     if (soerr == 0) {
         w->refusals = 0;
+        w->filtered_told = w->alive_told = false;
         w->accepted = true;
         w->silent_connects = 0;
         start_identity(inst, w);
-    } else if (soerr == ECONNREFUSED) {
-        w->refusals++;
     }
 }
 
@@ -354,6 +464,8 @@ static void finish_probe(pdl_instance_t *inst, watched_t *w)
 typedef struct verdict_ctx {
     watched_t *w;
     uint64_t ident; /* the identity answered; 0 = the probe was refused */
+    uint64_t up_ns; /* how long ago the answering instance came up, NO_EPOCH = not told */
+    bool producer;  /* epochs judge holds only (see "Epochs") */
     char **end;     /* items of a dead incarnation */
     size_t n, cap;
 } verdict_ctx_t;
@@ -381,6 +493,13 @@ static void judge_item(void *arg, const char *key, void *value)
     if (v->ident == 0) { /* refused */
         if (it->state == IT_UNKNOWN && probed_since && !it->born_down)
             it->state = IT_DOWN;
+        return;
+    }
+    /* The instance answering came up after the item was first seen (asked - its age > first seen):
+     * the item was made for an earlier one. Not for an item born down (see "Epochs"). */
+    if (v->producer && v->up_ns != NO_EPOCH && !it->came_refused &&
+        pdl__clock_since(v->w->asked_ns, it->first_seen_ns) > v->up_ns) {
+        push_key(v, key);
         return;
     }
     it->born_down = false; /* the run of refusals is over */
@@ -472,7 +591,7 @@ typedef struct tick_ctx {
     char *drop[64]; /* keys to forget after the walk (the map may not change during it) */
     char *gone[64];
     char *changed[64]; /* peers whose probe answered (an identity, or a refusal) */
-    uint64_t changed_ident[64];
+    uint64_t changed_ident[64], changed_up[64];
     int ndrop, ngone, nchanged;
 } tick_ctx_t;
 
@@ -497,6 +616,28 @@ static void give_up_silent(watched_t *w, const char *key)
               key, w->silent_connects);
 }
 
+/* Established data connections between the peer's host and a local rank's tcp engine (see
+ * "Evidence"): the peer's refusals are then no proof of its death. Logged once per run of refusals. */
+static bool lives_elsewhere(pdl_instance_t *inst, watched_t *w, const char *key)
+{
+    int n = 0;
+    PDL_FOR_LOCAL(inst, k)
+    {
+        pdl_engine_t *e = inst->ranks[k].mem.engine;
+        uint16_t port = e != NULL ? pdl_engine_port(e) : 0;
+        int c = port != 0 ? pdl__tcp_established(port, w->host) : 0;
+        if (c > 0)
+            n += c;
+    }
+    if (n > 0 && !w->alive_told)
+        pdl_info("watch: %s refused %d connects in a row, but %d data connections from %s to this instance's "
+                 "engine are established: taken as a live peer whose handshake port is filtered or paused, "
+                 "not as gone",
+                 key, w->refusals, n, w->host);
+    w->alive_told = w->alive_told || n > 0;
+    return n > 0;
+}
+
 static void tick_one(void *arg, const char *key, void *value)
 {
     tick_ctx_t *t = arg;
@@ -515,11 +656,11 @@ static void tick_one(void *arg, const char *key, void *value)
     }
     free(unseen.end);
     int refusals_before = w->refusals;
-    uint64_t ident = 0;
+    uint64_t ident = 0, up = NO_EPOCH;
     if (w->zsock != NULL) {
         zmq_pollitem_t it = {.socket = w->zsock, .events = ZMQ_POLLIN};
         if (zmq_poll(&it, 1, 0) > 0 && (it.revents & ZMQ_POLLIN))
-            ident = take_identity(w->zsock);
+            ident = take_identity(w->zsock, &up);
         if (ident != 0) {
             w->answered = true;
             close_zsock(t->r->inst, w);
@@ -556,19 +697,22 @@ static void tick_one(void *arg, const char *key, void *value)
     }
     if ((ident != 0 || w->refusals > refusals_before) && t->nchanged < 64) {
         t->changed_ident[t->nchanged] = ident;
+        t->changed_up[t->nchanged] = up;
         t->changed[t->nchanged++] = strdup(key);
     }
     /* Silence is no proof: a paused peer (or a watcher that was paused itself) answers nothing for a
-     * while and is alive. Only a closed port is; identities catch restarts (judge_item). */
-    bool gone = w->refusals >= 2;
+     * while and is alive. Only a closed port is, while nothing else says the peer lives (see
+     * "Evidence"); identities catch restarts (judge_item). */
+    bool gone = w->refusals >= 2 && w->refusals > refusals_before && !lives_elsewhere(t->r->inst, w, key);
     if (gone && t->ngone < 64)
         t->gone[t->ngone++] = strdup(key);
 }
 
 /* A probe of `peer` answered: apply it to the peer's items; end those of a dead incarnation. */
-static void apply_answer(pdl_rank_t *r0, watched_t *w, const char *peer, uint64_t ident)
+static void apply_answer(pdl_rank_t *r0, watched_t *w, const char *peer, uint64_t ident, uint64_t up_ns)
 {
-    verdict_ctx_t v = {.w = w, .ident = ident};
+    verdict_ctx_t v = {.w = w, .ident = ident, .up_ns = up_ns,
+                       .producer = r0->inst->cfg.conn.role == PDL_ROLE_PRODUCER};
     pdl__strmap_foreach(&w->items, judge_item, &v);
     if (ident != 0) {
         PDL_CTR_ADD(r0, watch_identities, 1);
@@ -577,7 +721,9 @@ static void apply_answer(pdl_rank_t *r0, watched_t *w, const char *peer, uint64_
     }
     for (size_t i = 0; i < v.n; i++)
         free(pdl__strmap_remove(&w->items, v.end[i]));
-    end_items(r0, peer, v.end, v.n, "another process answers on its handshake port: it was restarted");
+    end_items(r0, peer, v.end, v.n,
+              "another process answers on its handshake port, or one that came up after the hold was made: it "
+              "was restarted");
     free(v.end);
 }
 
@@ -612,7 +758,7 @@ void pdl__watch_tick(pdl_rank_t *r, uint64_t now_ns)
     for (int i = 0; i < t.nchanged; i++) {
         watched_t *w = t.changed[i] ? pdl__strmap_get(&r->svc.watch, t.changed[i]) : NULL;
         if (w != NULL)
-            apply_answer(r, w, t.changed[i], t.changed_ident[i]);
+            apply_answer(r, w, t.changed[i], t.changed_ident[i], t.changed_up[i]);
         free(t.changed[i]);
     }
     for (int i = 0; i < t.ngone; i++) {

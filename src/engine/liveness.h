@@ -26,4 +26,15 @@ int pdl__proc_pidfd(int64_t pid, uint64_t start);
 /* Whether the process behind `pidfd` has exited: a pidfd becomes readable on exit, zombie or reaped. */
 bool pdl__proc_exited(int pidfd);
 
+/*
+ * How many TCP connections of this network namespace are ESTABLISHED between local port `local_port`
+ * and numeric address `host` (IPv4, IPv6, or IPv4 reached through a dual-stack socket), asked of the
+ * kernel (sock_diag), or -1 with errno when it cannot tell (host not numeric, no sock_diag). A process
+ * that dies has its connections closed by its kernel (a FIN, seen here at once), so an established
+ * connection from a host says some process there still runs -- which one, the kernel cannot say.
+ * A host that vanished without closing them keeps them until the keepalive or user timeout set on
+ * the data sockets ends them (tcp.c: pdl__tcp_bound_recovery). Blocks the caller at most ~100 ms.
+ */
+int pdl__tcp_established(uint16_t local_port, const char *host);
+
 #endif

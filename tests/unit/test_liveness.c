@@ -3,8 +3,11 @@
  * (src/engine/liveness.c): the proof accepts the process and refuses another start time, and an exit
  * is seen while the process is still an unreaped zombie (what UCX's keepalive misses).
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -78,12 +81,40 @@ static void test_zombie_and_reaped(void **state)
     assert_true(errno == ESRCH || errno == ESTALE); /* ESTALE only if the pid was reused meanwhile */
 }
 
+/* The connections the consumer-gone watch reads as a host's sign of life: counted per local port and
+ * peer address while established, none once the peer closed its end. */
+static void test_established(void **state)
+{
+    (void)state;
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(lfd, 4), 0);
+    assert_int_equal(getsockname(lfd, (struct sockaddr *)&a, &al), 0);
+    uint16_t port = ntohs(a.sin_port);
+    assert_int_equal(pdl__tcp_established(port, "127.0.0.1"), 0);
+    int cfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(cfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    int sfd = accept(lfd, NULL, NULL);
+    assert_true(sfd >= 0);
+    assert_int_equal(pdl__tcp_established(port, "127.0.0.1"), 1);
+    assert_int_equal(pdl__tcp_established(port, "127.0.0.2"), 0); /* another host */
+    assert_int_equal(pdl__tcp_established(port, "not-an-address"), -1);
+    close(cfd); /* the peer's FIN: our end is in CLOSE_WAIT, no longer established */
+    usleep(20000);
+    assert_int_equal(pdl__tcp_established(port, "127.0.0.1"), 0);
+    close(sfd);
+    close(lfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_self),
         cmocka_unit_test(test_bad_pids),
         cmocka_unit_test(test_zombie_and_reaped),
+        cmocka_unit_test(test_established),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
