@@ -172,6 +172,12 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_IDLE, 30);
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_INTVL, 10);
     set_int_opt(s, ZMQ_TCP_KEEPALIVE_CNT, 3);
+    /* After a partition: a connect whose SYNs were lost is retried every reconnect interval (<= 5 s)
+     * instead of waiting out the kernel's SYN backoff (1, 2, 4, ... s), and a connection whose bytes
+     * stay unacknowledged for 20 s (TCP_USER_TIMEOUT) is dropped and reconnected, as the tcp engine's
+     * data sockets are (engine/tcp.c). Messages still queued here go out on the new connection. */
+    set_int_opt(s, ZMQ_CONNECT_TIMEOUT, 2000);
+    set_int_opt(s, ZMQ_TCP_MAXRT, 20000);
     if (strchr(endpoint, '['))
         set_int_opt(s, ZMQ_IPV6, 1);
     pdl_error_t e;
