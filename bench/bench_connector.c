@@ -76,6 +76,7 @@ typedef struct bc_opts {
     int pairs, reps, zmq_rts;
     bool topo_on[BC_NTOPO];
     pdl_backend_kind_t backend;
+    pdl_kv_integrity_t integrity; /* both instances' kv_integrity */
     const char *json;
     bool connector; /* --connector: how pdl_cli_bench chose this benchmark */
 } bc_opts_t;
@@ -158,6 +159,7 @@ static pdl_instance_t *bc_instance(const bc_opts_t *o, pdl_port_picker_t *pp, pd
         c.conn.role = role;
         c.conn.read_mode = true;
         c.conn.backend = o->backend;
+        c.conn.kv_integrity = o->integrity;
         c.conn.handshake_port = hs;
         c.conn.notify_port = hs + tp;
         c.model.num_layers = o->model->num_layers;
@@ -828,8 +830,10 @@ static void bc_print(const bc_opts_t *o, const bc_row_t *rows, int nrows, const 
                      const bc_stats_t *st)
 {
     char a[64], b[64];
-    printf("pdlink bench --connector: %s, block_size %d, backend %s, %d pairs of %d transfers per sample\n",
-           o->model->name, o->block_size, pdl_backend_name(o->backend), o->pairs, o->reps);
+    printf("pdlink bench --connector: %s, block_size %d, backend %s, kv_integrity %s, %d pairs of %d transfers per "
+           "sample\n",
+           o->model->name, o->block_size, pdl_backend_name(o->backend), pdl_kv_integrity_name(o->integrity), o->pairs,
+           o->reps);
     printf("\n%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s %9s\n", "topo", "tokens", "bytes", "conn", "engine",
            "memcpy", "conn/engine", "conn/memcpy", "pull p50", "pull p99", "zero");
     printf("%-6s %6s %10s %8s %8s %8s  %-22s %-22s %9s %9s %9s\n", "", "", "", "GB/s", "GB/s", "GB/s", "median (min-max)",
@@ -878,6 +882,7 @@ static int bc_write_json(const bc_opts_t *o, const bc_row_t *rows, int nrows, co
     json_object_set_new(root, "model", json_string(o->model->name));
     json_object_set_new(root, "block_size", json_integer(o->block_size));
     json_object_set_new(root, "backend", json_string(pdl_backend_name(o->backend)));
+    json_object_set_new(root, "kv_integrity", json_string(pdl_kv_integrity_name(o->integrity)));
     json_object_set_new(root, "pairs", json_integer(o->pairs));
     json_object_set_new(root, "reps", json_integer(o->reps));
     json_object_set_new(root, "gb", json_string("1e9 bytes"));
@@ -978,6 +983,18 @@ static pdl_status_t bc_set_backend(void *opts, const pdl_optdef_t *row, const ch
     return PDL_OK;
 }
 
+static pdl_status_t bc_set_integrity(void *opts, const pdl_optdef_t *row, const char *flag, const char *v,
+                                     bool *done_p, pdl_error_t *err)
+{
+    (void)row, (void)done_p;
+    for (int m = PDL_KV_INTEGRITY_OFF; m <= PDL_KV_INTEGRITY_FULL; m++)
+        if (strcmp(v, pdl_kv_integrity_name((pdl_kv_integrity_t)m)) == 0) {
+            ((bc_opts_t *)opts)->integrity = (pdl_kv_integrity_t)m;
+            return PDL_OK;
+        }
+    return pdl_error_set(err, PDL_ERR_INVALID, "%s '%s': expected off, sample or full", flag, v);
+}
+
 #define BCO(field) offsetof(bc_opts_t, field)
 static const pdl_optdef_t bc_rows[] = {
     {.name = "connector", .kind = PDL_OPT_FLAG, .off = BCO(connector),
@@ -998,6 +1015,8 @@ static const pdl_optdef_t bc_rows[] = {
      .hi = 1000, .help = "tokens per KV block"},
     {.name = "backend", .kind = PDL_OPT_CALL, .metavar = "NAME", .def = "shm", .set = bc_set_backend,
      .help = "shm, tcp or ucx (UCX_TLS honoured)"},
+    {.name = "kv-integrity", .kind = PDL_OPT_CALL, .metavar = "MODE", .def = "sample", .set = bc_set_integrity,
+     .help = "kv_integrity of both instances: off, sample or full (docs/integrity.md)"},
     {.name = "zmq-rts", .kind = PDL_OPT_INT, .metavar = "N", .def = "200", .off = BCO(zmq_rts), .lo = 1, .hi = 1000,
      .help = "ZeroMQ round trips per pair for the release comparison"},
     {.name = "json", .kind = PDL_OPT_STRING, .metavar = "FILE", .off = BCO(json),
@@ -1023,7 +1042,8 @@ static void bc_help_tail(FILE *f)
 static const pdl_optab_t bc_table = {
     .prog = "pdlink bench --connector",
     .usage = "usage: pdlink bench --connector [--model NAME] [--tokens LIST] [--topologies LIST] [--pairs N]\n"
-             "                    [--reps N] [--block-size N] [--backend shm|tcp|ucx] [--zmq-rts N] [--json FILE|-]\n\n",
+             "                    [--reps N] [--block-size N] [--backend shm|tcp|ucx] [--kv-integrity MODE]\n"
+             "                    [--zmq-rts N] [--json FILE|-]\n\n",
     .rows = bc_rows,
     .help_tail = bc_help_tail,
 };

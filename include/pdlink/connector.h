@@ -112,7 +112,7 @@ typedef struct pdl_connector_config {
      * so freed blocks do not keep earlier prompts' KV (docs/security.md). Costs a memset per free. */
     bool scrub_freed_blocks;
     /* KV digests (docs/integrity.md): the consumer checks what landed against the producer's digests. */
-    pdl_kv_integrity_t kv_integrity; /* PDL_KV_INTEGRITY_SAMPLE */
+    pdl_kv_integrity_t kv_integrity; /* PDL_KV_INTEGRITY_OFF until the digest fetch is cheap (docs/integrity.md) */
 } pdl_connector_config_t;
 
 /* Fill cfg with MoRIIO's defaults (role consumer, as upstream takes any kv_role but kv_producer); the

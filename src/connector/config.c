@@ -486,7 +486,7 @@ static const key_row_t k_rows[] = {
     {"scrub_freed_blocks", &t_bool, FIELD(scrub_freed_blocks), "false", 0, 0, 0,
      "pdlink: true: zero a block's bytes on every rank before it goes back to the allocator, so freed blocks do "
      "not keep earlier prompts' KV"},
-    {"kv_integrity", &t_integrity, FIELD(kv_integrity), "sample", 0, 0, 0,
+    {"kv_integrity", &t_integrity, FIELD(kv_integrity), "off", 0, 0, 0,
      "pdlink: KV digests (XXH3 per layer, block and head) checked by the consumer over what landed, READ mode: "
      "off; sample (one block and layer in 16 per transfer); full (every piece). A mismatch fails the transfer"},
     {"auth_key_file", &t_string, FIELD(auth_key_file), "", 0, 0, 0,
