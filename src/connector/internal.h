@@ -58,6 +58,7 @@
 #include "connector/budget.h"
 #include "connector/resolve.h"
 #include "connector/strmap.h"
+#include "connector/watch.h"
 #include "pdlink/auth.h"
 #include "pdlink/connector.h"
 #include "common/log.h"
@@ -614,6 +615,8 @@ struct pdl_instance {
     atomic_bool stopping;
     /* budget.c: the sockets open toward peers (DEALER caches, handshakes, watch probes), by share */
     pdl_budget_t sockets;
+    /* watch.c: the connect its probes make (watch.h; NULL: connect(2)) */
+    _Atomic(pdl_watch_connect_fn) watch_connect;
 
     /* held.c */
     pthread_mutex_t held_mu;

@@ -129,7 +129,7 @@
 #include "common/siphash.h"
 #include "engine/liveness.h"
 
-_Atomic(pdl_watch_connect_fn) pdl__watch_connect = connect;
+void pdl__watch_set_connect(pdl_instance_t *inst, pdl_watch_connect_fn fn) { atomic_store(&inst->watch_connect, fn); }
 
 #define NO_EPOCH UINT64_MAX /* an identity answered without its age (an older pdlink) */
 
@@ -358,8 +358,8 @@ static void start_probe(pdl_instance_t *inst, watched_t *w, uint64_t now_ns)
         setsockopt(w->fd, SOL_IPV6, IPV6_RECVERR, &one, sizeof(one));
     else
         setsockopt(w->fd, SOL_IP, IP_RECVERR, &one, sizeof(one));
-    pdl_watch_connect_fn conn = atomic_load(&pdl__watch_connect);
-    if (conn(w->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+    pdl_watch_connect_fn conn = atomic_load(&inst->watch_connect);
+    if ((conn ? conn : connect)(w->fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
         if (errno == ECONNREFUSED)
             count_refusal(w, w->fd);
         close_fd(inst, w);

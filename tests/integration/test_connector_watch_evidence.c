@@ -64,7 +64,6 @@ static void hooks_reset(void)
     atomic_store(&refused_port, -1);
     atomic_store(&unreachable_port, -1);
     atomic_store(&calls_unreachable, 0);
-    atomic_store(&pdl__watch_connect, fake_connect);
 }
 
 /* Hold NBLK filled blocks as `tid` for consumer `c` (seed t). */
@@ -109,6 +108,7 @@ static void refused_but_connected_decode_keeps_its_hold(void **state)
     tc_geo_t g = tc_geo_default(HEADS);
     pdl_instance_t *p, *c;
     assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 60, tc_watch_slow, NULL));
+    pdl__watch_set_connect(p, fake_connect);
     uint32_t a[NBLK], b[NBLK], lb[NBLK];
     assert_int_equal(pdl_instance_alloc_blocks(c, NBLK, lb, NULL), PDL_OK);
     /* A pull opens the decode's data connections to the prefill's engine (kept for the next pulls). */
@@ -156,6 +156,7 @@ static void first_contact_hold_freed_when_decode_restarted(void **state)
     tc_geo_t g = tc_geo_default(HEADS);
     pdl_instance_t *p, *c;
     assert_true(tc_pair(&p, &c, 1, 1, &g, TOTAL, PDL_BACKEND_TCP, 600, 60, tc_watch_slow, NULL));
+    pdl__watch_set_connect(p, fake_connect);
     /* The watch's probes learn nothing until the restart: the hold is its first contact. */
     atomic_store(&unreachable_port, pdl_instance_handshake_port(c, 0));
     uint32_t old_ids[NBLK], new_ids[NBLK];
