@@ -25,7 +25,7 @@ pdl_status_t pdl__tcp_server_start(pdl_engine_t *e, pdl_tcp_server_t **out, pdl_
 void pdl__tcp_server_stop(pdl_tcp_server_t *srv);
 /* Shut down the connections currently reading or writing `m` (deregistration). */
 void pdl__tcp_server_kick(pdl_tcp_server_t *srv, pdl_mem_t *m);
-/* TCP_NODELAY, e->tcp_cc and pdl__tcp_bound_recovery; socket buffers are left to the kernel's autotuning (see docs/engine.md). */
+/* tcp_sock.c: TCP_NODELAY, e->tcp_cc and pdl__tcp_bound_recovery; socket buffers are left to the kernel's autotuning (see docs/engine.md). */
 void pdl__tcp_tune_socket(const pdl_engine_t *e, int fd);
 /* Keepalive, TCP_USER_TIMEOUT and a retransmission ceiling on data socket fd (tcp.c says why and what
  * they bound); an option the kernel lacks is skipped. Cannot fail. */

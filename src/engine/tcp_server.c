@@ -1222,15 +1222,6 @@ static void *srv_main(void *arg)
     return NULL;
 }
 
-void pdl__tcp_tune_socket(const pdl_engine_t *e, int fd)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (e->tcp_cc[0] != '\0')
-        setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, e->tcp_cc, (socklen_t)strlen(e->tcp_cc));
-    pdl__tcp_bound_recovery(fd);
-}
-
 /* 0 if `name` can be set on a TCP socket of this process, else errno. */
 static int cc_settable(const char *name)
 {
