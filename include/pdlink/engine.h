@@ -364,6 +364,12 @@ bool pdl_session_broken(pdl_session_t *session);
  * no grant has that name (not logged: the caller decides).
  */
 /*
+ * pdl_engine_grant_to: pdl_engine_grant for one host: the tcp backend serves the grant only to data
+ * connections from `host` (a numeric address, compared as an address; NULL or "" = any host, which is
+ * pdl_engine_grant), and refuses the others with PDL_ERR_DENIED. A WRITE grant names its producer this
+ * way, so whoever else learns the grant's name (a transfer id) writes nothing under it. shm and cuda
+ * peers share the owner's host, so the binding adds nothing there.
+ *
  * pdl_engine_grant_peer: the numeric address of the host the grant was first served to ("" while
  * unused) into host (cap bytes) -- the peer that took part in the transfer, e.g. to check who may
  * release it. PDL_ERR_NOT_FOUND when no grant has that name, PDL_ERR_INVALID for a NULL argument.
@@ -376,6 +382,8 @@ typedef struct pdl_range {
 void pdl_mem_guard(pdl_mem_t *mem);
 pdl_status_t pdl_engine_grant(pdl_engine_t *engine, pdl_mem_t *mem, const char *name, unsigned ops,
                               const pdl_range_t *ranges, size_t n, pdl_error_t *err);
+pdl_status_t pdl_engine_grant_to(pdl_engine_t *engine, pdl_mem_t *mem, const char *name, unsigned ops,
+                                 const pdl_range_t *ranges, size_t n, const char *host, pdl_error_t *err);
 pdl_status_t pdl_engine_revoke(pdl_engine_t *engine, const char *name, pdl_error_t *err);
 pdl_status_t pdl_engine_grant_peer(pdl_engine_t *engine, const char *name, char *host, size_t cap, pdl_error_t *err);
 

@@ -445,6 +445,10 @@ void pdl__rank_fini(pdl_rank_t *r);
  * pdl__rank_revoke: forget rank `rank`'s grant of `name` (-1: every rank's); none is fine. */
 pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
                              pdl_error_t *err);
+/* pdl__rank_grant served only to data connections from `host` (numeric; "" or NULL = any host): a WRITE
+ * receive binds its grant to the producer's host (pdl_engine_grant_to). */
+pdl_status_t pdl__rank_grant_to(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
+                                const char *host, pdl_error_t *err);
 void pdl__rank_revoke(pdl_instance_t *inst, const char *name, int rank);
 
 /* ---- held.c: held transfers ------------------------------------------------------------------ */

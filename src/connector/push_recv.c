@@ -290,8 +290,10 @@ pdl_status_t pdl_instance_expect_push(pdl_instance_t *inst, const pdl_kv_params_
         *recv_out = rv;
         return PDL_OK;
     }
-    /* Before remote_blocks goes out: the producers' writes into these blocks name the transfer. */
-    st = pdl__rank_grant(inst, tid, PDL_GRANT_WRITE, local_blocks, n, err);
+    /* Before remote_blocks goes out: the producers' writes into these blocks name the transfer, and come
+     * from the producer's host (pr.ip; "" for a host name: not checked, as its write_done is not), so
+     * another host that learned the transfer id writes nothing into them (docs/security.md). */
+    st = pdl__rank_grant_to(inst, tid, PDL_GRANT_WRITE, local_blocks, n, pr.ip, err);
     if (st != PDL_OK) {
         pdl_recv_free(rv);
         pdl_error_prefix(err, st, "expect_push");

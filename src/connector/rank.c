@@ -458,6 +458,12 @@ pdl_status_t pdl_instance_zero_tail(pdl_instance_t *inst, const uint32_t *ids, s
 pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
                              pdl_error_t *err)
 {
+    return pdl__rank_grant_to(inst, name, ops, ids, n, NULL, err);
+}
+
+pdl_status_t pdl__rank_grant_to(pdl_instance_t *inst, const char *name, unsigned ops, const uint32_t *ids, size_t n,
+                                const char *host, pdl_error_t *err)
+{
     int L = inst->cfg.model.num_layers;
     PDL_FOR_LOCAL(inst, i) {
         pdl_rank_mem_t *m = &inst->ranks[i].mem;
@@ -474,7 +480,7 @@ pdl_status_t pdl__rank_grant(pdl_instance_t *inst, const char *name, unsigned op
             size_t k = pdl__rank_block_ranges(m, reg, reg + per_reg, ids, n, rg);
             char g[PDL_GRANT_NAME_MAX + 1];
             pdl__grant_name(g, sizeof(g), name, m->layer_kv != NULL, reg);
-            st = pdl_engine_grant(m->engine, pdl__layer_mem(m, reg), g, ops, rg, k, err);
+            st = pdl_engine_grant_to(m->engine, pdl__layer_mem(m, reg), g, ops, rg, k, host, err);
             if (st != PDL_OK && m->layer_kv)
                 pdl_error_prefix(err, st, "%s: rank %d layer %d", name, i, reg);
             else if (st != PDL_OK)

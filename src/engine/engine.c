@@ -761,9 +761,15 @@ void pdl_mem_guard(pdl_mem_t *m) { atomic_store(&m->guarded, true); }
 pdl_status_t pdl_engine_grant(pdl_engine_t *e, pdl_mem_t *mem, const char *name, unsigned ops,
                               const pdl_range_t *ranges, size_t n, pdl_error_t *err)
 {
+    return pdl_engine_grant_to(e, mem, name, ops, ranges, n, NULL, err);
+}
+
+pdl_status_t pdl_engine_grant_to(pdl_engine_t *e, pdl_mem_t *mem, const char *name, unsigned ops,
+                                 const pdl_range_t *ranges, size_t n, const char *host, pdl_error_t *err)
+{
     if (e == NULL || mem == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "pdl_engine_grant: engine and mem must not be NULL");
-    pdl_status_t st = pdl__grants_add(&e->grants, name, mem->id, ops, ranges, n, err);
+    pdl_status_t st = pdl__grants_add_to(&e->grants, name, mem->id, ops, ranges, n, host, err);
     if (st != PDL_OK)
         pdl_error_prefix(err, st, "engine %s", e->key);
     return st;

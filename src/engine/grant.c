@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <sys/random.h>
 #include <sched.h>
 
@@ -20,6 +21,7 @@ struct pdl_grant {
     uint64_t mem_id;
     unsigned ops;
     char served_to[PDL_GRANT_PEER_MAX]; /* numeric host of the first request served; "" = none yet */
+    char bound_to[PDL_GRANT_PEER_MAX];  /* numeric host it serves only ("" = any host): pdl__grants_add_to */
     int64_t pub_slot; /* its slot in g->pub, or -1 */
     uint64_t pub_rfirst; /* its ranges in g->pub->range (x->n of them), when pub_slot >= 0 */
     uint64_t gen;        /* unique per grant added: a request admitted by it copies only under it */
@@ -281,6 +283,12 @@ static int by_off(const void *a, const void *b)
 pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
                              const pdl_range_t *ranges, size_t n, pdl_error_t *err)
 {
+    return pdl__grants_add_to(g, name, mem_id, ops, ranges, n, NULL, err);
+}
+
+pdl_status_t pdl__grants_add_to(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
+                                const pdl_range_t *ranges, size_t n, const char *host, pdl_error_t *err)
+{
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > PDL_GRANT_NAME_MAX)
         return pdl_error_set(err, PDL_ERR_INVALID, "grant: name empty or longer than %d bytes", PDL_GRANT_NAME_MAX);
@@ -289,6 +297,9 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
                              ops);
     if (n == 0 || ranges == NULL)
         return pdl_error_set(err, PDL_ERR_INVALID, "grant %s: no ranges", name);
+    if (host != NULL && strlen(host) >= PDL_GRANT_PEER_MAX)
+        return pdl_error_set(err, PDL_ERR_INVALID, "grant %s: host %.80s is longer than %d bytes", name, host,
+                             PDL_GRANT_PEER_MAX - 1);
     pdl_grant_t *x = calloc(1, sizeof(*x));
     if (x == NULL || (x->r = malloc(n * sizeof(*x->r))) == NULL) {
         free(x);
@@ -318,6 +329,7 @@ pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id,
     x->name_len = len;
     x->mem_id = mem_id;
     x->ops = ops;
+    snprintf(x->bound_to, sizeof(x->bound_to), "%s", host ? host : "");
     x->pub_slot = -1;
     pthread_mutex_lock(&g->mu);
     pdl_grant_t **pp = find(g, name, len);
@@ -411,6 +423,36 @@ void pdl__grants_leave(pdl_grants_t *g, pdl_grant_t *x)
     pthread_mutex_unlock(&g->mu);
 }
 
+/* A numeric host as 16 bytes (IPv4 as its IPv4-mapped IPv6 form); false when it is not one. */
+static bool host_bytes(const char *h, uint8_t out[16])
+{
+    struct in_addr a4;
+    if (inet_pton(AF_INET, h, &a4) == 1) {
+        memset(out, 0, 10);
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &a4, 4);
+        return true;
+    }
+    return inet_pton(AF_INET6, h, out) == 1;
+}
+
+/*
+ * Is `peer` (getnameinfo's numeric host of a data connection) the host a grant is bound to ("" = any)?
+ * Compared as addresses, not text: an IPv4 client of a dual-stack listener shows as ::ffff:a.b.c.d, and
+ * one IPv6 address has several spellings. Text that is no address (a scoped one) must match exactly.
+ */
+static bool same_host(const char *bound, const char *peer)
+{
+    if (bound[0] == '\0')
+        return true;
+    uint8_t a[16], b[16];
+    if (peer == NULL)
+        return false;
+    if (host_bytes(bound, a) && host_bytes(peer, b))
+        return memcmp(a, b, 16) == 0;
+    return strcmp(bound, peer) == 0;
+}
+
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
                        const uint8_t *segs, uint32_t nseg, const char *peer, uint64_t *gen, char *why, size_t cap)
 {
@@ -427,6 +469,10 @@ bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint6
         ok = false;
     } else if ((x->ops & op) == 0) {
         snprintf(why, cap, "grant %s does not allow %s", x->name, op == PDL_GRANT_READ ? "reads" : "writes");
+        ok = false;
+    } else if (!same_host(x->bound_to, peer)) {
+        /* Which host it is bound to is not said: the asker is not that host. */
+        snprintf(why, cap, "grant %s is bound to another host than %s", x->name, peer);
         ok = false;
     } else {
         for (uint32_t i = 0; i < nseg && ok; i++) {

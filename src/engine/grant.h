@@ -113,6 +113,11 @@ bool pdl__grant_pub_covers(const pdl_grant_pub_t *pub, uint64_t slot, uint64_t o
  * pool for this grant's ranges. The message names the grant. */
 pdl_status_t pdl__grants_add(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
                              const pdl_range_t *ranges, size_t n, pdl_error_t *err);
+/* The same, served only to requests from `host` (a numeric address; NULL or "" = any host, which is
+ * pdl__grants_add): a WRITE grant names its producer, so an outsider that learned the name cannot write
+ * under it. PDL_ERR_INVALID also for a host of PDL_GRANT_PEER_MAX bytes or more. */
+pdl_status_t pdl__grants_add_to(pdl_grants_t *g, const char *name, uint64_t mem_id, unsigned ops,
+                                const pdl_range_t *ranges, size_t n, const char *host, pdl_error_t *err);
 /* Remove a grant; false when no grant has that name. Returns once no step under it is held
  * (pdl__grants_enter), so it must not be called from a tcp server thread. */
 bool pdl__grants_revoke(pdl_grants_t *g, const char *name);
@@ -120,10 +125,10 @@ bool pdl__grants_revoke(pdl_grants_t *g, const char *name);
  * May a request named `name` (name_len bytes, not NUL-terminated) from host `peer` (numeric) do `op`
  * (PDL_GRANT_READ or _WRITE) on registration mem_id, on the nseg segments at `segs` (tcp wire form: u64
  * offset, u64 length, little-endian)? True only when a grant of that name exists for that registration
- * and op and every segment lies inside one of its ranges; then the grant's generation goes to *gen
- * (unless NULL: the server keeps it for the request's copies, pdl__grants_enter) and the first such
- * peer is remembered as the one the grant was served to (pdl__grants_peer). Else false with the reason
- * in why (cap bytes).
+ * and op, is bound to no host or to `peer`, and every segment lies inside one of its ranges; then the
+ * grant's generation goes to *gen (unless NULL: the server keeps it for the request's copies,
+ * pdl__grants_enter) and the first such peer is remembered as the one the grant was served to
+ * (pdl__grants_peer). Else false with the reason in why (cap bytes).
  */
 bool pdl__grants_check(pdl_grants_t *g, const char *name, size_t name_len, uint64_t mem_id, unsigned op,
                        const uint8_t *segs, uint32_t nseg, const char *peer, uint64_t *gen, char *why, size_t cap);
