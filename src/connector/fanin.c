@@ -22,6 +22,7 @@
  */
 #include "connector/fanin.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +53,7 @@ typedef struct fanin_parked {
     uint64_t arrival_ns;
     int64_t consumer_tp_size, consumer_tp_rank;
     bool failed;
+    char sender[64]; /* numeric host ("" = unknown), checked when the hold comes */
     char id[];
 } fanin_parked_t;
 
@@ -283,6 +285,7 @@ static pdl_fanin_result_t park(pdl_fanin_t *f, int s, const pdl_fanin_release_t 
     p->consumer_tp_size = rel->consumer_tp_size;
     p->consumer_tp_rank = rel->consumer_tp_rank;
     p->failed = rel->failed;
+    snprintf(p->sender, sizeof(p->sender), "%s", rel->sender ? rel->sender : "");
     memcpy(p->id, rel->transfer_id, idl + 1);
     p->next = NULL;
     p->prev = pk->tail;
@@ -353,6 +356,13 @@ pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data,
 pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
                              pdl_error_t *err)
 {
+    return pdl__fanin_hold_from(f, transfer_id, rank, now_ns, NULL, NULL, reported_out, err);
+}
+
+pdl_status_t pdl__fanin_hold_from(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns,
+                                  bool (*allowed)(void *arg, const char *sender), void *arg, bool *reported_out,
+                                  pdl_error_t *err)
+{
     if (reported_out)
         *reported_out = false;
     int s = slot_of(f, rank);
@@ -377,7 +387,9 @@ pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, 
         fanin_parked_t *n = p->next;
         if (strcmp(p->id, transfer_id) == 0) {
             park_unlink(pk, p);
-            if (!reported) {
+            if (allowed != NULL && !allowed(arg, p->sender)) {
+                f->c[s].parked_refused++; /* from another party than the one the hold names */
+            } else if (!reported) {
                 int expected = 1;
                 pdl_topo_expected_acks(f->cfg.producer_tp, (int)p->consumer_tp_size, &expected, NULL);
                 reported = apply_to_held(f, rec, s, p->consumer_tp_rank, expected, p->failed) == PDL_FANIN_REPORTED;

@@ -20,7 +20,8 @@
  *                                        max_park_age_ns old; the oldest is dropped first
  *                                        (counted in parked_dropped).
  *   OPEN --hold--> HELD                  pdl__fanin_hold: lease until now + defer_timeout; the rank's
- *                                        parked releases for the id are applied in arrival order.
+ *                                        parked releases for the id are applied in arrival order (those
+ *                                        from a sender the hold accepts: pdl__fanin_hold_from).
  *   HELD --release--> HELD | REPORTED    counted; REPORTED once count >= expected(P, consumer_tp_size).
  *   HELD --keepalive--> HELD             deadline = now + defer_timeout (nothing counted).
  *   HELD --reap--> EXPIRED               pdl__fanin_reap: the deadline passed with too few releases.
@@ -67,6 +68,7 @@ typedef struct pdl_fanin_release {
     int64_t consumer_tp_size; /* >= 1 */
     int64_t consumer_tp_rank; /* -1 = absent */
     bool failed;              /* status "failed" */
+    const char *sender;       /* the sender's numeric host (NULL or "" = unknown): kept with a parked release */
 } pdl_fanin_release_t;
 
 typedef enum pdl_fanin_result {
@@ -91,6 +93,7 @@ typedef struct pdl_fanin_counters {
     uint64_t late;
     uint64_t parked;         /* releases parked (cumulative) */
     uint64_t parked_dropped; /* parked releases dropped: too old, or evicted when the park was full */
+    uint64_t parked_refused; /* parked releases the hold's sender check refused (pdl__fanin_hold_from) */
     uint64_t failed_status;
     uint64_t invalid;
     uint64_t reported;       /* transfers reported */
@@ -120,6 +123,16 @@ pdl_status_t pdl__fanin_add(pdl_fanin_t *f, const char *transfer_id, void *data,
  */
 pdl_status_t pdl__fanin_hold(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns, bool *reported_out,
                              pdl_error_t *err);
+/*
+ * pdl__fanin_hold, applying only the parked releases whose sender `allowed` accepts (called with the
+ * sender each was parked with, "" when unknown; must not call into the table; NULL = all). A release
+ * parked before its hold existed was taken from anyone -- nothing named the transfer's consumer yet --
+ * so the hold, which does name it, puts each to that check now; the refused ones are dropped and
+ * counted in parked_refused.
+ */
+pdl_status_t pdl__fanin_hold_from(pdl_fanin_t *f, const char *transfer_id, int rank, uint64_t now_ns,
+                                  bool (*allowed)(void *arg, const char *sender), void *arg, bool *reported_out,
+                                  pdl_error_t *err);
 
 /* Hand one release to rank `rank`. On PDL_FANIN_INVALID `err` says why (names the value). */
 pdl_fanin_result_t pdl__fanin_release(pdl_fanin_t *f, int rank, const pdl_fanin_release_t *rel, uint64_t now_ns,

@@ -286,6 +286,30 @@ void pdl__held_free_all(pdl_instance_t *inst)
 
 /* ---- READ mode: holds ------------------------------------------------------------------------- */
 
+/*
+ * The sender check of a release parked before its hold (pdl__fanin_hold_from): the one a release that
+ * arrives after the hold meets (pdl__held_release_allowed), against the consumer the hold names --
+ * taken from anyone, a forged release parked first would complete the hold the moment it was made and
+ * free the blocks before the real decode read them. A hold that names no consumer accepts every
+ * sender, as its later releases' fallback (the host its grant is first served to) names nobody yet.
+ */
+typedef struct parked_check {
+    const pdl_instance_t *inst;
+    char consumer_ip[64];
+    int refused;
+    char first[64]; /* the first refused sender, for the log */
+} parked_check_t;
+
+static bool parked_from_consumer(void *arg, const char *sender)
+{
+    parked_check_t *pc = arg;
+    if (pdl__held_sender_is_consumer(pc->inst, sender, pc->consumer_ip))
+        return true;
+    if (pc->refused++ == 0)
+        snprintf(pc->first, sizeof(pc->first), "%s", sender);
+    return false;
+}
+
 pdl_status_t pdl_instance_hold(pdl_instance_t *inst, const char *transfer_id, const uint32_t *ids, size_t n,
                                pdl_error_t *err)
 {
@@ -316,17 +340,25 @@ pdl_status_t pdl_instance_hold_for(pdl_instance_t *inst, const char *transfer_id
         return st;
     }
     uint64_t now = pdl__clock_now_ns();
+    parked_check_t pc = {.inst = inst};
+    pdl__numeric_host_of_name(consumer, pc.consumer_ip);
     PDL_FOR_LOCAL(inst, i) {
         /* The peer's read request reaches the engine through a socket, which orders nothing for the
          * engine's serving threads; publish the caller's KV writes to them before the params go out. */
         pdl_engine_publish(inst->ranks[i].mem.engine);
         bool reported = false;
         pdl_error_t e;
+        pc.refused = 0;
         pthread_mutex_lock(&inst->held_mu);
-        pdl_status_t hst = pdl__fanin_hold(inst->held, transfer_id, i, now, &reported, &e);
+        pdl_status_t hst =
+            pdl__fanin_hold_from(inst->held, transfer_id, i, now, parked_from_consumer, &pc, &reported, &e);
         pthread_mutex_unlock(&inst->held_mu);
         if (hst != PDL_OK) /* the rank was resolved meanwhile (its consumer is gone): nothing to hold */
             pdl_debug("rank %d: %s", i, e.msg);
+        if (pc.refused > 0)
+            PDL_CTR_REFUSED(&inst->ranks[i], releases_refused,
+                            "refused %d release(s) of transfer %.100s parked before its hold, from %s: its "
+                            "consumer is %s", pc.refused, transfer_id, pc.first, pc.consumer_ip);
         if (reported) {
             pdl_debug("rank %d: transfer %s completed by parked releases at hold", i, transfer_id);
             pdl__held_rank_resolved(inst, transfer_id, i, false);

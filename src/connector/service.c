@@ -205,7 +205,8 @@ static void notify_release(pdl_rank_t *r, const pdl_msg_t *msg, const char *send
     pdl_fanin_release_t rel = {.transfer_id = msg->transfer_id,
                                .consumer_tp_size = msg->type == PDL_MSG_LEGACY ? 1 : msg->consumer_tp_size,
                                .consumer_tp_rank = msg->type == PDL_MSG_LEGACY ? -1 : msg->consumer_tp_rank,
-                               .failed = msg->status == PDL_RELEASE_FAILED};
+                               .failed = msg->status == PDL_RELEASE_FAILED,
+                               .sender = sender}; /* parked: checked against the consumer at the hold */
     pdl_error_t e;
     pdl_fanin_result_t res = pdl__held_release(r, &rel, &e);
     switch (res) {

@@ -248,7 +248,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
      * backend that allocates its memory (ucx) allocates the table too, in engine_init. */
     if ((ops->caps & PDL_BACKEND_CAP_LIVE_TABLE) && !(ops->caps & PDL_BACKEND_CAP_ALLOC)) {
         size_t tbl = PDL_CTL_BYTES;
-        e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC);
+        e->ctl_fd = memfd_create("pdlink-ctl", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (e->ctl_fd < 0 || ftruncate(e->ctl_fd, (off_t)tbl) != 0) {
             st = pdl_error_set(err, PDL_ERR_SYSTEM, "engine %s: memfd_create for the registration table: %s",
                                e->key, strerror(errno));
@@ -261,6 +261,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
             goto err_free;
         }
         e->ctl = p;
+        pdl__shm_ctl_seal(e->ctl_fd, e->key);
         pdl__grants_publish(&e->grants, (pdl_grant_pub_t *)((uint8_t *)p + PDL_CTL_LIVE_BYTES));
     }
 
