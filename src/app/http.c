@@ -73,6 +73,10 @@ _Static_assert(PDL_HTTP_SIZE_UNKNOWN == MHD_SIZE_UNKNOWN, "unknown size is MHD's
 #define PUMP_CHUNK 16384
 /* Resource-limit warnings from MHD come once per rejected or failed accept; one line per 10 s is enough. */
 #define PDL_HTTP_WARN_EVERY_MS 10000
+/* One client address holds at most 1/PER_CLIENT_DIV of the connections unless the program says
+ * otherwise (max_per_client). A node behind a router sees all its traffic from one address, but a router
+ * holds about one connection per request in flight, and a node runs at most `workers` requests at once. */
+#define PER_CLIENT_DIV 4
 /* Counters of body bytes per client address: 32 KiB of atomics per listener, and a collision (two clients
  * sharing a share) has odds of one in this many per pair of addresses. */
 #define CLIENT_SLOTS 4096
@@ -808,7 +812,11 @@ pdl_status_t pdl_http_start(const pdl_http_params_t *p, pdl_http_t **http_p, int
     h->reaper_started = l->header_timeout_s > 0 || l->body_timeout_s > 0;
 
     unsigned max_conn = fd_bounded(l->max_connections, p->what);
-    unsigned per_client = l->max_per_client != 0 ? l->max_per_client : max_conn - max_conn / 4;
+    /* A quarter each: two addresses trickling headers hold at most half the slots (at 3/4 each, two took
+     * them all and every other client was refused until the header deadline cut them). */
+    unsigned per_client = l->max_per_client != 0 ? l->max_per_client : max_conn / PER_CLIENT_DIV;
+    if (per_client == 0)
+        per_client = 1;
     if (per_client > max_conn)
         per_client = max_conn;
     unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;

@@ -69,7 +69,7 @@ typedef struct pdl_http_limits {
                                   its previous response (0 = never) */
     unsigned body_timeout_s;  /* --http-body-timeout: a request's whole body, from its headers (0 = never) */
     unsigned max_connections; /* --http-max-connections: all clients together */
-    unsigned max_per_client;  /* --http-max-connections-per-client: one IP address (0 = 3/4 of the above) */
+    unsigned max_per_client;  /* --http-max-connections-per-client: one IP address (0 = 1/4 of the above) */
     unsigned threads;         /* --http-threads: MHD polling threads */
     unsigned workers;         /* --http-workers: at most this many requests run (block) at once */
     size_t body_budget;       /* bytes of request bodies held at once by the whole listener */

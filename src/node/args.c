@@ -212,7 +212,7 @@ static const pdl_optdef_t node_rows[] = {
     {PDL_HTTP_ROW_MAX_CONNECTIONS(pdl_node_args_t, http), .def = "4096",
      .help = "pdlink: open HTTP connections at most (lowered to 3/8 of ulimit -n)"},
     {PDL_HTTP_ROW_MAX_PER_CLIENT(pdl_node_args_t, http),
-     .help = "pdlink: from one IP address (default 3/4 of the above)"},
+     .help = "pdlink: from one IP address (default 1/4 of the above)"},
     {PDL_HTTP_ROW_THREADS(pdl_node_args_t, http), .def = "2", .help = "pdlink: HTTP polling threads"},
     {PDL_HTTP_ROW_WORKERS(pdl_node_args_t, http), .def = "1024",
      .help = "pdlink: requests handled at once; more wait"},

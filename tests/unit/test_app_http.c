@@ -314,8 +314,8 @@ static void idle_connections_hold_no_thread_and_time_out(void **state)
     enum { N = 300 };
     const pdl_http_params_t p = {
         .host = "127.0.0.1", .port = 0, .what = "--host", .max_body = 1024,
-        .limits = {.idle_timeout_s = 2, .max_connections = 1024, .max_per_client = 0, .threads = 2, .workers = 8,
-                   .body_budget = 1 << 20},
+        .limits = {.idle_timeout_s = 2, .max_connections = 1024, .max_per_client = N, .threads = 2, .workers = 8,
+                   .body_budget = 1 << 20}, /* N from one address: above the default quarter */
         .handler = handler};
     pdl_http_t *http = NULL;
     int port = 0;
