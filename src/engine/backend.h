@@ -247,10 +247,6 @@ extern const pdl_backend_ops_t pdl__cuda_ops;
 pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err);
 void pdl__shm_remote_free(pdl_engine_t *e, pdl_remote_t *r);
 pdl_status_t pdl__shm_session_check(pdl_session_t *s, pdl_error_t *err);
-/* The owner's control memfd, once the owner mapped it writable: mode 0400 and sealed against writes,
- * size changes and more seals, so a peer that opens it through /proc reads it only (shm.c). Cannot
- * fail: an older kernel without F_SEAL_FUTURE_WRITE gets the size seals and the mode alone. */
-void pdl__shm_ctl_seal(int fd, const char *engine_key);
 /*
  * A same-host batch that names a grant runs only while the owner keeps it (shm.c; shm and cuda): enter
  * looks it up in the owner's published grants before the copy (PDL_ERR_DENIED when it is not live for

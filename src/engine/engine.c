@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -182,6 +183,31 @@ void pdl_engine_config_defaults(pdl_engine_config_t *cfg)
     cfg->num_workers = 1;
 }
 
+/* Linux 5.1; older headers lack the name. */
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* The control memfd, once the owner mapped it writable: mode 0400 and sealed against writes, size changes
+ * and more seals, so a peer that opens it through /proc reads it only. Cannot fail: an older kernel
+ * without F_SEAL_FUTURE_WRITE gets the size seals and the mode alone. */
+static void ctl_seal(int fd, const char *engine_key)
+{
+    /* memfds are created 0777. A peer reads the table through /proc/<pid>/fd (same uid or root, as the
+     * kernel checks it), so it needs read access only: 0400 refuses a same-uid peer write access, and the
+     * seal refuses root too. F_SEAL_FUTURE_WRITE (unlike F_SEAL_WRITE) leaves the owner's own writable
+     * mapping, made before, working: the owner is the one writer of the table. */
+    if (fchmod(fd, 0400) != 0)
+        pdl_debug("engine %s: fchmod 0400 of the control memfd: %s", engine_key, strerror(errno));
+    unsigned size = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    if (fcntl(fd, F_ADD_SEALS, size | F_SEAL_FUTURE_WRITE) != 0) {
+        pdl_debug("engine %s: F_SEAL_FUTURE_WRITE on the control memfd: %s (sealing its size only)", engine_key,
+                  strerror(errno));
+        if (fcntl(fd, F_ADD_SEALS, size) != 0)
+            pdl_debug("engine %s: sealing the control memfd: %s", engine_key, strerror(errno));
+    }
+}
+
 pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **engine_out, pdl_error_t *err)
 {
     if (cfg == NULL || engine_out == NULL)
@@ -261,7 +287,7 @@ pdl_status_t pdl_engine_create(const pdl_engine_config_t *cfg, pdl_engine_t **en
             goto err_free;
         }
         e->ctl = p;
-        pdl__shm_ctl_seal(e->ctl_fd, e->key);
+        ctl_seal(e->ctl_fd, e->key);
         pdl__grants_publish(&e->grants, (pdl_grant_pub_t *)((uint8_t *)p + PDL_CTL_LIVE_BYTES));
     }
 

@@ -414,28 +414,6 @@ static pdl_status_t shm_run_chunk(pdl_session_t *s, pdl_batch_t *b, int idx, pdl
     return st == PDL_OK ? pdl__shm_grant_leave(s, b, slot, seq, err) : st;
 }
 
-/* Linux 5.1; older headers lack the name. */
-#ifndef F_SEAL_FUTURE_WRITE
-#define F_SEAL_FUTURE_WRITE 0x0010
-#endif
-
-void pdl__shm_ctl_seal(int fd, const char *engine_key)
-{
-    /* memfds are created 0777. A peer reads the table through /proc/<pid>/fd (same uid or root, as the
-     * kernel checks it), so it needs read access only: 0400 refuses a same-uid peer write access, and the
-     * seal refuses root too. F_SEAL_FUTURE_WRITE (unlike F_SEAL_WRITE) leaves the owner's own writable
-     * mapping, made before, working: the owner is the one writer of the table. */
-    if (fchmod(fd, 0400) != 0)
-        pdl_debug("engine %s: fchmod 0400 of the control memfd: %s", engine_key, strerror(errno));
-    unsigned size = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-    if (fcntl(fd, F_ADD_SEALS, size | F_SEAL_FUTURE_WRITE) != 0) {
-        pdl_debug("engine %s: F_SEAL_FUTURE_WRITE on the control memfd: %s (sealing its size only)", engine_key,
-                  strerror(errno));
-        if (fcntl(fd, F_ADD_SEALS, size) != 0)
-            pdl_debug("engine %s: sealing the control memfd: %s", engine_key, strerror(errno));
-    }
-}
-
 pdl_status_t pdl__shm_remote_add(pdl_engine_t *e, pdl_remote_t *r, pdl_error_t *err)
 {
     return shm_remote_add(e, r, err);
