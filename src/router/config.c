@@ -243,7 +243,7 @@ static const pdl_optdef_t router_rows[] = {
      .help = "close a connection silent this long (0 = never)"},
     {PDL_HTTP_ROW_MAX_CONNECTIONS(router_opts_t, c.http), .def = "8192",
      .help = "open connections at most (lowered to 3/8 of ulimit -n)"},
-    {PDL_HTTP_ROW_MAX_PER_CLIENT(router_opts_t, c.http), .help = "from one IP address (default 3/4 of the above)"},
+    {PDL_HTTP_ROW_MAX_PER_CLIENT(router_opts_t, c.http), .help = "from one IP address (default 1/4 of the above)"},
     {PDL_HTTP_ROW_THREADS(router_opts_t, c.http), .def = "2", .help = "HTTP polling threads"},
     {PDL_HTTP_ROW_WORKERS(router_opts_t, c.http), .def = "1024",
      .help = "requests and streams handled at once; more wait"},
