@@ -77,7 +77,11 @@ bin=$router_build/pdlink-router
 for lib in $(readelf -d "$bin" | sed -nE 's/.*\(NEEDED\).*\[(.*)\]/\1/p'); do
     # A sanitizer build (ASan, UBSan, TSan) links its runtime; the image's Release build does not.
     case $lib in libasan.so*|libubsan.so*|libtsan.so*) echo "note: $lib is a sanitizer build's runtime, not the image's"; continue ;; esac
-    pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+    # The image builds with -DPDL_WITH_UCX=OFF (Containerfile.router); a build here may have UCX.
+    case $lib in libucp.so*|libucs.so*|libuct.so*|libucm.so*) echo "note: $lib is UCX's, which the image builds without"; continue ;; esac
+    # The library of this architecture's directory: libm.so.6 is also libc6-i386's (/lib32).
+    pkg=$(dpkg -S "*/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/$lib" 2>/dev/null | head -1 | cut -d: -f1)
+    [ -n "$pkg" ] || pkg=$(dpkg -S "*/$lib" 2>/dev/null | head -1 | cut -d: -f1)
     [ -n "$pkg" ] || fail "pdlink-router links $lib, which no installed Debian package provides"
     [ "$pkg" = libc6 ] || grep -qx "$pkg" <<<"$run_pkgs" || fail "pdlink-router links $lib ($pkg), not in Containerfile.router's runtime stage"
 done
