@@ -24,20 +24,12 @@ static pdl_status_t fetch_exchange(pdl_rank_t *r, const pdl_peer_addr_t *addr, i
     int port = addr->hs_base + pdl_topo_port_offset(addr->dp, addr->tp, prank);
     if (pdl__endpoint(ep, sizeof(ep), addr->host, port) < 0)
         return pdl_error_set(err, PDL_ERR_INVALID, "kv digests: host %.64s too long", addr->host);
-    void *s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
+    void *s = pdl__request_dealer(r->inst, addr->host, err);
     if (s == NULL)
-        return pdl_error_set(err, PDL_ERR_TRANSPORT, "kv digests from %s: %s", ep, zmq_strerror(zmq_errno()));
-    int v = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
-    int64_t max = PDL_WIRE_MAX_FRAME;
-    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
-    if (strchr(addr->host, ':')) {
-        v = 1;
-        zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
-    }
+        return pdl_error_prefix(err, PDL_ERR_TRANSPORT, "kv digests from %s", ep);
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
-    pdl_status_t st = pdl_curve_client(s, r->inst->auth, err);
-    if (st == PDL_OK && (zmq_connect(s, ep) != 0 || zmq_send(s, req->data, req->len, ZMQ_DONTWAIT) < 0))
+    pdl_status_t st = PDL_OK;
+    if (zmq_connect(s, ep) != 0 || zmq_send(s, req->data, req->len, ZMQ_DONTWAIT) < 0)
         st = pdl_error_set(err, PDL_ERR_TRANSPORT, "kv digests from %s: %s", ep, zmq_strerror(zmq_errno()));
     zmq_msg_t f[2];
     int nf = 0;

@@ -148,21 +148,9 @@ pdl_status_t pdl__peer_listening(const pdl_peer_addr_t *addr, int prank, int tim
 static pdl_status_t hs_exchange(pdl_rank_t *r, const char *host, int port, const char *ep, pdl_bytes_t *meta,
                                 pdl_bytes_t *layers, const char *who, pdl_error_t *err)
 {
-    void *s = zmq_socket(r->inst->zctx, ZMQ_DEALER);
+    void *s = pdl__request_dealer(r->inst, host, err);
     if (s == NULL)
-        return pdl_error_set(err, PDL_ERR_TRANSPORT, "handshake with %s: %s", who, zmq_strerror(zmq_errno()));
-    int v = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
-    int64_t max = PDL_WIRE_MAX_FRAME;
-    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
-    if (strchr(host, ':')) {
-        v = 1;
-        zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
-    }
-    if (pdl_curve_client(s, r->inst->auth, err) != PDL_OK) {
-        zmq_close(s);
-        return pdl_error_prefix(err, err ? err->status : PDL_ERR_SYSTEM, "handshake with %s", who);
-    }
+        return pdl_error_prefix(err, err ? err->status : PDL_ERR_TRANSPORT, "handshake with %s", who);
     int timeout_ms = (int)(r->inst->cfg.conn.handshake_timeout_s * 1000.0);
     uint64_t deadline = pdl__clock_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     pdl_status_t st = hs_probe(host, port, timeout_ms, who, err);

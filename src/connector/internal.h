@@ -147,6 +147,10 @@ int pdl__endpoint(char *buf, size_t cap, const char *host, int port);
  * with none, the message is not sent (dealers_refused). False when not sent. */
 bool pdl__dealer_send(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint, int kind, const pdl_bytes_t *payload);
 void pdl__dealers_close(pdl_strmap_t *cache);
+/* A DEALER for one request/reply with a peer's handshake port (a handshake, an identity or digest
+ * request): linger 0, frames bounded by PDL_WIRE_MAX_FRAME, IPv6 when `host` is, CURVE in authenticated
+ * mode; not connected. The caller draws it from the socket budget and closes it. NULL with err set. */
+void *pdl__request_dealer(pdl_instance_t *inst, const char *host, pdl_error_t *err);
 /* Close the DEALERs of `cache` unused for idle_ns (all of them when idle_ns is 0): a DEALER to a peer
  * that died reconnects forever otherwise (see sender.c). Only the cache's thread may call this. */
 void pdl__dealers_sweep(pdl_strmap_t *cache, uint64_t now_ns, uint64_t idle_ns);

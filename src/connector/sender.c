@@ -194,6 +194,25 @@ static void *dealer_get(pdl_rank_t *r, pdl_strmap_t *cache, const char *endpoint
     return s;
 }
 
+void *pdl__request_dealer(pdl_instance_t *inst, const char *host, pdl_error_t *err)
+{
+    void *s = zmq_socket(inst->zctx, ZMQ_DEALER);
+    if (s == NULL) {
+        pdl_error_set(err, PDL_ERR_TRANSPORT, "no socket for %.64s: %s", host, zmq_strerror(zmq_errno()));
+        return NULL;
+    }
+    set_int_opt(s, ZMQ_LINGER, 0);
+    int64_t max = PDL_WIRE_MAX_FRAME;
+    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+    if (strchr(host, ':'))
+        set_int_opt(s, ZMQ_IPV6, 1);
+    if (pdl_curve_client(s, inst->auth, err) != PDL_OK) {
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
 static void count_kind(pdl_rank_t *r, int kind, int64_t d)
 {
     kind = PDL_OUT_KIND(kind);

@@ -379,22 +379,13 @@ static void start_identity(pdl_instance_t *inst, watched_t *w)
         return;
     if (!take_socket(inst, w, &w->z_share))
         return;
-    void *s = zmq_socket(inst->zctx, ZMQ_DEALER);
+    void *s = pdl__request_dealer(inst, w->host, NULL);
     if (s == NULL) {
         pdl__budget_put(&inst->sockets, w->z_share);
         return;
     }
-    int v = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &v, sizeof(v));
-    int64_t max = PDL_WIRE_MAX_FRAME;
-    zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &max, sizeof(max));
-    if (strchr(w->host, ':')) {
-        v = 1;
-        zmq_setsockopt(s, ZMQ_IPV6, &v, sizeof(v));
-    }
     w->asked_ns = pdl__clock_now_ns();
-    if (pdl_curve_client(s, inst->auth, NULL) != PDL_OK || zmq_connect(s, ep) != 0 ||
-        zmq_send(s, req, strlen(req), ZMQ_DONTWAIT) < 0) {
+    if (zmq_connect(s, ep) != 0 || zmq_send(s, req, strlen(req), ZMQ_DONTWAIT) < 0) {
         zmq_close(s);
         pdl__budget_put(&inst->sockets, w->z_share);
         return;
