@@ -5,8 +5,6 @@ that hands the connector the extra config (requires_piecewise_for_cudagraph, fro
 graphs are on) checks it too; that one runs in vLLM's venv (skipped without one)."""
 from __future__ import annotations
 
-import os
-import subprocess
 from typing import Any, Dict
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 import pdlink
 from pdlink.vllm.scheduler import PdlinkScheduler
 from pdlink.vllm.worker import PdlinkWorker
+from vllm_venv import run_in_vllm
 
 
 def config(role: str, **extra: Any) -> Dict[str, Any]:
@@ -64,15 +63,4 @@ print("ok")
 
 
 def test_vllms_config_time_hook_checks_the_extra_config() -> None:
-    venv = os.environ.get("PDLINK_VLLM_VENV") or os.path.join(os.environ.get("PDLINK_BUILD_DIR", "build"),
-                                                               "vllm-venv")
-    py = os.path.join(venv, "bin", "python")
-    if not os.access(py, os.X_OK):
-        if os.environ.get("PDLINK_REQUIRE_VLLM") == "1":  # make vllm-e2e-short runs this case for real
-            raise AssertionError(f"no vLLM venv at {venv} (scripts/install-vllm)")
-        pytest.skip(f"no vLLM venv at {venv}: make vllm-e2e-short runs this case once it installed vLLM")
-    env = dict(os.environ)
-    site = os.path.dirname(os.path.dirname(pdlink.__file__))  # this checkout's pdlink over the venv's copy
-    env["PYTHONPATH"] = os.pathsep.join([site] + [p for p in [env.get("PYTHONPATH")] if p])
-    r = subprocess.run([py, "-c", VLLM_SCRIPT], env=env, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_in_vllm(VLLM_SCRIPT)

@@ -8,15 +8,12 @@ vLLM's connector factory, aggregate two workers' stats as vLLM's scheduler does,
 exposition shows vllm:pdlink_* with the sums."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any, Dict, List
 
-import pytest
 
 from pdlink.vllm import stats
 from pdlink.vllm.worker import PdlinkWorker
+from vllm_venv import run_in_vllm
 
 
 def config(role: str) -> Dict[str, Any]:
@@ -146,22 +143,5 @@ print("ok")
 '''
 
 
-def vllm_python() -> str:
-    venv = os.environ.get("PDLINK_VLLM_VENV") or os.path.join(os.environ.get("PDLINK_BUILD_DIR", "build"),
-                                                               "vllm-venv")
-    py = os.path.join(venv, "bin", "python")
-    if not os.access(py, os.X_OK):
-        if os.environ.get("PDLINK_REQUIRE_VLLM") == "1":  # make vllm-e2e-short runs this case for real
-            raise AssertionError(f"no vLLM venv at {venv} (scripts/install-vllm)")
-        pytest.skip(f"no vLLM venv at {venv}: make vllm-e2e-short runs this case once it installed vLLM")
-    return py
-
-
 def test_stats_through_vllms_own_logging_and_prometheus() -> None:
-    py = vllm_python()
-    env = dict(os.environ)
-    # This checkout's pdlink (PYTHONPATH: the build's python-site) over the copy the venv installed.
-    here = os.path.dirname(os.path.dirname(stats.__file__))
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here)] + [p for p in [env.get("PYTHONPATH")] if p])
-    r = subprocess.run([py, "-c", VLLM_SCRIPT], env=env, capture_output=True, text=True, timeout=500)
-    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-3000:] + r.stderr[-3000:]
+    run_in_vllm(VLLM_SCRIPT)
