@@ -3,7 +3,8 @@
  * src/engine/grant.c): a grant's ranges are sorted and merged when added, then each segment of a
  * peer's request (wire form: u64 offset, u64 length) must lie inside one merged range. Property: the
  * answer equals a brute-force one -- every byte of every segment covered by the union of the ranges
- * as given -- for ranges and segments on a small space where the brute force is cheap.
+ * as given -- for ranges and segments on a small space where the brute force is cheap; the same grant
+ * bound to a host serves that host only.
  *
  * Input: byte 0 = number of ranges (mod 9), then 3 bytes per range (u16 offset, u8 length), then 3
  * bytes per segment (u16 offset, u8 length - 1: the server refuses empty segments before this check)
@@ -55,13 +56,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pdl__grants_init(&g);
     if (pdl__grants_add(&g, "tx", 1, PDL_GRANT_READ, r, good, NULL) != PDL_OK)
         abort();
-    char why[256];
-    bool got = pdl__grants_check(&g, "tx", 2, 1, PDL_GRANT_READ, segs, nseg, "127.0.0.1", why, sizeof(why));
-    if (got != want)
+    if (pdl__grants_add_to(&g, "tw", 1, PDL_GRANT_WRITE, r, good, "10.0.0.7", NULL) != PDL_OK)
         abort();
-    if (pdl__grants_check(&g, "ty", 2, 1, PDL_GRANT_READ, segs, nseg, "127.0.0.1", why, sizeof(why)) ||
-        pdl__grants_check(&g, "tx", 2, 2, PDL_GRANT_READ, segs, nseg, "127.0.0.1", why, sizeof(why)) ||
-        pdl__grants_check(&g, "tx", 2, 1, PDL_GRANT_WRITE, segs, nseg, "127.0.0.1", why, sizeof(why)))
+    char why[256];
+    uint64_t gen = 0;
+    bool got = pdl__grants_check(&g, "tx", 2, 1, PDL_GRANT_READ, segs, nseg, "127.0.0.1", &gen, why, sizeof(why));
+    if (got != want || (got && gen == 0))
+        abort();
+    if (pdl__grants_check(&g, "ty", 2, 1, PDL_GRANT_READ, segs, nseg, "127.0.0.1", NULL, why, sizeof(why)) ||
+        pdl__grants_check(&g, "tx", 2, 2, PDL_GRANT_READ, segs, nseg, "127.0.0.1", NULL, why, sizeof(why)) ||
+        pdl__grants_check(&g, "tx", 2, 1, PDL_GRANT_WRITE, segs, nseg, "127.0.0.1", NULL, why, sizeof(why)))
+        abort();
+    /* A grant bound to a host serves that host only. */
+    if (pdl__grants_check(&g, "tw", 2, 1, PDL_GRANT_WRITE, segs, nseg, "127.0.0.1", NULL, why, sizeof(why)) ||
+        pdl__grants_check(&g, "tw", 2, 1, PDL_GRANT_WRITE, segs, nseg, "10.0.0.7", NULL, why, sizeof(why)) != want)
         abort();
     pdl__grants_fini(&g);
     return 0;
