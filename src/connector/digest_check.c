@@ -139,9 +139,7 @@ static pdl_status_t check_rank(const check_ctx_t *c, const pdl_read_plan_t *plan
 /* Does the cached peer of producer rank g advertise our digest? */
 static bool peer_digests(pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int g)
 {
-    char key[PDL_WIRE_ID_MAX + 64];
-    snprintf(key, sizeof(key), "%s|%d|%d", addr->engine_id, addr->dp, g);
-    const pdl_peer_t *peer = pdl__strmap_get(&side->peers, key);
+    const pdl_peer_t *peer = pdl__peer_cached(side, addr, g);
     return peer != NULL && peer->meta.has_pdlink && strcmp(peer->meta.kv_digest, PDL_WIRE_DIGEST_XXH3) == 0;
 }
 

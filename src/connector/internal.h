@@ -199,6 +199,8 @@ typedef struct pdl_xfer_side pdl_xfer_side_t;
  * "<role> tp rank N"; a failure is not cached. Only the side's thread may call this. */
 pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int remote_rank,
                            pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err);
+/* The side's cached peer of rank `remote_rank` of addr, or NULL: no handshake, no prewarm. */
+const pdl_peer_t *pdl__peer_cached(const pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int remote_rank);
 /* Forget a peer after a failure that says it is gone (closes the session, removes the remote engine). */
 void pdl__peer_evict(pdl_rank_t *r, pdl_strmap_t *cache, pdl_peer_t *peer);
 void pdl__peers_free(pdl_rank_t *r, pdl_strmap_t *cache);

@@ -39,6 +39,13 @@ static pdl_status_t check_identity(pdl_rank_t *r, const pdl_peer_addr_t *addr, c
 }
 
 
+const pdl_peer_t *pdl__peer_cached(const pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int prank)
+{
+    char key[PDL_WIRE_ID_MAX + 64];
+    pdl__peer_key(addr, prank, key, sizeof(key));
+    return pdl__strmap_get(&side->peers, key);
+}
+
 pdl_status_t pdl__peer_get(pdl_rank_t *r, pdl_xfer_side_t *side, const pdl_peer_addr_t *addr, int prank,
                            pdl_peer_t **peer_out, bool *handshaked, pdl_error_t *err)
 {

@@ -170,9 +170,7 @@ static bool not_pdlink(const pdl_rank_t *r, int g, const void *arg)
     (void)r;
     const pdl_xfer_side_t *side = ((const void *const *)arg)[0];
     const pdl_pull_t *pull = ((const void *const *)arg)[1];
-    char key[PDL_WIRE_ID_MAX + 64];
-    snprintf(key, sizeof(key), "%s|%d|%d", pull->producer.engine_id, pull->producer.dp, g);
-    const pdl_peer_t *peer = pdl__strmap_get(&side->peers, key);
+    const pdl_peer_t *peer = pdl__peer_cached(side, &pull->producer, g);
     return peer == NULL || !peer->meta.has_pdlink;
 }
 
